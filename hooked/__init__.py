@@ -1,0 +1,31 @@
+"""hooked: GPT-2 and Qwen3 reimplemented with a hook point on every activation.
+
+    import hooked
+    model = hooked.load("gpt2")
+    logits, cache = model.run_with_cache("When Mary and John went to the store, John gave a drink to")
+    cache["pattern", 9].shape  # [batch head_index query_pos key_pos]
+"""
+
+from pathlib import Path
+
+import torch
+
+from hooked.cache import ActivationCache, act_name
+from hooked.hooks import HookedRootModule, HookPoint
+from hooked.models import GPT2, HookedTransformer
+from hooked.weights import CheckpointError
+
+__version__ = "0.1.0"
+
+
+def load(name_or_path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> HookedTransformer:
+    """Load a model from a hub id or a local directory; the class is chosen from config.json.
+
+    Reads the safetensors files straight into `dtype` on `device`; never builds a transformers model.
+    """
+    from hooked.weights import load_model
+
+    return load_model(name_or_path, dtype=dtype, device=device)
+
+
+__all__ = ["ActivationCache", "CheckpointError", "GPT2", "HookPoint", "HookedRootModule", "HookedTransformer", "act_name", "load"]

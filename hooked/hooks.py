@@ -1,0 +1,274 @@
+"""Hook points and the hook registry every `hooked` model inherits.
+
+A `HookPoint` is an identity module placed on one tensor of the forward pass. Its name comes from
+the module tree (`blocks.3.attn.hook_z`), as in TransformerLens, and it declares the axes of the
+tensor it carries (`"batch pos head_index d_head"`), so shapes can be listed, checked and sliced
+without running the model.
+
+Hook functions follow the TransformerLens contract: `fn(activation, hook) -> Tensor | None`. A
+returned tensor replaces the activation (it must keep the shape and dtype); `None` keeps it, and
+in-place edits stay. Backward hooks receive the gradient of the activation and may return a
+replacement gradient.
+
+With no hook attached a point costs one attribute test: `HookPoint.__call__` bypasses
+`nn.Module.__call__` entirely (see `benchmarks/hook_overhead.py`).
+
+Registration is owned: every hook belongs to the context (`hooks()`, `run_with_hooks`,
+`run_with_cache`) or `add_hook` call that made it, and leaving a context removes exactly its own
+hooks, also when the forward or a hook raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import itertools
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+import torch
+from torch import Tensor, nn
+
+HookFn = Callable[[Tensor, "HookPoint"], Union[Tensor, None]]
+NameFilter = Union[str, Sequence[str], Callable[[str], bool]]
+Direction = Literal["fwd", "bwd"]
+
+_owner_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class _Registration:
+    fn: HookFn
+    owner: int  # id of the context or add_hook call that registered it
+    permanent: bool = False
+
+
+class HookPoint(nn.Module):
+    """An identity point on one activation, where hooks can read or replace it.
+
+    `axes` names the tensor's axes from the fixed vocabulary documented in `docs/hooks.md`
+    (e.g. `"batch pos d_model"`); `name` is filled in by the root model.
+    """
+
+    def __init__(self, axes: str):
+        super().__init__()
+        self.axes: tuple[str, ...] = tuple(axes.split())
+        self.name: str = ""
+        self.ctx: dict = {}
+        self._fwd: list[_Registration] = []
+        self._bwd: list[_Registration] = []
+
+    # Bypasses nn.Module.__call__: a point with no hooks must cost next to nothing.
+    def __call__(self, activation: Tensor) -> Tensor:
+        if not self._fwd and not self._bwd:
+            return activation
+        return self._run(activation)
+
+    forward = __call__
+
+    @property
+    def has_hooks(self) -> bool:
+        """True when a hook listens here (models compute costly points only then)."""
+        return bool(self._fwd or self._bwd)
+
+    def layer(self) -> int:
+        """The block index in this point's name (`blocks.3.attn.hook_z` -> 3)."""
+        match = re.search(r"blocks\.(\d+)\.", self.name)
+        if match is None:
+            raise ValueError(f"hook point {self.name!r} is not inside a block, so it has no layer")
+        return int(match.group(1))
+
+    def _run(self, activation: Tensor) -> Tensor:
+        for registration in list(self._fwd):
+            result = registration.fn(activation, self)
+            if result is None:
+                continue
+            if not isinstance(result, Tensor):
+                raise TypeError(
+                    f"hook {_fn_name(registration.fn)} at {self.name} returned {type(result).__name__};"
+                    " return a Tensor to replace the activation or None to keep it"
+                )
+            if result.shape != activation.shape:
+                raise ValueError(
+                    f"hook {_fn_name(registration.fn)} at {self.name} returned shape {tuple(result.shape)},"
+                    f" but the activation has shape {tuple(activation.shape)} ({' '.join(self.axes)});"
+                    " a replacement must keep the shape"
+                )
+            if result.dtype != activation.dtype:
+                raise ValueError(
+                    f"hook {_fn_name(registration.fn)} at {self.name} returned dtype {result.dtype},"
+                    f" but the activation is {activation.dtype}; return `new.to(activation.dtype)`"
+                )
+            activation = result
+        if self._bwd:
+            if not activation.requires_grad:
+                raise RuntimeError(
+                    f"a backward hook is attached at {self.name} but the forward runs without"
+                    " gradients; call it outside torch.no_grad() / torch.inference_mode()"
+                )
+            for registration in list(self._bwd):
+                activation.register_hook(_BackwardCall(registration.fn, self))
+        return activation
+
+    def _remove(self, owner: int | None, including_permanent: bool) -> None:
+        def keep(r: _Registration) -> bool:
+            if owner is not None:
+                return r.owner != owner
+            return r.permanent and not including_permanent
+
+        self._fwd = [r for r in self._fwd if keep(r)]
+        self._bwd = [r for r in self._bwd if keep(r)]
+
+    def extra_repr(self) -> str:
+        return f"{self.name!r}, axes={' '.join(self.axes)!r}"
+
+
+@dataclass
+class _BackwardCall:
+    """Tensor hook adapter: torch calls it with the gradient of the activation."""
+
+    fn: HookFn
+    point: HookPoint
+
+    def __call__(self, grad: Tensor) -> Tensor | None:
+        result = self.fn(grad, self.point)
+        if result is not None and result.shape != grad.shape:
+            raise ValueError(
+                f"backward hook {_fn_name(self.fn)} at {self.point.name} returned shape"
+                f" {tuple(result.shape)}, but the gradient has shape {tuple(grad.shape)}"
+            )
+        return result
+
+
+def _fn_name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+@dataclass
+class _HookContext:
+    owner: int = field(default_factory=lambda: next(_owner_ids))
+    points: list[HookPoint] = field(default_factory=list)
+
+
+class HookedRootModule(nn.Module):
+    """Base class of every model: names its hook points and owns the hook registry."""
+
+    def setup_hooks(self) -> None:
+        """Name every HookPoint after its place in the module tree; call at the end of __init__."""
+        self.hook_dict: dict[str, HookPoint] = {}
+        for name, module in self.named_modules():
+            if isinstance(module, HookPoint):
+                module.name = name
+                self.hook_dict[name] = module
+
+    @property
+    def hook_names(self) -> list[str]:
+        return list(self.hook_dict)
+
+    # ----------------------------------------------------------------- name resolution
+    def resolve_hook_names(self, names: NameFilter) -> list[str]:
+        """The hook names a name, list of names or filter function selects, in forward order.
+
+        Raises a KeyError naming the nearest real names for an unknown name, and a ValueError for
+        a filter that matches nothing: a hook that would never run is always a mistake.
+        """
+        if isinstance(names, str):
+            return [self._check_name(names)]
+        if callable(names):
+            selected = [name for name in self.hook_dict if names(name)]
+            if not selected:
+                raise ValueError(
+                    f"the filter {_fn_name(names)} matches no hook point of this model;"
+                    f" names look like {self.hook_names[:3]} (see model.hook_names)"
+                )
+            return selected
+        if isinstance(names, Iterable):
+            names = list(names)
+            if not names:
+                raise ValueError("an empty list of hook names selects nothing")
+            return [self._check_name(name) for name in names]
+        raise TypeError(f"hook names must be a str, a list of str or a filter function, not {type(names).__name__}")
+
+    def _check_name(self, name: str) -> str:
+        if not isinstance(name, str):
+            raise TypeError(f"hook name must be a str, not {type(name).__name__}")
+        if name in self.hook_dict:
+            return name
+        nearest = difflib.get_close_matches(name, self.hook_names, n=5, cutoff=0.5)
+        hint = f"; did you mean {', '.join(repr(n) for n in nearest)}?" if nearest else "; see model.hook_names"
+        raise KeyError(f"{name!r} is not a hook point of {type(self).__name__}{hint}")
+
+    # ----------------------------------------------------------------- registration
+    def add_hook(
+        self,
+        name: NameFilter,
+        hook: HookFn,
+        dir: Direction = "fwd",
+        is_permanent: bool = False,
+        prepend: bool = False,
+    ) -> None:
+        """Attach `hook` until `reset_hooks()` (or for good with `is_permanent=True`)."""
+        self._add(_HookContext(), name, hook, dir, is_permanent, prepend)
+
+    def _add(
+        self,
+        context: _HookContext,
+        name: NameFilter,
+        hook: HookFn,
+        dir: Direction,
+        permanent: bool = False,
+        prepend: bool = False,
+    ) -> None:
+        if dir not in ("fwd", "bwd"):
+            raise ValueError(f"dir must be 'fwd' or 'bwd', not {dir!r}")
+        if not callable(hook):
+            raise TypeError(f"a hook must be callable as fn(activation, hook), got {type(hook).__name__}")
+        for hook_name in self.resolve_hook_names(name):
+            point = self.hook_dict[hook_name]
+            registrations = point._fwd if dir == "fwd" else point._bwd
+            registration = _Registration(hook, context.owner, permanent)
+            registrations.insert(0, registration) if prepend else registrations.append(registration)
+            context.points.append(point)
+
+    def reset_hooks(self, including_permanent: bool = False) -> None:
+        """Remove every hook (permanent ones only with `including_permanent=True`)."""
+        for point in self.hook_dict.values():
+            point._remove(None, including_permanent)
+
+    @contextlib.contextmanager
+    def hooks(
+        self,
+        fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
+        bwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
+        reset_hooks_end: bool = True,
+    ) -> Iterator["HookedRootModule"]:
+        """Attach hooks for the body of a `with` block; nestable, and leaves remove only their own.
+
+        Backward hooks attach to the activations of each forward run inside the block, so they fire
+        when you call `.backward()` on that forward's output, even after the block has ended.
+        """
+        context = _HookContext()
+        try:
+            for name, fn in fwd_hooks:
+                self._add(context, name, fn, "fwd")
+            for name, fn in bwd_hooks:
+                self._add(context, name, fn, "bwd")
+            yield self
+        finally:
+            if reset_hooks_end:
+                for point in set(context.points):
+                    point._remove(context.owner, including_permanent=True)
+
+    def run_with_hooks(
+        self,
+        *model_args,
+        fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
+        bwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
+        reset_hooks_end: bool = True,
+        **model_kwargs,
+    ):
+        """Run the model once with temporary hooks: `model.run_with_hooks(tokens, fwd_hooks=[(name, fn)])`."""
+        with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end):
+            return self(*model_args, **model_kwargs)

@@ -1,0 +1,207 @@
+"""GPT-2 (`GPT2LMHeadModel`) with a hook point on every activation TransformerLens names.
+
+Numerics follow Hugging Face transformers 5.24 exactly (REFERENCE §2): learned position embeddings
+added to token embeddings, pre-norm blocks, fused q|k|v projection, attention scaled by
+d_head**-0.5 with the softmax in the input dtype, GPT-2's tanh GELU (`gelu_new`), final LayerNorm,
+and the unembedding tied to the token embedding. Float32 logits are bit-identical to
+`GPT2LMHeadModel` (tests/test_gpt2_parity.py).
+
+Weights keep the checkpoint's leaf names (`c_attn`, `c_proj`, `c_fc`, `wte`, `wpe`) in `nn.Linear`
+layout: the Conv1D [in, out] matrices are transposed once at load, never in the forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from hooked.hooks import HookPoint
+from hooked.layers import AttentionMask, LayerNorm, attend, gelu_new
+from hooked.models.base import HookedTransformer
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    n_layers: int  # transformer blocks
+    d_model: int  # residual stream width
+    n_heads: int  # attention heads
+    d_mlp: int  # MLP hidden width (n_inner, default 4 * d_model)
+    d_vocab: int  # vocabulary size
+    n_ctx: int  # learned positions (n_positions)
+    layer_norm_eps: float = 1e-5
+    activation: Literal["gelu_new", "gelu"] = "gelu_new"
+    scale_attn_by_inverse_layer_idx: bool = False  # divide scores by (layer + 1) as well
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.n_heads
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+
+    @classmethod
+    def from_hf(cls, config: dict) -> "GPT2Config":
+        unsupported = {
+            "add_cross_attention": True,
+            "reorder_and_upcast_attn": True,
+            "scale_attn_weights": False,
+            "tie_word_embeddings": False,
+        }
+        for key, bad in unsupported.items():
+            if config.get(key) == bad:
+                raise ValueError(f"GPT-2 with {key}={bad} is not supported by hooked")
+        activation = config.get("activation_function", "gelu_new")
+        if activation not in ("gelu_new", "gelu"):
+            raise ValueError(f"GPT-2 activation {activation!r} is not supported (gelu_new, gelu)")
+        return cls(
+            n_layers=config["n_layer"],
+            d_model=config["n_embd"],
+            n_heads=config["n_head"],
+            d_mlp=config.get("n_inner") or 4 * config["n_embd"],
+            d_vocab=config["vocab_size"],
+            n_ctx=config["n_positions"],
+            layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
+            activation=activation,
+            scale_attn_by_inverse_layer_idx=config.get("scale_attn_by_inverse_layer_idx", False),
+        )
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, cfg: GPT2Config, layer: int):
+        super().__init__()
+        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        self.scaling = cfg.d_head**-0.5 / (layer + 1 if cfg.scale_attn_by_inverse_layer_idx else 1)
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.hook_q = HookPoint("batch pos head_index d_head")
+        self.hook_k = HookPoint("batch pos head_index d_head")
+        self.hook_v = HookPoint("batch pos head_index d_head")
+        self.hook_attn_scores = HookPoint("batch head_index query_pos key_pos")  # scaled, masked, pre-softmax
+        self.hook_pattern = HookPoint("batch head_index query_pos key_pos")
+        self.hook_z = HookPoint("batch pos head_index d_head")  # c_proj's input, split by head
+        self.hook_result = HookPoint("batch pos head_index d_model")  # each head's write, before the bias
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"], mask: AttentionMask) -> Float[Tensor, "batch pos d_model"]:
+        batch, pos, _ = x.shape
+        q, k, v = self.c_attn(x).view(batch, pos, 3, self.n_heads, self.d_head).unbind(2)
+        q = self.hook_q(q)
+        k = self.hook_k(k)
+        v = self.hook_v(v)
+        z = self.hook_z(attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=False))
+        if self.hook_result.has_hooks:  # per-head writes, summed: differs from c_proj by rounding only
+            result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
+            return result.sum(2) + self.c_proj.bias
+        return self.c_proj(z.reshape(batch, pos, -1))  # a view: editing z edits c_proj's input
+
+    @property
+    def W_O(self) -> Float[Tensor, "head_index d_head d_model"]:
+        return self.c_proj.weight.T.reshape(self.n_heads, self.d_head, -1)
+
+    def _split_qkv(self, index: int) -> Tensor:
+        d_model = self.n_heads * self.d_head
+        return self.c_attn.weight[index * d_model:(index + 1) * d_model].T.reshape(d_model, self.n_heads, self.d_head).transpose(0, 1)
+
+    @property
+    def W_Q(self) -> Float[Tensor, "head_index d_model d_head"]:
+        return self._split_qkv(0)
+
+    @property
+    def W_K(self) -> Float[Tensor, "head_index d_model d_head"]:
+        return self._split_qkv(1)
+
+    @property
+    def W_V(self) -> Float[Tensor, "head_index d_model d_head"]:
+        return self._split_qkv(2)
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, cfg: GPT2Config):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.d_model, cfg.d_mlp)
+        self.c_proj = nn.Linear(cfg.d_mlp, cfg.d_model)
+        self.activation = gelu_new if cfg.activation == "gelu_new" else F.gelu
+        self.hook_pre = HookPoint("batch pos d_mlp")
+        self.hook_post = HookPoint("batch pos d_mlp")  # the neurons
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre = self.hook_pre(self.c_fc(x))
+        post = self.hook_post(self.activation(pre))
+        return self.c_proj(post)
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, cfg: GPT2Config, layer: int):
+        super().__init__()
+        self.ln1 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.attn = GPT2Attention(cfg, layer)
+        self.ln2 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.mlp = GPT2MLP(cfg)
+        self.hook_resid_pre = HookPoint("batch pos d_model")
+        self.hook_attn_out = HookPoint("batch pos d_model")
+        self.hook_resid_mid = HookPoint("batch pos d_model")
+        self.hook_mlp_out = HookPoint("batch pos d_model")
+        self.hook_resid_post = HookPoint("batch pos d_model")
+
+    def forward(self, resid_pre: Tensor, mask: AttentionMask) -> Tensor:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), mask))
+        resid_mid = self.hook_resid_mid(attn_out + resid_pre)
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_mid)))
+        return self.hook_resid_post(resid_mid + mlp_out)
+
+
+class GPT2(HookedTransformer):
+    """GPT-2 with TransformerLens hook names. Load with `hooked.load("gpt2")`."""
+
+    config_class = GPT2Config
+    architectures = ("GPT2LMHeadModel", "gpt2")
+    embedding_hook_names = ("hook_embed", "hook_pos_embed")
+    default_prepend_bos = True  # as TransformerLens; pass prepend_bos=False for HF-style inputs
+
+    def __init__(self, cfg: GPT2Config):
+        super().__init__(cfg)
+        self.wte = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.n_ctx, cfg.d_model)
+        self.hook_embed = HookPoint("batch pos d_model")
+        self.hook_pos_embed = HookPoint("batch pos d_model")
+        self.blocks = nn.ModuleList(GPT2Block(cfg, layer) for layer in range(cfg.n_layers))
+        self.ln_final = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.setup_hooks()
+
+    def forward_tokens(self, tokens: Tensor, position_ids: Tensor, mask: AttentionMask) -> Float[Tensor, "batch pos d_vocab"]:
+        embed = self.hook_embed(self.wte(tokens))
+        pos_embed = self.hook_pos_embed(self.wpe(position_ids))
+        resid = embed + pos_embed
+        for block in self.blocks:
+            resid = block(resid, mask)
+        return F.linear(self.ln_final(resid), self.wte.weight)
+
+    @property
+    def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.wte.weight  # tied
+
+    @property
+    def max_positions(self) -> int:
+        return self.cfg.n_ctx
+
+    # Checkpoint key -> parameter name. Both layouts: transformers' (`transformer.` prefix) and
+    # the hub's original file (no prefix, plus causal-mask buffers `attn.bias` / `attn.masked_bias`).
+    checkpoint_renames = (
+        (r"(?:transformer\.)?(wte|wpe)\.weight", r"\1.weight"),
+        (r"(?:transformer\.)?h\.(\d+)\.ln_1\.(weight|bias)", r"blocks.\1.ln1.\2"),
+        (r"(?:transformer\.)?h\.(\d+)\.ln_2\.(weight|bias)", r"blocks.\1.ln2.\2"),
+        (r"(?:transformer\.)?h\.(\d+)\.(attn|mlp)\.(c_attn|c_proj|c_fc)\.(weight|bias)", r"blocks.\1.\2.\3.\4"),
+        (r"(?:transformer\.)?ln_f\.(weight|bias)", r"ln_final.\1"),
+    )
+    checkpoint_ignored = (r"(?:transformer\.)?h\.\d+\.attn\.(bias|masked_bias)", r"lm_head\.weight")
+    checkpoint_transposed = (r"blocks\.\d+\.(attn|mlp)\.c_\w+\.weight",)  # Conv1D stores [in, out]

@@ -1,0 +1,157 @@
+"""Loading checkpoints: Hugging Face `config.json` + `.safetensors`, never a transformers model.
+
+The model is built on the meta device (no memory), every tensor is read from safetensors straight
+into the target dtype and device, renamed by the architecture's table, checked (every parameter
+found once, every checkpoint key used or deliberately ignored, every shape right), and only then
+assigned. Any failure raises before a model exists, so a caller gets a fully loaded model or an
+exception, never a half-loaded one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import Tensor
+
+from hooked.tokenizer import HookedTokenizer
+
+_HUB_PATTERNS = [
+    "config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match the architecture its config names."""
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    """A local checkpoint directory, or the hub snapshot of `name_or_path` (honours HF_HUB_OFFLINE)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"{path} is a file; give the checkpoint's directory (with config.json)")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(str(name_or_path), allow_patterns=_HUB_PATTERNS))
+    except HFValidationError as error:
+        raise CheckpointError(f"{name_or_path!r} is neither a local directory nor a valid hub id: {error}") from None
+    except LocalEntryNotFoundError:
+        raise CheckpointError(
+            f"{name_or_path!r} is not a local directory and is not in the Hugging Face cache"
+            + (" (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ", and the hub could not be reached")
+            + "; download it once with network access or pass a local checkpoint directory"
+        ) from None
+
+
+def read_config(directory: Path) -> dict:
+    path = directory / "config.json"
+    if not path.exists():
+        raise CheckpointError(f"{directory} has no config.json")
+    return json.loads(path.read_text())
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    """The checkpoint's shard files: from `model.safetensors.index.json`, else the single file."""
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [directory / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.exists()]
+        if missing:
+            raise CheckpointError(f"{index.name} names shard files that are missing: {missing}")
+        return files
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{directory} has no .safetensors weights (pytorch_model.bin is not read: convert it)")
+    return files
+
+
+def architecture_for(config: dict):
+    """The model class serving a config.json, or an error naming the supported ones."""
+    from hooked.models import MODEL_CLASSES
+
+    names = [*(config.get("architectures") or []), config.get("model_type", "")]
+    for model_class in MODEL_CLASSES:
+        if any(name in model_class.architectures for name in names):
+            return model_class
+    supported = sorted({arch for model_class in MODEL_CLASSES for arch in model_class.architectures if arch[0].isupper()})
+    raise CheckpointError(f"architecture {names} is not supported by hooked; supported: {', '.join(supported)}")
+
+
+def load_model(name_or_path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", model_class=None):
+    """Build the model a checkpoint describes and fill it from its safetensors files."""
+    directory = resolve(name_or_path)
+    config = read_config(directory)
+    model_class = model_class or architecture_for(config)
+    cfg = model_class.config_class.from_hf(config)
+    with torch.device("meta"):
+        model = model_class(cfg)
+    state = read_state_dict(directory, model, dtype, torch.device(device))
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tokenizer = HookedTokenizer.from_directory(directory, config)
+    return model.eval().requires_grad_(False)
+
+
+def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.device) -> dict[str, Tensor]:
+    """Every parameter of `model`, read from the checkpoint into dtype/device, renamed and checked."""
+    expected = dict(model.state_dict(keep_vars=True))
+    renames = [(re.compile(pattern), replacement) for pattern, replacement in model.checkpoint_renames]
+    ignored = [re.compile(pattern) for pattern in model.checkpoint_ignored]
+    transposed = [re.compile(pattern) for pattern in model.checkpoint_transposed]
+    state: dict[str, Tensor] = {}
+    unexpected, mis_shaped = [], []
+    for path in safetensors_files(directory):
+        try:
+            with safe_open(path, framework="pt", device=str(device)) as file:
+                for key in file.keys():
+                    target = _rename(key, renames)
+                    if target is None:
+                        if not any(pattern.fullmatch(key) for pattern in ignored):
+                            unexpected.append(key)
+                        continue
+                    if target not in expected or target in state:
+                        unexpected.append(key)
+                        continue
+                    tensor = file.get_tensor(key).to(dtype=dtype)
+                    if any(pattern.fullmatch(target) for pattern in transposed):
+                        tensor = tensor.T.contiguous()
+                    if tensor.shape != expected[target].shape:
+                        mis_shaped.append(f"{key}: {tuple(tensor.shape)} in the file, {tuple(expected[target].shape)} expected")
+                        continue
+                    state[target] = tensor
+        except SafetensorError as error:
+            raise CheckpointError(f"{path} is not a readable safetensors file ({error}); is it truncated?") from None
+    missing = [name for name in expected if name not in state]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {missing[:10]}{' ...' if len(missing) > 10 else ''}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}")
+    if mis_shaped:
+        problems.append("mis-shaped tensors: " + "; ".join(mis_shaped[:10]))
+    if problems:
+        raise CheckpointError(f"checkpoint {directory} does not match {type(model).__name__}({model.cfg}): " + " | ".join(problems))
+    return state
+
+
+def _rename(key: str, renames) -> str | None:
+    for pattern, replacement in renames:
+        match = pattern.fullmatch(key)
+        if match:
+            return match.expand(replacement)
+    return None
