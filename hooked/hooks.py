@@ -112,6 +112,14 @@ class HookPoint(nn.Module):
                 activation.register_hook(_BackwardCall(registration.fn, self))
         return activation
 
+    def _module_hooks_unsupported(self, *args, **kwargs):
+        raise TypeError(
+            "HookPoint bypasses nn.Module's hook machinery, so this hook would never run;"
+            " use model.add_hook(name, fn) or model.hooks(fwd_hooks=[(name, fn)])"
+        )
+
+    register_forward_hook = register_forward_pre_hook = register_full_backward_hook = _module_hooks_unsupported
+
     def _remove(self, owner: int | None, including_permanent: bool) -> None:
         def keep(r: _Registration) -> bool:
             if owner is not None:

@@ -104,7 +104,7 @@ def load_model(name_or_path: str | Path, dtype: torch.dtype = torch.float32, dev
     state = read_state_dict(directory, model, dtype, torch.device(device))
     model.load_state_dict(state, strict=True, assign=True)
     model.tokenizer = HookedTokenizer.from_directory(directory, config)
-    return model.eval().requires_grad_(False)
+    return model.eval()
 
 
 def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.device) -> dict[str, Tensor]:
@@ -112,7 +112,8 @@ def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.de
     expected = dict(model.state_dict(keep_vars=True))
     renames = [(re.compile(pattern), replacement) for pattern, replacement in model.checkpoint_renames]
     ignored = [re.compile(pattern) for pattern in model.checkpoint_ignored]
-    transposed = [re.compile(pattern) for pattern in model.checkpoint_transposed]
+    stacked = [(re.compile(pattern), replacement) for pattern, replacement in getattr(model, "checkpoint_stacked", ())]
+    filled: dict[str, set[int]] = {}  # stacked parameter -> the slices read so far
     state: dict[str, Tensor] = {}
     unexpected, mis_shaped = [], []
     for path in safetensors_files(directory):
@@ -120,6 +121,14 @@ def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.de
             with safe_open(path, framework="pt", device=str(device)) as file:
                 for key in file.keys():
                     target = _rename(key, renames)
+                    if target is None and stacked:
+                        outcome = _read_slice(file, key, stacked, expected, state, filled, dtype, device)
+                        if outcome is not None:  # the key is one slice of a stacked parameter
+                            if outcome == "unexpected":
+                                unexpected.append(key)
+                            elif outcome != "read":
+                                mis_shaped.append(outcome)
+                            continue
                     if target is None:
                         if not any(pattern.fullmatch(key) for pattern in ignored):
                             unexpected.append(key)
@@ -128,8 +137,6 @@ def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.de
                         unexpected.append(key)
                         continue
                     tensor = file.get_tensor(key).to(dtype=dtype)
-                    if any(pattern.fullmatch(target) for pattern in transposed):
-                        tensor = tensor.T.contiguous()
                     if tensor.shape != expected[target].shape:
                         mis_shaped.append(f"{key}: {tuple(tensor.shape)} in the file, {tuple(expected[target].shape)} expected")
                         continue
@@ -137,6 +144,7 @@ def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.de
         except SafetensorError as error:
             raise CheckpointError(f"{path} is not a readable safetensors file ({error}); is it truncated?") from None
     missing = [name for name in expected if name not in state]
+    missing += [f"{name}[{i}]" for name, done in filled.items() for i in range(expected[name].shape[0]) if i not in done]
     problems = []
     if missing:
         problems.append(f"missing tensors: {missing[:10]}{' ...' if len(missing) > 10 else ''}")
@@ -147,6 +155,34 @@ def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.de
     if problems:
         raise CheckpointError(f"checkpoint {directory} does not match {type(model).__name__}({model.cfg}): " + " | ".join(problems))
     return state
+
+
+def _read_slice(file, key: str, stacked, expected, state, filled, dtype, device) -> str | None:
+    """Read `key` into one slice of a stacked parameter (e.g. one expert of [n_experts, ...]).
+
+    A `checkpoint_stacked` entry is (key pattern with a named group `expert`, parameter name
+    template): the group gives the slice index. The parameter is allocated once and filled slice
+    by slice, so stacking costs no second copy. Returns None when `key` matches no entry, "read",
+    "unexpected" (unknown parameter, index out of range, read twice), or a message when its shape
+    is wrong.
+    """
+    for pattern, replacement in stacked:
+        match = pattern.fullmatch(key)
+        if match is None:
+            continue
+        target, index = match.expand(replacement), int(match.group("expert"))
+        if target not in expected or not 0 <= index < expected[target].shape[0] or index in filled.get(target, ()):
+            return "unexpected"
+        tensor = file.get_tensor(key)
+        shape = expected[target].shape
+        if tensor.shape != shape[1:]:
+            return f"{key}: {tuple(tensor.shape)} in the file, {tuple(shape[1:])} expected (one slice of {target} {tuple(shape)})"
+        if target not in state:
+            state[target] = torch.empty(shape, dtype=dtype, device=device)
+        state[target][index].copy_(tensor)
+        filled.setdefault(target, set()).add(index)
+        return "read"
+    return None
 
 
 def _rename(key: str, renames) -> str | None:
