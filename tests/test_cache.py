@@ -1,0 +1,134 @@
+"""run_with_cache options and the ActivationCache analysis helpers, checked against the weights."""
+
+import pytest
+import torch
+
+from hooked.cache import act_name
+
+
+def test_shorthand_keys_expand_like_transformer_lens():
+    assert act_name("z", 9) == "blocks.9.attn.hook_z"
+    assert act_name("pattern", 1) == "blocks.1.attn.hook_pattern"
+    assert act_name("resid_post", 3) == "blocks.3.hook_resid_post"
+    assert act_name("post", 2) == "blocks.2.mlp.hook_post"
+    assert act_name("scale", 4, "ln1") == "blocks.4.ln1.hook_scale"
+    assert act_name("scale") == "ln_final.hook_scale"
+    assert act_name("embed") == "hook_embed"
+    assert act_name("blocks.0.hook_resid_pre") == "blocks.0.hook_resid_pre"
+
+
+def test_cache_keys_and_negative_layers(gpt2, tokens):
+    _, cache = gpt2.run_with_cache(tokens)
+    assert torch.equal(cache["resid_post", -1], cache["blocks.1.hook_resid_post"])
+    assert torch.equal(cache["z", 0], cache["blocks.0.attn.hook_z"])
+    assert ("pattern", 1) in cache
+    assert cache["pattern", 1].shape == (3, 4, 11, 11)
+    with pytest.raises(KeyError, match="resid_post"):
+        cache["blocks.0.hook_resid_psot"]
+
+
+def test_pattern_rows_are_causal_distributions(gpt2, tokens):
+    _, cache = gpt2.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    pattern = cache["pattern", 0]
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(pattern.shape[:-1]))
+    assert pattern.triu(1).abs().max() == 0
+
+
+def test_cache_holds_copies_one_buffer_per_activation(gpt2, tokens):
+    _, cache = gpt2.run_with_cache(tokens)
+    assert cache.nbytes() == sum(t.numel() * t.element_size() for t in cache.values())
+    assert not any(t.requires_grad for t in cache.values())
+
+
+def test_names_filter_forms(gpt2, tokens):
+    _, one = gpt2.run_with_cache(tokens, names_filter="blocks.0.hook_resid_pre")
+    _, several = gpt2.run_with_cache(tokens, names_filter=["hook_embed", "blocks.1.attn.hook_z"])
+    _, filtered = gpt2.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_mlp_out"))
+    assert list(one) == ["blocks.0.hook_resid_pre"]
+    assert list(several) == ["hook_embed", "blocks.1.attn.hook_z"]
+    assert list(filtered) == ["blocks.0.hook_mlp_out", "blocks.1.hook_mlp_out"]
+    with pytest.raises(KeyError, match="not cached"):
+        one["blocks.1.hook_resid_pre"]
+
+
+def test_pos_slice_and_remove_batch_dim(gpt2, tokens):
+    _, full = gpt2.run_with_cache(tokens[:1])
+    _, last = gpt2.run_with_cache(tokens[:1], pos_slice=-1, remove_batch_dim=True)
+    assert last["resid_post", 1].shape == (1, gpt2.cfg.d_model)
+    assert torch.equal(last["resid_post", 1][0], full["resid_post", 1][0, -1])
+    assert torch.equal(last["pattern", 0][:, 0], full["pattern", 0][0, :, -1])  # query_pos is sliced
+    _, batch = gpt2.run_with_cache(tokens)
+    _, window = gpt2.run_with_cache(tokens, pos_slice=(2, 5))
+    assert torch.equal(window["z", 1], batch["z", 1][:, 2:5])
+    with pytest.raises(ValueError, match="batch of 1"):
+        gpt2.run_with_cache(tokens, remove_batch_dim=True)
+
+
+def test_incl_bwd_caches_gradients(gpt2, tokens):
+    loss, cache = gpt2.run_with_cache(tokens, incl_bwd=True, return_type="loss", names_filter=lambda n: "resid" in n)
+    assert loss.ndim == 0
+    grad = cache["blocks.1.hook_resid_post_grad"]
+    assert grad.shape == cache["resid_post", 1].shape and grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="scalar"):
+        gpt2.run_with_cache(tokens, incl_bwd=True)
+
+
+def test_decompose_resid_sums_to_the_final_residual(gpt2, tokens):
+    _, cache = gpt2.run_with_cache(tokens)
+    stack, labels = cache.decompose_resid(return_labels=True)
+    assert labels == ["embed", "pos_embed", "0_attn_out", "0_mlp_out", "1_attn_out", "1_mlp_out"]
+    torch.testing.assert_close(stack.sum(0), cache["resid_post", -1], rtol=0, atol=1e-5)
+
+
+def test_accumulated_resid_labels_and_values(gpt2, tokens):
+    _, cache = gpt2.run_with_cache(tokens)
+    stack, labels = cache.accumulated_resid(incl_mid=True, return_labels=True)
+    assert labels == ["0_pre", "0_mid", "1_pre", "1_mid", "final_post"]
+    assert torch.equal(stack[3], cache["resid_mid", 1])
+    assert torch.equal(stack[-1], cache["resid_post", 1])
+
+
+def test_stack_head_results_sum_to_attention_output(gpt2, tokens):
+    """Head results computed from z and W_O, plus c_proj's bias, equal what attention wrote."""
+    _, cache = gpt2.run_with_cache(tokens, names_filter=lambda n: n.endswith(("hook_z", "hook_attn_out")))
+    stack, labels = cache.stack_head_results(return_labels=True)
+    assert labels[:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L1H0"]
+    for layer in range(2):
+        heads = stack[layer * 4:(layer + 1) * 4].sum(0) + gpt2.blocks[layer].attn.c_proj.bias
+        torch.testing.assert_close(heads, cache["attn_out", layer], rtol=0, atol=1e-5)
+
+
+def test_stack_head_results_prefers_cached_results(gpt2, tokens):
+    _, cache = gpt2.run_with_cache(tokens)
+    from_results = cache.stack_head_results()
+    del cache.cache_dict["blocks.0.attn.hook_result"], cache.cache_dict["blocks.1.attn.hook_result"]
+    torch.testing.assert_close(cache.stack_head_results(), from_results, rtol=0, atol=1e-5)
+
+
+def test_logit_attrs_of_a_full_decomposition_add_up_to_the_logits(gpt2, tokens):
+    """Direct logit attribution: the components' attributions + the bias terms are the logit."""
+    logits, cache = gpt2.run_with_cache(tokens)
+    stack = cache.decompose_resid(pos_slice=-1)  # [component batch 1 d_model]
+    answer = tokens[:, 0]
+    wrong = tokens[:, 1]
+    attrs = cache.logit_attrs(stack, answer[:, None], pos_slice=-1)
+    expected = logits[:, -1:].gather(-1, answer[:, None, None])[..., 0]
+    torch.testing.assert_close(attrs.sum(0) + gpt2.logit_bias_terms(answer)[:, None], expected, rtol=0, atol=1e-4)
+    diff = cache.logit_attrs(stack, answer[:, None], incorrect_tokens=wrong[:, None], pos_slice=-1)
+    expected_diff = expected - logits[:, -1:].gather(-1, wrong[:, None, None])[..., 0]
+    bias_diff = gpt2.logit_bias_terms(answer) - gpt2.logit_bias_terms(wrong)
+    torch.testing.assert_close(diff.sum(0) + bias_diff[:, None], expected_diff, rtol=0, atol=1e-4)
+
+
+def test_apply_ln_to_stack_matches_the_norm_of_the_real_residual(gpt2, tokens):
+    _, cache = gpt2.run_with_cache(tokens)
+    resid = cache["resid_post", -1][None]
+    torch.testing.assert_close(cache.apply_ln_to_stack(resid)[0], cache["ln_final.hook_normalized"], rtol=0, atol=1e-5)
+    mid = cache["resid_mid", 0][None]
+    torch.testing.assert_close(cache.apply_ln_to_stack(mid, layer=0, mlp_input=True)[0], cache["normalized", 0, "ln2"], rtol=0, atol=1e-5)
+
+
+def test_cache_to_device_and_remove_batch_dim(gpt2, tokens):
+    _, cache = gpt2.run_with_cache(tokens[:1], device="cpu")
+    single = cache.remove_batch_dim()
+    assert single["resid_pre", 0].shape == (11, gpt2.cfg.d_model)
