@@ -12,6 +12,7 @@ import torch
 
 from hooked.cache import ActivationCache, act_name
 from hooked.hooks import HookedRootModule, HookPoint
+from hooked.layers import attention_backend
 from hooked.models import GPT2, HookedTransformer
 from hooked.weights import CheckpointError
 
@@ -28,4 +29,7 @@ def load(name_or_path: str | Path, dtype: torch.dtype = torch.float32, device: t
     return load_model(name_or_path, dtype=dtype, device=device)
 
 
-__all__ = ["ActivationCache", "CheckpointError", "GPT2", "HookPoint", "HookedRootModule", "HookedTransformer", "act_name", "load"]
+__all__ = [
+    "ActivationCache", "CheckpointError", "GPT2", "HookPoint", "HookedRootModule", "HookedTransformer",
+    "act_name", "attention_backend", "load",
+]

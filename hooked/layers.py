@@ -10,8 +10,15 @@ head_index, kv_head_index, d_head, query_pos, key_pos, d_mlp, n_experts, top_k, 
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib.util
 import math
+import os
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -82,34 +89,110 @@ class AttentionMask:
     """How keys are masked for one forward: causal always, plus optional left padding.
 
     `key_valid` [batch key_pos] is None when no row is padded, which lets SDPA use `is_causal`.
+    Built once per forward by the model; the derived masks are computed once and shared by all blocks.
     """
 
     key_valid: Tensor | None
     query_len: int
     key_len: int
 
-    def boolean(self, device: torch.device) -> Tensor | None:
+    @functools.cached_property
+    def boolean(self) -> Tensor | None:
         """[batch 1 query_pos key_pos], True where a query may attend (None: plain causal).
 
-        Bottom-right aligned causal mask (key j visible to query i iff j <= i + key_len - query_len).
         A padded query row sees no valid key; it is allowed its own position so that it stays
         finite (its output is meaningless and is never read by a valid row).
         """
         if self.key_valid is None:
             return None
         offset = self.key_len - self.query_len
-        query = torch.arange(self.query_len, device=device)[:, None]
-        key = torch.arange(self.key_len, device=device)[None, :]
-        mask = self.causal(device)[0] & self.key_valid[:, None, :]
+        query = torch.arange(self.query_len, device=self.key_valid.device)[:, None]
+        key = torch.arange(self.key_len, device=self.key_valid.device)[None, :]
+        mask = self.causal(self.key_valid.device)[0] & self.key_valid[:, None, :]
         mask = mask | (key == query + offset)[None]
         return mask[:, None]
 
     def causal(self, device: torch.device) -> Tensor:
-        """[1 1 query_pos key_pos] bottom-right aligned causal mask."""
+        """[1 1 query_pos key_pos] bottom-right aligned: key j is visible to query i iff j <= i + key_len - query_len."""
         offset = self.key_len - self.query_len
         query = torch.arange(self.query_len, device=device)[:, None]
         key = torch.arange(self.key_len, device=device)[None, :]
         return (key <= query + offset)[None, None]
+
+    @functools.cached_property
+    def left_padding_starts(self) -> Tensor | None:
+        """First valid key of each row [batch] when the mask is plain left padding, else None."""
+        if self.key_valid is None:
+            return None
+        starts = (~self.key_valid).sum(-1)
+        positions = torch.arange(self.key_len, device=starts.device)
+        return starts.to(torch.int32) if torch.equal(positions[None] >= starts[:, None], self.key_valid) else None
+
+
+AttentionBackend = Literal["triton", "sdpa", "eager"]
+_forced_backend: ContextVar[str | None] = ContextVar("hooked_attention_backend", default=None)
+
+
+@contextlib.contextmanager
+def attention_backend(name: AttentionBackend) -> Iterator[None]:
+    """Force one attention path for the body of a `with` block.
+
+    "eager" forms scores and pattern (Hugging Face's order); "sdpa" runs torch SDPA; "triton" runs
+    `hooked.kernels.flash_attention` (CUDA, or CPU under TRITON_INTERPRET=1). Without it the choice
+    is: eager when the scores or the pattern are hooked, else Triton on CUDA, else SDPA. A forced
+    path that cannot serve a forward raises instead of quietly running another.
+    """
+    if name not in ("triton", "sdpa", "eager"):
+        raise ValueError(f"attention backend must be 'triton', 'sdpa' or 'eager', not {name!r}")
+    if name == "triton" and not triton_available():
+        raise RuntimeError(
+            "attention_backend('triton') needs the triton package and a CUDA GPU, or TRITON_INTERPRET=1"
+            " set before hooked is imported (the CPU interpreter, for tests)"
+        )
+    token = _forced_backend.set(name)
+    try:
+        yield
+    finally:
+        _forced_backend.reset(token)
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_available(device: torch.device | None = None) -> bool:
+    """Whether the Triton kernel can run on `device` (on some device, when None)."""
+    if not _triton_installed():
+        return False
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    if device is None:
+        return interpreting or torch.cuda.is_available()
+    return device.type == "cuda" or (interpreting and device.type == "cpu")
+
+
+def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, hook_pattern: HookPoint) -> str:
+    """The attention path for one forward (see `attention_backend`)."""
+    pattern_hooked = hook_attn_scores.has_hooks or hook_pattern.has_hooks
+    forced = _forced_backend.get()
+    if forced is None:
+        if pattern_hooked:
+            return "eager"
+        if q.is_cuda and triton_available(q.device) and (mask.key_valid is None or mask.left_padding_starts is not None):
+            return "triton"
+        return "sdpa"
+    if pattern_hooked and forced != "eager":
+        listening = hook_pattern.name if hook_pattern.has_hooks else hook_attn_scores.name
+        raise RuntimeError(
+            f"attention_backend({forced!r}) cannot serve {listening}: only the eager path forms the"
+            " scores and the pattern; remove that hook or use attention_backend('eager')"
+        )
+    if forced == "triton":
+        if not triton_available(q.device):
+            raise RuntimeError(f"attention_backend('triton') cannot run on {q.device}: it needs CUDA, or TRITON_INTERPRET=1 for CPU")
+        if mask.key_valid is not None and mask.left_padding_starts is None:
+            raise RuntimeError("attention_backend('triton') serves causal attention with left padding only; this mask has holes")
+    return forced
 
 
 def attend(
@@ -125,15 +208,22 @@ def attend(
     """Causal attention for q [batch pos head_index d_head], k/v [batch pos kv_head_index d_head].
 
     Returns z [batch pos head_index d_head], contiguous, so `z.view(batch, pos, -1)` is the output
-    projection's input with no copy. Runs torch SDPA unless the scores or the pattern are hooked,
-    in which case it runs Hugging Face's eager order: scores -> hook_attn_scores -> softmax ->
-    hook_pattern -> pattern @ v. `softmax_in_float32` follows the architecture (GPT-2: input dtype;
-    Qwen3: float32, cast back).
+    projection's input with no copy. The path (see `attention_backend`) is: eager when the scores or
+    the pattern are hooked, in Hugging Face's order (scores -> hook_attn_scores -> softmax ->
+    hook_pattern -> pattern @ v); the Triton kernel on CUDA, whose output buffer is z; else SDPA.
+    `softmax_in_float32` follows the architecture (GPT-2: input dtype; Qwen3: float32, cast back).
     """
-    n_heads, n_kv_heads = q.shape[2], k.shape[2]
+    backend = choose_backend(q, mask, hook_attn_scores, hook_pattern)
+    batch, pos, n_heads, d_head = q.shape
+    n_kv_heads = k.shape[2]
+    if backend == "triton":
+        from hooked.kernels import flash_attention
+
+        out = flash_attention(q, k, v, key_start=mask.left_padding_starts, sm_scale=scaling)
+        return out.view(batch, pos, n_heads, d_head)  # the kernel wrote [batch pos head*d_head]
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch head pos d_head]
-    boolean_mask = mask.boolean(q.device)
-    if hook_attn_scores.has_hooks or hook_pattern.has_hooks:
+    boolean_mask = mask.boolean
+    if backend == "eager":
         if n_kv_heads != n_heads:  # query head h reads kv head h // group
             k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)
             v = v.repeat_interleave(n_heads // n_kv_heads, dim=1)
@@ -163,3 +253,119 @@ def attend(
 def gelu_new(x: Tensor) -> Tensor:
     """GPT-2's tanh GELU in Hugging Face's exact operation order (F.gelu(approximate='tanh') differs)."""
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+# ----------------------------------------------------------------------------- rotary embeddings
+@dataclass(frozen=True)
+class YarnScaling:
+    """YaRN rotary scaling (arXiv 2309.00071) as transformers' `_compute_yarn_parameters` reads it."""
+
+    factor: float  # context extension factor
+    original_max_positions: int  # context length the model was pretrained with
+    beta_fast: float = 32.0  # ramp boundary (rotations) below which frequencies are extrapolated
+    beta_slow: float = 1.0  # ramp boundary above which frequencies are interpolated
+    attention_factor: float | None = None  # cos/sin multiplier; None: derived from factor (and mscale)
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True  # round the ramp boundaries to whole dimensions
+
+
+def rotary_frequencies(d_head: int, theta: float, yarn: YarnScaling | None = None) -> tuple[Tensor, float]:
+    """Inverse frequencies [d_head / 2] (float32, on the CPU) and the factor cos/sin are multiplied by.
+
+    Plain RoPE: inv_freq = 1 / theta^(arange(0, d_head, 2) / d_head). YaRN blends interpolated
+    (divided by `factor`) and extrapolated frequencies over a linear ramp, in exactly the order of
+    transformers 5.24 `modeling_rope_utils._compute_yarn_parameters`, so the bits agree.
+    """
+    # Explicit device: the model is built under torch.device("meta"), and these are real numbers.
+    if yarn is None:
+        return 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.float, device="cpu") / d_head)), 1.0
+
+    def get_mscale(scale: float, mscale: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    attention_factor = yarn.attention_factor
+    if attention_factor is None:
+        if yarn.mscale and yarn.mscale_all_dim:
+            attention_factor = float(get_mscale(yarn.factor, yarn.mscale) / get_mscale(yarn.factor, yarn.mscale_all_dim))
+        else:
+            attention_factor = get_mscale(yarn.factor)
+
+    def correction_dim(rotations: float) -> float:
+        return (d_head * math.log(yarn.original_max_positions / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(yarn.beta_fast), correction_dim(yarn.beta_slow)
+    if yarn.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d_head - 1)
+    if low == high:
+        high += 0.001  # as transformers: avoid a zero-width ramp
+    ramp = torch.clamp((torch.arange(d_head // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
+    extrapolation_weight = 1 - ramp
+    pos_freqs = theta ** (torch.arange(0, d_head, 2, device="cpu").to(dtype=torch.float) / d_head)
+    inv_freq_extrapolation = 1.0 / pos_freqs
+    inv_freq_interpolation = 1.0 / (yarn.factor * pos_freqs)
+    inv_freq = inv_freq_interpolation * (1 - extrapolation_weight) + inv_freq_extrapolation * extrapolation_weight
+    return inv_freq, attention_factor
+
+
+class RotaryEmbedding(nn.Module):
+    """cos and sin [batch pos d_head] for the position ids of one forward (no parameters, no state).
+
+    The frequencies are a plain attribute, not a buffer: the loader builds models on the meta device
+    and assigns only checkpoint tensors, so a buffer would stay on meta. They are moved to the
+    position ids' device on use (a copy of d_head / 2 floats).
+    """
+
+    def __init__(self, d_head: int, theta: float, yarn: YarnScaling | None = None):
+        super().__init__()
+        self.d_head, self.theta, self.yarn = d_head, theta, yarn
+        self.inv_freq, self.attention_factor = rotary_frequencies(d_head, theta, yarn)
+
+    def forward(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        inv_freq = self.inv_freq.to(position_ids.device)
+        freqs = position_ids[..., None].float() * inv_freq  # [batch pos d_head/2], float32
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * self.attention_factor
+        sin = emb.sin() * self.attention_factor
+        return cos.to(dtype), sin.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"d_head={self.d_head}, theta={self.theta}, yarn={self.yarn}"
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last axis (the half-split RoPE convention)."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x [batch pos head d_head] by cos/sin [batch pos d_head]: x * cos + rotate_half(x) * sin."""
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    return (x * cos) + (rotate_half(x) * sin)
+
+
+# ----------------------------------------------------------------------------- gated MLP
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)), no biases (Llama / Qwen style), with TransformerLens' hooks.
+
+    `hook_pre` is the gate's pre-activation, `hook_pre_linear` the up projection, and `hook_post`
+    the neurons, act(gate) * up: the down projection's input.
+    """
+
+    def __init__(self, d_model: int, d_mlp: int, activation=F.silu):
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, d_mlp, bias=False)
+        self.up_proj = nn.Linear(d_model, d_mlp, bias=False)
+        self.down_proj = nn.Linear(d_mlp, d_model, bias=False)
+        self.activation = activation
+        self.hook_pre = HookPoint("batch pos d_mlp")  # gate pre-activation
+        self.hook_pre_linear = HookPoint("batch pos d_mlp")  # up projection
+        self.hook_post = HookPoint("batch pos d_mlp")  # the neurons: act(gate) * up
+
+    def forward(self, x: Tensor) -> Tensor:
+        pre = self.hook_pre(self.gate_proj(x))
+        pre_linear = self.hook_pre_linear(self.up_proj(x))
+        post = self.hook_post(self.activation(pre) * pre_linear)
+        return self.down_proj(post)

@@ -1,0 +1,86 @@
+"""Which attention path runs, forcing one with `hooked.attention_backend`, and that all agree."""
+
+import pytest
+import torch
+
+import hooked
+from hooked.layers import AttentionMask, choose_backend
+
+
+def read(activation, hook):
+    return None
+
+
+def test_default_path_is_sdpa_on_cpu_and_eager_when_the_pattern_is_hooked(gpt2):
+    attn = gpt2.blocks[0].attn
+    q = torch.zeros(1, 3, 4, 16)
+    mask = AttentionMask(None, 3, 3)
+    assert choose_backend(q, mask, attn.hook_attn_scores, attn.hook_pattern) == "sdpa"
+    with gpt2.hooks(fwd_hooks=[("blocks.0.attn.hook_attn_scores", read)]):
+        assert choose_backend(q, mask, attn.hook_attn_scores, attn.hook_pattern) == "eager"
+    with hooked.attention_backend("eager"):
+        assert choose_backend(q, mask, attn.hook_attn_scores, attn.hook_pattern) == "eager"
+
+
+def test_forced_eager_is_the_pattern_path_bit_for_bit(gpt2, tokens):
+    with torch.no_grad():
+        hooked_pattern = gpt2.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), read)])
+        with hooked.attention_backend("eager"):
+            forced = gpt2(tokens)
+        with hooked.attention_backend("sdpa"):
+            sdpa = gpt2(tokens)
+    assert torch.equal(forced, hooked_pattern)
+    assert torch.equal(sdpa, gpt2(tokens).detach())
+
+
+def test_forcing_a_path_that_cannot_serve_raises(gpt2, tokens):
+    with pytest.raises(RuntimeError, match=r"cannot serve blocks\.0\.attn\.hook_pattern"):
+        with hooked.attention_backend("sdpa"):
+            gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", read)])
+    with pytest.raises(ValueError, match="'triton', 'sdpa' or 'eager'"):
+        with hooked.attention_backend("flash"):
+            pass
+
+
+def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present, so 'triton' can serve here")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        with hooked.attention_backend("triton"):
+            pass
+
+
+def test_triton_refuses_a_mask_with_holes(gpt2):
+    tokens = torch.tensor([[5, 6, 7, 8]])
+    with pytest.raises(RuntimeError, match="left padding only"):
+        with hooked.attention_backend("triton"), torch.no_grad():
+            gpt2(tokens, attention_mask=torch.tensor([[1, 0, 1, 1]]))
+
+
+def test_triton_path_under_the_interpreter_matches_sdpa(gpt2):
+    tokens = torch.randint(0, gpt2.cfg.d_vocab, (2, 9), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(tokens)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        reference = gpt2(tokens, attention_mask=mask)
+        with hooked.attention_backend("triton"):
+            _, cache = gpt2.run_with_cache(tokens, attention_mask=mask, names_filter=lambda n: n.endswith("hook_z"))
+            logits = gpt2(tokens, attention_mask=mask)
+    real = mask.bool()
+    torch.testing.assert_close(logits[real], reference[real], rtol=0, atol=2e-5)
+    _, sdpa_cache = gpt2.run_with_cache(tokens, attention_mask=mask, names_filter=lambda n: n.endswith("hook_z"))
+    torch.testing.assert_close(cache["z", 1][real], sdpa_cache["z", 1][real], rtol=0, atol=2e-5)
+
+
+def test_triton_z_is_a_view_of_the_output_projection_input(gpt2):
+    """In-place edits of z reach c_proj on the Triton path too: zeroing a head == zeroing its weight rows."""
+    tokens = torch.randint(0, gpt2.cfg.d_vocab, (1, 7), generator=torch.Generator().manual_seed(4))
+    def zero_head(z, hook):
+        z[:, :, 2] = 0.0
+
+    with torch.no_grad(), hooked.attention_backend("triton"):
+        ablated = gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", zero_head)])
+    with torch.no_grad():
+        clean = gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", lambda z, h: z.index_fill(2, torch.tensor([2]), 0.0))])
+    torch.testing.assert_close(ablated, clean, rtol=0, atol=2e-5)
