@@ -19,7 +19,7 @@ from hooked.weights import CheckpointError
 __version__ = "0.1.0"
 
 
-def load(name_or_path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> HookedTransformer:
+def load(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu") -> HookedTransformer:
     """Load a model from a hub id or a local directory; the class is chosen from config.json.
 
     Reads the safetensors files straight into `dtype` on `device`; never builds a transformers model.

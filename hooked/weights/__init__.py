@@ -93,11 +93,15 @@ def architecture_for(config: dict):
     raise CheckpointError(f"architecture {names} is not supported by hooked; supported: {', '.join(supported)}")
 
 
-def load_model(name_or_path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", model_class=None):
+def load_model(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu", model_class=None):
     """Build the model a checkpoint describes and fill it from its safetensors files."""
+    dtype = _as_dtype(dtype)
     directory = resolve(name_or_path)
     config = read_config(directory)
-    model_class = model_class or architecture_for(config)
+    detected = architecture_for(config)
+    if model_class is not None and model_class is not detected:
+        raise CheckpointError(f"{directory} holds a {detected.__name__} checkpoint, not {model_class.__name__}; use hooked.load")
+    model_class = detected
     cfg = model_class.config_class.from_hf(config)
     with torch.device("meta"):
         model = model_class(cfg)
@@ -105,6 +109,17 @@ def load_model(name_or_path: str | Path, dtype: torch.dtype = torch.float32, dev
     model.load_state_dict(state, strict=True, assign=True)
     model.tokenizer = HookedTokenizer.from_directory(directory, config)
     return model.eval()
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if isinstance(dtype, str):
+        if dtype.removeprefix("torch.") not in names:
+            raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(names)}")
+        return names[dtype.removeprefix("torch.")]
+    if dtype not in names.values():
+        raise ValueError(f"dtype {dtype} is not supported; use one of {', '.join(names)}")
+    return dtype
 
 
 def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.device) -> dict[str, Tensor]:
