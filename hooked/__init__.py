@@ -1,4 +1,4 @@
-"""hooked: GPT-2 and Qwen3 reimplemented with a hook point on every activation.
+"""hooked: GPT-2, Qwen3 and Qwen3-MoE reimplemented with a hook point on every activation.
 
     import hooked
     model = hooked.load("gpt2")
@@ -13,7 +13,7 @@ import torch
 from hooked.cache import ActivationCache, act_name
 from hooked.hooks import HookedRootModule, HookPoint
 from hooked.layers import attention_backend
-from hooked.models import GPT2, HookedTransformer
+from hooked.models import GPT2, HookedTransformer, Qwen3, Qwen3Moe
 from hooked.weights import CheckpointError
 
 __version__ = "0.1.0"
@@ -31,5 +31,5 @@ def load(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, dev
 
 __all__ = [
     "ActivationCache", "CheckpointError", "GPT2", "HookPoint", "HookedRootModule", "HookedTransformer",
-    "act_name", "attention_backend", "load",
+    "Qwen3", "Qwen3Moe", "act_name", "attention_backend", "load",
 ]

@@ -6,3 +6,9 @@ from hooked.models.gpt2 import GPT2, GPT2Config
 MODEL_CLASSES = (GPT2,)
 
 __all__ = ["GPT2", "GPT2Config", "HookedTransformer", "MODEL_CLASSES"]
+
+from hooked.models.qwen3 import Qwen3, Qwen3Config  # noqa: E402
+from hooked.models.qwen3_moe import Qwen3Moe, Qwen3MoeConfig  # noqa: E402
+
+MODEL_CLASSES = (*MODEL_CLASSES, Qwen3, Qwen3Moe)
+__all__ += ["Qwen3", "Qwen3Config", "Qwen3Moe", "Qwen3MoeConfig"]

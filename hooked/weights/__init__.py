@@ -127,8 +127,8 @@ def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.de
     expected = dict(model.state_dict(keep_vars=True))
     renames = [(re.compile(pattern), replacement) for pattern, replacement in model.checkpoint_renames]
     ignored = [re.compile(pattern) for pattern in model.checkpoint_ignored]
-    stacked = [(re.compile(pattern), replacement) for pattern, replacement in getattr(model, "checkpoint_stacked", ())]
-    filled: dict[str, set[int]] = {}  # stacked parameter -> the slices read so far
+    stacked = [(re.compile(entry[0]), *entry[1:]) for entry in getattr(model, "checkpoint_stacked", ())]
+    filled: dict[str, tuple[set, int]] = {}  # stacked parameter -> (the (slice, part) pairs read, parts per slice)
     state: dict[str, Tensor] = {}
     unexpected, mis_shaped = [], []
     for path in safetensors_files(directory):
@@ -159,7 +159,14 @@ def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.de
         except SafetensorError as error:
             raise CheckpointError(f"{path} is not a readable safetensors file ({error}); is it truncated?") from None
     missing = [name for name in expected if name not in state]
-    missing += [f"{name}[{i}]" for name, done in filled.items() for i in range(expected[name].shape[0]) if i not in done]
+    missing += [
+        f"{name}[{i}]" + (f" (part {part + 1} of {parts})" if parts > 1 else "")
+        for name, (done, parts) in filled.items()
+        if name in state  # (a parameter with no piece read is listed once above)
+        for i in range(expected[name].shape[0])
+        for part in range(parts)
+        if (i, part) not in done
+    ]
     problems = []
     if missing:
         problems.append(f"missing tensors: {missing[:10]}{' ...' if len(missing) > 10 else ''}")
@@ -176,26 +183,32 @@ def _read_slice(file, key: str, stacked, expected, state, filled, dtype, device)
     """Read `key` into one slice of a stacked parameter (e.g. one expert of [n_experts, ...]).
 
     A `checkpoint_stacked` entry is (key pattern with a named group `expert`, parameter name
-    template): the group gives the slice index. The parameter is allocated once and filled slice
-    by slice, so stacking costs no second copy. Returns None when `key` matches no entry, "read",
+    template[, (part, parts)]): the group gives the index along axis 0; with (part, parts) the tensor
+    fills block `part` of `parts` equal blocks along axis 1 (e.g. gate and up fused into one
+    [n_experts, 2 * d_mlp, d_model] parameter). The parameter is allocated once and filled piece by
+    piece, so stacking costs no second copy. Returns None when `key` matches no entry, "read",
     "unexpected" (unknown parameter, index out of range, read twice), or a message when its shape
     is wrong.
     """
-    for pattern, replacement in stacked:
+    for pattern, replacement, *split in stacked:
         match = pattern.fullmatch(key)
         if match is None:
             continue
         target, index = match.expand(replacement), int(match.group("expert"))
-        if target not in expected or not 0 <= index < expected[target].shape[0] or index in filled.get(target, ()):
+        part, parts = split[0] if split else (0, 1)
+        done, _ = filled.setdefault(target, (set(), parts)) if target in expected else (set(), parts)
+        if target not in expected or not 0 <= index < expected[target].shape[0] or (index, part) in done:
             return "unexpected"
         tensor = file.get_tensor(key)
         shape = expected[target].shape
-        if tensor.shape != shape[1:]:
-            return f"{key}: {tuple(tensor.shape)} in the file, {tuple(shape[1:])} expected (one slice of {target} {tuple(shape)})"
+        piece = shape[1:] if parts == 1 else torch.Size((shape[1] // parts, *shape[2:]))
+        if tensor.shape != piece:
+            return f"{key}: {tuple(tensor.shape)} in the file, {tuple(piece)} expected (a piece of {target} {tuple(shape)})"
         if target not in state:
             state[target] = torch.empty(shape, dtype=dtype, device=device)
-        state[target][index].copy_(tensor)
-        filled.setdefault(target, set()).add(index)
+        destination = state[target][index] if parts == 1 else state[target][index, part * piece[0]:(part + 1) * piece[0]]
+        destination.copy_(tensor)
+        done.add((index, part))
         return "read"
     return None
 

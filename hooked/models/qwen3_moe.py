@@ -1,0 +1,186 @@
+"""Qwen3-MoE (`Qwen3MoeForCausalLM`): Qwen3 attention with sparse mixture-of-experts MLPs.
+
+Attention, norms, rotary embeddings and the block are Qwen3's (`hooked.models.qwen3`). Layer i is
+sparse iff `i not in mlp_only_layers and n_experts > 0 and (i + 1) % decoder_sparse_step == 0`;
+the other layers are dense SiLU-gated MLPs of width `intermediate_size`.
+
+The router follows transformers 5.24 `models/qwen3_moe/modeling_qwen3_moe.py` (REFERENCE §2):
+logits = x @ gate.weight.T in the model dtype; p = softmax(logits) in float32 over ALL experts;
+top-k of p; divided by their sum if `norm_topk_prob`; cast to the model dtype. Each slot's expert
+computes down_e(silu(gate_e(x)) * up_e(x)); the output is sum over slots of weight * expert output,
+summed over the top_k axis as transformers' default ("grouped_mm") expert kernel does, so float32
+logits are bit-identical to `Qwen3MoeForCausalLM` (tests/test_qwen3_moe.py).
+
+Experts are stored stacked, [n_experts, ...], in `nn.Linear` layout and in transformers 5.24's
+in-memory layout: `experts.gate_up_proj` [n_experts 2*d_expert_mlp d_model] (gate rows, then up
+rows) and `experts.down_proj` [n_experts d_model d_expert_mlp], assembled at load from the per-expert
+keys on disk (`checkpoint_stacked`). Fusing gate and up makes one GEMM per expert (measurably faster
+on CPU than two) and makes SiLU read the gate half as a strided view exactly as transformers does:
+SiLU's vectorised kernel rounds the tail of a row differently, so a contiguous gate would differ in
+the last bit whenever d_expert_mlp is not a multiple of the SIMD block. `W_gate`, `W_in`, `W_out`
+give per-expert views.
+
+Hooks on sparse layers are all per token, never ragged: `hook_router_logits` [batch pos n_experts],
+`hook_expert_weights` / `hook_expert_indices` [batch pos top_k], and per-slot neurons
+`hook_expert_pre` / `hook_expert_post` [batch pos top_k d_expert_mlp]. See docs/qwen3.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from hooked.hooks import HookPoint
+from hooked.layers import GatedMLP
+from hooked.models.qwen3 import Qwen3, Qwen3Block, Qwen3Config
+
+
+@dataclass(frozen=True, kw_only=True)
+class Qwen3MoeConfig(Qwen3Config):
+    n_experts: int  # routed experts per sparse layer (num_experts / num_local_experts)
+    top_k: int  # experts per token (num_experts_per_tok)
+    d_expert_mlp: int  # each expert's MLP width (moe_intermediate_size)
+    decoder_sparse_step: int = 1  # every decoder_sparse_step-th layer is sparse
+    mlp_only_layers: tuple[int, ...] = field(default=())  # layers kept dense regardless
+    norm_topk_prob: bool = False  # renormalise the top-k probabilities to sum to 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.n_experts and not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"top_k {self.top_k} must lie in 1..n_experts ({self.n_experts})")
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer not in self.mlp_only_layers and self.n_experts > 0 and (layer + 1) % self.decoder_sparse_step == 0
+
+    @classmethod
+    def _fields_from_hf(cls, config: dict) -> dict:
+        fields = super()._fields_from_hf(config)
+        # transformers' Qwen3MoeConfig has no head_dim default: it falls back to hidden_size / heads.
+        fields["d_head"] = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        return dict(
+            fields,
+            n_experts=config.get("num_experts", config.get("num_local_experts", 0)),  # hub: num_experts
+            top_k=config["num_experts_per_tok"],
+            d_expert_mlp=config["moe_intermediate_size"],
+            decoder_sparse_step=config.get("decoder_sparse_step", 1),
+            mlp_only_layers=tuple(config.get("mlp_only_layers") or ()),
+            norm_topk_prob=config.get("norm_topk_prob", False),
+        )
+
+
+class Qwen3MoeExperts(nn.Module):
+    """The stacked weights of one layer's experts (no forward: the sparse MLP indexes them)."""
+
+    def __init__(self, n_experts: int, d_model: int, d_expert_mlp: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(n_experts, 2 * d_expert_mlp, d_model))  # gate rows, then up rows
+        self.down_proj = nn.Parameter(torch.empty(n_experts, d_model, d_expert_mlp))
+
+
+class Qwen3MoeSparseMLP(nn.Module):
+    """Top-k routed experts. Only experts that received tokens run, each once on all its tokens."""
+
+    def __init__(self, cfg: Qwen3MoeConfig):
+        super().__init__()
+        self.n_experts, self.top_k, self.norm_topk_prob = cfg.n_experts, cfg.top_k, cfg.norm_topk_prob
+        self.gate = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)  # the router
+        self.experts = Qwen3MoeExperts(cfg.n_experts, cfg.d_model, cfg.d_expert_mlp)
+        # Hooks in forward order.
+        self.hook_router_logits = HookPoint("batch pos n_experts")  # raw logits, before softmax and top-k
+        self.hook_expert_weights = HookPoint("batch pos top_k")  # after top-k (and renormalisation)
+        self.hook_expert_indices = HookPoint("batch pos top_k")  # which expert each slot holds (int64)
+        self.hook_expert_pre = HookPoint("batch pos top_k d_expert_mlp")  # slot expert's gate pre-activation
+        self.hook_expert_post = HookPoint("batch pos top_k d_expert_mlp")  # slot expert's neurons: silu(gate) * up
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        router_logits = self.hook_router_logits(self.gate(x))
+        probs = F.softmax(router_logits, dim=-1, dtype=torch.float32)  # over ALL experts
+        top_probs, top_indices = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            top_probs = top_probs / top_probs.sum(-1, keepdim=True)
+        expert_weights = self.hook_expert_weights(top_probs.to(router_logits.dtype))
+        expert_indices = self.hook_expert_indices(top_indices)
+        slot_out = self.run_experts(x, expert_indices)  # [batch pos top_k d_model]
+        return (slot_out * expert_weights[..., None]).sum(2)
+
+    def run_experts(
+        self, x: Float[Tensor, "batch pos d_model"], expert_indices: Int[Tensor, "batch pos top_k"]
+    ) -> Float[Tensor, "batch pos top_k d_model"]:
+        """Each slot's expert applied to its token, unweighted.
+
+        Slots are sorted by expert so each routed expert runs once on a contiguous block of rows;
+        the per-slot neuron hooks see (and may replace) them back in [batch pos top_k ...] order.
+        """
+        batch, pos, d_model = x.shape
+        flat_indices = expert_indices.reshape(-1)  # slot s holds token s // top_k
+        if self.hook_expert_indices.has_hooks and bool(((flat_indices < 0) | (flat_indices >= self.n_experts)).any()):
+            raise ValueError(f"hook_expert_indices must hold expert ids in 0..{self.n_experts - 1}")
+        # Slots grouped by expert. A GEMM's float32 result for a row depends on the row's place in its
+        # block, so the rows of a group come in transformers' order: its (unstable) torch.sort.
+        _, order = torch.sort(flat_indices)
+        unsort = torch.argsort(order)
+        counts = torch.bincount(flat_indices, minlength=self.n_experts).tolist()
+        routed = [expert for expert, n in enumerate(counts) if n]  # experts with no token never run
+        splits = [counts[expert] for expert in routed]
+        x_sorted = x.reshape(-1, d_model).index_select(0, order // self.top_k)
+        gate_up_proj, down_proj = self.experts.gate_up_proj, self.experts.down_proj
+        if not (self.hook_expert_pre.has_hooks or self.hook_expert_post.has_hooks):
+            outs = []
+            for expert, rows in zip(routed, x_sorted.split(splits)):
+                gate, up = F.linear(rows, gate_up_proj[expert]).chunk(2, dim=-1)
+                outs.append(F.linear(F.silu(gate) * up, down_proj[expert]))
+        else:  # the per-slot neurons, in [batch pos top_k d_expert_mlp] order for the hooks
+            gate_up = torch.cat([F.linear(rows, gate_up_proj[e]) for e, rows in zip(routed, x_sorted.split(splits))])
+            gate, up = gate_up.index_select(0, unsort).view(batch, pos, self.top_k, -1).chunk(2, dim=-1)
+            pre = self.hook_expert_pre(gate)
+            post = self.hook_expert_post(F.silu(pre) * up)
+            post_sorted = post.reshape(-1, post.shape[-1]).index_select(0, order)
+            outs = [F.linear(rows, down_proj[e]) for e, rows in zip(routed, post_sorted.split(splits))]
+        return torch.cat(outs).index_select(0, unsort).view(batch, pos, self.top_k, d_model)
+
+    @property
+    def W_gate(self) -> Float[Tensor, "n_experts d_model d_expert_mlp"]:
+        return self.experts.gate_up_proj.chunk(2, dim=1)[0].transpose(1, 2)
+
+    @property
+    def W_in(self) -> Float[Tensor, "n_experts d_model d_expert_mlp"]:
+        return self.experts.gate_up_proj.chunk(2, dim=1)[1].transpose(1, 2)
+
+    @property
+    def W_out(self) -> Float[Tensor, "n_experts d_expert_mlp d_model"]:
+        return self.experts.down_proj.transpose(1, 2)
+
+
+class Qwen3Moe(Qwen3):
+    """Qwen3-MoE with TransformerLens hook names plus router and per-slot expert hooks.
+
+    Load with `hooked.load("Qwen/Qwen3-30B-A3B")`; everything but the sparse MLP is Qwen3's.
+    """
+
+    config_class = Qwen3MoeConfig
+    architectures = ("Qwen3MoeForCausalLM", "qwen3_moe")
+
+    @staticmethod
+    def make_block(cfg: Qwen3MoeConfig, layer: int) -> Qwen3Block:
+        mlp = Qwen3MoeSparseMLP(cfg) if cfg.is_sparse(layer) else GatedMLP(cfg.d_model, cfg.d_mlp)
+        return Qwen3Block(cfg, mlp)
+
+    def axis_sizes(self) -> dict[str, int]:
+        return {**super().axis_sizes(), "n_experts": self.cfg.n_experts, "top_k": self.cfg.top_k,
+                "d_expert_mlp": self.cfg.d_expert_mlp}
+
+    @property
+    def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
+        return super().checkpoint_renames + ((r"model\.layers\.(\d+)\.mlp\.gate\.weight", r"blocks.\1.mlp.gate.weight"),)
+
+    # Per-expert keys on disk -> a piece of a stacked parameter: `expert` indexes axis 0; (part, parts)
+    # places gate and up in the two halves of axis 1 of gate_up_proj.
+    checkpoint_stacked = (
+        (r"model\.layers\.(\d+)\.mlp\.experts\.(?P<expert>\d+)\.gate_proj\.weight", r"blocks.\1.mlp.experts.gate_up_proj", (0, 2)),
+        (r"model\.layers\.(\d+)\.mlp\.experts\.(?P<expert>\d+)\.up_proj\.weight", r"blocks.\1.mlp.experts.gate_up_proj", (1, 2)),
+        (r"model\.layers\.(\d+)\.mlp\.experts\.(?P<expert>\d+)\.down_proj\.weight", r"blocks.\1.mlp.experts.down_proj"),
+    )
