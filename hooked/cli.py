@@ -18,12 +18,10 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def list_hooks(model_name: str, batch: int, pos: int) -> list[tuple[str, tuple[int, ...]]]:
-    from hooked.weights import architecture_for, read_config, resolve
+    from hooked.weights import architecture_for, build_on_meta, read_config, resolve
 
     config = read_config(resolve(model_name))
-    model_class = architecture_for(config)
-    with torch.device("meta"):
-        model = model_class(model_class.config_class.from_hf(config))
+    model = build_on_meta(architecture_for(config), config)
     return list(model.hook_shapes(batch=batch, pos=pos).items())
 
 

@@ -1,0 +1,235 @@
+"""Shared helpers of the benchmark scripts: a GPT-2-small-shaped checkpoint, timing and memory.
+
+Not a benchmark itself; every script in this folder imports it (`python benchmarks/<name>.py`
+puts this folder on sys.path).
+
+* `gpt2_small_checkpoint()` builds a random checkpoint with GPT-2 small's shapes (12 layers,
+  d_model 768, 12 heads, vocab 50257, 1024 positions) with transformers' `GPT2LMHeadModel`,
+  randomises the LayerNorm weights and biases (GPT-2's init leaves them at 1 and 0, which would
+  hide a norm that ignores them) and `save_pretrained`s it to `$HOOKED_BENCH_DIR/gpt2-small`
+  (default /tmp/hooked-bench/gpt2-small). An existing checkpoint is reused.
+* `compare(...)` times several callables interleaved (A B A B ...), after warmup, and reports the
+  median of each and the ratio of medians against the first. Ratios of runs taken in the same
+  process, interleaved, survive a noisy shared machine far better than absolute times.
+* `rss()`, `peak_rss()`, `PeakSampler` measure resident memory.
+
+Threads: torch's default (`torch.get_num_threads()`), never changed here.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import resource
+import shutil
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# Run as `python benchmarks/<name>.py` from a clone without `pip install -e .`: make the checkout's
+# `hooked` importable (an installed one is used as is).
+REPO_ROOT = Path(__file__).resolve().parent.parent
+try:
+    import hooked  # noqa: F401
+except ModuleNotFoundError:
+    sys.path.insert(0, str(REPO_ROOT))
+
+BENCH_DIR = Path(os.environ.get("HOOKED_BENCH_DIR", "/tmp/hooked-bench"))
+GPT2_SMALL = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
+GiB = 1024**3
+MiB = 1024**2
+
+
+# ----------------------------------------------------------------------------- checkpoint
+def gpt2_small_checkpoint(directory: Path | None = None, seed: int = 0) -> Path:
+    """A random GPT-2-small-shaped checkpoint directory (config.json + model.safetensors), float32."""
+    directory = Path(directory or BENCH_DIR / "gpt2-small")
+    if (directory / "config.json").exists() and list(directory.glob("*.safetensors")):
+        return directory
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(GPT2Config(**GPT2_SMALL)).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.normal_(1.0, 0.1)
+                module.bias.normal_(0.0, 0.1)
+    # Write next to the target and rename, so an interrupted run never leaves half a checkpoint.
+    partial = directory.with_name(directory.name + f".partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        partial.rename(directory)
+    except OSError:  # another process got there first
+        shutil.rmtree(partial, ignore_errors=True)
+    return directory
+
+
+def random_tokens(batch: int, pos: int, vocab: int = GPT2_SMALL["vocab_size"], seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, pos), generator=generator)
+
+
+# ----------------------------------------------------------------------------- timing
+@dataclass
+class Timing:
+    name: str
+    samples: list[float]  # seconds
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over the median (0.05 = the middle half of runs lie within 5%)."""
+        if len(self.samples) < 4:
+            return float("nan")
+        q = statistics.quantiles(self.samples, n=4)
+        return (q[2] - q[0]) / self.median
+
+
+def quiet_transformers() -> None:
+    """No progress bars or info logs from transformers (they would break the tables)."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def compare(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: int = 2) -> list[Timing]:
+    """Time each callable `repeats` times, interleaved round-robin (A B A B ...), after `warmup` rounds.
+
+    Interleaving spreads the machine's slow phases over every candidate instead of charging one of
+    them; the ratio of medians is the figure to read. gc is collected before and disabled during.
+    """
+    names = list(fns)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    gc.collect()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for round_index in range(warmup + repeats):
+            for name in names:
+                start = time.perf_counter()
+                fns[name]()
+                elapsed = time.perf_counter() - start
+                if round_index >= warmup:
+                    samples[name].append(elapsed)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return [Timing(name, samples[name]) for name in names]
+
+
+def timing_table(timings: list[Timing], unit: str = "ms", baseline: int = 0, title: str | None = None) -> str:
+    """A table of medians and the ratio of each median to the baseline row's."""
+    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
+    base = timings[baseline].median
+    base_min = min(timings[baseline].samples)
+    rows = [
+        (t.name, f"{t.median * scale:.2f}", f"{t.spread:.0%}", f"{t.median / base:.3f}", f"{min(t.samples) * scale:.2f}", f"{min(t.samples) / base_min:.3f}")
+        for t in timings
+    ]
+    headers = ["", f"median {unit}", "IQR/median", f"ratio vs {timings[baseline].name}", f"min {unit}", "ratio of mins"]
+    return table(headers, rows, title)
+
+
+def table(headers: list[str], rows: list[tuple], title: str | None = None) -> str:
+    cells = [list(map(str, headers))] + [list(map(str, row)) for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    if title:
+        lines.append(title)
+    for index, row in enumerate(cells):
+        line = "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        lines.append("| " + line + " |")
+        if index == 0:
+            lines.append("|-" + "--".join("-" * w for w in widths) + "-|")
+    return "\n".join(lines)
+
+
+def environment() -> str:
+    import transformers
+
+    return (
+        f"{time.strftime('%Y-%m-%d')}  python {platform.python_version()}  torch {torch.__version__}"
+        f"  transformers {transformers.__version__}  threads {torch.get_num_threads()}"
+        f"  cpus {os.cpu_count()}  {platform.processor() or platform.machine()}"
+    )
+
+
+# ----------------------------------------------------------------------------- memory
+def rss() -> int:
+    """Current resident set size in bytes."""
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def peak_rss() -> int:
+    """Peak resident set size of this process since it started, in bytes (Linux: ru_maxrss is KiB)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def proc_status() -> dict[str, int]:
+    """VmRSS / RssAnon / RssFile / RssShmem / VmHWM from /proc/self/status, in bytes (Linux only)."""
+    values = {}
+    try:
+        with open("/proc/self/status") as file:
+            for line in file:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM"):
+                    values[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    return values
+
+
+class PeakSampler:
+    """Polls /proc/self/status in a thread and keeps the peak of VmRSS, RssAnon and RssFile.
+
+    The peaks of RssAnon (heap copies) and RssFile (mapped file pages) are taken separately, so
+    their sum may exceed the peak of VmRSS; polling every `interval` s can miss a spike shorter
+    than that, which `peak_rss()` (the kernel's own high-water mark) does not.
+    """
+
+    def __init__(self, interval: float = 0.002):
+        self.interval = interval
+        self.peak: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        for key, value in proc_status().items():
+            if value > self.peak.get(key, 0):
+                self.peak[key] = value
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            time.sleep(self.interval)
+
+    def __enter__(self) -> "PeakSampler":
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)

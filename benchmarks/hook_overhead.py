@@ -1,0 +1,142 @@
+"""What hooks cost: a no-op hook on (nearly) every hook point vs no hooks, and one HookPoint call.
+
+    .venv/bin/python benchmarks/hook_overhead.py [--repeats 6] [--decode-repeats 20] [--batch 4] [--pos 128]
+
+GPT-2-small shape (benchmarks/common.py), float32, CPU, torch.inference_mode, runs interleaved
+A B C A B C ... after warmup; ratios of medians against "no hooks" measured in the same run.
+
+1. Forward [batch pos] (default 4 x 128) with `run_with_hooks(tokens, fwd_hooks=[(filter, noop)])`,
+   `noop = lambda x, hook: None`, so the figure includes registering and removing the hooks:
+   * "every hook point except eager-path ones": all points but `attn.hook_attn_scores`,
+     `attn.hook_pattern`, `attn.hook_result`, `ln*.hook_scale`, `ln*.hook_normalized`. Listening to
+     those switches the layer to another computation (eager attention instead of SDPA, per-head
+     output einsum, step-by-step LayerNorm), which is a cost of the hook's *meaning*, not of the
+     hook mechanism. Target: <= 1.15.
+   * "every hook point incl. eager-path ones": all of them, for reference (no target).
+2. Cost of one call, ns: an unhooked `HookPoint`, `nn.Identity`, a bare Python function, and a
+   HookPoint with one no-op hook (timeit-style loops, interleaved); and the cost of registering and
+   removing the no-op hooks once (a `model.hooks(...)` context with no forward), which
+   `run_with_hooks` pays on every call.
+3. The same as 1 for a decode-like shape, batch 1 x 8 tokens (the model has no KV cache yet, so a
+   short prompt stands in for one decode step), where per-call Python overhead weighs most. One
+   extra row runs a second copy of the model with the same hooks attached once (`add_hook`), to
+   separate the cost of registering hooks on every call from the cost of calling them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import torch
+from common import compare, environment, gpt2_small_checkpoint, random_tokens, table, timing_table
+from torch import nn
+
+import hooked
+from hooked import HookPoint
+
+EAGER_PATH = re.compile(r"(?:^|\.)(?:attn\.hook_(?:attn_scores|pattern|result)|ln\w*\.hook_(?:scale|normalized))$")
+
+
+def noop(activation, hook):
+    return None
+
+
+def not_eager_path(name: str) -> bool:
+    return EAGER_PATH.search(name) is None
+
+
+def forward_rows(model, tokens, repeats: int, warmup: int, held_model=None):
+    fns = {
+        "no hooks": lambda: model(tokens),
+        "every hook point except eager-path ones": lambda: model.run_with_hooks(tokens, fwd_hooks=[(not_eager_path, noop)]),
+        "every hook point incl. eager-path ones": lambda: model.run_with_hooks(tokens, fwd_hooks=[(lambda name: True, noop)]),
+    }
+    if held_model is not None:  # a second copy with the same hooks attached once (add_hook), for good
+        fns["same, registered once (add_hook, second copy)"] = lambda: held_model(tokens)
+    return compare(fns, repeats=repeats, warmup=warmup)
+
+
+def micro_rows(calls: int, repeats: int):
+    x = torch.zeros(8)
+    point, identity = HookPoint("batch"), nn.Identity()
+    with_hook = HookPoint("batch")
+    root = hooked.HookedRootModule()
+    root.point = with_hook
+    root.setup_hooks()
+    root.add_hook("point", noop)
+
+    def bare(t):
+        return t
+
+    def loop(fn):
+        def run():
+            for _ in range(calls):
+                fn(x)
+        return run
+
+    return compare(
+        {
+            "bare function": loop(bare),
+            "HookPoint, no hook": loop(point),
+            "nn.Identity": loop(identity),
+            "HookPoint, one no-op hook": loop(with_hook),
+        },
+        repeats=repeats,
+        warmup=1,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--pos", type=int, default=128)
+    parser.add_argument("--decode-repeats", type=int, default=20)
+    args = parser.parse_args()
+
+    model = hooked.load(gpt2_small_checkpoint(), dtype=torch.float32, device="cpu")
+    names = model.hook_names
+    cheap = [n for n in names if not_eager_path(n)]
+    print(environment())
+    print(f"{len(names)} hook points: {len(cheap)} outside the eager path, {len(names) - len(cheap)} on it")
+
+    with torch.inference_mode():
+        tokens = random_tokens(args.batch, args.pos)
+        timings = forward_rows(model, tokens, args.repeats, args.warmup)
+        print(timing_table(timings, title=f"\n1. forward with no-op hooks, float32, batch {args.batch} x {args.pos}, {args.repeats} runs each"
+                                         " (target: first hooked row <= 1.15)"))
+
+        calls = 200_000
+        micro = micro_rows(calls, repeats=7)
+        rows = [(t.name, f"{t.median / calls * 1e9:.0f}", f"{min(t.samples) / calls * 1e9:.0f}", f"{t.median / micro[0].median:.2f}") for t in micro]
+        print()
+        print(table(["", "median ns/call", "min ns/call", "ratio vs bare function"], rows,
+                    title=f"2. one call on an 8-float tensor, loops of {calls:,} calls, 7 loops each"))
+
+        contexts = 200
+        def register(fwd_hooks):
+            def run():
+                for _ in range(contexts):
+                    with model.hooks(fwd_hooks=fwd_hooks):
+                        pass
+            return run
+        reg = compare({
+            f"{len(cheap)} points (all except eager-path)": register([(not_eager_path, noop)]),
+            f"{len(names)} points (all)": register([(lambda name: True, noop)]),
+        }, repeats=7, warmup=1)
+        rows = [(t.name, f"{t.median / contexts * 1e6:.0f}", f"{min(t.samples) / contexts * 1e6:.0f}") for t in reg]
+        print()
+        print(table(["register + remove a no-op hook on", "median us", "min us"], rows,
+                    title="   what run_with_hooks adds per call besides the hook calls (model.hooks context, no forward)"))
+
+        tokens = random_tokens(1, 8)
+        held_model = hooked.load(gpt2_small_checkpoint(), dtype=torch.float32, device="cpu")
+        held_model.add_hook(not_eager_path, noop)
+        timings = forward_rows(model, tokens, args.decode_repeats, 5, held_model=held_model)
+        print(timing_table(timings, title=f"\n3. decode-like forward (no KV cache): batch 1 x 8, {args.decode_repeats} runs each"))
+
+
+if __name__ == "__main__":
+    main()
