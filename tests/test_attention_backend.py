@@ -84,3 +84,48 @@ def test_triton_z_is_a_view_of_the_output_projection_input(gpt2):
     with torch.no_grad():
         clean = gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", lambda z, h: z.index_fill(2, torch.tensor([2]), 0.0))])
     torch.testing.assert_close(ablated, clean, rtol=0, atol=2e-5)
+
+
+QWEN_CASES = ["gqa_tied", "yarn_bias", "moe_k2"]
+
+
+@pytest.fixture(scope="module")
+def qwen_models(tmp_path_factory):
+    """Qwen3 with GQA 8->2 and with multi-query + YaRN, and a top-2 Qwen3-MoE, built as in their parity tests."""
+    transformers = pytest.importorskip("transformers")
+    from tests.test_qwen3_moe import MOE_CASES
+    from tests.test_qwen3_parity import DENSE_CASES, VOCAB, build_checkpoint
+
+    models = {}
+    for name in QWEN_CASES[:2]:
+        config = transformers.Qwen3Config(vocab_size=VOCAB, **DENSE_CASES[name])
+        models[name] = hooked.load(build_checkpoint(tmp_path_factory.mktemp(name), config, transformers.Qwen3ForCausalLM))
+    config = transformers.Qwen3MoeConfig(vocab_size=VOCAB, **MOE_CASES["k2_norm"])
+    models["moe_k2"] = hooked.load(build_checkpoint(tmp_path_factory.mktemp("moe"), config, transformers.Qwen3MoeForCausalLM))
+    return models
+
+
+@pytest.mark.parametrize("case", QWEN_CASES)
+def test_qwen_models_with_the_triton_kernel_forced(qwen_models, case):
+    """Logits and attention-output gradients through the kernel (interpreter) match SDPA, with left padding."""
+    model = qwen_models[case]
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 10), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(tokens)
+    mask[0, :4] = 0
+    real = mask.bool()
+
+    def run():
+        grads = {}
+        with torch.enable_grad():
+            logits = model.run_with_hooks(
+                tokens, attention_mask=mask, bwd_hooks=[("blocks.0.attn.hook_z", lambda g, hook: grads.__setitem__("z", g))]
+            )
+            logits[real].logsumexp(-1).sum().backward()
+        return logits.detach(), grads["z"]
+
+    reference_logits, reference_grad = run()
+    with hooked.attention_backend("triton"):
+        logits, grad = run()
+    model.zero_grad(set_to_none=True)
+    torch.testing.assert_close(logits[real], reference_logits[real], rtol=0, atol=3e-5)
+    torch.testing.assert_close(grad[real], reference_grad[real], rtol=0, atol=3e-5)
