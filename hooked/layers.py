@@ -314,7 +314,7 @@ class RotaryEmbedding(nn.Module):
 
     The frequencies are a plain attribute, not a buffer: the loader builds models on the meta device
     and assigns only checkpoint tensors, so a buffer would stay on meta. They are moved to the
-    position ids' device on use (a copy of d_head / 2 floats).
+    position ids' device on first use there (d_head / 2 floats).
     """
 
     def __init__(self, d_head: int, theta: float, yarn: YarnScaling | None = None):
@@ -323,7 +323,9 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq, self.attention_factor = rotary_frequencies(d_head, theta, yarn)
 
     def forward(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        inv_freq = self.inv_freq.to(position_ids.device)
+        if self.inv_freq.device != position_ids.device:  # once per device, not a copy per forward
+            self.inv_freq = self.inv_freq.to(position_ids.device)
+        inv_freq = self.inv_freq
         freqs = position_ids[..., None].float() * inv_freq  # [batch pos d_head/2], float32
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = emb.cos() * self.attention_factor
