@@ -55,11 +55,14 @@ def test_float32_bit_exact(gpt2, gpt2_dir, tokens, path, hf_implementation):
         assert torch.equal(point.ctx.pop("seen"), expected), f"resid_post of block {layer} differs"
 
 
-def test_sdpa_and_eager_paths_agree(gpt2, tokens):
+def test_sdpa_and_eager_paths_give_the_same_z_and_logits(gpt2, tokens):
+    is_z = lambda name: name.endswith("hook_z")  # noqa: E731
     with torch.no_grad():
-        fused = gpt2(tokens)
-        eager = gpt2.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), read_pattern)])
+        fused, fused_cache = gpt2.run_with_cache(tokens, names_filter=is_z)
+        eager, eager_cache = gpt2.run_with_cache(tokens, names_filter=lambda n: is_z(n) or n.endswith("hook_pattern"))
     torch.testing.assert_close(fused, eager, rtol=0, atol=1e-5)
+    for layer in range(gpt2.cfg.n_layers):
+        torch.testing.assert_close(fused_cache["z", layer], eager_cache["z", layer], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype, bound", [(torch.bfloat16, 0.0), (torch.float16, 0.0)])
