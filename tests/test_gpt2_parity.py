@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 import hooked
 from hooked.testing import build_gpt2_checkpoint
 
-transformers = pytest.importorskip("transformers")  # the dev extra; always installed by `make test`
+import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 
 
 def hf_model(directory, attn_implementation, dtype=torch.float32):

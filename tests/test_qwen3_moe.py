@@ -35,7 +35,7 @@ from tests.test_qwen3_parity import (
     read_pattern,
 )
 
-transformers = pytest.importorskip("transformers")
+import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 
 COMMON = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
               initializer_range=0.1)  # a wider init than HF's 0.02 makes routing decisive on a tiny model
