@@ -1,4 +1,4 @@
-"""Shared helpers of the benchmark scripts: a GPT-2-small-shaped checkpoint, timing and memory.
+"""Shared helpers of the benchmark scripts: random checkpoints (GPT-2 small, Qwen3), timing and memory.
 
 Not a benchmark itself; every script in this folder imports it (`python benchmarks/<name>.py`
 puts this folder on sys.path).
@@ -8,6 +8,10 @@ puts this folder on sys.path).
   randomises the LayerNorm weights and biases (GPT-2's init leaves them at 1 and 0, which would
   hide a norm that ignores them) and `save_pretrained`s it to `$HOOKED_BENCH_DIR/gpt2-small`
   (default /tmp/hooked-bench/gpt2-small). An existing checkpoint is reused.
+* `transformers_checkpoint(dir, config_name, model_name, kwargs, dtype, max_shard_size)` does the
+  same for any transformers causal LM (norms randomised, cast to `dtype`, optionally sharded);
+  `qwen3_sharded_checkpoint("dense" | "moe")` is `QWEN3_SHAPES[kind]` (the shapes of
+  benchmarks/qwen3_forward.py) in bfloat16, shards of at most 200 MB, with its index file.
 * `compare(...)` times several callables interleaved (A B A B ...), after warmup, and reports the
   median of each and the ratio of medians against the first. Ratios of runs taken in the same
   process, interleaved, survive a noisy shared machine far better than absolute times.
@@ -233,3 +237,67 @@ class PeakSampler:
 
 def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# ----------------------------------------------------------------------------- Qwen3 checkpoints
+# The shapes of benchmarks/qwen3_forward.py: a slice of Qwen3-0.6B (dense) and of Qwen3-30B-A3B (MoE).
+QWEN3_COMMON = dict(vocab_size=32000, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                    max_position_embeddings=4096, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+QWEN3_SHAPES = {
+    "dense": ("Qwen3Config", "Qwen3ForCausalLM", dict(QWEN3_COMMON, num_hidden_layers=8, intermediate_size=3072)),
+    "moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(QWEN3_COMMON, num_hidden_layers=4, intermediate_size=3072,
+                                                         num_experts=16, num_experts_per_tok=4, moe_intermediate_size=768,
+                                                         norm_topk_prob=True, initializer_range=0.05)),
+}
+
+
+def transformers_checkpoint(
+    directory: Path,
+    config_name: str,
+    model_name: str,
+    config_kwargs: dict,
+    dtype: torch.dtype = torch.float32,
+    max_shard_size: str | None = None,
+    seed: int = 0,
+) -> Path:
+    """A random transformers model (`model_name` built from `config_name(**config_kwargs)`), saved once.
+
+    Norm weights and biases are randomised (`hooked.testing.randomize_norms`), the model is cast to
+    `dtype` and written with `save_pretrained(..., max_shard_size=...)` (None: transformers' default,
+    one file at these sizes). An existing checkpoint in `directory` is reused; it is written next to
+    the target and renamed, so an interrupted run never leaves half a checkpoint.
+    """
+    directory = Path(directory)
+    if (directory / "config.json").exists() and list(directory.glob("*.safetensors")):
+        return directory
+    import transformers
+
+    from hooked.testing import randomize_norms
+
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**config_kwargs)).eval()
+    randomize_norms(model, seed)
+    model = model.to(dtype)
+    partial = directory.with_name(directory.name + f".partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    save_kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(partial, **save_kwargs)
+    del model
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        partial.rename(directory)
+    except OSError:  # another process got there first
+        shutil.rmtree(partial, ignore_errors=True)
+    return directory
+
+
+def qwen3_sharded_checkpoint(kind: str, directory: Path | None = None, seed: int = 0) -> Path:
+    """`QWEN3_SHAPES[kind]` ("dense" or "moe") saved in bfloat16 in shards of at most 200 MB.
+
+    The directory ($HOOKED_BENCH_DIR/qwen3-{kind}-bf16-sharded) holds `model.safetensors.index.json`
+    and several `model-0000i-of-0000n.safetensors` files.
+    """
+    config_name, model_name, kwargs = QWEN3_SHAPES[kind]
+    directory = Path(directory or BENCH_DIR / f"qwen3-{kind}-bf16-sharded")
+    return transformers_checkpoint(directory, config_name, model_name, kwargs, dtype=torch.bfloat16,
+                                   max_shard_size="200MB", seed=seed)

@@ -1,23 +1,35 @@
 """Loading a checkpoint: peak resident memory over the size of the weights, and load time.
 
-    .venv/bin/python benchmarks/loading.py [--rounds 3]
+    .venv/bin/python benchmarks/loading.py [--rounds 3] [--model all|gpt2|qwen3-sharded]
 
-GPT-2-small-shaped float32 checkpoint (benchmarks/common.py), loaded on the CPU as float32 and as
-bfloat16. Every load runs in a fresh subprocess (`loading.py --worker LIB DTYPE`), so nothing the
+Two sections (`--model`, default both):
+
+* gpt2: GPT-2-small-shaped float32 checkpoint, one file (benchmarks/common.py), loaded on the CPU
+  as float32 and as bfloat16;
+* qwen3-sharded: SHARDED bfloat16 checkpoints (`save_pretrained(dir, max_shard_size="200MB")`, so
+  `model.safetensors.index.json` and several shard files) of the shapes of
+  benchmarks/qwen3_forward.py (common.QWEN3_SHAPES): dense Qwen3 (8 layers, d_model 1024, 16/8
+  heads of 128, d_mlp 3072, vocab 32000) loaded as bfloat16 and as float32, and Qwen3-MoE (4
+  layers, 16 experts, top-4, expert width 768) loaded as bfloat16. transformers loads them with
+  the class named in config.json (`Qwen3ForCausalLM` / `Qwen3MoeForCausalLM`).
+
+Every load runs in a fresh subprocess (`loading.py --worker LIB DTYPE --dir DIR`), so nothing the
 parent allocated counts; hooked and transformers subprocesses alternate (A B A B ...), `--rounds`
 of each.
 
 * baseline: VmRSS after the imports (`import torch, hooked`; plus transformers for its worker);
-* peak: the kernel's high-water mark (`ru_maxrss`, VmHWM) after the load returns;
+* peak: the kernel's high-water mark of this process (VmHWM) after the load returns (not
+  `ru_maxrss`, which on Linux starts from the parent's RSS at fork);
 * peak ratio = (peak - baseline) / bytes of the loaded weights (distinct parameter storages, in the
   target dtype). Target for hooked: <= 1.3;
 * RssAnon / RssFile peaks (sampled every 2 ms) split the growth into heap copies and pages of the
   memory-mapped safetensors file; "held" is the growth still resident after the load, "touched"
   the growth once every weight has been read once (as the first forward would);
-* "hooked, dynamo pre-imported": hooked with `torch._dynamo` imported before the baseline, as
-  `import transformers` does for its worker; separates the loader's own cost from that import;
-* load time: wall time of `hooked.load(dir, dtype=...)` vs
-  `GPT2LMHeadModel.from_pretrained(dir, dtype=...)`, medians, ratio vs transformers.
+* "hooked, dynamo pre-imported" (gpt2 section): hooked with `torch._dynamo` imported before the
+  baseline, as `import transformers` does for its worker; separates the loader's own cost from
+  that import;
+* load time: wall time of `hooked.load(dir, dtype=...)` vs `<class>.from_pretrained(dir,
+  dtype=...)`, medians, ratio vs transformers.
 """
 
 from __future__ import annotations
@@ -28,13 +40,22 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-DTYPES = ("float32", "bfloat16")
 # "hooked, dynamo pre-imported" imports torch._dynamo before its baseline, as `import transformers`
 # does: building the model on the meta device initialises nn.Embedding with normal_, whose meta
 # implementation imports torch._dynamo on first use (see docs/benchmarks.md).
-LIBS = ("transformers", "hooked", "hooked, dynamo pre-imported")
+GPT2_LIBS = ("transformers", "hooked", "hooked, dynamo pre-imported")
+QWEN3_LIBS = ("transformers", "hooked")
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str  # e.g. "float32 file -> bfloat16"
+    directory: Path
+    dtype: str  # target dtype
+    libs: tuple[str, ...]
 
 
 def worker(lib: str, dtype_name: str, directory: str) -> None:
@@ -44,10 +65,12 @@ def worker(lib: str, dtype_name: str, directory: str) -> None:
     import hooked  # in the baseline of both workers
 
     if lib == "transformers":
+        import transformers
         from common import quiet_transformers
-        from transformers import GPT2LMHeadModel
 
         quiet_transformers()
+        architecture = json.loads((Path(directory) / "config.json").read_text())["architectures"][0]
+        model_class = getattr(transformers, architecture)  # GPT2LMHeadModel, Qwen3ForCausalLM, ...
     if lib == "hooked, dynamo pre-imported":
         import torch._dynamo  # noqa: F401
     dtype = getattr(torch, dtype_name)
@@ -57,10 +80,12 @@ def worker(lib: str, dtype_name: str, directory: str) -> None:
         if lib.startswith("hooked"):
             model = hooked.load(directory, dtype=dtype, device="cpu")
         else:
-            model = GPT2LMHeadModel.from_pretrained(directory, dtype=dtype)
+            model = model_class.from_pretrained(directory, dtype=dtype)
         seconds = time.perf_counter() - start
-    peak = peak_rss()
     held = proc_status()
+    # VmHWM, not ru_maxrss: Linux carries the parent's RSS at fork into the child's ru_maxrss across
+    # exec, so a parent that built a checkpoint (> 1 GiB resident) would set every worker's "peak".
+    peak = held.get("VmHWM") or peak_rss()
     storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
     weights = sum(storages.values())
     assert all(p.dtype == dtype for p in model.parameters())
@@ -80,9 +105,40 @@ def worker(lib: str, dtype_name: str, directory: str) -> None:
     }))
 
 
+def describe(name: str, directory: Path) -> str:
+    files = sorted(directory.glob("*.safetensors"))
+    total = sum(f.stat().st_size for f in files)
+    index = " + model.safetensors.index.json" if (directory / "model.safetensors.index.json").exists() else ""
+    sizes = ", ".join(f"{f.stat().st_size / 2**20:.0f}" for f in files)
+    return f"{name}: {directory}: {total / 2**30:.3f} GiB in {len(files)} safetensors file(s){index} (MiB: {sizes})"
+
+
+def sections(which: str) -> dict[str, list[Case]]:
+    from common import gpt2_small_checkpoint, qwen3_sharded_checkpoint
+
+    result = {}
+    if which in ("all", "gpt2"):
+        directory = gpt2_small_checkpoint()
+        print(describe("gpt2-small, float32", directory))
+        result["GPT-2 small, float32 checkpoint (one file)"] = [
+            Case(f"float32 file -> {dtype}", directory, dtype, GPT2_LIBS) for dtype in ("float32", "bfloat16")
+        ]
+    if which in ("all", "qwen3-sharded"):
+        dense, moe = qwen3_sharded_checkpoint("dense"), qwen3_sharded_checkpoint("moe")
+        print(describe("qwen3 dense, bfloat16, sharded", dense))
+        print(describe("qwen3 moe, bfloat16, sharded", moe))
+        result["Qwen3 / Qwen3-MoE, sharded bfloat16 checkpoints (max_shard_size 200MB)"] = [
+            Case("Qwen3 dense, sharded bf16 -> bfloat16", dense, "bfloat16", QWEN3_LIBS),
+            Case("Qwen3 dense, sharded bf16 -> float32", dense, "float32", QWEN3_LIBS),
+            Case("Qwen3-MoE, sharded bf16 -> bfloat16", moe, "bfloat16", QWEN3_LIBS),
+        ]
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", choices=("all", "gpt2", "qwen3-sharded"), default="all")
     parser.add_argument("--worker", nargs=2, metavar=("LIB", "DTYPE"))
     parser.add_argument("--dir")
     args = parser.parse_args()
@@ -90,62 +146,62 @@ def main() -> None:
         worker(*args.worker, args.dir)
         return
 
-    from common import GiB, environment, gpt2_small_checkpoint, table
+    from common import GiB, environment, table
 
-    directory = gpt2_small_checkpoint()
-    file_bytes = sum(f.stat().st_size for f in Path(directory).glob("*.safetensors"))
     print(environment())
-    print(f"checkpoint {directory}: {file_bytes / GiB:.3f} GiB of float32 safetensors")
-
-    results: dict[tuple[str, str], list[dict]] = {(lib, dt): [] for lib in LIBS for dt in DTYPES}
+    cases = sections(args.model)
+    results: dict[tuple[Case, str], list[dict]] = {
+        (case, lib): [] for section in cases.values() for case in section for lib in case.libs
+    }
     for _ in range(args.rounds):
-        for dtype_name in DTYPES:
-            for lib in LIBS:
-                command = [sys.executable, __file__, "--worker", lib, dtype_name, "--dir", str(directory)]
-                completed = subprocess.run(command, capture_output=True, text=True, check=False)
-                if completed.returncode != 0:
-                    raise SystemExit(f"worker {lib} {dtype_name} failed:\n{completed.stderr}")
-                results[(lib, dtype_name)].append(json.loads(completed.stdout.strip().splitlines()[-1]))
+        for case, lib in results:
+            command = [sys.executable, __file__, "--worker", lib, case.dtype, "--dir", str(case.directory)]
+            completed = subprocess.run(command, capture_output=True, text=True, check=False)
+            if completed.returncode != 0:
+                raise SystemExit(f"worker {lib} {case.label} failed:\n{completed.stderr}")
+            results[(case, lib)].append(json.loads(completed.stdout.strip().splitlines()[-1]))
 
-    def median(lib, dtype_name, *keys):
+    def median(case, lib, *keys):
         values = []
-        for result in results[(lib, dtype_name)]:
+        for result in results[(case, lib)]:
             value = result
             for key in keys:
                 value = value[key]
             values.append(value)
         return statistics.median(values)
 
-    rows = []
-    for dtype_name in DTYPES:
-        for lib in LIBS:
-            weights = median(lib, dtype_name, "weights")
-            rows.append((
-                f"{lib}, float32 file -> {dtype_name}",
-                f"{weights / GiB:.3f}",
-                f"{median(lib, dtype_name, 'peak') / GiB:.3f}",
-                f"{median(lib, dtype_name, 'peak') / weights:.2f}",
-                f"{median(lib, dtype_name, 'sampled_peak', 'RssAnon') / GiB:.3f}",
-                f"{median(lib, dtype_name, 'sampled_peak', 'RssFile') / GiB:.3f}",
-                f"{median(lib, dtype_name, 'held', 'VmRSS') / GiB:.3f}",
-                f"{median(lib, dtype_name, 'touched', 'VmRSS') / GiB:.3f}",
-            ))
-    print(table(
-        ["", "weights GiB", "peak growth GiB", "peak / weights", "peak RssAnon", "peak RssFile", "held", "touched"],
-        rows,
-        title=f"\nresident memory of one load, fresh subprocess, median of {args.rounds} (GiB over the post-import RSS;"
-              " target hooked peak / weights <= 1.3)",
-    ))
+    for title, section in cases.items():
+        rows = []
+        for case in section:
+            for lib in case.libs:
+                weights = median(case, lib, "weights")
+                rows.append((
+                    f"{lib}, {case.label}",
+                    f"{weights / GiB:.3f}",
+                    f"{median(case, lib, 'peak') / GiB:.3f}",
+                    f"{median(case, lib, 'peak') / weights:.2f}",
+                    f"{median(case, lib, 'sampled_peak', 'RssAnon') / GiB:.3f}",
+                    f"{median(case, lib, 'sampled_peak', 'RssFile') / GiB:.3f}",
+                    f"{median(case, lib, 'held', 'VmRSS') / GiB:.3f}",
+                    f"{median(case, lib, 'touched', 'VmRSS') / GiB:.3f}",
+                ))
+        print(table(
+            ["", "weights GiB", "peak growth GiB", "peak / weights", "peak RssAnon", "peak RssFile", "held", "touched"],
+            rows,
+            title=f"\n{title}\nresident memory of one load, fresh subprocess, median of {args.rounds} (GiB over the"
+                  " post-import RSS; target hooked peak / weights <= 1.3)",
+        ))
 
-    rows = []
-    for dtype_name in DTYPES:
-        reference = median("transformers", dtype_name, "seconds")
-        for lib in LIBS:
-            seconds = [r["seconds"] for r in results[(lib, dtype_name)]]
-            rows.append((f"{lib}, float32 file -> {dtype_name}", f"{statistics.median(seconds):.2f}", f"{min(seconds):.2f}",
-                         f"{statistics.median(seconds) / reference:.2f}"))
-    print()
-    print(table(["", "median s", "min s", "ratio vs transformers"], rows, title=f"load time, median of {args.rounds} fresh subprocesses"))
+        rows = []
+        for case in section:
+            reference = median(case, "transformers", "seconds")
+            for lib in case.libs:
+                seconds = [r["seconds"] for r in results[(case, lib)]]
+                rows.append((f"{lib}, {case.label}", f"{statistics.median(seconds):.2f}", f"{min(seconds):.2f}",
+                             f"{statistics.median(seconds) / reference:.2f}"))
+        print()
+        print(table(["", "median s", "min s", "ratio vs transformers"], rows,
+                    title=f"load time, median of {args.rounds} fresh subprocesses"))
 
 
 if __name__ == "__main__":
