@@ -54,28 +54,7 @@ MiB = 1024**2
 # ----------------------------------------------------------------------------- checkpoint
 def gpt2_small_checkpoint(directory: Path | None = None, seed: int = 0) -> Path:
     """A random GPT-2-small-shaped checkpoint directory (config.json + model.safetensors), float32."""
-    directory = Path(directory or BENCH_DIR / "gpt2-small")
-    if (directory / "config.json").exists() and list(directory.glob("*.safetensors")):
-        return directory
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    model = GPT2LMHeadModel(GPT2Config(**GPT2_SMALL)).eval()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.LayerNorm):
-                module.weight.normal_(1.0, 0.1)
-                module.bias.normal_(0.0, 0.1)
-    # Write next to the target and rename, so an interrupted run never leaves half a checkpoint.
-    partial = directory.with_name(directory.name + f".partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        partial.rename(directory)
-    except OSError:  # another process got there first
-        shutil.rmtree(partial, ignore_errors=True)
-    return directory
+    return transformers_checkpoint(directory or BENCH_DIR / "gpt2-small", "GPT2Config", "GPT2LMHeadModel", GPT2_SMALL, seed=seed)
 
 
 def random_tokens(batch: int, pos: int, vocab: int = GPT2_SMALL["vocab_size"], seed: int = 0) -> torch.Tensor:

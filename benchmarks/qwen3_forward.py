@@ -16,46 +16,21 @@ $HOOKED_BENCH_DIR (default /tmp/hooked-bench) and reused.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 
 import torch
-from common import BENCH_DIR, compare, environment, quiet_transformers, random_tokens, table, timing_table
+from common import (
+    BENCH_DIR, QWEN3_COMMON, QWEN3_SHAPES, compare, environment, quiet_transformers, random_tokens, table, timing_table,
+    transformers_checkpoint,
+)
 
 import hooked
 
-COMMON = dict(vocab_size=32000, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-              max_position_embeddings=4096, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
-SHAPES = {
-    "dense": ("Qwen3Config", "Qwen3ForCausalLM", dict(COMMON, num_hidden_layers=8, intermediate_size=3072)),
-    "moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(COMMON, num_hidden_layers=4, intermediate_size=3072, num_experts=16,
-                                                         num_experts_per_tok=4, moe_intermediate_size=768, norm_topk_prob=True,
-                                                         initializer_range=0.05)),
-}
+SHAPES = QWEN3_SHAPES
 
 
 def checkpoint(kind: str, seed: int = 0):
-    """A random checkpoint directory of the given shape, written once (norm weights randomised)."""
-    import transformers
-
-    from hooked.testing import randomize_norms
-
-    directory = BENCH_DIR / f"qwen3-{kind}"
-    if (directory / "config.json").exists() and list(directory.glob("*.safetensors")):
-        return directory
-    config_name, model_name, kwargs = SHAPES[kind]
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**kwargs)).eval()
-    randomize_norms(model, seed)
-    partial = directory.with_name(directory.name + f".partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        partial.rename(directory)
-    except OSError:  # another process got there first
-        shutil.rmtree(partial, ignore_errors=True)
-    return directory
+    """A random float32 checkpoint directory of the given shape, written once (norm weights randomised)."""
+    return transformers_checkpoint(BENCH_DIR / f"qwen3-{kind}", *SHAPES[kind], seed=seed)
 
 
 def run(kind: str, args) -> tuple[list, float, bool]:
@@ -64,7 +39,7 @@ def run(kind: str, args) -> tuple[list, float, bool]:
     directory = checkpoint(kind)
     model = hooked.load(directory, dtype=torch.float32, device="cpu")
     reference = getattr(transformers, SHAPES[kind][1]).from_pretrained(directory, attn_implementation="sdpa", dtype=torch.float32).eval()
-    tokens = random_tokens(args.batch, args.pos, vocab=COMMON["vocab_size"])
+    tokens = random_tokens(args.batch, args.pos, vocab=QWEN3_COMMON["vocab_size"])
     with torch.inference_mode():
         ours = model(tokens)
         theirs = reference(tokens, use_cache=False).logits

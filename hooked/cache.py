@@ -218,10 +218,7 @@ class ActivationCache:
             if (incl_mid and i < upto) or (mlp_input and i == upto):
                 components.append(self["resid_mid", i])
                 labels.append(f"{i}_mid")
-        stack = torch.stack([self._slice(t, pos_slice) for t in components])
-        if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer, mlp_input=mlp_input, pos_slice=pos_slice)
-        return (stack, labels) if return_labels else stack
+        return self._stack(components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels)
 
     def decompose_resid(
         self,
@@ -255,6 +252,9 @@ class ActivationCache:
         if mlp_input and upto < self.model.cfg.n_layers and mode in ("all", "attn"):
             components.append(self["attn_out", upto])
             labels.append(f"{upto}_attn_out")
+        return self._stack(components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels)
+
+    def _stack(self, components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels):
         stack = torch.stack([self._slice(t, pos_slice) for t in components])
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, layer, mlp_input=mlp_input, pos_slice=pos_slice)
