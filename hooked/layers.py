@@ -371,3 +371,18 @@ class GatedMLP(nn.Module):
         pre_linear = self.hook_pre_linear(self.up_proj(x))
         post = self.hook_post(self.activation(pre) * pre_linear)
         return self.down_proj(post)
+
+    @property
+    def W_gate(self) -> Tensor:
+        """[d_model d_mlp], TransformerLens' layout (a transposed view)."""
+        return self.gate_proj.weight.T
+
+    @property
+    def W_in(self) -> Tensor:
+        """[d_model d_mlp]: the up projection."""
+        return self.up_proj.weight.T
+
+    @property
+    def W_out(self) -> Tensor:
+        """[d_mlp d_model]."""
+        return self.down_proj.weight.T

@@ -294,3 +294,21 @@ def test_unhooked_point_is_an_identity_that_skips_module_machinery(gpt2):
     assert point(x) is x
     with pytest.raises(TypeError, match="add_hook"):  # torch's module hooks would never fire
         point.register_forward_hook(lambda *args: None)
+
+
+def test_transformer_lens_weight_views_reproduce_the_activations(gpt2, tokens):
+    """q = ln1(x) @ W_Q[h] + b_Q[h], attn_out = sum_h z_h @ W_O[h] + b_O, mlp pre = ln2(x) @ W_in + b."""
+    _, cache = gpt2.run_with_cache(tokens)
+    block = gpt2.blocks[1]
+    with torch.no_grad():
+        ln1_out = block.ln1(cache["resid_pre", 1])
+        q = torch.einsum("bpm,hmd->bphd", ln1_out, gpt2.W_Q[1]) + block.attn.b_Q
+        v = torch.einsum("bpm,hmd->bphd", ln1_out, block.attn.W_V) + block.attn.b_V
+        attn_out = torch.einsum("bphd,hdm->bpm", cache["z", 1], gpt2.W_O[1]) + block.attn.b_O
+        pre = block.ln2(cache["resid_mid", 1]) @ gpt2.W_in[1] + block.mlp.c_fc.bias
+        mlp_out = cache["post", 1] @ gpt2.W_out[1] + block.mlp.c_proj.bias
+    for computed, name in [(q, "q"), (v, "v"), (attn_out, "attn_out"), (pre, "pre"), (mlp_out, "mlp_out")]:
+        torch.testing.assert_close(computed, cache[name, 1], rtol=0, atol=1e-5, msg=name)
+    assert torch.equal(gpt2.W_E[tokens], cache["embed"])
+    assert torch.equal(gpt2.W_pos[:tokens.shape[1]].expand_as(cache["pos_embed"]), cache["pos_embed"])
+    assert gpt2.W_U.shape == (gpt2.cfg.d_model, gpt2.cfg.d_vocab)

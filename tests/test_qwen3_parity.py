@@ -357,3 +357,25 @@ def test_unsupported_config_is_refused(tmp_path, dense_dirs, change, message):
 def test_token_id_out_of_vocabulary(dense_models):
     with pytest.raises(ValueError, match=f"token id {VOCAB} is out of range"):
         dense_models["mha"](torch.tensor([[1, 2, VOCAB]]))
+
+
+def test_transformer_lens_weight_views_reproduce_the_activations(dense_models):
+    """q = ln1(x) @ W_Q[h] (before q_norm), k/v with their kv heads, gate/up/down through W_gate/W_in/W_out."""
+    model = dense_models["gqa_tied"]
+    tokens = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(2))
+    _, cache = model.run_with_cache(tokens)
+    block = model.blocks[1]
+    with torch.no_grad():
+        ln1_out = block.ln1(cache["resid_pre", 1])
+        ln2_out = block.ln2(cache["resid_mid", 1])
+        computed = {
+            "q": torch.einsum("bpm,hmd->bphd", ln1_out, model.W_Q[1]),
+            "k": torch.einsum("bpm,hmd->bphd", ln1_out, model.W_K[1]),
+            "attn_out": torch.einsum("bphd,hdm->bpm", cache["z", 1], model.W_O[1]),
+            "pre": ln2_out @ block.mlp.W_gate,
+            "pre_linear": ln2_out @ model.W_in[1],
+            "mlp_out": cache["post", 1] @ model.W_out[1],
+        }
+    for name, value in computed.items():
+        torch.testing.assert_close(value, cache[name, 1], rtol=0, atol=1e-5, msg=name)
+    assert torch.equal(model.W_E[tokens], cache["embed"])

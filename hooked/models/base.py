@@ -226,6 +226,17 @@ class HookedTransformer(HookedRootModule):
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
         return self.unembed_weight.T
 
+    # TransformerLens' stacked weights, [n_layers, ...]: copies, built on each access.
+    def _stack_blocks(self, module: str, name: str) -> Tensor:
+        return torch.stack([getattr(getattr(block, module), name) for block in self.blocks])
+
+    W_Q = property(lambda self: self._stack_blocks("attn", "W_Q"), doc="[n_layers head_index d_model d_head]")
+    W_K = property(lambda self: self._stack_blocks("attn", "W_K"), doc="[n_layers kv_head_index d_model d_head]")
+    W_V = property(lambda self: self._stack_blocks("attn", "W_V"), doc="[n_layers kv_head_index d_model d_head]")
+    W_O = property(lambda self: self._stack_blocks("attn", "W_O"), doc="[n_layers head_index d_head d_model]")
+    W_in = property(lambda self: self._stack_blocks("mlp", "W_in"), doc="[n_layers d_model d_mlp] (dense MLPs)")
+    W_out = property(lambda self: self._stack_blocks("mlp", "W_out"), doc="[n_layers d_mlp d_model] (dense MLPs)")
+
     def tokens_to_residual_directions(self, tokens) -> Tensor:
         """The direction in the normalised residual stream that reads out each token's logit.
 

@@ -139,6 +139,22 @@ class GPT2Attention(nn.Module):
     def W_V(self) -> Float[Tensor, "head_index d_model d_head"]:
         return self._split_qkv(2)
 
+    @property
+    def b_Q(self) -> Float[Tensor, "head_index d_head"]:
+        return self.c_attn.bias.view(3, self.n_heads, self.d_head)[0]
+
+    @property
+    def b_K(self) -> Float[Tensor, "head_index d_head"]:
+        return self.c_attn.bias.view(3, self.n_heads, self.d_head)[1]
+
+    @property
+    def b_V(self) -> Float[Tensor, "head_index d_head"]:
+        return self.c_attn.bias.view(3, self.n_heads, self.d_head)[2]
+
+    @property
+    def b_O(self) -> Float[Tensor, " d_model"]:
+        return self.c_proj.bias
+
 
 class GPT2MLP(nn.Module):
     def __init__(self, cfg: GPT2Config):
@@ -153,6 +169,14 @@ class GPT2MLP(nn.Module):
         pre = self.hook_pre(self.c_fc(x))
         post = self.hook_post(self.activation(pre))
         return self.c_proj(post)
+
+    @property
+    def W_in(self) -> Float[Tensor, "d_model d_mlp"]:
+        return self.c_fc.weight  # Conv1D stores [in, out], TransformerLens' layout
+
+    @property
+    def W_out(self) -> Float[Tensor, "d_mlp d_model"]:
+        return self.c_proj.weight
 
 
 class GPT2Block(nn.Module):
@@ -206,6 +230,14 @@ class GPT2(HookedTransformer):
     @property
     def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
         return self.wte.weight  # tied
+
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.wte.weight
+
+    @property
+    def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
+        return self.wpe.weight
 
     @property
     def max_positions(self) -> int:

@@ -222,6 +222,10 @@ class Qwen3(HookedTransformer):
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
     @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.embed_tokens.weight
+
+    @property
     def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
         """Checkpoint key -> parameter name; lm_head only when untied."""
         head = () if self.cfg.tie_word_embeddings else ((r"lm_head\.weight", r"lm_head.weight"),)
