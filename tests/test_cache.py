@@ -15,6 +15,9 @@ def test_shorthand_keys_expand_like_transformer_lens():
     assert act_name("scale") == "ln_final.hook_scale"
     assert act_name("embed") == "hook_embed"
     assert act_name("blocks.0.hook_resid_pre") == "blocks.0.hook_resid_pre"
+    from hooked import utils
+
+    assert utils.get_act_name("pattern", 9) == "blocks.9.attn.hook_pattern"
 
 
 def test_cache_keys_and_negative_layers(gpt2, tokens):
