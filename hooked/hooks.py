@@ -96,10 +96,11 @@ class HookPoint(nn.Module):
                     f" but the activation has shape {tuple(activation.shape)} ({' '.join(self.axes)});"
                     " a replacement must keep the shape"
                 )
-            if result.dtype != activation.dtype:
+            if result.dtype != activation.dtype or result.device != activation.device:
                 raise ValueError(
-                    f"hook {_fn_name(registration.fn)} at {self.name} returned dtype {result.dtype},"
-                    f" but the activation is {activation.dtype}; return `new.to(activation.dtype)`"
+                    f"hook {_fn_name(registration.fn)} at {self.name} returned {result.dtype} on {result.device},"
+                    f" but the activation is {activation.dtype} on {activation.device};"
+                    " return `new.to(activation)`"
                 )
             activation = result
         if self._bwd:

@@ -140,6 +140,14 @@ def run_case(batch, q_pos, k_pos, n_heads, n_kv_heads, d_head, dtype, layout, ke
     return errs
 
 
+
+@pytest.mark.parametrize("d_head, dtype", [(64, torch.float32), (128, torch.float32), (64, torch.bfloat16), (128, torch.float16)])
+def test_model_head_dims_64_and_128(d_head, dtype):
+    """The head sizes of GPT-2 (64) and Qwen3 (128), forward and gradients, GQA and left padding."""
+    run_case(batch=2, q_pos=19, k_pos=19, n_heads=4, n_kv_heads=2, d_head=d_head, dtype=dtype, layout="fused",
+             key_start=[0, 5], strided_grad=False, seed=d_head)
+
+
 @st.composite
 def attention_cases(draw):
     group = draw(st.sampled_from([1, 2, 4]))

@@ -243,6 +243,8 @@ def test_wrong_shape_replacement_names_the_hook_and_both_shapes(gpt2, tokens):
         gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", lambda z, h: z[..., 0])])
     with pytest.raises(ValueError, match="dtype"):
         gpt2.run_with_hooks(tokens, fwd_hooks=[("hook_embed", lambda x, h: x.double())])
+    with pytest.raises(ValueError, match="meta"):
+        gpt2.run_with_hooks(tokens, fwd_hooks=[("hook_embed", lambda x, h: x.to("meta"))])
     with pytest.raises(TypeError, match="return a Tensor"):
         gpt2.run_with_hooks(tokens, fwd_hooks=[("hook_embed", lambda x, h: 0.0)])
 
