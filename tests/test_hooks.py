@@ -241,7 +241,7 @@ def test_filter_matching_nothing_raises(gpt2, tokens):
 def test_wrong_shape_replacement_names_the_hook_and_both_shapes(gpt2, tokens):
     with pytest.raises(ValueError, match=r"blocks\.0\.attn\.hook_z.*\(3, 11, 4\).*\(3, 11, 4, 16\)"):
         gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", lambda z, h: z[..., 0])])
-    with pytest.raises(ValueError, match="dtype"):
+    with pytest.raises(ValueError, match="returned torch.float64 on cpu, but the activation is torch.float32"):
         gpt2.run_with_hooks(tokens, fwd_hooks=[("hook_embed", lambda x, h: x.double())])
     with pytest.raises(ValueError, match="meta"):
         gpt2.run_with_hooks(tokens, fwd_hooks=[("hook_embed", lambda x, h: x.to("meta"))])
