@@ -135,7 +135,7 @@ class HookedTransformer(HookedRootModule):
     def _check_tokens(self, tokens: Tensor) -> None:
         if tokens.numel() == 0:
             raise ValueError(f"empty input (token ids of shape {tuple(tokens.shape)}): give at least one token")
-        low, high = int(tokens.min()), int(tokens.max())
+        low, high = (int(x) for x in torch.aminmax(tokens))  # one reduction, one device sync
         if low < 0 or high >= self.cfg.d_vocab:
             bad = high if high >= self.cfg.d_vocab else low
             raise ValueError(f"token id {bad} is out of range for this model's vocabulary of {self.cfg.d_vocab} (ids 0..{self.cfg.d_vocab - 1})")
