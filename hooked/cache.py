@@ -291,14 +291,14 @@ class ActivationCache:
                 labels.append(f"L{i}H{h}")
         stack = torch.stack(components)
         if incl_remainder:
-            resid = self._slice(self.final_or_pre(upto), pos_slice)
+            resid = self._slice(self._final_or_pre(upto), pos_slice)
             stack = torch.cat([stack, (resid - stack.sum(0))[None]])
             labels.append("remainder")
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, None if layer == -1 else layer, pos_slice=pos_slice)
         return (stack, labels) if return_labels else stack
 
-    def final_or_pre(self, layer: int) -> Tensor:
+    def _final_or_pre(self, layer: int) -> Tensor:
         if layer >= self.model.cfg.n_layers:
             return self["resid_post", self.model.cfg.n_layers - 1]
         return self["resid_pre", layer]

@@ -114,3 +114,8 @@ def test_not_a_directory_nor_cached_hub_id(tmp_path, monkeypatch):
 def test_cli_reports_errors_without_a_traceback(tmp_path, capsys):
     assert cli_main(["hooks", str(tmp_path)]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def test_unknown_return_type_is_refused_before_running(gpt2):
+    with pytest.raises(ValueError, match="return_type"):
+        gpt2(torch.tensor([[1, 2]]), return_type="logit")

@@ -66,6 +66,8 @@ class HookedTransformer(HookedRootModule):
         result as the prompt alone. `return_type="loss"` gives the mean next-token cross-entropy
         over real tokens; `"both"` gives (logits, loss).
         """
+        if return_type not in ("logits", "loss", "both", None):
+            raise ValueError(f"return_type must be 'logits', 'loss', 'both' or None, not {return_type!r}")
         tokens, key_valid = self._tokens_and_mask(input, attention_mask, prepend_bos)
         if key_valid is None:
             position_ids = torch.arange(tokens.shape[1], device=tokens.device)[None].expand_as(tokens)
@@ -73,16 +75,10 @@ class HookedTransformer(HookedRootModule):
             position_ids = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
         mask = AttentionMask(key_valid, tokens.shape[1], tokens.shape[1])
         logits = self.forward_tokens(tokens, position_ids, mask)
-        if return_type == "logits":
-            return logits
-        if return_type is None:
-            return None
+        if return_type in ("logits", None):
+            return logits if return_type else None
         loss = self.loss(logits, tokens, key_valid)
-        if return_type == "loss":
-            return loss
-        if return_type == "both":
-            return logits, loss
-        raise ValueError(f"return_type must be 'logits', 'loss', 'both' or None, not {return_type!r}")
+        return loss if return_type == "loss" else (logits, loss)
 
     @staticmethod
     def loss(logits: Tensor, tokens: Tensor, key_valid: Tensor | None = None) -> Tensor:

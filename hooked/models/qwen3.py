@@ -145,7 +145,7 @@ class Qwen3Attention(nn.Module):
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
             attn_out = result.sum(2)
             return attn_out + self.o_proj.bias if self.o_proj.bias is not None else attn_out
-        return self.o_proj(z.view(batch, pos, -1))  # a view: editing z edits o_proj's input
+        return self.o_proj(z.reshape(batch, pos, -1))  # a view (z is contiguous): editing z edits o_proj's input
 
     @property
     def W_Q(self) -> Float[Tensor, "head_index d_model d_head"]:
