@@ -4,8 +4,8 @@
     python -m hooked.demo --model gpt2    # the real GPT-2 small, from the Hugging Face cache
 
 With no --model the weights are random (this machine cannot download), so the numbers show the
-mechanics, not GPT-2's behaviour: the same code on `gpt2` gives the IOI logit difference of
-REFERENCE §5.
+mechanics, not GPT-2's behaviour: the same code on `gpt2` measures GPT-2 small's indirect-object
+logit difference.
 """
 
 from __future__ import annotations

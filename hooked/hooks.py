@@ -16,6 +16,11 @@ With no hook attached a point costs one attribute test: `HookPoint.__call__` byp
 Registration is owned: every hook belongs to the context (`hooks()`, `run_with_hooks`,
 `run_with_cache`) or `add_hook` call that made it, and leaving a context removes exactly its own
 hooks, also when the forward or a hook raised.
+
+A hook can ask which tokens its rows hold: `hook.position_ids` [batch pos] is each column's position
+in its own prompt (left padding skipped) and `hook.attention_mask` [batch pos] marks real tokens (None
+when no row is padded), for the forward that is running. A callback that defines
+`validate_hook_point(point, model)` is checked when it is registered, before any forward runs.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import difflib
 import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal, Union
 
@@ -36,6 +42,38 @@ NameFilter = Union[str, Sequence[str], Callable[[str], bool]]
 Direction = Literal["fwd", "bwd"]
 
 _owner_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Which tokens the rows of the running forward hold: set by the model once per forward."""
+
+    position_ids: Tensor  # [batch pos] position of each column in its own prompt
+    attention_mask: Tensor | None  # [batch pos] True for real tokens; None when no row is padded
+
+    def select(self, rows: slice) -> "Rows":
+        mask = None if self.attention_mask is None else self.attention_mask[rows]
+        return Rows(self.position_ids[rows], mask)
+
+
+_current_rows: ContextVar[Rows | None] = ContextVar("hooked_current_rows", default=None)
+
+
+@contextlib.contextmanager
+def running_rows(rows: Rows) -> Iterator[None]:
+    """Make `rows` what `hook.position_ids` / `hook.attention_mask` report inside the block."""
+    token = _current_rows.set(rows)
+    try:
+        yield
+    finally:
+        _current_rows.reset(token)
+
+
+def current_rows() -> Rows:
+    rows = _current_rows.get()
+    if rows is None:
+        raise RuntimeError("position_ids and attention_mask are known only inside a hook, while the model runs")
+    return rows
 
 
 @dataclass(eq=False)
@@ -57,6 +95,9 @@ class HookPoint(nn.Module):
         self.axes: tuple[str, ...] = tuple(axes.split())
         self.name: str = ""
         self.ctx: dict = {}
+        # Qwen3-MoE's per-slot points: the expert id of each slot [batch pos top_k], set by the
+        # sparse MLP just before the call (None everywhere else).
+        self.slot_experts: Tensor | None = None
         self._fwd: list[_Registration] = []
         self._bwd: list[_Registration] = []
 
@@ -72,6 +113,16 @@ class HookPoint(nn.Module):
     def has_hooks(self) -> bool:
         """True when a hook listens here (models compute costly points only then)."""
         return bool(self._fwd or self._bwd)
+
+    @property
+    def position_ids(self) -> Tensor:
+        """[batch pos]: each column's position in its own prompt, for the forward now running."""
+        return current_rows().position_ids
+
+    @property
+    def attention_mask(self) -> Tensor | None:
+        """[batch pos] True for real tokens, or None when no row of the running forward is padded."""
+        return current_rows().attention_mask
 
     def layer(self) -> int:
         """The block index in this point's name (`blocks.3.attn.hook_z` -> 3)."""
@@ -235,12 +286,35 @@ class HookedRootModule(nn.Module):
             raise ValueError(f"dir must be 'fwd' or 'bwd', not {dir!r}")
         if not callable(hook):
             raise TypeError(f"a hook must be callable as fn(activation, hook), got {type(hook).__name__}")
-        for hook_name in self.resolve_hook_names(name):
+        hook_names = self.resolve_hook_names(name)
+        validate = getattr(hook, "validate_hook_point", None)
+        if validate is not None:  # interventions check their selectors against the point up front
+            for hook_name in hook_names:
+                validate(self.hook_dict[hook_name], self)
+        for hook_name in hook_names:
             point = self.hook_dict[hook_name]
             registrations = point._fwd if dir == "fwd" else point._bwd
             registration = _Registration(hook, context.owner, permanent)
             registrations.insert(0, registration) if prepend else registrations.append(registration)
             context.points.append(point)
+
+    @contextlib.contextmanager
+    def hooks_suspended(self) -> Iterator["HookedRootModule"]:
+        """Run the body as if no hook were registered (hooks added inside are the body's own).
+
+        Interventions use it to compute a reference (a mean, a resample source) from a clean forward
+        even when they are first called in the middle of a hooked one.
+        """
+        saved = {point: (point._fwd[:], point._bwd[:]) for point in self.hook_dict.values() if point._fwd or point._bwd}
+        for point in saved:
+            point._fwd.clear()
+            point._bwd.clear()
+        try:
+            yield self
+        finally:
+            for point, (fwd, bwd) in saved.items():
+                point._fwd[:] = fwd
+                point._bwd[:] = bwd
 
     def reset_hooks(self, including_permanent: bool = False) -> None:
         """Remove every hook (permanent ones only with `including_permanent=True`)."""

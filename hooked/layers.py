@@ -1,7 +1,7 @@
 """Layers shared by every architecture: norms with scale hooks and the attention core.
 
-Each layer reproduces the Hugging Face operation order so that float32 results are bit-identical
-(REFERENCE §2), and computes the costly hook points (scores, pattern) only when something listens:
+Each layer reproduces the Hugging Face (transformers 5.24) operation order so that float32 results are
+bit-identical, and computes the costly hook points (scores, pattern) only when something listens:
 the branch is visible in `attend`.
 
 Axis vocabulary (used in every hook declaration, see docs/hooks.md): batch, pos, d_model,
@@ -248,6 +248,17 @@ def attend(
             enable_gqa=n_kv_heads != n_heads,
         )
     return z.transpose(1, 2).contiguous()  # a no-op when SDPA already wrote [batch pos head d_head]
+
+
+def writable(z: Tensor) -> Tensor:
+    """z, or a copy of it when autograd saved it, so a hook may edit z in place and still backpropagate.
+
+    SDPA and the Triton kernel save their output for the backward pass, and that output is z (no copy
+    is made on those paths). An in-place edit would then fail at `.backward()` ("modified by an
+    inplace operation"). The copy is made only when a hook listens at z and gradients are recorded;
+    under `torch.no_grad()` z stays the attention output itself.
+    """
+    return z.clone() if z.requires_grad else z
 
 
 def gelu_new(x: Tensor) -> Tensor:

@@ -3,7 +3,7 @@
 Uses the `tokenizers` library directly (`tokenizer.json`, or GPT-2's `vocab.json` + `merges.txt`),
 so loading a model never imports transformers. Batches of prompts of different lengths are padded
 on the LEFT, so that the last position of every row is the last real token, and come with an
-attention mask; the model derives position ids from it (REFERENCE §2).
+attention mask; the model derives position ids from it (transformers does not: see docs/hooks.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """GPT-2 against transformers' GPT2LMHeadModel: logits and every residual stream.
 
 Float32 is bit-exact on both attention paths (SDPA when nothing reads the pattern, eager when
-something does) because the forward copies Hugging Face's operation order (REFERENCE §2).
+something does) because the forward copies transformers 5.24 `modeling_gpt2.py`'s operation order.
 """
 
 import json
@@ -78,7 +78,7 @@ def test_half_precision_matches_hf_operation_order(gpt2_dir, tokens, dtype, boun
 
 
 def test_left_padding_matches_hf_with_position_ids(gpt2, gpt2_dir):
-    """HF needs explicit position ids for a left-padded batch (REFERENCE §2); hooked derives them."""
+    """HF needs explicit position ids for a left-padded batch; hooked derives them from the mask."""
     tokens = torch.randint(0, gpt2.cfg.d_vocab, (2, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(tokens)
     mask[0, :4] = 0

@@ -1,8 +1,12 @@
 """What every `hooked` language model shares: input handling, tokenization, the hook API, loss.
 
 An architecture file subclasses `HookedTransformer`, declares its blocks and hook points, and
-implements `forward_tokens(tokens, position_ids, mask) -> logits`. Everything a user calls
-(`model(...)`, `run_with_hooks`, `run_with_cache`, `to_tokens`, ...) lives here once.
+implements three steps: `embed(tokens, position_ids) -> resid`, `block_inputs(position_ids, mask,
+dtype)` (what every block takes besides the residual stream) and `unembed_weight`. Each block is two
+halves, `attn_half(resid_pre, *inputs) -> resid_mid` and `mlp_half(resid_mid) -> resid_post`, so a
+forward can resume from any half-block boundary (`hooked.sweep` computes a shared prefix once).
+Everything a user calls (`model(...)`, `run_with_hooks`, `run_with_cache`, `to_tokens`, ...) lives
+here once.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from hooked.cache import ActivationCache, run_with_cache
-from hooked.hooks import HookedRootModule
+from hooked.hooks import HookedRootModule, Rows, running_rows
 from hooked.layers import AttentionMask
 from hooked.tokenizer import HookedTokenizer
 
@@ -74,11 +78,24 @@ class HookedTransformer(HookedRootModule):
         else:
             position_ids = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
         mask = AttentionMask(key_valid, tokens.shape[1], tokens.shape[1])
-        logits = self.forward_tokens(tokens, position_ids, mask)
+        with running_rows(Rows(position_ids, key_valid)):
+            logits = self.forward_tokens(tokens, position_ids, mask)
         if return_type in ("logits", None):
             return logits if return_type else None
         loss = self.loss(logits, tokens, key_valid)
         return loss if return_type == "loss" else (logits, loss)
+
+    def forward_tokens(self, tokens: Tensor, position_ids: Tensor, mask: AttentionMask) -> Float[Tensor, "batch pos d_vocab"]:
+        resid = self.embed(tokens, position_ids)
+        inputs = self.block_inputs(position_ids, mask, resid.dtype)
+        for block in self.blocks:
+            resid = block(resid, *inputs)
+        return self.unembed(resid)
+
+    def unembed(self, resid: Float[Tensor, "batch pos d_model"], columns: Tensor | None = None) -> Tensor:
+        """Final norm, then the unembedding; `columns` (token ids) computes only those logits."""
+        weight = self.unembed_weight if columns is None else self.unembed_weight[columns]
+        return F.linear(self.ln_final(resid), weight)
 
     @staticmethod
     def loss(logits: Tensor, tokens: Tensor, key_valid: Tensor | None = None) -> Tensor:

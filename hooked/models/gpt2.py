@@ -1,6 +1,6 @@
 """GPT-2 (`GPT2LMHeadModel`) with a hook point on every activation TransformerLens names.
 
-Numerics follow Hugging Face transformers 5.24 exactly (REFERENCE §2): learned position embeddings
+Numerics follow Hugging Face transformers 5.24 `models/gpt2/modeling_gpt2.py` exactly: learned position embeddings
 added to token embeddings, pre-norm blocks, fused q|k|v projection, attention scaled by
 d_head**-0.5 with the softmax in the input dtype, GPT-2's tanh GELU (`gelu_new`), final LayerNorm,
 and the unembedding tied to the token embedding. Float32 logits are bit-identical to
@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
-from hooked.layers import AttentionMask, LayerNorm, attend, gelu_new
+from hooked.layers import AttentionMask, LayerNorm, attend, gelu_new, writable
 from hooked.models.base import HookedTransformer
 
 
@@ -112,7 +112,8 @@ class GPT2Attention(nn.Module):
         q = self.hook_q(q)
         k = self.hook_k(k)
         v = self.hook_v(v)
-        z = self.hook_z(attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=False))
+        z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=False)
+        z = self.hook_z(writable(z) if self.hook_z.has_hooks else z)
         if self.hook_result.has_hooks:  # per-head writes, summed: differs from c_proj by rounding only
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
             return result.sum(2) + self.c_proj.bias
@@ -194,9 +195,14 @@ class GPT2Block(nn.Module):
         self.hook_resid_post = HookPoint("batch pos d_model")
 
     def forward(self, resid_pre: Tensor, mask: AttentionMask) -> Tensor:
+        return self.mlp_half(self.attn_half(resid_pre, mask))
+
+    def attn_half(self, resid_pre: Tensor, mask: AttentionMask) -> Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
         attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), mask))
-        resid_mid = self.hook_resid_mid(attn_out + resid_pre)
+        return self.hook_resid_mid(attn_out + resid_pre)
+
+    def mlp_half(self, resid_mid: Tensor) -> Tensor:
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_mid)))
         return self.hook_resid_post(resid_mid + mlp_out)
 
@@ -219,13 +225,13 @@ class GPT2(HookedTransformer):
         self.ln_final = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
         self.setup_hooks()
 
-    def forward_tokens(self, tokens: Tensor, position_ids: Tensor, mask: AttentionMask) -> Float[Tensor, "batch pos d_vocab"]:
+    def embed(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
         embed = self.hook_embed(self.wte(tokens))
         pos_embed = self.hook_pos_embed(self.wpe(position_ids))
-        resid = embed + pos_embed
-        for block in self.blocks:
-            resid = block(resid, mask)
-        return F.linear(self.ln_final(resid), self.wte.weight)
+        return embed + pos_embed
+
+    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
+        return (mask,)
 
     @property
     def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:

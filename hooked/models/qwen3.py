@@ -1,7 +1,6 @@
 """Qwen3 (`Qwen3ForCausalLM`) with a hook point on every activation TransformerLens names.
 
-Numerics follow Hugging Face transformers 5.24 `models/qwen3/modeling_qwen3.py` exactly
-(REFERENCE §2): RMSNorm computed in float32 and cast back before the weight; q/k/v projections
+Numerics follow Hugging Face transformers 5.24 `models/qwen3/modeling_qwen3.py` exactly: RMSNorm computed in float32 and cast back before the weight; q/k/v projections
 (biases only with `attention_bias`); per-head RMSNorms `q_norm`/`k_norm` over d_head BEFORE RoPE;
 half-split RoPE with cos/sin computed in float32 and cast to the activation dtype (plain or YaRN,
 `hooked.layers.rotary_frequencies`); grouped-query attention with the softmax in float32; a
@@ -24,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
-from hooked.layers import AttentionMask, GatedMLP, RMSNorm, RotaryEmbedding, YarnScaling, apply_rotary, attend
+from hooked.layers import AttentionMask, GatedMLP, RMSNorm, RotaryEmbedding, YarnScaling, apply_rotary, attend, writable
 from hooked.models.base import HookedTransformer
 
 
@@ -140,7 +139,8 @@ class Qwen3Attention(nn.Module):
         k = self.hook_k_normed(self.k_norm(k))
         q = self.hook_rot_q(apply_rotary(q, cos, sin))
         k = self.hook_rot_k(apply_rotary(k, cos, sin))
-        z = self.hook_z(attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=True))
+        z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=True)
+        z = self.hook_z(writable(z) if self.hook_z.has_hooks else z)
         if self.hook_result.has_hooks:  # per-head writes, summed: differs from o_proj by rounding only
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
             attn_out = result.sum(2)
@@ -180,9 +180,14 @@ class Qwen3Block(nn.Module):
         self.hook_resid_post = HookPoint("batch pos d_model")
 
     def forward(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask) -> Tensor:
+        return self.mlp_half(self.attn_half(resid_pre, cos, sin, mask))
+
+    def attn_half(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask) -> Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
         attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), cos, sin, mask))
-        resid_mid = self.hook_resid_mid(resid_pre + attn_out)
+        return self.hook_resid_mid(resid_pre + attn_out)
+
+    def mlp_half(self, resid_mid: Tensor) -> Tensor:
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_mid)))
         return self.hook_resid_post(resid_mid + mlp_out)
 
@@ -210,12 +215,12 @@ class Qwen3(HookedTransformer):
     def make_block(cfg: Qwen3Config, layer: int) -> Qwen3Block:
         return Qwen3Block(cfg, GatedMLP(cfg.d_model, cfg.d_mlp))
 
-    def forward_tokens(self, tokens: Tensor, position_ids: Tensor, mask: AttentionMask) -> Float[Tensor, "batch pos d_vocab"]:
-        resid = self.hook_embed(self.embed_tokens(tokens))
-        cos, sin = self.rotary(position_ids, resid.dtype)  # [batch pos d_head], once for all blocks
-        for block in self.blocks:
-            resid = block(resid, cos, sin, mask)
-        return F.linear(self.ln_final(resid), self.unembed_weight)
+    def embed(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
+        return self.hook_embed(self.embed_tokens(tokens))
+
+    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
+        cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head], once for all blocks
+        return cos, sin, mask
 
     @property
     def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:

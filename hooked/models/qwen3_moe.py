@@ -4,7 +4,7 @@ Attention, norms, rotary embeddings and the block are Qwen3's (`hooked.models.qw
 sparse iff `i not in mlp_only_layers and n_experts > 0 and (i + 1) % decoder_sparse_step == 0`;
 the other layers are dense SiLU-gated MLPs of width `intermediate_size`.
 
-The router follows transformers 5.24 `models/qwen3_moe/modeling_qwen3_moe.py` (REFERENCE §2):
+The router follows transformers 5.24 `models/qwen3_moe/modeling_qwen3_moe.py`:
 logits = x @ gate.weight.T in the model dtype; p = softmax(logits) in float32 over ALL experts;
 top-k of p; divided by their sum if `norm_topk_prob`; cast to the model dtype. Each slot's expert
 computes down_e(silu(gate_e(x)) * up_e(x)); the output is sum over slots of weight * expert output,
@@ -136,8 +136,12 @@ class Qwen3MoeSparseMLP(nn.Module):
         else:  # the per-slot neurons, in [batch pos top_k d_expert_mlp] order for the hooks
             gate_up = torch.cat([F.linear(rows, gate_up_proj[e]) for e, rows in zip(routed, x_sorted.split(splits))])
             gate, up = gate_up.index_select(0, unsort).view(batch, pos, self.top_k, -1).chunk(2, dim=-1)
-            pre = self.hook_expert_pre(gate)
-            post = self.hook_expert_post(F.silu(pre) * up)
+            self.hook_expert_pre.slot_experts = self.hook_expert_post.slot_experts = expert_indices
+            try:
+                pre = self.hook_expert_pre(gate)
+                post = self.hook_expert_post(F.silu(pre) * up)
+            finally:
+                self.hook_expert_pre.slot_experts = self.hook_expert_post.slot_experts = None
             post_sorted = post.reshape(-1, post.shape[-1]).index_select(0, order)
             outs = [F.linear(rows, down_proj[e]) for e, rows in zip(routed, post_sorted.split(splits))]
         return torch.cat(outs).index_select(0, unsort).view(batch, pos, self.top_k, d_model)
