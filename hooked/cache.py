@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Union
 import torch
 from torch import Tensor
 
-from hooked.hooks import HookPoint, NameFilter
+from hooked.hooks import HookPoint, NameFilter, current_rows
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -94,6 +94,12 @@ def run_with_cache(
 ) -> tuple[Tensor, "ActivationCache"]:
     names = model.hook_names if names_filter is None else model.resolve_hook_names(names_filter)
     store: dict[str, Tensor] = {}
+    rows = {}  # the forward's position ids and mask, kept so a cache knows its padding
+
+    def keep_rows(point: HookPoint) -> None:
+        if not rows:
+            current = current_rows()
+            rows["position_ids"], rows["attention_mask"] = current.position_ids, current.attention_mask
 
     def keep(tensor: Tensor, point: HookPoint) -> Tensor:
         tensor = apply_pos_slice(tensor.detach(), pos_slice, pos_axis(point)) if pos_slice is not None else tensor.detach()
@@ -105,6 +111,7 @@ def run_with_cache(
         return moved.clone() if moved.data_ptr() == tensor.data_ptr() else moved
 
     def save(tensor: Tensor, point: HookPoint) -> None:
+        keep_rows(point)
         store[point.name] = keep(tensor, point)
 
     def save_grad(grad: Tensor, point: HookPoint) -> None:
@@ -119,16 +126,34 @@ def run_with_cache(
                     " pass return_type='loss'"
                 )
             output.backward()
-    return output, ActivationCache(store, model, has_batch_dim=not remove_batch_dim)
+    position_ids, attention_mask = rows.get("position_ids"), rows.get("attention_mask")
+    if pos_slice is not None and position_ids is not None:
+        position_ids = apply_pos_slice(position_ids, pos_slice, 1)
+        attention_mask = None if attention_mask is None else apply_pos_slice(attention_mask, pos_slice, 1)
+    if remove_batch_dim and position_ids is not None:
+        position_ids = position_ids[0]
+        attention_mask = None if attention_mask is None else attention_mask[0]
+    cache = ActivationCache(store, model, has_batch_dim=not remove_batch_dim,
+                            position_ids=position_ids, attention_mask=attention_mask)
+    return output, cache
 
 
 class ActivationCache:
     """Activations of one forward, by hook name, with TransformerLens' analysis helpers."""
 
-    def __init__(self, cache_dict: dict[str, Tensor], model: "HookedTransformer", has_batch_dim: bool = True):
+    def __init__(
+        self,
+        cache_dict: dict[str, Tensor],
+        model: "HookedTransformer",
+        has_batch_dim: bool = True,
+        position_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+    ):
         self.cache_dict = cache_dict
         self.model = model
         self.has_batch_dim = has_batch_dim
+        self.position_ids = position_ids  # [batch pos] each column's position in its prompt
+        self.attention_mask = attention_mask  # [batch pos] True for real tokens; None: no padding
 
     # ----------------------------------------------------------------- mapping
     def _key(self, key) -> str:
@@ -169,7 +194,11 @@ class ActivationCache:
         return f"ActivationCache with {len(self)} activations: {list(self.cache_dict)[:4]}..."
 
     def to(self, device: torch.device | str) -> "ActivationCache":
-        return ActivationCache({k: v.to(device) for k, v in self.items()}, self.model, self.has_batch_dim)
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device)
+
+        return ActivationCache({k: v.to(device) for k, v in self.items()}, self.model, self.has_batch_dim,
+                               move(self.position_ids), move(self.attention_mask))
 
     def remove_batch_dim(self) -> "ActivationCache":
         if self.has_batch_dim:
@@ -178,6 +207,9 @@ class ActivationCache:
                     raise ValueError(f"remove_batch_dim needs a batch of 1, but {name} has batch {tensor.shape[0]}")
             self.cache_dict = {k: v[0] for k, v in self.cache_dict.items()}
             self.has_batch_dim = False
+            if self.position_ids is not None:
+                self.position_ids = self.position_ids[0]
+                self.attention_mask = None if self.attention_mask is None else self.attention_mask[0]
         return self
 
     def nbytes(self) -> int:

@@ -40,6 +40,7 @@ class HookedTransformer(HookedRootModule):
         super().__init__()
         self.cfg = cfg
         self.tokenizer: HookedTokenizer | None = None
+        self.name_or_path: str | None = None  # the hub id or directory it was loaded from
 
     # ----------------------------------------------------------------- loading
     @classmethod

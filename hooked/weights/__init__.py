@@ -116,6 +116,7 @@ def load_model(name_or_path: str | Path, dtype: torch.dtype | str = torch.float3
     state = read_state_dict(directory, model, dtype, torch.device(device))
     model.load_state_dict(state, strict=True, assign=True)
     model.tokenizer = HookedTokenizer.from_directory(directory, config)
+    model.name_or_path = str(name_or_path)  # recorded in sweep results' provenance
     return model.eval()
 
 

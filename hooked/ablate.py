@@ -1,0 +1,620 @@
+"""Ablations as hook callbacks: `zero`, `mean` and `resample`, registered by hook name like any hook.
+
+    model.run_with_hooks(tokens, fwd_hooks=[("blocks.9.attn.hook_z", ablate.zero(heads=9))])
+    model.run_with_hooks(tokens, fwd_hooks=ablate.hooks(model, ["L9H9", "L10H0"], "resample", source=corrupt))
+
+Each ablation is a small frozen value: `fn(activation, hook) -> Tensor`, with its selectors as fields
+and a repr that reads like what it does (`zero(heads=[9])`). Selectors name axes of the hook point,
+so one callback serves every point that has the axis:
+
+| selector | axis it selects on | points |
+|---|---|---|
+| `heads=` | `head_index` (or `kv_head_index`) | z, q, k, v, result, pattern, scores, ... |
+| `neurons=` | `d_mlp` / `d_expert_mlp` | `mlp.hook_post`, `mlp.hook_pre`, `mlp.hook_expert_post`, ... |
+| `experts=` | `n_experts` (router logits), or the slots holding that expert (`top_k`) | `mlp.hook_router_logits`, `mlp.hook_expert_post` |
+| `positions=` | `pos` / `query_pos`, by position in the prompt | every point |
+
+`positions` are positions in each prompt, not padded columns: in a left-padded batch, position 3 of
+a short prompt sits further right, and -1 is every prompt's last token. Zeroing `experts=` at
+`hook_router_logits` writes -inf, so the expert gets probability 0 in the softmax over all experts
+and never wins a slot; the model then routes and renormalises exactly as it would without it.
+
+`mean` averages a reference set (an `ActivationCache`, a tensor, or tokens run once) over real tokens
+only, pooled over every prompt and position (default) or per position in the prompt
+(`per_position=True`). `resample` writes the value a paired source holds at the same place (a cache
+or tokens of the same shape), or, with `seed=`, the value of another row of the same batch, chosen by
+a seeded derangement (no row keeps its own). See docs/ablation.md for when each is the right question.
+
+Component addresses (`ablate.hooks`, `hooked.sweep`): `L9H9` (a head's z), `L9.attn` (the attention
+output), `L8.mlp` (the MLP output), `L8.N1234` (a neuron), `L3.E5` (an expert), `L3.E5.N12` (a neuron of
+an expert), each optionally `@pos` (`L9H9@-1`). Layers may be negative (`L-1H0`: the last block).
+"""
+
+from __future__ import annotations
+
+import abc
+import difflib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Union
+
+import torch
+from torch import Tensor
+
+from hooked.cache import ActivationCache
+from hooked.hooks import HookFn, HookPoint
+
+if TYPE_CHECKING:
+    from hooked.models.base import HookedTransformer
+
+Selector = Union[int, Sequence[int], None]
+Method = Literal["zero", "mean", "resample"]
+
+# selector -> the axes it may select on, in order of preference
+_SELECTOR_AXES = {
+    "heads": ("head_index", "kv_head_index"),
+    "neurons": ("d_mlp", "d_expert_mlp"),
+    "experts": ("n_experts", "top_k"),  # top_k: the slots that hold the expert (needs hook.slot_experts)
+}
+_POSITION_AXES = ("pos", "query_pos")
+
+
+def _as_tuple(selector: Selector, name: str) -> tuple[int, ...] | None:
+    if selector is None:
+        return None
+    if isinstance(selector, Tensor):
+        selector = selector.tolist()
+    values = (selector,) if isinstance(selector, int) else tuple(selector)
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise TypeError(f"{name}= takes an int or a non-empty list of ints, got {selector!r}")
+    return values
+
+
+@dataclass(frozen=True)
+class Ablation(abc.ABC):
+    """What every ablation shares: the selectors, where they apply, and the write."""
+
+    heads: tuple[int, ...] | None = None
+    neurons: tuple[int, ...] | None = None
+    experts: tuple[int, ...] | None = None
+    positions: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        for name in ("heads", "neurons", "experts", "positions"):
+            object.__setattr__(self, name, _as_tuple(getattr(self, name), name))
+        if self.experts is not None and min(self.experts) < 0:
+            raise ValueError(f"experts= takes expert ids 0..n_experts-1, got {list(self.experts)}")
+
+    # ----------------------------------------------------------------- the callback
+    def __call__(self, activation: Tensor, hook: HookPoint) -> Tensor:
+        selected = self.selection(activation, hook)
+        replacement = self.replacement(activation, hook)
+        if selected is None:
+            return replacement.expand_as(activation).to(activation.dtype).clone()
+        return torch.where(selected, replacement.to(activation.dtype), activation)
+
+    @abc.abstractmethod
+    def replacement(self, activation: Tensor, hook: HookPoint) -> Tensor:
+        """The values written where the selection is true (broadcastable to the activation)."""
+
+    # ----------------------------------------------------------------- selection
+    def selected_axes(self, point: HookPoint) -> dict[str, str]:
+        """selector name -> the axis of `point` it selects on; a clear error when there is none."""
+        found = {}
+        for name, axes in _SELECTOR_AXES.items():
+            if getattr(self, name) is None:
+                continue
+            axis = next((a for a in axes if a in point.axes), None)
+            if axis is None:
+                raise ValueError(
+                    f"{self!r}: {name}= selects on a {' or '.join(axes)} axis, but {point.name or 'this point'} has axes"
+                    f" ({' '.join(point.axes)}); {_where_selector_applies(name)}"
+                )
+            found[name] = axis
+        if self.positions is not None and not any(a in point.axes for a in _POSITION_AXES):
+            raise ValueError(f"{self!r}: positions= needs a pos axis, but {point.name} has axes ({' '.join(point.axes)})")
+        if found.get("neurons") == "d_expert_mlp" and self.experts is None:
+            raise ValueError(
+                f"{self!r} at {point.name}: a neuron of an expert needs experts= too (neuron j of expert e is in"
+                " whichever slot holds e), e.g. zero(experts=5, neurons=12) or the address 'L3.E5.N12'"
+            )
+        return found
+
+    def validate_hook_point(self, point: HookPoint, model: "HookedTransformer | None" = None) -> None:
+        """Check the selectors against `point` (and index ranges against `model`); called at registration."""
+        found = self.selected_axes(point)
+        if model is None:
+            return
+        sizes = model.axis_sizes()
+        for name, axis in found.items():
+            size = sizes.get("n_experts" if axis == "top_k" else axis)
+            if size is None:
+                continue
+            bad = [i for i in getattr(self, name) if not -size <= i < size]
+            if bad:
+                raise IndexError(f"{self!r} at {point.name}: {name} {bad} out of range; this model has {size} ({axis}: 0..{size - 1})")
+        self.validate_source(point, model)
+
+    def validate_source(self, point: HookPoint, model: "HookedTransformer") -> None:
+        """Check a reference or source against the point (mean / resample override it)."""
+
+    def selection(self, activation: Tensor, hook: HookPoint) -> Tensor | None:
+        """A boolean mask broadcastable to the activation, True where the ablation writes (None: everywhere)."""
+        axes = hook.axes
+        mask = None
+
+        def combine(part: Tensor) -> None:
+            nonlocal mask
+            mask = part if mask is None else mask & part
+
+        for name, axis in self.selected_axes(hook).items():
+            values = getattr(self, name)
+            if axis == "top_k":  # the slots whose expert is one of `experts`
+                slot_experts = hook.slot_experts
+                if slot_experts is None:
+                    raise RuntimeError(f"{hook.name} does not know which expert each slot holds")
+                wanted = torch.tensor(values, device=activation.device)
+                in_slot = torch.isin(slot_experts, wanted)  # [batch pos top_k]
+                combine(in_slot.view(*in_slot.shape, *([1] * (activation.ndim - 3))))
+                continue
+            dim = axes.index(axis)
+            size = activation.shape[dim]
+            along = torch.zeros(size, dtype=torch.bool, device=activation.device)
+            along[[v % size for v in values]] = True
+            shape = [1] * activation.ndim
+            shape[dim] = size
+            combine(along.view(shape))
+        if self.positions is not None:
+            dim = next(axes.index(a) for a in _POSITION_AXES if a in axes)
+            at = _positions_mask(self.positions, hook)  # [batch pos]
+            shape = [1] * activation.ndim
+            shape[0], shape[dim] = at.shape
+            combine(at.view(shape))
+        return mask
+
+    def __repr__(self) -> str:
+        return f"{self.kind}({', '.join(self._repr_fields())})"
+
+    def _repr_fields(self) -> list[str]:
+        fields = []
+        for name in ("heads", "neurons", "experts", "positions"):
+            value = getattr(self, name)
+            if value is not None:
+                fields.append(f"{name}={list(value)}")
+        return fields
+
+    kind = "ablation"
+
+
+def _positions_mask(positions: tuple[int, ...], hook: HookPoint) -> Tensor:
+    """[batch pos] True at the real tokens whose position in their prompt is one of `positions`."""
+    position_ids = hook.position_ids
+    real = hook.attention_mask
+    length = position_ids[:, -1:] + 1  # left padding: the last column is every prompt's last token
+    at = torch.zeros_like(position_ids, dtype=torch.bool)
+    for position in positions:
+        at |= position_ids == (position + length if position < 0 else torch.full_like(length, position))
+    return at if real is None else at & real
+
+
+def _where_selector_applies(name: str) -> str:
+    return {
+        "heads": "put it on a per-head point such as blocks.L.attn.hook_z (or use the address 'L{layer}H{head}')",
+        "neurons": "put it on blocks.L.mlp.hook_post (or use the address 'L{layer}.N{neuron}')",
+        "experts": "put it on blocks.L.mlp.hook_router_logits (or use the address 'L{layer}.E{expert}')",
+    }[name]
+
+
+# ----------------------------------------------------------------------------- zero
+@dataclass(frozen=True, repr=False)
+class Zero(Ablation):
+    """Write zeros (at router logits: -inf, so the expert never wins a slot)."""
+
+    kind = "zero"
+
+    def replacement(self, activation: Tensor, hook: HookPoint) -> Tensor:
+        if "n_experts" in hook.axes and self.experts is not None:
+            return torch.tensor(float("-inf"), dtype=activation.dtype, device=activation.device)
+        return torch.zeros((), dtype=activation.dtype, device=activation.device)
+
+
+def zero(heads: Selector = None, neurons: Selector = None, positions: Selector = None, experts: Selector = None) -> Zero:
+    """Zero-ablate the selected part of a hook point (all of it with no selector).
+
+    `model.run_with_hooks(tokens, fwd_hooks=[("blocks.9.attn.hook_z", zero(heads=9))])`
+    """
+    return Zero(heads=heads, neurons=neurons, experts=experts, positions=positions)
+
+
+# ----------------------------------------------------------------------------- references
+Reference = Union[ActivationCache, Tensor, str, Sequence[str]]
+
+
+def _is_tokens(reference) -> bool:
+    return isinstance(reference, (str, list, tuple)) or (
+        isinstance(reference, Tensor) and not reference.dtype.is_floating_point and not reference.is_complex()
+    )
+
+
+@dataclass(frozen=True, repr=False)
+class _FromReference(Ablation):
+    """An ablation that reads another run's activations at the same hook point."""
+
+    reference: object = None  # an ActivationCache, a tensor of activations, or tokens (with model=)
+    model: object = None  # runs token references once, without hooks
+    _runs: dict = field(default_factory=dict, compare=False)  # hook name -> (activations, Rows-like info)
+
+    def reference_at(self, point: HookPoint) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """The reference's activation at `point`, with its position ids and mask (None: unknown / no padding)."""
+        reference = self.reference
+        if isinstance(reference, ActivationCache):
+            if point.name not in reference.cache_dict:
+                raise KeyError(
+                    f"{self!r}: the reference cache has no {point.name}; cache it"
+                    f" (run_with_cache(..., names_filter=[{point.name!r}]) or no names_filter)"
+                )
+            if not reference.has_batch_dim:
+                raise ValueError(f"{self!r}: the reference cache was made with remove_batch_dim=True; keep the batch axis")
+            return reference.cache_dict[point.name], reference.position_ids, reference.attention_mask
+        if _is_tokens(reference):
+            if point.name not in self._runs:
+                self._runs[point.name] = self._run_tokens(point)
+            return self._runs[point.name]
+        if isinstance(reference, Tensor):
+            return reference, None, None
+        raise TypeError(
+            f"{self.kind}() takes an ActivationCache, a tensor of activations or tokens, not {type(reference).__name__}"
+        )
+
+    def _run_tokens(self, point: HookPoint):
+        model = self.model
+        if model is None:
+            raise ValueError(
+                f"{self.kind}() was given tokens but no model to run them: pass model=, or a cache"
+                " (_, cache = model.run_with_cache(tokens))"
+            )
+        with torch.no_grad(), model.hooks_suspended():
+            _, cache = model.run_with_cache(self.reference, names_filter=[point.name])
+        return cache.cache_dict[point.name], cache.position_ids, cache.attention_mask
+
+    def validate_source(self, point: HookPoint, model: "HookedTransformer") -> None:
+        reference = self.reference
+        if isinstance(reference, ActivationCache) and point.name in reference.cache_dict:
+            sizes = model.axis_sizes()
+            cached = reference.cache_dict[point.name]
+            expected = [sizes.get(axis) for axis in point.axes]
+            for axis, want, got in zip(point.axes, expected, cached.shape):
+                if want is not None and want != got:
+                    raise ValueError(
+                        f"{self!r}: the reference's {point.name} has {axis} {got}, but this model's has {want};"
+                        " the reference comes from another model (or another width)"
+                    )
+        elif isinstance(reference, ActivationCache):
+            self.reference_at(point)  # raises: not cached
+
+
+# ----------------------------------------------------------------------------- mean
+@dataclass(frozen=True, repr=False)
+class Mean(_FromReference):
+    """Write the reference set's mean activation, over real tokens only (pooled, or per position)."""
+
+    per_position: bool = False
+    kind = "mean"
+
+    def replacement(self, activation: Tensor, hook: HookPoint) -> Tensor:
+        key = (hook.name, activation.device, activation.dtype)
+        if key not in self._runs:
+            self._runs[key] = self._mean(hook).to(device=activation.device, dtype=activation.dtype)
+        mean = self._runs[key]
+        if "key_pos" in hook.axes:
+            if mean.shape[-1] != activation.shape[-1]:
+                raise ValueError(
+                    f"{self!r} at {hook.name}: the reference has {mean.shape[-1]} key positions, the input"
+                    f" {activation.shape[-1]}; a mean attention pattern needs prompts of the same length"
+                )
+            return mean[None]
+        if not self.per_position:
+            return mean
+        position_ids = hook.position_ids  # [batch pos]
+        if int(position_ids.max()) >= mean.shape[0]:
+            raise ValueError(
+                f"{self!r} at {hook.name}: the input reaches position {int(position_ids.max())}, but the"
+                f" reference prompts are at most {mean.shape[0]} tokens long; give longer reference prompts or"
+                " per_position=False"
+            )
+        return mean[position_ids]  # [batch pos ...]
+
+    def _mean(self, hook: HookPoint) -> Tensor:
+        """Mean over real tokens: without batch and pos axes (pooled) or [position ...] (per position)."""
+        acts, position_ids, mask = self.reference_at(hook)
+        acts = acts.float()
+        if acts.ndim == len(hook.axes) - 2 and "key_pos" not in hook.axes:
+            return acts  # already a mean: no batch, no pos axis
+        if acts.ndim != len(hook.axes):
+            raise ValueError(f"{self!r}: the reference for {hook.name} has shape {tuple(acts.shape)}, expected axes ({' '.join(hook.axes)})")
+        if "key_pos" in hook.axes:  # a pattern: average over prompts only, which must be unpadded
+            if mask is not None:
+                raise ValueError(f"{self!r} at {hook.name}: a mean attention pattern needs a reference without padding")
+            return acts.mean(0)
+        pos_dim = hook.axes.index("pos")
+        acts = acts.movedim(pos_dim, 1)  # [batch pos ...]
+        batch, pos = acts.shape[:2]
+        real = torch.ones(batch, pos, dtype=torch.bool, device=acts.device) if mask is None else mask.to(acts.device)
+        if position_ids is None:
+            position_ids = torch.arange(pos, device=acts.device).expand(batch, pos)
+        weights = real.float().view(batch, pos, *([1] * (acts.ndim - 2)))
+        if not self.per_position:
+            mean = (acts * weights).sum((0, 1)) / weights.sum()
+            return mean
+        n_positions = int(position_ids[real].max()) + 1
+        sums = torch.zeros((n_positions, *acts.shape[2:]), dtype=acts.dtype, device=acts.device)
+        counts = torch.zeros(n_positions, dtype=acts.dtype, device=acts.device)
+        sums.index_add_(0, position_ids[real], acts[real])
+        counts.index_add_(0, position_ids[real], torch.ones_like(position_ids[real], dtype=acts.dtype))
+        mean = sums / counts.view(-1, *([1] * (acts.ndim - 2)))
+        return mean.movedim(1, pos_dim) if pos_dim != 1 else mean
+
+    def _repr_fields(self) -> list[str]:
+        fields = super()._repr_fields()
+        return fields + (["per_position=True"] if self.per_position else [])
+
+
+def mean(
+    reference: Reference,
+    heads: Selector = None,
+    neurons: Selector = None,
+    positions: Selector = None,
+    experts: Selector = None,
+    *,
+    per_position: bool = False,
+    model: "HookedTransformer | None" = None,
+) -> Mean:
+    """Mean-ablate: write the reference set's mean activation (over real tokens) at the selection.
+
+    `reference` is an ActivationCache (`_, ref = model.run_with_cache(prompts)`), a tensor of
+    activations with the point's axes (or an already-averaged one without batch and pos), or tokens /
+    prompts run once without hooks (pass `model=`). Pooled over prompts and positions, or per
+    position in the prompt with `per_position=True`.
+    """
+    return Mean(heads=heads, neurons=neurons, experts=experts, positions=positions, reference=reference,
+                model=model, per_position=per_position)
+
+
+# ----------------------------------------------------------------------------- resample
+@dataclass(frozen=True, repr=False)
+class Resample(_FromReference):
+    """Write a paired source's activation at the same place, or another row's (seeded derangement)."""
+
+    seed: int | None = None
+    kind = "resample"
+
+    def replacement(self, activation: Tensor, hook: HookPoint) -> Tensor:
+        if self.reference is None:
+            return activation[self._derangement(activation, hook)]
+        source, _, source_mask = self.reference_at(hook)
+        if source.shape != activation.shape:
+            raise ValueError(
+                f"{self!r} at {hook.name}: the source has shape {tuple(source.shape)} but the input has"
+                f" {tuple(activation.shape)} ({' '.join(hook.axes)}); resample from the same number of prompts of"
+                " the same token length"
+            )
+        mask = hook.attention_mask
+        if (source_mask is None) != (mask is None) or (mask is not None and not torch.equal(source_mask.to(mask.device), mask)):
+            raise ValueError(
+                f"{self!r} at {hook.name}: the source prompts are padded differently from the input; each source"
+                " prompt must have the same token length as the prompt it replaces"
+            )
+        return source.to(device=activation.device)
+
+    def _derangement(self, activation: Tensor, hook: HookPoint) -> Tensor:
+        batch = activation.shape[0]
+        if batch < 2:
+            raise ValueError(f"{self!r} at {hook.name}: resampling within the batch needs at least 2 prompts, got {batch}")
+        if hook.attention_mask is not None:
+            raise ValueError(
+                f"{self!r} at {hook.name}: resampling within a padded batch would move values across positions;"
+                " use prompts of the same token length, or a paired source"
+            )
+        return derangement(batch, self.seed)
+
+    def _repr_fields(self) -> list[str]:
+        source = [f"seed={self.seed}"] if self.reference is None else [f"source={_describe(self.reference)}"]
+        return source + super()._repr_fields()
+
+
+def derangement(n: int, seed: int) -> Tensor:
+    """A permutation of range(n) that moves every element, drawn from a generator seeded `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+    while True:  # rejection: about e draws on average
+        permutation = torch.randperm(n, generator=generator)
+        if not bool((permutation == torch.arange(n)).any()):
+            return permutation
+
+
+def resample(
+    source: Reference | None = None,
+    heads: Selector = None,
+    neurons: Selector = None,
+    positions: Selector = None,
+    experts: Selector = None,
+    *,
+    seed: int | None = None,
+    model: "HookedTransformer | None" = None,
+) -> Resample:
+    """Resample-ablate: write a paired source's activation at the same place, or (with `seed=`) another row's.
+
+    `source` is an ActivationCache of prompts of the same count and token length as the input (e.g. the
+    corrupt prompts of a task), or those prompts / tokens with `model=`. With `seed=` and no source,
+    each row takes the value of another row of the same batch (a seeded derangement).
+    """
+    if (source is None) == (seed is None):
+        raise ValueError("resample() takes a source (a cache or tokens of the same shape) or seed=, exactly one of them")
+    return Resample(heads=heads, neurons=neurons, experts=experts, positions=positions, reference=source,
+                    model=model, seed=seed)
+
+
+def _describe(reference) -> str:
+    if isinstance(reference, ActivationCache):
+        batch = next(iter(reference.values())).shape[0] if len(reference) else 0
+        return f"<cache of {batch} prompts>"
+    if isinstance(reference, Tensor):
+        return f"<tensor {list(reference.shape)}>"
+    if isinstance(reference, str):
+        return repr(reference[:30])
+    return f"<{len(reference)} prompts>"
+
+
+# ----------------------------------------------------------------------------- addresses
+_ADDRESS = re.compile(
+    r"^L(?P<layer>-?\d+)"
+    r"(?:H(?P<head>\d+)|\.(?P<whole>attn|mlp)|\.N(?P<neuron>\d+)|\.E(?P<expert>\d+)(?:\.N(?P<expert_neuron>\d+))?)"
+    r"(?:@(?P<position>-?\d+))?$"
+)
+ADDRESS_FORMS = "L{layer}H{head}, L{layer}.attn, L{layer}.mlp, L{layer}.N{neuron}, L{layer}.E{expert}, L{layer}.E{expert}.N{neuron}, each optionally @{position}"
+
+
+@dataclass(frozen=True)
+class Component:
+    """A parsed address: the hook point it lives at and the selectors that pick it out."""
+
+    address: str
+    hook_name: str
+    selectors: dict  # heads / neurons / experts / positions -> tuple
+
+
+def parse_address(model: "HookedTransformer", address: str) -> Component:
+    """`"L9H9@-1"` -> Component(hook_name="blocks.9.attn.hook_z", selectors={"heads": (9,), "positions": (-1,)})."""
+    if not isinstance(address, str):
+        raise TypeError(f"a component address is a str such as 'L9H9', not {type(address).__name__}")
+    match = _ADDRESS.match(address.strip())
+    if match is None:
+        raise ValueError(f"{address!r} is not a component address{_nearest(model, address)}; forms: {ADDRESS_FORMS}")
+    cfg = model.cfg
+    layer = int(match["layer"])
+    if not -cfg.n_layers <= layer < cfg.n_layers:
+        raise IndexError(f"{address!r}: layer {layer} is out of range; this model has {cfg.n_layers} layers (L0..L{cfg.n_layers - 1})")
+    layer %= cfg.n_layers
+    block = f"blocks.{layer}."
+    selectors: dict = {}
+    if match["position"] is not None:
+        selectors["positions"] = (int(match["position"]),)
+
+    def check(kind: str, value: int, size: int) -> tuple[int, ...]:
+        if value >= size:
+            raise IndexError(f"{address!r}: {kind} {value} is out of range; layer {layer} has {size} ({kind}s 0..{size - 1})")
+        return (value,)
+
+    sparse = f"{block}mlp.hook_router_logits" in model.hook_dict
+    if match["head"] is not None:
+        name = f"{block}attn.hook_z"
+        selectors["heads"] = check("head", int(match["head"]), cfg.n_heads)
+    elif match["whole"] is not None:
+        name = f"{block}hook_{match['whole']}_out"
+    elif match["neuron"] is not None:
+        if sparse:
+            raise ValueError(f"{address!r}: layer {layer} is a mixture of experts; name a neuron of an expert, 'L{layer}.E{{expert}}.N{{neuron}}'")
+        name = f"{block}mlp.hook_post"
+        selectors["neurons"] = check("neuron", int(match["neuron"]), cfg.d_mlp)
+    else:
+        if not sparse:
+            raise ValueError(f"{address!r}: layer {layer} has no experts (a dense MLP); use 'L{layer}.mlp' or 'L{layer}.N{{neuron}}'")
+        selectors["experts"] = check("expert", int(match["expert"]), cfg.n_experts)
+        if match["expert_neuron"] is None:
+            name = f"{block}mlp.hook_router_logits"
+        else:
+            name = f"{block}mlp.hook_expert_post"
+            selectors["neurons"] = check("neuron", int(match["expert_neuron"]), cfg.d_expert_mlp)
+    return Component(address, model._check_name(name), selectors)
+
+
+def _nearest(model: "HookedTransformer", address: str) -> str:
+    candidates = components(model, "heads") + components(model, "layers")
+    sparse = [i for i in range(model.cfg.n_layers) if f"blocks.{i}.mlp.hook_router_logits" in model.hook_dict]
+    candidates += [f"L{i}.E0" for i in sparse] + [f"L{i}.N0" for i in range(model.cfg.n_layers) if i not in sparse]
+    nearest = difflib.get_close_matches(address, candidates, n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(repr(n) for n in nearest)}?" if nearest else ""
+
+
+def components(model: "HookedTransformer", kind: str) -> list[str]:
+    """Addresses of every component of a kind: "heads", "attn", "mlps", "layers" (attn and mlp),
+    "neurons:L" (every neuron of layer L), "experts:L" (every expert of layer L)."""
+    cfg = model.cfg
+    kind, _, layer_text = kind.partition(":")
+    if kind == "heads":
+        return [f"L{layer}H{head}" for layer in range(cfg.n_layers) for head in range(cfg.n_heads)]
+    if kind == "attn":
+        return [f"L{layer}.attn" for layer in range(cfg.n_layers)]
+    if kind == "mlps":
+        return [f"L{layer}.mlp" for layer in range(cfg.n_layers)]
+    if kind == "layers":
+        return [f"L{layer}.{part}" for layer in range(cfg.n_layers) for part in ("attn", "mlp")]
+    if kind in ("neurons", "experts") and layer_text:
+        layer = int(layer_text) % cfg.n_layers
+        if kind == "neurons":
+            return [f"L{layer}.N{i}" for i in range(cfg.d_mlp)]
+        return [f"L{layer}.E{i}" for i in range(cfg.n_experts)]
+    raise ValueError(f"unknown component kind {kind!r}: heads, attn, mlps, layers, neurons:LAYER, experts:LAYER")
+
+
+def hooks(
+    model: "HookedTransformer",
+    addresses: str | Sequence[str],
+    method: Method = "zero",
+    *,
+    source: Reference | None = None,
+    reference: Reference | None = None,
+    seed: int | None = None,
+    per_position: bool = False,
+) -> list[tuple[str, HookFn]]:
+    """(hook name, callback) pairs that ablate the components at `addresses` with one method.
+
+    `model.run_with_hooks(tokens, fwd_hooks=ablate.hooks(model, ["L9H9", "L10H0"], "resample", source=corrupt))`
+
+    Addresses at the same point and position share one callback (`zero(heads=[6, 9])`). Token
+    references and sources are run once here, for every point at once. Every selector is checked
+    against the model before this returns.
+    """
+    if method not in ("zero", "mean", "resample"):
+        raise ValueError(f"method must be 'zero', 'mean' or 'resample', not {method!r}")
+    if method != "mean" and (reference is not None or per_position):
+        raise ValueError(f"reference= and per_position= belong to method='mean', not {method!r}")
+    if method != "resample" and (source is not None or seed is not None):
+        raise ValueError(f"source= and seed= belong to method='resample', not {method!r}")
+    if method == "mean" and reference is None:
+        raise ValueError("method='mean' needs reference= (a cache, activations, or prompts to average over)")
+    addresses = [addresses] if isinstance(addresses, str) else list(addresses)
+    if not addresses:
+        raise ValueError("no component addresses given")
+    groups: dict[tuple, dict[str, list[int]]] = {}
+    for address in addresses:
+        component = parse_address(model, address)
+        # A neuron of an expert selects experts x neurons: merging two would select their product.
+        own = address if "experts" in component.selectors and "neurons" in component.selectors else None
+        key = (component.hook_name, component.selectors.get("positions"), own)
+        merged = groups.setdefault(key, {})
+        for name, values in component.selectors.items():
+            if name != "positions":
+                merged.setdefault(name, [])
+                merged[name] += [v for v in values if v not in merged[name]]
+    names = sorted({name for name, _, _ in groups})
+    given = reference if method == "mean" else source
+    if given is not None and _is_tokens(given):  # run once, for every point at once
+        with torch.no_grad(), model.hooks_suspended():
+            _, given = model.run_with_cache(given, names_filter=names)
+    result = []
+    for (name, positions, _), selectors in groups.items():
+        selectors = {key: tuple(values) for key, values in selectors.items()}
+        if method == "zero":
+            callback = zero(**selectors, positions=positions)
+        elif method == "mean":
+            callback = mean(given, **selectors, positions=positions, per_position=per_position, model=model)
+        else:
+            callback = resample(given, **selectors, positions=positions, seed=seed, model=model)
+        callback.validate_hook_point(model.hook_dict[name], model)
+        result.append((name, callback))
+    return result
+
+
+__all__ = ["Ablation", "Component", "Mean", "Resample", "Zero", "components", "derangement", "hooks", "mean",
+           "parse_address", "resample", "zero"]

@@ -1,0 +1,377 @@
+"""`hooked.sweep`: many variants of one forward, batched, with work shared by all variants done once.
+
+    result = hooked.sweep(model, tokens, {"L9H9": ablate.hooks(model, "L9H9"), ...}, metric)
+
+How a variant becomes a number in the table, step by step:
+
+1. **Rows.** The prompts are B rows. Each variant gets its own block of B rows; its callbacks are
+   wrapped so they see only that block (`activation[rows]`, and a hook view whose `position_ids`,
+   `attention_mask` and `slot_experts` are cut to the same rows). A callback written for a single
+   run therefore works unchanged, and in-place edits stay in its rows.
+2. **Where a variant starts.** A forward is a list of stages: embedding, then per block its attention
+   half (`hook_resid_pre` .. `hook_resid_mid`) and its MLP half (`ln2` .. `hook_resid_post`), then the
+   final norm. A variant's rows are identical to the base run's until the first stage one of its
+   hooks sits in, so the base run is computed once, keeping the residual stream entering every stage,
+   and a variant's rows join the batch only at its first stage, as copies of that residual.
+3. **Chunks.** Variants are sorted by first stage and cut into chunks of at most `max_rows` rows (by
+   default a memory budget, `max_bytes`). A chunk runs from the first stage of its first variant;
+   later variants' rows are appended as the forward reaches their stage, so row blocks never move.
+4. **Only what the metric reads.** After the last block, only the positions and vocabulary columns
+   the metric declares are computed (`metric.position`, `metric.columns`): a logit difference
+   needs 2 columns at the last position, not [rows pos d_vocab].
+5. **The table.** Each variant's block of B values is the metric on its rows, compared with the base
+   run's (`SweepResult`).
+
+Sweeps run under `torch.no_grad()`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from hooked.hooks import HookFn, HookPoint, NameFilter, Rows, current_rows, running_rows
+from hooked.layers import AttentionMask
+from hooked.results import SweepResult
+
+if TYPE_CHECKING:
+    from hooked.models.base import HookedTransformer
+
+Variants = Mapping[str, Sequence[tuple[NameFilter, HookFn]]]
+EMBED_STAGE = -1  # a variant that touches the embeddings runs from the tokens
+
+
+class VariantError(RuntimeError):
+    """A callback raised inside a sweep; the message names the variant and the hook."""
+
+
+# ----------------------------------------------------------------------------- stages
+def stage_of(model: "HookedTransformer", hook_name: str) -> int:
+    """The first stage whose computation fires `hook_name`: -1 embedding, 2L / 2L+1 the halves of
+    block L, 2 * n_layers the final norm."""
+    match = re.match(r"blocks\.(\d+)\.(.*)", hook_name)
+    if match is None:
+        return 2 * model.cfg.n_layers if hook_name.startswith("ln_final.") else EMBED_STAGE
+    layer, rest = int(match.group(1)), match.group(2)
+    in_mlp_half = rest.startswith(("ln2.", "mlp.")) or rest in ("hook_mlp_out", "hook_resid_post")
+    return 2 * layer + int(in_mlp_half)
+
+
+def run_stage(model: "HookedTransformer", stage: int, resid: Tensor, inputs: tuple) -> Tensor:
+    """Compute one stage (0 .. 2 * n_layers - 1) on the residual stream."""
+    block = model.blocks[stage // 2]
+    return block.attn_half(resid, *inputs) if stage % 2 == 0 else block.mlp_half(resid)
+
+
+@dataclass(frozen=True)
+class _Prompts:
+    """The B prompts every variant runs on."""
+
+    tokens: Tensor  # [B pos]
+    position_ids: Tensor  # [B pos]
+    key_valid: Tensor | None  # [B pos] or None when unpadded
+
+    def repeated(self, copies: int) -> tuple[Tensor, Rows, AttentionMask]:
+        """Tokens, rows and mask of `copies` blocks of these prompts, one after another."""
+        position_ids = self.position_ids.repeat(copies, 1)
+        key_valid = None if self.key_valid is None else self.key_valid.repeat(copies, 1)
+        pos = self.tokens.shape[1]
+        return self.tokens.repeat(copies, 1), Rows(position_ids, key_valid), AttentionMask(key_valid, pos, pos)
+
+
+# ----------------------------------------------------------------------------- callbacks on rows
+class RowsView:
+    """What a callback inside a sweep receives as `hook`: the point, cut to the variant's rows."""
+
+    def __init__(self, point: HookPoint, rows: slice):
+        self._point, self._rows = point, rows
+
+    def __getattr__(self, name: str):  # name, axes, ctx, layer(), has_hooks ... as the point's
+        return getattr(self._point, name)
+
+    @property
+    def position_ids(self) -> Tensor:
+        return current_rows().position_ids[self._rows]
+
+    @property
+    def attention_mask(self) -> Tensor | None:
+        mask = current_rows().attention_mask
+        return None if mask is None else mask[self._rows]
+
+    @property
+    def slot_experts(self) -> Tensor | None:
+        slots = self._point.slot_experts
+        return None if slots is None else slots[self._rows]
+
+    def __repr__(self) -> str:
+        return f"RowsView({self._point.name!r}, rows {self._rows.start}:{self._rows.stop})"
+
+
+@dataclass
+class _OnRows:
+    """A variant's callback, applied to its block of rows only."""
+
+    fn: HookFn
+    rows: slice
+    variant: str
+
+    def __call__(self, activation: Tensor, hook: HookPoint) -> None:
+        part = activation[self.rows]  # a view: in-place edits by fn land in these rows
+        try:
+            result = self.fn(part, RowsView(hook, self.rows))
+        except Exception as error:
+            raise VariantError(f"sweep variant {self.variant!r}, hook {hook.name}: {type(error).__name__}: {error}") from error
+        if result is not None and result is not part:
+            if not isinstance(result, Tensor) or result.shape != part.shape:
+                shape = tuple(result.shape) if isinstance(result, Tensor) else type(result).__name__
+                raise VariantError(
+                    f"sweep variant {self.variant!r}, hook {hook.name}: the callback returned {shape}, but its rows"
+                    f" have shape {tuple(part.shape)}; a replacement must keep the shape"
+                )
+            activation[self.rows] = result
+
+
+# ----------------------------------------------------------------------------- the sweep
+@dataclass(frozen=True)
+class _Variant:
+    name: str
+    hooks: list[tuple[str, HookFn]]  # resolved to single hook names
+    stage: int  # first stage it touches
+
+
+def sweep(
+    model: "HookedTransformer",
+    input,
+    variants: Variants,
+    metric: Callable,
+    *,
+    attention_mask: Tensor | None = None,
+    max_rows: int | None = None,
+    max_bytes: int | None = None,
+    progress: bool | None = None,
+    task: Any = None,
+) -> SweepResult:
+    """Run every variant (a list of (hook name, callback) pairs) on the prompts; one number per prompt each.
+
+    `input` is token ids [batch pos] or prompts; `metric` a `hooked.metrics` metric (or any callable
+    `metric(logits, base_logits=..., attention_mask=...) -> [batch]`). Rows are chunked to `max_rows`,
+    or to `max_bytes` of activations (default: a quarter of the model's weights, at least 256 MiB).
+    `progress` shows a bar over chunks (default: when there is more than one). `task` is recorded in the
+    result's provenance. Equal, within float32 rounding, to running each variant alone with
+    `model.run_with_hooks` and applying the metric.
+    """
+    if not isinstance(variants, Mapping) or not variants:
+        raise ValueError("variants must be a non-empty dict: {name: [(hook_name, callback), ...]}")
+    registered = [name for name, point in model.hook_dict.items() if point._fwd or point._bwd]
+    if registered:
+        raise RuntimeError(
+            f"hooked.sweep runs the model without outside hooks, but hooks are registered at {registered[:3]};"
+            " remove them (model.reset_hooks()) or add them to every variant"
+        )
+    with torch.no_grad():
+        tokens, key_valid = model._tokens_and_mask(input, attention_mask, prepend_bos=None)
+        position_ids = torch.arange(tokens.shape[1], device=tokens.device)[None].expand_as(tokens)
+        if key_valid is not None:
+            position_ids = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
+        prompts = _Prompts(tokens, position_ids, key_valid)
+        planned = _plan(model, variants, tokens.shape)
+        reads = _Reads.of(metric, model)
+
+        # 1. The base run, keeping the residual stream entering every stage a variant starts at.
+        starts = {v.stage for v in planned}
+        base_resid, base_reduced = _base_run(model, prompts, starts, reads)
+        base_value = reads.evaluate(base_reduced, base_reduced, key_valid)
+
+        # 2. Chunks of variants, sorted by the stage they start at.
+        order = sorted(range(len(planned)), key=lambda i: planned[i].stage)
+        per_chunk = _rows_per_chunk(model, tokens.shape, reads, max_rows, max_bytes) // tokens.shape[0]
+        per_chunk = max(per_chunk, 1)
+        chunks = [order[i:i + per_chunk] for i in range(0, len(order), per_chunk)]
+        values = torch.empty(len(planned), tokens.shape[0], dtype=torch.float32)
+        bar = _progress(len(chunks), len(planned), progress)
+        for chunk in chunks:
+            reduced = _run_chunk(model, prompts, [planned[i] for i in chunk], base_resid, reads)
+            batch = tokens.shape[0]
+            for block, index in enumerate(chunk):
+                rows = slice(block * batch, (block + 1) * batch)
+                values[index] = reads.evaluate(reduced[rows], base_reduced, key_valid).cpu()
+            bar.update(len(chunk)) if bar is not None else None
+        if bar is not None:
+            bar.close()
+    return SweepResult(
+        variants=[v.name for v in planned],
+        values=values,
+        base=base_value.cpu(),
+        metric=getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__)),
+        provenance=_provenance(model, planned, metric, task, tokens),
+    )
+
+
+def _plan(model: "HookedTransformer", variants: Variants, shape: torch.Size) -> list[_Variant]:
+    """Resolve every variant's hook names, check its callbacks, and find its first stage."""
+    planned = []
+    no_hooks = 2 * model.cfg.n_layers  # a variant with no hook joins at the final norm: the base run's logits
+    for name, pairs in variants.items():
+        if isinstance(pairs, tuple) and len(pairs) == 2 and callable(pairs[1]):
+            pairs = [pairs]  # a single (name, fn) pair
+        resolved = []
+        try:
+            for hook_name, fn in pairs:
+                if not callable(fn):
+                    raise TypeError(f"a hook must be callable as fn(activation, hook), got {type(fn).__name__}")
+                for concrete in model.resolve_hook_names(hook_name):
+                    validate = getattr(fn, "validate_hook_point", None)
+                    if validate is not None:
+                        validate(model.hook_dict[concrete], model)
+                    resolved.append((concrete, fn))
+        except (KeyError, ValueError, TypeError, IndexError) as error:
+            raise type(error)(f"sweep variant {name!r}: {error}") from error
+        stage = min((stage_of(model, hook_name) for hook_name, _ in resolved), default=no_hooks)
+        planned.append(_Variant(str(name), resolved, stage))
+    return planned
+
+
+def _base_run(model, prompts: _Prompts, starts: set[int], reads: "_Reads") -> tuple[dict[int, Tensor], Tensor]:
+    """The unhooked forward once: the residual entering each needed stage, and the reduced logits."""
+    tokens, rows, mask = prompts.repeated(1)
+    kept: dict[int, Tensor] = {}
+    with running_rows(rows):
+        resid = model.embed(tokens, rows.position_ids)
+        inputs = model.block_inputs(rows.position_ids, mask, resid.dtype)
+        for stage in range(2 * model.cfg.n_layers):
+            if stage in starts:
+                kept[stage] = resid
+            resid = run_stage(model, stage, resid, inputs)
+        kept[2 * model.cfg.n_layers] = resid
+        return kept, reads.logits(model, resid)
+
+
+def _run_chunk(model, prompts: _Prompts, chunk: list[_Variant], base_resid: dict[int, Tensor], reads: "_Reads") -> Tensor:
+    """Forward the chunk's variants, rows joining at their first stage; the reduced logits of all rows."""
+    batch = prompts.tokens.shape[0]
+    n_stages = 2 * model.cfg.n_layers
+    fwd_hooks = [
+        (hook_name, _OnRows(fn, slice(block * batch, (block + 1) * batch), variant.name))
+        for block, variant in enumerate(chunk)
+        for hook_name, fn in variant.hooks
+    ]
+    joined = 0  # variants whose rows are in the batch so far
+    resid = None
+    current: dict[int, tuple] = {}  # joined -> (rows, block inputs) for the batch as it is now
+    with model.hooks(fwd_hooks=fwd_hooks):
+        if chunk[0].stage == EMBED_STAGE:
+            joined = sum(v.stage == EMBED_STAGE for v in chunk)
+            tokens, rows, _ = prompts.repeated(joined)
+            with running_rows(rows):
+                resid = model.embed(tokens, rows.position_ids)
+        first = max(chunk[0].stage, 0)
+        for stage in range(first, n_stages + 1):
+            joining = 0
+            while joined + joining < len(chunk) and chunk[joined + joining].stage <= stage:
+                joining += 1
+            if joining:
+                extra = base_resid[min(stage, n_stages)].repeat(joining, 1, 1)
+                resid = extra if resid is None else torch.cat([resid, extra])
+                joined += joining
+            if stage == n_stages:
+                break
+            if joined not in current:
+                _, rows, mask = prompts.repeated(joined)
+                current = {joined: (rows, model.block_inputs(rows.position_ids, mask, resid.dtype))}
+            rows, inputs = current[joined]
+            with running_rows(rows):
+                resid = run_stage(model, stage, resid, inputs)
+        _, rows, _ = prompts.repeated(joined)
+        with running_rows(rows):
+            return reads.logits(model, resid)
+
+
+# ----------------------------------------------------------------------------- what the metric reads
+@dataclass(frozen=True)
+class _Reads:
+    """The positions and vocabulary columns a metric reads, and how to compute just those logits."""
+
+    metric: Callable
+    position: int | None  # -1: the last column only; None: every position
+    columns: Tensor | None  # token ids, or None for the whole vocabulary
+    needs_base: bool
+
+    @classmethod
+    def of(cls, metric: Callable, model: "HookedTransformer") -> "_Reads":
+        if not callable(metric):
+            raise TypeError(f"metric must be callable on logits, got {type(metric).__name__}")
+        declares = hasattr(metric, "compute")
+        position = getattr(metric, "position", None) if declares else None
+        if position not in (-1, None):
+            raise ValueError(f"metric {metric!r} reads position {position}; a sweep supports -1 (the last token) or None")
+        columns = getattr(metric, "columns", None) if declares else None
+        if columns is not None:
+            columns = torch.as_tensor(list(columns), dtype=torch.long, device=model.device)
+        return cls(metric, position, columns, bool(getattr(metric, "needs_base", True)))
+
+    def logits(self, model: "HookedTransformer", resid: Tensor) -> Tensor:
+        final_norm_hooked = model.ln_final.hook_scale.has_hooks or model.ln_final.hook_normalized.has_hooks
+        if self.position == -1 and not final_norm_hooked:  # a norm acts per position: slicing first is exact
+            return model.unembed(resid[:, -1:], self.columns)
+        logits = model.unembed(resid, self.columns)
+        return logits[:, -1:] if self.position == -1 else logits
+
+    def evaluate(self, logits: Tensor, base: Tensor, key_valid: Tensor | None) -> Tensor:
+        if hasattr(self.metric, "compute"):
+            return self.metric.compute(logits, base if self.needs_base else None, key_valid).float()
+        return self.metric(logits, base_logits=base, attention_mask=key_valid).float()
+
+
+def _rows_per_chunk(model, shape: torch.Size, reads: _Reads, max_rows: int | None, max_bytes: int | None) -> int:
+    """Rows per chunk: `max_rows`, or as many as fit `max_bytes` of activations."""
+    batch, pos = shape
+    if max_rows is not None:
+        if max_rows < batch:
+            raise ValueError(f"max_rows={max_rows} is smaller than one variant's {batch} rows")
+        return max_rows
+    cfg = model.cfg
+    if max_bytes is None:
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        max_bytes = max(weights // 4, 256 * 2**20)
+    itemsize = model.dtype.itemsize
+    d_mlp = max(cfg.d_mlp, getattr(cfg, "d_expert_mlp", 0) * getattr(cfg, "top_k", 0))
+    # Live at once in a stage: a few residual-sized tensors, q/k/v/z, the MLP's hidden layers, and
+    # the scores/pattern if the eager path runs.
+    per_row = pos * itemsize * (8 * cfg.d_model + 3 * cfg.n_heads * cfg.d_head + 3 * d_mlp + 2 * cfg.n_heads * pos)
+    positions = 1 if reads.position == -1 else pos
+    columns = cfg.d_vocab if reads.columns is None else len(reads.columns)
+    per_row += positions * columns * 4 * 3  # logits, and the metric's float32 softmax of them
+    return max(batch, int(max_bytes // per_row) // batch * batch)
+
+
+def _progress(n_chunks: int, n_variants: int, progress: bool | None):
+    if progress is False or (progress is None and n_chunks <= 1):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=n_variants, desc="sweep", unit="variant")
+
+
+def _provenance(model, planned: list[_Variant], metric, task, tokens: Tensor) -> dict:
+    import hooked
+
+    cfg = model.cfg
+    task_info = task.to_dict() if hasattr(task, "to_dict") else (repr(task) if task is not None else None)
+    return {
+        "model": getattr(model, "name_or_path", None) or type(model).__name__,
+        "architecture": type(model).__name__,
+        "config": {k: v for k, v in vars(cfg).items() if isinstance(v, (int, float, str, bool, type(None)))},
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "device": str(model.device),
+        "metric": repr(metric),
+        "task": task_info,
+        "prompts": list(tokens.shape),
+        "hooked_version": hooked.__version__,
+        "torch_version": torch.__version__,
+        "variants": {v.name: [f"{name}: {fn!r}" for name, fn in v.hooks] for v in planned},
+    }
