@@ -469,7 +469,8 @@ def _describe(reference) -> str:
 _ADDRESS = re.compile(
     r"^L(?P<layer>-?\d+)"
     r"(?:H(?P<head>\d+)|\.(?P<whole>attn|mlp)|\.N(?P<neuron>\d+)|\.E(?P<expert>\d+)(?:\.N(?P<expert_neuron>\d+))?)"
-    r"(?:@(?P<position>-?\d+))?$"
+    r"(?:@(?P<position>-?\d+))?$",
+    re.IGNORECASE,  # "l9h9" is as clear as "L9H9"
 )
 ADDRESS_FORMS = "L{layer}H{head}, L{layer}.attn, L{layer}.mlp, L{layer}.N{neuron}, L{layer}.E{expert}, L{layer}.E{expert}.N{neuron}, each optionally @{position}"
 
@@ -510,7 +511,7 @@ def parse_address(model: "HookedTransformer", address: str) -> Component:
         name = f"{block}attn.hook_z"
         selectors["heads"] = check("head", int(match["head"]), cfg.n_heads)
     elif match["whole"] is not None:
-        name = f"{block}hook_{match['whole']}_out"
+        name = f"{block}hook_{match['whole'].lower()}_out"
     elif match["neuron"] is not None:
         if sparse:
             raise ValueError(f"{address!r}: layer {layer} is a mixture of experts; name a neuron of an expert, 'L{layer}.E{{expert}}.N{{neuron}}'")

@@ -230,7 +230,8 @@ def _plan(model: "HookedTransformer", variants: Variants, shape: torch.Size) -> 
                         validate(model.hook_dict[concrete], model)
                     resolved.append((concrete, fn))
         except (KeyError, ValueError, TypeError, IndexError) as error:
-            raise type(error)(f"sweep variant {name!r}: {error}") from error
+            message = error.args[0] if error.args else error  # KeyError's str() would quote it again
+            raise type(error)(f"sweep variant {name!r}: {message}") from error
         stage = min((stage_of(model, hook_name) for hook_name, _ in resolved), default=no_hooks)
         planned.append(_Variant(str(name), resolved, stage))
     return planned
