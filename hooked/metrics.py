@@ -1,0 +1,440 @@
+"""Metrics: plain callables of logits that give one float32 number per prompt.
+
+A metric is a frozen dataclass. Called on the full logits [batch pos d_vocab] of a run, it returns
+[batch]. It also declares what it reads, so that a sweep can keep only that much of every run:
+
+    position    -1: the last column only (the last real token of a left-padded batch); None: every position
+    columns     the vocabulary ids it reads, in that order; None: the whole vocabulary
+    needs_base  it compares with the base (unablated) run, passed as `base_logits`
+    name        what tables and plots call it ("logit_diff")
+
+`compute(logits, base_logits, attention_mask)` takes logits already reduced to
+[batch, 1 or pos, len(columns) or d_vocab] (`attention_mask` keeps every position), and
+`metric(logits)` is `reduce` followed by `compute`. Everything is computed in float32. With
+position=None a metric scores every position and averages each prompt's real ones (the attention
+mask's True entries; every position when the mask is None).
+
+    metric = metrics.logit_diff(model, task.correct, task.incorrect)
+    metric(model(task.clean))        # [batch] float32: logit[correct] - logit[incorrect]
+
+Answers are given one per prompt, as strings (each must be one token for the model), ints or a
+LongTensor [batch].
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol, Sequence, Union, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+Answers = Union[Sequence[str], Sequence[int], Int[Tensor, " batch"]]
+
+
+@runtime_checkable
+class Metric(Protocol):
+    """What `hooked.sweep` asks of a metric."""
+
+    name: str
+    position: int | None
+    columns: tuple[int, ...] | None
+    needs_base: bool
+
+    def compute(self, logits: Tensor, base_logits: Tensor | None = None, attention_mask: Tensor | None = None) -> Tensor: ...
+
+    def __call__(self, logits: Tensor, *, base_logits: Tensor | None = None, attention_mask: Tensor | None = None) -> Tensor: ...
+
+
+class _Metric:
+    """The shared half of every metric: reduce full logits to what `compute` reads, check shapes."""
+
+    name: ClassVar[str]
+    needs_base: ClassVar[bool] = False
+    columns = None  # the whole vocabulary, unless a metric declares its columns
+
+    def __call__(
+        self,
+        logits: Float[Tensor, "batch pos d_vocab"],
+        *,
+        base_logits: Float[Tensor, "batch pos d_vocab"] | None = None,
+        attention_mask: Bool[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, " batch"]:
+        _check_rank(logits, "logits")
+        if self.needs_base:
+            if base_logits is None:
+                raise ValueError(f"{self!r} compares with the base run: pass base_logits= (the unablated run's logits)")
+            if base_logits.shape != logits.shape:
+                raise ValueError(f"base_logits have shape {tuple(base_logits.shape)} but the logits have {tuple(logits.shape)}")
+        if attention_mask is not None and tuple(attention_mask.shape) != tuple(logits.shape[:2]):
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the logits are [batch pos] = {tuple(logits.shape[:2])}")
+        if self.columns is not None and self.columns[-1] >= logits.shape[-1]:
+            raise ValueError(f"{self!r} reads token id {self.columns[-1]}, but the logits have a vocabulary of {logits.shape[-1]}")
+        base = self.reduce(base_logits) if self.needs_base else None
+        return self.compute(self.reduce(logits), base, attention_mask)
+
+    def reduce(self, logits: Float[Tensor, "batch pos d_vocab"]) -> Float[Tensor, "batch _ _"]:
+        """The part of full logits that `compute` reads: [batch, 1 or pos, len(columns) or d_vocab]."""
+        if self.position == -1:
+            logits = logits[:, -1:]
+        if self.columns is not None:
+            logits = logits[..., torch.tensor(self.columns, device=logits.device)]
+        return logits
+
+    def _check_reduced(self, logits: Tensor, attention_mask: Tensor | None, n_prompts: int | None) -> None:
+        _check_rank(logits, "logits")
+        if n_prompts is not None and logits.shape[0] != n_prompts:
+            raise ValueError(f"{self!r} holds {n_prompts} answers (one per prompt), but the logits have a batch of {logits.shape[0]}")
+        if self.position == -1 and logits.shape[1] != 1:
+            raise ValueError(
+                f"{self!r}.compute takes the last position only ([batch, 1, ...]), got {logits.shape[1]} positions;"
+                " call the metric itself on full logits"
+            )
+        if self.columns is not None and logits.shape[-1] != len(self.columns):
+            raise ValueError(
+                f"{self!r}.compute takes the logits of its {len(self.columns)} columns, got {logits.shape[-1]};"
+                " call the metric itself on full logits"
+            )
+        if attention_mask is not None:
+            expected = (logits.shape[0], logits.shape[1] if self.position is None else attention_mask.shape[1])
+            if tuple(attention_mask.shape) != expected:
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected [batch pos] = {expected}")
+
+    def _over_positions(self, values: Float[Tensor, "batch pos"], attention_mask: Tensor | None) -> Float[Tensor, " batch"]:
+        if self.position == -1:
+            return values[:, 0]
+        if attention_mask is None:
+            return values.mean(-1)
+        real = attention_mask.to(device=values.device, dtype=torch.bool)
+        return torch.where(real, values, 0.0).sum(-1) / real.sum(-1)
+
+    def _repr_args(self) -> list[str]:
+        return [] if self.position == -1 else [f"position={self.position}"]
+
+    def __repr__(self) -> str:
+        return f"{self.name}({', '.join(self._repr_args())})"
+
+
+# ----------------------------------------------------------------------------- answer metrics
+@dataclass(frozen=True, repr=False)
+class LogitDiff(_Metric):
+    """logit[correct_i] - logit[incorrect_i] per prompt; reads only the answers' columns."""
+
+    correct: tuple[int, ...]  # token id of each prompt's right answer
+    incorrect: tuple[int, ...]  # token id of the answer it is compared with
+    position: int | None = -1
+    columns: tuple[int, ...] = field(init=False)  # sorted unique ids of correct and incorrect
+    _correct_columns: tuple[int, ...] = field(init=False, repr=False, compare=False)  # where each sits in columns
+    _incorrect_columns: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    name: ClassVar[str] = "logit_diff"
+
+    def __post_init__(self):
+        _set(self, correct=_as_ids(self.correct, "correct"), incorrect=_as_ids(self.incorrect, "incorrect"))
+        if len(self.correct) != len(self.incorrect):
+            raise ValueError(f"one incorrect answer per correct one: got {len(self.correct)} correct and {len(self.incorrect)} incorrect")
+        _check_position(self.position)
+        columns = tuple(sorted(set(self.correct) | set(self.incorrect)))
+        column_of = {token: column for column, token in enumerate(columns)}
+        _set(self, columns=columns, _correct_columns=tuple(column_of[t] for t in self.correct),
+             _incorrect_columns=tuple(column_of[t] for t in self.incorrect))
+
+    def compute(
+        self,
+        logits: Float[Tensor, "batch pos columns"],
+        base_logits: None = None,
+        attention_mask: Bool[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, " batch"]:
+        self._check_reduced(logits, attention_mask, len(self.correct))
+        logits = logits.float()
+        diff = _gather(logits, self._correct_columns) - _gather(logits, self._incorrect_columns)
+        return self._over_positions(diff, attention_mask)
+
+    def _repr_args(self) -> list[str]:
+        return [f"n={len(self.correct)}", *super()._repr_args()]
+
+
+@dataclass(frozen=True, repr=False)
+class _TokenMetric(_Metric):
+    """A score of one given token per prompt, read against the whole vocabulary."""
+
+    tokens: tuple[int, ...]  # token id scored for each prompt
+    position: int | None = -1
+
+    def __post_init__(self):
+        _set(self, tokens=_as_ids(self.tokens, "tokens"))
+        _check_position(self.position)
+
+    def compute(
+        self,
+        logits: Float[Tensor, "batch pos d_vocab"],
+        base_logits: None = None,
+        attention_mask: Bool[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, " batch"]:
+        self._check_reduced(logits, attention_mask, len(self.tokens))
+        if max(self.tokens) >= logits.shape[-1]:
+            raise ValueError(f"{self!r} reads token id {max(self.tokens)}, but the logits have a vocabulary of {logits.shape[-1]}")
+        return self._over_positions(self._score(logits.float()), attention_mask)
+
+    def _score(self, logits: Float[Tensor, "batch pos d_vocab"]) -> Float[Tensor, "batch pos"]:
+        """The score of each prompt's token at each position (each token metric defines it)."""
+        raise TypeError(f"{type(self).__name__} does not define _score")
+
+    def _repr_args(self) -> list[str]:
+        return [f"n={len(self.tokens)}", *super()._repr_args()]
+
+
+class Probability(_TokenMetric):
+    """softmax(logits)[token_i] per prompt."""
+
+    name: ClassVar[str] = "probability"
+
+    def _score(self, logits):
+        return _gather(logits.softmax(-1), self.tokens)
+
+
+class LogProb(_TokenMetric):
+    """log_softmax(logits)[token_i] per prompt."""
+
+    name: ClassVar[str] = "log_prob"
+
+    def _score(self, logits):
+        return _gather(logits.log_softmax(-1), self.tokens)
+
+
+class Rank(_TokenMetric):
+    """How many vocabulary entries have a strictly larger logit than token_i: 0 = top; ties share the best rank."""
+
+    name: ClassVar[str] = "rank"
+
+    def _score(self, logits):
+        token_logit = _gather(logits, self.tokens)  # [batch, pos]
+        return (logits > token_logit[..., None]).sum(-1).float()
+
+
+# ----------------------------------------------------------------------------- distribution metrics
+@dataclass(frozen=True, repr=False)
+class KLDiv(_Metric):
+    """KL(base || run) = sum_v p_base(v) (log p_base(v) - log p_run(v)), per prompt."""
+
+    position: int | None = -1
+
+    name: ClassVar[str] = "kl_div"
+    needs_base: ClassVar[bool] = True
+
+    def __post_init__(self):
+        _check_position(self.position)
+
+    def compute(
+        self,
+        logits: Float[Tensor, "batch pos d_vocab"],
+        base_logits: Float[Tensor, "batch pos d_vocab"] | None = None,
+        attention_mask: Bool[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, " batch"]:
+        self._check_reduced(logits, attention_mask, None)
+        if base_logits is None:
+            raise ValueError(f"{self!r} compares with the base run: pass base_logits")
+        if base_logits.shape != logits.shape:
+            raise ValueError(f"base_logits have shape {tuple(base_logits.shape)} but the logits have {tuple(logits.shape)}")
+        log_p_run = logits.float().log_softmax(-1)
+        log_p_base = base_logits.float().log_softmax(-1)
+        p_base = log_p_base.exp()
+        # A token the base run gives probability 0 adds 0, not 0 * (-inf - x) = nan.
+        per_position = torch.where(p_base > 0, p_base * (log_p_base - log_p_run), 0.0).sum(-1)
+        return self._over_positions(per_position, attention_mask)
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class Loss(_Metric):
+    """Each prompt's mean next-token cross-entropy over its real targets (as HookedTransformer.loss, per prompt)."""
+
+    tokens: Int[Tensor, "batch pos"]  # the inputs of the run whose logits are scored
+    mask: Bool[Tensor, "batch pos"] | None = None  # their attention mask; a call's attention_mask overrides it
+
+    name: ClassVar[str] = "loss"
+    position: ClassVar[None] = None
+
+    def __post_init__(self):
+        tokens = torch.as_tensor(self.tokens)
+        tokens = tokens[None] if tokens.ndim == 1 else tokens
+        if tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise ValueError(f"loss needs integer token ids [batch pos], got {tokens.dtype} of shape {tuple(tokens.shape)}")
+        if tokens.shape[1] < 2:
+            raise ValueError(f"loss needs at least 2 positions (one input and its next token), got {tokens.shape[1]}")
+        mask = self.mask
+        if mask is not None:
+            mask = torch.as_tensor(mask).to(torch.bool)
+            mask = mask[None] if mask.ndim == 1 else mask
+            if mask.shape != tokens.shape:
+                raise ValueError(f"the attention mask has shape {tuple(mask.shape)} but the tokens have {tuple(tokens.shape)}")
+            if bool((mask[:, 1:] & mask[:, :-1]).sum(-1).min() == 0):
+                raise ValueError("a prompt has fewer than 2 real tokens, so no next token to predict")
+            mask = None if bool(mask.all()) else mask
+        _set(self, tokens=tokens.long(), mask=mask)
+
+    def compute(
+        self,
+        logits: Float[Tensor, "batch pos d_vocab"],
+        base_logits: None = None,
+        attention_mask: Bool[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, " batch"]:
+        self._check_reduced(logits, attention_mask, None)
+        if tuple(logits.shape[:2]) != tuple(self.tokens.shape):
+            raise ValueError(f"{self!r} scores tokens of shape {tuple(self.tokens.shape)}, but the logits are for {tuple(logits.shape[:2])}")
+        if int(self.tokens.max()) >= logits.shape[-1]:
+            raise ValueError(f"{self!r} has token id {int(self.tokens.max())}, but the logits have a vocabulary of {logits.shape[-1]}")
+        tokens = self.tokens.to(logits.device)
+        log_probs = logits[:, :-1].float().log_softmax(-1)
+        per_token = -log_probs.gather(-1, tokens[:, 1:, None])[..., 0]  # [batch, pos - 1]
+        mask = attention_mask if attention_mask is not None else self.mask
+        if mask is None:
+            return per_token.mean(-1)
+        real = mask.to(device=logits.device, dtype=torch.bool)
+        # A target counts when it and the position predicting it are both real tokens.
+        targets = real[:, 1:] & real[:, :-1]
+        return torch.where(targets, per_token, 0.0).sum(-1) / targets.sum(-1)
+
+    def _repr_args(self) -> list[str]:
+        return [f"n={self.tokens.shape[0]}"]
+
+
+# ----------------------------------------------------------------------------- constructors
+def logit_diff(model, correct: Answers, incorrect: Answers, position: int | None = -1) -> LogitDiff:
+    """logit[correct_i] - logit[incorrect_i] per prompt, at the last position.
+
+        metric = logit_diff(model, task.correct, task.incorrect)   # strings need the model; ids don't
+        metric(logits)   # [batch] float32
+    """
+    return LogitDiff(_token_ids(model, correct, "correct"), _token_ids(model, incorrect, "incorrect"), position)
+
+
+def probability(model, tokens: Answers, position: int | None = -1) -> Probability:
+    """The probability of tokens_i per prompt (softmax over the whole vocabulary): probability(model, [" Paris"])."""
+    return Probability(_token_ids(model, tokens, "tokens"), position)
+
+
+def log_prob(model, tokens: Answers, position: int | None = -1) -> LogProb:
+    """The log-probability of tokens_i per prompt: log_prob(model, task.correct)."""
+    return LogProb(_token_ids(model, tokens, "tokens"), position)
+
+
+def rank(model, tokens: Answers, position: int | None = -1) -> Rank:
+    """The 0-based rank of tokens_i among the vocabulary (0 = largest logit; ties share the best rank), as float32."""
+    return Rank(_token_ids(model, tokens, "tokens"), position)
+
+
+def kl_div(position: int | None = -1) -> KLDiv:
+    """KL(base || run) of the next-token distributions: metric(logits, base_logits=clean_logits)."""
+    return KLDiv(position)
+
+
+def loss(model, tokens, attention_mask: Tensor | None = None) -> Loss:
+    """Per-prompt mean next-token cross-entropy of the run on `tokens` (text or ids [batch pos]).
+
+    The attention mask of a left-padded batch comes from `attention_mask`, else from the model's
+    tokenizer when `tokens` is the tensor `model.to_tokens` returned (or text); a mask passed when the
+    metric is called takes precedence.
+
+        metric = loss(model, task.clean)
+        metric(model(model.to_tokens(task.clean)))
+    """
+    if isinstance(tokens, str) or (isinstance(tokens, list) and tokens and all(isinstance(t, str) for t in tokens)):
+        if model is None:
+            raise ValueError("loss was given text: pass the model to tokenize it, or give token ids")
+        tokens = model.to_tokens(tokens, move_to_device=False)
+    elif not isinstance(tokens, Tensor):
+        raise TypeError(f"loss takes text or token ids [batch pos], not {type(tokens).__name__}")
+    if attention_mask is None and model is not None and model.tokenizer is not None:
+        attention_mask = model.tokenizer.mask_for(tokens)
+    if model is not None and tokens.numel() and int(tokens.max()) >= model.cfg.d_vocab:
+        raise ValueError(f"token id {int(tokens.max())} is out of range for the model's vocabulary of {model.cfg.d_vocab}")
+    return Loss(tokens.detach().cpu(), None if attention_mask is None else attention_mask.detach().cpu())
+
+
+# ----------------------------------------------------------------------------- helpers
+def _token_ids(model, answers: Answers, what: str) -> tuple[int, ...]:
+    """One token id per prompt from strings (one token each), ints or a LongTensor [batch]."""
+    if isinstance(answers, (str, int)) or (isinstance(answers, Tensor) and answers.ndim == 0):
+        raise TypeError(
+            f"{what}: give one answer per prompt (a list, or a LongTensor [batch]), not the single {answers!r};"
+            f" for one answer everywhere write [{answers!r}] * batch"
+        )
+    if isinstance(answers, Tensor):
+        if answers.ndim != 1:
+            raise ValueError(f"{what} must be a [batch] tensor, got shape {tuple(answers.shape)}")
+        answers = answers.tolist()
+    resolved: dict[str, int] = {}
+    ids = []
+    for i, answer in enumerate(answers):
+        if isinstance(answer, str):
+            if answer not in resolved:
+                resolved[answer] = _single_token(model, answer, f"{what}[{i}]")
+            ids.append(resolved[answer])
+        else:
+            ids.append(_as_id(answer, f"{what}[{i}]"))
+    if model is not None:
+        too_large = [token for token in ids if token >= model.cfg.d_vocab]
+        if too_large:
+            raise ValueError(f"{what} has token id {too_large[0]}, out of range for the model's vocabulary of {model.cfg.d_vocab}")
+    return _as_ids(ids, what)
+
+
+def _single_token(model, answer: str, what: str) -> int:
+    if model is None:
+        raise ValueError(f"{what} is the string {answer!r}: pass the model to turn it into a token id, or give ids")
+    try:
+        return model.to_single_token(answer)
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}; a metric reads one logit per answer") from None
+
+
+def _as_ids(values, what: str) -> tuple[int, ...]:
+    """A non-empty tuple of non-negative ints: the form a metric keeps its token ids in."""
+    ids = tuple(_as_id(value, f"{what}[{i}]") for i, value in enumerate(values))
+    if not ids:
+        raise ValueError(f"{what} is empty: give one answer per prompt")
+    return ids
+
+
+def _as_id(value, what: str) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{what} is a bool, not a token id")
+    try:
+        token = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be a token id (int) or a string, not {type(value).__name__} {value!r}") from None
+    if token < 0:
+        raise ValueError(f"{what} is {token}: token ids are non-negative")
+    return token
+
+
+def _gather(values: Float[Tensor, "batch pos columns"], columns: tuple[int, ...]) -> Float[Tensor, "batch pos"]:
+    """values[i, p, columns[i]] for every prompt i and position p."""
+    index = torch.tensor(columns, device=values.device)[:, None, None].expand(-1, values.shape[1], 1)
+    return values.gather(-1, index)[..., 0]
+
+
+def _check_position(position) -> None:
+    if position != -1 and position is not None:
+        raise ValueError(f"position must be -1 (the last position) or None (every position), not {position!r}")
+
+
+def _check_rank(logits, what: str) -> None:
+    if not isinstance(logits, Tensor) or logits.ndim != 3:
+        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(f"a metric takes {what} [batch pos d_vocab]; got {shape}")
+
+
+def _set(metric, **values) -> None:
+    """Normalise fields of a frozen dataclass in __post_init__."""
+    for name, value in values.items():
+        object.__setattr__(metric, name, value)
+
+
+__all__ = [
+    "Answers", "KLDiv", "LogProb", "LogitDiff", "Loss", "Metric", "Probability", "Rank",
+    "kl_div", "log_prob", "logit_diff", "loss", "probability", "rank",
+]
