@@ -16,9 +16,11 @@ How a variant becomes a number in the table, step by step:
 3. **Chunks.** Variants are sorted by first stage and cut into chunks of at most `max_rows` rows (by
    default a memory budget, `max_bytes`). A chunk runs from the first stage of its first variant;
    later variants' rows are appended as the forward reaches their stage, so row blocks never move.
-4. **Only what the metric reads.** After the last block, only the positions and vocabulary columns
-   the metric declares are computed (`metric.position`, `metric.columns`): a logit difference
-   needs 2 columns at the last position, not [rows pos d_vocab].
+4. **Only what the metric reads.** Only the positions and vocabulary columns the metric declares
+   (`metric.position`, `metric.columns`) are computed at the end: a logit difference needs 2 columns
+   at the last position, not [rows pos d_vocab]; and when it reads the last position only, the last
+   block's MLP half (position-wise, like everything after it) runs on that position alone unless a
+   hook of the chunk sits there.
 5. **The table.** Each variant's block of B values is the metric on its rows, compared with the base
    run's (`SweepResult`).
 
@@ -261,6 +263,10 @@ def _run_chunk(model, prompts: _Prompts, chunk: list[_Variant], base_resid: dict
         for block, variant in enumerate(chunk)
         for hook_name, fn in variant.hooks
     ]
+    # The last block's MLP half, the final norm and the unembedding act per position: when the metric
+    # reads the last position only and no hook of the chunk sits there, the rest runs on that position.
+    last_hooked = max((stage_of(model, name) for variant in chunk for name, _ in variant.hooks), default=EMBED_STAGE)
+    trim_at = n_stages - 1 if reads.position == -1 and last_hooked < n_stages - 1 else None
     joined = 0  # variants whose rows are in the batch so far
     resid = None
     current: dict[int, tuple] = {}  # joined -> (rows, block inputs) for the batch as it is now
@@ -277,10 +283,14 @@ def _run_chunk(model, prompts: _Prompts, chunk: list[_Variant], base_resid: dict
                 joining += 1
             if joining:
                 extra = base_resid[min(stage, n_stages)].repeat(joining, 1, 1)
+                if resid is not None and trim_at is not None and stage > trim_at:
+                    extra = extra[:, -1:]
                 resid = extra if resid is None else torch.cat([resid, extra])
                 joined += joining
             if stage == n_stages:
                 break
+            if stage == trim_at:
+                resid = resid[:, -1:]
             if joined not in current:
                 _, rows, mask = prompts.repeated(joined)
                 current = {joined: (rows, model.block_inputs(rows.position_ids, mask, resid.dtype))}

@@ -94,6 +94,8 @@ def test_layers_before_the_first_hook_run_once(gpt2):
     rows_seen = {0: 0, 1: 0}
     handles = [gpt2.blocks[i].attn.register_forward_hook(lambda module, args, out, i=i: rows_seen.__setitem__(i, rows_seen[i] + out.shape[0]))
                for i in (0, 1)]
+    last_mlp = []  # the last block's MLP is position-wise: with a last-token metric, variants need one position
+    handles.append(gpt2.blocks[1].mlp.register_forward_hook(lambda module, args, out: last_mlp.append(tuple(out.shape[:2]))))
     try:
         variants = {f"L1H{h}": ablate.hooks(gpt2, f"L1H{h}", "zero") for h in range(gpt2.cfg.n_heads)}
         hooked.sweep(gpt2, tokens, variants, LastTokenDiff(1, 2), max_rows=6)
@@ -101,6 +103,7 @@ def test_layers_before_the_first_hook_run_once(gpt2):
         for handle in handles:
             handle.remove()
     assert rows_seen == {0: 3, 1: 3 + 4 * 3}
+    assert last_mlp == [(3, 7), (6, 1), (6, 1)]  # the base run in full, then two chunks of 2 variants
 
 
 def test_the_metric_gets_only_what_it_reads(gpt2):
