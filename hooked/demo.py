@@ -1,4 +1,4 @@
-"""The main job of `make demo`: load GPT-2, look inside it, ablate components by hook name.
+"""The main job of `make demo`: load GPT-2, look inside it, ablate components by sweeps.
 
     python -m hooked.demo                 # a random GPT-2 checkpoint built locally (no network)
     python -m hooked.demo --model gpt2    # the real GPT-2 small, from the Hugging Face cache
@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 import hooked
+from hooked import ablate, metrics
 
 PROMPTS = ["When Mary and John went to the store, John gave a drink to", "When Tom and Anna went to the park, Anna gave a ball to"]
 ANSWERS = [(" Mary", " John"), (" Tom", " Anna")]
@@ -66,19 +67,21 @@ def main(argv: list[str] | None = None) -> None:
 
     clean = logit_diff(model, logits)
     print(f"\nlogit difference (IO - S), clean: {clean:+.4f}")
-    print("zero-ablating each MLP, one hook each:")
-    for layer in range(cfg.n_layers):
-        ablated = model.run_with_hooks(PROMPTS, fwd_hooks=[(f"blocks.{layer}.hook_mlp_out", lambda x, hook: torch.zeros_like(x))])
-        print(f"  blocks.{layer}.hook_mlp_out  {logit_diff(model, ablated):+.4f}  ({logit_diff(model, ablated) - clean:+.4f})")
-
-    layer = cfg.n_layers - 1
-    print(f"zero-ablating each head of block {layer} at hook_z (in place: z is c_proj's input):")
-    for head in range(cfg.n_heads):
-        def zero_head(z, hook, head=head):
-            z[:, :, head] = 0.0
-
-        ablated = model.run_with_hooks(PROMPTS, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head)])
-        print(f"  L{layer}H{head}  {logit_diff(model, ablated):+.4f}")
+    correct = [model.to_single_token(c) for c, _ in ANSWERS]
+    wrong = [model.to_single_token(w) for _, w in ANSWERS]
+    metric = metrics.logit_diff(model, correct, wrong)
+    tokens = model.to_tokens(PROMPTS)
+    start = time.perf_counter()
+    mlps = hooked.sweep(model, tokens, {a: ablate.hooks(model, a, "zero") for a in ablate.components(model, "mlps")}, metric)
+    print(f"zero-ablating each MLP ({len(mlps)} variants, one sweep, {time.perf_counter() - start:.2f}s):")
+    for name, change in mlps.change.items():
+        print(f"  {name:<8} {mlps.scores[name]:+.4f}  ({change:+.4f})")
+    heads = hooked.sweep(model, tokens, {a: ablate.hooks(model, a, "zero") for a in ablate.components(model, "heads")}, metric)
+    print(f"zero-ablating each head at hook_z ({len(heads)} variants), the largest changes:")
+    for name, change in heads.top(5):
+        print(f"  {name:<8} {heads.scores[name]:+.4f}  ({change:+.4f})")
+    run_dir = heads.save(Path("runs/demo"), name="heads")
+    print(f"head sweep table, JSON with provenance and heatmap saved to {run_dir}/")
 
     stack, labels = cache.decompose_resid(pos_slice=-1, return_labels=True)
     correct = torch.tensor([model.to_single_token(c) for c, _ in ANSWERS])[:, None]
