@@ -219,10 +219,15 @@ class ActivationCache:
 
     # ----------------------------------------------------------------- residual decompositions
     def _layers_upto(self, layer: int | None) -> int:
+        """How many blocks a decomposition covers. As TransformerLens 3.9: None and -1 mean every block
+        plus the final residual (before the final norm); other negatives count back from there."""
         n_layers = self.model.cfg.n_layers
-        if layer is None or layer == n_layers:
+        if layer is None:
             return n_layers
-        return layer % n_layers if layer < 0 else layer
+        upto = n_layers + 1 + layer if layer < 0 else layer
+        if not 0 <= upto <= n_layers:
+            raise IndexError(f"layer {layer} is out of range for {n_layers} layers (0..{n_layers}, or -1 for all)")
+        return upto
 
     def accumulated_resid(
         self,

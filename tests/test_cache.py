@@ -135,3 +135,21 @@ def test_cache_to_device_and_remove_batch_dim(gpt2, tokens):
     _, cache = gpt2.run_with_cache(tokens[:1], device="cpu")
     single = cache.remove_batch_dim()
     assert single["resid_pre", 0].shape == (11, gpt2.cfg.d_model)
+
+
+def test_layer_minus_one_means_every_layer_and_the_final_residual(gpt2, tokens):
+    """As TransformerLens 3.9 (ActivationCache.accumulated_resid / decompose_resid / apply_ln_to_stack):
+    layer=None and layer=-1 both cover every block and the final residual, normalised by ln_final."""
+    _, cache = gpt2.run_with_cache(tokens)
+    n_layers = gpt2.cfg.n_layers
+    for method in (cache.accumulated_resid, cache.decompose_resid):
+        every, labels = method(layer=None, return_labels=True)
+        minus_one, minus_one_labels = method(layer=-1, return_labels=True)
+        assert labels == minus_one_labels and torch.equal(every, minus_one)
+        last_block, _ = method(layer=n_layers - 1, return_labels=True)
+        assert torch.equal(method(layer=-2), last_block)
+    assert cache.accumulated_resid(layer=-1, return_labels=True)[1][-1] == "final_post"
+    resid = cache["resid_post", -1][None]
+    torch.testing.assert_close(cache.apply_ln_to_stack(resid, layer=-1)[0], cache["ln_final.hook_normalized"], rtol=0, atol=1e-5)
+    with pytest.raises(IndexError, match="out of range"):
+        cache.accumulated_resid(layer=n_layers + 1)
