@@ -1,9 +1,12 @@
 """hooked: GPT-2, Qwen3 and Qwen3-MoE reimplemented with a hook point on every activation.
 
     import hooked
+    from hooked import ablate, metrics, tasks
     model = hooked.load("gpt2")
     logits, cache = model.run_with_cache("When Mary and John went to the store, John gave a drink to")
     cache["pattern", 9].shape  # [batch head_index query_pos key_pos]
+    model.run_with_hooks(tokens, fwd_hooks=[("blocks.9.attn.hook_z", ablate.zero(heads=9))])
+    result = hooked.sweep(model, tokens, {"L9H9": ablate.hooks(model, "L9H9")}, metric)
 """
 
 from pathlib import Path
@@ -14,7 +17,10 @@ from hooked.cache import ActivationCache, act_name
 from hooked.hooks import HookedRootModule, HookPoint
 from hooked.layers import attention_backend
 from hooked.models import GPT2, HookedTransformer, Qwen3, Qwen3Moe
+from hooked.results import SweepResult
+from hooked.sweeps import VariantError, sweep
 from hooked.weights import CheckpointError
+from hooked import ablate, metrics, patch, tasks  # noqa: E402  (modules users import by name)
 
 __version__ = "0.1.0"
 
@@ -31,5 +37,6 @@ def load(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, dev
 
 __all__ = [
     "ActivationCache", "CheckpointError", "GPT2", "HookPoint", "HookedRootModule", "HookedTransformer",
-    "Qwen3", "Qwen3Moe", "act_name", "attention_backend", "load",
+    "Qwen3", "Qwen3Moe", "SweepResult", "VariantError", "ablate", "act_name", "attention_backend", "load",
+    "metrics", "patch", "sweep", "tasks",
 ]

@@ -40,6 +40,7 @@ def _no_hook_left_behind(request):
         model = request.getfixturevalue("gpt2")
         leaked = [name for name, point in model.hook_dict.items() if point._fwd or point._bwd]
         model.reset_hooks(including_permanent=True)
+        model.zero_grad(set_to_none=True)  # a test's .backward() must not leave gradients for the next
         assert not leaked, f"hooks left registered after the test: {leaked}"
 
 
