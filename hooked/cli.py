@@ -20,7 +20,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def list_hooks(model_name: str, batch: int, pos: int) -> list[tuple[str, tuple[int, ...]]]:
     from hooked.weights import architecture_for, build_on_meta, read_config, resolve
 
-    config = read_config(resolve(model_name))
+    config = read_config(resolve(model_name, config_only=True))
     model = build_on_meta(architecture_for(config), config)
     return list(model.hook_shapes(batch=batch, pos=pos).items())
 

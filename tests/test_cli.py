@@ -35,3 +35,19 @@ def test_console_script_is_installed():
     assert script is not None, "the `hooked` console script is not installed in this environment"
     result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "hooks" in result.stdout
+
+
+def test_hooks_fetches_config_json_alone_for_a_hub_id(gpt2_dir, monkeypatch, capsys):
+    """`hooked hooks` reads config.json only, so for a hub id it must not download the weights."""
+    import huggingface_hub
+
+    asked = []
+
+    def snapshot_download(repo_id, allow_patterns=None, **kwargs):
+        asked.append(allow_patterns)
+        return str(gpt2_dir)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert main(["hooks", "someone/some-gpt2"]) == 0
+    assert asked == [["config.json"]]
+    assert "blocks.0.attn.hook_z" in capsys.readouterr().out

@@ -46,8 +46,11 @@ class CheckpointError(ValueError):
     """A checkpoint that does not match the architecture its config names."""
 
 
-def resolve(name_or_path: str | Path) -> Path:
-    """A local checkpoint directory, or the hub snapshot of `name_or_path` (honours HF_HUB_OFFLINE)."""
+def resolve(name_or_path: str | Path, config_only: bool = False) -> Path:
+    """A local checkpoint directory, or the hub snapshot of `name_or_path` (honours HF_HUB_OFFLINE).
+
+    `config_only` fetches config.json alone (`hooked hooks` needs nothing else).
+    """
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
@@ -57,7 +60,7 @@ def resolve(name_or_path: str | Path) -> Path:
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(str(name_or_path), allow_patterns=_HUB_PATTERNS))
+        return Path(snapshot_download(str(name_or_path), allow_patterns=["config.json"] if config_only else _HUB_PATTERNS))
     except HFValidationError as error:
         raise CheckpointError(f"{name_or_path!r} is neither a local directory nor a valid hub id: {error}") from None
     except LocalEntryNotFoundError:
