@@ -139,7 +139,8 @@ def attention_backend(name: AttentionBackend) -> Iterator[None]:
 
     "eager" forms scores and pattern (Hugging Face's order); "sdpa" runs torch SDPA; "triton" runs
     `hooked.kernels.flash_attention` (CUDA, or CPU under TRITON_INTERPRET=1). Without it the choice
-    is: eager when the scores or the pattern are hooked, else Triton on CUDA, else SDPA. A forced
+    is: eager when the scores or the pattern are hooked, else Triton on a CUDA GPU of compute capability
+    8.0 or later (the device of the inputs, not the current one), else SDPA. A forced
     path that cannot serve a forward raises instead of quietly running another.
     """
     if name not in ("triton", "sdpa", "eager"):
@@ -171,6 +172,18 @@ def triton_available(device: torch.device | None = None) -> bool:
     return device.type == "cuda" or (interpreting and device.type == "cpu")
 
 
+# The kernel's bfloat16 tl.dot and float32 "tf32x3" precision need tensor cores of compute capability
+# 8.0 (Ampere) or later; older GPUs fail to compile them.
+MIN_TRITON_CAPABILITY = (8, 0)
+
+
+def triton_compiles_on(device: torch.device) -> bool:
+    """Whether the kernel compiles for `device`: a CUDA GPU of capability >= 8.0 (CPU: the interpreter)."""
+    if device.type != "cuda":
+        return triton_available(device)
+    return triton_available(device) and torch.cuda.get_device_capability(device) >= MIN_TRITON_CAPABILITY
+
+
 def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, hook_pattern: HookPoint) -> str:
     """The attention path for one forward (see `attention_backend`)."""
     pattern_hooked = hook_attn_scores.has_hooks or hook_pattern.has_hooks
@@ -178,7 +191,7 @@ def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, 
     if forced is None:
         if pattern_hooked:
             return "eager"
-        if q.is_cuda and triton_available(q.device) and (mask.key_valid is None or mask.left_padding_starts is not None):
+        if q.is_cuda and triton_compiles_on(q.device) and (mask.key_valid is None or mask.left_padding_starts is not None):
             return "triton"
         return "sdpa"
     if pattern_hooked and forced != "eager":
@@ -190,6 +203,11 @@ def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, 
     if forced == "triton":
         if not triton_available(q.device):
             raise RuntimeError(f"attention_backend('triton') cannot run on {q.device}: it needs CUDA, or TRITON_INTERPRET=1 for CPU")
+        if not triton_compiles_on(q.device):
+            raise RuntimeError(
+                f"attention_backend('triton') needs a GPU of compute capability >= 8.0; {q.device} has"
+                f" {torch.cuda.get_device_capability(q.device)}: use attention_backend('sdpa')"
+            )
         if mask.key_valid is not None and mask.left_padding_starts is None:
             raise RuntimeError("attention_backend('triton') serves causal attention with left padding only; this mask has holes")
     return forced

@@ -129,3 +129,36 @@ def test_qwen_models_with_the_triton_kernel_forced(qwen_models, case):
     model.zero_grad(set_to_none=True)
     torch.testing.assert_close(logits[real], reference_logits[real], rtol=0, atol=3e-5)
     torch.testing.assert_close(grad[real], reference_grad[real], rtol=0, atol=3e-5)
+
+
+def test_automatic_triton_only_where_the_kernel_compiles(monkeypatch):
+    """bf16 tl.dot and tf32x3 need compute capability >= 8.0: older GPUs fall back to SDPA on their own,
+    and a forced Triton path says why. The capability asked is that of the inputs' device."""
+    from types import SimpleNamespace
+
+    from hooked import layers
+
+    asked = []
+    capability = {"cuda:0": (9, 0), "cuda:1": (7, 5)}
+    monkeypatch.setattr(layers, "triton_available", lambda device=None: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: asked.append(str(device)) or capability[str(device)])
+    point = hooked.HookPoint("batch head_index query_pos key_pos")
+    mask = layers.AttentionMask(None, 4, 4)
+    for device, expected in (("cuda:0", "triton"), ("cuda:1", "sdpa")):
+        q = SimpleNamespace(is_cuda=True, device=torch.device(device))
+        assert layers.choose_backend(q, mask, point, point) == expected
+    assert asked == ["cuda:0", "cuda:1"]
+    with hooked.attention_backend("triton"), pytest.raises(RuntimeError, match="capability >= 8.0"):
+        layers.choose_backend(SimpleNamespace(is_cuda=True, device=torch.device("cuda:1")), mask, point, point)
+
+
+def test_the_kernel_launches_under_a_guard_for_its_inputs_device(monkeypatch):
+    from hooked.kernels.attention import triton_attention
+
+    guarded = []
+    real = triton_attention._on_device_of
+    monkeypatch.setattr(triton_attention, "_on_device_of", lambda t: guarded.append(t.device) or real(t))
+    q = torch.randn(1, 5, 2, 16)
+    triton_attention.flash_attention(q, q, q)
+    triton_attention.flash_attention(q.clone().requires_grad_(), q, q).sum().backward()
+    assert guarded == [q.device] * 3  # forward without grad, forward and backward with it

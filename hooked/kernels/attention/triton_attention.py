@@ -25,6 +25,7 @@ when a CUDA GPU is present and the interpreter is off. The decision is made at i
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -87,9 +88,16 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_start: torch.T
             "hooked.kernels.flash_attention needs CUDA tensors (a GPU) or the Triton interpreter: set "
             "TRITON_INTERPRET=1 in the environment before importing hooked to run it on CPU tensors")
     if key_start is not None:
+        if key_start.device != q.device:
+            raise ValueError(f"key_start is on {key_start.device} but q is on {q.device}")
         if key_start.shape != (q.shape[0],) or key_start.dtype.is_floating_point or key_start.dtype == torch.bool:
             raise ValueError(f"key_start must be an integer tensor of shape [batch]={q.shape[0]}; "
                              f"got {key_start.dtype} {tuple(key_start.shape)}")
+
+
+def _on_device_of(t: torch.Tensor):
+    """Launch on the inputs' GPU, not the current one (a model on cuda:1 while cuda:0 is current)."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 def _strides4(t: torch.Tensor):
@@ -209,7 +217,8 @@ def lse_per_head(lse: torch.Tensor, n_heads: int) -> torch.Tensor:
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, key_start, sm_scale):
-        out, lse = _flash_attention_forward(q, k, v, key_start, sm_scale)
+        with _on_device_of(q):
+            out, lse = _flash_attention_forward(q, k, v, key_start, sm_scale)
         ctx.save_for_backward(q, k, v, out, lse, key_start)
         ctx.sm_scale = sm_scale
         return out
@@ -218,7 +227,8 @@ class _FlashAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dout):
         q, k, v, out, lse, key_start = ctx.saved_tensors
-        dq, dk, dv = _flash_attention_backward(dout, q, k, v, out, lse, key_start, ctx.sm_scale)
+        with _on_device_of(q):
+            dq, dk, dv = _flash_attention_backward(dout, q, k, v, out, lse, key_start, ctx.sm_scale)
         return dq, dk, dv, None, None
 
 
@@ -236,4 +246,5 @@ def flash_attention(q, k, v, *, key_start=None, sm_scale=None):
         key_start = torch.as_tensor(key_start, dtype=torch.int32, device=q.device)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _FlashAttention.apply(q, k, v, key_start, sm_scale)
-    return _flash_attention_forward(q, k, v, key_start, sm_scale)[0]
+    with _on_device_of(q):
+        return _flash_attention_forward(q, k, v, key_start, sm_scale)[0]
