@@ -257,6 +257,9 @@ _SAFETENSORS_DTYPES = {
 }
 
 
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit on a header
+
+
 class SafetensorsFile:
     """One .safetensors file: its header, and tensors streamed into destinations of any dtype."""
 
@@ -268,22 +271,47 @@ class SafetensorsFile:
         try:
             size = os.fstat(self.file.fileno()).st_size
             length = int.from_bytes(self.file.read(8), "little")
-            if size < 8 or length > size - 8:
+            if size < 8 or length > min(size - 8, MAX_HEADER_BYTES):
                 raise self._error(f"its header claims {length} bytes but the file has {size}")
-            header = json.loads(self.file.read(length))
-            header.pop("__metadata__", None)
             self.data_start = 8 + length
-            for key, info in header.items():
-                begin, end = info["data_offsets"]
-                if info["dtype"] not in _SAFETENSORS_DTYPES:
-                    raise self._error(f"tensor {key} has dtype {info['dtype']}, which hooked cannot read")
-                expected_bytes = math.prod(info["shape"]) * _SAFETENSORS_DTYPES[info["dtype"]].itemsize
-                if end - begin != expected_bytes or self.data_start + end > size:
-                    raise self._error(f"tensor {key} runs past the end of the file ({size} bytes)")
-            self.header = header
-        except (ValueError, KeyError, TypeError) as error:  # JSON, a missing field, a bad layout
+            self.header = self._validated(json.loads(self.file.read(length)), size - self.data_start)
+        except Exception as error:  # JSON, a missing field, a bad layout: never anything but CheckpointError
             self.file.close()
-            raise error if isinstance(error, CheckpointError) else self._error(f"its header is unreadable ({error})") from None
+            raise error if isinstance(error, CheckpointError) else self._error(f"its header is unreadable ({error!r})") from None
+
+    def _validated(self, header, data_bytes: int) -> dict:
+        """The header's tensors, checked as the format requires (safetensors' README, "Format"): each
+        entry has a known dtype, a shape of non-negative ints and [begin, end) offsets whose length is
+        the tensor's size, and the entries, sorted by offset, tile the data buffer from 0 to its end
+        with no gap and no overlap."""
+        if not isinstance(header, dict):
+            raise self._error("its header is not a JSON object")
+        header.pop("__metadata__", None)
+        spans = []
+        for key, info in header.items():
+            if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+                raise self._error(f"tensor {key}'s entry is not {{dtype, shape, data_offsets}}")
+            dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+            if dtype not in _SAFETENSORS_DTYPES:
+                raise self._error(f"tensor {key} has dtype {dtype!r}, which hooked cannot read")
+            if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+                raise self._error(f"tensor {key} has shape {shape!r}; a shape is a list of non-negative ints")
+            if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)
+                    and 0 <= offsets[0] <= offsets[1]):
+                raise self._error(f"tensor {key} has data_offsets {offsets!r}; they are [begin, end] with 0 <= begin <= end")
+            if offsets[1] - offsets[0] != math.prod(shape) * _SAFETENSORS_DTYPES[dtype].itemsize:
+                raise self._error(f"tensor {key} spans {offsets[1] - offsets[0]} bytes, but {dtype} {shape} needs"
+                                  f" {math.prod(shape) * _SAFETENSORS_DTYPES[dtype].itemsize}")
+            spans.append((offsets[0], offsets[1], key))
+        position = 0
+        for begin, end, key in sorted(spans):
+            if begin != position:
+                problem = "overlaps the tensor before it" if begin < position else f"leaves a gap of {begin - position} bytes before it"
+                raise self._error(f"tensor {key} {problem}")
+            position = end
+        if position != data_bytes:
+            raise self._error(f"its tensors cover {position} bytes of data but the file holds {data_bytes}")
+        return header
 
     def _error(self, problem: str) -> CheckpointError:
         return CheckpointError(f"{self.path} is not a readable safetensors file: {problem}; is it truncated?")
