@@ -112,6 +112,11 @@ class Ablation(abc.ABC):
                     f" ({' '.join(point.axes)}); {_where_selector_applies(name)}"
                 )
             found[name] = axis
+        if found.get("experts") == "top_k" and not point.knows_slot_experts:
+            raise ValueError(
+                f"{self!r}: {point.name} does not know which expert each slot holds; select experts at"
+                " mlp.hook_router_logits, hook_expert_weights, hook_expert_pre or hook_expert_post"
+            )
         if self.positions is not None and not any(a in point.axes for a in _POSITION_AXES):
             raise ValueError(f"{self!r}: positions= needs a pos axis, but {point.name} has axes ({' '.join(point.axes)})")
         if found.get("neurons") == "d_expert_mlp" and self.experts is None:

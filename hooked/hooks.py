@@ -98,6 +98,7 @@ class HookPoint(nn.Module):
         # Qwen3-MoE's per-slot points: the expert id of each slot [batch pos top_k], set by the
         # sparse MLP just before the call (None everywhere else).
         self.slot_experts: Tensor | None = None
+        self.knows_slot_experts = False  # True at the points whose slot_experts the model sets
         self._fwd: list[_Registration] = []
         self._bwd: list[_Registration] = []
 

@@ -1,11 +1,29 @@
-"""Tiny random checkpoints for tests, the demo and benchmarks: a transformers model saved with
-`save_pretrained` and a byte-level BPE tokenizer trained on a few sentences.
+"""Test helpers: tiny random models, and hypothesis strategies for equivalence tests of interventions.
 
-Needs the `dev` extra (transformers); the library itself never imports this module.
+- `build_gpt2_checkpoint`: a random transformers GPT-2 saved with `save_pretrained`, with a byte-level
+  BPE tokenizer trained on a few sentences (for tests of loading, the demo and benchmarks).
+- `random_model("gpt2" | "qwen3" | "qwen3_moe", seed, **sizes)`: a tiny `hooked` model built straight
+  from its config dataclass, every weight drawn from a seeded generator; no files, no transformers.
+- Strategies (hypothesis): `models()`, `tokens(model)`, `hook_names(model, axes)`, `addresses(model)`,
+  `selectors(model, hook_name)`, `interventions(model, cache)`, for properties such as "a sweep equals
+  running each variant alone":
+
+      @given(st.data())
+      def test_zeroing_every_head_equals_zeroing_z(data):
+          model = data.draw(models())
+          tokens = data.draw(hooked.testing.tokens(model))
+          name, fn = data.draw(interventions(model, methods=["zero"]))
+          ...
+
+Needs the `dev` extra (transformers for the checkpoints, hypothesis for the strategies, each imported
+where it is used); the library itself never imports this module.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -67,3 +85,319 @@ def build_gpt2_checkpoint(
     randomize_norms(model)
     model.save_pretrained(directory, **save_kwargs)
     return directory
+
+
+# ============================================================================= random models, no files
+# Property tests need many small, different models fast: built straight from hooked's config
+# dataclasses, weights from a seeded generator. Nothing here imports transformers.
+
+ARCHITECTURES = ("gpt2", "qwen3", "qwen3_moe")
+
+_DEFAULT_SIZES = {
+    "gpt2": dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, d_vocab=64, n_ctx=32),
+    "qwen3": dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64),
+    "qwen3_moe": dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64,
+                      n_experts=4, top_k=2, d_expert_mlp=16),
+}
+WEIGHT_STD = 0.2  # every matrix and embedding
+ROUTER_STD = 0.6  # wider: router logits a few units apart, so top-k is decided by margins, not rounding
+NORM_STD = 0.1  # norm weights are 1 + this much noise, so a dropped norm weight shows
+BIAS_STD = 0.05
+
+
+def random_model(architecture: str, seed: int = 0, **sizes):
+    """A tiny `hooked` model with random weights, built from its config dataclass (no files, no tokenizer).
+
+    `sizes` are config fields that override small defaults (`n_layers=1, d_model=16, n_experts=6, ...`).
+    Every parameter is drawn from a generator seeded `seed`: matrices N(0, 0.2), the MoE router wider
+    (N(0, 0.6)) so routing is decisive, norm weights 1 + N(0, 0.1), biases N(0, 0.05). Eval mode,
+    float32, on the CPU. A fresh model on each call: edit it freely.
+
+        model = random_model("qwen3_moe", seed=3, n_layers=2, n_experts=6, top_k=2, decoder_sparse_step=2)
+        logits = model(torch.randint(0, model.cfg.d_vocab, (2, 5)))
+    """
+    from hooked.models import GPT2, GPT2Config, Qwen3, Qwen3Config, Qwen3Moe, Qwen3MoeConfig
+
+    classes = {"gpt2": (GPT2, GPT2Config), "qwen3": (Qwen3, Qwen3Config), "qwen3_moe": (Qwen3Moe, Qwen3MoeConfig)}
+    if architecture not in classes:
+        raise ValueError(f"architecture must be one of {ARCHITECTURES}, not {architecture!r}")
+    model_class, config_class = classes[architecture]
+    fields = {**_DEFAULT_SIZES[architecture], **sizes}
+    if "mlp_only_layers" in fields:
+        fields["mlp_only_layers"] = tuple(fields["mlp_only_layers"])
+    model = model_class(config_class(**fields))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():  # a fixed order: the same seed, the same model
+            noise = torch.randn(parameter.shape, generator=generator)
+            if name.endswith("bias"):  # GPT-2's linear and LayerNorm biases, Qwen3's attention_bias
+                parameter.copy_(BIAS_STD * noise)
+            elif parameter.ndim == 1:  # norm weights (LayerNorm, RMSNorm, q_norm, k_norm)
+                parameter.copy_(1.0 + NORM_STD * noise)
+            elif name.endswith("mlp.gate.weight"):
+                parameter.copy_(ROUTER_STD * noise)
+            else:
+                parameter.copy_(WEIGHT_STD * noise)
+    model.name_or_path = _spec_repr(architecture, seed, sizes)  # what provenance and failures name it by
+    return model.eval()
+
+
+def _spec_repr(architecture: str, seed: int, sizes: dict) -> str:
+    arguments = "".join(f", {key}={value!r}" for key, value in sizes.items())
+    return f"random_model({architecture!r}, seed={seed}{arguments})"
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_model(architecture: str, seed: int, sizes: tuple):
+    model = random_model(architecture, seed, **dict(sizes))
+    # hypothesis prints a drawn value with `_repr_pretty_` when it has one: a failing example then shows
+    # the call that rebuilds the model instead of its module tree.
+    model._repr_pretty_ = lambda printer, cycle: printer.text(model.name_or_path)
+    return model
+
+
+# ============================================================================= hypothesis strategies
+# hypothesis is imported inside each strategy: this module also serves code that does not have it.
+
+
+def models(architectures: Sequence[str] = ARCHITECTURES):
+    """Strategy: a tiny random model of one of `architectures` (see `random_model`).
+
+    1-3 layers, d_model 16-48, 2-4 heads (grouped-query for Qwen3), Qwen3-MoE with 4-6 experts, top-k
+    1-3, sometimes a dense layer (decoder_sparse_step 2 or mlp_only_layers), always at least one sparse
+    one. Drawn models are cached and shared between examples: do not edit their weights or leave
+    hooks on them (`copy.deepcopy` first). A failing example prints the model as the `random_model` call
+    that rebuilds it.
+
+        @given(st.data())
+        def test_something(data):
+            model = data.draw(models())
+            tokens = data.draw(hooked.testing.tokens(model))
+    """
+    from hypothesis import strategies as st
+
+    for architecture in architectures:
+        if architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {ARCHITECTURES}, not {architecture!r}")
+
+    @st.composite
+    def draw_model(draw):
+        architecture = draw(st.sampled_from(tuple(architectures)))
+        n_layers = draw(st.integers(1, 3))
+        n_heads = draw(st.integers(2, 4))
+        sizes = dict(n_layers=n_layers, n_heads=n_heads, d_vocab=draw(st.sampled_from([32, 64])))
+        if architecture == "gpt2":
+            sizes["d_model"] = draw(st.sampled_from([d for d in range(16, 49, 4) if d % n_heads == 0]))
+            sizes["d_mlp"] = draw(st.sampled_from([32, 48, 64]))
+            sizes["n_ctx"] = 32
+        else:
+            sizes["d_model"] = draw(st.sampled_from([16, 24, 32, 48]))
+            sizes["n_kv_heads"] = draw(st.sampled_from([k for k in range(1, n_heads + 1) if n_heads % k == 0]))
+            sizes["d_head"] = draw(st.sampled_from([4, 8, 16]))  # even (half-split rotary), not d_model / n_heads
+            sizes["d_mlp"] = draw(st.sampled_from([32, 48]))
+            sizes["tie_word_embeddings"] = draw(st.booleans())
+            sizes["attention_bias"] = draw(st.booleans())
+        if architecture == "qwen3_moe":
+            n_experts = draw(st.integers(4, 6))
+            sizes.update(n_experts=n_experts, top_k=draw(st.integers(1, 3)), d_expert_mlp=draw(st.sampled_from([8, 12, 16])),
+                         norm_topk_prob=draw(st.booleans()))
+            step = draw(st.sampled_from([1, 1, 2])) if n_layers > 1 else 1
+            dense = draw(st.sets(st.integers(0, n_layers - 1), max_size=n_layers - 1)) if n_layers > 1 else set()
+            sparse = [i for i in range(n_layers) if i not in dense and (i + 1) % step == 0]
+            if not sparse:  # keep one sparse layer: the expert properties need it
+                dense.discard(step - 1)
+            sizes.update(decoder_sparse_step=step, mlp_only_layers=tuple(sorted(dense)))
+        seed = draw(st.integers(0, 2**16))
+        return _shared_model(architecture, seed, tuple(sorted(sizes.items())))
+
+    return draw_model()
+
+
+def tokens(model, max_batch: int = 4, max_pos: int = 8, *, min_batch: int = 1, min_pos: int = 1):
+    """Strategy: token ids for `model`, int64 [batch pos], batch in min_batch..max_batch, pos in min_pos..max_pos."""
+    from hypothesis import strategies as st
+
+    limit = model.max_positions
+    max_pos = max_pos if limit is None else min(max_pos, limit)
+
+    @st.composite
+    def draw_tokens(draw):
+        batch = draw(st.integers(min_batch, max_batch))
+        pos = draw(st.integers(min_pos, max_pos))
+        ids = draw(st.lists(st.integers(0, model.cfg.d_vocab - 1), min_size=batch * pos, max_size=batch * pos))
+        return torch.tensor(ids, dtype=torch.long).view(batch, pos)
+
+    return draw_tokens()
+
+
+def hook_names(model, axes: str | Sequence[str] | None = None):
+    """Strategy: a hook name of `model` whose axes include every one of `axes` ("head_index", or ["pos", "d_mlp"])."""
+    from hypothesis import strategies as st
+
+    wanted = set(axes.split() if isinstance(axes, str) else (axes or ()))
+    names = [name for name, point in model.hook_dict.items() if wanted <= set(point.axes)]
+    if not names:
+        raise ValueError(f"{type(model).__name__} has no hook point with axes {sorted(wanted)}")
+    return st.sampled_from(names)
+
+
+def _sparse_layers(model) -> list[int]:
+    return [i for i in range(model.cfg.n_layers) if f"blocks.{i}.mlp.hook_router_logits" in model.hook_dict]
+
+
+def addresses(model, kinds: Sequence[str] = ("heads", "attn", "mlps", "neurons", "experts"), positions: bool = True,
+              max_pos: int = 8):
+    """Strategy: a component address of `model` (`ablate.parse_address` accepts it).
+
+    Kinds: "heads" (`L1H2`), "attn" (`L0.attn`), "mlps" (`L1.mlp`), "neurons" (`L0.N7` on a dense
+    layer, `L1.E3.N5` on a sparse one), "experts" (`L1.E3`, sparse layers only); kinds the model lacks
+    are skipped. Layers are sometimes counted from the end (`L-1H0`); with `positions`, sometimes
+    `@pos` with pos in -max_pos..max_pos-1.
+    """
+    from hypothesis import strategies as st
+
+    cfg = model.cfg
+    sparse = _sparse_layers(model)
+    dense = [i for i in range(cfg.n_layers) if i not in sparse]
+    available = [kind for kind in kinds if kind != "experts" or sparse]
+    unknown = set(kinds) - {"heads", "attn", "mlps", "neurons", "experts"}
+    if unknown or not available:
+        raise ValueError(f"kinds {list(kinds)}: this model offers heads, attn, mlps, neurons"
+                         + (", experts" if sparse else "") + (f"; unknown {sorted(unknown)}" if unknown else ""))
+
+    @st.composite
+    def draw_address(draw):
+        kind = draw(st.sampled_from(available))
+        layer = draw(st.sampled_from(sparse if kind == "experts" else range(cfg.n_layers)))
+        shown = layer - cfg.n_layers if draw(st.booleans()) and draw(st.booleans()) else layer  # now and then L-1
+        if kind == "heads":
+            address = f"L{shown}H{draw(st.integers(0, cfg.n_heads - 1))}"
+        elif kind in ("attn", "mlps"):
+            address = f"L{shown}.{kind.removesuffix('s')}"
+        elif kind == "experts" or layer in sparse:  # a neuron of a sparse layer belongs to an expert
+            address = f"L{shown}.E{draw(st.integers(0, cfg.n_experts - 1))}"
+            if kind == "neurons":
+                address += f".N{draw(st.integers(0, cfg.d_expert_mlp - 1))}"
+        else:
+            assert layer in dense
+            address = f"L{shown}.N{draw(st.integers(0, cfg.d_mlp - 1))}"
+        if positions and draw(st.booleans()):
+            address += f"@{draw(st.integers(-max_pos, max_pos - 1))}"
+        return address
+
+    return draw_address()
+
+
+# Points an ablation may not sensibly write: a norm's scale (zero divides by zero) and the routing
+# decision itself (integer expert ids).
+_UNABLATABLE = ("hook_scale", "hook_expert_indices")
+
+
+def ablatable_hook_names(model) -> list[str]:
+    """The hook names `interventions` draws from: every point but norm scales and the integer expert ids."""
+    return [name for name in model.hook_dict if not name.endswith(_UNABLATABLE)]
+
+
+def selectors(model, hook_name: str, positions: bool = True, max_pos: int = 8):
+    """Strategy: selector keywords valid at `hook_name` (`{"heads": (1,), "positions": (-1,)}`, or `{}`).
+
+    heads on head_index / kv_head_index points, neurons on d_mlp and (with experts, as the address
+    `L.E.N`) on d_expert_mlp, experts on router logits and the per-slot expert neurons, positions
+    (-max_pos..max_pos-1) on every point with a pos axis. Indices may be negative. At most
+    n_experts - 1 experts are selected, so zeroing them at the router still leaves one to route to.
+    """
+    from hypothesis import strategies as st
+
+    point = model.hook_dict[hook_name]
+    sizes = model.axis_sizes()
+    axes = point.axes
+
+    def some(size: int, most: int = 2):
+        most = max(1, min(most, size))
+        return st.lists(st.integers(-size, size - 1), min_size=1, max_size=most, unique_by=lambda i: i % size).map(tuple)
+
+    @st.composite
+    def draw_selectors(draw):
+        chosen = {}
+        head_axis = next((a for a in ("head_index", "kv_head_index") if a in axes), None)
+        if head_axis and draw(st.booleans()):
+            chosen["heads"] = draw(some(sizes[head_axis]))
+        per_expert = "d_expert_mlp" in axes  # the slots' experts are known here (hook.slot_experts)
+        if ("n_experts" in axes or per_expert) and draw(st.booleans()):
+            chosen["experts"] = tuple(e % sizes["n_experts"] for e in draw(some(sizes["n_experts"], sizes["n_experts"] - 1)))
+        neuron_axis = "d_mlp" if "d_mlp" in axes else "d_expert_mlp" if per_expert and "experts" in chosen else None
+        if neuron_axis and draw(st.booleans()):
+            chosen["neurons"] = draw(some(sizes[neuron_axis], 3))
+        if positions and any(a in axes for a in ("pos", "query_pos")) and draw(st.booleans()):
+            chosen["positions"] = draw(st.lists(st.integers(-max_pos, max_pos - 1), min_size=1, max_size=2, unique=True).map(tuple))
+        return chosen
+
+    return draw_selectors()
+
+
+def interventions(model, cache=None, *, methods: Sequence[str] = ("zero", "mean", "resample"), within_batch: bool = True,
+                  names: Sequence[str] | None = None, positions: bool = True, max_pos: int = 8):
+    """Strategy: a `(hook_name, callback)` pair, an `ablate` zero / mean / resample with random selectors.
+
+    `cache` is an ActivationCache of prompts with the same shape and padding as the input the hook
+    will run on (`_, cache = model.run_with_cache(other_tokens, attention_mask=mask)`, no
+    names_filter, or one that keeps every point in `names`): mean averages it (pooled or per
+    position), resample reads it as the paired source. Without a cache only zero and, with
+    `within_batch` (the input is at least 2 unpadded prompts), `resample(seed=)` are drawn. A mean
+    attention pattern needs an unpadded cache, so with a padded one those points get no mean.
+    `names` restricts the hook points (default `ablatable_hook_names(model)`); the kind of point is
+    drawn first, then its layer.
+
+        @given(st.data())
+        def test_hooks_commute_with_something(data):
+            model = data.draw(models())
+            clean = data.draw(tokens(model, min_batch=2))
+            other = data.draw(tokens(model, min_batch=len(clean), max_batch=len(clean),
+                                     min_pos=clean.shape[1], max_pos=clean.shape[1]))
+            _, cache = model.run_with_cache(other)
+            fwd_hooks = data.draw(st.lists(interventions(model, cache), min_size=1, max_size=3))
+            model.run_with_hooks(clean, fwd_hooks=fwd_hooks)
+    """
+    from hypothesis import strategies as st
+
+    from hooked import ablate
+
+    unknown = set(methods) - {"zero", "mean", "resample"}
+    if unknown or not methods:
+        raise ValueError(f"methods are 'zero', 'mean', 'resample'; got {list(methods)}")
+    padded_reference = cache is not None and cache.attention_mask is not None
+
+    def usable(name: str) -> list[str]:
+        if cache is not None and name not in cache.cache_dict:
+            possible = ["zero", "resample"] if within_batch else ["zero"]
+        else:
+            possible = ["zero", "mean", "resample"] if cache is not None else ["zero", "resample"] if within_batch else ["zero"]
+        if padded_reference and "key_pos" in model.hook_dict[name].axes:
+            possible.remove("mean")
+        return [method for method in methods if method in possible]
+
+    candidates = [name for name in (names if names is not None else ablatable_hook_names(model)) if usable(name)]
+    if not candidates:
+        raise ValueError(f"no hook point can take {list(methods)} here (cache={'given' if cache is not None else None},"
+                         f" within_batch={within_batch})")
+    # The kind of point first (hook_z, ln2.hook_normalized, ...), then its layer: every kind is drawn
+    # as often, however many layers have it.
+    kinds: dict[str, list[str]] = {}
+    for name in candidates:
+        kinds.setdefault(re.sub(r"^blocks\.\d+\.", "blocks.*.", name), []).append(name)
+
+    @st.composite
+    def draw_intervention(draw):
+        name = draw(st.sampled_from(kinds[draw(st.sampled_from(sorted(kinds)))]))
+        method = draw(st.sampled_from(usable(name)))
+        chosen = draw(selectors(model, name, positions, max_pos))
+        if method == "zero":
+            return name, ablate.zero(**chosen)
+        if method == "mean":
+            return name, ablate.mean(cache, **chosen, per_position=draw(st.booleans()))
+        from_cache = cache is not None and name in cache.cache_dict
+        if not from_cache or (within_batch and draw(st.booleans())):
+            return name, ablate.resample(**chosen, seed=draw(st.integers(0, 2**16)))
+        return name, ablate.resample(cache, **chosen)
+
+    return draw_intervention()

@@ -225,3 +225,34 @@ def test_repr_reads_like_what_it_does(gpt2):
     assert repr(ablate.mean(cache, neurons=[1, 2], per_position=True)) == "mean(neurons=[1, 2], per_position=True)"
     assert repr(ablate.resample(seed=0, heads=9, positions=-1)) == "resample(seed=0, heads=[9], positions=[-1])"
     assert repr(ablate.resample(cache, heads=1)) == "resample(source=<cache of 3 prompts>, heads=[1])"
+
+
+def test_expert_slots_against_the_expert_weights():
+    """At the per-slot points, experts= picks the slots holding that expert: zeroing its routing weight
+    or all its neurons removes its contribution, as zeroing its down projection does; one neuron of an
+    expert equals zeroing that column of its down projection."""
+    from hooked.testing import random_model
+
+    model = random_model("qwen3_moe", seed=3, n_layers=1, n_experts=4, top_k=2)
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(0))
+    layer = model.blocks[0].mlp
+    with torch.no_grad():
+        routed = torch.zeros(4, dtype=torch.bool)
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.mlp.hook_expert_indices", lambda x, hook: routed.__setitem__(x.unique(), True))])
+        expert = int(routed.nonzero()[0])
+        removed = copy.deepcopy(model)
+        removed.blocks[0].mlp.experts.down_proj[expert] = 0
+        one_neuron = copy.deepcopy(model)
+        one_neuron.blocks[0].mlp.experts.down_proj[expert, :, 5] = 0
+        for name, callback, reference in [
+            ("blocks.0.mlp.hook_expert_weights", ablate.zero(experts=expert), removed),
+            ("blocks.0.mlp.hook_expert_post", ablate.zero(experts=expert), removed),
+            ("blocks.0.mlp.hook_expert_post", ablate.zero(experts=expert, neurons=5), one_neuron),
+        ]:
+            ablated = model.run_with_hooks(tokens, fwd_hooks=[(name, callback)])
+            assert torch.allclose(ablated, reference(tokens), atol=1e-5), (name, callback)
+            assert not torch.allclose(ablated, model(tokens), atol=1e-6), (name, callback)
+        assert ablate.hooks(model, f"L0.E{expert}.N5")[0] == ("blocks.0.mlp.hook_expert_post", ablate.zero(experts=expert, neurons=5))
+    with pytest.raises(ValueError, match="does not know which expert each slot holds"):
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.mlp.hook_expert_indices", ablate.zero(experts=0))])
+    assert layer.hook_expert_weights.slot_experts is None  # not left behind after the forward

@@ -95,6 +95,8 @@ class Qwen3MoeSparseMLP(nn.Module):
         self.hook_expert_indices = HookPoint("batch pos top_k")  # which expert each slot holds (int64)
         self.hook_expert_pre = HookPoint("batch pos top_k d_expert_mlp")  # slot expert's gate pre-activation
         self.hook_expert_post = HookPoint("batch pos top_k d_expert_mlp")  # slot expert's neurons: silu(gate) * up
+        for point in (self.hook_expert_weights, self.hook_expert_pre, self.hook_expert_post):
+            point.knows_slot_experts = True  # hook.slot_experts says which expert each slot holds
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         router_logits = self.hook_router_logits(self.gate(x))
@@ -102,7 +104,11 @@ class Qwen3MoeSparseMLP(nn.Module):
         top_probs, top_indices = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             top_probs = top_probs / top_probs.sum(-1, keepdim=True)
-        expert_weights = self.hook_expert_weights(top_probs.to(router_logits.dtype))
+        self.hook_expert_weights.slot_experts = top_indices
+        try:
+            expert_weights = self.hook_expert_weights(top_probs.to(router_logits.dtype))
+        finally:
+            self.hook_expert_weights.slot_experts = None
         expert_indices = self.hook_expert_indices(top_indices)
         slot_out = self.run_experts(x, expert_indices)  # [batch pos top_k d_model]
         return (slot_out * expert_weights[..., None]).sum(2)
