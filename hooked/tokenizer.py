@@ -4,12 +4,12 @@ Uses the `tokenizers` library directly (`tokenizer.json`, or GPT-2's `vocab.json
 so loading a model never imports transformers. Batches of prompts of different lengths are padded
 on the LEFT, so that the last position of every row is the last real token, and come with an
 attention mask; the model derives position ids from it (transformers does not: see docs/hooks.md).
+Token ids given without a mask get one read from the ids (`mask_for`), as TransformerLens does.
 """
 
 from __future__ import annotations
 
 import json
-import weakref
 from pathlib import Path
 
 import torch
@@ -26,9 +26,6 @@ class HookedTokenizer:
         self.eos_token_id = eos_token_id
         # GPT-2 and Qwen3 base models have no pad token; padded positions are masked anyway.
         self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0)
-        # The attention masks of the padded batches `encode` returned, so `model(tokens)` finds them.
-        # Keyed by id with a weak reference: tensors compare elementwise, so they can't be dict keys.
-        self._masks: dict[int, tuple[weakref.ref, Tensor]] = {}
 
     @classmethod
     def from_directory(cls, directory: Path, config: dict) -> "HookedTokenizer | None":
@@ -70,15 +67,27 @@ class HookedTokenizer:
             if row:
                 tokens[i, length - len(row):] = torch.tensor(row)
                 mask[i, length - len(row):] = True
-        if not mask.all():
-            key = id(tokens)
-            self._masks[key] = (weakref.ref(tokens, lambda _: self._masks.pop(key, None)), mask)
         return tokens, mask
 
-    def mask_for(self, tokens: Tensor) -> Tensor | None:
-        """The attention mask of a padded batch this tokenizer produced, if `tokens` is one."""
-        reference, mask = self._masks.get(id(tokens), (None, None))
-        return mask if reference is not None and reference() is tokens else None
+    def mask_for(self, tokens: Tensor, prepend_bos: bool) -> Tensor | None:
+        """The attention mask of left-padded token ids, read from the ids themselves (None: no padding).
+
+        As TransformerLens 3.9 `utils.get_attention_mask` with left padding: the leading run of pad ids
+        of each row is padding; where the BOS id is the pad id (GPT-2) and BOS is prepended, the last id
+        of that run is the BOS, a real token. Read from the values, the mask survives `.to()`, `.clone()`,
+        slicing and saving, which a mask remembered with the tensor object does not.
+        """
+        if tokens.numel() == 0:
+            return None
+        leading_pad = (tokens == self.pad_token_id).long().cumprod(-1).bool()  # [batch pos]
+        if not bool(leading_pad[:, 0].any()):
+            return None
+        mask = ~leading_pad
+        if prepend_bos and self.bos_token_id == self.pad_token_id:
+            run = leading_pad.sum(-1)  # the BOS closes the run
+            rows = torch.nonzero(run > 0)[:, 0]
+            mask[rows, run[rows] - 1] = True
+        return None if bool(mask.all()) else mask
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)

@@ -55,3 +55,32 @@ def test_loss_ignores_padding(gpt2):
         logits, loss = gpt2(prompts[1], return_type="both")
     assert torch.equal(loss, per_prompt[1])
     assert logits.shape[-1] == gpt2.cfg.d_vocab
+
+
+def test_a_padded_batch_keeps_its_mask_however_the_tensor_travels(gpt2, tmp_path):
+    """The mask is read from the ids (leading pad ids), so a clone, a move, a slice or a saved copy of
+    `to_tokens`' output gives every row the same logits as its prompt alone."""
+    prompts = ["Hi", "When Mary and John went to the store", "The capital"]
+    tokens = gpt2.to_tokens(prompts)
+    torch.save(tokens, tmp_path / "tokens.pt")
+    with torch.no_grad():
+        alone = [gpt2(prompt)[0] for prompt in prompts]
+        for travelled in (tokens.clone(), tokens.to("cpu", copy=True), torch.load(tmp_path / "tokens.pt"), tokens[[0, 2]].contiguous()):
+            logits = gpt2(travelled)
+            rows = range(3) if travelled.shape[0] == 3 else (0, 2)
+            for row, prompt_logits in zip(range(travelled.shape[0]), [alone[i] for i in rows]):
+                torch.testing.assert_close(logits[row, -prompt_logits.shape[0]:], prompt_logits, rtol=0, atol=1e-5)
+
+
+def test_mask_from_ids_follows_transformer_lens_rules(gpt2):
+    """TransformerLens 3.9 utils.get_attention_mask (left padding): the leading run of pad ids is padding,
+    and where BOS is the pad id and BOS is prepended, the run's last id is the BOS (a real token)."""
+    pad = gpt2.tokenizer.pad_token_id
+    assert pad == gpt2.tokenizer.bos_token_id  # GPT-2: <|endoftext|> is both
+    x, y = (pad + 5) % gpt2.cfg.d_vocab, (pad + 7) % gpt2.cfg.d_vocab
+    tokens = torch.tensor([[pad, pad, pad, x, y], [pad, x, y, pad, x], [x, y, x, y, x]])
+    with_bos = gpt2.tokenizer.mask_for(tokens, prepend_bos=True)
+    assert with_bos.tolist() == [[False, False, True, True, True], [True] * 5, [True] * 5]
+    without_bos = gpt2.tokenizer.mask_for(tokens, prepend_bos=False)
+    assert without_bos.tolist() == [[False, False, False, True, True], [False, True, True, True, True], [True] * 5]
+    assert gpt2.tokenizer.mask_for(tokens[2:], prepend_bos=True) is None  # unpadded: no mask at all

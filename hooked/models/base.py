@@ -123,8 +123,8 @@ class HookedTransformer(HookedRootModule):
                 tokens = tokens[None]
             if tokens.ndim != 2:
                 raise ValueError(f"token ids must be [batch pos] or [pos], got shape {tuple(input.shape)}")
-            if attention_mask is None and self.tokenizer is not None:
-                attention_mask = self.tokenizer.mask_for(input)
+            if attention_mask is None and self.tokenizer is not None:  # left padding, read from the ids
+                attention_mask = self.tokenizer.mask_for(tokens, self.default_prepend_bos if prepend_bos is None else prepend_bos)
             key_valid = None
             if attention_mask is not None:
                 attention_mask = attention_mask[None] if attention_mask.ndim == 1 else attention_mask
@@ -204,7 +204,8 @@ class HookedTransformer(HookedRootModule):
         return self._require_tokenizer().encode(texts, self.default_prepend_bos if prepend_bos is None else prepend_bos)
 
     def to_tokens(self, input: str | list[str], prepend_bos: bool | None = None, move_to_device: bool = True) -> Tensor:
-        """Token ids [batch pos]; a batch is padded on the left and `model(tokens)` knows its mask."""
+        """Token ids [batch pos]; a batch is padded on the left, and `model(tokens)` reads the mask from the
+        ids (the leading pad ids of each row; see `HookedTokenizer.mask_for`), however the tensor travelled."""
         tokens, _ = self._tokenize(input, prepend_bos)
         return tokens.to(self.device) if move_to_device and tokens.device != self.device else tokens
 
