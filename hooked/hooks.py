@@ -171,7 +171,8 @@ class HookPoint(nn.Module):
             " use model.add_hook(name, fn) or model.hooks(fwd_hooks=[(name, fn)])"
         )
 
-    register_forward_hook = register_forward_pre_hook = register_full_backward_hook = _module_hooks_unsupported
+    register_forward_hook = register_forward_pre_hook = _module_hooks_unsupported
+    register_full_backward_hook = register_full_backward_pre_hook = register_backward_hook = _module_hooks_unsupported
 
     def _remove(self, owner: int | None, including_permanent: bool) -> None:
         def keep(r: _Registration) -> bool:
@@ -317,10 +318,21 @@ class HookedRootModule(nn.Module):
                 point._fwd[:] = fwd
                 point._bwd[:] = bwd
 
-    def reset_hooks(self, including_permanent: bool = False) -> None:
-        """Remove every hook (permanent ones only with `including_permanent=True`)."""
+    def reset_hooks(self, clear_contexts: bool = True, direction: Literal["fwd", "bwd", "both"] = "both",
+                    including_permanent: bool = False) -> None:
+        """Remove every hook (permanent ones only with `including_permanent=True`) and, as TransformerLens
+        does, empty every `hook.ctx` (unless `clear_contexts=False`). `direction` keeps the other kind."""
+        if direction not in ("fwd", "bwd", "both"):
+            raise ValueError(f"direction must be 'fwd', 'bwd' or 'both', not {direction!r}")
         for point in self.hook_dict.values():
+            kept = (list(point._bwd) if direction == "fwd" else [], list(point._fwd) if direction == "bwd" else [])
             point._remove(None, including_permanent)
+            if direction == "fwd":
+                point._bwd[:] = kept[0]
+            elif direction == "bwd":
+                point._fwd[:] = kept[1]
+            if clear_contexts:
+                point.ctx.clear()
 
     @contextlib.contextmanager
     def hooks(

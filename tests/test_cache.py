@@ -153,3 +153,8 @@ def test_layer_minus_one_means_every_layer_and_the_final_residual(gpt2, tokens):
     torch.testing.assert_close(cache.apply_ln_to_stack(resid, layer=-1)[0], cache["ln_final.hook_normalized"], rtol=0, atol=1e-5)
     with pytest.raises(IndexError, match="out of range"):
         cache.accumulated_resid(layer=n_layers + 1)
+
+
+def test_attn_alias_is_the_pattern(gpt2, tokens):
+    _, cache = gpt2.run_with_cache(tokens)
+    assert cache["attn", 1] is cache["blocks.1.attn.hook_pattern"]

@@ -314,3 +314,26 @@ def test_transformer_lens_weight_views_reproduce_the_activations(gpt2, tokens):
     assert torch.equal(gpt2.W_E[tokens], cache["embed"])
     assert torch.equal(gpt2.W_pos[:tokens.shape[1]].expand_as(cache["pos_embed"]), cache["pos_embed"])
     assert gpt2.W_U.shape == (gpt2.cfg.d_model, gpt2.cfg.d_vocab)
+
+
+def test_reset_hooks_clears_contexts_and_keeps_a_direction(gpt2, tokens):
+    """As TransformerLens 3.9 HookedRootModule.reset_hooks(clear_contexts=True, direction=..., including_permanent=...)."""
+    point = gpt2.hook_dict["blocks.0.hook_mlp_out"]
+    gpt2.add_hook("blocks.0.hook_mlp_out", lambda x, hook: hook.ctx.__setitem__("seen", True))
+    with torch.no_grad():
+        gpt2(tokens)
+    gpt2.add_hook("blocks.0.hook_mlp_out", lambda grad, hook: None, dir="bwd")
+    assert point.ctx == {"seen": True}
+    gpt2.reset_hooks(direction="fwd", clear_contexts=False)
+    assert not point._fwd and len(point._bwd) == 1 and point.ctx == {"seen": True}
+    gpt2.reset_hooks()
+    assert not point._bwd and point.ctx == {}
+    with pytest.raises(ValueError, match="direction"):
+        gpt2.reset_hooks(direction="sideways")
+
+
+def test_module_backward_hooks_on_a_hook_point_are_refused(gpt2):
+    point = gpt2.hook_dict["blocks.0.hook_mlp_out"]
+    for register in (point.register_full_backward_pre_hook, point.register_backward_hook, point.register_full_backward_hook):
+        with pytest.raises(TypeError, match="never run"):
+            register(lambda *args: None)

@@ -84,3 +84,13 @@ def test_mask_from_ids_follows_transformer_lens_rules(gpt2):
     without_bos = gpt2.tokenizer.mask_for(tokens, prepend_bos=False)
     assert without_bos.tolist() == [[False, False, False, True, True], [False, True, True, True, True], [True] * 5]
     assert gpt2.tokenizer.mask_for(tokens[2:], prepend_bos=True) is None  # unpadded: no mask at all
+
+
+def test_loss_of_a_padded_batch_counts_each_prompt_real_tokens_only(gpt2):
+    prompts = ["Hi there", "When Mary and John went to the store"]
+    with torch.no_grad():
+        per_prompt = [gpt2(p, return_type="loss") for p in prompts]
+        padded = gpt2(prompts, return_type="loss")
+    lengths = torch.tensor([gpt2.to_tokens(p).shape[1] - 1 for p in prompts], dtype=torch.float32)  # targets per prompt
+    expected = (torch.stack(per_prompt) * lengths).sum() / lengths.sum()
+    torch.testing.assert_close(padded, expected, rtol=1e-6, atol=1e-6)
