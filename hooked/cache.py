@@ -12,10 +12,16 @@ Keys are full hook names or the TransformerLens shorthands: `cache["z", 9]`, `ca
 signatures, with one difference that comes from loading weights unfolded: `logit_attrs` multiplies by
 the final norm's weight before the unembedding, so attributions of a full decomposition add up to the
 logits minus the constant `model.logit_bias_terms(tokens)` (norm bias and unembedding bias).
+
+Positions and batch rows are chosen by `pos_slice` / `batch_slice`: a `slice`, a (start, stop[, step])
+tuple, a list or tensor of indices, or an int, which here keeps a length-1 axis so shapes stay
+comparable. TransformerLens' `Slice` object (defined below, also `hooked.utils.Slice`) is taken
+everywhere too and keeps TransformerLens' meaning: `Slice(-1)` indexes, dropping the axis.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Union
@@ -28,7 +34,63 @@ from hooked.hooks import HookPoint, NameFilter, current_rows
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
-PosSlice = Union[None, int, slice, tuple, Sequence[int], Tensor]
+SliceInput = Union[None, int, slice, tuple, Sequence[int], Tensor]
+
+
+class Slice:
+    """TransformerLens' `utils.Slice`: one way to select along an axis, applied with `.apply(tensor, dim)`.
+
+    Modes (as TransformerLens 3.9): `Slice(3)` indexes (the axis is dropped); `Slice((1, 5))` is
+    `1:5`, `Slice((1, 5, 2))` is `1:5:2` and `Slice((5,))` is `:5`; `Slice([0, 3])` or a tensor
+    takes those indices (a bool tensor is a mask); `Slice(None)` leaves the tensor unchanged.
+
+    >>> Slice(-1).apply(torch.zeros(2, 7, 4), dim=1).shape
+    torch.Size([2, 4])
+    """
+
+    def __init__(self, input_slice: "SliceInput | Slice" = None):
+        if isinstance(input_slice, Slice):
+            self.slice, self.mode = input_slice.slice, input_slice.mode
+        elif isinstance(input_slice, tuple):
+            self.slice, self.mode = slice(*input_slice), "slice"
+        elif isinstance(input_slice, int):
+            self.slice, self.mode = input_slice, "int"
+        elif isinstance(input_slice, slice):
+            self.slice, self.mode = input_slice, "slice"
+        elif isinstance(input_slice, (list, Tensor)) or type(input_slice).__name__ == "ndarray":
+            index = torch.as_tensor(input_slice)
+            self.slice = index.long() if index.numel() == 0 else index  # an empty list indexes nothing
+            self.mode = "array"
+        elif input_slice is None:
+            self.slice, self.mode = slice(None), "identity"
+        else:
+            raise ValueError(f"Invalid input_slice {input_slice!r}: give an int, a tuple, a slice, a list or a tensor")
+
+    def apply(self, tensor: Tensor, dim: int = 0) -> Tensor:
+        """`tensor` selected along `dim` (negative counts from the end)."""
+        index = self.slice.to(tensor.device) if isinstance(self.slice, Tensor) else self.slice
+        return tensor[(slice(None),) * (dim % tensor.ndim) + (index,)]
+
+    def indices(self, max_ctx: int | None = None) -> Tensor:
+        """The indices this slice selects on an axis of length `max_ctx` (a tensor; TransformerLens: numpy)."""
+        if self.mode == "int":
+            return torch.tensor([self.slice])
+        if max_ctx is None:
+            raise ValueError("max_ctx must be specified if slice is not an integer")
+        return torch.arange(max_ctx)[self.slice]
+
+    @classmethod
+    def unwrap(cls, slice_input: "SliceInput | Slice") -> "Slice":
+        """A `Slice` from any slice input; an int becomes `[int]`, keeping the axis (as TransformerLens)."""
+        if isinstance(slice_input, Slice):
+            return slice_input
+        return cls([slice_input] if isinstance(slice_input, int) else slice_input)
+
+    def __repr__(self) -> str:
+        return f"Slice: {self.slice} Mode: {self.mode} "
+
+
+PosSlice = Union[SliceInput, Slice]
 
 _ATTN_NAMES = {"q", "k", "v", "z", "rot_q", "rot_k", "q_normed", "k_normed", "result", "pattern", "attn_scores"}
 _MLP_NAMES = {
@@ -39,10 +101,21 @@ _NAME_ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "q
 _LAYER_TYPE_ALIASES = {"a": "attn", "attention": "attn", "m": "mlp", "b": "", "block": "", "blocks": ""}
 
 
+_COMPACT_KEY = re.compile(r"([a-z_]+?)(\d+)([a-z]?.*)")  # name, layer, layer type: "scale4ln1", "k6a", "resid_pre5"
+
+
 def act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
-    """Expand a TransformerLens shorthand: `act_name("z", 9)` -> `"blocks.9.attn.hook_z"`."""
+    """Expand a TransformerLens shorthand: `act_name("z", 9)` -> `"blocks.9.attn.hook_z"`.
+
+    Compact keys put the layer (and layer type) in the name, as TransformerLens' `get_act_name`:
+    `"k6a"` -> `"blocks.6.attn.hook_k"`, `"scale4ln1"` -> `"blocks.4.ln1.hook_scale"`. Names with an
+    underscore parse too (`"resid_pre5"` -> `"blocks.5.hook_resid_pre"`; TransformerLens gives `"hook_resid_pre5"`).
+    """
     if ("." in name or name.startswith("hook_")) and layer is None and layer_type is None:
         return name
+    compact = _COMPACT_KEY.fullmatch(name)
+    if compact is not None:  # as TransformerLens, the numbers in the name win over the arguments
+        name, layer, layer_type = compact.group(1), int(compact.group(2)), compact.group(3)
     name = _NAME_ALIASES.get(name, name)
     if name in _ATTN_NAMES:
         layer_type = "attn"
@@ -68,9 +141,12 @@ def pos_axis(point: HookPoint) -> int:
 
 
 def apply_pos_slice(tensor: Tensor, pos_slice: PosSlice, dim: int) -> Tensor:
-    """Select positions along `dim`. An int keeps the axis (length 1) so shapes stay comparable."""
+    """Select positions along `dim`. An int keeps the axis (length 1) so shapes stay comparable;
+    a TransformerLens `Slice` applies as it does there (`Slice(int)` drops the axis)."""
     if pos_slice is None:
         return tensor
+    if isinstance(pos_slice, Slice):
+        return pos_slice.apply(tensor, dim)
     if isinstance(pos_slice, int):
         index = pos_slice % tensor.shape[dim]
         return tensor.narrow(dim, index, 1)
@@ -241,6 +317,9 @@ class ActivationCache:
         """Residual stream before each block up to `layer` (all, plus the final one, by default).
 
         Returns [component, batch, pos, d_model]; labels `"0_pre"`, `"0_mid"`, ..., `"final_post"`.
+        `apply_ln` up to the final residual runs `ln_final` itself on each component (weight and
+        bias included, statistics of that component: the logit lens), as TransformerLens 3.9; up to
+        an earlier block it divides by that block's cached norm scale.
         """
         upto = self._layers_upto(layer)
         n_layers = self.model.cfg.n_layers
@@ -255,7 +334,8 @@ class ActivationCache:
             if (incl_mid and i < upto) or (mlp_input and i == upto):
                 components.append(self["resid_mid", i])
                 labels.append(f"{i}_mid")
-        return self._stack(components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels)
+        return self._stack(components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels,
+                           recompute_ln=upto == n_layers)
 
     def decompose_resid(
         self,
@@ -291,48 +371,180 @@ class ActivationCache:
             labels.append(f"{upto}_attn_out")
         return self._stack(components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels)
 
-    def _stack(self, components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels):
+    def _stack(self, components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels, recompute_ln=False):
         stack = torch.stack([self._slice(t, pos_slice) for t in components])
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer, mlp_input=mlp_input, pos_slice=pos_slice)
+            stack = self.apply_ln_to_stack(stack, layer, mlp_input=mlp_input, pos_slice=pos_slice,
+                                           has_batch_dim=self.has_batch_dim, recompute_ln=recompute_ln)
         return (stack, labels) if return_labels else stack
+
+    def _empty_stack(self, pos_slice: PosSlice, width: int | None = None) -> Tensor:
+        """[0, batch, pos, d_model]: what a stack of no components looks like (layer 0)."""
+        like = self._slice(self[self.model.embedding_hook_names[0]], pos_slice)
+        shape = like.shape if width is None else (*like.shape[:-1], width)
+        return like.new_zeros((0, *shape))
+
+    def compute_head_results(self) -> None:
+        """Put each head's write to the residual stream, `z[..., h, :] @ W_O[h]`, in the cache as
+        `blocks.{i}.attn.hook_result` [batch pos head_index d_model] where it is not there already."""
+        for i in range(self.model.cfg.n_layers):
+            name = act_name("result", i)
+            if name not in self.cache_dict:
+                self.cache_dict[name] = self._head_results(i)
+
+    def _head_results(self, layer: int) -> Tensor:
+        name = act_name("result", layer)
+        if name in self.cache_dict:
+            return self.cache_dict[name]
+        z = self["z", layer]
+        w_o = self.model.blocks[layer].attn.W_O.detach().to(z.device, z.dtype)
+        return torch.einsum("...hd,hdm->...hm", z, w_o)
 
     def stack_head_results(
         self,
-        layer: int = -1,
+        layer: int | None = -1,
         return_labels: bool = False,
         incl_remainder: bool = False,
         pos_slice: PosSlice = None,
         apply_ln: bool = False,
     ):
-        """Every head's write to the residual stream for blocks before `layer` (-1: all blocks).
+        """Every head's write to the residual stream for blocks before `layer` (-1 or None: all blocks).
 
         Uses cached `hook_result` where present, else computes `z[..., h, :] @ W_O[h]` from the
         cached `hook_z` and the model's weights. Returns [component, batch, pos, d_model] with labels
         `L{layer}H{head}`; `incl_remainder` appends what is left of the residual stream.
         """
-        upto = self.model.cfg.n_layers if layer == -1 else layer
+        upto = self._layers_upto(layer)
         components, labels = [], []
         for i in range(upto):
-            result_name = act_name("result", i)
-            if result_name in self.cache_dict:
-                result = self.cache_dict[result_name]
-            else:
-                z = self["z", i]
-                w_o = self.model.blocks[i].attn.W_O.to(z.device, z.dtype)
-                result = torch.einsum("...hd,hdm->...hm", z, w_o)
-            result = self._slice(result, pos_slice)
+            result = self._slice(self._head_results(i), pos_slice)
             head_axis = result.ndim - 2
             for h in range(result.shape[head_axis]):
                 components.append(result.select(head_axis, h))
                 labels.append(f"L{i}H{h}")
-        stack = torch.stack(components)
+        stack = torch.stack(components) if components else self._empty_stack(pos_slice)
         if incl_remainder:
             resid = self._slice(self._final_or_pre(upto), pos_slice)
             stack = torch.cat([stack, (resid - stack.sum(0))[None]])
             labels.append("remainder")
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, None if layer == -1 else layer, pos_slice=pos_slice)
+            stack = self.apply_ln_to_stack(stack, upto, pos_slice=pos_slice, has_batch_dim=self.has_batch_dim)
+        return (stack, labels) if return_labels else stack
+
+    def _neuron_weights(self, layer: int) -> Tensor:
+        mlp = self.model.blocks[layer].mlp
+        w_out = getattr(mlp, "W_out", None)
+        if w_out is None or w_out.ndim != 2 or act_name("post", layer) not in self.model.hook_dict:
+            raise ValueError(
+                f"blocks.{layer}.mlp has no dense neurons (a mixture of experts): split it with"
+                " decompose_resid(mode='mlp') or get_full_resid_decomposition(expand_neurons=False)"
+            )
+        return w_out.detach()
+
+    def get_neuron_results(
+        self,
+        layer: int,
+        neuron_slice: PosSlice = None,
+        pos_slice: PosSlice = None,
+        project_output_onto: Tensor | None = None,
+    ) -> Tensor:
+        """Each neuron's write to the residual stream in block `layer`: `post[..., n] * W_out[n]`.
+
+        [batch pos d_mlp d_model] (neurons chosen by `neuron_slice`, an int or `Slice(int)` picks one
+        and drops the axis, as TransformerLens). `project_output_onto` ([d_model] or [d_model k]) is
+        contracted with W_out first, so the d_mlp x d_model product is never built.
+        """
+        w_out = self._neuron_weights(layer)
+        neuron_slice = Slice(neuron_slice)
+        acts = self._slice(self["post", layer], pos_slice)
+        acts, w_out = neuron_slice.apply(acts, -1), neuron_slice.apply(w_out, 0)
+        w_out = w_out.to(acts.device, acts.dtype)
+        if project_output_onto is None:
+            return acts[..., None] * w_out
+        projected = w_out @ project_output_onto.to(acts.device, acts.dtype)
+        return acts * projected if projected.ndim == w_out.ndim - 1 else acts[..., None] * projected
+
+    def stack_neuron_results(
+        self,
+        layer: int | None,
+        pos_slice: PosSlice = None,
+        neuron_slice: PosSlice = None,
+        return_labels: bool = False,
+        incl_remainder: bool = False,
+        apply_ln: bool = False,
+        project_output_onto: Tensor | None = None,
+    ):
+        """Every neuron's write to the residual stream for blocks before `layer` (-1 or None: all).
+
+        Returns [component, batch, pos, d_model] (or the projection's width) with labels `L{layer}N{neuron}`.
+        Memory grows as layers x d_mlp x batch x pos x d_model: slice, or pass `project_output_onto`.
+        """
+        upto = self._layers_upto(layer)
+        # An int picks one neuron per layer but keeps the axis: TransformerLens drops it here and then
+        # concatenates the layers along the position axis.
+        neuron_slice = Slice.unwrap(neuron_slice)
+        neurons = neuron_slice.apply(torch.arange(self.model.cfg.d_mlp), 0).tolist()
+        labels = [f"L{i}N{n}" for i in range(upto) for n in neurons]
+        project, squeeze = project_output_onto, False
+        if project is not None and project.ndim == 1:
+            project, squeeze = project[:, None], True
+        project_now = project if not apply_ln else None  # a norm must see d_model vectors
+        per_layer = [self.get_neuron_results(i, neuron_slice, pos_slice, project_now) for i in range(upto)]
+        if per_layer:
+            stack = torch.cat(per_layer, dim=-2).movedim(-2, 0)
+        else:
+            stack = self._empty_stack(pos_slice, None if project_now is None else project_now.shape[-1])
+        if incl_remainder:
+            resid = self._slice(self._final_or_pre(upto), pos_slice)
+            if project_now is not None:
+                resid = resid @ project_now.to(resid.device, resid.dtype)
+            stack = torch.cat([stack, (resid - stack.sum(0))[None]])
+            labels.append("remainder")
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, upto, pos_slice=pos_slice, has_batch_dim=self.has_batch_dim)
+            if project is not None:
+                stack = stack @ project.to(stack.device, stack.dtype)
+        if squeeze:
+            stack = stack.squeeze(-1)
+        return (stack, labels) if return_labels else stack
+
+    def get_full_resid_decomposition(
+        self,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        expand_neurons: bool = True,
+        apply_ln: bool = False,
+        pos_slice: PosSlice = None,
+        return_labels: bool = False,
+        project_output_onto: Tensor | None = None,
+    ):
+        """The residual stream into `layer` split into every head, every neuron (or MLP), the
+        embeddings and the accumulated output biases, in TransformerLens' order: heads, neurons,
+        `embed`, `pos_embed`, `bias`. The rows sum to the residual stream. [component, batch, pos, d_model]."""
+        upto = self._layers_upto(layer)
+        if mlp_input and upto == self.model.cfg.n_layers:
+            raise ValueError("mlp_input=True needs a block to feed; the final residual goes to the unembedding")
+        heads, labels = self.stack_head_results(upto + int(mlp_input), pos_slice=pos_slice, return_labels=True)
+        components = [heads]
+        if upto > 0:
+            if expand_neurons:
+                neurons, neuron_labels = self.stack_neuron_results(upto, pos_slice=pos_slice, return_labels=True)
+            else:
+                neurons, neuron_labels = self.decompose_resid(upto, mlp_input=mlp_input, mode="mlp", pos_slice=pos_slice,
+                                                              incl_embeds=False, return_labels=True)
+            components.append(neurons)
+            labels += neuron_labels
+        for name in self.model.embedding_hook_names:
+            components.append(self._slice(self[name], pos_slice)[None])
+            labels.append(name.removeprefix("hook_"))
+        bias = accumulated_bias(self.model, upto, mlp_input, include_mlp_biases=expand_neurons)
+        components.append(bias.to(heads.device, heads.dtype).expand(1, *heads.shape[1:]))
+        labels.append("bias")
+        stack = torch.cat(components)
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, upto, mlp_input=mlp_input, pos_slice=pos_slice, has_batch_dim=self.has_batch_dim)
+        if project_output_onto is not None:
+            stack = stack @ project_output_onto.to(stack.device, stack.dtype)
         return (stack, labels) if return_labels else stack
 
     def _final_or_pre(self, layer: int) -> Tensor:
@@ -348,14 +560,21 @@ class ActivationCache:
         pos_slice: PosSlice = None,
         batch_slice: PosSlice = None,
         has_batch_dim: bool = True,
+        recompute_ln: bool = False,
     ) -> Tensor:
         """Normalise each component with the scale the real forward used at that norm.
 
         LayerNorm centres each component and divides by the cached `hook_scale`; RMSNorm only divides.
         The norm's weight and bias are *not* applied (as in TransformerLens); `logit_attrs` applies
-        the weight.
+        the weight. `batch_slice` is applied to the stack's batch axis and to the scale, as
+        TransformerLens. `recompute_ln=True` into the unembedding instead runs `ln_final` itself on
+        each component (its own statistics, weight and bias): the logit lens.
         """
         upto = self._layers_upto(layer)
+        if has_batch_dim and batch_slice is not None:
+            residual_stack = apply_pos_slice(residual_stack, batch_slice, 1)
+        if recompute_ln and upto == self.model.cfg.n_layers:
+            return self.model.ln_final(residual_stack)
         if upto == self.model.cfg.n_layers:
             norm, scale_name = self.model.ln_final, "ln_final.hook_scale"
         else:
@@ -364,10 +583,12 @@ class ActivationCache:
         if scale_name not in self.cache_dict:
             raise KeyError(f"apply_ln needs {scale_name} in the cache; run run_with_cache without a names_filter that drops it")
         scale = self._slice(self.cache_dict[scale_name], pos_slice)
-        if batch_slice is not None and has_batch_dim:
+        if batch_slice is not None and self.has_batch_dim:
             scale = apply_pos_slice(scale, batch_slice, 0)
         if not has_batch_dim and self.has_batch_dim:
             scale = scale[0]
+        if isinstance(pos_slice, int) and residual_stack.ndim == scale.ndim:
+            scale = scale.select(scale.ndim - 2, 0)  # a stack already indexed at that position (TransformerLens' shape)
         return norm.normalize_with_scale(residual_stack, scale)
 
     def logit_attrs(
@@ -382,21 +603,81 @@ class ActivationCache:
         """Each component's direct contribution to the logit of `tokens` (minus `incorrect_tokens`).
 
         The stack is normalised with the final norm's cached scale, multiplied by its weight, and
-        projected on the unembedding columns: [component, ...] (the d_model axis is reduced).
+        projected on the unembedding columns: [component, ...] (the d_model axis is reduced). With
+        one answer per prompt (`tokens` [batch]) or one token for all, and an int `pos_slice`, the
+        result is [component, batch], as TransformerLens, whether the stack kept the length-1 position axis
+        (`decompose_resid(pos_slice=-1)` here) or not.
         """
+        if incorrect_tokens is not None and _token_shape(tokens) != _token_shape(incorrect_tokens):
+            raise ValueError(f"tokens and incorrect_tokens must have the same shape! "
+                             f"(tokens.shape={_token_shape(tokens)}, incorrect_tokens.shape={_token_shape(incorrect_tokens)})")
         normalized = self.apply_ln_to_stack(residual_stack, None, pos_slice=pos_slice, batch_slice=batch_slice, has_batch_dim=has_batch_dim)
         direction = self.model.tokens_to_residual_directions(tokens)
         if incorrect_tokens is not None:
             direction = direction - self.model.tokens_to_residual_directions(incorrect_tokens)
         direction = direction.to(normalized.device, normalized.dtype)
-        if direction.ndim == 1:
-            return normalized @ direction
+        one_position = isinstance(pos_slice, int) and has_batch_dim and normalized.ndim == 4 and normalized.shape[2] == 1
+        if one_position and len(_token_shape(tokens)) <= 1:  # answers [batch] or one token, stack [component batch 1 d_model]
+            normalized = normalized[:, :, 0]
         return (normalized * direction).sum(-1)
 
     def _slice(self, tensor: Tensor, pos_slice: PosSlice) -> Tensor:
         return apply_pos_slice(tensor, pos_slice, 1 if self.has_batch_dim else 0)
 
-    def stack_activation(self, name: str, layer: int = -1) -> Tensor:
-        """`cache[name, i]` for every block before `layer`, stacked on a new leading axis."""
-        upto = self.model.cfg.n_layers if layer == -1 else layer
-        return torch.stack([self[name, i] for i in range(upto)])
+    def stack_activation(self, activation_name: str, layer: int | None = -1, sublayer_type: str | None = None) -> Tensor:
+        """`cache[activation_name, i, sublayer_type]` for every block before `layer` (-1 or None: all),
+        stacked on a new leading axis: `cache.stack_activation("scale", sublayer_type="ln2")`."""
+        upto = self.model.cfg.n_layers if layer is None or layer == -1 else layer
+        return torch.stack([self[activation_name, i, sublayer_type] for i in range(upto)])
+
+    def apply_slice_to_batch_dim(self, batch_slice: PosSlice) -> "ActivationCache":
+        """A new cache with every activation sliced on the batch axis, as TransformerLens: an int
+        (or `Slice(int)`) picks one prompt and drops the batch axis (`has_batch_dim` becomes False)."""
+        batch_slice = Slice(batch_slice)
+        if not self.has_batch_dim and batch_slice.mode != "identity":
+            raise ValueError("Cannot index into a cache without a batch dim")
+
+        def cut(t: Tensor | None) -> Tensor | None:
+            return None if t is None else batch_slice.apply(t, 0)
+
+        return ActivationCache({name: cut(t) for name, t in self.items()}, self.model,
+                               has_batch_dim=self.has_batch_dim and batch_slice.mode != "int",
+                               position_ids=cut(self.position_ids), attention_mask=cut(self.attention_mask))
+
+    def toggle_autodiff(self, mode: bool = False) -> None:
+        """`torch.set_grad_enabled(mode)`, global state, as TransformerLens (prefer `torch.inference_mode()`)."""
+        logging.warning("Changed the global state, set autodiff to %s", mode)
+        torch.set_grad_enabled(mode)
+
+
+def _token_shape(tokens) -> tuple[int, ...]:
+    return tuple(tokens.shape) if isinstance(tokens, Tensor) else ()
+
+
+def _output_bias(module: torch.nn.Module, names: tuple[str, ...]) -> Tensor | None:
+    """The bias added after a sublayer's output projection (None: it has none)."""
+    for name in names:
+        projection = getattr(module, name, None)
+        if projection is not None:
+            return getattr(projection, "bias", None)
+    return None
+
+
+def accumulated_bias(model: "HookedTransformer", layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
+    """The output biases (attention `b_O`, MLP `b_out`) written to the residual stream before block `layer`
+    ([d_model]); `mlp_input` adds block `layer`'s attention bias. `model.accumulated_bias(...)` in TransformerLens."""
+    n_layers = model.cfg.n_layers
+    if not 0 <= layer <= n_layers:
+        raise IndexError(f"layer {layer} is out of range for {n_layers} layers (0..{n_layers})")
+    if mlp_input and layer == n_layers:
+        raise ValueError("Cannot include attn_bias from beyond the final layer")
+    total = torch.zeros(model.cfg.d_model, device=model.device, dtype=model.dtype)
+    for i in range(layer + int(mlp_input)):
+        block = model.blocks[i]
+        biases = [_output_bias(block.attn, ("c_proj", "o_proj"))]
+        if include_mlp_biases and i < layer:
+            biases.append(_output_bias(block.mlp, ("c_proj", "down_proj")))
+        for bias in biases:
+            if bias is not None:
+                total = total + bias.detach()
+    return total

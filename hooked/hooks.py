@@ -111,6 +111,38 @@ class HookPoint(nn.Module):
     forward = __call__
 
     @property
+    def fwd_hooks(self) -> list[_Registration]:
+        """The forward hooks registered here, in call order (a copy: TransformerLens code len()s it)."""
+        return list(self._fwd)
+
+    @property
+    def bwd_hooks(self) -> list[_Registration]:
+        return list(self._bwd)
+
+    def add_hook(self, hook: HookFn, dir: Direction = "fwd", is_permanent: bool = False, level=None, prepend: bool = False) -> None:
+        """TransformerLens' `HookPoint.add_hook`: attach `hook` here until removed."""
+        if level is not None:
+            raise ValueError("hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks")
+        if dir not in ("fwd", "bwd"):
+            raise ValueError(f"dir must be 'fwd' or 'bwd', not {dir!r}")
+        registrations = self._fwd if dir == "fwd" else self._bwd
+        registration = _Registration(hook, next(_owner_ids), is_permanent)
+        registrations.insert(0, registration) if prepend else registrations.append(registration)
+
+    def remove_hooks(self, dir: Literal["fwd", "bwd", "both"] = "fwd", including_permanent: bool = False, level=None) -> None:
+        """TransformerLens' `HookPoint.remove_hooks`: drop this point's hooks of one direction (or both)."""
+        if level is not None:
+            raise ValueError("hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks")
+        if dir not in ("fwd", "bwd", "both"):
+            raise ValueError(f"dir must be 'fwd', 'bwd' or 'both', not {dir!r}")
+        kept_fwd, kept_bwd = list(self._fwd), list(self._bwd)
+        self._remove(None, including_permanent)
+        if dir == "fwd":
+            self._bwd[:] = kept_bwd
+        elif dir == "bwd":
+            self._fwd[:] = kept_fwd
+
+    @property
     def has_hooks(self) -> bool:
         """True when a hook listens here (models compute costly points only then)."""
         return bool(self._fwd or self._bwd)
@@ -197,6 +229,13 @@ class _BackwardCall:
 
     def __call__(self, grad: Tensor) -> Tensor | None:
         result = self.fn(grad, self.point)
+        if isinstance(result, tuple):  # TransformerLens accepts `(grad,)` (a module hook's form) and takes element 0
+            result = result[0]
+        if result is not None and not isinstance(result, Tensor):
+            raise TypeError(
+                f"backward hook {_fn_name(self.fn)} at {self.point.name} returned {type(result).__name__};"
+                " return a Tensor (or a tuple whose first element is one) to replace the gradient, or None"
+            )
         if result is not None and result.shape != grad.shape:
             raise ValueError(
                 f"backward hook {_fn_name(self.fn)} at {self.point.name} returned shape"
@@ -229,6 +268,15 @@ class HookedRootModule(nn.Module):
     @property
     def hook_names(self) -> list[str]:
         return list(self.hook_dict)
+
+    def hook_points(self) -> list[HookPoint]:
+        """Every HookPoint, in forward order (TransformerLens' `hook_points()`)."""
+        return list(self.hook_dict.values())
+
+    @property
+    def mod_dict(self) -> dict[str, nn.Module]:
+        """Every submodule by its dotted name, as TransformerLens' `mod_dict`."""
+        return {name: module for name, module in self.named_modules() if name}
 
     # ----------------------------------------------------------------- name resolution
     def resolve_hook_names(self, names: NameFilter) -> list[str]:
@@ -299,6 +347,17 @@ class HookedRootModule(nn.Module):
             registration = _Registration(hook, context.owner, permanent)
             registrations.insert(0, registration) if prepend else registrations.append(registration)
             context.points.append(point)
+
+    def add_perma_hook(self, name: NameFilter, hook: HookFn, dir: Direction = "fwd") -> None:
+        """Attach `hook` for good: only `reset_hooks(including_permanent=True)` removes it."""
+        self.add_hook(name, hook, dir=dir, is_permanent=True)
+
+    def remove_all_hook_fns(self, direction: Literal["fwd", "bwd", "both"] = "both", including_permanent: bool = False,
+                            level=None) -> None:
+        """TransformerLens' `remove_all_hook_fns`: `reset_hooks` without emptying `hook.ctx`."""
+        if level is not None:
+            raise ValueError("hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks")
+        self.reset_hooks(clear_contexts=False, direction=direction, including_permanent=including_permanent)
 
     @contextlib.contextmanager
     def hooks_suspended(self) -> Iterator["HookedRootModule"]:

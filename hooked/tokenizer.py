@@ -5,12 +5,17 @@ so loading a model never imports transformers. Batches of prompts of different l
 on the LEFT, so that the last position of every row is the last real token, and come with an
 attention mask; the model derives position ids from it (transformers does not: see docs/hooks.md).
 Token ids given without a mask get one read from the ids (`mask_for`), as TransformerLens does.
+
+`model.tokenizer` also answers the Hugging Face tokenizer calls TransformerLens notebooks make
+(`encode`, `decode`, `batch_decode`, `__call__`, `bos_token`, `pad_token_id`, `padding_side`,
+`name_or_path`, ...); a setting it cannot honour (right padding) raises instead of being ignored.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -20,8 +25,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 class HookedTokenizer:
     """A `tokenizers.Tokenizer` plus the ids that matter to a causal model (bos, eos, pad)."""
 
-    def __init__(self, tokenizer: Tokenizer, bos_token_id: int | None, eos_token_id: int | None, pad_token_id: int | None):
+    def __init__(self, tokenizer: Tokenizer, bos_token_id: int | None, eos_token_id: int | None, pad_token_id: int | None,
+                 name_or_path: str = ""):
         self.tokenizer = tokenizer
+        self.name_or_path = name_or_path  # the directory the files were read from (Hugging Face's attribute)
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         # GPT-2 and Qwen3 base models have no pad token; padded positions are masked anyway.
@@ -49,15 +56,21 @@ class HookedTokenizer:
             if isinstance(token_id, list):
                 token_id = token_id[0]
             ids[role] = token_id
-        return cls(tokenizer, ids["bos"], ids["eos"], ids["pad"])
+        return cls(tokenizer, ids["bos"], ids["eos"], ids["pad"], str(directory))
 
-    def encode(self, texts: list[str], prepend_bos: bool) -> tuple[Tensor, Tensor]:
-        """Token ids [batch pos] padded on the left, and the attention mask (True = real token)."""
+    def encode_batch(self, texts: list[str], prepend_bos: bool, max_length: int | None = None) -> tuple[Tensor, Tensor]:
+        """Token ids [batch pos] padded on the left, and the attention mask (True = real token).
+
+        `max_length` keeps the first `max_length` tokens of each prompt (BOS included), as
+        TransformerLens' `to_tokens(truncate=True)`.
+        """
         if prepend_bos and self.bos_token_id is None:
             raise ValueError("prepend_bos=True, but this tokenizer has no BOS token; pass prepend_bos=False")
         rows = [encoding.ids for encoding in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
         if prepend_bos:
             rows = [[self.bos_token_id, *row] for row in rows]
+        if max_length is not None:
+            rows = [row[:max_length] for row in rows]
         length = max(len(row) for row in rows)
         if length == 0:
             raise ValueError("every prompt is empty and no BOS token was prepended: there is nothing to run")
@@ -89,14 +102,91 @@ class HookedTokenizer:
             mask[rows, run[rows] - 1] = True
         return None if bool(mask.all()) else mask
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
-
     def token_to_str(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
+    # ------------------------------------------------------------ the Hugging Face tokenizer surface
+    def encode(self, text, prepend_bos: bool | None = None, add_special_tokens: bool = True):
+        """`encode("text") -> list[int]` as TransformerLens' tokenizer: BOS first (when the tokenizer has
+        one) unless `add_special_tokens=False`. `encode(list_of_texts, prepend_bos=...)` is the batch form,
+        `encode_batch`."""
+        if not isinstance(text, str):
+            return self.encode_batch(list(text), bool(prepend_bos))
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        with_bos = add_special_tokens if prepend_bos is None else prepend_bos
+        return [self.bos_token_id, *ids] if with_bos and self.bos_token_id is not None else ids
+
+    def decode(self, ids, skip_special_tokens: bool = False, **kwargs) -> str:
+        """Text of token ids (a list, a 0-d or 1-d tensor, or an int)."""
+        ids = torch.as_tensor(ids).reshape(-1).tolist()
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, rows, skip_special_tokens: bool = False, **kwargs) -> list[str]:
+        return [self.decode(row, skip_special_tokens) for row in rows]
+
+    def __call__(self, text, return_tensors: str | None = None, padding: bool | str = True,
+                 add_special_tokens: bool = True, truncation: bool = False, max_length: int | None = None,
+                 padding_side: str | None = None) -> dict:
+        """`tokenizer(texts, return_tensors="pt")`: {"input_ids", "attention_mask"}, padded on the left."""
+        self._check_padding_side(padding_side or "left")
+        texts = [text] if isinstance(text, str) else list(text)
+        tokens, mask = self.encode_batch(texts, add_special_tokens and self.bos_token_id is not None,
+                                         max_length if truncation else None)
+        if padding in (False, "do_not_pad") and len(texts) > 1 and not bool(mask.all()):
+            raise ValueError("prompts of different lengths need padding=True (hooked pads on the left)")
+        mask = mask.long()
+        if return_tensors == "pt":
+            return {"input_ids": tokens, "attention_mask": mask}
+        if return_tensors is not None:
+            raise ValueError(f"return_tensors={return_tensors!r} is not supported; use 'pt' or None")
+        tokens, mask = tokens.tolist(), mask.tolist()
+        return {"input_ids": tokens[0], "attention_mask": mask[0]} if isinstance(text, str) else {"input_ids": tokens, "attention_mask": mask}
+
+    @property
+    def padding_side(self) -> str:
+        return "left"
+
+    @padding_side.setter
+    def padding_side(self, side: str) -> None:
+        self._check_padding_side(side)
+
+    @staticmethod
+    def _check_padding_side(side: str) -> None:
+        if side != "left":
+            raise ValueError(
+                f"padding_side={side!r}: hooked pads on the left only, so that position -1 is every prompt's last"
+                " token and the forward can read the mask from the ids (each row's leading pad ids);"
+                " right-padded ids would be read as real tokens"
+            )
+
+    def _token(self, token_id: int | None) -> str | None:
+        return None if token_id is None else self.tokenizer.id_to_token(token_id)
+
+    bos_token = property(lambda self: self._token(self.bos_token_id))
+    eos_token = property(lambda self: self._token(self.eos_token_id))
+    pad_token = property(lambda self: self._token(self.pad_token_id))
+
+    @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.tokenizer.get_vocab(with_added_tokens=True)
+
+    vocab = property(get_vocab)
+
+    def convert_ids_to_tokens(self, ids: int | Sequence[int]):
+        if isinstance(ids, int):
+            return self.tokenizer.id_to_token(ids)
+        return [self.tokenizer.id_to_token(int(i)) for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]):
+        if isinstance(tokens, str):
+            return self.tokenizer.token_to_id(tokens)
+        return [self.tokenizer.token_to_id(t) for t in tokens]
 
 
 def _special_tokens(directory: Path) -> dict[str, str | None]:

@@ -18,7 +18,7 @@ def test_round_trip_through_strings(gpt2):
     assert gpt2.to_string(tokens[0]) == text
     assert "".join(gpt2.to_str_tokens(text, prepend_bos=False)) == text
     assert gpt2.to_str_tokens(text)[0] == "<|endoftext|>"
-    assert gpt2.to_str_tokens(tokens) == [gpt2.to_str_tokens(text, prepend_bos=False)]
+    assert gpt2.to_str_tokens(tokens) == gpt2.to_str_tokens(text, prepend_bos=False)  # [1, pos] squeezes, as TransformerLens
 
 
 def test_to_single_token(gpt2):

@@ -11,6 +11,8 @@ here once.
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from pathlib import Path
 from typing import ClassVar, Literal, Union
 
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from hooked.cache import ActivationCache, run_with_cache
+from hooked.cache import ActivationCache, accumulated_bias, run_with_cache
 from hooked.hooks import HookedRootModule, Rows, running_rows
 from hooked.layers import AttentionMask
 from hooked.tokenizer import HookedTokenizer
@@ -28,32 +30,185 @@ ModelInput = Union[str, list[str], Int[Tensor, "batch pos"], Int[Tensor, " pos"]
 ReturnType = Literal["logits", "loss", "both", None]
 
 
+class ModelConfig:
+    """What every architecture's config dataclass shares: fields fixed once built, TransformerLens' names.
+
+    A field cannot be reassigned, except `default_prepend_bos`, which TransformerLens notebooks set
+    (`model.cfg.default_prepend_bos = False`) and which `to_tokens` and the forward then use.
+    `device` and `tokenizer_name` are the model's, read through the model the config was built into.
+    """
+
+    settable_fields: ClassVar[tuple[str, ...]] = ("default_prepend_bos",)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name not in self.__dataclass_fields__:
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+        if name in self.__dict__ and name not in self.settable_fields:
+            raise dataclasses.FrozenInstanceError(
+                f"cannot assign to field {name!r}: the architecture is fixed once the model is built;"
+                f" only {', '.join(self.settable_fields)} can be set"
+            )
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __getstate__(self) -> dict:  # the model link is a weakref, which cannot be pickled; the model rebinds
+        return {k: v for k, v in self.__dict__.items() if k != "_model"}
+
+    def _bind(self, model: "HookedTransformer") -> None:
+        object.__setattr__(self, "_model", weakref.ref(model))
+
+    def _bound_model(self) -> "HookedTransformer":
+        model = self.__dict__.get("_model")
+        model = model() if model is not None else None
+        if model is None:
+            raise AttributeError("this config is not part of a model, so it has no device or tokenizer")
+        return model
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's weights (TransformerLens keeps it on the config)."""
+        return self._bound_model().device
+
+    @property
+    def tokenizer_name(self) -> str | None:
+        """Where the model's tokenizer was read from (the hub id or directory it was loaded from)."""
+        return self._bound_model().name_or_path
+
+    @property
+    def d_vocab_out(self) -> int:
+        return self.d_vocab
+
+    @property
+    def n_key_value_heads(self) -> int:
+        return self.n_kv_heads
+
+
 class HookedTransformer(HookedRootModule):
     """Base of every model. Subclasses set `config_class`, `architectures`, `embedding_hook_names`."""
 
     config_class: ClassVar[type]
     architectures: ClassVar[tuple[str, ...]]  # config.json "architectures" / "model_type" it serves
     embedding_hook_names: ClassVar[tuple[str, ...]]  # the hooks whose sum is resid_pre of block 0
-    default_prepend_bos: ClassVar[bool]
 
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
+        cfg._bind(self)
         self.tokenizer: HookedTokenizer | None = None
         self.name_or_path: str | None = None  # the hub id or directory it was loaded from
+
+    def __setstate__(self, state: dict) -> None:  # unpickled or deep-copied: the config points at this model
+        super().__setstate__(state)
+        self.cfg._bind(self)
+
+    @property
+    def default_prepend_bos(self) -> bool:
+        """Whether text gets a BOS token when `prepend_bos` is not given: `cfg.default_prepend_bos`."""
+        return self.cfg.default_prepend_bos
 
     # ----------------------------------------------------------------- loading
     @classmethod
     def from_pretrained(
         cls,
         name_or_path: str | Path,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
+        fold_ln: bool | None = None,
+        center_writing_weights: bool | None = None,
+        center_unembed: bool | None = None,
+        refactor_factored_attn_matrices: bool = False,
+        checkpoint_index: int | None = None,
+        checkpoint_value: int | None = None,
+        hf_model=None,
+        device: torch.device | str | None = None,
+        n_devices: int = 1,
+        tokenizer=None,
+        move_to_device: bool = True,
+        fold_value_biases: bool | None = None,
+        default_prepend_bos: bool | None = None,
+        default_padding_side: str = "left",
+        dtype: torch.dtype | str = torch.float32,
+        first_n_layers: int | None = None,
+        **from_pretrained_kwargs,
     ) -> "HookedTransformer":
-        """Load from a local directory or a hub id, reading safetensors straight into dtype/device."""
+        """Load from a local directory or a hub id, reading safetensors straight into dtype/device.
+
+        Takes TransformerLens' keyword arguments. Weights stay **unfolded**: TransformerLens' processing
+        flags default to None here (hooked's unprocessed weights, TransformerLens' `from_pretrained_no_processing`),
+        False is accepted, and True raises, naming the flag (docs/hooks.md, "Differences from
+        TransformerLens"). Every other argument is either honoured or refused; none is ignored.
+        On the base class the architecture is read from config.json, as `hooked.load`.
+        """
         from hooked.weights import load_model
 
-        return load_model(name_or_path, dtype=dtype, device=device, model_class=cls)
+        processing = {"fold_ln": fold_ln, "center_writing_weights": center_writing_weights,
+                      "center_unembed": center_unembed, "fold_value_biases": fold_value_biases,
+                      "refactor_factored_attn_matrices": refactor_factored_attn_matrices}
+        asked = [name for name, value in processing.items() if value]
+        if asked:
+            raise ValueError(
+                f"{', '.join(f'{name}=True' for name in asked)}: hooked loads weights unfolded and does not process them"
+                " (activations then differ from TransformerLens' processed defaults only in the folded norms and"
+                " centred residual stream); drop the argument, or pass False"
+            )
+        refused = {"checkpoint_index": checkpoint_index, "checkpoint_value": checkpoint_value, "hf_model": hf_model,
+                   "tokenizer": tokenizer, "first_n_layers": first_n_layers}
+        refused = [name for name, value in refused.items() if value is not None]
+        if n_devices != 1:
+            refused.append("n_devices")
+        if not move_to_device:
+            refused.append("move_to_device=False")
+        refused += list(from_pretrained_kwargs)
+        if refused:
+            raise ValueError(
+                f"hooked.HookedTransformer.from_pretrained does not support {', '.join(refused)}; it reads the"
+                " checkpoint's own safetensors and tokenizer files onto one device (see docs/hooks.md)"
+            )
+        HookedTokenizer._check_padding_side(default_padding_side)
+        model_class = None if cls is HookedTransformer else cls
+        model = load_model(name_or_path, dtype=dtype, device=device or "cpu", model_class=model_class)
+        if default_prepend_bos is not None:
+            model.cfg.default_prepend_bos = default_prepend_bos
+        return model
+
+    @classmethod
+    def from_pretrained_no_processing(cls, name_or_path: str | Path, **kwargs) -> "HookedTransformer":
+        """TransformerLens' unprocessed load, which is what `from_pretrained` always does here."""
+        for name in ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases"):
+            kwargs.setdefault(name, False)
+        return cls.from_pretrained(name_or_path, **kwargs)
+
+    # TransformerLens' switches. Each is answered: a no-op where hooked already behaves so, an error
+    # naming the hooked way where it has no such hook point.
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """No-op: `attn.hook_result` is computed whenever a hook or the cache listens to it."""
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        if use_split_qkv_input:
+            raise ValueError(
+                "hooked has no per-head q/k/v inputs (hook_q_input...): one normalised input feeds every head;"
+                " patch per head at attn.hook_q / hook_k / hook_v instead"
+            )
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        if use_hook_mlp_in:
+            raise ValueError(
+                "hooked has no hook_mlp_in: the MLP reads the normalised blocks.{i}.hook_resid_mid; hook"
+                " blocks.{i}.ln2.hook_normalized to change what the MLP alone sees"
+            )
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        if use_attn_in:
+            raise ValueError(
+                "hooked has no hook_attn_in: attention reads the normalised blocks.{i}.hook_resid_pre; hook"
+                " blocks.{i}.ln1.hook_normalized to change what attention alone sees"
+            )
+
+    def set_ungroup_grouped_query_attention(self, ungroup_grouped_query_attention: bool) -> None:
+        if ungroup_grouped_query_attention:
+            raise ValueError(
+                "hooked keeps grouped k/v heads (kv_head_index); head h reads k/v head h // (n_heads // n_kv_heads)"
+            )
 
     # ----------------------------------------------------------------- forward
     def forward(
@@ -183,6 +338,10 @@ class HookedTransformer(HookedRootModule):
         """
         return run_with_cache(self, *model_args, **kwargs)
 
+    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
+        """Output biases written to the residual stream before block `layer` ([d_model]), as TransformerLens."""
+        return accumulated_bias(self, layer, mlp_input, include_mlp_biases)
+
     def hook_shapes(self, batch: int = 1, pos: int = 8) -> dict[str, tuple[int, ...]]:
         """Every hook name with its shape for an input of [batch pos], from the declared axes."""
         sizes = {"batch": batch, "pos": pos, "query_pos": pos, "key_pos": pos, "1": 1, **self.axis_sizes()}
@@ -199,28 +358,63 @@ class HookedTransformer(HookedRootModule):
             raise RuntimeError("this model has no tokenizer (the checkpoint directory had no tokenizer files); pass token ids")
         return self.tokenizer
 
-    def _tokenize(self, input: str | list[str], prepend_bos: bool | None) -> tuple[Tensor, Tensor]:
+    def _tokenize(self, input: str | list[str], prepend_bos: bool | None, truncate: bool = False) -> tuple[Tensor, Tensor]:
         texts = [input] if isinstance(input, str) else list(input)
-        return self._require_tokenizer().encode(texts, self.default_prepend_bos if prepend_bos is None else prepend_bos)
+        prepend_bos = self.default_prepend_bos if prepend_bos is None else prepend_bos
+        return self._require_tokenizer().encode_batch(texts, prepend_bos, self.cfg.n_ctx if truncate else None)
 
-    def to_tokens(self, input: str | list[str], prepend_bos: bool | None = None, move_to_device: bool = True) -> Tensor:
+    def to_tokens(self, input: str | list[str], prepend_bos: bool | None = None, padding_side: str | None = None,
+                  move_to_device: bool = True, truncate: bool = True) -> Int[Tensor, "batch pos"]:
         """Token ids [batch pos]; a batch is padded on the left, and `model(tokens)` reads the mask from the
-        ids (the leading pad ids of each row; see `HookedTokenizer.mask_for`), however the tensor travelled."""
-        tokens, _ = self._tokenize(input, prepend_bos)
+        ids (the leading pad ids of each row; see `HookedTokenizer.mask_for`), however the tensor travelled.
+
+        `truncate` keeps each prompt's first `cfg.n_ctx` tokens; `padding_side="right"` raises (hooked
+        pads on the left only).
+        """
+        HookedTokenizer._check_padding_side(padding_side or "left")
+        tokens, _ = self._tokenize(input, prepend_bos, truncate)
         return tokens.to(self.device) if move_to_device and tokens.device != self.device else tokens
 
-    def to_str_tokens(self, input, prepend_bos: bool | None = None):
-        """The tokens as strings: a list for one prompt or 1-D ids, a list of lists for a batch."""
+    def to_str_tokens(self, input, prepend_bos: bool | None = None, padding_side: str | None = None):
+        """The tokens as strings, as TransformerLens: a list for a string or for ids of shape [pos] / [1 pos]
+        (squeezed), a list of lists for a list of strings. Ids [batch pos] with batch > 1 give a list per
+        row (TransformerLens refuses them)."""
         tokenizer = self._require_tokenizer()
+        HookedTokenizer._check_padding_side(padding_side or "left")
         if isinstance(input, str):
-            tokens, _ = self._tokenize(input, prepend_bos)
+            tokens, _ = self._tokenize(input, prepend_bos, truncate=True)
             return [tokenizer.token_to_str(t) for t in tokens[0].tolist()]
         if isinstance(input, list) and all(isinstance(s, str) for s in input):
             return [self.to_str_tokens(s, prepend_bos) for s in input]
-        ids = torch.as_tensor(input)
+        ids = torch.as_tensor(input).squeeze()
         if ids.ndim == 2:
             return [[tokenizer.token_to_str(t) for t in row] for row in ids.tolist()]
         return [tokenizer.token_to_str(t) for t in ids.reshape(-1).tolist()]
+
+    def to_single_str_token(self, int_token: int) -> str:
+        """The string of one token id."""
+        if not isinstance(int_token, int):
+            raise TypeError(f"to_single_str_token takes an int token id, not {type(int_token).__name__}")
+        return self._require_tokenizer().token_to_str(int_token)
+
+    def get_token_position(self, single_token: str | int | Tensor, input: str | Tensor, mode: str = "first",
+                           prepend_bos: bool | None = None, padding_side: str | None = None) -> int:
+        """Where `single_token` first (or last) occurs in one prompt: a string, ids [pos] or [1 pos]."""
+        if mode not in ("first", "last"):
+            raise ValueError(f"mode must be 'first' or 'last', not {mode!r}")
+        tokens = self.to_tokens(input, prepend_bos, padding_side) if isinstance(input, str) else torch.as_tensor(input)
+        if tokens.ndim == 2:
+            if tokens.shape[0] != 1:
+                raise ValueError(f"ids of rank two must have shape [1, pos], not {tuple(tokens.shape)}")
+            tokens = tokens[0]
+        if isinstance(single_token, str):
+            single_token = self.to_single_token(single_token)
+        elif isinstance(single_token, Tensor):
+            single_token = int(single_token.item())
+        positions = torch.nonzero(tokens == single_token)[:, 0]
+        if len(positions) == 0:
+            raise ValueError(f"token {single_token} ({self.to_single_str_token(int(single_token))!r}) does not occur in the prompt")
+        return int(positions[0] if mode == "first" else positions[-1])
 
     def to_string(self, tokens) -> str | list[str]:
         tokenizer = self._require_tokenizer()
@@ -255,12 +449,15 @@ class HookedTransformer(HookedRootModule):
     def tokens_to_residual_directions(self, tokens) -> Tensor:
         """The direction in the normalised residual stream that reads out each token's logit.
 
-        It includes the final norm's weight (weights are loaded unfolded): [d_model] for one token,
-        [..., d_model] for a tensor of tokens.
+        It includes the final norm's weight (weights are loaded unfolded): [d_model] for one token (a str,
+        an int or a one-element tensor of any rank, squeezed as TransformerLens does), [..., d_model] for
+        a tensor of several tokens.
         """
         if isinstance(tokens, str):
             tokens = self.to_single_token(tokens)
         tokens = torch.as_tensor(tokens, device=self.unembed_weight.device)
+        if tokens.numel() == 1:
+            tokens = tokens.reshape(())
         return self.unembed_weight[tokens] * self.ln_final.weight
 
     def logit_bias_terms(self, tokens) -> Tensor:

@@ -25,11 +25,11 @@ from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
 from hooked.layers import AttentionMask, LayerNorm, attend, gelu_new, writable
-from hooked.models.base import HookedTransformer
+from hooked.models.base import HookedTransformer, ModelConfig
 
 
-@dataclass(frozen=True)
-class GPT2Config:
+@dataclass
+class GPT2Config(ModelConfig):
     n_layers: int  # transformer blocks
     d_model: int  # residual stream width
     n_heads: int  # attention heads
@@ -39,6 +39,20 @@ class GPT2Config:
     layer_norm_eps: float = 1e-5
     activation: Literal["gelu_new", "gelu"] = "gelu_new"
     scale_attn_by_inverse_layer_idx: bool = False  # divide scores by (layer + 1) as well
+    default_prepend_bos: bool = True  # as TransformerLens; settable, read by to_tokens and the forward
+
+    # TransformerLens' names for what the architecture fixes
+    normalization_type = "LN"
+    positional_embedding_type = "standard"
+    original_architecture = "GPT2LMHeadModel"
+
+    @property
+    def act_fn(self) -> str:
+        return self.activation
+
+    @property
+    def eps(self) -> float:
+        return self.layer_norm_eps
 
     @property
     def d_head(self) -> int:
@@ -213,7 +227,6 @@ class GPT2(HookedTransformer):
     config_class = GPT2Config
     architectures = ("GPT2LMHeadModel", "gpt2")
     embedding_hook_names = ("hook_embed", "hook_pos_embed")
-    default_prepend_bos = True  # as TransformerLens; pass prepend_bos=False for HF-style inputs
 
     def __init__(self, cfg: GPT2Config):
         super().__init__(cfg)

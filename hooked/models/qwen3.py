@@ -24,11 +24,11 @@ from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm, RotaryEmbedding, YarnScaling, apply_rotary, attend, writable
-from hooked.models.base import HookedTransformer
+from hooked.models.base import HookedTransformer, ModelConfig
 
 
-@dataclass(frozen=True)
-class Qwen3Config:
+@dataclass
+class Qwen3Config(ModelConfig):
     n_layers: int  # transformer blocks (num_hidden_layers)
     d_model: int  # residual stream width (hidden_size)
     n_heads: int  # query heads (num_attention_heads)
@@ -42,6 +42,26 @@ class Qwen3Config:
     tie_word_embeddings: bool = False  # unembedding = the token embedding
     attention_bias: bool = False  # biases on q/k/v/o projections
     max_position_embeddings: int = 32768  # informative only: RoPE has no hard limit
+    default_prepend_bos: bool = False  # Qwen3 has no BOS token; settable, read by to_tokens and the forward
+
+    # TransformerLens' names for what the architecture fixes
+    normalization_type = "RMS"
+    positional_embedding_type = "rotary"
+    act_fn = "silu"
+    original_architecture = "Qwen3ForCausalLM"
+
+    @property
+    def n_ctx(self) -> int:
+        """Where `to_tokens(truncate=True)` cuts (TransformerLens caps Qwen3 at 2048; here the config's length)."""
+        return self.max_position_embeddings
+
+    @property
+    def eps(self) -> float:
+        return self.rms_norm_eps
+
+    @property
+    def rotary_base(self) -> float:
+        return self.rope_theta
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads:
@@ -198,7 +218,6 @@ class Qwen3(HookedTransformer):
     config_class = Qwen3Config
     architectures = ("Qwen3ForCausalLM", "qwen3")
     embedding_hook_names = ("hook_embed",)
-    default_prepend_bos = False  # Qwen3 has no BOS token
 
     def __init__(self, cfg: Qwen3Config):
         super().__init__(cfg)

@@ -39,7 +39,7 @@ from hooked.layers import GatedMLP
 from hooked.models.qwen3 import Qwen3, Qwen3Block, Qwen3Config
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class Qwen3MoeConfig(Qwen3Config):
     n_experts: int  # routed experts per sparse layer (num_experts / num_local_experts)
     top_k: int  # experts per token (num_experts_per_tok)
@@ -47,6 +47,8 @@ class Qwen3MoeConfig(Qwen3Config):
     decoder_sparse_step: int = 1  # every decoder_sparse_step-th layer is sparse
     mlp_only_layers: tuple[int, ...] = field(default=())  # layers kept dense regardless
     norm_topk_prob: bool = False  # renormalise the top-k probabilities to sum to 1
+
+    original_architecture = "Qwen3MoeForCausalLM"
 
     def __post_init__(self):
         super().__post_init__()
