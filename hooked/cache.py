@@ -622,7 +622,8 @@ class ActivationCache:
         return (normalized * direction).sum(-1)
 
     def _slice(self, tensor: Tensor, pos_slice: PosSlice) -> Tensor:
-        return apply_pos_slice(tensor, pos_slice, 1 if self.has_batch_dim else 0)
+        # The analysis methods read pos_slice as TransformerLens does: an int indexes, dropping the axis.
+        return Slice(pos_slice).apply(tensor, 1 if self.has_batch_dim else 0)
 
     def stack_activation(self, activation_name: str, layer: int | None = -1, sublayer_type: str | None = None) -> Tensor:
         """`cache[activation_name, i, sublayer_type]` for every block before `layer` (-1 or None: all),

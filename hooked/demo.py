@@ -84,9 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"head sweep table, JSON with provenance and heatmap saved to {run_dir}/")
 
     stack, labels = cache.decompose_resid(pos_slice=-1, return_labels=True)
-    correct = torch.tensor([model.to_single_token(c) for c, _ in ANSWERS])[:, None]
-    wrong = torch.tensor([model.to_single_token(w) for _, w in ANSWERS])[:, None]
-    attrs = cache.logit_attrs(stack, correct, incorrect_tokens=wrong, pos_slice=-1).mean((1, 2))
+    attrs = cache.logit_attrs(stack, torch.tensor(correct), incorrect_tokens=torch.tensor(wrong), pos_slice=-1).mean(1)
     print("direct logit attribution of each residual component:")
     for label, value in zip(labels, attrs):
         print(f"  {label:<12} {value.item():+.4f}")

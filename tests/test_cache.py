@@ -111,16 +111,17 @@ def test_stack_head_results_prefers_cached_results(gpt2, tokens):
 def test_logit_attrs_of_a_full_decomposition_add_up_to_the_logits(gpt2, tokens):
     """Direct logit attribution: the components' attributions + the bias terms are the logit."""
     logits, cache = gpt2.run_with_cache(tokens)
-    stack = cache.decompose_resid(pos_slice=-1)  # [component batch 1 d_model]
+    stack = cache.decompose_resid(pos_slice=-1)  # [component batch d_model]: an int indexes, as TransformerLens
+    assert stack.shape[1:] == (tokens.shape[0], gpt2.cfg.d_model)
     answer = tokens[:, 0]
     wrong = tokens[:, 1]
-    attrs = cache.logit_attrs(stack, answer[:, None], pos_slice=-1)
-    expected = logits[:, -1:].gather(-1, answer[:, None, None])[..., 0]
-    torch.testing.assert_close(attrs.sum(0) + gpt2.logit_bias_terms(answer)[:, None], expected, rtol=0, atol=1e-4)
-    diff = cache.logit_attrs(stack, answer[:, None], incorrect_tokens=wrong[:, None], pos_slice=-1)
-    expected_diff = expected - logits[:, -1:].gather(-1, wrong[:, None, None])[..., 0]
+    attrs = cache.logit_attrs(stack, answer, pos_slice=-1)  # [component batch]
+    expected = logits[:, -1].gather(-1, answer[:, None])[:, 0]
+    torch.testing.assert_close(attrs.sum(0) + gpt2.logit_bias_terms(answer), expected, rtol=0, atol=1e-4)
+    diff = cache.logit_attrs(stack, answer, incorrect_tokens=wrong, pos_slice=-1)
+    expected_diff = expected - logits[:, -1].gather(-1, wrong[:, None])[:, 0]
     bias_diff = gpt2.logit_bias_terms(answer) - gpt2.logit_bias_terms(wrong)
-    torch.testing.assert_close(diff.sum(0) + bias_diff[:, None], expected_diff, rtol=0, atol=1e-4)
+    torch.testing.assert_close(diff.sum(0) + bias_diff, expected_diff, rtol=0, atol=1e-4)
 
 
 def test_apply_ln_to_stack_matches_the_norm_of_the_real_residual(gpt2, tokens):

@@ -2,8 +2,8 @@
 
 Both models load the tiny random GPT-2 of `conftest.gpt2_dir` unfolded (tests/tl_reference.py), so each
 analysis helper must give TransformerLens' shape exactly and its values to float32 rounding. Where
-`hooked` differs by design (a plain int `pos_slice` keeps a length-1 axis; `logit_attrs` reads out
-through `ln_final`'s weight) the test states the relation instead of equality.
+`hooked` differs by design (`logit_attrs` reads out through `ln_final`'s weight) the test states the
+relation instead of equality.
 """
 
 import warnings
@@ -87,11 +87,13 @@ def test_slice_refuses_what_transformer_lens_refuses():
             Slice(bad)
 
 
-def test_int_slice_indexes_but_plain_int_keeps_the_axis(caches):
+def test_a_plain_int_pos_slice_indexes_as_a_slice_does(caches):
+    """In the analysis methods, as TransformerLens: `pos_slice=-1` is `Slice(-1)`, dropping the axis
+    (run_with_cache(pos_slice=-1) keeps it, in both libraries)."""
     ours, theirs = caches
     plain = ours.decompose_resid(pos_slice=-1)
     indexed = ours.decompose_resid(pos_slice=Slice(-1))
-    assert plain.shape[2] == 1 and torch.equal(plain[:, :, 0], indexed)
+    assert plain.ndim == 3 and torch.equal(plain, indexed)
     close(indexed, theirs.decompose_resid(pos_slice=-1))
 
 
@@ -174,7 +176,7 @@ def test_logit_attrs_with_a_batch_of_answers_and_an_int_pos_slice(caches, tl_fol
     expected = folded.logit_attrs(stack, answers, pos_slice=-1)
     expected_diff = folded.logit_attrs(stack, answers, incorrect_tokens=wrong, pos_slice=-1)
     assert expected.shape == (stack.shape[0], 3)
-    for our_stack, our_slice in ((ours.decompose_resid(pos_slice=-1), -1),  # [component batch 1 d_model]
+    for our_stack, our_slice in ((ours.decompose_resid(pos_slice=-1), -1),  # [component batch d_model]
                                  (ours.decompose_resid(pos_slice=Slice(-1)), Slice(-1)),
                                  (ours.decompose_resid(pos_slice=Slice(-1)), -1)):
         close(ours.logit_attrs(our_stack, answers, pos_slice=our_slice), expected)
