@@ -587,8 +587,6 @@ class ActivationCache:
             scale = apply_pos_slice(scale, batch_slice, 0)
         if not has_batch_dim and self.has_batch_dim:
             scale = scale[0]
-        if isinstance(pos_slice, int) and residual_stack.ndim == scale.ndim:
-            scale = scale.select(scale.ndim - 2, 0)  # a stack already indexed at that position (TransformerLens' shape)
         return norm.normalize_with_scale(residual_stack, scale)
 
     def logit_attrs(
