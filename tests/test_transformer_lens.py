@@ -339,3 +339,16 @@ def test_other_transformer_lens_arguments_are_refused(gpt2_dir, kwargs, named):
 def test_right_padding_default_is_refused(gpt2_dir):
     with pytest.raises(ValueError, match="pads on the left only"):
         hooked.HookedTransformer.from_pretrained(gpt2_dir, default_padding_side="right")
+
+
+def test_loss_per_token_as_transformer_lens(gpt2, gpt2_dir):
+    from tests.tl_reference import tl_gpt2
+
+    reference = tl_gpt2(gpt2_dir)
+    prompts = ["When Mary and John went to the store", "Hi there"]
+    with torch.no_grad():
+        ours = gpt2(prompts, return_type="loss", loss_per_token=True)
+        theirs = reference(prompts, return_type="loss", loss_per_token=True)
+        assert ours.shape == theirs.shape
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gpt2(prompts, return_type="loss"), reference(prompts, return_type="loss"), rtol=1e-5, atol=1e-5)

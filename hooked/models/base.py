@@ -218,13 +218,15 @@ class HookedTransformer(HookedRootModule):
         attention_mask: Tensor | None = None,
         prepend_bos: bool | None = None,
         return_type: ReturnType = "logits",
+        loss_per_token: bool = False,
     ):
         """Logits [batch pos d_vocab] for token ids ([batch pos] or [pos]) or text (str or list of str).
 
         Text is tokenized with left padding; token ids may come with an `attention_mask` (True or 1 =
         real token). Position ids are derived from the mask, so a left-padded row gives the same
         result as the prompt alone. `return_type="loss"` gives the mean next-token cross-entropy
-        over real tokens; `"both"` gives (logits, loss).
+        over real tokens (with `loss_per_token=True`, [batch pos-1] with 0 where the target or the
+        predicting token is padding, as TransformerLens); `"both"` gives (logits, loss).
         """
         if return_type not in ("logits", "loss", "both", None):
             raise ValueError(f"return_type must be 'logits', 'loss', 'both' or None, not {return_type!r}")
@@ -238,7 +240,7 @@ class HookedTransformer(HookedRootModule):
             logits = self.forward_tokens(tokens, position_ids, mask)
         if return_type in ("logits", None):
             return logits if return_type else None
-        loss = self.loss(logits, tokens, key_valid)
+        loss = self.loss(logits, tokens, key_valid, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
     def forward_tokens(self, tokens: Tensor, position_ids: Tensor, mask: AttentionMask) -> Float[Tensor, "batch pos d_vocab"]:
@@ -254,14 +256,15 @@ class HookedTransformer(HookedRootModule):
         return F.linear(self.ln_final(resid), weight)
 
     @staticmethod
-    def loss(logits: Tensor, tokens: Tensor, key_valid: Tensor | None = None) -> Tensor:
-        """Mean next-token cross-entropy, in float32, over positions whose target is a real token."""
+    def loss(logits: Tensor, tokens: Tensor, key_valid: Tensor | None = None, per_token: bool = False) -> Tensor:
+        """Mean next-token cross-entropy, in float32, over positions whose target is a real token
+        (`per_token`: [batch pos-1], 0 where the target or the predicting token is padding)."""
         log_probs = F.log_softmax(logits[:, :-1].float(), dim=-1)
-        per_token = -log_probs.gather(-1, tokens[:, 1:, None])[..., 0]
+        per_position = -log_probs.gather(-1, tokens[:, 1:, None])[..., 0]
         if key_valid is None:
-            return per_token.mean()
+            return per_position if per_token else per_position.mean()
         weights = (key_valid[:, 1:] & key_valid[:, :-1]).float()
-        return (per_token * weights).sum() / weights.sum()
+        return per_position * weights if per_token else (per_position * weights).sum() / weights.sum()
 
     def _tokens_and_mask(self, input: ModelInput, attention_mask: Tensor | None, prepend_bos: bool | None):
         device = self.device
