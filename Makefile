@@ -2,8 +2,11 @@
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
+# benchmarks/sweep.py's peers (the `bench` extra: nnsight and TransformerLens) get a venv of their own:
+# nnsight's dependencies are not pinned in constraints.txt and the tests never use them.
+BENCH_VENV ?= /tmp/hooked-bench/venv
 
-.PHONY: demo test bench install
+.PHONY: demo test bench bench-sweep install
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,3 +26,11 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/hook_overhead.py
 	$(PY) benchmarks/cache_memory.py
 	$(PY) benchmarks/loading.py
+
+$(BENCH_VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,bench]'
+	touch $@
+
+bench-sweep: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python benchmarks/sweep.py

@@ -280,8 +280,15 @@ def writable(z: Tensor) -> Tensor:
 
 
 def gelu_new(x: Tensor) -> Tensor:
-    """GPT-2's tanh GELU in Hugging Face's exact operation order (F.gelu(approximate='tanh') differs)."""
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    """GPT-2's tanh GELU in Hugging Face's exact operation order (F.gelu(approximate='tanh') differs).
+
+    Without autograd the same operations run in place on one buffer: bit-identical (each step
+    rounds the same; halving is exact), and about 3x faster on activations larger than the cache,
+    where the seven temporaries of the plain expression are memory-bound (a fifth of a sweep's time).
+    """
+    if torch.is_grad_enabled() and x.requires_grad:
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    return torch.pow(x, 3.0).mul_(0.044715).add_(x).mul_(math.sqrt(2.0 / math.pi)).tanh_().add_(1.0).mul_(x).mul_(0.5)
 
 
 # ----------------------------------------------------------------------------- rotary embeddings
