@@ -25,16 +25,15 @@ only, pooled over every prompt and position (default) or per position in the pro
 or tokens of the same shape), or, with `seed=`, the value of another row of the same batch, chosen by
 a seeded derangement (no row keeps its own). See docs/ablation.md for when each is the right question.
 
-Component addresses (`ablate.hooks`, `hooked.sweep`): `L9H9` (a head's z), `L9.attn` (the attention
-output), `L8.mlp` (the MLP output), `L8.N1234` (a neuron), `L3.E5` (an expert), `L3.E5.N12` (a neuron of
-an expert), each optionally `@pos` (`L9H9@-1`). Layers may be negative (`L-1H0`: the last block).
+Component addresses (`ablate.hooks`, `hooked.sweep`; parsed in `hooked/addresses.py`): `L9H9` (a
+head's z), `L9.attn` (the attention output), `L8.mlp` (the MLP output), `L8.N1234` (a neuron), `L3.E5`
+(an expert), `L3.E5.N12` (a neuron of an expert), each optionally `@pos` (`L9H9@-1`). Layers may be
+negative (`L-1H0`: the last block).
 """
 
 from __future__ import annotations
 
 import abc
-import difflib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Union
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Literal, Union
 import torch
 from torch import Tensor
 
+from hooked.addresses import ADDRESS_FORMS, Component, components, parse_address
 from hooked.cache import ActivationCache
 from hooked.hooks import HookFn, HookPoint
 
@@ -468,99 +468,6 @@ def _describe(reference) -> str:
     if isinstance(reference, str):
         return repr(reference[:30])
     return f"<{len(reference)} prompts>"
-
-
-# ----------------------------------------------------------------------------- addresses
-_ADDRESS = re.compile(
-    r"^L(?P<layer>-?\d+)"
-    r"(?:H(?P<head>\d+)|\.(?P<whole>attn|mlp)|\.N(?P<neuron>\d+)|\.E(?P<expert>\d+)(?:\.N(?P<expert_neuron>\d+))?)"
-    r"(?:@(?P<position>-?\d+))?$",
-    re.IGNORECASE,  # "l9h9" is as clear as "L9H9"
-)
-ADDRESS_FORMS = "L{layer}H{head}, L{layer}.attn, L{layer}.mlp, L{layer}.N{neuron}, L{layer}.E{expert}, L{layer}.E{expert}.N{neuron}, each optionally @{position}"
-
-
-@dataclass(frozen=True)
-class Component:
-    """A parsed address: the hook point it lives at and the selectors that pick it out."""
-
-    address: str
-    hook_name: str
-    selectors: dict  # heads / neurons / experts / positions -> tuple
-
-
-def parse_address(model: "HookedTransformer", address: str) -> Component:
-    """`"L9H9@-1"` -> Component(hook_name="blocks.9.attn.hook_z", selectors={"heads": (9,), "positions": (-1,)})."""
-    if not isinstance(address, str):
-        raise TypeError(f"a component address is a str such as 'L9H9', not {type(address).__name__}")
-    match = _ADDRESS.match(address.strip())
-    if match is None:
-        raise ValueError(f"{address!r} is not a component address{_nearest(model, address)}; forms: {ADDRESS_FORMS}")
-    cfg = model.cfg
-    layer = int(match["layer"])
-    if not -cfg.n_layers <= layer < cfg.n_layers:
-        raise IndexError(f"{address!r}: layer {layer} is out of range; this model has {cfg.n_layers} layers (L0..L{cfg.n_layers - 1})")
-    layer %= cfg.n_layers
-    block = f"blocks.{layer}."
-    selectors: dict = {}
-    if match["position"] is not None:
-        selectors["positions"] = (int(match["position"]),)
-
-    def check(kind: str, value: int, size: int) -> tuple[int, ...]:
-        if value >= size:
-            raise IndexError(f"{address!r}: {kind} {value} is out of range; layer {layer} has {size} ({kind}s 0..{size - 1})")
-        return (value,)
-
-    sparse = f"{block}mlp.hook_router_logits" in model.hook_dict
-    if match["head"] is not None:
-        name = f"{block}attn.hook_z"
-        selectors["heads"] = check("head", int(match["head"]), cfg.n_heads)
-    elif match["whole"] is not None:
-        name = f"{block}hook_{match['whole'].lower()}_out"
-    elif match["neuron"] is not None:
-        if sparse:
-            raise ValueError(f"{address!r}: layer {layer} is a mixture of experts; name a neuron of an expert, 'L{layer}.E{{expert}}.N{{neuron}}'")
-        name = f"{block}mlp.hook_post"
-        selectors["neurons"] = check("neuron", int(match["neuron"]), cfg.d_mlp)
-    else:
-        if not sparse:
-            raise ValueError(f"{address!r}: layer {layer} has no experts (a dense MLP); use 'L{layer}.mlp' or 'L{layer}.N{{neuron}}'")
-        selectors["experts"] = check("expert", int(match["expert"]), cfg.n_experts)
-        if match["expert_neuron"] is None:
-            name = f"{block}mlp.hook_router_logits"
-        else:
-            name = f"{block}mlp.hook_expert_post"
-            selectors["neurons"] = check("neuron", int(match["expert_neuron"]), cfg.d_expert_mlp)
-    return Component(address, model._check_name(name), selectors)
-
-
-def _nearest(model: "HookedTransformer", address: str) -> str:
-    candidates = components(model, "heads") + components(model, "layers")
-    sparse = [i for i in range(model.cfg.n_layers) if f"blocks.{i}.mlp.hook_router_logits" in model.hook_dict]
-    candidates += [f"L{i}.E0" for i in sparse] + [f"L{i}.N0" for i in range(model.cfg.n_layers) if i not in sparse]
-    nearest = difflib.get_close_matches(address, candidates, n=3, cutoff=0.6)
-    return f"; did you mean {', '.join(repr(n) for n in nearest)}?" if nearest else ""
-
-
-def components(model: "HookedTransformer", kind: str) -> list[str]:
-    """Addresses of every component of a kind: "heads", "attn", "mlps", "layers" (attn and mlp),
-    "neurons:L" (every neuron of layer L), "experts:L" (every expert of layer L)."""
-    cfg = model.cfg
-    kind, _, layer_text = kind.partition(":")
-    if kind == "heads":
-        return [f"L{layer}H{head}" for layer in range(cfg.n_layers) for head in range(cfg.n_heads)]
-    if kind == "attn":
-        return [f"L{layer}.attn" for layer in range(cfg.n_layers)]
-    if kind == "mlps":
-        return [f"L{layer}.mlp" for layer in range(cfg.n_layers)]
-    if kind == "layers":
-        return [f"L{layer}.{part}" for layer in range(cfg.n_layers) for part in ("attn", "mlp")]
-    if kind in ("neurons", "experts") and layer_text:
-        layer = int(layer_text) % cfg.n_layers
-        if kind == "neurons":
-            return [f"L{layer}.N{i}" for i in range(cfg.d_mlp)]
-        return [f"L{layer}.E{i}" for i in range(cfg.n_experts)]
-    raise ValueError(f"unknown component kind {kind!r}: heads, attn, mlps, layers, neurons:LAYER, experts:LAYER")
 
 
 def hooks(
