@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Literal, Union
 import torch
 from torch import Tensor
 
-from hooked.addresses import ADDRESS_FORMS, Component, components, parse_address
+from hooked.addresses import ADDRESS_FORMS, Component, components, parse_address  # noqa: F401  (part of hooked.ablate)
 from hooked.cache import ActivationCache
 from hooked.hooks import HookFn, HookPoint
 

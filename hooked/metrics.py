@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, Sequence, Union, runtime_checkable
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
