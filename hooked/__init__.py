@@ -14,7 +14,9 @@ from pathlib import Path
 import torch
 
 from hooked.cache import ActivationCache, act_name
+from hooked.generation import generate_variants
 from hooked.hooks import HookedRootModule, HookPoint
+from hooked.kv_cache import KVCache
 from hooked.layers import attention_backend
 from hooked.models import GPT2, HookedTransformer, Qwen3, Qwen3Moe
 from hooked.results import SweepResult
@@ -36,7 +38,7 @@ def load(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, dev
 
 
 __all__ = [
-    "ActivationCache", "CheckpointError", "GPT2", "HookPoint", "HookedRootModule", "HookedTransformer",
-    "Qwen3", "Qwen3Moe", "SweepResult", "VariantError", "ablate", "act_name", "attention_backend", "load",
+    "ActivationCache", "CheckpointError", "GPT2", "HookPoint", "HookedRootModule", "HookedTransformer", "KVCache",
+    "Qwen3", "Qwen3Moe", "SweepResult", "VariantError", "ablate", "act_name", "attention_backend", "generate_variants", "load",
     "metrics", "patch", "sweep", "tasks", "utils",
 ]

@@ -89,6 +89,8 @@ class Ablation(abc.ABC):
     # ----------------------------------------------------------------- the callback
     def __call__(self, activation: Tensor, hook: HookPoint) -> Tensor:
         selected = self.selection(activation, hook)
+        if self.positions is not None and not bool(selected.any()):
+            return activation  # no selected position in these columns (e.g. a decode step past them)
         replacement = self.replacement(activation, hook)
         if selected is None:
             return replacement.expand_as(activation).to(activation.dtype).clone()
@@ -194,9 +196,9 @@ class Ablation(abc.ABC):
 
 def _positions_mask(positions: tuple[int, ...], hook: HookPoint) -> Tensor:
     """[batch pos] True at the real tokens whose position in their prompt is one of `positions`."""
-    position_ids = hook.position_ids
-    real = hook.attention_mask
-    length = position_ids[:, -1:] + 1  # left padding: the last column is every prompt's last token
+    rows = hook.rows
+    position_ids, real = rows.position_ids, rows.attention_mask
+    length = rows.prompt_lengths()  # left padding: the last column is every prompt's last token
     at = torch.zeros_like(position_ids, dtype=torch.bool)
     for position in positions:
         at |= position_ids == (position + length if position < 0 else torch.full_like(length, position))
@@ -398,14 +400,16 @@ class Resample(_FromReference):
         if self.reference is None:
             return activation[self._derangement(activation, hook)]
         source, _, source_mask = self.reference_at(hook)
+        rows = hook.rows
+        source, source_mask = _columns_of(self, source, source_mask, activation, hook, rows.start)
         if source.shape != activation.shape:
             raise ValueError(
                 f"{self!r} at {hook.name}: the source has shape {tuple(source.shape)} but the input has"
                 f" {tuple(activation.shape)} ({' '.join(hook.axes)}); resample from the same number of prompts of"
                 " the same token length"
             )
-        mask = hook.attention_mask
-        if (source_mask is None) != (mask is None) or (mask is not None and not torch.equal(source_mask.to(mask.device), mask)):
+        mask = rows.attention_mask
+        if not _same_mask(source_mask, mask):
             raise ValueError(
                 f"{self!r} at {hook.name}: the source prompts are padded differently from the input; each source"
                 " prompt must have the same token length as the prompt it replaces"
@@ -426,6 +430,33 @@ class Resample(_FromReference):
     def _repr_fields(self) -> list[str]:
         source = [f"seed={self.seed}"] if self.reference is None else [f"source={_describe(self.reference)}"]
         return source + super()._repr_fields()
+
+
+def _columns_of(ablation, source: Tensor, source_mask: Tensor | None, activation: Tensor, hook: HookPoint, start: int):
+    """The source's columns that the running call computes: all of them for a plain forward, columns
+    start.. for a generation step on a KV cache (keys too: the first L of them)."""
+    dim = next((hook.axes.index(a) for a in ("pos", "query_pos") if a in hook.axes), None)
+    if dim is None or (start == 0 and source.shape == activation.shape):
+        return source, source_mask
+    n = activation.shape[dim]
+    if source.ndim != activation.ndim or source.shape[dim] < start + n:
+        raise ValueError(
+            f"{ablation!r} at {hook.name}: this call computes columns {start}..{start + n - 1} (a generation step), but"
+            f" the source has only {source.shape[dim] if source.ndim == activation.ndim else '?'}; restrict the"
+            " ablation to the prompt's positions with positions=[...]"
+        )
+    source = source.narrow(dim, start, n)
+    if "key_pos" in hook.axes:
+        source = source.narrow(hook.axes.index("key_pos"), 0, activation.shape[hook.axes.index("key_pos")])
+    return source, None if source_mask is None else source_mask[:, start:start + n]
+
+
+def _same_mask(a: Tensor | None, b: Tensor | None) -> bool:
+    """Whether two [batch pos] real-token masks agree (None: every token real)."""
+    if a is None or b is None:
+        other = b if a is None else a
+        return other is None or bool(other.all())
+    return torch.equal(a.to(b.device), b)
 
 
 def derangement(n: int, seed: int) -> Tensor:

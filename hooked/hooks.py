@@ -50,10 +50,22 @@ class Rows:
 
     position_ids: Tensor  # [batch pos] position of each column in its own prompt
     attention_mask: Tensor | None  # [batch pos] True for real tokens; None when no row is padded
+    # Column of the full (padded) sequence where these columns start: 0 for a plain forward, the
+    # number of cached columns for a step that continues a KV cache (a generation step).
+    start: int = 0
+    # [batch 1] what negative positions count back from (-1 is position lengths - 1). None: each row's
+    # last column here (the plain forward's rule); generation sets each prompt's length, so that
+    # -1 stays the prompt's last token on every decode step.
+    lengths: Tensor | None = None
 
     def select(self, rows: slice) -> "Rows":
         mask = None if self.attention_mask is None else self.attention_mask[rows]
-        return Rows(self.position_ids[rows], mask)
+        lengths = None if self.lengths is None else self.lengths[rows]
+        return Rows(self.position_ids[rows], mask, self.start, lengths)
+
+    def prompt_lengths(self) -> Tensor:
+        """[batch 1] the length negative positions count back from."""
+        return self.position_ids[:, -1:] + 1 if self.lengths is None else self.lengths
 
 
 _current_rows: ContextVar[Rows | None] = ContextVar("hooked_current_rows", default=None)
@@ -156,6 +168,12 @@ class HookPoint(nn.Module):
     def attention_mask(self) -> Tensor | None:
         """[batch pos] True for real tokens, or None when no row of the running forward is padded."""
         return current_rows().attention_mask
+
+    @property
+    def rows(self) -> Rows:
+        """What the running forward's rows hold: `position_ids`, `attention_mask`, and, for a generation
+        step, `start` (the first column this step computes) and `lengths` (each prompt's length)."""
+        return current_rows()
 
     def layer(self) -> int:
         """The block index in this point's name (`blocks.3.attn.hook_z` -> 3)."""

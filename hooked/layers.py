@@ -140,7 +140,8 @@ def attention_backend(name: AttentionBackend) -> Iterator[None]:
     "eager" forms scores and pattern (Hugging Face's order); "sdpa" runs torch SDPA; "triton" runs
     `hooked.kernels.flash_attention` (CUDA, or CPU under TRITON_INTERPRET=1). Without it the choice
     is: eager when the scores or the pattern are hooked, else Triton on a CUDA GPU of compute capability
-    8.0 or later (the device of the inputs, not the current one), else SDPA. A forced
+    8.0 or later (the device of the inputs, not the current one) for calls of more than one query
+    column, else SDPA (which serves every decode step of a generation). A forced
     path that cannot serve a forward raises instead of quietly running another.
     """
     if name not in ("triton", "sdpa", "eager"):
@@ -191,7 +192,11 @@ def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, 
     if forced is None:
         if pattern_hooked:
             return "eager"
-        if q.is_cuda and triton_compiles_on(q.device) and (mask.key_valid is None or mask.left_padding_starts is not None):
+        # Decode steps (one query column against a KV cache) stay on SDPA: the kernel's one-query path
+        # does not split the key range across programs (docs/generation.md; benchmarks/generate.py
+        # measures both where a GPU is present).
+        if (q.is_cuda and mask.query_len > 1 and triton_compiles_on(q.device)
+                and (mask.key_valid is None or mask.left_padding_starts is not None)):
             return "triton"
         return "sdpa"
     if pattern_hooked and forced != "eager":
@@ -241,6 +246,8 @@ def attend(
         return out.view(batch, pos, n_heads, d_head)  # the kernel wrote [batch pos head*d_head]
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch head pos d_head]
     boolean_mask = mask.boolean
+    if boolean_mask is None and 1 < mask.query_len < mask.key_len:  # SDPA's is_causal aligns top-left
+        boolean_mask = mask.causal(q.device)
     if backend == "eager":
         if n_kv_heads != n_heads:  # query head h reads kv head h // group
             k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)

@@ -97,6 +97,10 @@ class RowsView:
         return getattr(self._point, name)
 
     @property
+    def rows(self) -> Rows:
+        return current_rows().select(self._rows)
+
+    @property
     def position_ids(self) -> Tensor:
         return current_rows().position_ids[self._rows]
 
@@ -169,12 +173,7 @@ def sweep(
     """
     if not isinstance(variants, Mapping) or not variants:
         raise ValueError("variants must be a non-empty dict: {name: [(hook_name, callback), ...]}")
-    registered = [name for name, point in model.hook_dict.items() if point._fwd or point._bwd]
-    if registered:
-        raise RuntimeError(
-            f"hooked.sweep runs the model without outside hooks, but hooks are registered at {registered[:3]};"
-            " remove them (model.reset_hooks()) or add them to every variant"
-        )
+    registered_hooks(model, "hooked.sweep")
     with torch.no_grad():
         tokens, key_valid = model._tokens_and_mask(input, attention_mask, prepend_bos=None)
         position_ids = torch.arange(tokens.shape[1], device=tokens.device)[None].expand_as(tokens)
@@ -212,6 +211,16 @@ def sweep(
         metric=getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__)),
         provenance=_provenance(model, planned, metric, task, tokens),
     )
+
+
+def registered_hooks(model: "HookedTransformer", caller: str) -> None:
+    """Refuse to run variants while outside hooks are registered: they would apply to every row."""
+    registered = [name for name, point in model.hook_dict.items() if point._fwd or point._bwd]
+    if registered:
+        raise RuntimeError(
+            f"{caller} runs the model without outside hooks, but hooks are registered at {registered[:3]};"
+            " remove them (model.reset_hooks()) or add them to every variant"
+        )
 
 
 def _plan(model: "HookedTransformer", variants: Variants, shape: torch.Size) -> list[_Variant]:

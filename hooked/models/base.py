@@ -23,6 +23,7 @@ from torch import Tensor
 
 from hooked.cache import ActivationCache, accumulated_bias, run_with_cache
 from hooked.hooks import HookedRootModule, Rows, running_rows
+from hooked.kv_cache import KVCache
 from hooked.layers import AttentionMask
 from hooked.tokenizer import HookedTokenizer
 
@@ -219,6 +220,7 @@ class HookedTransformer(HookedRootModule):
         prepend_bos: bool | None = None,
         return_type: ReturnType = "logits",
         loss_per_token: bool = False,
+        past_kv_cache: KVCache | None = None,
     ):
         """Logits [batch pos d_vocab] for token ids ([batch pos] or [pos]) or text (str or list of str).
 
@@ -227,28 +229,59 @@ class HookedTransformer(HookedRootModule):
         result as the prompt alone. `return_type="loss"` gives the mean next-token cross-entropy
         over real tokens (with `loss_per_token=True`, [batch pos-1] with 0 where the target or the
         predicting token is padding, as TransformerLens); `"both"` gives (logits, loss).
+
+        `past_kv_cache` (a `hooked.KVCache`) continues a sequence: the input's columns attend to every
+        column the cache holds and are then kept in it; their positions follow on from it. Only the
+        first call's ids are read for leading padding; a continuation's tokens are real unless an
+        `attention_mask` says otherwise.
         """
         if return_type not in ("logits", "loss", "both", None):
             raise ValueError(f"return_type must be 'logits', 'loss', 'both' or None, not {return_type!r}")
+        if past_kv_cache is not None and len(past_kv_cache):
+            if prepend_bos is None:
+                prepend_bos = False  # a continuation: no BOS in the middle of a sequence
+            if attention_mask is None and isinstance(input, Tensor):
+                attention_mask = torch.ones(input.shape, dtype=torch.bool, device=input.device)
         tokens, key_valid = self._tokens_and_mask(input, attention_mask, prepend_bos)
-        if key_valid is None:
-            position_ids = torch.arange(tokens.shape[1], device=tokens.device)[None].expand_as(tokens)
+        if past_kv_cache is not None:
+            logits = self._forward_cached(tokens, key_valid, past_kv_cache)
         else:
-            position_ids = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
-        mask = AttentionMask(key_valid, tokens.shape[1], tokens.shape[1])
-        with running_rows(Rows(position_ids, key_valid)):
-            logits = self.forward_tokens(tokens, position_ids, mask)
+            if key_valid is None:
+                position_ids = torch.arange(tokens.shape[1], device=tokens.device)[None].expand_as(tokens)
+            else:
+                position_ids = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
+            mask = AttentionMask(key_valid, tokens.shape[1], tokens.shape[1])
+            with running_rows(Rows(position_ids, key_valid)):
+                logits = self.forward_tokens(tokens, position_ids, mask)
         if return_type in ("logits", None):
             return logits if return_type else None
         loss = self.loss(logits, tokens, key_valid, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
-    def forward_tokens(self, tokens: Tensor, position_ids: Tensor, mask: AttentionMask) -> Float[Tensor, "batch pos d_vocab"]:
+    def _forward_cached(self, tokens: Tensor, key_valid: Tensor | None, cache: KVCache, last_only: bool = False) -> Tensor:
+        """One call on a KV cache: logits of the new columns (the last one alone with `last_only`)."""
+        position_ids, mask, rows = cache.begin(tokens, key_valid)
+        try:
+            with running_rows(rows):
+                logits = self.forward_tokens(tokens, position_ids, mask, cache, last_only)
+        except BaseException:
+            cache.abandon()
+            raise
+        cache.commit()
+        return logits
+
+    def forward_tokens(self, tokens: Tensor, position_ids: Tensor, mask: AttentionMask, kv: KVCache | None = None,
+                       last_only: bool = False) -> Float[Tensor, "batch pos d_vocab"]:
+        """The forward from token ids; with `kv`, each block's attention also reads and extends the cache.
+        `last_only` unembeds the last column alone (what a decode step needs)."""
         resid = self.embed(tokens, position_ids)
         inputs = self.block_inputs(position_ids, mask, resid.dtype)
-        for block in self.blocks:
-            resid = block(resid, *inputs)
-        return self.unembed(resid)
+        for index, block in enumerate(self.blocks):
+            resid = block(resid, *inputs, kv=None if kv is None else kv.layer(index))
+        if not last_only:
+            return self.unembed(resid)
+        final_norm_hooked = any(point.has_hooks for point in (self.ln_final.hook_scale, self.ln_final.hook_normalized))
+        return self.unembed(resid if final_norm_hooked else resid[:, -1:])[:, -1:]  # hooks there see every column
 
     def unembed(self, resid: Float[Tensor, "batch pos d_model"], columns: Tensor | None = None) -> Tensor:
         """Final norm, then the unembedding; `columns` (token ids) computes only those logits."""
@@ -340,6 +373,23 @@ class HookedTransformer(HookedRootModule):
         the forward.
         """
         return run_with_cache(self, *model_args, **kwargs)
+
+    def generate(self, input="", max_new_tokens: int = 10, **kwargs):
+        """Continue `input` by `max_new_tokens` tokens with a KV cache; hooks fire on the prompt and every step.
+
+        `input` is text (str or list of str, left-padded), or token ids [batch pos] / [pos] with an
+        optional `attention_mask`. Keyword arguments: `do_sample` (False: greedy), `temperature`, `top_k`,
+        `top_p`, `seed`, `freq_penalty`, `stop_at_eos` (finished rows are filled with the end-of-sequence
+        token; generation stops when every row has finished), `eos_token_id`, `return_type` ("input": text
+        for text, ids for ids; "tokens"; "str"), `verbose` (a progress bar), `prepend_bos`, `fwd_hooks`
+        (hooks for this call only, as run_with_hooks), `use_past_kv_cache` (False: a full forward per step),
+        and `return_cache=True` (with `names_filter`), which also returns an `ActivationCache` of every
+        prompt and generated position, equal to one forward over the final sequence.
+        See `hooked.generation` and docs/generation.md.
+        """
+        from hooked.generation import generate
+
+        return generate(self, input, max_new_tokens, **kwargs)
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
         """Output biases written to the residual stream before block `layer` ([d_model]), as TransformerLens."""

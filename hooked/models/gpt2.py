@@ -24,6 +24,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
+from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, LayerNorm, attend, gelu_new, writable
 from hooked.models.base import HookedTransformer, ModelConfig
 
@@ -120,12 +121,16 @@ class GPT2Attention(nn.Module):
         self.hook_z = HookPoint("batch pos head_index d_head")  # c_proj's input, split by head
         self.hook_result = HookPoint("batch pos head_index d_model")  # each head's write, before the bias
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], mask: AttentionMask) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self, x: Float[Tensor, "batch pos d_model"], mask: AttentionMask, kv: LayerKV | None = None
+    ) -> Float[Tensor, "batch pos d_model"]:
         batch, pos, _ = x.shape
         q, k, v = self.c_attn(x).view(batch, pos, 3, self.n_heads, self.d_head).unbind(2)
         q = self.hook_q(q)
         k = self.hook_k(k)
         v = self.hook_v(v)
+        if kv is not None:  # a KV cache: keys and values of every column so far (this call's included)
+            k, v = kv.append(k, v)
         z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=False)
         z = self.hook_z(writable(z) if self.hook_z.has_hooks else z)
         if self.hook_result.has_hooks:  # per-head writes, summed: differs from c_proj by rounding only
@@ -208,12 +213,12 @@ class GPT2Block(nn.Module):
         self.hook_mlp_out = HookPoint("batch pos d_model")
         self.hook_resid_post = HookPoint("batch pos d_model")
 
-    def forward(self, resid_pre: Tensor, mask: AttentionMask) -> Tensor:
-        return self.mlp_half(self.attn_half(resid_pre, mask))
+    def forward(self, resid_pre: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
+        return self.mlp_half(self.attn_half(resid_pre, mask, kv=kv))
 
-    def attn_half(self, resid_pre: Tensor, mask: AttentionMask) -> Tensor:
+    def attn_half(self, resid_pre: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
-        attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), mask))
+        attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), mask, kv))
         return self.hook_resid_mid(attn_out + resid_pre)
 
     def mlp_half(self, resid_mid: Tensor) -> Tensor:

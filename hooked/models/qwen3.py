@@ -23,6 +23,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
+from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm, RotaryEmbedding, YarnScaling, apply_rotary, attend, writable
 from hooked.models.base import HookedTransformer, ModelConfig
 
@@ -149,7 +150,8 @@ class Qwen3Attention(nn.Module):
         self.hook_result = HookPoint("batch pos head_index d_model")  # each head's write, before the bias
 
     def forward(
-        self, x: Float[Tensor, "batch pos d_model"], cos: Tensor, sin: Tensor, mask: AttentionMask
+        self, x: Float[Tensor, "batch pos d_model"], cos: Tensor, sin: Tensor, mask: AttentionMask,
+        kv: LayerKV | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         batch, pos, _ = x.shape
         q = self.hook_q(self.q_proj(x).view(batch, pos, self.n_heads, self.d_head))
@@ -159,6 +161,8 @@ class Qwen3Attention(nn.Module):
         k = self.hook_k_normed(self.k_norm(k))
         q = self.hook_rot_q(apply_rotary(q, cos, sin))
         k = self.hook_rot_k(apply_rotary(k, cos, sin))
+        if kv is not None:  # a KV cache: keys and values of every column so far (this call's included)
+            k, v = kv.append(k, v)
         z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=True)
         z = self.hook_z(writable(z) if self.hook_z.has_hooks else z)
         if self.hook_result.has_hooks:  # per-head writes, summed: differs from o_proj by rounding only
@@ -199,12 +203,12 @@ class Qwen3Block(nn.Module):
         self.hook_mlp_out = HookPoint("batch pos d_model")
         self.hook_resid_post = HookPoint("batch pos d_model")
 
-    def forward(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask) -> Tensor:
-        return self.mlp_half(self.attn_half(resid_pre, cos, sin, mask))
+    def forward(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
+        return self.mlp_half(self.attn_half(resid_pre, cos, sin, mask, kv=kv))
 
-    def attn_half(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask) -> Tensor:
+    def attn_half(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
-        attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), cos, sin, mask))
+        attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), cos, sin, mask, kv))
         return self.hook_resid_mid(resid_pre + attn_out)
 
     def mlp_half(self, resid_mid: Tensor) -> Tensor:
