@@ -157,9 +157,12 @@ def generate(
         )
     recorder = _Recorder(model, names_filter) if return_cache else None
     hooks = list(fwd_hooks) + ([] if recorder is None else [(recorder.names, recorder)])
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+    # Inference mode skips autograd's bookkeeping on every op (about 2% of a CPU decode step). A cache
+    # is recorded under no_grad instead: its tensors may then be used in a backward pass later.
+    with (torch.no_grad() if return_cache else torch.inference_mode()), model.hooks(fwd_hooks=hooks):
         run = _Run(model, tokens, key_valid, lengths, use_past_kv_cache, max_new_tokens + int(return_cache))
         out, n_new = run.loop(max_new_tokens, sampler, eos_ids, seed, _copies, verbose, recorder is not None)
+    out = out.clone()  # a normal tensor (not an inference one): the tokens may go into a forward with gradients
     if _copies > 1:  # each variant's block keeps its own length, as if generated alone
         return out, run.key_valid_full(out.shape[1]), lengths, eos_ids
     output = _format(model, out, tokens, key_valid, eos_ids, input, text_input, prepend_bos, return_type)

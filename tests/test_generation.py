@@ -328,3 +328,16 @@ def test_a_hook_that_changes_a_decode_steps_shape_is_named_and_removed(gpt2):
         gpt2.generate(tokens, 3, fwd_hooks=[("blocks.0.hook_mlp_out", widen)])
     assert "decode step 1" in "".join(getattr(raised.value, "__notes__", []))
     assert not any(point.has_hooks for point in gpt2.hook_dict.values())
+
+
+def test_what_generation_leaves_behind_works_with_gradients():
+    """Generation runs under torch.inference_mode; its tokens and the references an ablation computed
+    during it must still serve a later forward that records gradients."""
+    model = random_model("gpt2", seed=9)
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 4), generator=torch.Generator().manual_seed(9))
+    reference = torch.randint(0, model.cfg.d_vocab, (3, 6), generator=torch.Generator().manual_seed(10))
+    hooks = [("blocks.0.hook_mlp_out", ablate.mean(reference, model=model, per_position=True))]
+    out = model.generate(tokens, 2, stop_at_eos=False, fwd_hooks=hooks)
+    loss = model.run_with_hooks(out, fwd_hooks=hooks, return_type="loss")
+    loss.backward()
+    assert model.wte.weight.grad is not None
