@@ -341,3 +341,23 @@ def test_what_generation_leaves_behind_works_with_gradients():
     loss = model.run_with_hooks(out, fwd_hooks=hooks, return_type="loss")
     loss.backward()
     assert model.wte.weight.grad is not None
+
+
+def test_hooks_fire_on_every_call_whichever_way_they_were_registered():
+    model = random_model("qwen3", seed=11)
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 4), generator=torch.Generator().manual_seed(11))
+    calls = {"context": [], "add_hook": [], "fwd_hooks": []}
+
+    def counter(route):
+        def record(activation, hook):
+            calls[route].append(activation.shape[1])
+        return record
+
+    model.add_hook("blocks.0.attn.hook_z", counter("add_hook"))
+    try:
+        with model.hooks(fwd_hooks=[("blocks.1.hook_resid_post", counter("context"))]):
+            model.generate(tokens, 3, stop_at_eos=False, fwd_hooks=[("blocks.0.mlp.hook_post", counter("fwd_hooks"))])
+    finally:
+        model.reset_hooks()
+    assert calls == {route: [4, 1, 1] for route in calls}  # the prompt, then one column per decode step
+    assert not any(point.has_hooks for point in model.hook_dict.values())
