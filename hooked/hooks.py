@@ -276,7 +276,7 @@ class HookedRootModule(nn.Module):
     """Base class of every model: names its hook points and owns the hook registry."""
 
     def setup_hooks(self) -> None:
-        """Name every HookPoint after its place in the module tree; call at the end of __init__."""
+        """Name every HookPoint after its place in the module tree; call at the end of `__init__`."""
         self.hook_dict: dict[str, HookPoint] = {}
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):
