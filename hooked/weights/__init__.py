@@ -49,16 +49,44 @@ class CheckpointError(ValueError):
     """A checkpoint that does not match the architecture its config names."""
 
 
+# Models that ship inside the package (hooked/bundled/<name>/), trained by scripts/train_ioi.py
+# (docs/ioi-models.md). `hooked.load("hooked/ioi-gpt2")` reads them offline, before any hub lookup.
+BUNDLED_DIR = Path(__file__).resolve().parent.parent / "bundled"
+BUNDLED_MODELS: tuple[str, ...] = ("hooked/ioi-gpt2", "hooked/ioi-qwen3moe")
+BUNDLED_PREFIX = "hooked/"
+
+
+def bundled_models() -> dict[str, Path]:
+    """The bundled models by name, each with its directory: {"hooked/ioi-gpt2": .../hooked/bundled/ioi-gpt2, ...}."""
+    return {name: BUNDLED_DIR / name.removeprefix(BUNDLED_PREFIX) for name in BUNDLED_MODELS}
+
+
 def resolve(name_or_path: str | Path, config_only: bool = False) -> Path:
-    """A local checkpoint directory, or the hub snapshot of `name_or_path` (honours HF_HUB_OFFLINE).
+    """A bundled model's directory, a local checkpoint directory, or the hub snapshot of `name_or_path`
+    (honours HF_HUB_OFFLINE), in that order. A `hooked/...` name that is neither bundled nor a local
+    directory raises, listing the bundled names.
 
     `config_only` fetches config.json alone (`hooked hooks` needs nothing else).
     """
+    bundled = bundled_models()
+    if str(name_or_path) in bundled:
+        directory = bundled[str(name_or_path)]
+        if not (directory / "config.json").exists():
+            raise CheckpointError(
+                f"{str(name_or_path)!r} is a bundled model, but {directory} has no config.json: this copy of hooked was"
+                " installed without its package data; reinstall it, or retrain with scripts/train_ioi.py"
+            )
+        return directory
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
     if path.exists():
         raise CheckpointError(f"{path} is a file; give the checkpoint's directory (with config.json)")
+    if str(name_or_path).startswith(BUNDLED_PREFIX):
+        raise CheckpointError(
+            f"{str(name_or_path)!r} is not a bundled model (nor a local directory); the models bundled with hooked"
+            f" are: {', '.join(bundled)}"
+        )
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
