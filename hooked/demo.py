@@ -1,93 +1,139 @@
-"""The main job of `make demo`: load GPT-2, look inside it, ablate components by sweeps.
+"""The main job of `make demo` (and `hooked demo`): find the heads an indirect-object circuit uses, and
+show why *how* a head is deleted decides whether it looks important.
 
-    python -m hooked.demo                 # a random GPT-2 checkpoint built locally (no network)
-    python -m hooked.demo --model gpt2    # the real GPT-2 small, from the Hugging Face cache
+    python -m hooked.demo                        # the IOI model shipped in the package (offline)
+    python -m hooked.demo --model gpt2           # GPT-2 small, from the Hugging Face cache
+    python -m hooked.demo --out runs/my-demo     # where the tables and the heatmap go
 
-With no --model the weights are random (this machine cannot download), so the numbers show the
-mechanics, not GPT-2's behaviour: the same code on `gpt2` measures GPT-2 small's indirect-object
-logit difference.
+The story, on 16 indirect-object prompts ("When Mary and John went to the store, John gave a drink
+to" -> " Mary"; the corrupt twin has the other name give, so its answer flips):
+
+1. the clean logit difference (right name minus the other) and how many prompts the model gets right;
+2. a head sweep (every head resampled from the corrupt prompts, one batched pass) that finds the
+   heads that matter, saved as a layer x head heatmap;
+3. the top head ablated four ways (zero, mean, resample from corrupt, resample within the batch),
+   with the KL divergence from the clean output next to the logit difference: they disagree;
+4. whole components: two heads, a whole attention layer, an MLP;
+5. activation patching of the same head into the corrupt run: necessity versus sufficiency;
+6. everything saved, with what produced it, in a run directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
 import torch
 
 import hooked
-from hooked import ablate, metrics
+from hooked import ablate, metrics, patch, tasks
 
-PROMPTS = ["When Mary and John went to the store, John gave a drink to", "When Tom and Anna went to the park, Anna gave a ball to"]
-ANSWERS = [(" Mary", " John"), (" Tom", " Anna")]
-
-
-def random_checkpoint(directory: Path) -> Path:
-    from hooked.testing import build_gpt2_checkpoint
-
-    if not (directory / "config.json").exists():
-        build_gpt2_checkpoint(directory, n_layer=4, n_embd=128, n_head=4, n_positions=128)
-    return directory
+DEFAULT_MODEL = "hooked/ioi-gpt2"
 
 
-def logit_diff(model: hooked.HookedTransformer, logits: torch.Tensor) -> float:
-    correct = torch.tensor([model.to_single_token(c) for c, _ in ANSWERS])
-    wrong = torch.tensor([model.to_single_token(w) for _, w in ANSWERS])
-    last = logits[:, -1]
-    return (last.gather(-1, correct[:, None]) - last.gather(-1, wrong[:, None])).mean().item()
+def _scores(model, tokens, hooks, metric, kl, clean_logits) -> tuple[float, float]:
+    logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+    return metric(logits).mean().item(), kl(logits, base_logits=clean_logits).mean().item()
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", help="hub id or checkpoint directory (default: a random local GPT-2)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"hub id, checkpoint directory or bundled name (default {DEFAULT_MODEL})")
+    parser.add_argument("--out", default="runs/demo", help="run directory for the tables and the heatmap (default runs/demo)")
+    parser.add_argument("--n", type=int, default=16, help="prompt pairs (default 16)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the prompts (default 1)")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
+    started = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
 
-    source = args.model or random_checkpoint(Path("runs/demo-gpt2"))
-    start = time.perf_counter()
-    model = hooked.load(source)
+    model = hooked.load(args.model)
     cfg = model.cfg
-    print(f"loaded {source} in {time.perf_counter() - start:.2f}s: {cfg.n_layers} layers, {cfg.n_heads} heads, "
-          f"d_model {cfg.d_model}, {len(model.hook_names)} hook points" + ("" if args.model else " (random weights)"))
+    print(f"1. {args.model}: {cfg.n_layers} layers x {cfg.n_heads} heads, d_model {cfg.d_model},"
+          f" {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {len(model.hook_names)} hook points")
+    # One template, both name orders: every prompt has the same length, so a batch needs no padding and
+    # "resample within the batch" is defined.
+    task = tasks.ioi(n=args.n, seed=args.seed, template="store")
+    print(f"   clean  : {task.clean[0]!r} -> {task.correct[0]!r}")
+    print(f"   corrupt: {task.corrupt[0]!r} -> {task.incorrect[0]!r}")
+    clean = model.to_tokens(task.clean)
+    corrupt_tokens = model.to_tokens(task.corrupt)
+    metric = metrics.logit_diff(model, task.correct, task.incorrect)
+    kl = metrics.kl_div()
+    clean_logits, clean_cache = model.run_with_cache(clean)
+    _, corrupt = model.run_with_cache(corrupt_tokens)
+    per_prompt = metric(clean_logits)
+    clean_score = per_prompt.mean().item()
+    print(f"   clean logit difference {clean_score:+.3f}; right name on top in {int((per_prompt > 0).sum())}/{len(per_prompt)} prompts")
 
-    print("\nhook points of block 0 for a 12-token prompt:")
-    for name, shape in model.hook_shapes(batch=1, pos=12).items():
-        if name.startswith("blocks.0."):
-            print(f"  {name:<32} {list(shape)}")
+    # 2. Every head resampled from the corrupt prompts, as one sweep.
+    heads = ablate.components(model, "heads")
+    sweep = hooked.sweep(model, clean, {a: ablate.hooks(model, a, "resample", source=corrupt) for a in heads}, metric,
+                         task=task)
+    sweep.save(out, name="head-sweep-resample")
+    ranked = sorted(sweep.change.items(), key=lambda item: item[1])
+    top = ranked[0][0]
+    print(f"\n2. every head resampled from the corrupt prompts ({len(heads)} variants, one batched sweep):"
+          " the largest drops")
+    for name, change in ranked[:5]:
+        print(f"   {name:<7} {sweep.scores[name]:+.3f}  ({change:+.3f})")
+    print(f"   heatmap and table: {out}/head-sweep-resample.*")
 
-    logits, cache = model.run_with_cache(PROMPTS)
-    print(f"\nrun_with_cache on {len(PROMPTS)} prompts (left-padded): {len(cache)} activations, "
-          f"{cache.nbytes() / 2**20:.1f} MiB; cache['pattern', 0] is {list(cache['pattern', 0].shape)}")
-    probs = logits[0, -1].softmax(-1)
-    top = probs.topk(5)
-    print(f"top next tokens after {PROMPTS[0]!r}:")
-    for p, token in zip(top.values, top.indices):
-        print(f"  {p.item():.4f} {model.to_string([int(token)])!r}")
+    # 3. The top head, deleted four ways.
+    ways = {
+        "zero": ablate.hooks(model, top, "zero"),
+        "mean (over the clean prompts)": ablate.hooks(model, top, "mean", reference=clean_cache),
+        "resample (from corrupt)": ablate.hooks(model, top, "resample", source=corrupt),
+        "resample (shuffle the batch)": ablate.hooks(model, top, "resample", seed=0),
+    }
+    rows = []
+    print(f"\n3. {top} deleted four ways (logit difference, change, KL from the clean output):")
+    for name, hooks in ways.items():
+        score, divergence = _scores(model, clean, hooks, metric, kl, clean_logits)
+        rows.append({"method": name, "logit_diff": score, "change": score - clean_score, "kl": divergence})
+        print(f"   {name:<30} {score:+.3f}  ({score - clean_score:+.3f})  KL {divergence:.4f}")
+    print("   Zero asks 'what if the head were absent?'; resampling from corrupt asks 'what if it believed the"
+          " other prompt?'. Only the second is a question about the circuit.")
 
-    clean = logit_diff(model, logits)
-    print(f"\nlogit difference (IO - S), clean: {clean:+.4f}")
-    correct = [model.to_single_token(c) for c, _ in ANSWERS]
-    wrong = [model.to_single_token(w) for _, w in ANSWERS]
-    metric = metrics.logit_diff(model, correct, wrong)
-    tokens = model.to_tokens(PROMPTS)
-    start = time.perf_counter()
-    mlps = hooked.sweep(model, tokens, {a: ablate.hooks(model, a, "zero") for a in ablate.components(model, "mlps")}, metric)
-    print(f"zero-ablating each MLP ({len(mlps)} variants, one sweep, {time.perf_counter() - start:.2f}s):")
-    for name, change in mlps.change.items():
-        print(f"  {name:<8} {mlps.scores[name]:+.4f}  ({change:+.4f})")
-    heads = hooked.sweep(model, tokens, {a: ablate.hooks(model, a, "zero") for a in ablate.components(model, "heads")}, metric)
-    print(f"zero-ablating each head at hook_z ({len(heads)} variants), the largest changes:")
-    for name, change in heads.top(5):
-        print(f"  {name:<8} {heads.scores[name]:+.4f}  ({change:+.4f})")
-    run_dir = heads.save(Path("runs/demo"), name="heads")
-    print(f"head sweep table, JSON with provenance and heatmap saved to {run_dir}/")
+    # 4. Whole components.
+    second = ranked[1][0]
+    layer = int(top[1:top.index("H")])
+    components = {
+        f"{top}": [top],
+        f"{top} + {second}": [top, second],
+        f"all of L{layer}.attn": [f"L{layer}.attn"],
+        f"L{layer}.mlp": [f"L{layer}.mlp"],
+    }
+    print("\n4. whole components, resampled from corrupt:")
+    for name, addresses in components.items():
+        score, _ = _scores(model, clean, ablate.hooks(model, addresses, "resample", source=corrupt), metric, kl, clean_logits)
+        rows.append({"method": f"resample {name}", "logit_diff": score, "change": score - clean_score, "kl": None})
+        print(f"   {name:<22} {score:+.3f}  ({score - clean_score:+.3f})")
 
-    stack, labels = cache.decompose_resid(pos_slice=-1, return_labels=True)
-    attrs = cache.logit_attrs(stack, torch.tensor(correct), incorrect_tokens=torch.tensor(wrong), pos_slice=-1).mean(1)
-    print("direct logit attribution of each residual component:")
-    for label, value in zip(labels, attrs):
-        print(f"  {label:<12} {value.item():+.4f}")
+    # 5. Patching: the clean head written into the corrupt run.
+    corrupt_score = metric(model(corrupt_tokens)).mean().item()
+    patched = model.run_with_hooks(corrupt_tokens, fwd_hooks=patch.hooks(model, top, clean_cache))
+    patched_score = metric(patched).mean().item()
+    recovered = (patched_score - corrupt_score) / (clean_score - corrupt_score)
+    print(f"\n5. ablation asks whether {top} is necessary, patching whether it is sufficient:")
+    print(f"   corrupt run {corrupt_score:+.3f}; with the clean {top} patched in {patched_score:+.3f}"
+          f" ({recovered:.0%} of the way back to clean {clean_score:+.3f})")
+    rows.append({"method": f"patch clean {top} into corrupt", "logit_diff": patched_score,
+                 "change": patched_score - corrupt_score, "kl": None})
+
+    # 6. Save.
+    (out / "story.json").write_text(json.dumps({
+        "model": args.model, "task": {"name": "ioi", "n": args.n, "seed": args.seed, "template": "store"}, "clean_logit_diff": clean_score,
+        "corrupt_logit_diff": corrupt_score, "top_head": top, "rows": rows,
+        "hooked_version": hooked.__version__, "torch_version": torch.__version__,
+        "command": "python -m hooked.demo " + " ".join(argv if argv is not None else []),
+    }, indent=2))
+    print(f"\n6. saved to {out}/: head-sweep-resample.csv/.json/.png (layer x head), story.json;"
+          f" {time.perf_counter() - started:.1f}s in all")
+    return out
 
 
 if __name__ == "__main__":
