@@ -38,6 +38,7 @@ def _scores(model, tokens, hooks, metric, kl, clean_logits) -> tuple[float, floa
     return metric(logits).mean().item(), kl(logits, base_logits=clean_logits).mean().item()
 
 
+@torch.no_grad()  # not torch.set_grad_enabled(False): the caller's grad mode is left as it was
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"hub id, checkpoint directory or bundled name (default {DEFAULT_MODEL})")
@@ -45,7 +46,6 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--n", type=int, default=16, help="prompt pairs (default 16)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the prompts (default 1)")
     args = parser.parse_args(argv)
-    torch.set_grad_enabled(False)
     started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -32,3 +32,9 @@ def test_the_demo_tells_the_ablation_story_on_the_bundled_model(tmp_path, capsys
     row = next(r for r in story["rows"] if r["method"] == "resample (from corrupt)")
     assert abs(row["logit_diff"] - resampled) < 1e-4
     assert resampled < clean / 2  # the head the sweep picked matters
+
+
+def test_the_demo_leaves_the_callers_grad_mode_alone(tmp_path):
+    assert torch.is_grad_enabled()
+    main(["--out", str(tmp_path / "demo"), "--n", "2"])
+    assert torch.is_grad_enabled()
