@@ -39,6 +39,7 @@ from torch import Tensor
 from hooked.cache import ActivationCache
 from hooked.hooks import HookFn, HookPoint, NameFilter
 from hooked.kv_cache import KVCache
+from hooked.layers import position_ids_for
 from hooked.names import pos_axis
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ def generate(
     # is recorded under no_grad instead: its tensors may then be used in a backward pass later.
     with (torch.no_grad() if return_cache else torch.inference_mode()), model.hooks(fwd_hooks=hooks):
         run = _Run(model, tokens, key_valid, lengths, use_past_kv_cache, max_new_tokens + int(return_cache))
-        out, n_new = run.loop(max_new_tokens, sampler, eos_ids, seed, _copies, verbose, recorder is not None)
+        out = run.loop(max_new_tokens, sampler, eos_ids, seed, _copies, verbose, recorder is not None)
     out = out.clone()  # a normal tensor (not an inference one): the tokens may go into a forward with gradients
     if _copies > 1:  # each variant's block keeps its own length, as if generated alone
         return out, run.key_valid_full(out.shape[1]), lengths, eos_ids
@@ -194,23 +195,11 @@ class _Run:
             valid = self.prompt_valid if len(self.cache) == 0 else None
             logits = self.model._forward_cached(sequence[:, -new:], valid, self.cache, last_only=True)
             return logits[:, -1]
-        return self._full_forward(sequence)[:, -1]
-
-    def _full_forward(self, sequence: Tensor) -> Tensor:
-        from hooked.hooks import Rows, running_rows
-        from hooked.layers import AttentionMask
-
         key_valid = self.key_valid_full(sequence.shape[1])
-        if key_valid is None:
-            position_ids = torch.arange(sequence.shape[1], device=sequence.device)[None].expand_as(sequence)
-        else:
-            position_ids = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
-        mask = AttentionMask(key_valid, sequence.shape[1], sequence.shape[1])
-        with running_rows(Rows(position_ids, key_valid, 0, self.lengths)):
-            return self.model.forward_tokens(sequence, position_ids, mask, last_only=True)
+        return self.model._forward_whole(sequence, key_valid, self.lengths, last_only=True)[:, -1]
 
     def loop(self, max_new_tokens: int, sampler: Sampler, eos_ids: list[int], seed: int | None, copies: int,
-             verbose: bool, final_step: bool) -> tuple[Tensor, int]:
+             verbose: bool, final_step: bool) -> Tensor:
         prompt = self.prompt
         batch, prompt_len = prompt.shape
         out = torch.empty(batch, prompt_len + max_new_tokens, dtype=torch.long, device=prompt.device)
@@ -249,7 +238,7 @@ class _Run:
         finally:
             if bar is not None:
                 bar.close()
-        return out[:, :prompt_len + n_new], n_new
+        return out[:, :prompt_len + n_new]
 
     def _call(self, sequence: Tensor, new: int, what: str) -> Tensor:
         try:
@@ -321,11 +310,7 @@ class _Recorder:
                 fill = torch.finfo(parts[0].dtype).min if name.endswith("hook_attn_scores") else 0.0
                 parts = [torch.nn.functional.pad(p, (0, length - p.shape[-1]), value=fill) for p in parts]
             store[name] = torch.cat(parts, dim=pos_axis(point))
-        if key_valid is None:
-            position_ids = torch.arange(length, device=sequence.device)[None].expand_as(sequence)
-        else:
-            position_ids = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
-        return ActivationCache(store, self.model, position_ids=position_ids, attention_mask=key_valid)
+        return ActivationCache(store, self.model, position_ids=position_ids_for(sequence, key_valid), attention_mask=key_valid)
 
 
 def generate_variants(

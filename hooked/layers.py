@@ -129,6 +129,14 @@ class AttentionMask:
         return starts.to(torch.int32) if torch.equal(positions[None] >= starts[:, None], self.key_valid) else None
 
 
+def position_ids_for(tokens: Tensor, key_valid: Tensor | None) -> Tensor:
+    """[batch pos] each column's position in its own prompt: left padding is skipped (cumsum(mask) - 1,
+    padding clamped to 0), so a padded row gets the positions of the prompt alone."""
+    if key_valid is None:
+        return torch.arange(tokens.shape[1], device=tokens.device)[None].expand_as(tokens)
+    return (key_valid.long().cumsum(-1) - 1).clamp(min=0)
+
+
 AttentionBackend = Literal["triton", "sdpa", "eager"]
 _forced_backend: ContextVar[str | None] = ContextVar("hooked_attention_backend", default=None)
 

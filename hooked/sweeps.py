@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from hooked.hooks import HookFn, HookPoint, NameFilter, Rows, current_rows, running_rows
-from hooked.layers import AttentionMask
+from hooked.layers import AttentionMask, position_ids_for
 from hooked.results import SweepResult
 
 if TYPE_CHECKING:
@@ -176,10 +176,7 @@ def sweep(
     registered_hooks(model, "hooked.sweep")
     with torch.no_grad():
         tokens, key_valid = model._tokens_and_mask(input, attention_mask, prepend_bos=None)
-        position_ids = torch.arange(tokens.shape[1], device=tokens.device)[None].expand_as(tokens)
-        if key_valid is not None:
-            position_ids = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
-        prompts = _Prompts(tokens, position_ids, key_valid)
+        prompts = _Prompts(tokens, position_ids_for(tokens, key_valid), key_valid)
         planned = _plan(model, variants, tokens.shape)
         reads = _Reads.of(metric, model)
 

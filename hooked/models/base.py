@@ -24,7 +24,7 @@ from torch import Tensor
 from hooked.cache import ActivationCache, accumulated_bias, run_with_cache
 from hooked.hooks import HookedRootModule, Rows, running_rows
 from hooked.kv_cache import KVCache
-from hooked.layers import AttentionMask
+from hooked.layers import AttentionMask, position_ids_for
 from hooked.tokenizer import HookedTokenizer
 
 ModelInput = Union[str, list[str], Int[Tensor, "batch pos"], Int[Tensor, " pos"]]
@@ -246,17 +246,19 @@ class HookedTransformer(HookedRootModule):
         if past_kv_cache is not None:
             logits = self._forward_cached(tokens, key_valid, past_kv_cache)
         else:
-            if key_valid is None:
-                position_ids = torch.arange(tokens.shape[1], device=tokens.device)[None].expand_as(tokens)
-            else:
-                position_ids = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
-            mask = AttentionMask(key_valid, tokens.shape[1], tokens.shape[1])
-            with running_rows(Rows(position_ids, key_valid)):
-                logits = self.forward_tokens(tokens, position_ids, mask)
+            logits = self._forward_whole(tokens, key_valid)
         if return_type in ("logits", None):
             return logits if return_type else None
         loss = self.loss(logits, tokens, key_valid, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
+
+    def _forward_whole(self, tokens: Tensor, key_valid: Tensor | None, lengths: Tensor | None = None,
+                       last_only: bool = False) -> Tensor:
+        """One forward over every column of `tokens` (no KV cache); `lengths` as `Rows.lengths`."""
+        position_ids = position_ids_for(tokens, key_valid)
+        mask = AttentionMask(key_valid, tokens.shape[1], tokens.shape[1])
+        with running_rows(Rows(position_ids, key_valid, 0, lengths)):
+            return self.forward_tokens(tokens, position_ids, mask, last_only=last_only)
 
     def _forward_cached(self, tokens: Tensor, key_valid: Tensor | None, cache: KVCache, last_only: bool = False) -> Tensor:
         """One call on a KV cache: logits of the new columns (the last one alone with `last_only`)."""
