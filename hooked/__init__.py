@@ -27,14 +27,20 @@ from hooked import ablate, metrics, patch, tasks, utils  # noqa: E402  (modules 
 __version__ = "0.1.0"
 
 
-def load(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu") -> HookedTransformer:
+def load(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu",
+         *, tp: int | None = None, timeout: float | None = None) -> HookedTransformer:
     """Load a model from a hub id or a local directory; the class is chosen from config.json.
 
     Reads the safetensors files straight into `dtype` on `device`; never builds a transformers model.
+
+    `tp=N` (under `torchrun`, whose processes form groups of N consecutive ranks) splits the model over
+    each group: heads, MLP columns, experts and the vocabulary, each rank reading only its slices of the
+    files; hooks still see whole tensors. `tp=1` keeps a whole model per rank, for data-parallel sweeps.
+    `timeout` (seconds) bounds every collective. See `hooked.distributed` and docs/scaling.md.
     """
     from hooked.weights import load_model
 
-    return load_model(name_or_path, dtype=dtype, device=device)
+    return load_model(name_or_path, dtype=dtype, device=device, tp=tp, timeout=timeout)
 
 
 __all__ = [

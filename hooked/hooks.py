@@ -111,6 +111,9 @@ class HookPoint(nn.Module):
         # sparse MLP just before the call (None everywhere else).
         self.slot_experts: Tensor | None = None
         self.knows_slot_experts = False  # True at the points whose slot_experts the model sets
+        # Under tensor parallelism, how this point's tensor is split over ranks (hooked.distributed.HookShard):
+        # hooks then run on the whole tensor. None: a single process.
+        self.shard = None
         self._fwd: list[_Registration] = []
         self._bwd: list[_Registration] = []
 
@@ -118,7 +121,7 @@ class HookPoint(nn.Module):
     def __call__(self, activation: Tensor) -> Tensor:
         if not self._fwd and not self._bwd:
             return activation
-        return self._run(activation)
+        return self._run(activation) if self.shard is None else self.shard.run(self, activation)
 
     forward = __call__
 

@@ -45,7 +45,8 @@ class KVCache:
         self.batch_size = batch_size
         self.device = torch.device(device) if device is not None else model.device
         self.dtype = dtype or model.dtype
-        self._shape = (batch_size, cfg.n_kv_heads, max_len, cfg.d_head)
+        attention = model.blocks[0].attn  # its kv heads: this rank's under tensor parallelism
+        self._shape = (batch_size, getattr(attention, "n_kv_heads", attention.n_heads), max_len, cfg.d_head)
         self.keys = [torch.empty(self._shape, device=self.device, dtype=self.dtype) for _ in range(cfg.n_layers)]
         self.values = [torch.empty(self._shape, device=self.device, dtype=self.dtype) for _ in range(cfg.n_layers)]
         self.key_valid = torch.ones(batch_size, max_len, dtype=torch.bool, device=self.device)

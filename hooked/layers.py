@@ -400,6 +400,14 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- gated MLP
+def add_bias(linear: nn.Linear, partial: Tensor) -> Tensor:
+    """`linear`'s output from a sum of partial products (per head): its bias added, if any; a tensor-parallel
+    layer (hooked.distributed.RowParallelLinear) first all-reduces the partial sums."""
+    if hasattr(linear, "add_bias"):
+        return linear.add_bias(partial)
+    return partial + linear.bias if linear.bias is not None else partial
+
+
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)), no biases (Llama / Qwen style), with TransformerLens' hooks.
 

@@ -11,6 +11,7 @@ here once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import weakref
 from pathlib import Path
@@ -99,6 +100,18 @@ class HookedTransformer(HookedRootModule):
         cfg._bind(self)
         self.tokenizer: HookedTokenizer | None = None
         self.name_or_path: str | None = None  # the hub id or directory it was loaded from
+        # Set by `hooked.load(..., tp=N)`: this process's place in its tensor- and data-parallel
+        # groups (hooked.distributed.Parallel); None for a model in one process.
+        self.parallel = None
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether this process holds a shard of the model (loaded with tp > 1)."""
+        return self.parallel is not None and self.parallel.tp_size > 1
+
+    def vocab_parallel_names(self) -> tuple[str, ...]:
+        """The embedding and unembedding modules split by vocabulary rows under tensor parallelism."""
+        raise NotImplementedError
 
     def __setstate__(self, state: dict) -> None:  # unpickled or deep-copied: the config points at this model
         super().__setstate__(state)
@@ -243,10 +256,12 @@ class HookedTransformer(HookedRootModule):
             if attention_mask is None and isinstance(input, Tensor):
                 attention_mask = torch.ones(input.shape, dtype=torch.bool, device=input.device)
         tokens, key_valid = self._tokens_and_mask(input, attention_mask, prepend_bos)
-        if past_kv_cache is not None:
-            logits = self._forward_cached(tokens, key_valid, past_kv_cache)
-        else:
-            logits = self._forward_whole(tokens, key_valid)
+        # Tensor parallelism: the collectives are not differentiated, so a sharded forward has no gradients.
+        with torch.no_grad() if self.tensor_parallel else contextlib.nullcontext():
+            if past_kv_cache is not None:
+                logits = self._forward_cached(tokens, key_valid, past_kv_cache)
+            else:
+                logits = self._forward_whole(tokens, key_valid)
         if return_type in ("logits", None):
             return logits if return_type else None
         loss = self.loss(logits, tokens, key_valid, per_token=loss_per_token)
@@ -287,8 +302,22 @@ class HookedTransformer(HookedRootModule):
 
     def unembed(self, resid: Float[Tensor, "batch pos d_model"], columns: Tensor | None = None) -> Tensor:
         """Final norm, then the unembedding; `columns` (token ids) computes only those logits."""
+        if self.tensor_parallel:  # this rank holds some vocabulary rows: hooked.distributed
+            from hooked.distributed import vocab_parallel_logits
+
+            parallel = self.parallel
+            return vocab_parallel_logits(parallel, self.ln_final(resid), self.unembed_weight, parallel.vocab_start,
+                                         self.cfg.d_vocab, columns)
         weight = self.unembed_weight if columns is None else self.unembed_weight[columns]
         return F.linear(self.ln_final(resid), weight)
+
+    def _unembed_rows(self, tokens: Tensor) -> Tensor:
+        """Rows `tokens` of the unembedding, [..., d_model] (whole rows on every rank under tensor parallelism)."""
+        if self.tensor_parallel:
+            from hooked.distributed import vocab_rows
+
+            return vocab_rows(self.parallel, self.unembed_weight, self.parallel.vocab_start, tokens)
+        return self.unembed_weight[tokens]
 
     @staticmethod
     def loss(logits: Tensor, tokens: Tensor, key_valid: Tensor | None = None, per_token: bool = False) -> Tensor:
@@ -302,6 +331,26 @@ class HookedTransformer(HookedRootModule):
         return per_position * weights if per_token else (per_position * weights).sum() / weights.sum()
 
     def _tokens_and_mask(self, input: ModelInput, attention_mask: Tensor | None, prepend_bos: bool | None):
+        """Token ids [batch pos] on the model's device and the key mask (None when unpadded), checked.
+
+        Under tensor parallelism the ranks of a group then agree: if one rank's input was bad, every
+        rank raises; if their inputs differ, every rank raises (hooked.distributed).
+        """
+        if not self.tensor_parallel:
+            return self._tokens_and_mask_checked(input, attention_mask, prepend_bos)
+        error, result, fingerprint = None, None, None
+        try:
+            result = self._tokens_and_mask_checked(input, attention_mask, prepend_bos)
+            tokens, key_valid = result
+            weights = torch.arange(1, tokens.numel() + 1, device=tokens.device).view_as(tokens)
+            fingerprint = (tuple(tokens.shape), int((tokens * weights).sum()),
+                           None if key_valid is None else int((key_valid * weights).sum()))
+        except Exception as caught:
+            error = caught
+        self.parallel.agree(error, fingerprint, "the model's input")
+        return result
+
+    def _tokens_and_mask_checked(self, input: ModelInput, attention_mask: Tensor | None, prepend_bos: bool | None):
         device = self.device
         if isinstance(input, str) or (isinstance(input, list) and input and all(isinstance(s, str) for s in input)):
             if attention_mask is not None:
@@ -513,7 +562,7 @@ class HookedTransformer(HookedRootModule):
         tokens = torch.as_tensor(tokens, device=self.unembed_weight.device)
         if tokens.numel() == 1:
             tokens = tokens.reshape(())
-        return self.unembed_weight[tokens] * self.ln_final.weight
+        return self._unembed_rows(tokens) * self.ln_final.weight
 
     def logit_bias_terms(self, tokens) -> Tensor:
         """The part of a token's logit no residual component writes: final-norm bias @ W_U (+ b_U)."""
@@ -523,4 +572,4 @@ class HookedTransformer(HookedRootModule):
         bias = getattr(self.ln_final, "bias", None)
         if bias is None:
             return torch.zeros(tokens.shape, dtype=self.dtype, device=tokens.device)
-        return self.unembed_weight[tokens] @ bias
+        return self._unembed_rows(tokens) @ bias

@@ -105,6 +105,11 @@ class Conv1D(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
 
+    def add_bias(self, partial: Tensor) -> Tensor:
+        """The output from a sum of per-head (or per-row-block) products: the bias added (tensor
+        parallelism first all-reduces the partial sums, hooked.distributed.RowParallelConv1D)."""
+        return partial + self.bias
+
 
 class GPT2Attention(nn.Module):
     def __init__(self, cfg: GPT2Config, layer: int):
@@ -135,7 +140,7 @@ class GPT2Attention(nn.Module):
         z = self.hook_z(writable(z) if self.hook_z.has_hooks else z)
         if self.hook_result.has_hooks:  # per-head writes, summed: differs from c_proj by rounding only
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
-            return result.sum(2) + self.c_proj.bias
+            return self.c_proj.add_bias(result.sum(2))
         return self.c_proj(z.reshape(batch, pos, -1))  # a view: editing z edits c_proj's input
 
     @property
@@ -254,6 +259,9 @@ class GPT2(HookedTransformer):
     @property
     def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
         return self.wte.weight  # tied
+
+    def vocab_parallel_names(self) -> tuple[str, ...]:
+        return ("wte",)
 
     @property
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:

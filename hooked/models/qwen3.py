@@ -24,7 +24,9 @@ from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
-from hooked.layers import AttentionMask, GatedMLP, RMSNorm, RotaryEmbedding, YarnScaling, apply_rotary, attend, writable
+from hooked.layers import (
+    AttentionMask, GatedMLP, RMSNorm, RotaryEmbedding, YarnScaling, add_bias, apply_rotary, attend, writable,
+)
 from hooked.models.base import HookedTransformer, ModelConfig
 
 
@@ -167,8 +169,7 @@ class Qwen3Attention(nn.Module):
         z = self.hook_z(writable(z) if self.hook_z.has_hooks else z)
         if self.hook_result.has_hooks:  # per-head writes, summed: differs from o_proj by rounding only
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
-            attn_out = result.sum(2)
-            return attn_out + self.o_proj.bias if self.o_proj.bias is not None else attn_out
+            return add_bias(self.o_proj, result.sum(2))
         return self.o_proj(z.reshape(batch, pos, -1))  # a view (z is contiguous): editing z edits o_proj's input
 
     @property
@@ -248,6 +249,9 @@ class Qwen3(HookedTransformer):
     @property
     def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+
+    def vocab_parallel_names(self) -> tuple[str, ...]:
+        return ("embed_tokens",) if self.cfg.tie_word_embeddings else ("embed_tokens", "lm_head")
 
     @property
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:

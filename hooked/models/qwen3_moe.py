@@ -99,6 +99,10 @@ class Qwen3MoeSparseMLP(nn.Module):
         self.hook_expert_post = HookPoint("batch pos top_k d_expert_mlp")  # slot expert's neurons: silu(gate) * up
         for point in (self.hook_expert_weights, self.hook_expert_pre, self.hook_expert_post):
             point.knows_slot_experts = True  # hook.slot_experts says which expert each slot holds
+        # Expert parallelism (hooked.distributed): the experts this rank holds (experts.* are their
+        # weights, in order) and the group whose ranks hold the others; one process holds them all.
+        self.local_experts = range(cfg.n_experts)
+        self.parallel = None
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         router_logits = self.hook_router_logits(self.gate(x))
@@ -113,7 +117,8 @@ class Qwen3MoeSparseMLP(nn.Module):
             self.hook_expert_weights.slot_experts = None
         expert_indices = self.hook_expert_indices(top_indices)
         slot_out = self.run_experts(x, expert_indices)  # [batch pos top_k d_model]
-        return (slot_out * expert_weights[..., None]).sum(2)
+        out = (slot_out * expert_weights[..., None]).sum(2)
+        return out if self.parallel is None else self.parallel.all_reduce(out)  # slots of other ranks' experts
 
     def run_experts(
         self, x: Float[Tensor, "batch pos d_model"], expert_indices: Int[Tensor, "batch pos top_k"]
@@ -122,6 +127,7 @@ class Qwen3MoeSparseMLP(nn.Module):
 
         Slots are sorted by expert so each routed expert runs once on a contiguous block of rows;
         the per-slot neuron hooks see (and may replace) them back in [batch pos top_k ...] order.
+        Under expert parallelism, slots routed to another rank's experts are zeros here.
         """
         batch, pos, d_model = x.shape
         flat_indices = expert_indices.reshape(-1)  # slot s holds token s // top_k
@@ -136,13 +142,20 @@ class Qwen3MoeSparseMLP(nn.Module):
         splits = [counts[expert] for expert in routed]
         x_sorted = x.reshape(-1, d_model).index_select(0, order // self.top_k)
         gate_up_proj, down_proj = self.experts.gate_up_proj, self.experts.down_proj
+        local, first = self.local_experts, self.local_experts.start
         if not (self.hook_expert_pre.has_hooks or self.hook_expert_post.has_hooks):
             outs = []
             for expert, rows in zip(routed, x_sorted.split(splits)):
-                gate, up = F.linear(rows, gate_up_proj[expert]).chunk(2, dim=-1)
-                outs.append(F.linear(F.silu(gate) * up, down_proj[expert]))
+                if expert not in local:
+                    outs.append(rows.new_zeros(rows.shape[0], d_model))
+                    continue
+                gate, up = F.linear(rows, gate_up_proj[expert - first]).chunk(2, dim=-1)
+                outs.append(F.linear(F.silu(gate) * up, down_proj[expert - first]))
         else:  # the per-slot neurons, in [batch pos top_k d_expert_mlp] order for the hooks
-            gate_up = torch.cat([F.linear(rows, gate_up_proj[e]) for e, rows in zip(routed, x_sorted.split(splits))])
+            gate_up = torch.cat([
+                F.linear(rows, gate_up_proj[e - first]) if e in local else rows.new_zeros(rows.shape[0], gate_up_proj.shape[1])
+                for e, rows in zip(routed, x_sorted.split(splits))
+            ])
             gate, up = gate_up.index_select(0, unsort).view(batch, pos, self.top_k, -1).chunk(2, dim=-1)
             self.hook_expert_pre.slot_experts = self.hook_expert_post.slot_experts = expert_indices
             try:
@@ -151,7 +164,8 @@ class Qwen3MoeSparseMLP(nn.Module):
             finally:
                 self.hook_expert_pre.slot_experts = self.hook_expert_post.slot_experts = None
             post_sorted = post.reshape(-1, post.shape[-1]).index_select(0, order)
-            outs = [F.linear(rows, down_proj[e]) for e, rows in zip(routed, post_sorted.split(splits))]
+            outs = [F.linear(rows, down_proj[e - first]) if e in local else rows.new_zeros(rows.shape[0], d_model)
+                    for e, rows in zip(routed, post_sorted.split(splits))]
         return torch.cat(outs).index_select(0, unsort).view(batch, pos, self.top_k, d_model)
 
     @property

@@ -137,8 +137,28 @@ def architecture_for(config: dict):
     raise CheckpointError(f"architecture {names} is not supported by hooked; supported: {', '.join(supported)}")
 
 
-def load_model(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu", model_class=None):
-    """Build the model a checkpoint describes and fill it from its safetensors files."""
+def load_model(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu",
+               model_class=None, tp: int | None = None, timeout: float | None = None):
+    """Build the model a checkpoint describes and fill it from its safetensors files.
+
+    With `tp` (under torchrun), this process builds and reads only its shard (hooked.distributed);
+    the ranks of a group agree at the end, so either every rank has its shard or every rank raises.
+    """
+    if tp is None:
+        return _load(name_or_path, dtype, device, model_class)
+    from hooked.distributed import Parallel
+
+    parallel = Parallel.create(tp, timeout)
+    model, error = None, None
+    try:
+        model = _load(name_or_path, dtype, parallel.device(device), model_class, parallel)
+    except Exception as caught:
+        error = caught
+    parallel.agree(error, what="hooked.load")
+    return model
+
+
+def _load(name_or_path, dtype, device, model_class, parallel=None):
     dtype = _as_dtype(dtype)
     directory = resolve(name_or_path)
     config = read_config(directory)
@@ -147,7 +167,13 @@ def load_model(name_or_path: str | Path, dtype: torch.dtype | str = torch.float3
         raise CheckpointError(f"{directory} holds a {detected.__name__} checkpoint, not {model_class.__name__}; use hooked.load")
     model_class = detected
     model = build_on_meta(model_class, config)
-    state = read_state_dict(directory, model, dtype, torch.device(device))
+    plan = None
+    if parallel is not None:
+        from hooked.distributed import parallelize
+
+        model.parallel = parallel
+        plan = parallelize(model, parallel) if parallel.tp_size > 1 else None
+    state = read_state_dict(directory, model, dtype, torch.device(device), plan)
     model.load_state_dict(state, strict=True, assign=True)
     model.tokenizer = HookedTokenizer.from_directory(directory, config)
     model.name_or_path = str(name_or_path)  # recorded in sweep results' provenance
@@ -187,8 +213,14 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return dtype
 
 
-def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.device) -> dict[str, Tensor]:
-    """Every parameter of `model`, read from the checkpoint into dtype/device, renamed and checked."""
+def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.device, plan=None) -> dict[str, Tensor]:
+    """Every parameter of `model`, read from the checkpoint into dtype/device, renamed and checked.
+
+    `plan` (tensor parallelism, `hooked.distributed.parallelize`) maps a parameter to the part of the
+    tensor on disk this rank holds: (dim, [start, stop) ranges along it, concatenated; the shape on
+    disk). Only those bytes are read; stacked experts outside the rank's range are skipped.
+    """
+    plan = plan or {}
     expected = dict(model.state_dict(keep_vars=True))
     renames = [(re.compile(pattern), replacement) for pattern, replacement in model.checkpoint_renames]
     ignored = [re.compile(pattern) for pattern in model.checkpoint_ignored]
@@ -201,7 +233,7 @@ def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.de
             for key in file.keys():
                 target = _rename(key, renames)
                 if target is None and stacked:
-                    outcome = _read_slice(file, key, stacked, expected, state, filled, dtype, device)
+                    outcome = _read_slice(file, key, stacked, expected, state, filled, dtype, device, plan)
                     if outcome is not None:  # the key is one slice of a stacked parameter
                         if outcome == "unexpected":
                             unexpected.append(key)
@@ -215,10 +247,20 @@ def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.de
                 if target not in expected or target in state:
                     unexpected.append(key)
                     continue
-                if file.shape(key) != expected[target].shape:
-                    mis_shaped.append(f"{key}: {tuple(file.shape(key))} in the file, {tuple(expected[target].shape)} expected")
+                on_disk = plan[target][2] if target in plan else expected[target].shape
+                if file.shape(key) != on_disk:
+                    mis_shaped.append(f"{key}: {tuple(file.shape(key))} in the file, {tuple(on_disk)} expected")
                     continue
-                state[target] = file.read_into(key, empty_weight(expected[target].shape, dtype, device))
+                destination = empty_weight(expected[target].shape, dtype, device)
+                if target in plan:  # this rank's slices only
+                    dim, spans, _ = plan[target]
+                    offset = 0
+                    for start, stop in spans:
+                        file.read_part_into(key, dim, start, stop, destination.narrow(dim, offset, stop - start))
+                        offset += stop - start
+                    state[target] = destination
+                else:
+                    state[target] = file.read_into(key, destination)
     missing = [name for name in expected if name not in state]
     missing += [
         f"{name}[{i}]" + (f" (part {part + 1} of {parts})" if parts > 1 else "")
@@ -279,16 +321,17 @@ def empty_weight(shape, dtype: torch.dtype, device) -> torch.Tensor:
     return tensor
 
 
-def _read_slice(file, key: str, stacked, expected, state, filled, dtype, device) -> str | None:
+def _read_slice(file, key: str, stacked, expected, state, filled, dtype, device, plan=None) -> str | None:
     """Read `key` into one slice of a stacked parameter (e.g. one expert of [n_experts, ...]).
 
     A `checkpoint_stacked` entry is (key pattern with a named group `expert`, parameter name
     template[, (part, parts)]): the group gives the index along axis 0; with (part, parts) the tensor
     fills block `part` of `parts` equal blocks along axis 1 (e.g. gate and up fused into one
     [n_experts, 2 * d_mlp, d_model] parameter). The parameter is allocated once and filled piece by
-    piece, so stacking costs no second copy. Returns None when `key` matches no entry, "read",
-    "unexpected" (unknown parameter, index out of range, read twice), or a message when its shape
-    is wrong.
+    piece, so stacking costs no second copy. Under tensor parallelism `plan` gives the range of axis 0
+    this rank holds, and other slices are skipped (their shape still checked). Returns None when `key`
+    matches no entry, "read", "unexpected" (unknown parameter, index out of range, read twice), or a
+    message when its shape is wrong.
     """
     for pattern, replacement, *split in stacked:
         match = pattern.fullmatch(key)
@@ -296,11 +339,21 @@ def _read_slice(file, key: str, stacked, expected, state, filled, dtype, device)
             continue
         target, index = match.expand(replacement), int(match.group("expert"))
         part, parts = split[0] if split else (0, 1)
+        if plan and target in plan:  # expert parallelism: this rank holds experts [start, stop)
+            (start, stop), = plan[target][1]
+            whole = plan[target][2]
+            if not 0 <= index < whole[0]:
+                return "unexpected"
+            if not start <= index < stop:  # another rank's expert: not read here
+                if file.shape(key) != _piece_shape(whole, parts):
+                    return f"{key}: {tuple(file.shape(key))} in the file, {tuple(_piece_shape(whole, parts))} expected"
+                return "read"
+            index -= start
         done, _ = filled.setdefault(target, (set(), parts)) if target in expected else (set(), parts)
         if target not in expected or not 0 <= index < expected[target].shape[0] or (index, part) in done:
             return "unexpected"
         shape = expected[target].shape
-        piece = shape[1:] if parts == 1 else torch.Size((shape[1] // parts, *shape[2:]))
+        piece = _piece_shape(shape, parts)
         if file.shape(key) != piece:
             return f"{key}: {tuple(file.shape(key))} in the file, {tuple(piece)} expected (a piece of {target} {tuple(shape)})"
         if target not in state:
@@ -310,6 +363,11 @@ def _read_slice(file, key: str, stacked, expected, state, filled, dtype, device)
         done.add((index, part))
         return "read"
     return None
+
+
+def _piece_shape(shape: torch.Size, parts: int) -> torch.Size:
+    """The shape of one key on disk that fills one slice (or one of `parts` blocks of it) of a stacked parameter."""
+    return shape[1:] if parts == 1 else torch.Size((shape[1] // parts, *shape[2:]))
 
 
 def _rename(key: str, renames) -> str | None:
@@ -398,18 +456,44 @@ class SafetensorsFile:
     def shape(self, key: str) -> torch.Size:
         return torch.Size(self.header[key]["shape"])
 
+    def read_part_into(self, key: str, dim: int, start: int, stop: int, destination: Tensor) -> Tensor:
+        """Copy indices [start, stop) along `dim` of tensor `key` into `destination` (that part's shape, any
+        dtype, possibly a strided view), reading only those bytes: one contiguous run per index of the
+        leading dims (a row block of an [out, in] matrix is a single run; a column block one per row)."""
+        info = self.header[key]
+        source_dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+        shape = info["shape"]
+        if not 0 <= start <= stop <= shape[dim]:
+            raise self._error(f"tensor {key} has {shape[dim]} entries along dim {dim}, not [{start}, {stop})")
+        inner = math.prod(shape[dim + 1:])
+        outer = math.prod(shape[:dim])
+        run = (stop - start) * inner  # elements per contiguous run
+        target = destination if destination.is_contiguous() else torch.empty(destination.shape, dtype=destination.dtype,
+                                                                              device=destination.device)
+        rows = target.view(outer, run)
+        for index in range(outer):
+            byte = info["data_offsets"][0] + (index * shape[dim] + start) * inner * source_dtype.itemsize
+            self._stream(key, byte, source_dtype, rows[index])
+        if target is not destination:
+            destination.copy_(target)
+        return destination
+
     def read_into(self, key: str, destination: Tensor) -> Tensor:
         """Copy tensor `key` into `destination` (same shape, any dtype and device), chunk by chunk."""
         info = self.header[key]
         source_dtype = _SAFETENSORS_DTYPES[info["dtype"]]
         target = destination if destination.is_contiguous() else torch.empty_like(destination)
-        flat = target.view(-1)
-        self.file.seek(self.data_start + info["data_offsets"][0])
-        if source_dtype == target.dtype and target.device.type == "cpu":  # no conversion: read in place
+        self._stream(key, info["data_offsets"][0], source_dtype, target.view(-1))
+        return destination if target is destination else destination.copy_(target)
+
+    def _stream(self, key: str, offset: int, source_dtype: torch.dtype, flat: Tensor) -> None:
+        """Read flat.numel() elements of `source_dtype`, from `offset` bytes into the data, into `flat`."""
+        self.file.seek(self.data_start + offset)
+        if source_dtype == flat.dtype and flat.device.type == "cpu":  # no conversion: read in place
             raw = flat.view(torch.uint8).numpy()
             if self.file.readinto(raw) != raw.nbytes:
                 raise self._error(f"tensor {key} ends early")
-            return destination if target is destination else destination.copy_(target)
+            return
         per_chunk = max(1, self.CHUNK_BYTES // source_dtype.itemsize)
         buffer = bytearray(min(per_chunk, max(flat.numel(), 1)) * source_dtype.itemsize)
         for start in range(0, flat.numel(), per_chunk):
@@ -418,6 +502,3 @@ class SafetensorsFile:
             if self.file.readinto(view) != len(view):
                 raise self._error(f"tensor {key} ends early")
             flat[start:start + count].copy_(torch.frombuffer(buffer, dtype=source_dtype, count=count))
-        if target is not destination:
-            destination.copy_(target)
-        return destination

@@ -1,0 +1,445 @@
+"""Tensor, expert and data parallelism on torch.distributed, with hooks that see whole tensors.
+
+    torchrun --nproc-per-node 2 script.py          # in script.py:
+    model = hooked.load("Qwen/Qwen3-8B", tp=2)     # every rank holds half of every layer
+    logits = model.run_with_hooks(tokens, fwd_hooks=[("blocks.3.attn.hook_z", ablate.zero(heads=5))])
+    result = hooked.sweep(model, tokens, variants, metric)   # spread over data-parallel ranks too
+
+How a model is split (Megatron-LM's scheme, Shoeybi et al. 2019, "Megatron-LM", section 3):
+
+* **Attention**: each of the `tp` ranks of a tensor-parallel group holds a contiguous block of query
+  heads and of key/value heads (q/k/v projections split by output rows: column-parallel), and the
+  matching input columns of the output projection (row-parallel). Each rank's output projection
+  gives a partial sum; one all-reduce per attention sublayer makes it whole, then the bias is added.
+  When there are fewer key/value heads than ranks (Qwen3-235B-A22B: 4 kv heads on 8 ranks), each kv
+  head is held by `tp / n_kv_heads` ranks, every one of which serves its own query heads.
+* **Dense MLPs**: gate/up (or c_fc) split by hidden columns, down (c_proj) by the same rows; one
+  all-reduce per MLP sublayer.
+* **Mixture-of-experts MLPs** (expert parallelism): the router is replicated, so every rank routes
+  every token identically; each rank holds `n_experts / tp` whole experts and runs the slots routed to
+  them; one all-reduce sums the weighted expert outputs.
+* **Embedding and unembedding**: split by vocabulary rows (vocab-parallel). An embedding lookup is
+  a masked local lookup and an all-reduce; logits are computed per shard and all-gathered, so every
+  rank returns whole logits.
+* Norms, position embeddings, rotary tables and the router stay replicated.
+
+Each rank reads only its own slices of the safetensors files (`hooked.weights.read_state_dict` with
+a plan from `parallelize`), so a rank's memory is about the sharded weights / tp plus the replicated
+ones (docs/scaling.md has the arithmetic and the measurements).
+
+**Hooks see whole tensors.** A hook point's axes say how it is split: a point with a `head_index`
+or `kv_head_index` axis is split along it, `d_mlp` along the hidden axis, the per-slot expert points
+(`top_k ... d_expert_mlp`) by slot (each slot is computed by the rank that holds its expert), and
+every other point is replicated. Only when a hook is registered at a point (`HookPoint.has_hooks`)
+is the split tensor gathered; the hooks then run on every rank on the whole tensor, TransformerLens'
+shape. If any rank's hook changed it, the first rank's result is broadcast and each rank keeps its
+own slice (so a hook whose result differed between ranks still gives one consistent model). An
+unhooked forward gathers nothing. A run_with_cache therefore holds the whole cache on every rank.
+
+**Failures.** Every rank must make the same calls (SPMD). Before a forward runs, the ranks of a
+group compare their inputs, and after the hooks of a point run they compare outcomes; a rank that
+raised makes every rank raise (`RankFailedError` naming the rank and its error), and process groups
+carry a timeout (`init(timeout=...)`, default `HOOKED_DIST_TIMEOUT` seconds or 300), so a rank that
+died or diverged elsewhere ends in an error, not a hang.
+
+Tensor-parallel forwards are inference only: collectives here are not differentiated, so a forward
+of a model loaded with tp > 1 runs without gradients, and backward hooks are refused.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hooked.layers import GatedMLP
+from hooked.models.gpt2 import Conv1D, GPT2MLP, GPT2Attention
+from hooked.models.qwen3 import Qwen3Attention
+from hooked.models.qwen3_moe import Qwen3MoeSparseMLP
+
+DEFAULT_TIMEOUT_S = float(os.environ.get("HOOKED_DIST_TIMEOUT", 300))
+
+
+class RankFailedError(RuntimeError):
+    """Another rank of the group failed; this rank stops too (the message names the rank and its error)."""
+
+
+# ----------------------------------------------------------------------------- process groups
+def init(backend: str | None = None, timeout: float | timedelta | None = None) -> None:
+    """Initialise torch.distributed from torchrun's environment, if not done yet.
+
+    `backend` defaults to NCCL when CUDA is available, else gloo. `timeout` (seconds) bounds every
+    collective: a rank whose peers died or stopped calling raises after it instead of hanging.
+    """
+    if dist.is_initialized():
+        return
+    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"torch.distributed is not initialised and {', '.join(missing)} are not set: launch the script with"
+            " `torchrun --nproc-per-node N script.py` (or call torch.distributed.init_process_group first)"
+        )
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, timeout=_as_timedelta(timeout))
+
+
+def _as_timedelta(timeout: float | timedelta | None) -> timedelta:
+    if isinstance(timeout, timedelta):
+        return timeout
+    return timedelta(seconds=DEFAULT_TIMEOUT_S if timeout is None else float(timeout))
+
+
+@dataclass(eq=False)
+class Parallel:
+    """Where this process sits: its tensor-parallel group (ranks that split one model) and its
+    data-parallel group (ranks holding the same shard of different model copies)."""
+
+    tp_size: int
+    tp_rank: int
+    tp_ranks: list[int]  # global ranks of this tensor-parallel group, in order
+    tp_group: object
+    dp_size: int
+    dp_rank: int
+    dp_group: object
+    timeout: timedelta = field(default_factory=lambda: _as_timedelta(None))
+    vocab_start: int = 0  # first vocabulary row this rank's embedding / unembedding holds
+
+    @classmethod
+    def create(cls, tp: int, timeout: float | timedelta | None = None) -> "Parallel":
+        """Groups of `tp` consecutive ranks split a model; ranks with the same place in their groups
+        form the data-parallel groups. Collective: every rank must call it."""
+        init(timeout=timeout)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if not isinstance(tp, int) or tp < 1 or world % tp:
+            raise ValueError(f"tp={tp!r} must be a positive divisor of the world size {world} (torchrun --nproc-per-node)")
+        timeout = _as_timedelta(timeout)
+        tp_group = dp_group = None
+        tp_ranks: list[int] = []
+        for start in range(0, world, tp):  # every rank creates every group, in the same order
+            ranks = list(range(start, start + tp))
+            group = dist.new_group(ranks, timeout=timeout)
+            if rank in ranks:
+                tp_group, tp_ranks = group, ranks
+        for offset in range(tp):
+            ranks = list(range(offset, world, tp))
+            group = dist.new_group(ranks, timeout=timeout)
+            if rank in ranks:
+                dp_group = group
+        return cls(tp, rank % tp, tp_ranks, tp_group, world // tp, rank // tp, dp_group, timeout)
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank()
+
+    def device(self, device: torch.device | str) -> torch.device:
+        """`device`, with a bare "cuda" made this process's GPU (LOCAL_RANK)."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        return device
+
+    # ------------------------------------------------------------------------- agreement
+    def agree(self, error: BaseException | None, fingerprint=None, what: str = "", group=None) -> None:
+        """Every rank of the group learns whether any rank failed (and whether their fingerprints
+        match); then all raise together, or all go on. Collective."""
+        group = self.tp_group if group is None else group
+        ranks = self.tp_ranks if group is self.tp_group else None
+        size = dist.get_world_size(group)
+        mine = (None if error is None else f"{type(error).__name__}: {error}", fingerprint)
+        statuses: list = [None] * size
+        dist.all_gather_object(statuses, mine, group=group)
+        failed = [(index, message) for index, (message, _) in enumerate(statuses) if message is not None]
+        if failed:
+            if error is not None:
+                raise error
+            index, message = failed[0]
+            rank = ranks[index] if ranks else dist.get_global_rank(group, index)
+            raise RankFailedError(f"rank {rank} failed{f' in {what}' if what else ''}, so every rank stops: {message}")
+        if fingerprint is not None and any(status[1] != fingerprint for status in statuses):
+            differing = [index for index, status in enumerate(statuses) if status[1] != statuses[0][1]]
+            raise RankFailedError(
+                f"the ranks of a tensor-parallel group were given different inputs{f' to {what}' if what else ''}"
+                f" (group members {differing} differ from the first: {[s[1] for s in statuses]}); every rank of a"
+                " group must make the same call with the same tokens"
+            )
+
+    # ------------------------------------------------------------------------- collectives
+    def all_reduce(self, tensor: Tensor) -> Tensor:
+        dist.all_reduce(tensor, group=self.tp_group)
+        return tensor
+
+    def all_gather(self, local: Tensor, axis: int, sizes: list[int]) -> list[Tensor]:
+        """Each rank's piece along `axis` (pieces may differ in length: padded for the collective)."""
+        longest = max(sizes)
+        padded = local
+        if local.shape[axis] < longest:
+            pad_shape = list(local.shape)
+            pad_shape[axis] = longest - local.shape[axis]
+            padded = torch.cat([local, local.new_zeros(pad_shape)], dim=axis)
+        padded = padded.contiguous()
+        pieces = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(pieces, padded, group=self.tp_group)
+        return [piece.narrow(axis, 0, size) for piece, size in zip(pieces, sizes)]
+
+    def broadcast(self, tensor: Tensor) -> Tensor:
+        tensor = tensor.contiguous()
+        dist.broadcast(tensor, src=self.tp_ranks[0], group=self.tp_group)
+        return tensor
+
+    # ------------------------------------------------------------------------- splits
+    def even(self, n: int, what: str) -> list[tuple[int, int]]:
+        """[start, stop) of each rank: n split evenly (it must divide)."""
+        if n % self.tp_size:
+            raise ValueError(f"{what} = {n} is not divisible by tp={self.tp_size}; choose a tp that divides it")
+        size = n // self.tp_size
+        return [(r * size, (r + 1) * size) for r in range(self.tp_size)]
+
+    def even_or_replicated(self, n: int, what: str) -> list[tuple[int, int]]:
+        """As `even`, or, when tp is a multiple of n, each item held by tp / n consecutive ranks."""
+        if n % self.tp_size == 0:
+            return self.even(n, what)
+        if self.tp_size % n == 0:
+            copies = self.tp_size // n
+            return [(r // copies, r // copies + 1) for r in range(self.tp_size)]
+        raise ValueError(f"{what} = {n} neither divides nor is divisible by tp={self.tp_size}; choose another tp")
+
+    def uneven(self, n: int) -> list[tuple[int, int]]:
+        """Blocks of ceil(n / tp); the last may be shorter (a vocabulary of 50257 on 2 ranks)."""
+        size = -(-n // self.tp_size)
+        return [(min(r * size, n), min((r + 1) * size, n)) for r in range(self.tp_size)]
+
+
+# ----------------------------------------------------------------------------- hooks
+def _version(tensor: Tensor) -> int | None:
+    try:
+        return tensor._version
+    except RuntimeError:  # inference tensors keep no version counter
+        return None
+
+
+class HookShard:
+    """How one hook point's tensor is split over a tensor-parallel group, and how its hooks run on the
+    whole tensor: `axis` and each rank's [start, stop) along it; `summed`: each rank holds its own
+    entries and zeros elsewhere (the per-slot expert points); neither: replicated."""
+
+    def __init__(self, parallel: Parallel, axis: int | None = None, ranges: list[tuple[int, int]] | None = None,
+                 summed: bool = False):
+        self.parallel, self.axis, self.ranges, self.summed = parallel, axis, ranges, summed
+
+    def gather(self, local: Tensor) -> Tensor:
+        if self.summed:
+            return self.parallel.all_reduce(local.clone())
+        if self.axis is None:
+            return local
+        pieces = self.parallel.all_gather(local, self.axis, [stop - start for start, stop in self.ranges])
+        distinct, seen = [], set()
+        for piece, span in sorted(zip(pieces, self.ranges), key=lambda item: item[1]):
+            if span not in seen:  # a replicated key/value head is taken once
+                seen.add(span)
+                distinct.append(piece)
+        return torch.cat(distinct, dim=self.axis)
+
+    def local_part(self, whole: Tensor) -> Tensor:
+        if self.summed or self.axis is None:
+            return whole
+        start, stop = self.ranges[self.parallel.tp_rank]
+        return whole.narrow(self.axis, start, stop - start).contiguous()
+
+    def run(self, point, local: Tensor) -> Tensor:
+        """Gather, run the point's hooks on the whole tensor, agree, re-shard."""
+        whole = self.gather(local)
+        before = _version(whole)
+        error, result = None, whole
+        try:
+            if point._bwd:
+                raise RuntimeError(
+                    f"a backward hook is registered at {point.name}, but a model loaded with tp > 1 runs forwards"
+                    " without gradients (its collectives are not differentiated); use tp=1 for gradients"
+                )
+            result = point._run(whole)
+        except Exception as caught:  # every rank learns of it below, then all raise
+            error = caught
+        changed = result is not whole or before is None or _version(whole) != before
+        statuses: list = [None] * self.parallel.tp_size
+        message = None if error is None else f"{type(error).__name__}: {error}"
+        dist.all_gather_object(statuses, (message, changed), group=self.parallel.tp_group)
+        failed = [(index, text) for index, (text, _) in enumerate(statuses) if text is not None]
+        if failed:
+            if error is not None:
+                raise error
+            index, text = failed[0]
+            raise RankFailedError(
+                f"rank {self.parallel.tp_ranks[index]} failed in a hook at {point.name}, so every rank stops: {text}"
+            )
+        if not any(flag for _, flag in statuses):
+            return local
+        return self.local_part(self.parallel.broadcast(result))
+
+
+def hook_shard(parallel: Parallel, axes: tuple[str, ...], splits: dict[str, list[tuple[int, int]]]) -> HookShard:
+    """The split of a point with these axes (see the module docstring)."""
+    if "d_expert_mlp" in axes and "top_k" in axes:
+        return HookShard(parallel, summed=True)
+    for axis_name in ("head_index", "kv_head_index", "d_mlp"):
+        if axis_name in axes:
+            return HookShard(parallel, axes.index(axis_name), splits[axis_name])
+    return HookShard(parallel)
+
+
+# ----------------------------------------------------------------------------- parallel layers
+class RowParallelLinear(nn.Linear):
+    """nn.Linear holding some input columns: partial product, all-reduce, then the (whole) bias."""
+
+    parallel: Parallel
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.add_bias(F.linear(x, self.weight))
+
+    def add_bias(self, partial: Tensor) -> Tensor:
+        whole = self.parallel.all_reduce(partial)
+        return whole + self.bias if self.bias is not None else whole
+
+
+class RowParallelConv1D(Conv1D):
+    """GPT-2's Conv1D holding some input rows: partial product, all-reduce, then the (whole) bias."""
+
+    parallel: Parallel
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.add_bias(torch.mm(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1))
+
+    def add_bias(self, partial: Tensor) -> Tensor:
+        return self.parallel.all_reduce(partial) + self.bias
+
+
+def vocab_rows(parallel: Parallel, weight: Tensor, start: int, ids: Tensor) -> Tensor:
+    """Whole rows `ids` (any shape) of a table split by vocabulary rows, on every rank: each rank looks
+    up the ids it holds, zeros elsewhere, and an all-reduce adds them."""
+    local = ids - start
+    inside = (local >= 0) & (local < weight.shape[0])
+    if weight.shape[0]:
+        out = F.embedding(torch.where(inside, local, 0), weight).masked_fill(~inside[..., None], 0)
+    else:
+        out = weight.new_zeros(*ids.shape, weight.shape[1])
+    return parallel.all_reduce(out)
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """nn.Embedding holding vocabulary rows [start, start + num_embeddings): a masked lookup and an all-reduce."""
+
+    parallel: Parallel
+    start: int
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return vocab_rows(self.parallel, self.weight, self.start, ids)
+
+
+def vocab_parallel_logits(parallel: Parallel, normed: Tensor, weight: Tensor, start: int, vocab: int,
+                          columns: Tensor | None) -> Tensor:
+    """Logits from a vocab-parallel unembedding: all columns (gathered), or just `columns` (token ids)."""
+    if columns is None:
+        local = F.linear(normed, weight)
+        sizes = [stop - begin for begin, stop in parallel.uneven(vocab)]
+        return torch.cat(parallel.all_gather(local, -1, sizes), dim=-1)
+    mine = (columns >= start) & (columns < start + weight.shape[0])
+    out = normed.new_zeros(*normed.shape[:-1], len(columns))
+    if bool(mine.any()):
+        out[..., mine] = F.linear(normed, weight[columns[mine] - start])
+    return parallel.all_reduce(out)
+
+
+# ----------------------------------------------------------------------------- splitting a model
+ReadPlan = dict[str, tuple[int, list[tuple[int, int]], torch.Size]]  # parameter -> (dim, ranges, shape on disk)
+
+
+def parallelize(model, parallel: Parallel) -> ReadPlan:
+    """Cut a model built on the meta device down to this rank's shard, in place, and return what to
+    read for each split parameter: (dim, [start, stop) ranges along it, concatenated; its whole shape).
+
+    Raises before changing anything when a size does not split over tp.
+    """
+    cfg, rank = model.cfg, parallel.tp_rank
+    heads = parallel.even(cfg.n_heads, "n_heads (attention heads)")
+    kv_heads = parallel.even_or_replicated(cfg.n_kv_heads, "n_kv_heads (key/value heads)")
+    mlp = parallel.uneven(cfg.d_mlp)
+    vocab = parallel.uneven(cfg.d_vocab)
+    experts = parallel.even(cfg.n_experts, "n_experts") if getattr(cfg, "n_experts", 0) else None
+    if cfg.n_kv_heads % parallel.tp_size and cfg.n_heads // parallel.tp_size > cfg.n_heads // cfg.n_kv_heads:
+        raise ValueError("a rank's query heads must share one key/value head when kv heads are replicated")
+    plan: ReadPlan = {}
+    d_head = cfg.d_head
+
+    def scaled(spans, factor, offset=0):
+        return [(offset + start * factor, offset + stop * factor) for start, stop in spans]
+
+    def split(module: nn.Module, name: str, dim: int, spans: list[tuple[int, int]], prefix: str) -> None:
+        parameter = getattr(module, name)
+        shape = list(parameter.shape)
+        plan[f"{prefix}{name}"] = (dim, spans, parameter.shape)
+        shape[dim] = sum(stop - start for start, stop in spans)
+        setattr(module, name, nn.Parameter(torch.empty(shape, dtype=parameter.dtype, device="meta"), requires_grad=False))
+
+    def row_parallel(module: nn.Module, child: str, cls: type) -> None:
+        old = getattr(module, child)
+        new = cls.__new__(cls)
+        new.__dict__.update(old.__dict__)
+        new.parallel = parallel
+        setattr(module, child, new)
+
+    names = {module: name + "." for name, module in model.named_modules()}
+    for module in list(model.modules()):
+        prefix = names[module]
+        if isinstance(module, GPT2Attention):
+            h0, h1 = heads[rank]
+            width = cfg.n_heads * d_head
+            qkv = [(part * width + h0 * d_head, part * width + h1 * d_head) for part in range(3)]
+            split(module.c_attn, "weight", 1, qkv, prefix + "c_attn.")
+            split(module.c_attn, "bias", 0, qkv, prefix + "c_attn.")
+            split(module.c_proj, "weight", 0, [scaled(heads, d_head)[rank]], prefix + "c_proj.")
+            row_parallel(module, "c_proj", RowParallelConv1D)
+            module.n_heads = h1 - h0
+        elif isinstance(module, Qwen3Attention):
+            q_span, kv_span = scaled(heads, d_head)[rank], scaled(kv_heads, d_head)[rank]
+            for child, span in (("q_proj", q_span), ("k_proj", kv_span), ("v_proj", kv_span)):
+                split(getattr(module, child), "weight", 0, [span], f"{prefix}{child}.")
+                if getattr(module, child).bias is not None:
+                    split(getattr(module, child), "bias", 0, [span], f"{prefix}{child}.")
+            split(module.o_proj, "weight", 1, [q_span], prefix + "o_proj.")
+            row_parallel(module, "o_proj", RowParallelLinear)
+            module.n_heads = heads[rank][1] - heads[rank][0]
+            module.n_kv_heads = kv_heads[rank][1] - kv_heads[rank][0]
+        elif isinstance(module, GatedMLP):
+            for child in ("gate_proj", "up_proj"):
+                split(getattr(module, child), "weight", 0, [mlp[rank]], f"{prefix}{child}.")
+            split(module.down_proj, "weight", 1, [mlp[rank]], prefix + "down_proj.")
+            row_parallel(module, "down_proj", RowParallelLinear)
+        elif isinstance(module, Qwen3MoeSparseMLP):
+            for name in ("gate_up_proj", "down_proj"):
+                split(module.experts, name, 0, [experts[rank]], prefix + "experts.")
+            module.local_experts = range(*experts[rank])
+            module.parallel = parallel
+        elif isinstance(module, GPT2MLP):
+            split(module.c_fc, "weight", 1, [mlp[rank]], prefix + "c_fc.")
+            split(module.c_fc, "bias", 0, [mlp[rank]], prefix + "c_fc.")
+            split(module.c_proj, "weight", 0, [mlp[rank]], prefix + "c_proj.")
+            row_parallel(module, "c_proj", RowParallelConv1D)
+    for child in model.vocab_parallel_names():
+        table = getattr(model, child)
+        split(table, "weight", 0, [vocab[rank]], f"{child}.")
+        if isinstance(table, nn.Embedding):
+            row_parallel(model, child, VocabParallelEmbedding)
+            getattr(model, child).num_embeddings = vocab[rank][1] - vocab[rank][0]
+        getattr(model, child).start = vocab[rank][0]
+    splits = {"head_index": heads, "kv_head_index": kv_heads, "d_mlp": mlp}
+    for point in model.hook_dict.values():
+        point.shard = hook_shard(parallel, point.axes, splits)
+    model.parallel = parallel
+    parallel.vocab_start = vocab[rank][0]
+    return plan
