@@ -44,7 +44,8 @@ def run_with_cache(
     pos_slice: PosSlice = None,
     **model_kwargs,
 ) -> tuple[Tensor, "ActivationCache"]:
-    names = model.hook_names if names_filter is None else model.resolve_hook_names(names_filter)
+    # Resolved by model.hooks() (a bad name there raises on every rank of a tensor-parallel group).
+    names = model.hook_names if names_filter is None else names_filter
     store: dict[str, Tensor] = {}
     rows = {}  # the forward's position ids and mask, kept so a cache knows its padding
 

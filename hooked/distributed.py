@@ -165,9 +165,9 @@ class Parallel:
         if fingerprint is not None and any(status[1] != fingerprint for status in statuses):
             differing = [index for index, status in enumerate(statuses) if status[1] != statuses[0][1]]
             raise RankFailedError(
-                f"the ranks of a tensor-parallel group were given different inputs{f' to {what}' if what else ''}"
-                f" (group members {differing} differ from the first: {[s[1] for s in statuses]}); every rank of a"
-                " group must make the same call with the same tokens"
+                f"the ranks of a group made different calls or gave different inputs{f' to {what}' if what else ''}"
+                f" (members {differing} differ from the first); every rank must make the same calls with the same"
+                f" tokens and hooks. Fingerprints: {[_short(s[1]) for s in statuses]}"
             )
 
     # ------------------------------------------------------------------------- collectives
@@ -214,6 +214,11 @@ class Parallel:
         """Blocks of ceil(n / tp); the last may be shorter (a vocabulary of 50257 on 2 ranks)."""
         size = -(-n // self.tp_size)
         return [(min(r * size, n), min((r + 1) * size, n)) for r in range(self.tp_size)]
+
+
+def _short(fingerprint, limit: int = 300) -> str:
+    text = repr(fingerprint)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # ----------------------------------------------------------------------------- hooks

@@ -428,10 +428,18 @@ class HookedRootModule(nn.Module):
         """
         context = _HookContext()
         try:
-            for name, fn in fwd_hooks:
-                self._add(context, name, fn, "fwd")
-            for name, fn in bwd_hooks:
-                self._add(context, name, fn, "bwd")
+            error = None
+            try:
+                for name, fn in fwd_hooks:
+                    self._add(context, name, fn, "fwd")
+                for name, fn in bwd_hooks:
+                    self._add(context, name, fn, "bwd")
+            except Exception as caught:
+                error = caught
+            if getattr(self, "tensor_parallel", False):  # a bad hook on one rank stops every rank (hooked.distributed)
+                self.parallel.agree(error, what="registering hooks")
+            elif error is not None:
+                raise error
             yield self
         finally:
             if reset_hooks_end:

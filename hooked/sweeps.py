@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from hooked.hooks import HookFn, HookPoint, NameFilter, Rows, current_rows, running_rows
@@ -161,6 +162,7 @@ def sweep(
     max_bytes: int | None = None,
     progress: bool | None = None,
     task: Any = None,
+    data_parallel: bool | None = None,
 ) -> SweepResult:
     """Run every variant (a list of (hook name, callback) pairs) on the prompts; one number per prompt each.
 
@@ -170,37 +172,70 @@ def sweep(
     `progress` shows a bar over chunks (default: when there is more than one). `task` is recorded in the
     result's provenance. Equal, within float32 rounding, to running each variant alone with
     `model.run_with_hooks` and applying the metric.
+
+    `data_parallel` spreads the variants over the data-parallel ranks of a torchrun job: each rank (or
+    tensor-parallel group) runs a contiguous share of them and every rank returns the whole table. By
+    default it does so when the model was loaded with `hooked.load(..., tp=N)` on more ranks than N;
+    `True` with a model loaded without `tp` uses every rank of the job (each holds a whole model).
+    Every rank must call `sweep` with the same arguments (docs/scaling.md).
     """
     if not isinstance(variants, Mapping) or not variants:
         raise ValueError("variants must be a non-empty dict: {name: [(hook_name, callback), ...]}")
-    registered_hooks(model, "hooked.sweep")
+    group = _data_parallel_group(model, data_parallel)
     with torch.no_grad():
-        tokens, key_valid = model._tokens_and_mask(input, attention_mask, prepend_bos=None)
+        error = None
+        try:
+            tokens, key_valid = model._tokens_and_mask(input, attention_mask, prepend_bos=None)
+            registered_hooks(model, "hooked.sweep")
+            planned = _plan(model, variants, tokens.shape)
+            reads = _Reads.of(metric, model)
+        except Exception as caught:
+            error = caught
+        # Under torch.distributed a mistake on one rank stops every rank here, before any variant runs.
+        calls = None if error is not None else ("hooked.sweep", [(v.name, [name for name, _ in v.hooks]) for v in planned])
+        if getattr(model, "tensor_parallel", False):
+            model.parallel.agree(error, calls, what="hooked.sweep")
+        if group is not None:
+            _agree_across(group, error, calls)
+        elif error is not None:
+            raise error
         prompts = _Prompts(tokens, position_ids_for(tokens, key_valid), key_valid)
-        planned = _plan(model, variants, tokens.shape)
-        reads = _Reads.of(metric, model)
 
         # 1. The base run, keeping the residual stream entering every stage a variant starts at.
         starts = {v.stage for v in planned}
         base_resid, base_reduced = _base_run(model, prompts, starts, reads)
         base_value = reads.evaluate(base_reduced, base_reduced, key_valid)
 
-        # 2. Chunks of variants, sorted by the stage they start at.
+        # 2. Chunks of variants, sorted by the stage they start at; under data parallelism, this rank's share.
         order = sorted(range(len(planned)), key=lambda i: planned[i].stage)
+        if group is not None:
+            share = -(-len(order) // dist.get_world_size(group))
+            order = order[dist.get_rank(group) * share:(dist.get_rank(group) + 1) * share]
         per_chunk = _rows_per_chunk(model, tokens.shape, reads, max_rows, max_bytes) // tokens.shape[0]
         per_chunk = max(per_chunk, 1)
         chunks = [order[i:i + per_chunk] for i in range(0, len(order), per_chunk)]
-        values = torch.empty(len(planned), tokens.shape[0], dtype=torch.float32)
-        bar = _progress(len(chunks), len(planned), progress)
-        for chunk in chunks:
-            reduced = _run_chunk(model, prompts, [planned[i] for i in chunk], base_resid, reads)
-            batch = tokens.shape[0]
-            for block, index in enumerate(chunk):
-                rows = slice(block * batch, (block + 1) * batch)
-                values[index] = reads.evaluate(reduced[rows], base_reduced, key_valid).cpu()
-            bar.update(len(chunk)) if bar is not None else None
-        if bar is not None:
-            bar.close()
+        values = torch.zeros(len(planned), tokens.shape[0], dtype=torch.float32)
+        first_rank = not dist.is_initialized() or dist.get_rank() == 0
+        bar = _progress(len(chunks), len(order), progress) if first_rank else None
+        error = None
+        try:
+            for chunk in chunks:
+                reduced = _run_chunk(model, prompts, [planned[i] for i in chunk], base_resid, reads)
+                batch = tokens.shape[0]
+                for block, index in enumerate(chunk):
+                    rows = slice(block * batch, (block + 1) * batch)
+                    values[index] = reads.evaluate(reduced[rows], base_reduced, key_valid).cpu()
+                bar.update(len(chunk)) if bar is not None else None
+        except Exception as caught:
+            if group is None:
+                raise
+            error = caught
+        finally:
+            if bar is not None:
+                bar.close()
+        if group is not None:  # every rank learns of a failure, then the shares are summed (zeros elsewhere)
+            _agree_across(group, error)
+            values = _sum_across(group, values, model.device)
     return SweepResult(
         variants=[v.name for v in planned],
         values=values,
@@ -208,6 +243,48 @@ def sweep(
         metric=getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__)),
         provenance=_provenance(model, planned, metric, task, tokens),
     )
+
+
+def _data_parallel_group(model: "HookedTransformer", data_parallel: bool | None):
+    """The process group whose ranks share the variants, or None to run them all here."""
+    parallel = getattr(model, "parallel", None)
+    if data_parallel is False or (data_parallel is None and (parallel is None or parallel.dp_size == 1)):
+        return None
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "sweep(data_parallel=True) needs torch.distributed: launch with `torchrun --nproc-per-node N` and load the"
+            " model with hooked.load(..., tp=...) or call hooked.distributed.init() first"
+        )
+    if parallel is not None:
+        return parallel.dp_group if parallel.dp_size > 1 else None
+    return dist.group.WORLD
+
+
+def _agree_across(group, error: BaseException | None, calls=None) -> None:
+    """Every data-parallel rank learns whether any failed, or was given other variants; then all raise or go on."""
+    from hooked.distributed import RankFailedError
+
+    statuses: list = [None] * dist.get_world_size(group)
+    message = None if error is None else f"{type(error).__name__}: {error}"
+    dist.all_gather_object(statuses, (message, calls), group=group)
+    if error is not None:
+        raise error
+    failed = [(index, text) for index, (text, _) in enumerate(statuses) if text is not None]
+    if failed:
+        index, text = failed[0]
+        raise RankFailedError(
+            f"data-parallel rank {dist.get_global_rank(group, index)} failed in the sweep, so every rank stops: {text}"
+        )
+    if any(other != calls for _, other in statuses):
+        raise RankFailedError("the data-parallel ranks were given different variants; every rank must call sweep"
+                              " with the same variants")
+
+
+def _sum_across(group, values: Tensor, device: torch.device) -> Tensor:
+    """Each rank filled its own variants' rows (zeros elsewhere): their sum is the whole table, exactly."""
+    on_device = values.to(device)  # NCCL reduces CUDA tensors only
+    dist.all_reduce(on_device, group=group)
+    return on_device.cpu()
 
 
 def registered_hooks(model: "HookedTransformer", caller: str) -> None:

@@ -343,11 +343,12 @@ class HookedTransformer(HookedRootModule):
             result = self._tokens_and_mask_checked(input, attention_mask, prepend_bos)
             tokens, key_valid = result
             weights = torch.arange(1, tokens.numel() + 1, device=tokens.device).view_as(tokens)
+            hooked_points = tuple(name for name, point in self.hook_dict.items() if point.has_hooks)
             fingerprint = (tuple(tokens.shape), int((tokens * weights).sum()),
-                           None if key_valid is None else int((key_valid * weights).sum()))
+                           None if key_valid is None else int((key_valid * weights).sum()), hooked_points)
         except Exception as caught:
             error = caught
-        self.parallel.agree(error, fingerprint, "the model's input")
+        self.parallel.agree(error, fingerprint, "a forward (tokens, mask and hooked points)")
         return result
 
     def _tokens_and_mask_checked(self, input: ModelInput, attention_mask: Tensor | None, prepend_bos: bool | None):

@@ -1,0 +1,229 @@
+"""Tensor, expert and data parallelism (hooked.distributed) against single-process models.
+
+Two processes on this CPU with the gloo backend, launched with torchrun (`python -m
+torch.distributed.run --standalone`): tests/distributed_worker.py loads each tiny checkpoint with
+`tp=2` (and `tp=1` / no tp for data-parallel sweeps), runs it, and saves what each rank saw; the
+tests here compare it with `hooked.load(directory)` in this process. Checkpoints cover GPT-2 (a
+vocabulary that does not split evenly), Qwen3 with grouped-query attention, attention biases and an
+untied unembedding, and Qwen3-MoE with one key/value head (held by both ranks), tied embeddings, a
+dense layer and six experts (three per rank).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hooked
+from hooked.testing import build_gpt2_checkpoint, randomize_norms
+from tests import distributed_worker as worker
+
+import transformers  # builds the Qwen3 checkpoints (the dev extra)
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="torch was built without gloo")
+
+REPO = Path(__file__).resolve().parent.parent
+ATOL = 1e-5  # float32 rounding: the all-reduces sum partial products in another order (measured <= 1e-6)
+
+
+def build(directory: Path, config, model_class) -> Path:
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    randomize_norms(model, 0)
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("distributed")
+    return {
+        "gpt2": build_gpt2_checkpoint(root / "gpt2", n_layer=2, n_embd=64, n_head=4),
+        "qwen3": build(root / "qwen3", transformers.Qwen3Config(
+            vocab_size=97, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            intermediate_size=96, num_hidden_layers=2, attention_bias=True), transformers.Qwen3ForCausalLM),
+        "qwen3_moe": build(root / "qwen3_moe", transformers.Qwen3MoeConfig(
+            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+            intermediate_size=80, moe_intermediate_size=32, num_experts=6, num_experts_per_tok=2, num_hidden_layers=3,
+            mlp_only_layers=[0], tie_word_embeddings=True), transformers.Qwen3MoeForCausalLM),
+    }
+
+
+def launch(mode: str, checkpoints: dict[str, Path], out: Path) -> list[dict]:
+    """Run the worker on two ranks; a hang fails the test at the subprocess timeout."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(REPO / "tests" / "distributed_worker.py"), mode, str(out),
+               *(f"{name}={directory}" for name, directory in checkpoints.items())]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+
+
+@pytest.fixture(scope="module")
+def ranks(checkpoints, tmp_path_factory) -> list[dict]:
+    return launch("main", checkpoints, tmp_path_factory.mktemp("main"))
+
+
+@pytest.fixture(scope="module")
+def single(checkpoints) -> dict[str, hooked.HookedTransformer]:
+    return {name: hooked.load(directory) for name, directory in checkpoints.items()}
+
+
+ARCHS = ["gpt2", "qwen3", "qwen3_moe"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_at_tp2_equal_tp1(ranks, single, arch):
+    model = single[arch]
+    tokens = worker.prompt_tokens(model.cfg)
+    padded, mask = worker.padded_prompt(model.cfg)
+    with torch.no_grad():
+        expected, expected_padded = model(tokens), model(padded, attention_mask=mask)
+    for rank in ranks:
+        torch.testing.assert_close(rank[arch]["logits"], expected, rtol=0, atol=ATOL)
+        torch.testing.assert_close(rank[arch]["logits_padded"], expected_padded, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_cached_hook_is_whole_and_equal_on_every_rank(ranks, single, arch):
+    model = single[arch]
+    _, cache = model.run_with_cache(worker.prompt_tokens(model.cfg))
+    assert len(cache) == len(model.hook_dict)
+    for rank in ranks:
+        cached = rank[arch]["cache"]
+        assert list(cached) == list(cache.keys())
+        for name, value in cache.items():
+            assert cached[name].shape == value.shape, name  # TransformerLens' shapes: every head, every neuron
+            if value.dtype.is_floating_point:
+                torch.testing.assert_close(cached[name], value, rtol=0, atol=ATOL, msg=name)
+            else:
+                assert torch.equal(cached[name], value), name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ablations_at_tp2_equal_tp1(ranks, single, arch):
+    model = single[arch]
+    tokens = worker.prompt_tokens(model.cfg)
+    hooks = worker.with_model(worker.ablation_hooks(model.cfg), model)
+    assert set(hooks) == set(ranks[0][arch]["ablations"])
+    with torch.no_grad():
+        clean = model(tokens)
+        for label, pairs in hooks.items():
+            expected = model.run_with_hooks(tokens, fwd_hooks=pairs)
+            assert (expected - clean).abs().max() > 10 * ATOL, f"{label} does not change the logits: the check would be empty"
+            for rank in ranks:
+                torch.testing.assert_close(rank[arch]["ablations"][label], expected, rtol=0, atol=ATOL, msg=label)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_hook_that_differs_between_ranks_gives_the_first_ranks_result(ranks, single, arch):
+    """The hook adds the rank's number: rank 0 adds 0, so both ranks must compute the unhooked model."""
+    model = single[arch]
+    with torch.no_grad():
+        expected = model(worker.prompt_tokens(model.cfg))
+    for rank in ranks:
+        torch.testing.assert_close(rank[arch]["rank_dependent"], expected, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_collectives_only_where_a_hook_listens(ranks, single, arch):
+    n_layers = single[arch].cfg.n_layers
+    counts = ranks[0][arch]["collectives"]
+    # Unhooked: the embedding and one all-reduce per sublayer, the logits gathered, the inputs compared once.
+    assert counts["unhooked"] == {"all_reduce": 1 + 2 * n_layers, "all_gather": 1, "broadcast": 0, "all_gather_object": 1}
+    # A hook that reads z: z gathered once more, the outcome of its hooks compared, nothing broadcast.
+    assert counts["reading"]["all_gather"] == 2 and counts["reading"]["broadcast"] == 0
+    # A hook that writes z: the first rank's result is broadcast once.
+    assert counts["writing"]["all_gather"] == 2 and counts["writing"]["broadcast"] == 1
+    assert counts["reading"]["all_reduce"] == counts["writing"]["all_reduce"] == 1 + 2 * n_layers
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sweep_at_tp2_equals_the_single_process_sweep(ranks, single, arch):
+    model = single[arch]
+    expected = hooked.sweep(model, worker.prompt_tokens(model.cfg), worker.sweep_variants(model.cfg), worker.sweep_metric(model))
+    for rank in ranks:
+        result = rank[arch]["sweep"]
+        assert result["variants"] == expected.variants
+        torch.testing.assert_close(result["values"], expected.values, rtol=0, atol=ATOL)
+        torch.testing.assert_close(result["base"], expected.base, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("how", ["dp_sweep", "world_sweep"])
+def test_data_parallel_sweep_splits_the_variants_and_equals_one_process(ranks, single, arch, how):
+    model = single[arch]
+    variants = worker.sweep_variants(model.cfg)
+    expected = hooked.sweep(model, worker.prompt_tokens(model.cfg), variants, worker.sweep_metric(model))
+    ran = [set(rank[arch][how]["ran"]) for rank in ranks]
+    assert ran[0] and ran[1] and not ran[0] & ran[1], "each rank runs its own share of the variants"
+    assert ran[0] | ran[1] == set(variants)
+    for rank in ranks:
+        torch.testing.assert_close(rank[arch][how]["values"], expected.values, rtol=0, atol=ATOL)  # MoE: rows batched differently
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generation_and_unembedding_rows_at_tp2(ranks, single, arch):
+    model = single[arch]
+    padded, mask = worker.padded_prompt(model.cfg)
+    expected = model.generate(padded, max_new_tokens=4, attention_mask=mask, return_type="tokens")
+    ids = torch.tensor([0, model.cfg.d_vocab // 2, model.cfg.d_vocab - 1])
+    for rank in ranks:
+        assert torch.equal(rank[arch]["generated"], expected)
+        torch.testing.assert_close(rank[arch]["directions"], model.tokens_to_residual_directions(ids), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_rank_holds_its_shard(ranks, single, arch):
+    """Each rank's parameters: the split ones halved, the replicated ones (norms, position table, router,
+    output biases, and key/value projections when there are fewer kv heads than ranks) whole."""
+    model = single[arch]
+    total = sum(p.numel() for p in model.parameters())
+    whole = ["ln", "norm", "wpe", "mlp.gate.", "attn.c_proj.bias", "mlp.c_proj.bias", "o_proj.bias"]
+    whole += ["k_proj", "v_proj"] if model.cfg.n_kv_heads < 2 else []
+    replicated = sum(p.numel() for name, p in model.named_parameters() if any(part in name for part in whole))
+    for rank in ranks:
+        assert rank[arch]["local_parameters"] == pytest.approx((total - replicated) / 2 + replicated, rel=0.01)
+
+
+# ----------------------------------------------------------------------------- failures
+@pytest.fixture(scope="module")
+def failures(checkpoints, tmp_path_factory) -> list[dict]:
+    return launch("failures", {"gpt2": checkpoints["gpt2"]}, tmp_path_factory.mktemp("failures"))
+
+
+@pytest.mark.parametrize("case, on_rank_1, on_rank_0, text", [
+    ("hook_raises_on_one_rank", "ValueError", "RankFailedError", "a mistake in this hook on rank 1"),
+    ("bad_input_on_one_rank", "ValueError", "RankFailedError", "out of range"),
+    ("cache_with_failing_hook", "KeyError", "RankFailedError", "hook_nope"),
+    ("sweep_variant_fails_on_one_rank", "VariantError", "RankFailedError", "a mistake in this hook on rank 1"),
+    ("dp_sweep_share_fails", "VariantError", "RankFailedError", "a mistake in this hook on rank 1"),
+    ("different_inputs", "RankFailedError", "RankFailedError", "different"),
+    ("wrong_shape_everywhere", "ValueError", "ValueError", "must keep the shape"),
+])
+def test_a_failing_rank_makes_every_rank_raise(failures, case, on_rank_1, on_rank_0, text):
+    first, second = failures[0][case], failures[1][case]
+    assert (first["raised"], second["raised"]) == (on_rank_0, on_rank_1), (first, second)
+    assert text in second["message"] and text in first["message"], (first, second)
+    if on_rank_0 == "RankFailedError" and on_rank_1 != "RankFailedError":
+        assert "rank 1" in first["message"]
+
+
+def test_after_failures_no_hook_is_left_and_the_model_still_works(failures):
+    for rank in failures:
+        assert rank["hooks_left"] == 0
+        torch.testing.assert_close(rank["after"], rank["first"], rtol=0, atol=0)
+
+
+def test_a_stalled_rank_ends_in_an_error_after_the_timeout_not_a_hang(checkpoints, tmp_path):
+    ranks = launch("stalled", {"gpt2": checkpoints["gpt2"]}, tmp_path)
+    forward = ranks[0]["forward"]
+    assert forward["raised"] is not None, "rank 0 returned although rank 1 never joined the collective"
+    assert forward["seconds"] >= worker.STALL_TIMEOUT_S * 0.9  # it waited for the timeout, then raised
+    assert ranks[1] == {"slept": True}
