@@ -227,3 +227,13 @@ def test_a_stalled_rank_ends_in_an_error_after_the_timeout_not_a_hang(checkpoint
     assert forward["raised"] is not None, "rank 0 returned although rank 1 never joined the collective"
     assert forward["seconds"] >= worker.STALL_TIMEOUT_S * 0.9  # it waited for the timeout, then raised
     assert ranks[1] == {"slept": True}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_shard_bytes_predicts_what_each_rank_loaded(ranks, checkpoints, arch):
+    from hooked.distributed import shard_bytes
+
+    predicted = shard_bytes(str(checkpoints[arch]), 2, torch.float32)
+    for index, rank in enumerate(ranks):
+        assert predicted[index]["total"] == rank[arch]["local_parameters"] * 4
+        assert predicted[index]["split"] + predicted[index]["replicated"] == predicted[index]["total"]

@@ -177,6 +177,8 @@ class HookedTransformer(HookedRootModule):
             raise ValueError(
                 f"hooked.HookedTransformer.from_pretrained does not support {', '.join(refused)}; it reads the"
                 " checkpoint's own safetensors and tokenizer files onto one device (see docs/hooks.md)"
+                + ("; to split a model over several devices, run under torchrun and load it with hooked.load(path,"
+                   " tp=N) (docs/scaling.md)" if n_devices != 1 else "")
             )
         HookedTokenizer._check_padding_side(default_padding_side)
         model_class = None if cls is HookedTransformer else cls
