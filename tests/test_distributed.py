@@ -237,3 +237,49 @@ def test_shard_bytes_predicts_what_each_rank_loaded(ranks, checkpoints, arch):
     for index, rank in enumerate(ranks):
         assert predicted[index]["total"] == rank[arch]["local_parameters"] * 4
         assert predicted[index]["split"] + predicted[index]["replicated"] == predicted[index]["total"]
+
+
+# ----------------------------------------------------------------------------- single process
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_read_part_into_reads_exactly_the_slice(tmp_path, dtype):
+    """Every dim, every range, into a contiguous or a strided destination, with or without a dtype change."""
+    from safetensors.torch import save_file
+
+    from hooked.weights import SafetensorsFile
+
+    tensors = {"a": torch.randn(4, 6, 5, generator=torch.Generator().manual_seed(0)).to(dtype),
+               "b": torch.randn(7, generator=torch.Generator().manual_seed(1)).to(dtype)}
+    save_file(tensors, tmp_path / "t.safetensors")
+    with SafetensorsFile(tmp_path / "t.safetensors") as file:
+        for key, tensor in tensors.items():
+            for dim in range(tensor.ndim):
+                for start, stop in [(0, tensor.shape[dim]), (1, 3), (2, 2), (tensor.shape[dim] - 1, tensor.shape[dim])]:
+                    expected = tensor.narrow(dim, start, stop - start)
+                    for target_dtype in (dtype, torch.float32):
+                        into = torch.full(expected.shape, float("nan"), dtype=target_dtype)
+                        assert torch.equal(file.read_part_into(key, dim, start, stop, into), expected.to(target_dtype))
+                    wide = torch.full((*expected.shape[:-1], expected.shape[-1] + 2), float("nan"), dtype=dtype)
+                    file.read_part_into(key, dim, start, stop, wide[..., 1:-1])  # a strided destination
+                    assert torch.equal(wide[..., 1:-1], expected) and wide[..., 0].isnan().all()
+        with pytest.raises(hooked.CheckpointError, match="not \\[2, 9\\)"):
+            file.read_part_into("a", 1, 2, 9, torch.empty(4, 7, 5, dtype=dtype))
+
+
+def test_tp_without_torchrun_says_how_to_launch(checkpoints, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="torchrun --nproc-per-node"):
+        hooked.load(checkpoints["gpt2"], tp=2)
+
+
+@pytest.mark.parametrize("config, tp, message", [
+    (dict(num_attention_heads=4, num_key_value_heads=2), 3, "n_heads \\(attention heads\\) = 4 is not divisible by tp=3"),
+    (dict(num_attention_heads=6, num_key_value_heads=3), 2, "n_kv_heads \\(key/value heads\\) = 3 neither divides"),
+])
+def test_a_tp_that_does_not_split_the_model_is_refused_before_reading(config, tp, message):
+    from hooked.distributed import shard_bytes
+
+    base = dict(architectures=["Qwen3ForCausalLM"], hidden_size=48, intermediate_size=64, num_hidden_layers=1,
+                head_dim=8, vocab_size=50)
+    with pytest.raises(ValueError, match=message):
+        shard_bytes({**base, **config}, tp)
