@@ -32,9 +32,14 @@ shards with an index file), loaded as bfloat16.
      rank returns.
 2. forward (the same launches): after that first forward (the warmup), `--repeats` forwards of the
    same batch, each after a barrier; the median of the slower rank; ratio TP=2 / TP=1 (no target:
-   on 2 shared cores expect >= 1, the all-reduces and the logits all-gather come on top). Each
-   rank's logits are saved; the parent compares every TP=2 rank's with the first TP=1 launch's:
-   max |diff| relative to max |logit| at TP=1, <= 1e-4 (float32) / 5e-2 (bfloat16).
+   on 2 shared cores expect >= 1, the all-reduces and the logits all-gather come on top); the
+   fastest forwards' ratio is printed too. Each rank's logits are saved; the parent compares every
+   TP=2 rank's with the first TP=1 launch's: max |diff| relative to max |logit| at TP=1, <= 1e-4
+   (float32) / 5e-2 (bfloat16), with the mean |diff| and the share of positions whose argmax
+   agrees. A bfloat16 model is also loaded once as float32 on one rank, and both bfloat16 runs are
+   compared with it: how far bfloat16 rounding alone moves the logits, which is the yardstick for
+   the TP=2 vs TP=1 difference (a partial sum rounded to bfloat16 on each rank, then added, is not
+   the same rounding as one matmul; a near-tie in the router then picks other experts).
 3. sweep (GPT-2 shape, float32): every head (144 variants) zero-ablated at `blocks.L.attn.hook_z`
    (`ablate.zero(heads=h)`) on 4 prompts x 16 random tokens, metric `metrics.logit_diff` of tokens
    11 vs 13 at the last position; `hooked.load(dir, tp=1)` on 1 rank vs 2 data-parallel ranks
@@ -43,6 +48,10 @@ shards with an index file), loaded as bfloat16.
    one timed sweep of all 144 (wall time of the slower rank, and each rank's CPU time, which shows
    how the work was split); ratio 2 ranks / 1 rank (speedup = its inverse). The tables of every
    launch must equal the first 1-rank table (max |diff| <= 1e-5).
+
+Times are wall times on whatever else the machine runs: with 2 threads on 2 cores, another busy
+process stalls every multi-threaded op (a 160 ms MoE forward was seen taking 2 s), so the load
+average before and after the run is printed; the memory figures do not depend on it.
 
 Results: a summary table (section, model, TP=1, TP=2, ratio, target) after per-rank detail, and
 everything (every rank of every launch) in runs/bench-distributed.json.
@@ -323,7 +332,11 @@ def forward_rows(name: str, result: dict) -> tuple[list[tuple], list[str]]:
         ("forward: logits max|diff|/max|logit|, vs TP=1", name, f"{worst('1', 'tp1')['relative']:.1e}",
          f"{tp2['relative']:.1e}", "-", f"<= {tolerance:.0e} {'ok' if tp2['relative'] <= tolerance else 'NOT MET'}"),
     ]
-    notes = [f"{name}, TP=2 vs TP=1 logits: max |diff| {tp2['max_abs']:.3g}, mean |diff| {tp2['mean_abs']:.3g},"
+    fastest = [statistics.median(max(min(r["forward_s"]) for r in ranks_out) for ranks_out in runs[tp])
+               for tp in ("1", "2")]
+    notes = [f"{name}, fastest forwards (median over launches): TP=1 {fastest[0] * 1e3:.0f} ms, TP=2 {fastest[1] * 1e3:.0f} ms,"
+             f" ratio {fastest[1] / fastest[0]:.2f}",
+             f"{name}, TP=2 vs TP=1 logits: max |diff| {tp2['max_abs']:.3g}, mean |diff| {tp2['mean_abs']:.3g},"
              f" argmax agrees at {tp2['argmax_agree']:.1%} of positions"]
     if "float32" in diffs["1"][0]:
         one_f, two_f = worst("1", "float32"), worst("2", "float32")
@@ -380,7 +393,7 @@ def main() -> None:
 
     from common import REPO_ROOT, environment, gpt2_small_checkpoint, table
 
-    began = time.perf_counter()
+    began, load_before = time.perf_counter(), os.getloadavg()
     cases = model_cases() if {"memory", "forward"} & set(sections) else {}
     print(environment())
     print(f"cpus {os.cpu_count()}: 1 rank x {os.cpu_count()} threads vs 2 ranks x {max(1, os.cpu_count() // 2)} thread(s);"
@@ -418,12 +431,14 @@ def main() -> None:
         notes.append(sweep_split(sweep))
     print("\n".join(notes))
     seconds = time.perf_counter() - began
-    print(f"\nwall time {seconds:.0f} s")
+    load = {"before": load_before, "after": os.getloadavg()}
+    print(f"\nwall time {seconds:.0f} s; load average (1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in load['before'])},"
+          f" after {', '.join(f'{x:.2f}' for x in load['after'])} (before: other jobs; this run alone keeps it near 2)")
 
     out = REPO_ROOT / OUT_JSON
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({
-        "environment": environment(), "args": vars(args), "wall_s": seconds, "summary": rows,
+        "environment": environment(), "args": vars(args), "wall_s": seconds, "load_average": load, "summary": rows,
         "models": models, "sweep": sweep,
     }, indent=1))
     print(f"wrote {out}")

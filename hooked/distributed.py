@@ -376,13 +376,11 @@ def parallelize(model, parallel: Parallel) -> ReadPlan:
     mlp = parallel.uneven(cfg.d_mlp)
     vocab = parallel.uneven(cfg.d_vocab)
     experts = parallel.even(cfg.n_experts, "n_experts") if getattr(cfg, "n_experts", 0) else None
-    if cfg.n_kv_heads % parallel.tp_size and cfg.n_heads // parallel.tp_size > cfg.n_heads // cfg.n_kv_heads:
-        raise ValueError("a rank's query heads must share one key/value head when kv heads are replicated")
     plan: ReadPlan = {}
     d_head = cfg.d_head
 
-    def scaled(spans, factor, offset=0):
-        return [(offset + start * factor, offset + stop * factor) for start, stop in spans]
+    def scaled(spans, factor):  # head ranges -> row/column ranges of d_head each
+        return [(start * factor, stop * factor) for start, stop in spans]
 
     def split(module: nn.Module, name: str, dim: int, spans: list[tuple[int, int]], prefix: str) -> None:
         parameter = getattr(module, name)
