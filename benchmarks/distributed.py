@@ -27,24 +27,28 @@ shards with an index file), loaded as bfloat16.
      anyway) - baseline; also the total VmHWM (baseline included) and the bytes of the rank's
      parameters (distinct storages);
    * ratio = (the larger of the two TP=2 ranks) / TP=1. The target, <= 0.6, is judged on the load
-     growth; the total VmHWM ratio is printed too (it carries the baseline both pay, ~0.3 GiB of
+     growth; the total VmHWM ratio is printed too (it carries the baseline both pay, ~230 MiB of
      torch, so it is larger) and the forward growth carries the whole [4, 128, vocab] logits every
-     rank returns.
+     rank returns (plus, at TP=2, its shard and the all-gather's buffers). Seen here: GPT-2 at TP=2
+     keeps ~40 MiB more than its parameters after the load, freed read buffers that glibc keeps in
+     the heap (its dynamic mmap threshold); with MALLOC_MMAP_THRESHOLD_=65536 the growth is 245
+     MiB instead of 283 (ratio 0.51 instead of 0.59).
 2. forward (the same launches): after that first forward (the warmup), `--repeats` forwards of the
    same batch, each after a barrier; the median of the slower rank; ratio TP=2 / TP=1 (no target:
    on 2 shared cores expect >= 1, the all-reduces and the logits all-gather come on top); the
    fastest forwards' ratio is printed too. Each rank's logits are saved; the parent compares every
-   TP=2 rank's with the first TP=1 launch's: max |diff| relative to max |logit| at TP=1, <= 1e-4
-   (float32) / 5e-2 (bfloat16), with the mean |diff| and the share of positions whose argmax
-   agrees. A bfloat16 model is also loaded once as float32 on one rank, and both bfloat16 runs are
-   compared with it: how far bfloat16 rounding alone moves the logits, which is the yardstick for
-   the TP=2 vs TP=1 difference (a partial sum rounded to bfloat16 on each rank, then added, is not
-   the same rounding as one matmul; a near-tie in the router then picks other experts).
+   TP=2 rank's with the first TP=1 launch's: max |diff| relative to max |logit| at TP=1 (float32:
+   <= 1e-4), with the mean |diff| and the share of positions whose argmax agrees. A bfloat16 model
+   is also loaded once as float32 on one rank, and both bfloat16 runs are compared with it: how far
+   bfloat16 rounding alone moves the logits. That is the yardstick for bfloat16 (a partial sum
+   rounded to bfloat16 on each rank, then added, is not the same rounding as one matmul, and a
+   near-tie in the router then picks other experts): TP=2 may be at most 1.1x as far from the
+   float32 logits as TP=1.
 3. sweep (GPT-2 shape, float32): every head (144 variants) zero-ablated at `blocks.L.attn.hook_z`
    (`ablate.zero(heads=h)`) on 4 prompts x 16 random tokens, metric `metrics.logit_diff` of tokens
    11 vs 13 at the last position; `hooked.load(dir, tp=1)` on 1 rank vs 2 data-parallel ranks
-   (`hooked.sweep` gives each rank a contiguous share of the variants, sorted by the layer they
-   start at, and sums the table back). Per launch: a warmup sweep of 4 variants, a barrier, then
+   (`hooked.sweep` deals the variants, sorted by the layer they start at, out to the ranks in turn
+   and sums the table back). Per launch: a warmup sweep of 4 variants, a barrier, then
    one timed sweep of all 144 (wall time of the slower rank, and each rank's CPU time, which shows
    how the work was split); ratio 2 ranks / 1 rank (speedup = its inverse). The tables of every
    launch must equal the first 1-rank table (max |diff| <= 1e-5).
@@ -83,13 +87,17 @@ OUT_JSON = Path("runs") / "bench-distributed.json"
 
 
 def model_cases() -> dict[str, dict]:
-    """name -> checkpoint directory, the dtype it is loaded in, its logits tolerance (relative)."""
+    """name -> checkpoint directory, the dtype it is loaded in, its logits tolerance vs TP=1 (relative; None:
+    judged against the float32 logits instead, see forward_rows)."""
     from common import gpt2_small_checkpoint, qwen3_sharded_checkpoint
 
     return {
         "GPT-2 small f32": dict(dir=str(gpt2_small_checkpoint()), dtype="float32", tolerance=1e-4),
-        "Qwen3-MoE bf16": dict(dir=str(qwen3_sharded_checkpoint("moe")), dtype="bfloat16", tolerance=5e-2),
+        "Qwen3-MoE bf16": dict(dir=str(qwen3_sharded_checkpoint("moe")), dtype="bfloat16", tolerance=None),
     }
+
+
+BF16_SLACK = 1.1  # bfloat16: TP=2's distance from the float32 logits over TP=1's
 
 
 # ----------------------------------------------------------------------------- the ranks
@@ -302,7 +310,8 @@ def memory_rows(name: str, result: dict) -> tuple[list[tuple], list[tuple]]:
     summary = []
     for label, value in figures.items():
         one, two = over_launches(runs["1"], value), over_launches(runs["2"], value)
-        target = f"<= {MEMORY_TARGET} (judged)" if label == "load growth MiB" else "-"
+        met = "ok" if two / one <= MEMORY_TARGET else "NOT MET"
+        target = f"<= {MEMORY_TARGET} {met} (judged)" if label == "load growth MiB" else "-"
         summary.append((f"memory: {label}", name, f"{one / MiB:.0f}", f"{two / MiB:.0f}", f"{two / one:.3f}", target))
     detail = []
     for tp in ("1", "2"):
@@ -327,10 +336,14 @@ def forward_rows(name: str, result: dict) -> tuple[list[tuple], list[str]]:
 
     tolerance = result["tolerance"]
     tp2 = worst("2", "tp1")
+    # float32: TP=2 must equal TP=1 within rounding. bfloat16: splitting rounds partial sums, which can tip
+    # router near-ties, so the yardstick is the float32 model: TP=2 may not be further from it than TP=1.
+    check = (f"<= {tolerance:.0e} {'ok' if tp2['relative'] <= tolerance else 'NOT MET'}" if tolerance is not None
+             else "see vs float32")
     rows = [
         ("forward: [4,128] median ms", name, f"{one * 1e3:.0f}", f"{two * 1e3:.0f}", f"{two / one:.2f}", "none (2 cores)"),
         ("forward: logits max|diff|/max|logit|, vs TP=1", name, f"{worst('1', 'tp1')['relative']:.1e}",
-         f"{tp2['relative']:.1e}", "-", f"<= {tolerance:.0e} {'ok' if tp2['relative'] <= tolerance else 'NOT MET'}"),
+         f"{tp2['relative']:.1e}", "-", check),
     ]
     fastest = [statistics.median(max(min(r["forward_s"]) for r in ranks_out) for ranks_out in runs[tp])
                for tp in ("1", "2")]
@@ -340,8 +353,9 @@ def forward_rows(name: str, result: dict) -> tuple[list[tuple], list[str]]:
              f" argmax agrees at {tp2['argmax_agree']:.1%} of positions"]
     if "float32" in diffs["1"][0]:
         one_f, two_f = worst("1", "float32"), worst("2", "float32")
+        ratio = two_f["relative"] / one_f["relative"]
         rows.append((f"forward: logits max|diff|/max|logit|, vs float32 TP=1", name, f"{one_f['relative']:.1e}",
-                     f"{two_f['relative']:.1e}", f"{two_f['relative'] / one_f['relative']:.2f}", "-"))
+                     f"{two_f['relative']:.1e}", f"{ratio:.2f}", f"<= {BF16_SLACK} {'ok' if ratio <= BF16_SLACK else 'NOT MET'}"))
         for tp, found in (("1", one_f), ("2", two_f)):
             notes.append(f"{name}, TP={tp} vs the float32 load at TP=1: max |diff| {found['max_abs']:.3g}, mean |diff|"
                          f" {found['mean_abs']:.3g}, argmax agrees at {found['argmax_agree']:.1%} of positions")
@@ -364,12 +378,11 @@ def sweep_split(result: dict) -> str:
     """How the variants fell on the two ranks, measured (CPU time) and modelled (layers run)."""
     cpu = [statistics.median(ranks_out[rank]["cpu_seconds"] for ranks_out in result["runs"]["2"]) for rank in range(2)]
     one_cpu = statistics.median(ranks_out[0]["cpu_seconds"] for ranks_out in result["runs"]["1"])
-    # A variant ablating a head of layer L re-runs blocks L..11; the shares are contiguous in that order.
+    # A variant ablating a head of layer L re-runs blocks L..11; sorted by layer, they are dealt out in turn.
     cost = [(N_LAYERS - layer) for layer in range(N_LAYERS) for _ in range(N_HEADS)]
-    half = -(-len(cost) // 2)
-    shares = [sum(cost[:half]), sum(cost[half:])]
+    shares = [sum(cost[0::2]), sum(cost[1::2])]
     return (f"sweep split over 2 ranks: CPU s per rank {cpu[0]:.1f} / {cpu[1]:.1f} (1 rank: {one_cpu:.1f});"
-            f" work model (blocks re-run per variant, shares contiguous by layer): {shares[0]} / {shares[1]} blocks,"
+            f" work model (blocks re-run per variant, dealt out in turn): {shares[0]} / {shares[1]} blocks,"
             f" the busier rank has {max(shares) / sum(shares):.0%} of the work")
 
 
@@ -429,7 +442,8 @@ def main() -> None:
                       " the sweep rows are tp=1 on 1 vs 2 data-parallel ranks)"))
     if sweep is not None:
         notes.append(sweep_split(sweep))
-    print("\n".join(notes))
+    if notes:
+        print("\n".join(notes))
     seconds = time.perf_counter() - began
     load = {"before": load_before, "after": os.getloadavg()}
     print(f"\nwall time {seconds:.0f} s; load average (1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in load['before'])},"

@@ -350,9 +350,9 @@ def vocab_parallel_logits(parallel: Parallel, normed: Tensor, weight: Tensor, st
                           columns: Tensor | None) -> Tensor:
     """Logits from a vocab-parallel unembedding: all columns (gathered), or just `columns` (token ids)."""
     if columns is None:
-        local = F.linear(normed, weight)
         sizes = [stop - begin for begin, stop in parallel.uneven(vocab)]
-        return torch.cat(parallel.all_gather(local, -1, sizes), dim=-1)
+        pieces = parallel.all_gather(F.linear(normed, weight), -1, sizes)  # the local logits are freed here
+        return torch.cat(pieces, dim=-1)
     mine = (columns >= start) & (columns < start + weight.shape[0])
     out = normed.new_zeros(*normed.shape[:-1], len(columns))
     if bool(mine.any()):

@@ -174,7 +174,8 @@ def sweep(
     `model.run_with_hooks` and applying the metric.
 
     `data_parallel` spreads the variants over the data-parallel ranks of a torchrun job: each rank (or
-    tensor-parallel group) runs a contiguous share of them and every rank returns the whole table. By
+    tensor-parallel group) runs every n-th of them, in the order of the stage they start at, and every
+    rank returns the whole table. By
     default it does so when the model was loaded with `hooked.load(..., tp=N)` on more ranks than N;
     `True` with a model loaded without `tp` uses every rank of the job (each holds a whole model).
     Every rank must call `sweep` with the same arguments (docs/scaling.md).
@@ -208,9 +209,8 @@ def sweep(
 
         # 2. Chunks of variants, sorted by the stage they start at; under data parallelism, this rank's share.
         order = sorted(range(len(planned)), key=lambda i: planned[i].stage)
-        if group is not None:
-            share = -(-len(order) // dist.get_world_size(group))
-            order = order[dist.get_rank(group) * share:(dist.get_rank(group) + 1) * share]
+        if group is not None:  # dealt in turn: early-stage variants (which recompute more blocks) are spread evenly
+            order = order[dist.get_rank(group)::dist.get_world_size(group)]
         per_chunk = _rows_per_chunk(model, tokens.shape, reads, max_rows, max_bytes) // tokens.shape[0]
         per_chunk = max(per_chunk, 1)
         chunks = [order[i:i + per_chunk] for i in range(0, len(order), per_chunk)]

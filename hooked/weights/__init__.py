@@ -468,9 +468,14 @@ class SafetensorsFile:
         inner = math.prod(shape[dim + 1:])
         outer = math.prod(shape[:dim])
         run = (stop - start) * inner  # elements per contiguous run
-        target = destination if destination.is_contiguous() else torch.empty(destination.shape, dtype=destination.dtype,
-                                                                              device=destination.device)
-        rows = target.view(outer, run)
+        target = destination
+        try:  # a column block of a wider destination still has contiguous rows: read into them directly
+            rows = destination.view(outer, run)
+        except RuntimeError:
+            rows = None
+        if rows is None or (run > 1 and rows.stride(-1) != 1):
+            target = torch.empty(destination.shape, dtype=destination.dtype, device=destination.device)
+            rows = target.view(outer, run)
         for index in range(outer):
             byte = info["data_offsets"][0] + (index * shape[dim] + start) * inner * source_dtype.itemsize
             self._stream(key, byte, source_dtype, rows[index])
