@@ -176,7 +176,9 @@ class Parallel:
         return tensor
 
     def all_gather(self, local: Tensor, axis: int, sizes: list[int]) -> list[Tensor]:
-        """Each rank's piece along `axis` (pieces may differ in length: padded for the collective)."""
+        """Each rank's piece along `axis` (pieces may differ in length: padded for the collective), as views
+        of one buffer that the collective fills in place (no per-piece copies: the whole logits of a
+        forward pass through here)."""
         longest = max(sizes)
         padded = local
         if local.shape[axis] < longest:
@@ -184,9 +186,10 @@ class Parallel:
             pad_shape[axis] = longest - local.shape[axis]
             padded = torch.cat([local, local.new_zeros(pad_shape)], dim=axis)
         padded = padded.contiguous()
-        pieces = [torch.empty_like(padded) for _ in sizes]
-        dist.all_gather(pieces, padded, group=self.tp_group)
-        return [piece.narrow(axis, 0, size) for piece, size in zip(pieces, sizes)]
+        stacked = padded.new_empty((len(sizes), *padded.shape))
+        # The concatenated form ([tp * n, ...]; gloo takes no other), a view of the stacked buffer.
+        dist.all_gather_into_tensor(stacked.view(-1, *padded.shape[1:]), padded, group=self.tp_group)
+        return [stacked[index].narrow(axis, 0, size) for index, size in enumerate(sizes)]
 
     def broadcast(self, tensor: Tensor) -> Tensor:
         tensor = tensor.contiguous()
