@@ -26,6 +26,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/hook_overhead.py
 	$(PY) benchmarks/cache_memory.py
 	$(PY) benchmarks/loading.py
+	$(PY) benchmarks/distributed.py
 
 $(BENCH_VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
