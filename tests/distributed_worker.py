@@ -10,6 +10,7 @@ Modes:
 * `failures`: mistakes made on one rank (a hook that raises, bad or different input, a failing sweep
   variant) and on all (a hook of the wrong shape); what each rank raised; then a forward that must
   still work.
+* `hybrid` (four ranks): tp=2 twice over, so a sweep is split over two data-parallel groups of two.
 * `stalled`: rank 1 stops calling (sleeps past the timeout); what rank 0's forward raised, and when.
 
 Each rank writes OUT/rank{R}.pt (torch.save of a dict). The comparisons live in the test, against
@@ -192,6 +193,19 @@ def main_mode(checkpoints: dict[str, Path], rank: int) -> dict:
     return out
 
 
+def hybrid_mode(checkpoints: dict[str, Path], rank: int) -> dict:
+    """Four ranks: two data-parallel copies, each split over two ranks (tp=2)."""
+    out = {}
+    for name, directory in checkpoints.items():
+        model = hooked.load(directory, tp=2, timeout=TIMEOUT_S)
+        tokens = prompt_tokens(model.cfg)
+        Counted.ran = set()
+        result = hooked.sweep(model, tokens, counted(sweep_variants(model.cfg)), sweep_metric(model))
+        out[name] = cpu({"logits": model(tokens), "values": result.values, "ran": sorted(Counted.ran),
+                         "tp_rank": model.parallel.tp_rank, "dp_rank": model.parallel.dp_rank})
+    return out
+
+
 def outcome(call) -> dict:
     start = time.monotonic()
     try:
@@ -257,7 +271,8 @@ def main(argv: list[str]) -> None:
     mode, out = argv[0], Path(argv[1])
     checkpoints = {item.split("=", 1)[0]: Path(item.split("=", 1)[1]) for item in argv[2:]}
     rank = int(os.environ["RANK"])
-    result = {"main": main_mode, "failures": failures_mode, "stalled": stalled_mode}[mode](checkpoints, rank)
+    modes = {"main": main_mode, "hybrid": hybrid_mode, "failures": failures_mode, "stalled": stalled_mode}
+    result = modes[mode](checkpoints, rank)
     torch.save(result, out / f"rank{rank}.pt")
     if mode == "stalled":
         os._exit(0)  # the group is broken by design: no orderly teardown

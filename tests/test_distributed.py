@@ -54,15 +54,15 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-def launch(mode: str, checkpoints: dict[str, Path], out: Path) -> list[dict]:
-    """Run the worker on two ranks; a hang fails the test at the subprocess timeout."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+def launch(mode: str, checkpoints: dict[str, Path], out: Path, processes: int = 2) -> list[dict]:
+    """Run the worker on `processes` ranks; a hang fails the test at the subprocess timeout."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
                str(REPO / "tests" / "distributed_worker.py"), mode, str(out),
                *(f"{name}={directory}" for name, directory in checkpoints.items())]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(processes)]
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +190,31 @@ def test_each_rank_holds_its_shard(ranks, single, arch):
     replicated = sum(p.numel() for name, p in model.named_parameters() if any(part in name for part in whole))
     for rank in ranks:
         assert rank[arch]["local_parameters"] == pytest.approx((total - replicated) / 2 + replicated, rel=0.01)
+
+
+@pytest.fixture(scope="module")
+def hybrid(checkpoints, tmp_path_factory) -> list[dict]:
+    chosen = {name: checkpoints[name] for name in ("gpt2", "qwen3_moe")}
+    return launch("hybrid", chosen, tmp_path_factory.mktemp("hybrid"), processes=4)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen3_moe"])
+def test_sweep_over_data_parallel_groups_of_tensor_parallel_ranks(hybrid, single, arch):
+    """Four ranks, tp=2: ranks 0-1 and 2-3 each hold one copy and run half of the variants."""
+    model = single[arch]
+    tokens = worker.prompt_tokens(model.cfg)
+    variants = worker.sweep_variants(model.cfg)
+    expected = hooked.sweep(model, tokens, variants, worker.sweep_metric(model))
+    with torch.no_grad():
+        logits = model(tokens)
+    results = [rank[arch] for rank in hybrid]
+    assert [(r["dp_rank"], r["tp_rank"]) for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert results[0]["ran"] == results[1]["ran"] and results[2]["ran"] == results[3]["ran"]  # a copy's ranks run together
+    first, second = set(results[0]["ran"]), set(results[2]["ran"])
+    assert first and second and not first & second and first | second == set(variants)
+    for result in results:
+        torch.testing.assert_close(result["values"], expected.values, rtol=0, atol=ATOL)
+        torch.testing.assert_close(result["logits"], logits, rtol=0, atol=ATOL)
 
 
 # ----------------------------------------------------------------------------- failures
