@@ -179,6 +179,17 @@ def proc_status() -> dict[str, int]:
     return values
 
 
+def reset_peak_rss() -> bool:
+    """VmHWM := the current RSS (/proc/self/clear_refs "5", Linux >= 4.0), so a later VmHWM is the peak of
+    what comes next, not of the imports or an earlier load. False where the kernel refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as file:
+            file.write("5")
+        return True
+    except OSError:
+        return False
+
+
 class PeakSampler:
     """Polls /proc/self/status in a thread and keeps the peak of VmRSS, RssAnon and RssFile.
 

@@ -117,21 +117,11 @@ def _start_rank(ranks: int):
     return torch, dist, hooked, proc_status()
 
 
-def _reset_peak() -> bool:
-    """VmHWM := the current RSS (Linux >= 4.0), so later peaks are the load's, not the imports'."""
-    try:
-        with open("/proc/self/clear_refs", "w") as file:
-            file.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def model_worker(args) -> dict:
     torch, dist, hooked, baseline = _start_rank(args.ranks)
-    from common import proc_status, random_tokens
+    from common import proc_status, random_tokens, reset_peak_rss
 
-    reset = _reset_peak()
+    reset = reset_peak_rss()
     start = time.perf_counter()
     model = hooked.load(args.dir, dtype=getattr(torch, args.dtype), device="cpu", tp=args.ranks, timeout=TIMEOUT_S)
     load_s = time.perf_counter() - start

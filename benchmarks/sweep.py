@@ -65,7 +65,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import MiB, environment, gpt2_small_checkpoint, proc_status, random_tokens, table
+from common import MiB, environment, gpt2_small_checkpoint, proc_status, random_tokens, reset_peak_rss, table
 
 BATCH, POS = 8, 15
 ANSWERS = (11, 13)  # token ids A and B of the metric logit[A] - logit[B]
@@ -264,7 +264,7 @@ def worker(args) -> None:
         warm()
         gc.collect()
         before = proc_status().get("VmRSS", 0)
-        reset = _reset_peak()
+        reset = reset_peak_rss()
         start, cpu_start = time.perf_counter(), time.process_time()
         labels, values = run()
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
@@ -273,16 +273,6 @@ def worker(args) -> None:
         "seconds": seconds, "cpu_seconds": cpu_seconds, "labels": labels, "values": values.tolist(), "rss_before": before, "peak": peak,
         "peak_reset": reset, "versions": versions(),
     }))
-
-
-def _reset_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0), so the peak is this run's and not the model load's."""
-    try:
-        with open("/proc/self/clear_refs", "w") as file:
-            file.write("5")
-        return True
-    except OSError:
-        return False
 
 
 # ----------------------------------------------------------------------------- the driver

@@ -111,7 +111,8 @@ class HookedTransformer(HookedRootModule):
 
     def vocab_parallel_names(self) -> tuple[str, ...]:
         """The embedding and unembedding modules split by vocabulary rows under tensor parallelism."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not name its embedding / unembedding modules,"
+                                  " so it cannot be split by vocabulary rows (hooked.distributed)")
 
     def __setstate__(self, state: dict) -> None:  # unpickled or deep-copied: the config points at this model
         super().__setstate__(state)
