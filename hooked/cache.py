@@ -274,7 +274,13 @@ class ActivationCache:
         if name in self.cache_dict:
             return self.cache_dict[name]
         z = self["z", layer]
-        w_o = self.model.blocks[layer].attn.W_O.detach().to(z.device, z.dtype)
+        attention = self.model.blocks[layer].attn
+        w_o = attention.W_O.detach().to(z.device, z.dtype)
+        if getattr(self.model, "tensor_parallel", False):  # this rank holds its heads' W_O: gather the writes
+            from hooked.distributed import HookShard
+
+            shard = HookShard(self.model.parallel, z.ndim - 2, attention.hook_z.shard.ranges)
+            return shard.gather(torch.einsum("...hd,hdm->...hm", shard.local_part(z), w_o.to(z.device)))
         return torch.einsum("...hd,hdm->...hm", z, w_o)
 
     def stack_head_results(

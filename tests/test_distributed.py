@@ -105,6 +105,15 @@ def test_every_cached_hook_is_whole_and_equal_on_every_rank(ranks, single, arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_head_results_from_a_cache_of_z_equal_tp1(ranks, single, arch):
+    model = single[arch]
+    _, cache = model.run_with_cache(worker.prompt_tokens(model.cfg), names_filter=lambda hook: hook.endswith(("hook_z", "hook_resid_post")))
+    expected = cache.stack_head_results(layer=-1, pos_slice=-1)
+    for rank in ranks:
+        torch.testing.assert_close(rank[arch]["head_results"], expected, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_ablations_at_tp2_equal_tp1(ranks, single, arch):
     model = single[arch]
     tokens = worker.prompt_tokens(model.cfg)
