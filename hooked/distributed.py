@@ -187,8 +187,10 @@ class Parallel:
             padded = torch.cat([local, local.new_zeros(pad_shape)], dim=axis)
         padded = padded.contiguous()
         stacked = padded.new_empty((len(sizes), *padded.shape))
-        # The concatenated form ([tp * n, ...]; gloo takes no other), a view of the stacked buffer.
-        dist.all_gather_into_tensor(stacked.view(-1, *padded.shape[1:]), padded, group=self.tp_group)
+        # The concatenated form ([tp * n, ...]; gloo takes no other), a view of the stacked buffer. torch 2.13
+        # names it all_gather_single (all_gather_into_tensor before, deprecated since).
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(stacked.view(-1, *padded.shape[1:]), padded, group=self.tp_group)
         return [stacked[index].narrow(axis, 0, size) for index, size in enumerate(sizes)]
 
     def broadcast(self, tensor: Tensor) -> Tensor:

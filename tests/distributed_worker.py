@@ -122,7 +122,7 @@ def counted(variants: dict[str, list]) -> dict[str, list]:
 class Collectives:
     """Counts torch.distributed calls made inside the block."""
 
-    NAMES = ("all_reduce", "all_gather_into_tensor", "broadcast", "all_gather_object")
+    NAMES = ("all_reduce", "all_gather_single", "broadcast", "all_gather_object")
 
     def __enter__(self):
         self.counts = dict.fromkeys(self.NAMES, 0)

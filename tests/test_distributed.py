@@ -143,11 +143,11 @@ def test_collectives_only_where_a_hook_listens(ranks, single, arch):
     n_layers = single[arch].cfg.n_layers
     counts = ranks[0][arch]["collectives"]
     # Unhooked: the embedding and one all-reduce per sublayer, the logits gathered, the inputs compared once.
-    assert counts["unhooked"] == {"all_reduce": 1 + 2 * n_layers, "all_gather_into_tensor": 1, "broadcast": 0, "all_gather_object": 1}
+    assert counts["unhooked"] == {"all_reduce": 1 + 2 * n_layers, "all_gather_single": 1, "broadcast": 0, "all_gather_object": 1}
     # A hook that reads z: z gathered once more, the outcome of its hooks compared, nothing broadcast.
-    assert counts["reading"]["all_gather_into_tensor"] == 2 and counts["reading"]["broadcast"] == 0
+    assert counts["reading"]["all_gather_single"] == 2 and counts["reading"]["broadcast"] == 0
     # A hook that writes z: the first rank's result is broadcast once.
-    assert counts["writing"]["all_gather_into_tensor"] == 2 and counts["writing"]["broadcast"] == 1
+    assert counts["writing"]["all_gather_single"] == 2 and counts["writing"]["broadcast"] == 1
     assert counts["reading"]["all_reduce"] == counts["writing"]["all_reduce"] == 1 + 2 * n_layers
 
 
