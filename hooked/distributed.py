@@ -49,7 +49,7 @@ of a model loaded with tp > 1 runs without gradients, and backward hooks are ref
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -108,8 +108,6 @@ class Parallel:
     dp_size: int
     dp_rank: int
     dp_group: object
-    timeout: timedelta = field(default_factory=lambda: _as_timedelta(None))
-    vocab_start: int = 0  # first vocabulary row this rank's embedding / unembedding holds
 
     @classmethod
     def create(cls, tp: int, timeout: float | timedelta | None = None) -> "Parallel":
@@ -132,11 +130,7 @@ class Parallel:
             group = dist.new_group(ranks, timeout=timeout)
             if rank in ranks:
                 dp_group = group
-        return cls(tp, rank % tp, tp_ranks, tp_group, world // tp, rank // tp, dp_group, timeout)
-
-    @property
-    def rank(self) -> int:
-        return dist.get_rank()
+        return cls(tp, rank % tp, tp_ranks, tp_group, world // tp, rank // tp, dp_group)
 
     def device(self, device: torch.device | str) -> torch.device:
         """`device`, with a bare "cuda" made this process's GPU (LOCAL_RANK)."""
@@ -146,29 +140,9 @@ class Parallel:
         return device
 
     # ------------------------------------------------------------------------- agreement
-    def agree(self, error: BaseException | None, fingerprint=None, what: str = "", group=None) -> None:
-        """Every rank of the group learns whether any rank failed (and whether their fingerprints
-        match); then all raise together, or all go on. Collective."""
-        group = self.tp_group if group is None else group
-        ranks = self.tp_ranks if group is self.tp_group else None
-        size = dist.get_world_size(group)
-        mine = (None if error is None else f"{type(error).__name__}: {error}", fingerprint)
-        statuses: list = [None] * size
-        dist.all_gather_object(statuses, mine, group=group)
-        failed = [(index, message) for index, (message, _) in enumerate(statuses) if message is not None]
-        if failed:
-            if error is not None:
-                raise error
-            index, message = failed[0]
-            rank = ranks[index] if ranks else dist.get_global_rank(group, index)
-            raise RankFailedError(f"rank {rank} failed{f' in {what}' if what else ''}, so every rank stops: {message}")
-        if fingerprint is not None and any(status[1] != fingerprint for status in statuses):
-            differing = [index for index, status in enumerate(statuses) if status[1] != statuses[0][1]]
-            raise RankFailedError(
-                f"the ranks of a group made different calls or gave different inputs{f' to {what}' if what else ''}"
-                f" (members {differing} differ from the first); every rank must make the same calls with the same"
-                f" tokens and hooks. Fingerprints: {[_short(s[1]) for s in statuses]}"
-            )
+    def agree(self, error: BaseException | None, fingerprint=None, what: str = "") -> None:
+        """`agree` over this tensor-parallel group, requiring equal fingerprints."""
+        agree(self.tp_group, error, fingerprint, what, same=fingerprint is not None)
 
     # ------------------------------------------------------------------------- collectives
     def all_reduce(self, tensor: Tensor) -> Tensor:
@@ -219,6 +193,34 @@ class Parallel:
         """Blocks of ceil(n / tp); the last may be shorter (a vocabulary of 50257 on 2 ranks)."""
         size = -(-n // self.tp_size)
         return [(min(r * size, n), min((r + 1) * size, n)) for r in range(self.tp_size)]
+
+    def vocab_start(self, d_vocab: int) -> int:
+        """The first vocabulary row this rank's embedding and unembedding hold."""
+        return self.uneven(d_vocab)[self.tp_rank][0]
+
+
+def agree(group, error: BaseException | None, payload=None, what: str = "", same: bool = False) -> list:
+    """Every rank of `group` learns whether any rank failed; then all raise together (the failing rank its
+    own error, the others `RankFailedError` naming it), or all go on with every rank's `payload`. With
+    `same`, the payloads must be equal (the same call with the same input), else all raise. Collective."""
+    statuses: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(statuses, (None if error is None else f"{type(error).__name__}: {error}", payload), group=group)
+    if error is not None:
+        raise error
+    failed = [(index, message) for index, (message, _) in enumerate(statuses) if message is not None]
+    if failed:
+        index, message = failed[0]
+        rank = dist.get_global_rank(group, index)
+        raise RankFailedError(f"rank {rank} failed{f' in {what}' if what else ''}, so every rank stops: {message}")
+    payloads = [status[1] for status in statuses]
+    if same and any(other != payload for other in payloads):
+        differing = [index for index, other in enumerate(payloads) if other != payloads[0]]
+        raise RankFailedError(
+            f"the ranks of a group made different calls or gave different inputs{f' to {what}' if what else ''}"
+            f" (members {differing} differ from the first); every rank must make the same calls with the same"
+            f" tokens, hooks and variants. Fingerprints: {[_short(other) for other in payloads]}"
+        )
+    return payloads
 
 
 def _short(fingerprint, limit: int = 300) -> str:
@@ -277,18 +279,7 @@ class HookShard:
         except Exception as caught:  # every rank learns of it below, then all raise
             error = caught
         changed = result is not whole or before is None or _version(whole) != before
-        statuses: list = [None] * self.parallel.tp_size
-        message = None if error is None else f"{type(error).__name__}: {error}"
-        dist.all_gather_object(statuses, (message, changed), group=self.parallel.tp_group)
-        failed = [(index, text) for index, (text, _) in enumerate(statuses) if text is not None]
-        if failed:
-            if error is not None:
-                raise error
-            index, text = failed[0]
-            raise RankFailedError(
-                f"rank {self.parallel.tp_ranks[index]} failed in a hook at {point.name}, so every rank stops: {text}"
-            )
-        if not any(flag for _, flag in statuses):
+        if not any(agree(self.parallel.tp_group, error, changed, f"a hook at {point.name}")):
             return local
         return self.local_part(self.parallel.broadcast(result))
 
@@ -351,9 +342,9 @@ class VocabParallelEmbedding(nn.Embedding):
         return vocab_rows(self.parallel, self.weight, self.start, ids)
 
 
-def vocab_parallel_logits(parallel: Parallel, normed: Tensor, weight: Tensor, start: int, vocab: int,
-                          columns: Tensor | None) -> Tensor:
+def vocab_parallel_logits(parallel: Parallel, normed: Tensor, weight: Tensor, vocab: int, columns: Tensor | None) -> Tensor:
     """Logits from a vocab-parallel unembedding: all columns (gathered), or just `columns` (token ids)."""
+    start = parallel.vocab_start(vocab)
     if columns is None:
         sizes = [stop - begin for begin, stop in parallel.uneven(vocab)]
         pieces = parallel.all_gather(F.linear(normed, weight), -1, sizes)  # the local logits are freed here
@@ -438,18 +429,20 @@ def parallelize(model, parallel: Parallel) -> ReadPlan:
             split(module.c_fc, "bias", 0, [mlp[rank]], prefix + "c_fc.")
             split(module.c_proj, "weight", 0, [mlp[rank]], prefix + "c_proj.")
             row_parallel(module, "c_proj", RowParallelConv1D)
-    for child in model.vocab_parallel_names():
+    # The embedding and the unembedding (one module when tied), found by their weights.
+    tables = [name for name, child in model.named_children()
+              if getattr(child, "weight", None) is not None and any(child.weight is w for w in (model.W_E, model.unembed_weight))]
+    for child in tables:
         table = getattr(model, child)
         split(table, "weight", 0, [vocab[rank]], f"{child}.")
         if isinstance(table, nn.Embedding):
             row_parallel(model, child, VocabParallelEmbedding)
             getattr(model, child).num_embeddings = vocab[rank][1] - vocab[rank][0]
-        getattr(model, child).start = vocab[rank][0]
+            getattr(model, child).start = vocab[rank][0]
     splits = {"head_index": heads, "kv_head_index": kv_heads, "d_mlp": mlp}
     for point in model.hook_dict.values():
         point.shard = hook_shard(parallel, point.axes, splits)
     model.parallel = parallel
-    parallel.vocab_start = vocab[rank][0]
     return plan
 
 

@@ -182,6 +182,8 @@ def sweep(
     """
     if not isinstance(variants, Mapping) or not variants:
         raise ValueError("variants must be a non-empty dict: {name: [(hook_name, callback), ...]}")
+    from hooked.distributed import agree
+
     group = _data_parallel_group(model, data_parallel)
     with torch.no_grad():
         error = None
@@ -197,7 +199,7 @@ def sweep(
         if getattr(model, "tensor_parallel", False):
             model.parallel.agree(error, calls, what="hooked.sweep")
         if group is not None:
-            _agree_across(group, error, calls)
+            agree(group, error, calls, "hooked.sweep (its variants)", same=True)
         elif error is not None:
             raise error
         prompts = _Prompts(tokens, position_ids_for(tokens, key_valid), key_valid)
@@ -234,7 +236,7 @@ def sweep(
             if bar is not None:
                 bar.close()
         if group is not None:  # every rank learns of a failure, then the shares are summed (zeros elsewhere)
-            _agree_across(group, error)
+            agree(group, error, what="its share of the sweep")
             values = _sum_across(group, values, model.device)
     return SweepResult(
         variants=[v.name for v in planned],
@@ -258,26 +260,6 @@ def _data_parallel_group(model: "HookedTransformer", data_parallel: bool | None)
     if parallel is not None:
         return parallel.dp_group if parallel.dp_size > 1 else None
     return dist.group.WORLD
-
-
-def _agree_across(group, error: BaseException | None, calls=None) -> None:
-    """Every data-parallel rank learns whether any failed, or was given other variants; then all raise or go on."""
-    from hooked.distributed import RankFailedError
-
-    statuses: list = [None] * dist.get_world_size(group)
-    message = None if error is None else f"{type(error).__name__}: {error}"
-    dist.all_gather_object(statuses, (message, calls), group=group)
-    if error is not None:
-        raise error
-    failed = [(index, text) for index, (text, _) in enumerate(statuses) if text is not None]
-    if failed:
-        index, text = failed[0]
-        raise RankFailedError(
-            f"data-parallel rank {dist.get_global_rank(group, index)} failed in the sweep, so every rank stops: {text}"
-        )
-    if any(other != calls for _, other in statuses):
-        raise RankFailedError("the data-parallel ranks were given different variants; every rank must call sweep"
-                              " with the same variants")
 
 
 def _sum_across(group, values: Tensor, device: torch.device) -> Tensor:

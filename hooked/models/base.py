@@ -109,11 +109,6 @@ class HookedTransformer(HookedRootModule):
         """Whether this process holds a shard of the model (loaded with tp > 1)."""
         return self.parallel is not None and self.parallel.tp_size > 1
 
-    def vocab_parallel_names(self) -> tuple[str, ...]:
-        """The embedding and unembedding modules split by vocabulary rows under tensor parallelism."""
-        raise NotImplementedError(f"{type(self).__name__} does not name its embedding / unembedding modules,"
-                                  " so it cannot be split by vocabulary rows (hooked.distributed)")
-
     def __setstate__(self, state: dict) -> None:  # unpickled or deep-copied: the config points at this model
         super().__setstate__(state)
         self.cfg._bind(self)
@@ -308,9 +303,7 @@ class HookedTransformer(HookedRootModule):
         if self.tensor_parallel:  # this rank holds some vocabulary rows: hooked.distributed
             from hooked.distributed import vocab_parallel_logits
 
-            parallel = self.parallel
-            return vocab_parallel_logits(parallel, self.ln_final(resid), self.unembed_weight, parallel.vocab_start,
-                                         self.cfg.d_vocab, columns)
+            return vocab_parallel_logits(self.parallel, self.ln_final(resid), self.unembed_weight, self.cfg.d_vocab, columns)
         weight = self.unembed_weight if columns is None else self.unembed_weight[columns]
         return F.linear(self.ln_final(resid), weight)
 
@@ -319,7 +312,7 @@ class HookedTransformer(HookedRootModule):
         if self.tensor_parallel:
             from hooked.distributed import vocab_rows
 
-            return vocab_rows(self.parallel, self.unembed_weight, self.parallel.vocab_start, tokens)
+            return vocab_rows(self.parallel, self.unembed_weight, self.parallel.vocab_start(self.cfg.d_vocab), tokens)
         return self.unembed_weight[tokens]
 
     @staticmethod

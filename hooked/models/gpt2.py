@@ -260,9 +260,6 @@ class GPT2(HookedTransformer):
     def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
         return self.wte.weight  # tied
 
-    def vocab_parallel_names(self) -> tuple[str, ...]:
-        return ("wte",)
-
     @property
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         return self.wte.weight

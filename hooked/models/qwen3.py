@@ -250,9 +250,6 @@ class Qwen3(HookedTransformer):
     def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
-    def vocab_parallel_names(self) -> tuple[str, ...]:
-        return ("embed_tokens",) if self.cfg.tie_word_embeddings else ("embed_tokens", "lm_head")
-
     @property
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         return self.embed_tokens.weight
