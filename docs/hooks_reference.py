@@ -66,6 +66,11 @@ MEANINGS: dict[str, str | dict[str, str]] = {
     },
     "hook_pos_embed": "position embeddings `wpe[position_ids]` (position ids skip left padding)",
     "blocks.{i}.hook_resid_pre": "residual stream entering block i",
+    "blocks.{i}.hook_q_input": "one copy of `resid_pre` per query head, each normalised by `ln1` on its own before the"
+                               " head's query projection (TransformerLens' split inputs); computed only when a hook"
+                               " listens; the receiver of circuit edges into `L{i}H{h}.q`",
+    "blocks.{i}.hook_k_input": "as `hook_q_input`, one copy per key/value head, read by its key projection",
+    "blocks.{i}.hook_v_input": "as `hook_q_input`, one copy per key/value head, read by its value projection",
     "blocks.{i}.ln1.hook_scale": {
         "gpt2": "the LayerNorm's scale `sqrt(var(x) + eps)`, before attention",
         "qwen3": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
@@ -113,6 +118,8 @@ MEANINGS: dict[str, str | dict[str, str]] = {
                                    " computed only when something listens",
     "blocks.{i}.hook_attn_out": "attention output, as added to the residual stream",
     "blocks.{i}.hook_resid_mid": "`resid_pre + attn_out`",
+    "blocks.{i}.hook_mlp_in": "what the MLP half reads before `ln2` (`resid_mid`; a copy when hooked, so an edit"
+                              " changes the MLP's input only); the receiver of circuit edges into `L{i}.mlp`",
     "blocks.{i}.ln2.hook_scale": "as `ln1.hook_scale`, for the norm before the MLP",
     "blocks.{i}.ln2.hook_normalized": "as `ln1.hook_normalized`, for the norm before the MLP",
     "blocks.{i}.mlp.hook_pre": {

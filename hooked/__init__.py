@@ -22,7 +22,7 @@ from hooked.models import GPT2, HookedTransformer, Qwen3, Qwen3Moe
 from hooked.results import SweepResult
 from hooked.sweeps import VariantError, sweep
 from hooked.weights import CheckpointError
-from hooked import ablate, metrics, patch, tasks, utils  # noqa: E402  (modules users import by name)
+from hooked import ablate, circuits, metrics, patch, tasks, utils  # noqa: E402  (modules users import by name)
 
 __version__ = "0.1.0"
 
@@ -45,6 +45,6 @@ def load(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, dev
 
 __all__ = [
     "ActivationCache", "CheckpointError", "GPT2", "HookPoint", "HookedRootModule", "HookedTransformer", "KVCache",
-    "Qwen3", "Qwen3Moe", "SweepResult", "VariantError", "ablate", "act_name", "attention_backend", "generate_variants", "load",
+    "Qwen3", "Qwen3Moe", "SweepResult", "VariantError", "ablate", "act_name", "attention_backend", "generate_variants", "load", "circuits",
     "metrics", "patch", "sweep", "tasks", "utils",
 ]

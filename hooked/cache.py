@@ -45,7 +45,7 @@ def run_with_cache(
     **model_kwargs,
 ) -> tuple[Tensor, "ActivationCache"]:
     # Resolved by model.hooks() (a bad name there raises on every rank of a tensor-parallel group).
-    names = model.hook_names if names_filter is None else names_filter
+    names = model.default_cache_names() if names_filter is None else names_filter
     store: dict[str, Tensor] = {}
     rows = {}  # the forward's position ids and mask, kept so a cache knows its padding
 

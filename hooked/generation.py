@@ -291,7 +291,7 @@ class _Recorder:
 
     def __init__(self, model, names_filter: NameFilter | None):
         self.model = model
-        self.names = model.hook_names if names_filter is None else model.resolve_hook_names(names_filter)
+        self.names = (model.default_cache_names() if names_filter is None else model.resolve_hook_names(names_filter))
         self.calls: dict[str, list[Tensor]] = {name: [] for name in self.names}
 
     def __call__(self, activation: Tensor, hook: HookPoint) -> None:

@@ -114,6 +114,10 @@ class HookPoint(nn.Module):
         # Under tensor parallelism, how this point's tensor is split over ranks (hooked.distributed.HookShard):
         # hooks then run on the whole tensor. None: a single process.
         self.shard = None
+        # Whether `run_with_cache()` without a names_filter keeps this point. False for the points
+        # TransformerLens computes only behind a flag (the split q/k/v inputs, hook_mlp_in): caching them
+        # by default would multiply a full cache's memory; `set_use_split_qkv_input(True)` turns them on.
+        self.cached_by_default = True
         self._fwd: list[_Registration] = []
         self._bwd: list[_Registration] = []
 
@@ -289,6 +293,11 @@ class HookedRootModule(nn.Module):
     @property
     def hook_names(self) -> list[str]:
         return list(self.hook_dict)
+
+    def default_cache_names(self) -> list[str]:
+        """The points a cache without a names_filter keeps: all but those TransformerLens computes only behind a
+        flag (see `HookPoint.cached_by_default`)."""
+        return [name for name, point in self.hook_dict.items() if point.cached_by_default]
 
     def hook_points(self) -> list[HookPoint]:
         """Every HookPoint, in forward order (TransformerLens' `hook_points()`)."""

@@ -84,6 +84,59 @@ class RMSNorm(nn.Module):
         return x / scale
 
 
+def attention_input(block: nn.Module, resid_pre: Tensor, n_heads: int, n_kv_heads: int) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    """What a block's attention reads: `ln1(resid_pre)`, or, when a hook listens at the split inputs, each
+    head's own normalised copy of the residual stream.
+
+    The split form is TransformerLens' `use_split_qkv_input`: `blocks.{i}.hook_q_input` [batch pos
+    head_index d_model] and `hook_k_input` / `hook_v_input` [batch pos kv_head_index d_model] hold one
+    copy of `resid_pre` per head, each normalised by `ln1` on its own, so a hook can change what one
+    head's query (or one key/value head's keys and values) reads without touching the others. Circuit
+    edges (`hooked.circuits`) patch exactly there. It runs only while a hook listens at one of the three
+    points: a copy is made at a hooked point, the other two broadcast one normalised input. The per-head
+    projection sums in another order than the fused one, so results differ by float rounding (about
+    1e-7 relative in float32). `ln1`'s own hooks cannot run then (there are three normalised inputs per
+    head, not one): listening at both raises.
+    """
+    points = (block.hook_q_input, block.hook_k_input, block.hook_v_input)
+    if not any(point.has_hooks for point in points):
+        return block.ln1(resid_pre)
+    if block.ln1.hook_scale.has_hooks or block.ln1.hook_normalized.has_hooks:
+        raise RuntimeError(
+            f"{block.ln1.hook_scale.name.rsplit('.', 1)[0]}'s hooks and the split q/k/v inputs cannot both be hooked: with"
+            " split inputs each head normalises its own copy of the residual stream; hook hook_q_input / hook_k_input"
+            " / hook_v_input (before the norm) or hook the attention's hook_q / hook_k / hook_v (after it) instead"
+        )
+    if any(point.shard is not None for point in points):
+        raise RuntimeError("the split q/k/v inputs are not supported under tensor parallelism (hooked.load(..., tp=N))")
+    shared = None
+
+    def one(point: HookPoint, heads: int) -> Tensor:
+        nonlocal shared
+        if point.has_hooks:
+            return block.ln1(point(resid_pre[:, :, None].expand(-1, -1, heads, -1).clone()))
+        if shared is None:
+            shared = block.ln1(resid_pre)[:, :, None]
+        return shared.expand(-1, -1, heads, -1)
+
+    return one(points[0], n_heads), one(points[1], n_kv_heads), one(points[2], n_kv_heads)
+
+
+def split_input_conflict(hook_names) -> bool:
+    """Whether hooks at these names cannot run in one forward: a block's `ln1` hooks with its split inputs."""
+    names = set(hook_names)
+    blocks_norm = {name.split(".ln1.")[0] for name in names if ".ln1.hook_" in name}
+    return any(name.rsplit(".", 1)[0] in blocks_norm for name in names
+               if name.endswith(("hook_q_input", "hook_k_input", "hook_v_input")))
+
+
+def mlp_input(block: nn.Module, resid_mid: Tensor) -> Tensor:
+    """`blocks.{i}.hook_mlp_in`: what the MLP half reads before its norm. A copy when hooked, so an in-place
+    edit changes the MLP's input and not the residual stream (TransformerLens' `use_hook_mlp_in`)."""
+    point = block.hook_mlp_in
+    return point(resid_mid.clone()) if point.has_hooks else resid_mid
+
+
 @dataclass(frozen=True)
 class AttentionMask:
     """How keys are masked for one forward: causal always, plus optional left padding.

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from hooked.hooks import HookFn, HookPoint, NameFilter, Rows, current_rows, running_rows
-from hooked.layers import AttentionMask, position_ids_for
+from hooked.layers import AttentionMask, position_ids_for, split_input_conflict
 from hooked.results import SweepResult
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def stage_of(model: "HookedTransformer", hook_name: str) -> int:
     if match is None:
         return 2 * model.cfg.n_layers if hook_name.startswith("ln_final.") else EMBED_STAGE
     layer, rest = int(match.group(1)), match.group(2)
-    in_mlp_half = rest.startswith(("ln2.", "mlp.")) or rest in ("hook_mlp_out", "hook_resid_post")
+    in_mlp_half = rest.startswith(("ln2.", "mlp.")) or rest in ("hook_mlp_in", "hook_mlp_out", "hook_resid_post")
     return 2 * layer + int(in_mlp_half)
 
 
@@ -72,7 +72,7 @@ def run_stage(model: "HookedTransformer", stage: int, resid: Tensor, inputs: tup
 
 
 @dataclass(frozen=True)
-class _Prompts:
+class Prompts:
     """The B prompts every variant runs on."""
 
     tokens: Tensor  # [B pos]
@@ -191,7 +191,7 @@ def sweep(
             tokens, key_valid = model._tokens_and_mask(input, attention_mask, prepend_bos=None)
             registered_hooks(model, "hooked.sweep")
             planned = _plan(model, variants, tokens.shape)
-            reads = _Reads.of(metric, model)
+            reads = MetricReads.of(metric, model)
         except Exception as caught:
             error = caught
         # Under torch.distributed a mistake on one rank stops every rank here, before any variant runs.
@@ -202,7 +202,7 @@ def sweep(
             agree(group, error, calls, "hooked.sweep (its variants)", same=True)
         elif error is not None:
             raise error
-        prompts = _Prompts(tokens, position_ids_for(tokens, key_valid), key_valid)
+        prompts = Prompts(tokens, position_ids_for(tokens, key_valid), key_valid)
 
         # 1. The base run, keeping the residual stream entering every stage a variant starts at.
         starts = {v.stage for v in planned}
@@ -215,7 +215,7 @@ def sweep(
             order = order[dist.get_rank(group)::dist.get_world_size(group)]
         per_chunk = _rows_per_chunk(model, tokens.shape, reads, max_rows, max_bytes) // tokens.shape[0]
         per_chunk = max(per_chunk, 1)
-        chunks = [order[i:i + per_chunk] for i in range(0, len(order), per_chunk)]
+        chunks = _chunks(order, planned, per_chunk)
         values = torch.zeros(len(planned), tokens.shape[0], dtype=torch.float32)
         first_rank = not dist.is_initialized() or dist.get_rank() == 0
         bar = _progress(len(chunks), len(order), progress) if first_rank else None
@@ -245,6 +245,22 @@ def sweep(
         metric=getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__)),
         provenance=_provenance(model, planned, metric, task, tokens),
     )
+
+
+def _chunks(order: list[int], planned: list[_Variant], per_chunk: int) -> list[list[int]]:
+    """Consecutive variants, at most `per_chunk` a chunk; a variant whose hooks cannot share a forward with
+    the chunk's (a norm's hooks and the split inputs it feeds: `hooked.layers.split_input_conflict`) starts
+    a new one."""
+    chunks: list[list[int]] = []
+    names: set[str] = set()
+    for index in order:
+        own = {name for name, _ in planned[index].hooks}
+        if not chunks or len(chunks[-1]) >= per_chunk or split_input_conflict(names | own):
+            chunks.append([])
+            names = set()
+        chunks[-1].append(index)
+        names |= own
+    return chunks
 
 
 def _data_parallel_group(model: "HookedTransformer", data_parallel: bool | None):
@@ -304,7 +320,7 @@ def _plan(model: "HookedTransformer", variants: Variants, shape: torch.Size) -> 
     return planned
 
 
-def _base_run(model, prompts: _Prompts, starts: set[int], reads: "_Reads") -> tuple[dict[int, Tensor], Tensor]:
+def _base_run(model, prompts: Prompts, starts: set[int], reads: "MetricReads") -> tuple[dict[int, Tensor], Tensor]:
     """The unhooked forward once: the residual entering each needed stage, and the reduced logits."""
     tokens, rows, mask = prompts.repeated(1)
     kept: dict[int, Tensor] = {}
@@ -319,7 +335,7 @@ def _base_run(model, prompts: _Prompts, starts: set[int], reads: "_Reads") -> tu
         return kept, reads.logits(model, resid)
 
 
-def _run_chunk(model, prompts: _Prompts, chunk: list[_Variant], base_resid: dict[int, Tensor], reads: "_Reads") -> Tensor:
+def _run_chunk(model, prompts: Prompts, chunk: list[_Variant], base_resid: dict[int, Tensor], reads: "MetricReads") -> Tensor:
     """Forward the chunk's variants, rows joining at their first stage; the reduced logits of all rows."""
     batch = prompts.tokens.shape[0]
     n_stages = 2 * model.cfg.n_layers
@@ -369,7 +385,7 @@ def _run_chunk(model, prompts: _Prompts, chunk: list[_Variant], base_resid: dict
 
 # ----------------------------------------------------------------------------- what the metric reads
 @dataclass(frozen=True)
-class _Reads:
+class MetricReads:
     """The positions and vocabulary columns a metric reads, and how to compute just those logits."""
 
     metric: Callable
@@ -378,7 +394,7 @@ class _Reads:
     needs_base: bool
 
     @classmethod
-    def of(cls, metric: Callable, model: "HookedTransformer") -> "_Reads":
+    def of(cls, metric: Callable, model: "HookedTransformer") -> "MetricReads":
         if not callable(metric):
             raise TypeError(f"metric must be callable on logits, got {type(metric).__name__}")
         declares = hasattr(metric, "compute")
@@ -403,7 +419,7 @@ class _Reads:
         return self.metric(logits, base_logits=base, attention_mask=key_valid).float()
 
 
-def _rows_per_chunk(model, shape: torch.Size, reads: _Reads, max_rows: int | None, max_bytes: int | None) -> int:
+def _rows_per_chunk(model, shape: torch.Size, reads: MetricReads, max_rows: int | None, max_bytes: int | None) -> int:
     """Rows per chunk: `max_rows`, or as many as fit `max_bytes` of activations."""
     batch, pos = shape
     if max_rows is not None:

@@ -143,9 +143,20 @@ def test_hook_shapes_match_declared_axes(dense_models):
     model = dense_models["gqa_tied"]
     _, cache = model.run_with_cache(random_tokens(2, 7))
     expected = model.hook_shapes(batch=2, pos=7)
-    assert set(cache.keys()) == set(model.hook_names)
+    split = {name for name in model.hook_names if name.endswith(("hook_q_input", "hook_k_input", "hook_v_input", "hook_mlp_in"))}
+    assert len(split) == 4 * model.cfg.n_layers
+    assert set(cache.keys()) == set(model.hook_names) - split  # TransformerLens' default: no split inputs
+    model.set_use_split_qkv_input(True)
+    model.set_use_hook_mlp_in(True)
+    try:
+        _, split_cache = model.run_with_cache(random_tokens(2, 7))
+    finally:
+        model.set_use_split_qkv_input(False)
+        model.set_use_hook_mlp_in(False)
+    ln1 = {name for name in model.hook_names if ".ln1." in name}
+    assert set(split_cache.keys()) == set(model.hook_names) - ln1  # each head normalises its own input then
     for name in model.hook_names:
-        assert tuple(cache[name].shape) == expected[name], name
+        assert tuple((split_cache[name] if name in split else cache[name]).shape) == expected[name], name
     assert expected["blocks.0.attn.hook_k"] == (2, 7, 2, 16) and expected["blocks.0.attn.hook_q"] == (2, 7, 8, 16)
 
 

@@ -168,8 +168,37 @@ def test_attn_result_toggle_is_a_no_op(gpt2, tl):
     gpt2.set_use_attn_in(False)
 
 
-@pytest.mark.parametrize("toggle, hint", [("set_use_split_qkv_input", "attn.hook_q"), ("set_use_hook_mlp_in", "ln2.hook_normalized"),
-                                          ("set_use_attn_in", "ln1.hook_normalized"), ("set_ungroup_grouped_query_attention", "kv_head")])
+def test_split_qkv_and_mlp_in_match_transformer_lens(gpt2, tl):
+    """TransformerLens' split inputs: the same copies per head, and an edit of one head's input acts alike."""
+    tokens = gpt2.to_tokens(PROMPTS[0])  # unpadded (the libraries' padded columns differ and are never read)
+    names = ["blocks.1.hook_q_input", "blocks.1.hook_k_input", "blocks.1.hook_v_input", "blocks.1.hook_mlp_in"]
+
+    def shift_head_1(x, hook):  # one head's query (or key/value) input moved: only that head sees it
+        x[:, :, 1] *= -3.0
+
+    gpt2.set_use_split_qkv_input(True)
+    gpt2.set_use_hook_mlp_in(True)
+    tl.set_use_split_qkv_input(True)
+    tl.set_use_hook_mlp_in(True)
+    try:
+        with torch.no_grad():
+            _, cache = gpt2.run_with_cache(tokens, names_filter=names)
+            _, tl_cache = tl.run_with_cache(tokens, names_filter=names)
+            for name in names:
+                torch.testing.assert_close(cache[name], tl_cache[name], rtol=1e-4, atol=1e-5)
+            for name in names[:3]:
+                ours = gpt2.run_with_hooks(tokens, fwd_hooks=[(name, shift_head_1)])
+                theirs = tl.run_with_hooks(tokens, fwd_hooks=[(name, shift_head_1)])
+                assert not torch.allclose(ours, gpt2(tokens), atol=1e-4)  # the edit changed something
+                torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+    finally:
+        gpt2.set_use_split_qkv_input(False)
+        gpt2.set_use_hook_mlp_in(False)
+        tl.set_use_split_qkv_input(False)
+        tl.set_use_hook_mlp_in(False)
+
+
+@pytest.mark.parametrize("toggle, hint", [("set_use_attn_in", "ln1.hook_normalized"), ("set_ungroup_grouped_query_attention", "kv_head")])
 def test_toggles_without_a_hook_point_raise(gpt2, toggle, hint):
     with pytest.raises(ValueError, match=hint):
         getattr(gpt2, toggle)(True)

@@ -104,6 +104,11 @@ class HookedTransformer(HookedRootModule):
         # groups (hooked.distributed.Parallel); None for a model in one process.
         self.parallel = None
 
+    def setup_hooks(self) -> None:
+        super().setup_hooks()
+        self.set_use_split_qkv_input(False)  # as TransformerLens: a default cache leaves these out
+        self.set_use_hook_mlp_in(False)
+
     @property
     def tensor_parallel(self) -> bool:
         """Whether this process holds a shard of the model (loaded with tp > 1)."""
@@ -196,18 +201,24 @@ class HookedTransformer(HookedRootModule):
         """No-op: `attn.hook_result` is computed whenever a hook or the cache listens to it."""
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
-        if use_split_qkv_input:
-            raise ValueError(
-                "hooked has no per-head q/k/v inputs (hook_q_input...): one normalised input feeds every head;"
-                " patch per head at attn.hook_q / hook_k / hook_v instead"
-            )
+        """TransformerLens' switch for `blocks.{i}.hook_q_input` / `hook_k_input` / `hook_v_input`.
+
+        Those points always exist here and are computed whenever a hook listens to them
+        (`hooked.layers.attention_input`); the switch decides only whether `run_with_cache()` without a
+        names_filter keeps them. While on, such a cache leaves out `ln1`'s hooks, which cannot run with
+        split inputs (each head normalises its own copy).
+        """
+        for block in self.blocks:
+            for point in (block.hook_q_input, block.hook_k_input, block.hook_v_input):
+                point.cached_by_default = bool(use_split_qkv_input)
+            for point in (block.ln1.hook_scale, block.ln1.hook_normalized):
+                point.cached_by_default = not use_split_qkv_input
 
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
-        if use_hook_mlp_in:
-            raise ValueError(
-                "hooked has no hook_mlp_in: the MLP reads the normalised blocks.{i}.hook_resid_mid; hook"
-                " blocks.{i}.ln2.hook_normalized to change what the MLP alone sees"
-            )
+        """TransformerLens' switch for `blocks.{i}.hook_mlp_in`: computed whenever a hook listens; on, a
+        `run_with_cache()` without a names_filter keeps it too."""
+        for block in self.blocks:
+            block.hook_mlp_in.cached_by_default = bool(use_hook_mlp_in)
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:
         if use_attn_in:

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
-from hooked.layers import AttentionMask, LayerNorm, attend, gelu_new, writable
+from hooked.layers import AttentionMask, LayerNorm, attend, attention_input, gelu_new, mlp_input, writable
 from hooked.models.base import HookedTransformer, ModelConfig
 
 
@@ -127,10 +127,16 @@ class GPT2Attention(nn.Module):
         self.hook_result = HookPoint("batch pos head_index d_model")  # each head's write, before the bias
 
     def forward(
-        self, x: Float[Tensor, "batch pos d_model"], mask: AttentionMask, kv: LayerKV | None = None
+        self, x: Float[Tensor, "batch pos d_model"] | tuple[Tensor, Tensor, Tensor], mask: AttentionMask,
+        kv: LayerKV | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
-        batch, pos, _ = x.shape
-        q, k, v = self.c_attn(x).view(batch, pos, 3, self.n_heads, self.d_head).unbind(2)
+        if isinstance(x, tuple):  # per-head inputs [batch pos head_index d_model] (hooked.layers.attention_input)
+            q, k, v = (torch.einsum("bphm,hmd->bphd", inputs, weight) + bias
+                       for inputs, weight, bias in zip(x, (self.W_Q, self.W_K, self.W_V), (self.b_Q, self.b_K, self.b_V)))
+        else:
+            batch, pos, _ = x.shape
+            q, k, v = self.c_attn(x).view(batch, pos, 3, self.n_heads, self.d_head).unbind(2)
+        batch, pos = q.shape[:2]
         q = self.hook_q(q)
         k = self.hook_k(k)
         v = self.hook_v(v)
@@ -209,10 +215,14 @@ class GPT2Block(nn.Module):
         super().__init__()
         # Declared in forward order: hook_dict lists hooks in the order they fire.
         self.hook_resid_pre = HookPoint("batch pos d_model")
+        self.hook_q_input = HookPoint("batch pos head_index d_model")  # each head's copy of resid_pre (see attention_input)
+        self.hook_k_input = HookPoint("batch pos head_index d_model")
+        self.hook_v_input = HookPoint("batch pos head_index d_model")
         self.ln1 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
         self.attn = GPT2Attention(cfg, layer)
         self.hook_attn_out = HookPoint("batch pos d_model")
         self.hook_resid_mid = HookPoint("batch pos d_model")
+        self.hook_mlp_in = HookPoint("batch pos d_model")  # what the MLP half reads, before ln2
         self.ln2 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
         self.mlp = GPT2MLP(cfg)
         self.hook_mlp_out = HookPoint("batch pos d_model")
@@ -223,11 +233,12 @@ class GPT2Block(nn.Module):
 
     def attn_half(self, resid_pre: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
-        attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), mask, kv))
+        n_heads = self.attn.n_heads
+        attn_out = self.hook_attn_out(self.attn(attention_input(self, resid_pre, n_heads, n_heads), mask, kv))
         return self.hook_resid_mid(attn_out + resid_pre)
 
     def mlp_half(self, resid_mid: Tensor) -> Tensor:
-        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_mid)))
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(mlp_input(self, resid_mid))))
         return self.hook_resid_post(resid_mid + mlp_out)
 
 

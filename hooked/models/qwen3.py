@@ -25,7 +25,8 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import (
-    AttentionMask, GatedMLP, RMSNorm, RotaryEmbedding, YarnScaling, add_bias, apply_rotary, attend, writable,
+    AttentionMask, GatedMLP, RMSNorm, RotaryEmbedding, YarnScaling, add_bias, apply_rotary, attend, attention_input,
+    mlp_input, writable,
 )
 from hooked.models.base import HookedTransformer, ModelConfig
 
@@ -152,13 +153,21 @@ class Qwen3Attention(nn.Module):
         self.hook_result = HookPoint("batch pos head_index d_model")  # each head's write, before the bias
 
     def forward(
-        self, x: Float[Tensor, "batch pos d_model"], cos: Tensor, sin: Tensor, mask: AttentionMask,
-        kv: LayerKV | None = None,
+        self, x: Float[Tensor, "batch pos d_model"] | tuple[Tensor, Tensor, Tensor], cos: Tensor, sin: Tensor,
+        mask: AttentionMask, kv: LayerKV | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
-        batch, pos, _ = x.shape
-        q = self.hook_q(self.q_proj(x).view(batch, pos, self.n_heads, self.d_head))
-        k = self.hook_k(self.k_proj(x).view(batch, pos, self.n_kv_heads, self.d_head))
-        v = self.hook_v(self.v_proj(x).view(batch, pos, self.n_kv_heads, self.d_head))
+        if isinstance(x, tuple):  # per-head inputs [batch pos (kv_)head_index d_model] (hooked.layers.attention_input)
+            q, k, v = (self._project_per_head(inputs, linear, heads) for inputs, linear, heads in
+                       zip(x, (self.q_proj, self.k_proj, self.v_proj), (self.n_heads, self.n_kv_heads, self.n_kv_heads)))
+        else:
+            batch, pos, _ = x.shape
+            q = self.q_proj(x).view(batch, pos, self.n_heads, self.d_head)
+            k = self.k_proj(x).view(batch, pos, self.n_kv_heads, self.d_head)
+            v = self.v_proj(x).view(batch, pos, self.n_kv_heads, self.d_head)
+        batch, pos = q.shape[:2]
+        q = self.hook_q(q)
+        k = self.hook_k(k)
+        v = self.hook_v(v)
         q = self.hook_q_normed(self.q_norm(q))
         k = self.hook_k_normed(self.k_norm(k))
         q = self.hook_rot_q(apply_rotary(q, cos, sin))
@@ -171,6 +180,12 @@ class Qwen3Attention(nn.Module):
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
             return add_bias(self.o_proj, result.sum(2))
         return self.o_proj(z.reshape(batch, pos, -1))  # a view (z is contiguous): editing z edits o_proj's input
+
+    def _project_per_head(self, inputs: Tensor, linear: nn.Linear, heads: int) -> Tensor:
+        """Head h's slice of `linear` applied to head h's own input [batch pos heads d_model]."""
+        weight = linear.weight.view(heads, self.d_head, -1)
+        out = torch.einsum("bphm,hdm->bphd", inputs, weight)
+        return out if linear.bias is None else out + linear.bias.view(heads, self.d_head)
 
     @property
     def W_Q(self) -> Float[Tensor, "head_index d_model d_head"]:
@@ -195,10 +210,14 @@ class Qwen3Block(nn.Module):
     def __init__(self, cfg: Qwen3Config, mlp: nn.Module):
         super().__init__()
         self.hook_resid_pre = HookPoint("batch pos d_model")
+        self.hook_q_input = HookPoint("batch pos head_index d_model")  # each head's copy of resid_pre (see attention_input)
+        self.hook_k_input = HookPoint("batch pos kv_head_index d_model")
+        self.hook_v_input = HookPoint("batch pos kv_head_index d_model")
         self.ln1 = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
         self.attn = Qwen3Attention(cfg)
         self.hook_attn_out = HookPoint("batch pos d_model")
         self.hook_resid_mid = HookPoint("batch pos d_model")
+        self.hook_mlp_in = HookPoint("batch pos d_model")  # what the MLP half reads, before ln2
         self.ln2 = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
         self.mlp = mlp
         self.hook_mlp_out = HookPoint("batch pos d_model")
@@ -209,11 +228,12 @@ class Qwen3Block(nn.Module):
 
     def attn_half(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
-        attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), cos, sin, mask, kv))
+        attn_in = attention_input(self, resid_pre, self.attn.n_heads, self.attn.n_kv_heads)
+        attn_out = self.hook_attn_out(self.attn(attn_in, cos, sin, mask, kv))
         return self.hook_resid_mid(resid_pre + attn_out)
 
     def mlp_half(self, resid_mid: Tensor) -> Tensor:
-        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_mid)))
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(mlp_input(self, resid_mid))))
         return self.hook_resid_post(resid_mid + mlp_out)
 
 

@@ -1,0 +1,315 @@
+"""Circuit discovery (top edges by attribution, or ACDC) and the `Circuit` it returns.
+
+    c = circuits.discover(model, clean, corrupt, metric, method="eap-ig", n_edges=100)
+    c = circuits.discover(model, clean, corrupt, metric, method="acdc", threshold=0.05)
+    c.edges; c.nodes; c.faithfulness(held_out_clean, held_out_corrupt, metric)
+    c.curve(sizes=[10, 20, 50]); c.plot("circuit.png"); c.to_json("circuit.json")
+
+A circuit is a set of edges; every edge outside it is patched (to the corrupt write, its mean or zero:
+the `ablation` it was found with). Its **faithfulness** is
+
+    (m(circuit) - m(empty)) / (m(full) - m(empty))
+
+with m the metric averaged over prompts, `full` the clean run (nothing patched) and `empty` every edge
+patched (the corrupt run). 1 means the circuit alone carries the behaviour; 0 that it carries none.
+All of it is one batched forward of the circuit's edge mask, however many edges it has.
+
+**Pruning.** An edge whose source no path of circuit edges reaches from `input`, or whose receiver's
+node reaches `logits` along none, changes nothing when patched (a head whose inputs are all patched
+writes exactly its corrupt output), so it is dropped: `discover` returns the pruned circuit.
+
+**ACDC** (Conmy et al. 2023, "Towards Automated Circuit Discovery for Mechanistic Interpretability",
+arXiv 2304.14997) starts from the whole graph and visits receivers in reverse topological order
+(`logits` first), and each receiver's edges from the latest source to the earliest; an edge is removed
+(patched) for good when removing it moves the metric, averaged over prompts, by less than `threshold`
+from the current graph's value. Sequential by definition, it is run here speculatively and exactly:
+each forward evaluates the next `batch_edges` trials as row blocks, trial k assuming the decisions on
+trials 1..k-1 that an EAP score predicts (removed when its |score| is under the threshold). Decisions
+are then read off in order; at the first trial whose real decision differs from the prediction, the
+later trials (which assumed otherwise) are discarded and the next forward starts after it. Every
+decision is made on the exact metric of the exact graph the sequential algorithm would hold, so the
+result is ACDC's; the forwards needed are the trials / `batch_edges` plus one per misprediction.
+Trials of late receivers recompute only the layers from that receiver on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import Tensor
+
+from hooked.circuits.attribution import EdgeScores, receiver_gradients, scores_from_gradients
+from hooked.circuits.engine import Ablation
+from hooked.circuits.experiment import Experiment
+from hooked.circuits.graph import INPUT, LOGITS, Edge, Graph, graph as build_graph, graph_of_shape
+from hooked.sweeps import _provenance
+
+if TYPE_CHECKING:
+    from hooked.models.base import HookedTransformer
+
+DiscoveryMethod = Literal["eap", "eap-ig", "acdc"]
+
+
+@dataclass
+class Circuit:
+    """A set of edges of a model's graph, with the score each was chosen by.
+
+    `scores` holds a score for every edge of the graph (the attribution, or for ACDC the metric's move
+    when the edge was tried), so `curve` can grow and shrink the circuit along the same ranking.
+    """
+
+    graph: Graph
+    edges: list[Edge]  # largest |score| first
+    scores: dict[str, float]  # every graph edge -> its score
+    method: str
+    ablation: Ablation = "corrupt"
+    provenance: dict = field(default_factory=dict)
+    model: "HookedTransformer | None" = field(default=None, repr=False, compare=False)
+    _prompts: tuple | None = field(default=None, repr=False, compare=False)  # (clean, corrupt, metric) it was found on
+
+    # ----------------------------------------------------------------- what it holds
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes its edges join, in graph order (`input` and `logits` included when reached)."""
+        touched = {e.source for e in self.edges} | {e.receiver_node for e in self.edges}
+        for edge in self.edges:
+            touched.update(self.graph.heads_reading(edge.receiver))
+        order = [s.name for s in self.graph.sources] + [LOGITS]
+        return [node for node in order if node in touched]
+
+    @property
+    def heads(self) -> dict[str, list[str]]:
+        """Each head of the circuit -> which of its inputs ('q', 'k', 'v') circuit edges feed."""
+        out: dict[str, list[str]] = {}
+        for node in self.nodes:
+            if node.startswith("L") and "H" in node and "." not in node:
+                fed = {r.rsplit(".", 1)[1] for r in self.graph.receivers_of(node) if any(e.receiver == r for e in self.edges)}
+                out[node] = [kind for kind in "qkv" if kind in fed]
+        return out
+
+    def mask(self) -> Tensor:
+        return self.graph.mask(self.edges)
+
+    def __len__(self) -> int:
+        return len(self.edges)
+
+    def __contains__(self, edge) -> bool:
+        return self.graph.edge(edge) in set(self.edges)
+
+    # ----------------------------------------------------------------- measuring
+    def faithfulness(self, clean=None, corrupt=None, metric: Callable | None = None, *,
+                     attention_mask: Tensor | None = None) -> float:
+        """(m(circuit) - m(corrupt)) / (m(clean) - m(corrupt)) on these prompts (default: those it was found on),
+        every edge outside the circuit patched, in one forward."""
+        experiment, _ = self._experiment(clean, corrupt, metric, attention_mask)
+        return _faithfulness(experiment, self.mask()[None])[0]
+
+    def curve(self, sizes: Sequence[int], clean=None, corrupt=None, metric: Callable | None = None,
+              attention_mask: Tensor | None = None) -> list[dict]:
+        """Faithfulness of the top-`size` edges by |score| (pruned), for each size: one batched run.
+
+        Returns [{"size": n asked, "edges": n kept after pruning, "faithfulness": f}, ...].
+        """
+        sizes = [int(size) for size in sizes]
+        if not sizes or min(sizes) < 0:
+            raise ValueError(f"sizes must be a non-empty list of non-negative edge counts, not {sizes!r}")
+        experiment, _ = self._experiment(clean, corrupt, metric, attention_mask)
+        ranking = _ranking(self.graph, self.scores)
+        circuits = [prune(self.graph, ranking[:size], self.ablation) for size in sizes]
+        values = _faithfulness(experiment, torch.stack([self.graph.mask(c) for c in circuits]))
+        return [{"size": size, "edges": len(c), "faithfulness": f} for size, c, f in zip(sizes, circuits, values)]
+
+    def _experiment(self, clean, corrupt, metric, attention_mask):
+        if self.model is None:
+            raise ValueError("this circuit has no model (read from JSON?): pass model= to Circuit.from_json")
+        if clean is None or corrupt is None or metric is None:
+            if self._prompts is None:
+                raise ValueError("give clean, corrupt and metric: this circuit does not hold the prompts it was found on")
+            found_clean, found_corrupt, found_metric = self._prompts
+            clean = found_clean if clean is None else clean
+            corrupt = found_corrupt if corrupt is None else corrupt
+            metric = found_metric if metric is None else metric
+        experiment = Experiment.of(self.model, clean, corrupt, metric, self.ablation, attention_mask, caller="Circuit.faithfulness")
+        return experiment, metric
+
+    # ----------------------------------------------------------------- saving and drawing
+    def to_dict(self) -> dict:
+        return {"method": self.method, "ablation": self.ablation, "edges": [str(e) for e in self.edges],
+                "nodes": self.nodes, "heads": self.heads, "scores": self.scores,
+                "shape": {"n_layers": self.graph.n_layers, "n_heads": self.graph.n_heads, "n_kv_heads": self.graph.n_kv_heads},
+                "provenance": self.provenance}
+
+    def to_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    @classmethod
+    def from_json(cls, path: str | Path, model: "HookedTransformer | None" = None) -> "Circuit":
+        """The circuit `to_json` wrote; with `model=`, bound to it (so `faithfulness` and `curve` run)."""
+        data = json.loads(Path(path).read_text())
+        shape = data["shape"]
+        g = build_graph(model) if model is not None else graph_of_shape(shape["n_layers"], shape["n_heads"], shape["n_kv_heads"])
+        if model is not None and (g.n_layers, g.n_heads, g.n_kv_heads) != (shape["n_layers"], shape["n_heads"], shape["n_kv_heads"]):
+            raise ValueError(f"the circuit in {path} was found on a graph of shape {shape}, but this model's is {g!r}")
+        return cls(g, [g.edge(e) for e in data["edges"]], dict(data["scores"]), data["method"],
+                   data.get("ablation", "corrupt"), data.get("provenance", {}), model)
+
+    def plot(self, path: str | Path | None = None, title: str | None = None):
+        """Draw the circuit, layered by depth (see `hooked.circuits.plot`); needs the `plots` extra."""
+        from hooked.circuits.plot import plot_circuit
+
+        return plot_circuit(self, path, title)
+
+    def __repr__(self) -> str:
+        return f"Circuit({self.method}, {len(self.edges)} of {len(self.graph.edges)} edges, {len(self.nodes)} nodes)"
+
+
+# ----------------------------------------------------------------------------- discovery
+def discover(
+    model: "HookedTransformer",
+    clean,
+    corrupt,
+    metric: Callable,
+    *,
+    method: DiscoveryMethod = "eap-ig",
+    n_edges: int | None = None,
+    threshold: float | None = None,
+    steps: int = 5,
+    ablation: Ablation = "corrupt",
+    batch_edges: int = 32,
+    attention_mask: Tensor | None = None,
+    task=None,
+) -> Circuit:
+    """Find a circuit: the `n_edges` edges of largest |EAP| or |EAP-IG| score, or ACDC with `threshold`; pruned."""
+    if method not in ("eap", "eap-ig", "acdc"):
+        raise ValueError(f"method must be 'eap', 'eap-ig' or 'acdc', not {method!r}")
+    if method == "acdc":
+        if threshold is None or n_edges is not None:
+            raise ValueError("method='acdc' takes threshold= (the metric change below which an edge is removed), not n_edges=")
+    elif n_edges is None or threshold is not None:
+        raise ValueError(f"method={method!r} keeps the top n_edges= edges by score; threshold= is ACDC's")
+    if n_edges is not None and (not isinstance(n_edges, int) or n_edges < 0):
+        raise ValueError(f"n_edges must be a non-negative int, not {n_edges!r}")
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("circuits.discover computes gradients; call it outside torch.inference_mode()")
+    experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, caller="circuits.discover")
+    g = experiment.graph
+    provenance = _provenance(model, [], metric, task, experiment.prompts.tokens)
+    if method == "acdc":
+        kept, scores, stats = acdc(experiment, float(threshold), batch_edges)
+        provenance["circuits"] = {"method": "acdc", "threshold": threshold, "ablation": ablation, **stats}
+        edges = prune(g, kept, ablation)
+    else:
+        alphas = [0.0] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
+        matrix = scores_from_gradients(experiment, receiver_gradients(experiment, alphas))
+        scores = dict(zip(map(str, g.edges), matrix[g.coordinates()].tolist()))
+        provenance["circuits"] = {"method": method, "steps": len(alphas), "n_edges": n_edges, "ablation": ablation}
+        edges = prune(g, _ranking(g, scores)[:n_edges], ablation)
+    order = {e: i for i, e in enumerate(_ranking(g, scores))}
+    edges = sorted(edges, key=order.__getitem__)
+    provenance["circuits"]["kept_after_pruning"] = len(edges)
+    return Circuit(g, edges, scores, method, ablation, provenance, model, (clean, corrupt, metric))
+
+
+def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tuple[list[Edge], dict[str, float], dict]:
+    """ACDC's kept edges, every edge's |metric move| when it was tried, and counts (see the module docstring)."""
+    g = experiment.graph
+    prediction = scores_from_gradients(experiment, receiver_gradients(experiment, [0.0]))
+    trials = [Edge(g.sources[s].name, receiver.name) for r, receiver in reversed(list(enumerate(g.receivers)))
+              for s in reversed(range(receiver.n_upstream))]
+    index = {e: (g.source_index(e.source), g.receiver_index(e.receiver)) for e in trials}
+    removed = torch.zeros(len(g.sources), len(g.receivers), dtype=torch.bool)
+    current = float(experiment.clean_values.mean())
+    moves: dict[str, float] = {}
+    kept: list[Edge] = []
+    forwards, position = 0, 0
+    while position < len(trials):
+        batch = trials[position:position + batch_edges]
+        masks, state = [], removed.clone()
+        for edge in batch:
+            trial = state.clone()
+            trial[index[edge]] = True
+            masks.append(trial)
+            if abs(float(prediction[index[edge]])) < threshold:  # predicted: removed
+                state = trial
+        values = experiment.values(torch.stack(masks)).mean(1).tolist()
+        forwards += 1
+        for edge, value in zip(batch, values):
+            position += 1
+            move = abs(value - current)
+            moves[str(edge)] = move
+            predicted_removed = abs(float(prediction[index[edge]])) < threshold
+            if move < threshold:
+                removed[index[edge]] = True
+                current = value
+            else:
+                kept.append(edge)
+            if (move < threshold) != predicted_removed:
+                break  # later trials assumed the other decision
+    scores = {str(e): moves.get(str(e), 0.0) for e in g.edges}
+    return kept, scores, {"forwards": forwards, "trials": len(trials), "batch_edges": batch_edges}
+
+
+def prune(g: Graph, edges: Sequence, ablation: Ablation = "corrupt") -> list[Edge]:
+    """The edges that matter: each on a path to `logits` and, when patched edges carry the corrupt run's
+    writes, on a path from `input` too (a path through a head enters by any of its inputs).
+
+    Both cuts change nothing. A node with no path to `logits` reaches it only along patched edges. With
+    `ablation="corrupt"` a node with no path from `input` reads only corrupt values, so it writes exactly
+    its corrupt output, which is what patching its edges writes anyway; with "mean" or "zero" it does not,
+    and the forward cut is skipped.
+    """
+    edges = list(dict.fromkeys(g.edge(e) for e in edges))
+    incoming: dict[str, list[Edge]] = {}
+    outgoing: dict[str, list[Edge]] = {}
+    for edge in edges:
+        for node in _nodes_fed(g, edge):
+            incoming.setdefault(node, []).append(edge)
+        outgoing.setdefault(edge.source, []).append(edge)
+    order = [source.name for source in g.sources] + [LOGITS]
+    reached = set(order)
+    if ablation == "corrupt":
+        reached = {INPUT}
+        for node in order[1:]:  # topological: every edge into a node comes from an earlier one
+            if any(edge.source in reached for edge in incoming.get(node, [])):
+                reached.add(node)
+    useful = {LOGITS}
+    for node in reversed(order[:-1]):
+        if any(useful.intersection(_nodes_fed(g, edge)) for edge in outgoing.get(node, [])):
+            useful.add(node)
+    return [e for e in edges if e.source in reached and useful.intersection(_nodes_fed(g, e))]
+
+
+def _nodes_fed(g: Graph, edge: Edge) -> list[str]:
+    return g.heads_reading(edge.receiver) or [edge.receiver]
+
+
+def _ranking(g: Graph, scores: dict[str, float]) -> list[Edge]:
+    values = torch.tensor([abs(scores.get(str(e), 0.0)) for e in g.edges])
+    return [g.edges[i] for i in torch.sort(values, descending=True, stable=True).indices.tolist()]
+
+
+def _faithfulness(experiment: Experiment, circuits: Tensor) -> list[float]:
+    """Faithfulness of each circuit mask [V, n_sources, n_receivers]: its complement patched."""
+    complement = ~circuits & experiment.graph.edge_mask()[None]
+    full, empty = float(experiment.clean_values.mean()), float(_empty(experiment).mean())
+    if full == empty:
+        raise ValueError("the metric is the same on the clean and the corrupt run, so faithfulness is undefined")
+    values = experiment.values(complement).mean(1)
+    return [(float(v) - empty) / (full - empty) for v in values]
+
+
+def _empty(experiment: Experiment) -> Tensor:
+    if experiment.ablation == "corrupt":
+        return experiment.corrupt_values
+    return experiment.values(experiment.graph.edge_mask()[None])[0]
+
+
+__all__ = ["Circuit", "EdgeScores", "acdc", "discover", "prune"]

@@ -1,0 +1,104 @@
+"""One clean/corrupt experiment: the prompts checked once, both runs recorded once, edge masks scored in batches.
+
+Every public function of `hooked.circuits` starts here, so they share one set of checks (prompts of the
+same shape and padding, no outside hook registered, a metric the sweep machinery can read) and one
+definition of "the value of an edge mask": the metric, per prompt, on the clean prompts with the
+masked edges patched (`hooked.circuits.engine`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from hooked.circuits.engine import Ablation, Run, patched_values, record, rows_per_forward, run_masks
+from hooked.circuits.graph import Graph, graph
+from hooked.layers import position_ids_for
+from hooked.sweeps import MetricReads, Prompts, registered_hooks
+
+if TYPE_CHECKING:
+    from hooked.models.base import HookedTransformer
+
+
+@dataclass
+class Experiment:
+    model: "HookedTransformer"
+    graph: Graph
+    prompts: Prompts
+    corrupt_tokens: Tensor | None
+    metric: Callable
+    reads: MetricReads
+    clean: Run
+    corrupt: Run | None
+    ablation: Ablation
+    patched: Tensor
+    max_bytes: int | None = None
+
+    @classmethod
+    def of(cls, model: "HookedTransformer", clean, corrupt, metric: Callable, ablation: Ablation = "corrupt",
+           attention_mask: Tensor | None = None, max_bytes: int | None = None, caller: str = "hooked.circuits") -> "Experiment":
+        if getattr(model, "tensor_parallel", False):
+            raise RuntimeError(f"{caller} runs on one process; load the model without tp= (docs/scaling.md)")
+        registered_hooks(model, caller)
+        reads = MetricReads.of(metric, model)
+        tokens, key_valid = model._tokens_and_mask(clean, attention_mask, prepend_bos=None)
+        corrupt_tokens = None
+        if corrupt is not None:
+            corrupt_tokens, corrupt_valid = model._tokens_and_mask(corrupt, attention_mask, prepend_bos=None)
+            check_paired(tokens, key_valid, corrupt_tokens, corrupt_valid)
+        elif ablation != "zero":
+            raise ValueError(f"{caller}: ablation={ablation!r} reads the corrupt prompts; pass them, or use ablation='zero'")
+        g = graph(model)
+        prompts = Prompts(tokens, position_ids_for(tokens, key_valid), key_valid)
+        clean_run = record(model, g, prompts, reads)
+        corrupt_run = None
+        if corrupt_tokens is not None:
+            corrupt_run = record(model, g, Prompts(corrupt_tokens, prompts.position_ids, key_valid), reads)
+        patched = patched_values(ablation, clean_run, corrupt_run, key_valid)
+        return cls(model, g, prompts, corrupt_tokens, metric, reads, clean_run, corrupt_run, ablation, patched, max_bytes)
+
+    @property
+    def key_valid(self) -> Tensor | None:
+        return self.prompts.key_valid
+
+    def evaluate(self, reduced: Tensor) -> Tensor:
+        """The metric per prompt, float32, for reduced logits of B rows."""
+        return self.reads.evaluate(reduced, self.clean.reduced, self.key_valid).float()
+
+    @property
+    def clean_values(self) -> Tensor:
+        return self.evaluate(self.clean.reduced).cpu()
+
+    @property
+    def corrupt_values(self) -> Tensor:
+        if self.corrupt is None:
+            raise ValueError("this experiment has no corrupt prompts")
+        return self.evaluate(self.corrupt.reduced).cpu()
+
+    def values(self, masks: Tensor) -> Tensor:
+        """The metric [V, B] with the edges of each mask [V, n_sources, n_receivers] patched, in batches."""
+        batch = self.prompts.tokens.shape[0]
+        per_forward = rows_per_forward(self.model, self.graph, self.prompts, self.max_bytes)
+        out = torch.empty(masks.shape[0], batch, dtype=torch.float32)
+        for first in range(0, masks.shape[0], per_forward):
+            chunk = masks[first:first + per_forward]
+            reduced = run_masks(self.model, self.graph, self.prompts, chunk, self.patched, self.clean, self.reads)
+            for i in range(chunk.shape[0]):
+                out[first + i] = self.evaluate(reduced[i * batch:(i + 1) * batch]).cpu()
+        return out
+
+
+def check_paired(tokens: Tensor, key_valid: Tensor | None, corrupt: Tensor, corrupt_valid: Tensor | None) -> None:
+    """Clean prompt i and corrupt prompt i are patched token for token: same shape, same padding."""
+    if tokens.shape != corrupt.shape:
+        raise ValueError(
+            f"the clean prompts are {tuple(tokens.shape)} tokens and the corrupt ones {tuple(corrupt.shape)}; an edge"
+            " carries corrupt prompt i's value into clean prompt i position by position, so both need the same"
+            " [batch pos] (and the same padding)"
+        )
+    if (key_valid is None) != (corrupt_valid is None) or (key_valid is not None and not torch.equal(key_valid, corrupt_valid)):
+        raise ValueError("the clean and corrupt prompts are padded differently; each pair must have the same token length")

@@ -1,0 +1,231 @@
+"""The residual graph of a model: which nodes write to the residual stream, which read it, and the edges.
+
+    g = circuits.graph(model)
+    g.sources            # ['input', 'L0H0', ..., 'L0.mlp', 'L1H0', ...]: everything that writes
+    g.receivers          # ['L0H0.q', 'L0H0.k', 'L0H0.v', ..., 'L0.mlp', ..., 'logits']: everything that reads
+    g.edges              # [Edge('input', 'L0H0.q'), ...]; str(edge) == 'input->L0H0.q'
+
+A block reads the residual stream twice and writes it twice. Its attention heads read it through
+their query, key and value inputs (`blocks.{l}.hook_q_input`, `hook_k_input`, `hook_v_input`, one copy
+of the stream per head) and each head writes its own `z[h] @ W_O[h]` (`attn.hook_result`); the MLP
+reads `blocks.{l}.hook_mlp_in` and writes `hook_mlp_out`. The embedding (`input`: token plus
+position embeddings, `blocks.0.hook_resid_pre`) writes first and the unembedding (`logits`: the
+final residual stream, `blocks.{L-1}.hook_resid_post`) reads last. What a reader sees is the sum of
+everything written upstream of it, plus the attention output biases; so an edge `S->R` exists
+whenever S writes before R reads: heads of layer l feed the MLP of layer l and everything in later
+layers, never the other heads of layer l.
+
+On grouped-query models the key and value inputs belong to key/value heads, shared by several query
+heads: they are named `L{l}KV{g}.k` / `L{l}KV{g}.v`, so that `KV1` cannot be read as query head 1.
+On a mixture-of-experts layer the MLP node is the whole sparse block (router and experts).
+
+The order of `sources` and `receivers` is topological and fixed: edge masks and score matrices are
+[n_sources, n_receivers] in that order, and an edge's index is its place in `edges`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from hooked.models.base import HookedTransformer
+
+INPUT, LOGITS = "input", "logits"
+
+
+@dataclass(frozen=True, order=True)
+class Edge:
+    """`source -> receiver`: the source's write, as one term of the receiver's input."""
+
+    source: str
+    receiver: str
+
+    def __str__(self) -> str:
+        return f"{self.source}->{self.receiver}"
+
+    @property
+    def receiver_node(self) -> str:
+        """The node the receiving input belongs to (`L2H2.q` -> `L2H2`; `L2KV1.k` -> `L2KV1`)."""
+        return self.receiver.rsplit(".", 1)[0] if self.receiver.endswith((".q", ".k", ".v")) else self.receiver
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """One input that reads the residual stream, and the hook point (and head slot) where it lives."""
+
+    name: str  # 'L2H2.q', 'L2KV1.k', 'L3.mlp', 'logits'
+    hook_name: str  # blocks.2.hook_q_input, blocks.3.hook_mlp_in, blocks.{L-1}.hook_resid_post
+    head: int | None  # the slot on the point's head axis; None for a whole-stream point
+    stage: int  # 2l for attention inputs, 2l+1 for the MLP, 2L for the logits
+    n_upstream: int  # how many sources (the first ones of `Graph.sources`) write before it reads
+
+
+@dataclass(frozen=True)
+class Source:
+    """One node that writes to the residual stream, and where its write is read off."""
+
+    name: str  # 'input', 'L2H2', 'L3.mlp'
+    hook_name: str  # blocks.0.hook_resid_pre, blocks.2.attn.hook_result, blocks.3.hook_mlp_out
+    head: int | None
+    stage: int  # -1 the embedding, 2l the heads of layer l, 2l+1 its MLP
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Sources, receivers and edges of one model's residual graph (see the module docstring)."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    sources: tuple[Source, ...]
+    receivers: tuple[Receiver, ...]
+    edges: tuple[Edge, ...] = field(repr=False)
+    _source_index: dict = field(repr=False, compare=False)
+    _receiver_index: dict = field(repr=False, compare=False)
+    _edge_index: dict = field(repr=False, compare=False)
+
+    @property
+    def nodes(self) -> list[str]:
+        """Every node: the sources, then `logits` (a head's q/k/v inputs are inputs of its node, not nodes)."""
+        return [source.name for source in self.sources] + [LOGITS]
+
+    @property
+    def grouped(self) -> bool:
+        return self.n_kv_heads != self.n_heads
+
+    def source_index(self, name: str) -> int:
+        try:
+            return self._source_index[name]
+        except KeyError:
+            raise KeyError(_unknown(name, "source node", [s.name for s in self.sources])) from None
+
+    def receiver_index(self, name: str) -> int:
+        try:
+            return self._receiver_index[name]
+        except KeyError:
+            raise KeyError(_unknown(name, "receiver", [r.name for r in self.receivers])) from None
+
+    def edge(self, edge: "str | Edge | tuple[str, str]") -> Edge:
+        """An edge from `'S->R'`, `(S, R)` or an `Edge`, checked to exist."""
+        if isinstance(edge, str):
+            if edge.count("->") != 1:
+                raise ValueError(f"an edge is written 'SOURCE->RECEIVER' (e.g. 'L1H0->L2H2.v'), not {edge!r}")
+            edge = Edge(*(part.strip() for part in edge.split("->")))
+        elif isinstance(edge, tuple) and len(edge) == 2:
+            edge = Edge(*edge)
+        elif not isinstance(edge, Edge):
+            raise TypeError(f"an edge is a str 'S->R', a (source, receiver) pair or an Edge, not {type(edge).__name__}")
+        if edge not in self._edge_index:
+            source, receiver = self.source_index(edge.source), self.receiver_index(edge.receiver)
+            raise ValueError(
+                f"there is no edge {edge}: {edge.source} writes at stage {self.sources[source].stage}, after or as"
+                f" {edge.receiver} reads (stage {self.receivers[receiver].stage}); an edge runs from an earlier"
+                " writer to a later reader (heads of one layer do not feed each other)"
+            )
+        return edge
+
+    def edge_index(self, edge: "str | Edge | tuple[str, str]") -> int:
+        return self._edge_index[self.edge(edge)]
+
+    def mask(self, edges) -> Tensor:
+        """A [n_sources, n_receivers] boolean mask of `edges` (strings, pairs or Edges)."""
+        mask = torch.zeros(len(self.sources), len(self.receivers), dtype=torch.bool)
+        for edge in edges:
+            edge = self.edge(edge)
+            mask[self._source_index[edge.source], self._receiver_index[edge.receiver]] = True
+        return mask
+
+    def edge_mask(self) -> Tensor:
+        """[n_sources, n_receivers]: True where an edge exists."""
+        stages = torch.tensor([s.stage for s in self.sources])
+        return stages[:, None] < torch.tensor([r.stage for r in self.receivers])[None, :]
+
+    def coordinates(self) -> tuple[Tensor, Tensor]:
+        """(source index, receiver index) of every edge, in `edges` order: `matrix[coordinates()]` lists a
+        [n_sources, n_receivers] matrix's value for each edge."""
+        sources = torch.tensor([self._source_index[e.source] for e in self.edges], dtype=torch.long)
+        receivers = torch.tensor([self._receiver_index[e.receiver] for e in self.edges], dtype=torch.long)
+        return sources, receivers
+
+    def edges_of(self, mask: Tensor) -> list[Edge]:
+        """The edges a [n_sources, n_receivers] mask marks, in `edges` order."""
+        sources, receivers = torch.nonzero(mask & self.edge_mask(), as_tuple=True)
+        found = [Edge(self.sources[s].name, self.receivers[r].name) for s, r in zip(sources.tolist(), receivers.tolist())]
+        return sorted(found, key=self._edge_index.__getitem__)
+
+    def receivers_of(self, node: str) -> list[str]:
+        """The inputs of a node: a head's q, k and v inputs (its key/value head's, on grouped models), or the
+        node itself for an MLP and `logits`."""
+        match = re.fullmatch(r"L(\d+)H(\d+)", node)
+        if match is None:
+            self.receiver_index(node)
+            return [node]
+        layer, head = int(match[1]), int(match[2])
+        self.source_index(node)
+        kv = f"L{layer}KV{head // (self.n_heads // self.n_kv_heads)}" if self.grouped else node
+        return [f"{node}.q", f"{kv}.k", f"{kv}.v"]
+
+    def heads_reading(self, receiver: str) -> list[str]:
+        """The head nodes a receiver feeds: one for a query input, the group for a key/value input."""
+        match = re.fullmatch(r"L(\d+)(H|KV)(\d+)\.[qkv]", receiver)
+        if match is None:
+            return []
+        layer, kind, index = int(match[1]), match[2], int(match[3])
+        if kind == "H":
+            return [f"L{layer}H{index}"]
+        group = self.n_heads // self.n_kv_heads
+        return [f"L{layer}H{h}" for h in range(index * group, (index + 1) * group)]
+
+    def __len__(self) -> int:
+        return len(self.edges)
+
+    def __repr__(self) -> str:
+        return (f"Graph({self.n_layers} layers x {self.n_heads} heads"
+                + (f" ({self.n_kv_heads} key/value heads)" if self.grouped else "")
+                + f": {len(self.sources)} sources, {len(self.receivers)} receivers, {len(self.edges)} edges)")
+
+
+def graph(model: "HookedTransformer") -> Graph:
+    """The residual graph of `model`: `len(circuits.graph(model).edges)` is 32,491 for GPT-2 small's shapes."""
+    for name in ("hook_q_input", "hook_k_input", "hook_v_input", "hook_mlp_in"):
+        model._check_name(f"blocks.0.{name}")  # an architecture without the split input points has no circuits
+    cfg = model.cfg
+    return graph_of_shape(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
+
+
+def graph_of_shape(n_layers: int, n_heads: int, n_kv_heads: int) -> Graph:
+    """The residual graph of a model with these shapes (the hook names are every architecture's)."""
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
+    kv_names = (lambda layer, g: f"L{layer}KV{g}") if n_kv_heads != n_heads else (lambda layer, g: f"L{layer}H{g}")
+    sources = [Source(INPUT, "blocks.0.hook_resid_pre", None, -1)]
+    receivers = []
+    for layer in range(n_layers):
+        upstream = len(sources)
+        block = f"blocks.{layer}."
+        receivers += [Receiver(f"L{layer}H{h}.q", block + "hook_q_input", h, 2 * layer, upstream) for h in range(n_heads)]
+        receivers += [Receiver(f"{kv_names(layer, g)}.k", block + "hook_k_input", g, 2 * layer, upstream) for g in range(n_kv_heads)]
+        receivers += [Receiver(f"{kv_names(layer, g)}.v", block + "hook_v_input", g, 2 * layer, upstream) for g in range(n_kv_heads)]
+        sources += [Source(f"L{layer}H{h}", block + "attn.hook_result", h, 2 * layer) for h in range(n_heads)]
+        receivers.append(Receiver(f"L{layer}.mlp", block + "hook_mlp_in", None, 2 * layer + 1, len(sources)))
+        sources.append(Source(f"L{layer}.mlp", block + "hook_mlp_out", None, 2 * layer + 1))
+    receivers.append(Receiver(LOGITS, f"blocks.{n_layers - 1}.hook_resid_post", None, 2 * n_layers, len(sources)))
+    edges = tuple(Edge(source.name, receiver.name) for receiver in receivers for source in sources[:receiver.n_upstream])
+    return Graph(
+        n_layers, n_heads, n_kv_heads, tuple(sources), tuple(receivers), edges,
+        {s.name: i for i, s in enumerate(sources)}, {r.name: i for i, r in enumerate(receivers)},
+        {e: i for i, e in enumerate(edges)},
+    )
+
+
+def _unknown(name: str, what: str, known: list[str]) -> str:
+    import difflib
+
+    nearest = difflib.get_close_matches(str(name), known, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(map(repr, nearest))}?" if nearest else f"; names look like {known[:3]}"
+    return f"{name!r} is not a {what} of this graph{hint}"

@@ -1,0 +1,250 @@
+"""Edge patching and path patching.
+
+    circuits.patch_edges(model, clean, corrupt, {"one": ["L1H0->L2H2.v"], "into L2H2": into}, metric)
+    circuits.path_patch(model, clean, corrupt, senders=["L2H2"], receivers=["logits"], metric=metric)
+
+**Edge patching** replaces one term of a receiver's input: with edge `S->R` patched, R reads S's
+corrupt write (or its mean, or zero: `ablation=`) instead of the write S makes in this forward, and
+everything downstream of R is recomputed. Each variant of the dict is a set of edges patched together;
+all variants run as row blocks of one batched forward (`hooked.circuits.engine`).
+
+**Path patching** asks how much of the effect of some senders reaches some receivers *directly*. Two
+variants are in use, and they answer different questions:
+
+- `method="direct"` (the default): the senders' corrupt writes reach the receivers along the direct
+  edges `sender -> receiver` only; every other path, including sender -> MLP -> receiver, is held at its
+  clean value. It is `patch_edges` of those edges.
+- `method="wang"`: Wang et al. 2022 ("Interpretability in the Wild", arXiv 2211.00593, section 3.1):
+  a first forward writes the senders' corrupt outputs, freezes every *other head* at its clean output
+  and recomputes the MLPs, and records the receivers' inputs; a second, clean forward patches the
+  receivers' inputs to those recorded values and recomputes everything after them. Paths
+  sender -> MLP -> ... -> receiver count; paths through other heads do not.
+
+The two agree when no MLP sits between senders and receivers; docs/circuits.md compares them on the
+bundled IOI model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import Tensor
+
+from hooked.circuits.engine import Ablation, _stage_loop
+from hooked.circuits.experiment import Experiment
+from hooked.circuits.graph import Edge, Graph
+from hooked.results import SweepResult
+from hooked.sweeps import _provenance
+
+if TYPE_CHECKING:
+    from hooked.models.base import HookedTransformer
+
+PathMethod = Literal["direct", "wang"]
+EdgeLike = "str | Edge | tuple[str, str]"
+
+
+def patch_edges(
+    model: "HookedTransformer",
+    clean,
+    corrupt,
+    variants: Mapping[str, Iterable] | Iterable,
+    metric: Callable,
+    *,
+    ablation: Ablation = "corrupt",
+    attention_mask: Tensor | None = None,
+    max_bytes: int | None = None,
+    task=None,
+) -> SweepResult:
+    """The metric on the clean prompts with each variant's edges patched: one row per variant.
+
+    `variants` maps a name to a list of edges (`"L1H0->L2H2.v"`, `(source, receiver)` or `Edge`); a plain
+    list of edges is one variant named "edges". `base` is the clean run, so `result.change` is
+    metric(patched) - metric(clean). `ablation`: "corrupt" (the paired corrupt prompt's write), "mean"
+    (the write averaged over the corrupt prompts' real tokens) or "zero" (corrupt may then be None).
+    """
+    if not isinstance(variants, Mapping):
+        variants = {"edges": list(variants)}
+    if not variants:
+        raise ValueError("variants must be a non-empty dict: {name: [edge, ...]}")
+    experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.patch_edges")
+    masks = torch.stack([_mask(experiment.graph, name, edges) for name, edges in variants.items()])
+    values = experiment.values(masks)
+    return _result(experiment, [str(name) for name in variants], values, task,
+                   {"method": "edge patching", "ablation": ablation,
+                    "edges": {str(name): [str(e) for e in experiment.graph.edges_of(m)] for name, m in zip(variants, masks)}})
+
+
+def path_patch(
+    model: "HookedTransformer",
+    clean,
+    corrupt,
+    senders: Sequence[str],
+    receivers: Sequence[str],
+    metric: Callable,
+    *,
+    method: PathMethod = "direct",
+    ablation: Ablation = "corrupt",
+    attention_mask: Tensor | None = None,
+    task=None,
+) -> SweepResult:
+    """Path patching from `senders` (nodes: "L2H2", "L3.mlp", "input") to `receivers` (nodes, whose every
+    input is a receiver, or inputs such as "L2H2.q", "L2KV0.k", "L3.mlp", "logits"); one variant.
+
+    See the module docstring for `method="direct"` (the default) and `method="wang"`.
+    """
+    name = f"{'+'.join(senders)}->{'+'.join(receivers)}"
+    return path_patch_sweep(model, clean, corrupt, {name: (senders, receivers)}, metric, method=method,
+                            ablation=ablation, attention_mask=attention_mask, task=task)
+
+
+def path_patch_sweep(
+    model: "HookedTransformer",
+    clean,
+    corrupt,
+    pairs: Mapping[str, tuple[Sequence[str], Sequence[str]]],
+    metric: Callable,
+    *,
+    method: PathMethod = "direct",
+    ablation: Ablation = "corrupt",
+    attention_mask: Tensor | None = None,
+    max_bytes: int | None = None,
+    task=None,
+) -> SweepResult:
+    """Many (senders, receivers) pairs as one batched run: `{"L2H2->logits": (["L2H2"], ["logits"]), ...}`."""
+    if method not in ("direct", "wang"):
+        raise ValueError(f"method must be 'direct' (direct edges only) or 'wang' (Wang et al.'s: MLPs recomputed), not {method!r}")
+    if not isinstance(pairs, Mapping) or not pairs:
+        raise ValueError("pairs must be a non-empty dict: {name: (senders, receivers)}")
+    experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.path_patch")
+    g = experiment.graph
+    resolved = {str(name): _resolve_pair(g, str(name), pair) for name, pair in pairs.items()}
+    if method == "direct":
+        masks = torch.stack([g.mask(Edge(s, r) for s, r in _direct_edges(g, *pair)) for pair in resolved.values()])
+        values = experiment.values(masks)
+    else:
+        values = _wang(experiment, list(resolved.values()))
+    return _result(experiment, list(resolved), values, task, {
+        "method": f"path patching ({method})", "ablation": ablation,
+        "pairs": {name: {"senders": senders, "receivers": receivers} for name, (senders, receivers) in resolved.items()},
+    })
+
+
+# ----------------------------------------------------------------------------- pieces
+def _mask(g: Graph, name, edges) -> Tensor:
+    if isinstance(edges, (str, Edge)):
+        edges = [edges]
+    try:
+        return g.mask(edges)
+    except (KeyError, ValueError, TypeError) as error:
+        message = error.args[0] if error.args else error
+        raise type(error)(f"variant {name!r}: {message}") from error
+
+
+def _resolve_pair(g: Graph, name: str, pair) -> tuple[list[str], list[str]]:
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+        raise TypeError(f"pair {name!r} must be (senders, receivers), got {pair!r}")
+    senders, receivers = ([items] if isinstance(items, str) else list(items) for items in pair)
+    if not senders or not receivers:
+        raise ValueError(f"pair {name!r} needs at least one sender and one receiver")
+    for sender in senders:
+        g.source_index(sender)
+    inputs = []
+    for receiver in receivers:
+        if receiver in g._receiver_index:
+            inputs.append(receiver)
+        else:
+            try:
+                inputs += g.receivers_of(receiver)
+            except KeyError:
+                raise KeyError(f"pair {name!r}: {receiver!r} is neither a receiver ('L2H2.q', 'L3.mlp', 'logits') nor a"
+                               f" head node ('L2H2')") from None
+    if not _direct_edges(g, senders, inputs):
+        raise ValueError(f"pair {name!r}: no sender of {senders} writes before any receiver of {inputs} reads; a path runs"
+                         " from an earlier layer to a later one")
+    return senders, list(dict.fromkeys(inputs))
+
+
+def _direct_edges(g: Graph, senders: list[str], receivers: list[str]) -> list[tuple[str, str]]:
+    upstream = {s: g.sources[g.source_index(s)].stage for s in senders}
+    return [(s, r) for r in receivers for s in senders if upstream[s] < g.receivers[g.receiver_index(r)].stage]
+
+
+def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]]) -> Tensor:
+    """Wang et al.'s path patching for every pair at once: V row blocks, two forwards."""
+    model, g, prompts = experiment.model, experiment.graph, experiment.prompts
+    copies, batch = len(pairs), prompts.tokens.shape[0]
+    clean, patched = experiment.clean, experiment.patched
+
+    # Forward 1: senders patched, every other head frozen at its clean write, MLPs recomputed.
+    senders_at: dict[str, list[tuple[int, int | None, int]]] = {}  # hook name -> (variant, head, source)
+    for variant, (senders, _) in enumerate(pairs):
+        for sender in senders:
+            source = g.sources[g.source_index(sender)]
+            senders_at.setdefault(source.hook_name, []).append((variant, source.head, g.source_index(sender)))
+    head_sources: dict[str, list[int]] = {}
+    for index, source in enumerate(g.sources):
+        if source.head is not None:
+            head_sources.setdefault(source.hook_name, []).append(index)
+
+    def write(activation: Tensor, hook) -> Tensor:
+        if hook.name in head_sources:  # every head at its clean write
+            frozen = clean.outputs[head_sources[hook.name]].permute(1, 2, 0, 3)  # [B pos heads d_model]
+            new = frozen.repeat(copies, 1, 1, 1).to(activation.dtype)
+        else:
+            new = activation.clone()
+        blocks = new.view(copies, batch, *new.shape[1:])
+        for variant, head, source in senders_at.get(hook.name, []):
+            value = patched[source].to(new.dtype)
+            if head is None:
+                blocks[variant] = value
+            else:
+                blocks[variant, :, :, head] = value
+        return new
+
+    receivers_at: dict[str, list[tuple[int, int | None]]] = {}
+    for variant, (_, receivers) in enumerate(pairs):
+        for receiver in receivers:
+            r = g.receivers[g.receiver_index(receiver)]
+            receivers_at.setdefault(r.hook_name, []).append((variant, r.head))
+    recorded: dict[str, Tensor] = {}
+
+    def keep(activation: Tensor, hook) -> None:
+        recorded[hook.name] = activation.clone()
+
+    written = set(head_sources) | set(senders_at)
+    hooks = [(name, write) for name in written] + [(name, keep) for name in receivers_at]
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        _stage_loop(model, prompts, copies, 0, clean.resid[0])
+
+    # Forward 2: the clean run with each variant's receivers reading what they read in forward 1.
+    def replace(activation: Tensor, hook) -> Tensor:
+        new = activation.clone()
+        blocks, source = new.view(copies, batch, *new.shape[1:]), recorded[hook.name].view(copies, batch, *new.shape[1:])
+        for variant, head in receivers_at[hook.name]:
+            if head is None:
+                blocks[variant] = source[variant]
+            else:
+                blocks[variant, :, :, head] = source[variant, :, :, head]
+        return new
+
+    start = min(min(g.receivers[g.receiver_index(r)].stage for r in receivers) for _, receivers in pairs)
+    start = min(start, 2 * g.n_layers - 1)
+    with torch.no_grad(), model.hooks(fwd_hooks=[(name, replace) for name in receivers_at]):
+        final = _stage_loop(model, prompts, copies, start, clean.resid[start])
+        reduced = experiment.reads.logits(model, final)
+    return torch.stack([experiment.evaluate(reduced[v * batch:(v + 1) * batch]).cpu() for v in range(copies)])
+
+
+def _result(experiment: Experiment, names: list[str], values: Tensor, task, circuit_info: dict) -> SweepResult:
+    metric = experiment.metric
+    provenance = _provenance(experiment.model, [], metric, task, experiment.prompts.tokens)
+    provenance["circuits"] = circuit_info
+    return SweepResult(
+        variants=names,
+        values=values,
+        base=experiment.clean_values,
+        metric=getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__)),
+        provenance=provenance,
+    )
