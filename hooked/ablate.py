@@ -15,7 +15,11 @@ so one callback serves every point that has the axis:
 | `positions=` | `pos` / `query_pos`, by position in the prompt | every point |
 
 `positions` are positions in each prompt, not padded columns: in a left-padded batch, position 3 of
-a short prompt sits further right, and -1 is every prompt's last token. Zeroing `experts=` at
+a short prompt sits further right, and -1 is every prompt's last token. An int or a list is a set of
+positions selected in every prompt; a 1-D integer tensor `[batch]` (or `per_prompt([...])`) is one
+position per prompt: prompt i at `positions[i]` (`positions=task.positions["S2"]`). A list is never
+read per prompt, even when its length is the batch size: say so with a tensor or `per_prompt`. A
+position a prompt does not have (`positions=100` on 20-token prompts) raises. Zeroing `experts=` at
 `hook_router_logits` writes -inf, so the expert gets probability 0 in the softmax over all experts
 and never wins a slot; the model then routes and renormalises exactly as it would without it.
 
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
 Selector = Union[int, Sequence[int], None]
+Positions = Union[int, Sequence[int], Tensor, "PerPrompt", None]  # a set for every prompt, or one per prompt
 Method = Literal["zero", "mean", "resample"]
 
 # selector -> the axes it may select on, in order of preference
@@ -71,6 +76,77 @@ def _as_tuple(selector: Selector, name: str) -> tuple[int, ...] | None:
     return values
 
 
+@dataclass(frozen=True, repr=False)
+class PerPrompt:
+    """One position per prompt: prompt i is selected at `values[i]` only (a list is a set for every prompt).
+
+    Made by `per_prompt([...])`, or from a 1-D integer tensor given as `positions=`. Inside a sweep each
+    variant sees its own block of the prompts, so `values` lines up with the prompts as given.
+    """
+
+    values: tuple[int, ...]
+
+    def __post_init__(self):
+        values = tuple(self.values)
+        if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise TypeError(f"per_prompt() takes one int position per prompt, got {self.values!r}")
+        object.__setattr__(self, "values", values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def to_json(self) -> dict:
+        """The positions as plain data (sweep provenance): {"per_prompt": [3, 5, ...]}."""
+        return {"per_prompt": list(self.values)}
+
+    def __repr__(self) -> str:
+        shown = ", ".join(map(str, self.values[:8]))
+        if len(self.values) > 8:
+            shown += f", ... ({len(self.values)} prompts)"
+        return f"per_prompt[{shown}]"
+
+
+def per_prompt(positions: Sequence[int] | Tensor) -> PerPrompt:
+    """One position per prompt, `positions=per_prompt([3, 5, 4])`: prompt i at position `positions[i]`.
+
+    The same as a 1-D integer tensor (`positions=torch.tensor([3, 5, 4])`, or `task.positions["S2"]`);
+    a plain list `positions=[3, 5, 4]` instead selects the three positions in every prompt.
+    """
+    if isinstance(positions, PerPrompt):
+        return positions
+    if isinstance(positions, Tensor):
+        if positions.ndim != 1 or positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex():
+            raise TypeError(f"per_prompt() takes a 1-D integer tensor [batch], got {positions.dtype} of shape {list(positions.shape)}")
+        positions = positions.tolist()
+    if isinstance(positions, (int, str)):
+        raise TypeError(f"per_prompt() takes one position per prompt (a list or a 1-D tensor), not {positions!r}")
+    return PerPrompt(tuple(positions))
+
+
+def _as_positions(positions) -> "tuple[int, ...] | PerPrompt | None":
+    """positions= as given -> a set of positions for every prompt (tuple) or one per prompt (PerPrompt)."""
+    if positions is None or isinstance(positions, PerPrompt):
+        return positions
+    if isinstance(positions, Tensor):
+        if positions.ndim == 1:
+            return per_prompt(positions)
+        if positions.ndim > 1:
+            raise ValueError(
+                f"positions= got a tensor of shape {list(positions.shape)}; give one position per prompt as a 1-D"
+                " tensor [batch] (torch.tensor([3, 5, ...]) or task.positions['S2']), or a list of positions to"
+                " select in every prompt ([3, -1])"
+            )
+    return _as_tuple(positions, "positions")  # an int or a list (a 0-d tensor: one position for every prompt)
+
+
+def _positions_record(positions) -> "list[int] | dict | None":
+    """positions= as plain data for a result's provenance."""
+    positions = _as_positions(positions)
+    if positions is None:
+        return None
+    return positions.to_json() if isinstance(positions, PerPrompt) else list(positions)
+
+
 @dataclass(frozen=True)
 class Ablation(abc.ABC):
     """What every ablation shares: the selectors, where they apply, and the write."""
@@ -78,11 +154,12 @@ class Ablation(abc.ABC):
     heads: tuple[int, ...] | None = None
     neurons: tuple[int, ...] | None = None
     experts: tuple[int, ...] | None = None
-    positions: tuple[int, ...] | None = None
+    positions: "tuple[int, ...] | PerPrompt | None" = None  # a set for every prompt, or one per prompt
 
     def __post_init__(self):
-        for name in ("heads", "neurons", "experts", "positions"):
+        for name in ("heads", "neurons", "experts"):
             object.__setattr__(self, name, _as_tuple(getattr(self, name), name))
+        object.__setattr__(self, "positions", _as_positions(self.positions))
         if self.experts is not None and min(self.experts) < 0:
             raise ValueError(f"experts= takes expert ids 0..n_experts-1, got {list(self.experts)}")
 
@@ -174,7 +251,7 @@ class Ablation(abc.ABC):
             combine(along.view(shape))
         if self.positions is not None:
             dim = next(axes.index(a) for a in _POSITION_AXES if a in axes)
-            at = _positions_mask(self.positions, hook)  # [batch pos]
+            at = _positions_mask(self, hook)  # [batch pos]
             shape = [1] * activation.ndim
             shape[0], shape[dim] = at.shape
             combine(at.view(shape))
@@ -187,22 +264,58 @@ class Ablation(abc.ABC):
         fields = []
         for name in ("heads", "neurons", "experts", "positions"):
             value = getattr(self, name)
-            if value is not None:
+            if isinstance(value, PerPrompt):
+                fields.append(f"{name}={value!r}")
+            elif value is not None:
                 fields.append(f"{name}={list(value)}")
         return fields
 
     kind = "ablation"
 
 
-def _positions_mask(positions: tuple[int, ...], hook: HookPoint) -> Tensor:
-    """[batch pos] True at the real tokens whose position in their prompt is one of `positions`."""
+def _positions_mask(ablation: Ablation, hook: HookPoint) -> Tensor:
+    """[batch pos] True at the real tokens whose position in their prompt is selected (a set, or one per row)."""
     rows = hook.rows
     position_ids, real = rows.position_ids, rows.attention_mask
-    length = rows.prompt_lengths()  # left padding: the last column is every prompt's last token
-    at = torch.zeros_like(position_ids, dtype=torch.bool)
-    for position in positions:
-        at |= position_ids == (position + length if position < 0 else torch.full_like(length, position))
+    lengths = rows.prompt_lengths()  # [batch 1]; left padding: the last column is every prompt's last token
+    batch = position_ids.shape[0]
+    positions = ablation.positions
+    if isinstance(positions, PerPrompt):
+        if len(positions) != batch:
+            raise ValueError(
+                f"{ablation!r} at {hook.name}: positions= gives {len(positions)} positions, one per prompt, but this"
+                f" forward runs {batch} prompts; give one position per prompt, in the order of the prompts"
+            )
+        wanted = torch.tensor(positions.values, device=position_ids.device)[:, None]  # [batch 1]
+    else:
+        wanted = torch.tensor(positions, device=position_ids.device)[None].expand(batch, -1)  # [batch k]
+    lengths = lengths.to(position_ids.device)
+    _check_in_prompts(ablation, hook, wanted, lengths, generating=rows.lengths is not None)
+    target = torch.where(wanted < 0, wanted + lengths, wanted)  # [batch k]
+    at = (position_ids[:, :, None] == target[:, None, :]).any(-1)
     return at if real is None else at & real
+
+
+def _check_in_prompts(ablation: Ablation, hook: HookPoint, wanted: Tensor, lengths: Tensor, generating: bool) -> None:
+    """Raise when a selected position is not in its prompt: it would silently select nothing there.
+
+    While generating (`Rows.lengths` set) a position past the prompt is a generated token, which a later
+    decode step computes, so only positions before the prompt's start (-p > its length) are refused.
+    """
+    bad = wanted < -lengths
+    if not generating:
+        bad |= wanted >= lengths
+    if not bool(bad.any()):
+        return
+    row, column = (int(i) for i in bad.nonzero()[0])
+    shown = lengths[:, 0].tolist()
+    listed = ", ".join(map(str, shown[:16])) + (f", ... ({len(shown)} prompts)" if len(shown) > 16 else "")
+    length = shown[row]
+    raise ValueError(
+        f"{ablation!r} at {hook.name}: position {int(wanted[row, column])} does not exist in prompt {row}, which has"
+        f" {length} tokens (prompt lengths: [{listed}]); positions count each prompt's tokens, BOS included, from 0"
+        f" to length-1, or back from its end (-1 .. -length)"
+    )
 
 
 def _where_selector_applies(name: str) -> str:
@@ -226,10 +339,13 @@ class Zero(Ablation):
         return torch.zeros((), dtype=activation.dtype, device=activation.device)
 
 
-def zero(heads: Selector = None, neurons: Selector = None, positions: Selector = None, experts: Selector = None) -> Zero:
+def zero(heads: Selector = None, neurons: Selector = None, positions: Positions = None, experts: Selector = None) -> Zero:
     """Zero-ablate the selected part of a hook point (all of it with no selector).
 
     `model.run_with_hooks(tokens, fwd_hooks=[("blocks.9.attn.hook_z", zero(heads=9))])`
+
+    `positions`: an int or list selects those positions in every prompt; a 1-D tensor [batch] (or
+    `per_prompt([...])`) one position per prompt.
     """
     return Zero(heads=heads, neurons=neurons, experts=experts, positions=positions)
 
@@ -371,7 +487,7 @@ def mean(
     reference: Reference,
     heads: Selector = None,
     neurons: Selector = None,
-    positions: Selector = None,
+    positions: Positions = None,
     experts: Selector = None,
     *,
     per_position: bool = False,
@@ -472,7 +588,7 @@ def resample(
     source: Reference | None = None,
     heads: Selector = None,
     neurons: Selector = None,
-    positions: Selector = None,
+    positions: Positions = None,
     experts: Selector = None,
     *,
     seed: int | None = None,
@@ -510,6 +626,7 @@ def hooks(
     reference: Reference | None = None,
     seed: int | None = None,
     per_position: bool = False,
+    positions: Positions = None,
 ) -> list[tuple[str, HookFn]]:
     """(hook name, callback) pairs that ablate the components at `addresses` with one method.
 
@@ -517,7 +634,8 @@ def hooks(
 
     Addresses at the same point and position share one callback (`zero(heads=[6, 9])`). Token
     references and sources are run once here, for every point at once. Every selector is checked
-    against the model before this returns.
+    against the model before this returns. `positions=` applies to every address (as the selector:
+    `task.positions["S2"]` is one position per prompt); an address may instead name its own (`L9H9@-1`).
     """
     if method not in ("zero", "mean", "resample"):
         raise ValueError(f"method must be 'zero', 'mean' or 'resample', not {method!r}")
@@ -530,12 +648,16 @@ def hooks(
     addresses = [addresses] if isinstance(addresses, str) else list(addresses)
     if not addresses:
         raise ValueError("no component addresses given")
+    positions = _as_positions(positions)
     groups: dict[tuple, dict[str, list[int]]] = {}
     for address in addresses:
         component = parse_address(model, address)
+        at = component.selectors.get("positions")
+        if at is not None and positions is not None:
+            raise ValueError(f"{address!r} names its position and positions={positions!r} was given too; use one of them")
         # A neuron of an expert selects experts x neurons: merging two would select their product.
         own = address if "experts" in component.selectors and "neurons" in component.selectors else None
-        key = (component.hook_name, component.selectors.get("positions"), own)
+        key = (component.hook_name, positions if at is None else at, own)
         merged = groups.setdefault(key, {})
         for name, values in component.selectors.items():
             if name != "positions":
@@ -560,5 +682,5 @@ def hooks(
     return result
 
 
-__all__ = ["Ablation", "Component", "Mean", "Resample", "Zero", "components", "derangement", "hooks", "mean",
-           "parse_address", "resample", "zero"]
+__all__ = ["Ablation", "Component", "Mean", "PerPrompt", "Resample", "Zero", "components", "derangement", "hooks",
+           "mean", "parse_address", "per_prompt", "resample", "zero"]

@@ -27,7 +27,10 @@ per-prompt metric gives each prompt its own gradient, and the estimate is per pr
 Positions are positions in each prompt (as everywhere in `hooked.ablate`), not padded columns. By
 default a layer x position grid covers every position of an unpadded batch (0 .. pos-1), and, for a
 left-padded batch, the positions every prompt has, counted from the end (-n .. -1, n the shortest
-prompt's length), so the last column is always each prompt's last token.
+prompt's length), so the last column is always each prompt's last token. One position per prompt (a
+1-D tensor such as `task.positions["S2"]`, or `ablate.per_prompt([...])`) works wherever a patch takes
+`positions=`; a layer x position grid takes them by name, `positions={"S1": ..., "S2": ..., "END": ...}`
+(variants `L{layer}@S1`, ...).
 
 Sources: Meng et al. 2022, "Locating and Editing Factual Associations in GPT" (causal tracing);
 Wang et al. 2022, "Interpretability in the Wild" (path and activation patching on IOI); Nanda 2023,
@@ -38,7 +41,7 @@ use and interpret activation patching". See docs/ablation.md for when to trust t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -47,7 +50,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hooked import ablate
-from hooked.ablate import Reference, Resample, Selector, _is_tokens
+from hooked.ablate import PerPrompt, Positions, Reference, Resample, Selector, _as_positions, _is_tokens, _positions_record
 from hooked.cache import ActivationCache, act_name
 from hooked.hooks import HookFn, HookPoint
 from hooked.results import SweepResult
@@ -80,7 +83,7 @@ def activation(
     source: Reference,
     heads: Selector = None,
     neurons: Selector = None,
-    positions: Selector = None,
+    positions: Positions = None,
     experts: Selector = None,
     *,
     model: "HookedTransformer | None" = None,
@@ -95,14 +98,16 @@ def activation(
     return Patch(heads=heads, neurons=neurons, experts=experts, positions=positions, reference=source, model=model)
 
 
-def hooks(model: "HookedTransformer", addresses: str | Sequence[str], source: Reference) -> list[tuple[str, HookFn]]:
+def hooks(model: "HookedTransformer", addresses: str | Sequence[str], source: Reference, *,
+          positions: Positions = None) -> list[tuple[str, HookFn]]:
     """(hook name, patch) pairs that patch the components at `addresses` (`ablate.hooks`' forms) from `source`.
 
     `model.run_with_hooks(corrupt, fwd_hooks=patch.hooks(model, ["L9H9", "L10H0@-1"], clean_cache))`
 
-    Prompts or tokens as `source` are run once here, for every point at once.
+    Prompts or tokens as `source` are run once here, for every point at once. `positions=` applies to
+    every address without its own `@pos` (`task.positions["S2"]`: one position per prompt).
     """
-    pairs = ablate.hooks(model, addresses, "resample", source=source)
+    pairs = ablate.hooks(model, addresses, "resample", source=source, positions=positions)
     return [(name, Patch(heads=fn.heads, neurons=fn.neurons, experts=fn.experts, positions=fn.positions,
                          reference=fn.reference, model=model)) for name, fn in pairs]
 
@@ -115,7 +120,7 @@ def head_sweep(
     metric: Callable,
     hook: HeadHook = "z",
     *,
-    positions: Selector = None,
+    positions: Positions = None,
     attention_mask: Tensor | None = None,
     **sweep_kwargs,
 ) -> SweepResult:
@@ -125,16 +130,16 @@ def head_sweep(
 
     `hook` is the point patched: z (default), q, k, v (GQA models: one variant per key/value head),
     pattern or result. `positions` restricts each patch to those positions in the prompt (default:
-    all). `clean` is a cache of the clean prompts, or the prompts themselves (run once). Other keyword
-    arguments go to `hooked.sweep` (`max_rows`, `progress`, `task`, ...). The result's `change` is
+    all; a 1-D tensor such as `task.positions["S2"]`: one position per prompt). `clean` is a cache of
+    the clean prompts, or the prompts themselves (run once). Other keyword arguments go to
+    `hooked.sweep` (`max_rows`, `progress`, `task`, ...). The result's `change` is
     metric(patched) - metric(corrupt).
     """
     tokens, key_valid = _prompts(model, corrupt, attention_mask)
     source = _source(model, clean, _names(model, hook, HEAD_HOOKS), tokens, key_valid)
     variants = _head_variants(model, hook, source, positions)
     result = sweep(model, tokens, variants, metric, attention_mask=key_valid, **sweep_kwargs)
-    result.provenance["patch"] = {"method": "activation patching", "hook": hook,
-                                  "positions": None if positions is None else list(ablate._as_tuple(positions, "positions"))}
+    result.provenance["patch"] = {"method": "activation patching", "hook": hook, "positions": _positions_record(positions)}
     return result
 
 
@@ -145,7 +150,7 @@ def resid_sweep(
     metric: Callable,
     hook: ResidHook = "resid_pre",
     *,
-    positions: Selector = None,
+    positions: Selector | Mapping[str, Positions] = None,
     attention_mask: Tensor | None = None,
     **sweep_kwargs,
 ) -> SweepResult:
@@ -155,15 +160,16 @@ def resid_sweep(
 
     `hook` is resid_pre (default), resid_mid, resid_post, attn_out or mlp_out. `positions` are
     positions in the prompt; by default every position of an unpadded batch (0 .. pos-1), or for a
-    left-padded one the positions every prompt has, counted from the end (-n .. -1). Other keyword
-    arguments go to `hooked.sweep`.
+    left-padded one the positions every prompt has, counted from the end (-n .. -1). Positions that
+    differ per prompt go by name: `positions={"S2": task.positions["S2"], "END": task.positions["END"]}`
+    gives variants `L{layer}@S2`, `L{layer}@END`. Other keyword arguments go to `hooked.sweep`.
     """
     tokens, key_valid = _prompts(model, corrupt, attention_mask)
     source = _source(model, clean, _names(model, hook, RESID_HOOKS), tokens, key_valid)
     positions = _grid_positions(tokens, key_valid, positions)
     variants = _resid_variants(model, hook, source, positions)
     result = sweep(model, tokens, variants, metric, attention_mask=key_valid, **sweep_kwargs)
-    result.provenance["patch"] = {"method": "activation patching", "hook": hook, "positions": list(positions)}
+    result.provenance["patch"] = {"method": "activation patching", "hook": hook, "positions": _grid_record(positions)}
     return result
 
 
@@ -175,7 +181,7 @@ def attribution(
     metric: Callable,
     hook: HeadHook | ResidHook = "z",
     *,
-    positions: Selector = None,
+    positions: Positions | Mapping[str, Positions] = None,
     attention_mask: Tensor | None = None,
     task=None,
 ) -> SweepResult:
@@ -280,9 +286,10 @@ def _names(model: "HookedTransformer", hook: str, allowed: tuple[str, ...]) -> l
     return [model._check_name(act_name(hook, layer)) for layer in range(model.cfg.n_layers)]
 
 
-def _head_variants(model: "HookedTransformer", hook: str, source: ActivationCache, positions: Selector) -> Variants:
+def _head_variants(model: "HookedTransformer", hook: str, source: ActivationCache, positions: Positions) -> Variants:
     variants: Variants = {}
     sizes = model.axis_sizes()
+    positions = _as_positions(positions)
     for layer, name in enumerate(_names(model, hook, HEAD_HOOKS)):
         axes = model.hook_dict[name].axes
         n_heads = sizes["kv_head_index" if "kv_head_index" in axes else "head_index"]
@@ -291,22 +298,39 @@ def _head_variants(model: "HookedTransformer", hook: str, source: ActivationCach
     return variants
 
 
-def _resid_variants(model: "HookedTransformer", hook: str, source: ActivationCache, positions: tuple[int, ...]) -> Variants:
+def _resid_variants(model: "HookedTransformer", hook: str, source: ActivationCache, positions: dict[str, Positions]) -> Variants:
     return {
-        f"L{layer}@{position}": [(name, Patch(positions=position, reference=source, model=model))]
+        f"L{layer}@{label}": [(name, Patch(positions=position, reference=source, model=model))]
         for layer, name in enumerate(_names(model, hook, RESID_HOOKS))
-        for position in positions
+        for label, position in positions.items()
     }
 
 
-def _grid_positions(tokens: Tensor, key_valid: Tensor | None, positions: Selector) -> tuple[int, ...]:
-    """The positions of a layer x position grid: given, or every one all prompts have (see the module docstring)."""
+def _grid_positions(tokens: Tensor, key_valid: Tensor | None, positions) -> dict[str, Positions]:
+    """The columns of a layer x position grid, label -> positions: given (ints, or named per-prompt
+    positions), or every position all prompts have (see the module docstring)."""
+    if isinstance(positions, Mapping):
+        if not positions:
+            raise ValueError("positions= is an empty dict; name at least one column, e.g. {'S2': task.positions['S2']}")
+        return {str(label): _as_positions(value) for label, value in positions.items()}
+    if isinstance(_as_positions(positions), PerPrompt):
+        raise ValueError(
+            f"positions={_as_positions(positions)!r} is one position per prompt, but a layer x position grid patches one"
+            " column of positions at a time; name it: positions={'S2': task.positions['S2']} (variants L{layer}@S2)"
+        )
     if positions is not None:
-        return ablate._as_tuple(positions, "positions")
+        return {str(p): p for p in ablate._as_tuple(positions, "positions")}
     if key_valid is None:
-        return tuple(range(tokens.shape[1]))
+        return {str(p): p for p in range(tokens.shape[1])}
     shortest = int(key_valid.sum(-1).min())
-    return tuple(range(-shortest, 0))
+    return {str(p): p for p in range(-shortest, 0)}
+
+
+def _grid_record(positions: dict[str, Positions]) -> list[int] | dict:
+    """The grid's columns as plain data: the positions (a list of ints), or label -> positions."""
+    if all(isinstance(value, int) for value in positions.values()):
+        return list(positions.values())
+    return {label: _positions_record(value) for label, value in positions.items()}
 
 
 def _prompts(model: "HookedTransformer", corrupt, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:

@@ -19,14 +19,29 @@ github.com/redwoodresearch/Easy-Transformer). `facts` is a small factual-recall 
 Template vocabulary (the paper's): `[A]` is the indirect object (IO, the right answer), `[B]` the
 subject (S, the distractor), `[PLACE]` and `[OBJECT]` nouns. S is named twice: S1 in the first
 clause and S2, the giver, in the second. Every template ends with the IO, which a prompt leaves out.
+
+Token positions depend on the tokenizer, so a task knows them only for a model:
+`ioi(8, model=model)` (or `task.with_positions(model)`) fills `task.positions["IO"]`, `["S1"]`,
+`["S2"]` and `["END"]`, each a LongTensor [batch] of positions in the clean prompt as that model
+tokenizes it (0 is the first token, BOS included when the model prepends one; END is the last
+token). They plug straight into `positions=` of `hooked.ablate` and `hooked.patch` (one position per
+prompt). They come from the character spans of the name slots, recorded at generation in
+`params["per_prompt"]["spans"]`: a name's position is its first token (the one holding its first
+character, e.g. " John" with its space). With the "swap" corruption the corrupt prompt has the same
+token layout as the clean one whenever the names are single tokens (GPT-2's are); with "abc" its names
+differ, so only the clean prompt's positions are given.
 """
 
 from __future__ import annotations
 
 import copy
 import random
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
+
+import torch
+from torch import Tensor
 
 # The paper's names: every one is a single token (with its leading space) for GPT-2's tokenizer.
 NAMES: tuple[str, ...] = (
@@ -132,7 +147,9 @@ class Task:
     """Parallel lists of prompts and answers, with what produced them.
 
     `params["per_prompt"]`, when present, holds lists aligned with the prompts (template ids,
-    orders, row index in the generated set); slicing a task slices them too.
+    orders, row index in the generated set, character spans of named slots); slicing a task slices
+    them too. `token_positions` are the token positions of those slots for one tokenizer (see
+    `with_positions`); they are not compared, as they follow from the prompts and the tokenizer.
     """
 
     name: str
@@ -142,16 +159,65 @@ class Task:
     incorrect: list[str]  # the distractor a metric compares it with
     seed: int
     params: dict[str, Any] = field(default_factory=dict)
+    token_positions: dict[str, Tensor] | None = field(default=None, compare=False)  # slot -> [batch], see `positions`
 
     def __post_init__(self):
         lengths = {name: len(getattr(self, name)) for name in ("clean", "corrupt", "correct", "incorrect")}
         lengths.update({f"params['per_prompt'][{key!r}]": len(value) for key, value in self.per_prompt.items()})
+        if self.token_positions is not None:  # lists (from JSON) become tensors
+            positions = {key: torch.as_tensor(value, dtype=torch.long) for key, value in self.token_positions.items()}
+            object.__setattr__(self, "token_positions", positions)
+            lengths.update({f"token_positions[{key!r}]": len(value) for key, value in positions.items()})
         if len(set(lengths.values())) > 1:
             raise ValueError(f"a task's lists must have one entry per prompt; their lengths are {lengths}")
 
     @property
     def per_prompt(self) -> dict[str, list]:
         return self.params.get("per_prompt", {})
+
+    @property
+    def positions(self) -> dict[str, Tensor]:
+        """Slot -> LongTensor [batch]: where each prompt's IO, S1, S2 and END tokens are, for one tokenizer.
+
+        `positions=task.positions["S2"]` ablates or patches S2 in each prompt. Only a task made for a
+        model has them: `ioi(n, model=model)` or `task.with_positions(model)`.
+        """
+        if self.token_positions is None:
+            raise AttributeError(
+                f"task {self.name!r} has no token positions: they depend on the tokenizer; make it with"
+                f" tasks.{self.name}(..., model=model) or call task.with_positions(model)"
+            )
+        return self.token_positions
+
+    def with_positions(self, model, prepend_bos: bool | None = None) -> "Task":
+        """A copy whose `positions` are token positions in the clean prompts as `model` tokenizes them.
+
+        Each recorded slot (`params["per_prompt"]["spans"]`: IO, S1, S2 for `ioi`) maps to the token
+        holding its first character (a name of several tokens: its first token); END is each prompt's
+        last token. Positions count from 0 and include the BOS token when the model prepends one
+        (`prepend_bos`, as in `model.to_tokens`), so they match the positions `hooked.ablate` uses.
+        """
+        tokenizer = getattr(model, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("token positions need the model's tokenizer, and this model has none; load it with its tokenizer files")
+        prepend = model.default_prepend_bos if prepend_bos is None else prepend_bos
+        if prepend and tokenizer.bos_token_id is None:
+            raise ValueError("prepend_bos=True, but this tokenizer has no BOS token; pass prepend_bos=False")
+        first = 1 if prepend else 0  # the BOS token model.to_tokens puts first
+        spans = self.per_prompt.get("spans")
+        positions: dict[str, list[int]] = {}
+        for row, prompt in enumerate(self.clean):
+            offsets = tokenizer.tokenizer.encode(prompt, add_special_tokens=False).offsets
+            if not offsets:
+                raise ValueError(f"prompt {row} of task {self.name!r} has no tokens: {prompt!r}")
+            for slot, (start, end) in (spans[row] if spans else {}).items():
+                token = next((i for i, (a, b) in enumerate(offsets) if a < end and b > start), None)
+                if token is None:
+                    raise ValueError(f"prompt {row}: no token covers {slot} ({prompt[start:end]!r}, characters"
+                                     f" {start}..{end}) in {prompt!r}; the tokenizer drops those characters")
+                positions.setdefault(slot, []).append(first + token)
+            positions.setdefault("END", []).append(first + len(offsets) - 1)
+        return replace(self, token_positions={slot: torch.tensor(values, dtype=torch.long) for slot, values in positions.items()})
 
     def __len__(self) -> int:
         return len(self.clean)
@@ -163,17 +229,22 @@ class Task:
         params = dict(self.params)
         if self.per_prompt:
             params["per_prompt"] = {key: value[rows] for key, value in self.per_prompt.items()}
+        positions = self.token_positions
         return replace(
             self, clean=self.clean[rows], corrupt=self.corrupt[rows], correct=self.correct[rows],
             incorrect=self.incorrect[rows], params=params,
+            token_positions=None if positions is None else {key: value.tolist()[rows] for key, value in positions.items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything about the task as plain JSON-serialisable data, prompts included."""
-        return copy.deepcopy({
+        """Everything about the task as plain JSON-serialisable data, prompts (and token positions) included."""
+        data = copy.deepcopy({
             "name": self.name, "seed": self.seed, "params": self.params, "clean": self.clean,
             "corrupt": self.corrupt, "correct": self.correct, "incorrect": self.incorrect,
         })
+        if self.token_positions is not None:
+            data["token_positions"] = {key: value.tolist() for key, value in self.token_positions.items()}
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Task":
@@ -192,6 +263,7 @@ def ioi(
     template: str = "mixed",
     corruption: str = "swap",
     names: Sequence[str] | None = None,
+    model=None,
 ) -> Task:
     """`n` indirect-object identification prompts: the answer is the IO, the distractor is S.
 
@@ -205,6 +277,7 @@ def ioi(
     "abc" fills the IO, S1 and S2 slots with three new names, distinct and unlike the clean ones.
     `correct`/`incorrect` are always the clean prompt's IO and S. Row i depends only on i and the
     arguments, so ioi(4) == ioi(8)[:4]; the clean prompts are the same for both corruptions.
+    model: fills `task.positions` (IO, S1, S2, END per prompt) for its tokenizer (`Task.with_positions`).
     """
     _check_count(n, "n")
     if template not in IOI_TEMPLATES:
@@ -216,7 +289,7 @@ def ioi(
     rng = random.Random(seed)
     # A second stream for the ABC names, so that the clean prompts are the same for both corruptions.
     corrupt_rng = random.Random(f"ioi-abc-{seed}")
-    clean, corrupt, correct, incorrect, orders, template_ids = [], [], [], [], [], []
+    clean, corrupt, correct, incorrect, orders, template_ids, spans = [], [], [], [], [], [], []
     for i in range(n):
         order = {"baba": "BABA", "abba": "ABBA"}.get(template, "ABBA" if i % 2 == 0 else "BABA")
         template_id = 0 if template == "store" else rng.randrange(len(BABA_TEMPLATES))
@@ -224,7 +297,9 @@ def ioi(
         slots = _name_slots(baba if order == "BABA" else _swap_first_clause(baba))
         io, s = rng.sample(name_pool, 2)
         nouns = {"[PLACE]": rng.choice(PLACES), "[OBJECT]": rng.choice(OBJECTS)}
-        clean.append(_fill(slots, {"[IO]": io, "[S1]": s, "[S2]": s, **nouns}))
+        prompt, where = _fill_with_spans(slots, {"[IO]": io, "[S1]": s, "[S2]": s, **nouns})
+        clean.append(prompt)
+        spans.append(where)
         if corruption == "swap":
             corrupt.append(_fill(slots, {"[IO]": io, "[S1]": s, "[S2]": io, **nouns}))
         else:
@@ -237,9 +312,10 @@ def ioi(
     params = {
         "template": template, "corruption": corruption,
         "names": "NAMES" if names is None else list(name_pool),
-        "per_prompt": {"index": list(range(n)), "order": orders, "template_id": template_ids},
+        "per_prompt": {"index": list(range(n)), "order": orders, "template_id": template_ids, "spans": spans},
     }
-    return Task("ioi", clean, corrupt, correct, incorrect, seed, params)
+    task = Task("ioi", clean, corrupt, correct, incorrect, seed, params)
+    return task if model is None else task.with_positions(model)
 
 
 def _name_slots(template: str) -> str:
@@ -249,6 +325,25 @@ def _name_slots(template: str) -> str:
     prompt = template[: -len(" [A]")].replace("[A]", "[IO]")
     first_b, second_b = prompt.index("[B]"), prompt.rindex("[B]")
     return prompt[:first_b] + "[S1]" + prompt[first_b + 3 : second_b] + "[S2]" + prompt[second_b + 3 :]
+
+
+_SLOT = re.compile(r"\[(IO|S1|S2|PLACE|OBJECT)\]")
+
+
+def _fill_with_spans(slots: str, values: dict[str, str]) -> tuple[str, dict[str, list[int]]]:
+    """`_fill`, and where each name landed: {"IO": [start, end], "S1": ..., "S2": ...} in characters."""
+    parts, spans, length, last = [], {}, 0, 0
+    for match in _SLOT.finditer(slots):
+        value = values[match.group(0)]
+        parts.append(slots[last:match.start()])
+        length += match.start() - last
+        if match.group(1) in ("IO", "S1", "S2"):
+            spans[match.group(1)] = [length, length + len(value)]
+        parts.append(value)
+        length += len(value)
+        last = match.end()
+    parts.append(slots[last:])
+    return "".join(parts), spans
 
 
 def _fill(slots: str, values: dict[str, str]) -> str:

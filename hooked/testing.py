@@ -252,7 +252,8 @@ def addresses(model, kinds: Sequence[str] = ("heads", "attn", "mlps", "neurons",
     Kinds: "heads" (`L1H2`), "attn" (`L0.attn`), "mlps" (`L1.mlp`), "neurons" (`L0.N7` on a dense
     layer, `L1.E3.N5` on a sparse one), "experts" (`L1.E3`, sparse layers only); kinds the model lacks
     are skipped. Layers are sometimes counted from the end (`L-1H0`); with `positions`, sometimes
-    `@pos` with pos in -max_pos..max_pos-1.
+    `@pos` with pos in -max_pos..max_pos-1. A position a prompt does not have raises when the hook
+    runs, so pass the shortest prompt's length as `max_pos`.
     """
     from hypothesis import strategies as st
 
@@ -303,7 +304,8 @@ def selectors(model, hook_name: str, positions: bool = True, max_pos: int = 8):
 
     heads on head_index / kv_head_index points, neurons on d_mlp and (with experts, as the address
     `L.E.N`) on d_expert_mlp, experts on router logits and the per-slot expert neurons, positions
-    (-max_pos..max_pos-1) on every point with a pos axis. Indices may be negative. At most
+    (-max_pos..max_pos-1, so `max_pos` at most the shortest prompt's length: a position a prompt does
+    not have raises) on every point with a pos axis. Indices may be negative. At most
     n_experts - 1 experts are selected, so zeroing them at the router still leaves one to route to.
     """
     from hypothesis import strategies as st
@@ -346,7 +348,8 @@ def interventions(model, cache=None, *, methods: Sequence[str] = ("zero", "mean"
     `within_batch` (the input is at least 2 unpadded prompts), `resample(seed=)` are drawn. A mean
     attention pattern needs an unpadded cache, so with a padded one those points get no mean.
     `names` restricts the hook points (default `ablatable_hook_names(model)`); the kind of point is
-    drawn first, then its layer.
+    drawn first, then its layer. Positions lie in -max_pos..max_pos-1: pass the shortest prompt's
+    length (a position a prompt does not have raises).
 
         @given(st.data())
         def test_hooks_commute_with_something(data):
@@ -355,7 +358,7 @@ def interventions(model, cache=None, *, methods: Sequence[str] = ("zero", "mean"
             other = data.draw(tokens(model, min_batch=len(clean), max_batch=len(clean),
                                      min_pos=clean.shape[1], max_pos=clean.shape[1]))
             _, cache = model.run_with_cache(other)
-            fwd_hooks = data.draw(st.lists(interventions(model, cache), min_size=1, max_size=3))
+            fwd_hooks = data.draw(st.lists(interventions(model, cache, max_pos=clean.shape[1]), min_size=1, max_size=3))
             model.run_with_hooks(clean, fwd_hooks=fwd_hooks)
     """
     from hypothesis import strategies as st

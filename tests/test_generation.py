@@ -143,7 +143,12 @@ def test_position_ablation_fires_only_where_its_position_is():
     out = model.generate(tokens, 4, stop_at_eos=False, fwd_hooks=hooks)
     assert [start for _, start in seen] == [0, 5, 6, 7]  # the prompt, then one column per step
     assert seen[2][0] == [[6], [6]]
-    reference, _ = greedy_loop(model, tokens, torch.ones_like(tokens), 4, hooks[:1])
+
+    def zero_column_6(z, hook):  # by hand: unpadded, column 6 is position 6 (a full forward has no position 6 before)
+        if z.shape[1] > 6:
+            z[:, 6, 1] = 0.0
+
+    reference, _ = greedy_loop(model, tokens, torch.ones_like(tokens), 4, [("blocks.0.attn.hook_z", zero_column_6)])
     assert torch.equal(out, reference)
     assert not torch.equal(out, model.generate(tokens, 4, stop_at_eos=False))  # position 6 mattered
 
@@ -183,11 +188,14 @@ def test_generating_with_hooks_equals_a_greedy_loop_of_full_forwards(data):
     # Attention scores and patterns are left out: zeroing a score also unmasks future keys, which a
     # forward over the whole sequence sees and a decode step cannot (docs/generation.md).
     local = [name for name in ablatable_hook_names(model) if "key_pos" not in model.hook_dict[name].axes]
+    # Positions in every prompt, counted from its start: the loop of full forwards counts -1 from each
+    # sequence's end, and has no position past the prompt until that token is generated (it raises).
+    shortest = int(mask.sum(-1).min())
     nonnegative = lambda pair: not any(p < 0 for p in (pair[1].positions or ()))  # noqa: E731
-    pool = [interventions(model, cache, methods=["zero", "mean"], names=local).filter(nonnegative),
-            interventions(model, methods=["zero"], names=local).filter(nonnegative)]
+    pool = [interventions(model, cache, methods=["zero", "mean"], names=local, max_pos=shortest).filter(nonnegative),
+            interventions(model, methods=["zero"], names=local, max_pos=shortest).filter(nonnegative)]
     if not padded:
-        pool.append(interventions(model, methods=["resample"], within_batch=True, names=local).filter(nonnegative))
+        pool.append(interventions(model, methods=["resample"], within_batch=True, names=local, max_pos=shortest).filter(nonnegative))
     fwd_hooks = data.draw(st.lists(st.one_of(pool), min_size=1, max_size=3))
     out = model.generate(tokens, new, attention_mask=mask, stop_at_eos=False, fwd_hooks=fwd_hooks)
     _, step_logits = greedy_loop(model, tokens, mask, new, fwd_hooks)

@@ -8,7 +8,9 @@ import json
 import re
 
 import pytest
+import torch
 
+import hooked
 from hooked import tasks
 from hooked.tasks import ABBA_TEMPLATES, BABA_TEMPLATES, FACTS, NAMES, OBJECTS, PLACES, STORE_TEMPLATE, Task
 
@@ -249,6 +251,78 @@ def test_check_single_tokens(gpt2):
     assert "Mary" not in message and "John" not in message
     with pytest.raises(ValueError, match="' Paris'"):
         tasks.check_single_tokens(gpt2, tasks.facts())
+
+
+# ----------------------------------------------------------------------------- token positions
+SINGLE_TOKEN_NAMES = ["Mary", "John", "Tom", "Anna", "Alice", "Bob"]  # one token each (with the space) for the test tokenizer
+
+
+@pytest.fixture(scope="module")
+def ioi_model():
+    return hooked.load("hooked/ioi-gpt2")  # a word-level tokenizer, BOS prepended
+
+
+def test_name_spans_are_where_the_names_are():
+    task = tasks.ioi(40, seed=7)
+    for prompt, correct, incorrect, spans in zip(task.clean, task.correct, task.incorrect, task.per_prompt["spans"]):
+        io, s = correct[1:], incorrect[1:]
+        starts = {name: [m.start() for m in re.finditer(rf"\b{name}\b", prompt)] for name in (io, s)}
+        assert starts == {io: [spans["IO"][0]], s: [spans["S1"][0], spans["S2"][0]]}
+        assert {slot: prompt[a:b] for slot, (a, b) in spans.items()} == {"IO": io, "S1": s, "S2": s}
+
+
+def test_positions_point_at_the_names_for_a_word_level_tokenizer(ioi_model):
+    task = tasks.ioi(16, seed=0, model=ioi_model)
+    assert set(task.positions) == {"IO", "S1", "S2", "END"}
+    assert all(p.dtype == torch.long and p.shape == (16,) for p in task.positions.values())
+    assert len({len(ioi_model.to_str_tokens(prompt)) for prompt in task.clean}) > 1  # mixed templates: lengths differ
+    for row, (prompt, correct, incorrect) in enumerate(zip(*_columns(task))):
+        tokens = ioi_model.to_str_tokens(prompt)
+        at = {slot: int(p[row]) for slot, p in task.positions.items()}
+        assert tokens[0] == ioi_model.tokenizer.bos_token  # position 0 is the BOS
+        assert (tokens[at["IO"]], tokens[at["S1"]], tokens[at["S2"]]) == (correct[1:], incorrect[1:], incorrect[1:])
+        assert at["S1"] < at["S2"] and at["END"] == len(tokens) - 1
+    unprefixed = task.with_positions(ioi_model, prepend_bos=False)
+    assert all(torch.equal(unprefixed.positions[slot], task.positions[slot] - 1) for slot in task.positions)
+
+
+@pytest.mark.parametrize("names", [SINGLE_TOKEN_NAMES, None])
+def test_positions_point_at_the_names_for_a_byte_level_tokenizer(gpt2, names):
+    """Names of one token carry their leading space (" John"); a name of several tokens gets its first."""
+    task = tasks.ioi(16, seed=0, names=names, model=gpt2)
+    spaced = 0
+    for row, (prompt, spans) in enumerate(zip(task.clean, task.per_prompt["spans"])):
+        tokens = gpt2.to_str_tokens(prompt)
+        assert tokens[0] == "<|endoftext|>"
+        for slot, (start, end) in spans.items():
+            position = int(task.positions[slot][row])
+            before = "".join(tokens[1:position])
+            assert len(before) <= start < len(before) + len(tokens[position]), (slot, tokens, position)  # holds the first letter
+            assert "".join(tokens[position:]).lstrip().startswith(prompt[start:end])
+            if names is not None:
+                assert tokens[position] == " " + prompt[start:end]
+            spaced += tokens[position].startswith(" ")
+        assert int(task.positions["END"][row]) == len(tokens) - 1
+    assert spaced > 0
+
+
+def test_positions_need_a_model_and_follow_slicing_and_json(ioi_model):
+    task = tasks.ioi(8, seed=2)
+    with pytest.raises(AttributeError, match=r"tasks.ioi\(..., model=model\) or call task.with_positions\(model\)"):
+        task.positions
+    full = task.with_positions(ioi_model)
+    assert full == task and tasks.ioi(8, seed=2, model=ioi_model).to_dict() == full.to_dict()
+    part = full[2:6]
+    assert part.per_prompt["spans"] == task.per_prompt["spans"][2:6]
+    assert all(torch.equal(part.positions[slot], full.positions[slot][2:6]) for slot in full.positions)
+    assert all(torch.equal(part.positions[slot], task[2:6].with_positions(ioi_model).positions[slot]) for slot in full.positions)
+    again = Task.from_dict(json.loads(json.dumps(part.to_dict())))
+    assert again == part and all(torch.equal(again.positions[slot], part.positions[slot]) for slot in part.positions)
+    with pytest.raises(ValueError, match="one entry per prompt"):
+        Task("t", ["a"], ["c"], [" x"], [" y"], 0, token_positions={"END": [0, 1]})
+    facts = tasks.facts(4).with_positions(ioi_model)  # no recorded slots: the last token only
+    assert set(facts.positions) == {"END"}
+    assert facts.positions["END"].tolist() == [len(ioi_model.to_str_tokens(p)) - 1 for p in facts.clean]
 
 
 def _columns(task: Task, corrupt: bool = False):
