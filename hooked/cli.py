@@ -1,14 +1,17 @@
-"""The `hooked` command: list hook points, run a prompt, ablate every component of a kind, run the demo.
+"""The `hooked` command: list hook points, run a prompt, ablate every component of a kind, find a circuit, run the demo.
 
     hooked hooks gpt2 --pos 12          # every hook name with its shape for a 12-token input
     hooked run ./my-checkpoint "The capital of France is" --top 5
     hooked sweep gpt2 --task ioi --components heads --method resample --out runs/heads
+    hooked circuit hooked/ioi-gpt2 --task ioi --method eap-ig --edges 50 --out runs/circuit
     hooked demo --model gpt2
 
 MODEL is a hub id (read from the local Hugging Face cache when offline) or a checkpoint directory.
 `hooks` reads only config.json: the model is built on the meta device, no weights are loaded.
 `sweep` ablates each component of a kind in turn on a task's prompts (one batched `hooked.sweep`) and
-writes the table as CSV and JSON (with provenance) and a heatmap PNG into --out.
+writes the table as CSV and JSON (with provenance) and a heatmap PNG into --out. `circuit` finds a
+task's circuit (`hooked.circuits.discover`) and writes its edges (CSV, JSON), its faithfulness curve on
+the discovery and on held-out prompts, and its picture into --out.
 """
 
 from __future__ import annotations
@@ -266,6 +269,254 @@ def sweep_command(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- circuit
+_CIRCUIT_METHODS = ("eap-ig", "eap", "acdc")
+_CIRCUIT_METRICS = ("logit_diff", "log_prob", "probability")  # differentiable, and read off the answers
+CURVE_SIZES = (5, 10, 20, 50, 100, 200)
+CIRCUIT_FILES = ("circuit.json", "circuit-edges.csv", "circuit-faithfulness.csv", "circuit-faithfulness.json",
+                 "circuit-faithfulness.png", "circuit.png")
+
+_CIRCUIT_HELP = """\
+Find the circuit of a task (hooked.circuits.discover) and write into --out:
+
+  circuit.json              the circuit (Circuit.to_json: edges, nodes, heads with the q/k/v inputs
+                            they use, every edge's score) with provenance: model, task, metric,
+                            method, the command line, and its faithfulness
+  circuit-edges.csv         edge, source, receiver, score, rank (rank: by |score| among all the
+                            graph's edges), largest |score| first
+  circuit-faithfulness.csv  the faithfulness curve: for each k of --sizes, the top-k edges by |score|
+                            (pruned), on the discovery prompts and on held-out prompts (the same
+                            task drawn with --held-out-seed)
+  circuit-faithfulness.json the same, with the circuit's own faithfulness on both sets of prompts
+  circuit-faithfulness.png  the curve drawn: faithfulness against the number of edges kept
+  circuit.png               the circuit, layered by depth (hooked.circuits.plot)
+
+Methods: eap and eap-ig score every edge by attribution (one or --steps backward passes) and keep
+the top --edges N; acdc removes edges one by one, keeping those whose removal moves the metric by
+--threshold or more. Every edge outside the circuit carries the corrupt prompt's value.
+Faithfulness = (m(circuit) - m(corrupt)) / (m(clean) - m(corrupt)): 1 when the circuit alone
+carries the behaviour. Existing files of these names in --out are replaced; on an error --out is
+left as it was.
+"""
+
+
+def check_circuit_args(args: argparse.Namespace) -> None:
+    """The checks that need no model, so a bad command fails at once and writes nothing."""
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise _UsageError(f"--out {out} exists and is not a directory")
+    if args.method == "acdc":
+        if args.threshold is None:
+            raise _UsageError("--method acdc needs --threshold T (an edge is removed when removing it moves the metric by less than T)")
+        if args.edges is not None:
+            raise _UsageError("--edges belongs to --method eap / eap-ig (the top N edges); acdc's circuit size follows from --threshold")
+    else:
+        if args.edges is None:
+            raise _UsageError(f"--method {args.method} needs --edges N (how many of the top-scored edges to keep)")
+        if args.threshold is not None:
+            raise _UsageError(f"--threshold belongs to --method acdc; {args.method} keeps the top --edges N")
+    if args.edges is not None and args.edges < 1:
+        raise _UsageError(f"--edges must be at least 1, got {args.edges}")
+    if args.threshold is not None and not args.threshold >= 0:
+        raise _UsageError(f"--threshold must be a non-negative number, got {args.threshold}")
+    if args.steps is not None and args.method != "eap-ig":
+        raise _UsageError(f"--steps belongs to --method eap-ig (interpolation steps), not {args.method}")
+    if args.steps is not None and args.steps < 1:
+        raise _UsageError(f"--steps must be at least 1, got {args.steps}")
+    if args.n < 1:
+        raise _UsageError(f"--n must be at least 1, got {args.n}")
+    if args.sizes is not None and min(args.sizes) < 1:
+        raise _UsageError(f"--sizes must be positive edge counts, got {args.sizes}")
+
+
+def curve_sizes(total: int, sizes=None) -> list[int]:
+    """The curve's sizes: `sizes` (default 5, 10, 20, 50, 100, 200) capped at the graph's `total` edges,
+    and `total` itself (the whole graph, faithfulness 1: the curve's anchor)."""
+    return sorted({min(int(size), total) for size in (sizes or CURVE_SIZES)} | {total})
+
+
+def measure_circuit(circuit, sizes: list[int], held_out=None) -> dict:
+    """The circuit's faithfulness and its curve on the prompts it was found on and, with `held_out` =
+    (clean, corrupt, metric), on those: {"faithfulness", "held_out_faithfulness", "curve": [...]}.
+
+    The curve's rows: size (the top-k edges by |score| asked), edges (kept after pruning),
+    faithfulness, held_out_faithfulness. An EAP / EAP-IG circuit of n_edges is the curve's point at
+    size n_edges (the same ranking, pruned the same way), so when `sizes` holds n_edges its value is
+    read off the curve instead of run again."""
+    n_edges = circuit.provenance.get("circuits", {}).get("n_edges")
+    on_curve = sizes.index(n_edges) if circuit.method != "acdc" and n_edges in sizes else None
+    curve = circuit.curve(sizes)
+    held_curve = circuit.curve(sizes, *held_out) if held_out is not None else None
+    if on_curve is not None:
+        report = {"faithfulness": curve[on_curve]["faithfulness"],
+                  "held_out_faithfulness": held_curve[on_curve]["faithfulness"] if held_curve else None}
+    else:
+        report = {"faithfulness": circuit.faithfulness(),
+                  "held_out_faithfulness": circuit.faithfulness(*held_out) if held_out is not None else None}
+    if held_curve is not None:
+        for row, other in zip(curve, held_curve):
+            row["held_out_faithfulness"] = other["faithfulness"]
+    report["curve"] = curve
+    return report
+
+
+def circuit_edge_rows(circuit) -> list[dict]:
+    """One row per circuit edge, largest |score| first: edge, source, receiver, score, and its rank by
+    |score| among all the graph's edges (1 = largest; ties in graph order)."""
+    graph = circuit.graph
+    values = [abs(circuit.scores.get(str(edge), 0.0)) for edge in graph.edges]
+    ranking = sorted(range(len(values)), key=lambda i: -values[i])  # stable: ties keep graph order
+    rank = {graph.edges[i]: place + 1 for place, i in enumerate(ranking)}
+    return [{"edge": str(edge), "source": edge.source, "receiver": edge.receiver,
+             "score": circuit.scores.get(str(edge), 0.0), "rank": rank[edge]}
+            for edge in sorted(circuit.edges, key=rank.__getitem__)]
+
+
+def plot_faithfulness(report: dict, circuit, path: Path, title: str) -> None:
+    """Faithfulness against circuit size (edges kept after pruning, log scale), discovery and held-out
+    prompts, with the circuit itself marked."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    curve = report["curve"]
+    edges = [max(row["edges"], 1) for row in curve]  # log axis: an empty circuit is drawn at 1
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    axes.plot(edges, [row["faithfulness"] for row in curve], "o-", color="tab:blue", label="discovery prompts")
+    if report.get("held_out_faithfulness") is not None:
+        axes.plot(edges, [row["held_out_faithfulness"] for row in curve], "s--", color="tab:orange", label="held-out prompts")
+    axes.plot([max(len(circuit.edges), 1)], [report["faithfulness"]], "*", markersize=15, color="tab:red",
+              label=f"the circuit ({len(circuit.edges)} edges)", zorder=5)
+    axes.axhline(1.0, color="gray", linewidth=0.8, linestyle=":")
+    axes.axhline(0.0, color="gray", linewidth=0.8, linestyle=":")
+    axes.set_xscale("log")
+    ticks = [tick for tick in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+             if min(edges) / 1.5 <= tick <= max(edges) * 1.5]
+    axes.set_xticks(ticks, [str(tick) for tick in ticks])
+    axes.minorticks_off()
+    axes.set_xlabel("edges in the circuit (top-k by |score|, pruned)")
+    axes.set_ylabel("faithfulness")
+    axes.set_title(title, fontsize=10)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def write_circuit(circuit, report: dict, directory: Path, title: str | None = None) -> tuple[list[Path], str | None]:
+    """Write CIRCUIT_FILES into `directory` (which must exist): the circuit as JSON (with `report` in its
+    provenance) and its edges as CSV, the faithfulness report as CSV and JSON, and, when matplotlib and
+    networkx are installed, the curve and the circuit as PNGs. Returns the paths and a note when the
+    PNGs were skipped."""
+    import csv
+    import json
+
+    directory = Path(directory)
+    circuit.provenance["faithfulness"] = {"discovery_prompts": report["faithfulness"],
+                                          "held_out_prompts": report["held_out_faithfulness"]}
+    files = [circuit.to_json(directory / "circuit.json")]
+    path = directory / "circuit-edges.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["edge", "source", "receiver", "score", "rank"])
+        writer.writeheader()
+        writer.writerows(circuit_edge_rows(circuit))
+    files.append(path)
+    path = directory / "circuit-faithfulness.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["size", "edges", "faithfulness", "held_out_faithfulness"])
+        writer.writeheader()
+        writer.writerows({"held_out_faithfulness": "", **row} for row in report["curve"])
+    files.append(path)
+    path = directory / "circuit-faithfulness.json"
+    path.write_text(json.dumps({"method": circuit.method, "circuit_edges": len(circuit.edges),
+                                "graph_edges": len(circuit.graph.edges), **report,
+                                "held_out": circuit.provenance.get("held_out")}, indent=1))
+    files.append(path)
+    title = title or f"{circuit.method} circuit of {circuit.provenance.get('model', 'the model')}"
+    try:
+        plot_faithfulness(report, circuit, directory / "circuit-faithfulness.png", f"faithfulness: {title}")
+        figure = circuit.plot(directory / "circuit.png", title=f"{title}: {len(circuit.edges)} of {len(circuit.graph.edges)} edges")
+    except ImportError as error:
+        return files, f"{error.name or 'matplotlib'} is not installed, so no PNG was drawn (pip install 'hooked[plot]')"
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    return files + [directory / "circuit-faithfulness.png", directory / "circuit.png"], None
+
+
+def run_circuit(args: argparse.Namespace):
+    """Everything `hooked circuit` computes, before anything is written: (task, circuit, report)."""
+    import hooked
+    from hooked import circuits, tasks
+
+    model = hooked.load(args.model, dtype=_DTYPES[args.dtype], device=args.device)
+    if model.tokenizer is None:
+        raise _UsageError(f"{args.model} has no tokenizer (tokenizer.json, or vocab.json and merges.txt); a task's prompts need one")
+    held_out_seed = args.seed + 1 if args.held_out_seed is None else args.held_out_seed
+    task = build_task(args.task, args.n, args.seed, args.names)
+    held = build_task(args.task, args.n, held_out_seed, args.names)
+    for which in (task, held):
+        try:
+            tasks.check_single_tokens(model, which)
+        except ValueError as error:
+            raise _UsageError(f"{error}; pass --names with names that are one token each for this tokenizer") from None
+    metric = build_metric(model, args.metric, task)
+    graph = circuits.graph(model)
+    if args.edges is not None and args.edges > len(graph.edges):
+        raise _UsageError(f"--edges {args.edges}: this model's graph has only {len(graph.edges)} edges")
+    options = {"n_edges": args.edges} if args.method != "acdc" else {"threshold": args.threshold}
+    if args.method == "eap-ig":
+        options["steps"] = args.steps or 5
+    circuit = circuits.discover(model, task.clean, task.corrupt, metric, method=args.method, task=task, **options)
+    circuit.provenance["command"] = ["hooked", *args.argv]
+    circuit.provenance["held_out"] = {"name": held.name, "n": len(held), "seed": held_out_seed}
+    sizes = curve_sizes(len(graph.edges), [*(args.sizes or CURVE_SIZES), *([args.edges] if args.edges else [])])
+    report = measure_circuit(circuit, sizes, (held.clean, held.corrupt, build_metric(model, args.metric, held)))
+    return task, circuit, report
+
+
+def circuit_command(args: argparse.Namespace) -> int:
+    check_circuit_args(args)
+    task, circuit, report = run_circuit(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:  # everything into a temporary folder beside out, then moved in: a failure leaves out as it was
+        files, note = write_circuit(circuit, report, staging, f"{args.method} circuit of {args.model} on {args.task}")
+        out.mkdir(exist_ok=True)
+        written = []
+        for file in files:
+            os.replace(file, out / file.name)
+            written.append(out / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    graph = circuit.graph
+    held = report["held_out_faithfulness"]
+    print(f"{args.method} circuit on {len(task)} {task.name} prompts: {len(circuit.edges)} of {len(graph.edges)} edges,"
+          f" {len(circuit.nodes)} nodes; faithfulness {report['faithfulness']:.3f}"
+          + (f" (held-out prompts, seed {circuit.provenance['held_out']['seed']}: {held:.3f})" if held is not None else ""))
+    print("heads (the inputs circuit edges feed):")
+    for head, inputs in circuit.heads.items():
+        print(f"  {head:<8} {','.join(inputs) or '-'}")
+    rows = circuit_edge_rows(circuit)
+    width = max((len(row["edge"]) for row in rows[:10]), default=0)
+    print("strongest edges:")
+    for row in rows[:10]:
+        print(f"  {row['edge']:<{width}}  {row['score']:+.4f}")
+    print("faithfulness curve (edges kept: discovery, held-out):")
+    print("  " + "  ".join(f"{row['edges']}: {row['faithfulness']:.2f}"
+                           + (f"/{row['held_out_faithfulness']:.2f}" if "held_out_faithfulness" in row else "")
+                           for row in report["curve"]))
+    print("wrote:")
+    for path in written:
+        print(f"  {path}")
+    if note:
+        print(f"note: {note}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- demo
 def demo_command(args: argparse.Namespace) -> int:
     from hooked import demo
@@ -320,6 +571,33 @@ def make_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--name", default=None,
                        help="file name stem (default KIND-METHOD[-METRIC], e.g. heads-zero, neurons-L5-mean, mlps-zero-kl_div)")
 
+    circuit = commands.add_parser("circuit", help="find a task's circuit (EAP, EAP-IG or ACDC); edges, faithfulness, picture",
+                                  description=_CIRCUIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    circuit.add_argument("model", help="hub id or checkpoint directory")
+    circuit.add_argument("--task", choices=("ioi",), default="ioi",
+                         help="ioi: Wang et al. 2022 indirect-object prompts, the corrupt one with the other name as"
+                              " giver (token for token the same length, as edge patching needs). Default ioi")
+    circuit.add_argument("--method", choices=_CIRCUIT_METHODS, default="eap-ig",
+                         help="eap-ig (default) or eap: the top --edges N by attribution; acdc: with --threshold")
+    circuit.add_argument("--edges", type=int, default=None, metavar="N", help="eap / eap-ig: how many edges to keep (before pruning)")
+    circuit.add_argument("--threshold", type=float, default=None, metavar="T",
+                         help="acdc: remove an edge when removing it moves the metric (mean over prompts) by less than T")
+    circuit.add_argument("--steps", type=int, default=None, help="eap-ig: interpolation steps (default 5)")
+    circuit.add_argument("--out", required=True, metavar="DIR", help="folder for the JSON, CSVs and PNGs")
+    circuit.add_argument("--n", type=int, default=32, help="number of prompts (default 32)")
+    circuit.add_argument("--seed", type=int, default=0, help="the task's seed (default 0)")
+    circuit.add_argument("--held-out-seed", type=int, default=None, metavar="SEED",
+                         help="seed of the held-out prompts faithfulness is measured on too (default --seed + 1)")
+    circuit.add_argument("--metric", choices=_CIRCUIT_METRICS, default="logit_diff",
+                         help="logit_diff (correct - incorrect answer, default); log_prob or probability of the correct answer")
+    circuit.add_argument("--sizes", type=int, nargs="+", default=None, metavar="K",
+                         help="circuit sizes of the faithfulness curve (default 5 10 20 50 100 200, capped at the graph's"
+                              " edges; the whole graph is always added)")
+    circuit.add_argument("--names", nargs="+", metavar="NAME",
+                         help="the names to draw from (default: the paper's, single GPT-2 tokens)")
+    circuit.add_argument("--dtype", choices=list(_DTYPES), default="float32")
+    circuit.add_argument("--device", default="cpu")
+
     demo = commands.add_parser("demo", help="the `make demo` walk-through (hooked.demo)")
     demo.add_argument("--model", default=None, help="hub id or checkpoint directory (default: a random local GPT-2)")
     demo.add_argument("--out", default=None, help="where the demo writes its results")
@@ -340,7 +618,8 @@ def _print_run(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"hooks": _print_hooks, "run": _print_run, "sweep": sweep_command, "demo": demo_command}
+_COMMANDS = {"hooks": _print_hooks, "run": _print_run, "sweep": sweep_command, "circuit": circuit_command,
+             "demo": demo_command}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@ show why *how* a head is deleted decides whether it looks important.
 
     python -m hooked.demo                        # the IOI model shipped in the package (offline)
     python -m hooked.demo --model gpt2           # GPT-2 small, from the Hugging Face cache
-    python -m hooked.demo --out runs/my-demo     # where the tables and the heatmap go
+    python -m hooked.demo --out runs/my-demo     # where the tables, the heatmap and the circuit go
 
 The story, on 16 indirect-object prompts ("When Mary and John went to the store, John gave a drink
 to" -> " Mary"; the corrupt twin has the other name give, so its answer flips):
@@ -15,7 +15,11 @@ to" -> " Mary"; the corrupt twin has the other name give, so its answer flips):
    with the KL divergence from the clean output next to the logit difference: they disagree;
 4. whole components: two heads, a whole attention layer, an MLP;
 5. activation patching of the same head into the corrupt run: necessity versus sufficiency;
-6. everything saved, with what produced it, in a run directory.
+6. circuit discovery (`hooked.circuits`): EAP-IG scores every edge of the residual graph, the top 10%
+   (pruned) is the circuit; its heads and which of their query/key/value inputs it uses, and its
+   faithfulness on the prompts it was found on and on held-out prompts (the next seed), saved as
+   circuit.png, circuit.json, circuit-edges.csv and the faithfulness curve (circuit-faithfulness.*);
+7. everything saved, with what produced it, in a run directory.
 """
 
 from __future__ import annotations
@@ -124,16 +128,58 @@ def main(argv: list[str] | None = None) -> Path:
     rows.append({"method": f"patch clean {top} into corrupt", "logit_diff": patched_score,
                  "change": patched_score - corrupt_score, "kl": None})
 
-    # 6. Save.
+    # 6. The circuit: EAP-IG scores every edge of the residual graph, the top ~10% are kept.
+    circuit, report = _circuit_chapter(model, task, metric, args, out)
+
+    # 7. Save.
     (out / "story.json").write_text(json.dumps({
         "model": args.model, "task": {"name": "ioi", "n": args.n, "seed": args.seed, "template": "store"}, "clean_logit_diff": clean_score,
         "corrupt_logit_diff": corrupt_score, "top_head": top, "rows": rows,
+        "circuit": {"method": circuit.method, "edges": len(circuit.edges), "graph_edges": len(circuit.graph.edges),
+                    "heads": circuit.heads, "faithfulness": report["faithfulness"],
+                    "held_out_faithfulness": report["held_out_faithfulness"], "held_out_seed": args.seed + 1},
         "hooked_version": hooked.__version__, "torch_version": torch.__version__,
         "command": "python -m hooked.demo " + " ".join(argv if argv is not None else []),
     }, indent=2))
-    print(f"\n6. saved to {out}/: head-sweep-resample.csv/.json/.png (layer x head), story.json;"
-          f" {time.perf_counter() - started:.1f}s in all")
+    print(f"\n7. saved to {out}/: head-sweep-resample.csv/.json/.png (layer x head), circuit.png, circuit.json,"
+          f" circuit-edges.csv, circuit-faithfulness.csv/.json/.png, story.json; {time.perf_counter() - started:.1f}s in all")
     return out
+
+
+def _circuit_chapter(model, task, metric, args, out: Path):
+    """Chapter 6: discover the circuit with EAP-IG (about 10% of the graph's edges), print its heads and the
+    q/k/v inputs it uses and its faithfulness on the discovery prompts and on held-out ones, save it."""
+    from hooked import circuits
+    from hooked.cli import curve_sizes, measure_circuit, write_circuit
+
+    graph = circuits.graph(model)
+    n_edges = max(1, len(graph.edges) // 10)
+    with torch.enable_grad():  # attribution differentiates the metric; main runs under no_grad
+        circuit = circuits.discover(model, task.clean, task.corrupt, metric, method="eap-ig", n_edges=n_edges, task=task)
+    held = tasks.ioi(n=args.n, seed=args.seed + 1, template="store")
+    held_metric = metrics.logit_diff(model, held.correct, held.incorrect)
+    circuit.provenance["held_out"] = {"name": held.name, "n": len(held), "seed": args.seed + 1, "template": "store"}
+    report = measure_circuit(circuit, curve_sizes(len(graph.edges), [5, 10, 20, 50, n_edges, 100, 200]),
+                             (held.clean, held.corrupt, held_metric))
+    _, note = write_circuit(circuit, report, out, f"EAP-IG circuit of {args.model} (IOI)")
+
+    print(f"\n6. circuit discovery: EAP-IG scores all {len(graph.edges)} edges of the residual graph (a writer -> an"
+          f" input that reads it);\n   the top {n_edges} (10%), pruned to the {len(circuit.edges)} on paths from input"
+          f" to logits, join {len(circuit.nodes)} nodes.\n   Its heads, the inputs its edges feed, and the strongest edge in:")
+    for head, inputs in circuit.heads.items():
+        feeding = [edge for edge in circuit.edges if head in circuit.graph.heads_reading(edge.receiver)]
+        strongest = max(feeding, key=lambda edge: abs(circuit.scores[str(edge)]), default=None)
+        print(f"   {head:<7} {','.join(inputs):<6}" + (f" {strongest} ({circuit.scores[str(strongest)]:+.2f})" if strongest else ""))
+    strongest = ", ".join(f"{edge} {circuit.scores[str(edge)]:+.2f}" for edge in circuit.edges[:4])
+    print(f"   strongest edges: {strongest}")
+    print(f"   faithfulness (1: the circuit alone, every other edge patched to corrupt, keeps the clean logit"
+          f" difference):\n   {report['faithfulness']:.3f} on the {len(task)} discovery prompts,"
+          f" {report['held_out_faithfulness']:.3f} on {len(held)} held-out prompts (seed {args.seed + 1})")
+    print("   curve, edges kept: discovery / held-out  " + "  ".join(
+        f"{row['edges']}: {row['faithfulness']:.2f}/{row['held_out_faithfulness']:.2f}" for row in report["curve"]))
+    print(f"   picture {out}/circuit.png; edges {out}/circuit-edges.csv; curve {out}/circuit-faithfulness.*"
+          + (f" ({note})" if note else ""))
+    return circuit, report
 
 
 if __name__ == "__main__":

@@ -45,11 +45,21 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
-            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+            return self.unhooked(x)
+        return self.stepwise(x, fire=True)
+
+    def stepwise(self, x: Tensor, fire: bool = False) -> Tensor:
+        """The hooked computation, step by step (`fire`: through the hooks; else the same arithmetic without)."""
         centered = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((centered.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        normalized = self.hook_normalized(centered / scale)
+        scale = (centered.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+        scale = self.hook_scale(scale) if fire else scale
+        normalized = centered / scale
+        normalized = self.hook_normalized(normalized) if fire else normalized
         return normalized * self.weight + self.bias
+
+    def unhooked(self, x: Tensor) -> Tensor:
+        """The norm without firing its hooks (per-head split inputs: `attention_input`)."""
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
     def normalize_with_scale(self, x: Tensor, scale: Tensor) -> Tensor:
         """What this norm does to `x` given the scale it used in the real forward (no weight)."""
@@ -71,14 +81,24 @@ class RMSNorm(nn.Module):
         self.hook_normalized = HookPoint(f"{axes} {'d_model' if axes == 'batch pos' else 'd_head'}")
 
     def forward(self, x: Tensor) -> Tensor:
-        input_dtype = x.dtype
-        h = x.float()
         if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
-            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-            return self.weight * h.to(input_dtype)
-        scale = self.hook_scale((h.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        normalized = self.hook_normalized((h / scale).to(input_dtype))
+            return self.unhooked(x)
+        return self.stepwise(x, fire=True)
+
+    def stepwise(self, x: Tensor, fire: bool = False) -> Tensor:
+        """The hooked computation, step by step (`fire`: through the hooks; else the same arithmetic without)."""
+        h = x.float()
+        scale = (h.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+        scale = self.hook_scale(scale) if fire else scale
+        normalized = (h / scale).to(x.dtype)
+        normalized = self.hook_normalized(normalized) if fire else normalized
         return self.weight * normalized
+
+    def unhooked(self, x: Tensor) -> Tensor:
+        """The norm without firing its hooks (per-head split inputs: `attention_input`)."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
 
     def normalize_with_scale(self, x: Tensor, scale: Tensor) -> Tensor:
         return x / scale
@@ -95,39 +115,39 @@ def attention_input(block: nn.Module, resid_pre: Tensor, n_heads: int, n_kv_head
     edges (`hooked.circuits`) patch exactly there. It runs only while a hook listens at one of the three
     points: a copy is made at a hooked point, the other two broadcast one normalised input. The per-head
     projection sums in another order than the fused one, so results differ by float rounding (about
-    1e-7 relative in float32). `ln1`'s own hooks cannot run then (there are three normalised inputs per
-    head, not one): listening at both raises.
+    1e-7 relative in float32).
+
+    `ln1`'s own hooks still fire once, on the unsplit stream, with their declared shapes; what they change
+    in the normalised input is added to every head's normalised copy that a hook edited. A head whose
+    copy no hook edited reads exactly the shared normalised input, as without split inputs (so a sweep may
+    hook `ln1` in one variant and a split input in another), and hooks at both compose additively.
     """
     points = (block.hook_q_input, block.hook_k_input, block.hook_v_input)
     if not any(point.has_hooks for point in points):
         return block.ln1(resid_pre)
-    if block.ln1.hook_scale.has_hooks or block.ln1.hook_normalized.has_hooks:
-        raise RuntimeError(
-            f"{block.ln1.hook_scale.name.rsplit('.', 1)[0]}'s hooks and the split q/k/v inputs cannot both be hooked: with"
-            " split inputs each head normalises its own copy of the residual stream; hook hook_q_input / hook_k_input"
-            " / hook_v_input (before the norm) or hook the attention's hook_q / hook_k / hook_v (after it) instead"
-        )
     if any(point.shard is not None for point in points):
         raise RuntimeError("the split q/k/v inputs are not supported under tensor parallelism (hooked.load(..., tp=N))")
-    shared = None
-
-    def one(point: HookPoint, heads: int) -> Tensor:
-        nonlocal shared
-        if point.has_hooks:
-            return block.ln1(point(resid_pre[:, :, None].expand(-1, -1, heads, -1).clone()))
-        if shared is None:
-            shared = block.ln1(resid_pre)[:, :, None]
-        return shared.expand(-1, -1, heads, -1)
-
-    return one(points[0], n_heads), one(points[1], n_kv_heads), one(points[2], n_kv_heads)
-
-
-def split_input_conflict(hook_names) -> bool:
-    """Whether hooks at these names cannot run in one forward: a block's `ln1` hooks with its split inputs."""
-    names = set(hook_names)
-    blocks_norm = {name.split(".ln1.")[0] for name in names if ".ln1.hook_" in name}
-    return any(name.rsplit(".", 1)[0] in blocks_norm for name in names
-               if name.endswith(("hook_q_input", "hook_k_input", "hook_v_input")))
+    heads = (n_heads, n_kv_heads, n_kv_heads)
+    copies = [point(resid_pre[:, :, None].expand(-1, -1, count, -1).clone()) if point.has_hooks else None
+              for point, count in zip(points, heads)]
+    normalized = block.ln1(resid_pre)  # ln1's hooks, if any, fire here, once
+    norm_hooked = block.ln1.hook_scale.has_hooks or block.ln1.hook_normalized.has_hooks
+    # What ln1's hooks changed: against the same step-by-step arithmetic, so rows they left alone get exactly 0.
+    edit = normalized - block.ln1.stepwise(resid_pre) if norm_hooked else None
+    inputs = []
+    for copy, count in zip(copies, heads):
+        shared = normalized[:, :, None].expand(-1, -1, count, -1)
+        if copy is None:
+            inputs.append(shared)
+            continue
+        per_head = block.ln1.unhooked(copy)
+        if edit is not None:
+            per_head = per_head + edit[:, :, None]
+        # A copy no hook changed reads exactly the shared input (recomputing it would round differently,
+        # and a per-head norm downstream, Qwen3's q_norm, can blow a near-zero rounding error up).
+        edited = (copy != resid_pre[:, :, None]).any(-1, keepdim=True)
+        inputs.append(torch.where(edited, per_head, shared))
+    return tuple(inputs)
 
 
 def mlp_input(block: nn.Module, resid_mid: Tensor) -> Tensor:

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from hooked.hooks import HookFn, HookPoint, NameFilter, Rows, current_rows, running_rows
-from hooked.layers import AttentionMask, position_ids_for, split_input_conflict
+from hooked.layers import AttentionMask, position_ids_for
 from hooked.results import SweepResult
 
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ def sweep(
             order = order[dist.get_rank(group)::dist.get_world_size(group)]
         per_chunk = _rows_per_chunk(model, tokens.shape, reads, max_rows, max_bytes) // tokens.shape[0]
         per_chunk = max(per_chunk, 1)
-        chunks = _chunks(order, planned, per_chunk)
+        chunks = [order[i:i + per_chunk] for i in range(0, len(order), per_chunk)]
         values = torch.zeros(len(planned), tokens.shape[0], dtype=torch.float32)
         first_rank = not dist.is_initialized() or dist.get_rank() == 0
         bar = _progress(len(chunks), len(order), progress) if first_rank else None
@@ -245,22 +245,6 @@ def sweep(
         metric=getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__)),
         provenance=_provenance(model, planned, metric, task, tokens),
     )
-
-
-def _chunks(order: list[int], planned: list[_Variant], per_chunk: int) -> list[list[int]]:
-    """Consecutive variants, at most `per_chunk` a chunk; a variant whose hooks cannot share a forward with
-    the chunk's (a norm's hooks and the split inputs it feeds: `hooked.layers.split_input_conflict`) starts
-    a new one."""
-    chunks: list[list[int]] = []
-    names: set[str] = set()
-    for index in order:
-        own = {name for name, _ in planned[index].hooks}
-        if not chunks or len(chunks[-1]) >= per_chunk or split_input_conflict(names | own):
-            chunks.append([])
-            names = set()
-        chunks[-1].append(index)
-        names |= own
-    return chunks
 
 
 def _data_parallel_group(model: "HookedTransformer", data_parallel: bool | None):

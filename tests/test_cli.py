@@ -184,6 +184,127 @@ def test_sweep_leaves_an_existing_folder_as_it_was_on_error(gpt2_dir, tmp_path, 
     assert [path.name for path in tmp_path.iterdir()] == ["out"] and [path.name for path in out.iterdir()] == ["keep.txt"]
 
 
+# ----------------------------------------------------------------------------- hooked circuit
+# On the bundled IOI model (its tokenizer has the paper's names as single tokens), with few prompts.
+IOI_MODEL = "hooked/ioi-gpt2"
+CIRCUIT_FILES = ["circuit-edges.csv", "circuit-faithfulness.csv", "circuit-faithfulness.json",
+                 "circuit-faithfulness.png", "circuit.json", "circuit.png"]
+
+
+def circuit_argv(out, *extra):
+    return ["circuit", IOI_MODEL, "--task", "ioi", "--out", str(out), "--n", "6", "--seed", "2", *extra]
+
+
+def test_circuit_writes_the_edges_faithfulness_and_picture(tmp_path, capsys):
+    from hooked import circuits
+    from hooked.circuits import Circuit
+
+    out = tmp_path / "runs" / "circuit"
+    argv = circuit_argv(out, "--method", "eap-ig", "--edges", "30", "--steps", "3")
+    assert main(argv) == 0
+    assert sorted(path.name for path in out.iterdir()) == CIRCUIT_FILES
+    assert sorted(path.name for path in out.parent.iterdir()) == ["circuit"]  # no staging folder left behind
+
+    # The same discovery from the library: the same edges, scores and faithfulness.
+    model = hooked.load(IOI_MODEL)
+    task = tasks.ioi(6, seed=2)
+    metric = metrics.logit_diff(model, task.correct, task.incorrect)
+    expected = circuits.discover(model, task.clean, task.corrupt, metric, method="eap-ig", n_edges=30, steps=3)
+    saved = Circuit.from_json(out / "circuit.json", model=model)
+    assert saved.edges == expected.edges and saved.method == "eap-ig"
+    assert saved.scores == pytest.approx(expected.scores, abs=1e-5)
+    provenance = saved.provenance
+    assert provenance["model"] == IOI_MODEL and provenance["command"] == ["hooked", *argv]
+    assert provenance["task"]["clean"] == task.clean and provenance["metric"].startswith("logit_diff")
+    assert provenance["circuits"]["method"] == "eap-ig" and provenance["circuits"]["steps"] == 3
+    assert provenance["held_out"] == {"name": "ioi", "n": 6, "seed": 3}
+    held = tasks.ioi(6, seed=3)
+    held_metric = metrics.logit_diff(model, held.correct, held.incorrect)
+    assert provenance["faithfulness"]["discovery_prompts"] == pytest.approx(expected.faithfulness(), abs=1e-4)
+    assert provenance["faithfulness"]["held_out_prompts"] == pytest.approx(
+        expected.faithfulness(held.clean, held.corrupt, held_metric), abs=1e-4)
+
+    with (out / "circuit-edges.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert [row["edge"] for row in rows] == [str(edge) for edge in expected.edges]
+    assert [row["source"] + "->" + row["receiver"] for row in rows] == [row["edge"] for row in rows]
+    assert [float(row["score"]) for row in rows] == pytest.approx([expected.scores[str(e)] for e in expected.edges], abs=1e-5)
+    ranks = [int(row["rank"]) for row in rows]
+    assert ranks == sorted(ranks) and ranks[0] == 1 and ranks[-1] <= 30  # pruning drops edges from the top 30
+
+    report = json.loads((out / "circuit-faithfulness.json").read_text())
+    sizes = [row["size"] for row in report["curve"]]
+    assert sizes == [5, 10, 20, 30, 50, 100, 200, 479]  # the defaults, --edges, and the whole graph
+    assert report["curve"][-1]["faithfulness"] == pytest.approx(1.0) and report["curve"][-1]["edges"] == 479
+    at_30 = report["curve"][sizes.index(30)]
+    assert at_30["edges"] == len(expected.edges) and at_30["faithfulness"] == pytest.approx(report["faithfulness"])
+    with (out / "circuit-faithfulness.csv").open() as file:
+        curve = list(csv.DictReader(file))
+    assert [int(row["size"]) for row in curve] == sizes
+    assert [float(row["held_out_faithfulness"]) for row in curve] == pytest.approx(
+        [row["held_out_faithfulness"] for row in report["curve"]])
+    for png in ("circuit.png", "circuit-faithfulness.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / png).stat().st_size > 10_000
+
+    printed = capsys.readouterr().out
+    assert f"{len(expected.edges)} of 479 edges" in printed and "held-out prompts, seed 3" in printed
+    for head, inputs in expected.heads.items():
+        assert f"  {head:<8} {','.join(inputs)}" in printed
+    for name in CIRCUIT_FILES:
+        assert str(out / name) in printed
+
+
+def test_circuit_with_acdc(tmp_path, capsys):
+    out = tmp_path / "acdc"
+    assert main(["circuit", IOI_MODEL, "--method", "acdc", "--threshold", "1.0", "--n", "2", "--out", str(out),
+                 "--sizes", "4", "8"]) == 0
+    assert sorted(path.name for path in out.iterdir()) == CIRCUIT_FILES
+    data = json.loads((out / "circuit.json").read_text())
+    assert data["method"] == "acdc" and data["provenance"]["circuits"]["threshold"] == 1.0
+    assert [row["size"] for row in json.loads((out / "circuit-faithfulness.json").read_text())["curve"]] == [4, 8, 479]
+    assert "acdc circuit on 2 ioi prompts" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, message", [
+    (["--method", "acdc"], "--method acdc needs --threshold"),
+    (["--method", "acdc", "--threshold", "0.1", "--edges", "5"], "--edges belongs to --method eap / eap-ig"),
+    (["--method", "eap"], "--method eap needs --edges N"),
+    (["--method", "eap-ig", "--edges", "5", "--threshold", "0.1"], "--threshold belongs to --method acdc"),
+    (["--method", "eap", "--edges", "5", "--steps", "3"], "--steps belongs to --method eap-ig"),
+    (["--edges", "0"], "--edges must be at least 1"),
+    (["--edges", "5", "--steps", "0"], "--steps must be at least 1"),
+    (["--method", "acdc", "--threshold", "-1"], "--threshold must be a non-negative number"),
+    (["--edges", "5", "--n", "0"], "--n must be at least 1"),
+    (["--edges", "5", "--sizes", "0", "10"], "--sizes must be positive"),
+    (["--method", "path"], "invalid choice: 'path'"),
+    (["--task", "facts"], "invalid choice: 'facts'"),
+    (["--edges", "5000"], "--edges 5000: this model's graph has only 479 edges"),
+])
+def test_circuit_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, capsys, change, message):
+    out = tmp_path / "out"
+    assert exit_code(circuit_argv(out, *change)) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert message in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_circuit_leaves_an_existing_folder_as_it_was_on_error(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert exit_code(circuit_argv(out, "--edges", "5000")) == 2
+    assert [path.name for path in tmp_path.iterdir()] == ["out"] and [path.name for path in out.iterdir()] == ["keep.txt"]
+    (tmp_path / "file").write_text("")
+    assert exit_code(circuit_argv(tmp_path / "file", "--edges", "5")) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+    missing = tmp_path / "no-such-model"
+    assert exit_code(["circuit", str(missing), "--edges", "5", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and len(err.strip().splitlines()) == 1
+    assert [path.name for path in out.iterdir()] == ["keep.txt"]
+
+
 # ----------------------------------------------------------------------------- hooked demo
 def test_demo_calls_the_demo_entry_point(monkeypatch):
     import hooked.demo

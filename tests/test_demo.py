@@ -1,11 +1,13 @@
 """`make demo` (`python -m hooked.demo`): the story on the bundled IOI model, with its numbers re-derived here."""
 
+import csv
 import json
 
 import torch
 
 import hooked
 from hooked import ablate, metrics, tasks
+from hooked.circuits import Circuit
 from hooked.demo import main
 
 
@@ -13,9 +15,11 @@ def test_the_demo_tells_the_ablation_story_on_the_bundled_model(tmp_path, capsys
     out = main(["--out", str(tmp_path / "demo"), "--n", "8"])
     printed = capsys.readouterr().out
     story = json.loads((out / "story.json").read_text())
-    for file in ("head-sweep-resample.csv", "head-sweep-resample.json", "head-sweep-resample.png"):
+    for file in ("head-sweep-resample.csv", "head-sweep-resample.json", "head-sweep-resample.png", "circuit.png",
+                 "circuit.json", "circuit-edges.csv", "circuit-faithfulness.csv", "circuit-faithfulness.json",
+                 "circuit-faithfulness.png"):
         assert (out / file).stat().st_size > 0, file
-    for section in ("1. ", "2. ", "3. ", "4. ", "5. ", "6. "):
+    for section in ("1. ", "2. ", "3. ", "4. ", "5. ", "6. circuit discovery", "7. saved"):
         assert section in printed
 
     # Re-derive the headline numbers without the demo's code: a trained model, and a head whose
@@ -32,6 +36,24 @@ def test_the_demo_tells_the_ablation_story_on_the_bundled_model(tmp_path, capsys
     row = next(r for r in story["rows"] if r["method"] == "resample (from corrupt)")
     assert abs(row["logit_diff"] - resampled) < 1e-4
     assert resampled < clean / 2  # the head the sweep picked matters
+
+    # The circuit: about 10% of the 479 edges (pruned), its heads printed with the inputs they use, and a
+    # faithfulness on held-out prompts (the next seed) that the saved circuit reproduces.
+    summary = story["circuit"]
+    circuit = Circuit.from_json(out / "circuit.json", model=model)
+    assert summary["graph_edges"] == 479 and summary["edges"] == len(circuit.edges) <= 47
+    assert circuit.method == "eap-ig" and summary["heads"] == circuit.heads
+    for head, inputs in circuit.heads.items():
+        assert f"   {head:<7} {','.join(inputs):<6}" in printed
+    held = tasks.ioi(n=8, seed=2, template="store")
+    held_metric = metrics.logit_diff(model, held.correct, held.incorrect)
+    assert abs(circuit.faithfulness(held.clean, held.corrupt, held_metric) - summary["held_out_faithfulness"]) < 1e-4
+    assert summary["faithfulness"] > 0.8 and summary["held_out_faithfulness"] > 0.8
+    assert f"{summary['held_out_faithfulness']:.3f} on 8 held-out prompts (seed 2)" in printed
+    curve = json.loads((out / "circuit-faithfulness.json").read_text())["curve"]
+    assert curve[-1]["edges"] == 479 and abs(curve[-1]["held_out_faithfulness"] - 1) < 1e-4
+    with (out / "circuit-edges.csv").open() as file:
+        assert [row["edge"] for row in csv.DictReader(file)] == [str(edge) for edge in circuit.edges]
 
 
 def test_the_demo_leaves_the_callers_grad_mode_alone(tmp_path):

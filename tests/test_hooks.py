@@ -13,6 +13,9 @@ GOLDEN_GPT2_HOOKS = [
         for layer in range(2)
         for name in [
             "hook_resid_pre",
+            "hook_q_input",
+            "hook_k_input",
+            "hook_v_input",
             "ln1.hook_scale",
             "ln1.hook_normalized",
             "attn.hook_q",
@@ -24,6 +27,7 @@ GOLDEN_GPT2_HOOKS = [
             "attn.hook_result",
             "hook_attn_out",
             "hook_resid_mid",
+            "hook_mlp_in",
             "ln2.hook_scale",
             "ln2.hook_normalized",
             "mlp.hook_pre",
@@ -52,9 +56,16 @@ def test_hook_dict_is_in_forward_order(gpt2, tokens):
 
 
 def test_declared_shapes_are_the_real_shapes(gpt2, tokens):
-    _, cache = gpt2.run_with_cache(tokens)
+    _, cache = gpt2.run_with_cache(tokens, names_filter=lambda name: True)  # the split inputs too
     declared = gpt2.hook_shapes(batch=tokens.shape[0], pos=tokens.shape[1])
     assert {name: tuple(t.shape) for name, t in cache.items()} == declared
+
+
+def test_a_default_cache_leaves_out_the_split_inputs_as_transformer_lens(gpt2, tokens):
+    _, cache = gpt2.run_with_cache(tokens)
+    split = [name for name in gpt2.hook_names if name.endswith(("_input", "hook_mlp_in"))]
+    assert len(split) == 4 * gpt2.cfg.n_layers
+    assert set(cache.keys()) == set(gpt2.hook_names) - set(split)
 
 
 def test_hook_knows_its_layer_and_context(gpt2, tokens):

@@ -42,7 +42,7 @@ def _has_png(cell) -> bool:
 
 
 def test_there_are_notebooks():
-    assert {path.name for path in NOTEBOOKS} >= {"ablation.ipynb", "patching.ipynb", "quickstart.ipynb", "sweeps.ipynb"}
+    assert {path.name for path in NOTEBOOKS} >= {"ablation.ipynb", "circuits.ipynb", "patching.ipynb", "quickstart.ipynb", "sweeps.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.name)

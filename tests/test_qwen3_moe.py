@@ -113,7 +113,7 @@ def test_config_accepts_num_experts_and_num_local_experts(moe_dirs):
 
 def test_hook_shapes_dtypes_and_weights(moe_models):
     model = moe_models["k3_step2"]
-    _, cache = model.run_with_cache(random_tokens(2, 7))
+    _, cache = model.run_with_cache(random_tokens(2, 7), names_filter=lambda name: True)  # the split inputs too
     expected = model.hook_shapes(batch=2, pos=7)
     assert set(cache.keys()) == set(model.hook_names)
     for name in model.hook_names:
@@ -298,6 +298,9 @@ def test_sharded_checkpoint_loads_identically(tmp_path, moe_models):
 GOLDEN_MOE_HOOK_NAMES = [
     "hook_embed",
     "blocks.0.hook_resid_pre",
+    "blocks.0.hook_q_input",
+    "blocks.0.hook_k_input",
+    "blocks.0.hook_v_input",
     "blocks.0.ln1.hook_scale",
     "blocks.0.ln1.hook_normalized",
     "blocks.0.attn.hook_q",
@@ -317,6 +320,7 @@ GOLDEN_MOE_HOOK_NAMES = [
     "blocks.0.attn.hook_result",
     "blocks.0.hook_attn_out",
     "blocks.0.hook_resid_mid",
+    "blocks.0.hook_mlp_in",
     "blocks.0.ln2.hook_scale",
     "blocks.0.ln2.hook_normalized",
     "blocks.0.mlp.hook_pre",
@@ -325,6 +329,9 @@ GOLDEN_MOE_HOOK_NAMES = [
     "blocks.0.hook_mlp_out",
     "blocks.0.hook_resid_post",
     "blocks.1.hook_resid_pre",
+    "blocks.1.hook_q_input",
+    "blocks.1.hook_k_input",
+    "blocks.1.hook_v_input",
     "blocks.1.ln1.hook_scale",
     "blocks.1.ln1.hook_normalized",
     "blocks.1.attn.hook_q",
@@ -344,6 +351,7 @@ GOLDEN_MOE_HOOK_NAMES = [
     "blocks.1.attn.hook_result",
     "blocks.1.hook_attn_out",
     "blocks.1.hook_resid_mid",
+    "blocks.1.hook_mlp_in",
     "blocks.1.ln2.hook_scale",
     "blocks.1.ln2.hook_normalized",
     "blocks.1.mlp.hook_router_logits",

@@ -153,8 +153,7 @@ def test_hook_shapes_match_declared_axes(dense_models):
     finally:
         model.set_use_split_qkv_input(False)
         model.set_use_hook_mlp_in(False)
-    ln1 = {name for name in model.hook_names if ".ln1." in name}
-    assert set(split_cache.keys()) == set(model.hook_names) - ln1  # each head normalises its own input then
+    assert set(split_cache.keys()) == set(model.hook_names)
     for name in model.hook_names:
         assert tuple((split_cache[name] if name in split else cache[name]).shape) == expected[name], name
     assert expected["blocks.0.attn.hook_k"] == (2, 7, 2, 16) and expected["blocks.0.attn.hook_q"] == (2, 7, 8, 16)
@@ -244,6 +243,9 @@ def test_bfloat16_matches_transformers_bit_for_bit(dense_dirs):
 GOLDEN_DENSE_HOOK_NAMES = [
     "hook_embed",
     "blocks.0.hook_resid_pre",
+    "blocks.0.hook_q_input",
+    "blocks.0.hook_k_input",
+    "blocks.0.hook_v_input",
     "blocks.0.ln1.hook_scale",
     "blocks.0.ln1.hook_normalized",
     "blocks.0.attn.hook_q",
@@ -263,6 +265,7 @@ GOLDEN_DENSE_HOOK_NAMES = [
     "blocks.0.attn.hook_result",
     "blocks.0.hook_attn_out",
     "blocks.0.hook_resid_mid",
+    "blocks.0.hook_mlp_in",
     "blocks.0.ln2.hook_scale",
     "blocks.0.ln2.hook_normalized",
     "blocks.0.mlp.hook_pre",
@@ -271,6 +274,9 @@ GOLDEN_DENSE_HOOK_NAMES = [
     "blocks.0.hook_mlp_out",
     "blocks.0.hook_resid_post",
     "blocks.1.hook_resid_pre",
+    "blocks.1.hook_q_input",
+    "blocks.1.hook_k_input",
+    "blocks.1.hook_v_input",
     "blocks.1.ln1.hook_scale",
     "blocks.1.ln1.hook_normalized",
     "blocks.1.attn.hook_q",
@@ -290,6 +296,7 @@ GOLDEN_DENSE_HOOK_NAMES = [
     "blocks.1.attn.hook_result",
     "blocks.1.hook_attn_out",
     "blocks.1.hook_resid_mid",
+    "blocks.1.hook_mlp_in",
     "blocks.1.ln2.hook_scale",
     "blocks.1.ln2.hook_normalized",
     "blocks.1.mlp.hook_pre",

@@ -70,7 +70,7 @@ class Circuit:
     ablation: Ablation = "corrupt"
     provenance: dict = field(default_factory=dict)
     model: "HookedTransformer | None" = field(default=None, repr=False, compare=False)
-    _prompts: tuple | None = field(default=None, repr=False, compare=False)  # (clean, corrupt, metric) it was found on
+    _prompts: tuple | None = field(default=None, repr=False, compare=False)  # (clean, corrupt, metric, mask) it was found on
 
     # ----------------------------------------------------------------- what it holds
     @property
@@ -130,7 +130,9 @@ class Circuit:
         if clean is None or corrupt is None or metric is None:
             if self._prompts is None:
                 raise ValueError("give clean, corrupt and metric: this circuit does not hold the prompts it was found on")
-            found_clean, found_corrupt, found_metric = self._prompts
+            found_clean, found_corrupt, found_metric, found_mask = self._prompts
+            if clean is None and corrupt is None and attention_mask is None:
+                attention_mask = found_mask  # the padding of the prompts it was found on
             clean = found_clean if clean is None else clean
             corrupt = found_corrupt if corrupt is None else corrupt
             metric = found_metric if metric is None else metric
@@ -162,7 +164,7 @@ class Circuit:
                    data.get("ablation", "corrupt"), data.get("provenance", {}), model)
 
     def plot(self, path: str | Path | None = None, title: str | None = None):
-        """Draw the circuit, layered by depth (see `hooked.circuits.plot`); needs the `plots` extra."""
+        """Draw the circuit, layered by depth (see `hooked.circuits.plot`); needs the `plot` extra."""
         from hooked.circuits.plot import plot_circuit
 
         return plot_circuit(self, path, title)
@@ -195,6 +197,8 @@ def discover(
             raise ValueError("method='acdc' takes threshold= (the metric change below which an edge is removed), not n_edges=")
     elif n_edges is None or threshold is not None:
         raise ValueError(f"method={method!r} keeps the top n_edges= edges by score; threshold= is ACDC's")
+    if not isinstance(batch_edges, int) or isinstance(batch_edges, bool) or batch_edges < 1:
+        raise ValueError(f"batch_edges (ACDC trials per forward) must be a positive int, not {batch_edges!r}")
     if n_edges is not None and (not isinstance(n_edges, int) or n_edges < 0):
         raise ValueError(f"n_edges must be a non-negative int, not {n_edges!r}")
     if torch.is_inference_mode_enabled():
@@ -215,7 +219,7 @@ def discover(
     order = {e: i for i, e in enumerate(_ranking(g, scores))}
     edges = sorted(edges, key=order.__getitem__)
     provenance["circuits"]["kept_after_pruning"] = len(edges)
-    return Circuit(g, edges, scores, method, ablation, provenance, model, (clean, corrupt, metric))
+    return Circuit(g, edges, scores, method, ablation, provenance, model, (clean, corrupt, metric, attention_mask))
 
 
 def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tuple[list[Edge], dict[str, float], dict]:

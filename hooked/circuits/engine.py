@@ -135,50 +135,52 @@ def run_masks(
     # The last MLP half recomputes the final residual stream when only `logits` is patched.
     start = min(first_stage(graph, masks), n_stages - 1)
     active = torch.nonzero(masks.any(0).any(1)).flatten().tolist()  # sources some patched edge reads
-    slot = {source: i for i, source in enumerate(active)}
-    dtype = clean.outputs.dtype
-    delta = clean.outputs.new_empty(len(active), copies, batch, pos, d_model)
-
-    def set_delta(source: int, current: Tensor) -> None:
-        delta[slot[source]] = patched[source] - current.view(copies, batch, pos, d_model)
-
-    for source in active:
-        if graph.sources[source].stage < start:  # upstream of every patched receiver: as in the clean run
-            delta[slot[source]] = patched[source] - clean.outputs[source]
+    # Sources upstream of `start` write as in the clean run in every row: their deltas are shared by all
+    # variants ([k, B, pos, d_model]). The others are read off as this forward writes them, per row.
+    shared = [source for source in active if graph.sources[source].stage < start]
+    live = [source for source in active if graph.sources[source].stage >= start]
+    shared_delta = torch.stack([patched[s] - clean.outputs[s] for s in shared]) if shared else None
+    slot = {source: i for i, source in enumerate(live)}
+    live_delta = clean.outputs.new_empty(len(live), copies, batch, pos, d_model)
 
     hooks = []
-    # Sources written at or after `start`: read off as this forward writes them.
-    live: dict[str, list[tuple[int, int | None]]] = {}
-    for source in active:
-        if graph.sources[source].stage >= start:
-            live.setdefault(graph.sources[source].hook_name, []).append((source, graph.sources[source].head))
-    for name, entries in live.items():
+    by_source_point: dict[str, list[tuple[int, int | None]]] = {}
+    for source in live:
+        by_source_point.setdefault(graph.sources[source].hook_name, []).append((source, graph.sources[source].head))
+    for name, entries in by_source_point.items():
         def capture(activation: Tensor, hook, entries=entries) -> None:
             for source, head in entries:
-                set_delta(source, activation if head is None else activation[:, :, head])
+                current = activation if head is None else activation[:, :, head]
+                live_delta[slot[source]] = patched[source] - current.view(copies, batch, pos, d_model)
         hooks.append((name, capture))
 
-    # Receivers: per hook point, the weights [V, k, heads] of its k upstream active sources.
-    weights = masks.to(dtype)
+    # Receivers: per hook point, the weights [V, k, heads] of the shared and of the k live upstream sources.
+    weights = masks.to(clean.outputs.dtype)
     by_point: dict[str, list[int]] = {}
     for index, receiver in enumerate(graph.receivers):
         by_point.setdefault(receiver.hook_name, []).append(index)
     for name, indices in by_point.items():
         if not bool(masks[:, :, indices].any()):
             continue
-        receivers = [graph.receivers[i] for i in indices]
-        upstream = sum(1 for source in active if source < receivers[0].n_upstream)
-        order = sorted(range(len(indices)), key=lambda i: receivers[i].head or 0)
-        point_weights = weights[:, active[:upstream]][:, :, [indices[i] for i in order]]  # [V, k, heads]
+        receivers = sorted((graph.receivers[i] for i in indices), key=lambda r: r.head or 0)
+        columns = [graph.receiver_index(r.name) for r in receivers]
+        n_live = sum(1 for source in live if source < receivers[0].n_upstream)
+        shared_weights = weights[:, shared][:, :, columns] if shared else None  # [V, k, heads]
+        live_weights = weights[:, live[:n_live]][:, :, columns]
         per_head = receivers[0].head is not None
 
-        def receive(activation: Tensor, hook, w=point_weights, k=upstream, per_head=per_head) -> Tensor:
-            terms = delta[:k]  # [k V B pos d_model]
-            if per_head:
-                added = torch.einsum("vsh,svbpd->vbphd", w, terms).reshape(activation.shape)
-            else:
-                added = torch.einsum("vs,svbpd->vbpd", w[:, :, 0], terms).reshape(activation.shape)
-            return activation + added
+        def receive(activation: Tensor, hook, shared_weights=shared_weights, live_weights=live_weights, n_live=n_live,
+                    per_head=per_head) -> Tensor:
+            added = None
+            if shared_weights is not None and bool(shared_weights.any()):
+                added = (torch.einsum("vsh,sbpd->vbphd", shared_weights, shared_delta) if per_head
+                         else torch.einsum("vs,sbpd->vbpd", shared_weights[:, :, 0], shared_delta))
+            if n_live and bool(live_weights.any()):
+                terms = live_delta[:n_live]  # [k V B pos d_model]
+                more = (torch.einsum("vsh,svbpd->vbphd", live_weights, terms) if per_head
+                        else torch.einsum("vs,svbpd->vbpd", live_weights[:, :, 0], terms))
+                added = more if added is None else added + more
+            return activation if added is None else activation + added.reshape(activation.shape)
 
         hooks.append((name, receive))
 

@@ -205,14 +205,11 @@ class HookedTransformer(HookedRootModule):
 
         Those points always exist here and are computed whenever a hook listens to them
         (`hooked.layers.attention_input`); the switch decides only whether `run_with_cache()` without a
-        names_filter keeps them. While on, such a cache leaves out `ln1`'s hooks, which cannot run with
-        split inputs (each head normalises its own copy).
+        names_filter keeps them.
         """
         for block in self.blocks:
             for point in (block.hook_q_input, block.hook_k_input, block.hook_v_input):
                 point.cached_by_default = bool(use_split_qkv_input)
-            for point in (block.ln1.hook_scale, block.ln1.hook_normalized):
-                point.cached_by_default = not use_split_qkv_input
 
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
         """TransformerLens' switch for `blocks.{i}.hook_mlp_in`: computed whenever a hook listens; on, a
