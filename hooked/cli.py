@@ -285,8 +285,8 @@ Find the circuit of a task (hooked.circuits.discover) and write into --out:
   circuit-edges.csv         edge, source, receiver, score, rank (rank: by |score| among all the
                             graph's edges), largest |score| first
   circuit-faithfulness.csv  the faithfulness curve: for each k of --sizes, the top-k edges by |score|
-                            (pruned), on the discovery prompts and on held-out prompts (the same
-                            task drawn with --held-out-seed)
+                            (pruned), on the discovery prompts and on held-out prompts
+                            (tasks.ioi_heldout: held-out names in held-out templates)
   circuit-faithfulness.json the same, with the circuit's own faithfulness on both sets of prompts
   circuit-faithfulness.png  the curve drawn: faithfulness against the number of edges kept
   circuit.png               the circuit, layered by depth (hooked.circuits.plot)
@@ -453,9 +453,10 @@ def run_circuit(args: argparse.Namespace):
     model = hooked.load(args.model, dtype=_DTYPES[args.dtype], device=args.device)
     if model.tokenizer is None:
         raise _UsageError(f"{args.model} has no tokenizer (tokenizer.json, or vocab.json and merges.txt); a task's prompts need one")
-    held_out_seed = args.seed + 1 if args.held_out_seed is None else args.held_out_seed
+    held_out_seed = 12345 if args.held_out_seed is None else args.held_out_seed
     task = build_task(args.task, args.n, args.seed, args.names)
-    held = build_task(args.task, args.n, held_out_seed, args.names)
+    # Held-out names in held-out templates (the bundled IOI models' test split), unless --names picks the names.
+    held = build_task(args.task, args.n, held_out_seed, args.names) if args.names else tasks.ioi_heldout(args.n, held_out_seed)
     for which in (task, held):
         try:
             tasks.check_single_tokens(model, which)
@@ -470,7 +471,8 @@ def run_circuit(args: argparse.Namespace):
         options["steps"] = args.steps or 5
     circuit = circuits.discover(model, task.clean, task.corrupt, metric, method=args.method, task=task, **options)
     circuit.provenance["command"] = ["hooked", *args.argv]
-    circuit.provenance["held_out"] = {"name": held.name, "n": len(held), "seed": held_out_seed}
+    circuit.provenance["held_out"] = {"name": held.name, "n": len(held), "seed": held_out_seed,
+                                      "split": held.params.get("split", "names from --names")}
     sizes = curve_sizes(len(graph.edges), [*(args.sizes or CURVE_SIZES), *([args.edges] if args.edges else [])])
     report = measure_circuit(circuit, sizes, (held.clean, held.corrupt, build_metric(model, args.metric, held)))
     return task, circuit, report
@@ -587,7 +589,8 @@ def make_parser() -> argparse.ArgumentParser:
     circuit.add_argument("--n", type=int, default=32, help="number of prompts (default 32)")
     circuit.add_argument("--seed", type=int, default=0, help="the task's seed (default 0)")
     circuit.add_argument("--held-out-seed", type=int, default=None, metavar="SEED",
-                         help="seed of the held-out prompts faithfulness is measured on too (default --seed + 1)")
+                         help="seed of the held-out prompts faithfulness is measured on too: tasks.ioi_heldout, held-out"
+                              " names in held-out templates (default 12345; with --names, the task with those names)")
     circuit.add_argument("--metric", choices=_CIRCUIT_METRICS, default="logit_diff",
                          help="logit_diff (correct - incorrect answer, default); log_prob or probability of the correct answer")
     circuit.add_argument("--sizes", type=int, nargs="+", default=None, metavar="K",

@@ -17,7 +17,8 @@ to" -> " Mary"; the corrupt twin has the other name give, so its answer flips):
 5. activation patching of the same head into the corrupt run: necessity versus sufficiency;
 6. circuit discovery (`hooked.circuits`): EAP-IG scores every edge of the residual graph, the top 10%
    (pruned) is the circuit; its heads and which of their query/key/value inputs it uses, and its
-   faithfulness on the prompts it was found on and on held-out prompts (the next seed), saved as
+   faithfulness on the prompts it was found on and on held-out prompts (held-out names in held-out
+   templates, `tasks.ioi_heldout`), saved as
    circuit.png, circuit.json, circuit-edges.csv and the faithfulness curve (circuit-faithfulness.*);
 7. everything saved, with what produced it, in a run directory.
 """
@@ -156,9 +157,9 @@ def _circuit_chapter(model, task, metric, args, out: Path):
     n_edges = max(1, len(graph.edges) // 10)
     with torch.enable_grad():  # attribution differentiates the metric; main runs under no_grad
         circuit = circuits.discover(model, task.clean, task.corrupt, metric, method="eap-ig", n_edges=n_edges, task=task)
-    held = tasks.ioi(n=args.n, seed=args.seed + 1, template="store")
+    held = tasks.ioi_heldout(n=args.n)  # held-out names in held-out templates (docs/ioi-models.md)
     held_metric = metrics.logit_diff(model, held.correct, held.incorrect)
-    circuit.provenance["held_out"] = {"name": held.name, "n": len(held), "seed": args.seed + 1, "template": "store"}
+    circuit.provenance["held_out"] = {"name": held.name, "n": len(held), "seed": held.seed, "split": held.params["split"]}
     report = measure_circuit(circuit, curve_sizes(len(graph.edges), [5, 10, 20, 50, n_edges, 100, 200]),
                              (held.clean, held.corrupt, held_metric))
     _, note = write_circuit(circuit, report, out, f"EAP-IG circuit of {args.model} (IOI)")
@@ -174,7 +175,7 @@ def _circuit_chapter(model, task, metric, args, out: Path):
     print(f"   strongest edges: {strongest}")
     print(f"   faithfulness (1: the circuit alone, every other edge patched to corrupt, keeps the clean logit"
           f" difference):\n   {report['faithfulness']:.3f} on the {len(task)} discovery prompts,"
-          f" {report['held_out_faithfulness']:.3f} on {len(held)} held-out prompts (seed {args.seed + 1})")
+          f" {report['held_out_faithfulness']:.3f} on {len(held)} held-out prompts (held-out names in held-out templates)")
     print("   curve, edges kept: discovery / held-out  " + "  ".join(
         f"{row['edges']}: {row['faithfulness']:.2f}/{row['held_out_faithfulness']:.2f}" for row in report["curve"]))
     print(f"   picture {out}/circuit.png; edges {out}/circuit-edges.csv; curve {out}/circuit-faithfulness.*"

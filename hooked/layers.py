@@ -144,8 +144,11 @@ def attention_input(block: nn.Module, resid_pre: Tensor, n_heads: int, n_kv_head
         if edit is not None:
             per_head = per_head + edit[:, :, None]
         # A copy no hook changed reads exactly the shared input (recomputing it would round differently,
-        # and a per-head norm downstream, Qwen3's q_norm, can blow a near-zero rounding error up).
+        # and a per-head norm downstream, Qwen3's q_norm, can blow a near-zero rounding error up). Its
+        # gradient still flows through the copy, as for an edited one: what the split points are for.
         edited = (copy != resid_pre[:, :, None]).any(-1, keepdim=True)
+        if per_head.requires_grad:
+            shared = shared.detach() + (per_head - per_head.detach())  # the shared value, the copy's gradient
         inputs.append(torch.where(edited, per_head, shared))
     return tuple(inputs)
 

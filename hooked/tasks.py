@@ -364,6 +364,35 @@ def _name_pool(names: Sequence[str] | None, needed: int) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- facts
+# The bundled IOI models' test split (scripts/train_ioi.py, docs/ioi-models.md): these names are never the IO
+# or S of a training sentence, and these BABA templates (with their ABBA twins) never occur in training.
+HELDOUT_NAMES: tuple[str, ...] = NAMES[4::5]
+HELDOUT_TEMPLATES: tuple[int, ...] = (5, 8, 12, 13)
+
+
+def ioi_heldout(n: int, seed: int = 12345, model=None) -> Task:
+    """`n` IOI prompts of held-out names in held-out templates: the test set of the bundled IOI models.
+
+        held = tasks.ioi_heldout(32)          # what docs/ioi-models.md calls "heldout" (seed 12345)
+        circuit.faithfulness(model.to_tokens(held.clean), model.to_tokens(held.corrupt), metric_of(held))
+
+    The rows of `ioi(..., seed=seed, names=HELDOUT_NAMES)` whose template is one of HELDOUT_TEMPLATES, in
+    order; `model=` fills `positions` as `ioi` does.
+    """
+    _check_count(n, "n")
+    rows: list[int] = []
+    generated = 8 * n
+    while len(rows) < n:  # about 4 of 15 templates are held out: 8n rows almost always suffice
+        task = ioi(generated, seed=seed, names=HELDOUT_NAMES)
+        rows = [i for i, t in enumerate(task.per_prompt["template_id"]) if t in HELDOUT_TEMPLATES][:n]
+        generated *= 2
+    pick = lambda values: [values[i] for i in rows]  # noqa: E731
+    params = dict(task.params, split="heldout names in heldout templates",
+                  per_prompt={key: pick(value) for key, value in task.per_prompt.items()})
+    held = Task("ioi", pick(task.clean), pick(task.corrupt), pick(task.correct), pick(task.incorrect), seed, params)
+    return held if model is None else held.with_positions(model)
+
+
 def facts(n: int | None = None, seed: int = 0) -> Task:
     """Factual-recall prompts from FACTS, each corrupted by another fact of the same relation.
 

@@ -57,9 +57,9 @@ from hooked.tokenizer import HookedTokenizer
 BUNDLED = Path(hooked.__file__).resolve().parent / "bundled"
 
 # ----------------------------------------------------------------------------- the data split
-HELDOUT_NAMES: tuple[str, ...] = tasks.NAMES[4::5]  # 21 of the 109 names
+HELDOUT_NAMES: tuple[str, ...] = tasks.HELDOUT_NAMES  # NAMES[4::5]: 21 of the 109 names
 TRAIN_NAMES: tuple[str, ...] = tuple(name for name in tasks.NAMES if name not in HELDOUT_NAMES)
-HELDOUT_TEMPLATES: tuple[int, ...] = (5, 8, 12, 13)  # ids into tasks.BABA_TEMPLATES (and ABBA_TEMPLATES)
+HELDOUT_TEMPLATES: tuple[int, ...] = tasks.HELDOUT_TEMPLATES  # (5, 8, 12, 13): ids into tasks.BABA_TEMPLATES (and ABBA)
 TRAIN_TEMPLATES: tuple[int, ...] = tuple(i for i in range(len(tasks.BABA_TEMPLATES)) if i not in HELDOUT_TEMPLATES)
 
 # One name, named twice: copying a name from the context, never choosing between two. Any name.

@@ -909,3 +909,38 @@ def test_acdc_batch_edges_must_be_a_positive_int(batch_edges):
     with pytest.raises(ValueError, match="batch_edges"):
         circuits.discover(model, clean, corrupt, answers_metric(model, 2), method="acdc", threshold=0.1, batch_edges=batch_edges)
     assert not any(point.has_hooks for point in model.hook_dict.values())
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen3"])
+def test_eap_scores_are_the_derivative_of_patching_a_little_of_the_edge(arch):
+    """EAP without autograd: d/d eps of the metric with eps * (corrupt_S - clean_S) added to R's input, by
+    central differences in float64 through plain forward hooks, for every edge."""
+    model = copy.deepcopy(small_model(arch, seed=21)).double()
+    clean, corrupt, mask = paired_prompts(model, 3, 5, seed=22, padded=True)
+    metric = answers_metric(model, 3)
+    scores = circuits.attribute(model, clean, corrupt, metric, method="eap", attention_mask=mask)
+    n_layers = model.cfg.n_layers
+    names = {source_point(n_layers, s)[0] for s, _ in ref_sources(n_layers, model.cfg.n_heads)}
+    with torch.no_grad():
+        _, clean_cache = model.run_with_cache(clean, attention_mask=mask, names_filter=lambda n: n in names)
+        _, corrupt_cache = model.run_with_cache(corrupt, attention_mask=mask, names_filter=lambda n: n in names)
+    # Qwen3's RMSNorm computes in float32 even in a float64 model (as transformers' does): a coarser step
+    eps, tolerance = (1e-4, 1e-6) if arch == "gpt2" else (1e-2, 2e-3)
+    for edge in ref_edges(*shape(model)):
+        source, receiver = edge.split("->")
+        point, head = source_point(n_layers, source)
+        direction = slot(corrupt_cache[point], head) - slot(clean_cache[point], head)
+        at, at_head = receiver_point(n_layers, receiver)
+
+        def nudged(sign):
+            def add(activation, hook):
+                activation = activation.clone()
+                slot(activation, at_head)[...] += sign * eps * direction
+                return activation
+            with torch.no_grad():  # the logit difference in float64 (metrics compute in float32)
+                logits = model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=[(at, add)])[:, -1]
+            rows = torch.arange(3)
+            return float((logits[rows, list(metric.correct)] - logits[rows, list(metric.incorrect)]).mean())
+
+        derivative = (nudged(1) - nudged(-1)) / (2 * eps)
+        assert abs(scores[edge] - derivative) < tolerance * max(1.0, abs(derivative)), (edge, scores[edge], derivative)

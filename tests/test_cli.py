@@ -217,8 +217,8 @@ def test_circuit_writes_the_edges_faithfulness_and_picture(tmp_path, capsys):
     assert provenance["model"] == IOI_MODEL and provenance["command"] == ["hooked", *argv]
     assert provenance["task"]["clean"] == task.clean and provenance["metric"].startswith("logit_diff")
     assert provenance["circuits"]["method"] == "eap-ig" and provenance["circuits"]["steps"] == 3
-    assert provenance["held_out"] == {"name": "ioi", "n": 6, "seed": 3}
-    held = tasks.ioi(6, seed=3)
+    assert provenance["held_out"] == {"name": "ioi", "n": 6, "seed": 12345, "split": "heldout names in heldout templates"}
+    held = tasks.ioi_heldout(6)
     held_metric = metrics.logit_diff(model, held.correct, held.incorrect)
     assert provenance["faithfulness"]["discovery_prompts"] == pytest.approx(expected.faithfulness(), abs=1e-4)
     assert provenance["faithfulness"]["held_out_prompts"] == pytest.approx(

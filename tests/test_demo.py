@@ -38,18 +38,18 @@ def test_the_demo_tells_the_ablation_story_on_the_bundled_model(tmp_path, capsys
     assert resampled < clean / 2  # the head the sweep picked matters
 
     # The circuit: about 10% of the 479 edges (pruned), its heads printed with the inputs they use, and a
-    # faithfulness on held-out prompts (the next seed) that the saved circuit reproduces.
+    # faithfulness on held-out prompts (held-out names and templates) that the saved circuit reproduces.
     summary = story["circuit"]
     circuit = Circuit.from_json(out / "circuit.json", model=model)
     assert summary["graph_edges"] == 479 and summary["edges"] == len(circuit.edges) <= 47
     assert circuit.method == "eap-ig" and summary["heads"] == circuit.heads
     for head, inputs in circuit.heads.items():
         assert f"   {head:<7} {','.join(inputs):<6}" in printed
-    held = tasks.ioi(n=8, seed=2, template="store")
+    held = tasks.ioi_heldout(n=8)
     held_metric = metrics.logit_diff(model, held.correct, held.incorrect)
     assert abs(circuit.faithfulness(held.clean, held.corrupt, held_metric) - summary["held_out_faithfulness"]) < 1e-4
     assert summary["faithfulness"] > 0.8 and summary["held_out_faithfulness"] > 0.8
-    assert f"{summary['held_out_faithfulness']:.3f} on 8 held-out prompts (seed 2)" in printed
+    assert f"{summary['held_out_faithfulness']:.3f} on 8 held-out prompts (held-out names in held-out templates)" in printed
     curve = json.loads((out / "circuit-faithfulness.json").read_text())["curve"]
     assert curve[-1]["edges"] == 479 and abs(curve[-1]["held_out_faithfulness"] - 1) < 1e-4
     with (out / "circuit-edges.csv").open() as file:

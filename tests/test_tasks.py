@@ -327,3 +327,15 @@ def test_positions_need_a_model_and_follow_slicing_and_json(ioi_model):
 
 def _columns(task: Task, corrupt: bool = False):
     return (task.clean, task.corrupt, task.correct, task.incorrect) if corrupt else (task.clean, task.correct, task.incorrect)
+
+
+def test_ioi_heldout_is_heldout_names_in_heldout_templates():
+    held = tasks.ioi_heldout(40, seed=7)
+    assert len(held) == 40 and held.seed == 7
+    assert set(held.per_prompt["template_id"]) <= set(tasks.HELDOUT_TEMPLATES)
+    assert {name.strip() for name in held.correct + held.incorrect} <= set(tasks.HELDOUT_NAMES)
+    # the rows are the first qualifying rows of the full draw, in order (the training script's "heldout" set)
+    full = tasks.ioi(400, seed=7, names=tasks.HELDOUT_NAMES)
+    rows = [i for i, t in enumerate(full.per_prompt["template_id"]) if t in tasks.HELDOUT_TEMPLATES][:40]
+    assert held.clean == [full.clean[i] for i in rows] and held.corrupt == [full.corrupt[i] for i in rows]
+    assert tasks.ioi_heldout(10, seed=7).clean == held.clean[:10]
