@@ -8,10 +8,11 @@ A B C A B C ... after warmup; ratios of medians against "no hooks" measured in t
 1. Forward [batch pos] (default 4 x 128) with `run_with_hooks(tokens, fwd_hooks=[(filter, noop)])`,
    `noop = lambda x, hook: None`, so the figure includes registering and removing the hooks:
    * "every hook point except eager-path ones": all points but `attn.hook_attn_scores`,
-     `attn.hook_pattern`, `attn.hook_result`, `ln*.hook_scale`, `ln*.hook_normalized`. Listening to
-     those switches the layer to another computation (eager attention instead of SDPA, per-head
-     output einsum, step-by-step LayerNorm), which is a cost of the hook's *meaning*, not of the
-     hook mechanism. Target: <= 1.15.
+     `attn.hook_pattern`, `attn.hook_result`, `ln*.hook_scale`, `ln*.hook_normalized`, and the split
+     inputs `hook_q_input` / `hook_k_input` / `hook_v_input`. Listening to those switches the layer to
+     another computation (eager attention instead of SDPA, per-head output einsum, step-by-step
+     LayerNorm, one normalised copy of the stream per head), which is a cost of the hook's *meaning*,
+     not of the hook mechanism. Target: <= 1.15.
    * "every hook point incl. eager-path ones": all of them, for reference (no target).
 2. Cost of one call, ns: an unhooked `HookPoint`, `nn.Identity`, a bare Python function, and a
    HookPoint with one no-op hook (timeit-style loops, interleaved); and the cost of registering and
@@ -35,7 +36,7 @@ from torch import nn
 import hooked
 from hooked import HookPoint
 
-EAGER_PATH = re.compile(r"(?:^|\.)(?:attn\.hook_(?:attn_scores|pattern|result)|ln\w*\.hook_(?:scale|normalized))$")
+EAGER_PATH = re.compile(r"(?:^|\.)(?:attn\.hook_(?:attn_scores|pattern|result)|ln\w*\.hook_(?:scale|normalized)|hook_[qkv]_input)$")
 
 
 def noop(activation, hook):

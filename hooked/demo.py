@@ -151,7 +151,7 @@ def _circuit_chapter(model, task, metric, args, out: Path):
     """Chapter 6: discover the circuit with EAP-IG (about 10% of the graph's edges), print its heads and the
     q/k/v inputs it uses and its faithfulness on the discovery prompts and on held-out ones, save it."""
     from hooked import circuits
-    from hooked.cli import curve_sizes, measure_circuit, write_circuit
+    from hooked.circuits.report import curve_sizes, measure_circuit, write_circuit
 
     graph = circuits.graph(model)
     n_edges = max(1, len(graph.edges) // 10)

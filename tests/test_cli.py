@@ -247,7 +247,7 @@ def test_circuit_writes_the_edges_faithfulness_and_picture(tmp_path, capsys):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / png).stat().st_size > 10_000
 
     printed = capsys.readouterr().out
-    assert f"{len(expected.edges)} of 479 edges" in printed and "held-out prompts, seed 3" in printed
+    assert f"{len(expected.edges)} of 479 edges" in printed and "held-out prompts, seed 12345" in printed
     for head, inputs in expected.heads.items():
         assert f"  {head:<8} {','.join(inputs)}" in printed
     for name in CIRCUIT_FILES:
