@@ -27,6 +27,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/cache_memory.py
 	$(PY) benchmarks/loading.py
 	$(PY) benchmarks/distributed.py
+	$(PY) benchmarks/circuits.py
 
 $(BENCH_VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)

@@ -5,12 +5,14 @@
 1. eap: `circuits.attribute(model, clean, corrupt, metric, method="eap")` over all 32,491 edges of a
    GPT-2-small-shaped model (benchmarks/common.py, random weights, float32), 8 prompts x 15 random
    tokens, against one forward + backward of the same batch (`metric(model(clean)).sum().backward()`),
-   interleaved. Target: at most 4x the time. Peak memory: VmHWM above the RSS before the call
-   (reset through /proc/self/clear_refs), for each; target: EAP's at most 2x the forward + backward's.
+   interleaved. Target: at most 4x the time. Peak memory: VmHWM above the RSS of the loaded model
+   (reset through /proc/self/clear_refs), each method once in a fresh process; target: EAP's at most 2x
+   the forward + backward's (which allocates the parameters' gradients, 475 MiB, EAP none).
    EAP-IG with 5 steps is timed too (no target).
 2. faithfulness: `Circuit.faithfulness` of circuits of 10, 1,000 and 30,000 edges on the same model and
    prompts, against one plain forward: every edge outside the circuit is patched, in one batched
-   forward whatever the circuit's size (the clean and corrupt runs it also needs are recorded once).
+   forward whatever the circuit's size; the call also records the clean and corrupt runs it compares
+   with, so that forward alone (on runs recorded once) is timed too.
 3. acdc: `circuits.discover(method="acdc", threshold=0.1)` on the bundled `hooked/ioi-gpt2` with 32 IOI
    prompts: wall time (target under 60 s on this 2-core CPU), forwards run, and the trials (one
    forward each, sequentially: the ratio is the target, >= 10x fewer).
@@ -24,6 +26,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import subprocess
+import sys
 import time
 
 import torch
@@ -45,11 +50,10 @@ def peak_extra(fn) -> tuple[float, object]:
     return (peak - before) / MiB, result
 
 
-def eap_section(repeats: int) -> None:
+def _gpt2_small_setup():
     model = hooked.load(gpt2_small_checkpoint())
     clean, corrupt = random_tokens(8, 15, seed=0), random_tokens(8, 15, seed=1)
     metric = metrics.logit_diff(model, [11] * 8, [13] * 8)
-    graph = circuits.graph(model)
 
     def forward_backward():
         model.zero_grad(set_to_none=True)
@@ -61,14 +65,29 @@ def eap_section(repeats: int) -> None:
         "EAP, every edge": lambda: circuits.attribute(model, clean, corrupt, metric, method="eap"),
         "EAP-IG (5 steps)": lambda: circuits.attribute(model, clean, corrupt, metric, method="eap-ig", steps=5),
     }
+    return model, fns
+
+
+def memory_worker(name: str) -> None:
+    """In a fresh process: the model loaded, then the peak resident memory above that while `name` runs once."""
+    _, fns = _gpt2_small_setup()
+    extra, _ = peak_extra(fns[name])
+    print(json.dumps({"extra_mib": extra}))
+
+
+def eap_section(repeats: int) -> None:
+    model, fns = _gpt2_small_setup()
     timings = compare(fns, repeats=repeats, warmup=1)
-    print(timing_table(timings, unit="ms", title=f"EAP over {len(graph.edges):,} edges, GPT-2 small shape, 8 x 15 tokens, float32"))
-    rows = []
-    base_extra, _ = peak_extra(forward_backward)
-    for name, fn in fns.items():
-        extra, _ = peak_extra(fn)
-        rows.append((name, f"{extra:.0f}", f"{extra / base_extra:.2f}"))
-    print(table(["", "peak above RSS before, MiB", "ratio vs forward + backward"], rows, "memory"))
+    print(timing_table(timings, unit="ms", title=f"EAP over {len(circuits.graph(model).edges):,} edges, GPT-2 small shape,"
+                                                    " 8 x 15 tokens, float32"))
+    rows, base = [], None
+    for name in fns:  # each in a process of its own: an earlier run's freed heap would hide a later one's peak
+        done = subprocess.run([sys.executable, __file__, "--memory-worker", name], capture_output=True, text=True, check=True)
+        extra = json.loads(done.stdout.strip().splitlines()[-1])["extra_mib"]
+        base = extra if base is None else base
+        rows.append((name, f"{extra:.0f}", f"{extra / base:.2f}"))
+    print(table(["", "peak above the loaded model's RSS, MiB", "ratio vs forward + backward"], rows,
+                "memory (each in a fresh process)"))
     print(f"(weights: {sum(p.numel() * p.element_size() for p in model.parameters()) / MiB:.0f} MiB)\n")
 
 
@@ -84,10 +103,15 @@ def faithfulness_section(repeats: int) -> None:
         edges = ranking[:n]
         return circuits.Circuit(graph, edges, {str(e): scores[e] for e in graph.edges}, "eap", model=model)
 
+    from hooked.circuits.experiment import Experiment
+
+    experiment = Experiment.of(model, clean, corrupt, metric)  # the clean and corrupt runs, recorded once
     fns = {"one forward": lambda: model(clean)}
     for n in (10, 1000, 30000):
         c = circuit(n)
         fns[f"faithfulness, {n:,} edges"] = lambda c=c: c.faithfulness(clean, corrupt, metric)
+        complement = (~c.mask() & graph.edge_mask())[None]
+        fns[f"  its patched forward alone, {n:,} edges"] = lambda m=complement: experiment.values(m)
     with torch.no_grad():
         timings = compare(fns, repeats=repeats, warmup=1)
     print(timing_table(timings, unit="ms", title="Circuit.faithfulness (records the clean and corrupt runs, then one"
@@ -153,7 +177,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sections", default="eap,faithfulness,acdc,path")
+    parser.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_worker:
+        return memory_worker(args.memory_worker)
     print(environment(), "\n")
     sections = args.sections.split(",")
     if "eap" in sections:

@@ -246,6 +246,14 @@ def write_sweep(result, kind: str, out: Path, stem: str) -> tuple[list[Path], st
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _print_written(written: list[Path], note: str | None) -> None:
+    print("wrote:")
+    for path in written:
+        print(f"  {path}")
+    if note:
+        print(f"note: {note}")
+
+
 def sweep_command(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -261,11 +269,7 @@ def sweep_command(args: argparse.Namespace) -> int:
     width = max(len(name) for name, _ in result.top(5))
     for name, change in result.top(5):
         print(f"  {name:<{width}}  {result.scores[name]:+.4f}  ({change:+.4f})")
-    print("wrote:")
-    for path in written:
-        print(f"  {path}")
-    if note:
-        print(f"note: {note}")
+    _print_written(written, note)
     return 0
 
 
@@ -394,11 +398,7 @@ def circuit_command(args: argparse.Namespace) -> int:
     print("  " + "  ".join(f"{row['edges']}: {row['faithfulness']:.2f}"
                            + (f"/{row['held_out_faithfulness']:.2f}" if "held_out_faithfulness" in row else "")
                            for row in report["curve"]))
-    print("wrote:")
-    for path in written:
-        print(f"  {path}")
-    if note:
-        print(f"note: {note}")
+    _print_written(written, note)
     return 0
 
 

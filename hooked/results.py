@@ -111,10 +111,7 @@ class SweepResult:
         }
 
     def to_json(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
+        return write_json(path, self.to_dict())
 
     @classmethod
     def from_json(cls, path: str | Path) -> "SweepResult":
@@ -185,3 +182,11 @@ class SweepResult:
     def __repr__(self) -> str:
         top = ", ".join(f"{name} {change:+.3f}" for name, change in self.top(3))
         return f"SweepResult({len(self)} variants x {self.base.shape[0]} prompts, {self.metric}; base {self.base_score:+.4f}; top: {top})"
+
+
+def write_json(path: str | Path, data: dict) -> Path:
+    """`data` as indented JSON at `path`, its folder made if needed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    return path

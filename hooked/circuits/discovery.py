@@ -47,6 +47,7 @@ from hooked.circuits.attribution import EdgeScores, receiver_gradients, scores_f
 from hooked.circuits.engine import Ablation
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import INPUT, LOGITS, Edge, Graph, graph as build_graph, graph_of_shape
+from hooked.results import write_json
 from hooked.sweeps import _provenance
 
 if TYPE_CHECKING:
@@ -147,10 +148,7 @@ class Circuit:
                 "provenance": self.provenance}
 
     def to_json(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
+        return write_json(path, self.to_dict())
 
     @classmethod
     def from_json(cls, path: str | Path, model: "HookedTransformer | None" = None) -> "Circuit":
