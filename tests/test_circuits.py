@@ -944,3 +944,36 @@ def test_eap_scores_are_the_derivative_of_patching_a_little_of_the_edge(arch):
 
         derivative = (nudged(1) - nudged(-1)) / (2 * eps)
         assert abs(scores[edge] - derivative) < tolerance * max(1.0, abs(derivative)), (edge, scores[edge], derivative)
+
+
+def test_the_documented_workflow_runs_as_written(tmp_path):
+    """The calls of docs/circuits.md, in order, on the bundled model (a few prompts, to stay quick)."""
+    from hooked import tasks
+
+    model = hooked.load("hooked/ioi-gpt2")
+    task = tasks.ioi(n=8, seed=0)
+    clean, corrupt = model.to_tokens(task.clean), model.to_tokens(task.corrupt)
+    metric = metrics.logit_diff(model, task.correct, task.incorrect)
+    g = circuits.graph(model)
+    assert len(g.edges) == 479
+    into_L2H2 = [e for e in g.edges if str(e).endswith(("L2H2.q", "L2H2.k", "L2H2.v"))]
+    assert len(into_L2H2) == 33
+    result = circuits.patch_edges(model, clean, corrupt, {"one": ["L1H0->L2H2.v"], "into L2H2": into_L2H2}, metric)
+    assert result.variants == ["one", "into L2H2"]
+    path = circuits.path_patch(model, clean, corrupt, senders=["L2H2"], receivers=["logits"], metric=metric)
+    assert path.variants == ["L2H2->logits"]
+    scores = circuits.attribute(model, clean, corrupt, metric, method="eap-ig", steps=3)
+    assert len(scores.top(20)) == 20 and len(scores.table()) == 479
+    assert scores.to_csv(tmp_path / "edges.csv").read_text().count("\n") == 480
+    c = circuits.discover(model, clean, corrupt, metric, method="eap-ig", n_edges=47, steps=3)
+    held = tasks.ioi_heldout(8)
+    faithfulness = c.faithfulness(model.to_tokens(held.clean), model.to_tokens(held.corrupt),
+                                  metrics.logit_diff(model, held.correct, held.incorrect))
+    assert len(c.edges) <= 47 and "input" in c.nodes and "logits" in c.nodes and faithfulness > 0.85
+    assert [row["size"] for row in c.curve(sizes=[10, 20, 50, 100, 200])] == [10, 20, 50, 100, 200]
+    c.plot(tmp_path / "circuit.png")
+    back = circuits.Circuit.from_json(c.to_json(tmp_path / "circuit.json"))
+    assert back.edges == c.edges and back.scores == c.scores and back.model is None
+    with pytest.raises(ValueError, match="no model"):
+        back.faithfulness(clean, corrupt, metric)
+    assert (tmp_path / "circuit.png").stat().st_size > 10_000
