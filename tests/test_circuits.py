@@ -977,3 +977,52 @@ def test_the_documented_workflow_runs_as_written(tmp_path):
     with pytest.raises(ValueError, match="no model"):
         back.faithfulness(clean, corrupt, metric)
     assert (tmp_path / "circuit.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen3"])
+def test_an_edge_at_one_position_patches_that_position_only(arch):
+    """`S->R@p` against plain hooks that add (corrupt - current) at the column of position p of each prompt
+    (left padding: column pad + p, or pos + p for a negative p)."""
+    model = small_model(arch, seed=31)
+    clean, corrupt, mask = paired_prompts(model, 3, 6, seed=32, padded=True)
+    metric = answers_metric(model, 3, position=None)  # reads every position: an edge at one position shows
+    n_layers = model.cfg.n_layers
+    pads = (~mask).sum(-1)
+    shortest = int(mask.sum(-1).min())
+    picks = [("input", "L1H1.q" if arch == "gpt2" else "L1H1.q", -1), ("L0H0", "L1.mlp", 0), ("L0.mlp", "logits", shortest - 1),
+             ("L0H1", receiver_name_kv(model), -2)]
+    names = {source_point(n_layers, s)[0] for s, _, _ in picks}
+    with torch.no_grad():
+        _, cache = model.run_with_cache(corrupt, attention_mask=mask, names_filter=lambda n: n in names)
+    for source, receiver, position in picks:
+        point, head = source_point(n_layers, source)
+        at, at_head = receiver_point(n_layers, receiver)
+        columns = [int(pads[b]) + position if position >= 0 else clean.shape[1] + position for b in range(3)]
+        current = {}
+
+        def capture(activation, hook, point=point, head=head):
+            if hook.name == point:
+                current["value"] = slot(activation, head).clone()
+
+        def add(activation, hook, point=point, head=head, at_head=at_head, columns=columns):
+            activation = activation.clone()
+            for row, column in enumerate(columns):
+                target = slot(activation, at_head)
+                target[row, column] += slot(cache[point], head)[row, column] - current["value"][row, column]
+            return activation
+
+        with torch.no_grad():
+            logits = model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=[(point, capture), (at, add)])
+        expected = score(model, metric, logits, mask)
+        edge = f"{source}->{receiver}"
+        result = circuits.patch_edges(model, clean, corrupt, {"at": [f"{edge}@{position}"], "tuple": [(source, receiver, position)],
+                                                              "everywhere": [edge]}, metric, attention_mask=mask)
+        assert_close_to_scale(result["at"], expected)
+        assert_close_to_scale(result["tuple"], expected)
+        assert not torch.allclose(result["at"], result["everywhere"], atol=1e-5)  # one position is not all of them
+    with pytest.raises(ValueError, match="not every prompt has that position"):
+        circuits.patch_edges(model, clean, corrupt, {"x": [f"input->logits@{shortest}"]}, metric, attention_mask=mask)
+
+
+def receiver_name_kv(model) -> str:
+    return "L1KV0.k" if model.cfg.n_kv_heads != model.cfg.n_heads else "L1H0.k"

@@ -126,15 +126,26 @@ def run_masks(
     patched: Tensor,
     clean: Run,
     reads: MetricReads,
+    at_positions: dict[int, Tensor] | None = None,
 ) -> Tensor:
-    """The metric's logits of every row block: [V * B, ...] for V masks [V, n_sources, n_receivers] (bool)."""
+    """The metric's logits of every row block: [V * B, ...] for V masks [V, n_sources, n_receivers] (bool).
+
+    `at_positions` maps a position in the prompt (negative: from each prompt's end) to more masks
+    [V, n_sources, n_receivers] whose edges are patched at that position only (position-aware edges).
+    """
     copies, batch = masks.shape[0], prompts.tokens.shape[0]
     pos, d_model = prompts.tokens.shape[1], model.cfg.d_model
-    masks = masks.to(clean.outputs.device) & graph.edge_mask().to(clean.outputs.device)
+    device = clean.outputs.device
+    exists = graph.edge_mask().to(device)
+    # (masks, where in [B pos] they apply: None everywhere); a position-aware group writes one column per prompt
+    groups = [(masks.to(device) & exists, None)]
+    for position, position_masks in (at_positions or {}).items():
+        groups.append((position_masks.to(device) & exists, _columns_at(prompts, position)))
+    union = torch.stack([group for group, _ in groups]).any(0)
     n_stages = 2 * graph.n_layers
     # The last MLP half recomputes the final residual stream when only `logits` is patched.
-    start = min(first_stage(graph, masks), n_stages - 1)
-    active = torch.nonzero(masks.any(0).any(1)).flatten().tolist()  # sources some patched edge reads
+    start = min(first_stage(graph, union), n_stages - 1)
+    active = torch.nonzero(union.any(0).any(1)).flatten().tolist()  # sources some patched edge reads
     # Sources upstream of `start` write as in the clean run in every row: their deltas are shared by all
     # variants ([k, B, pos, d_model]). The others are read off as this forward writes them, per row.
     shared = [source for source in active if graph.sources[source].stage < start]
@@ -154,32 +165,39 @@ def run_masks(
                 live_delta[slot[source]] = patched[source] - current.view(copies, batch, pos, d_model)
         hooks.append((name, capture))
 
-    # Receivers: per hook point, the weights [V, k, heads] of the shared and of the k live upstream sources.
-    weights = masks.to(clean.outputs.dtype)
+    # Receivers: per hook point and group, the weights [V, k, heads] of the shared and of the k live upstream sources.
     by_point: dict[str, list[int]] = {}
     for index, receiver in enumerate(graph.receivers):
         by_point.setdefault(receiver.hook_name, []).append(index)
     for name, indices in by_point.items():
-        if not bool(masks[:, :, indices].any()):
+        if not bool(union[:, :, indices].any()):
             continue
         receivers = sorted((graph.receivers[i] for i in indices), key=lambda r: r.head or 0)
         columns = [graph.receiver_index(r.name) for r in receivers]
         n_live = sum(1 for source in live if source < receivers[0].n_upstream)
-        shared_weights = weights[:, shared][:, :, columns] if shared else None  # [V, k, heads]
-        live_weights = weights[:, live[:n_live]][:, :, columns]
         per_head = receivers[0].head is not None
+        terms = []
+        for group, where in groups:
+            weights = group[:, :, columns].to(clean.outputs.dtype)
+            if bool(weights.any()):
+                terms.append((weights[:, shared] if shared else None, weights[:, live[:n_live]], where))
 
-        def receive(activation: Tensor, hook, shared_weights=shared_weights, live_weights=live_weights, n_live=n_live,
-                    per_head=per_head) -> Tensor:
+        def receive(activation: Tensor, hook, terms=terms, n_live=n_live, per_head=per_head) -> Tensor:
             added = None
-            if shared_weights is not None and bool(shared_weights.any()):
-                added = (torch.einsum("vsh,sbpd->vbphd", shared_weights, shared_delta) if per_head
-                         else torch.einsum("vs,sbpd->vbpd", shared_weights[:, :, 0], shared_delta))
-            if n_live and bool(live_weights.any()):
-                terms = live_delta[:n_live]  # [k V B pos d_model]
-                more = (torch.einsum("vsh,svbpd->vbphd", live_weights, terms) if per_head
-                        else torch.einsum("vs,svbpd->vbpd", live_weights[:, :, 0], terms))
-                added = more if added is None else added + more
+            for shared_weights, live_weights, where in terms:
+                part = None
+                if shared_weights is not None and bool(shared_weights.any()):
+                    part = (torch.einsum("vsh,sbpd->vbphd", shared_weights, shared_delta) if per_head
+                            else torch.einsum("vs,sbpd->vbpd", shared_weights[:, :, 0], shared_delta))
+                if n_live and bool(live_weights.any()):
+                    deltas = live_delta[:n_live]  # [k V B pos d_model]
+                    more = (torch.einsum("vsh,svbpd->vbphd", live_weights, deltas) if per_head
+                            else torch.einsum("vs,svbpd->vbpd", live_weights[:, :, 0], deltas))
+                    part = more if part is None else part + more
+                if part is not None and where is not None:  # one column per prompt: [1 B pos 1 (1)]
+                    part = part * where.view(1, batch, pos, *([1] * (part.ndim - 3))).to(part.dtype)
+                if part is not None:
+                    added = part if added is None else added + part
             return activation if added is None else activation + added.reshape(activation.shape)
 
         hooks.append((name, receive))
@@ -187,6 +205,18 @@ def run_masks(
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         final = _stage_loop(model, prompts, copies, start, None if start < 0 else clean.resid[start])
         return reads.logits(model, final)
+
+
+def _columns_at(prompts: Prompts, position: int) -> Tensor:
+    """[B pos] True at the column holding `position` of each prompt (negative: from its end); every prompt
+    must have it."""
+    position_ids, real = prompts.position_ids, prompts.key_valid
+    lengths = position_ids[:, -1:] + 1  # left padding: the last column is every prompt's last token
+    if not all(-length <= position < length for length in lengths.flatten().tolist()):
+        raise ValueError(f"an edge at position {position}: the prompts have {sorted(set(lengths.flatten().tolist()))}"
+                         f" tokens, so not every prompt has that position")
+    at = position_ids == (position + lengths if position < 0 else torch.full_like(lengths, position))
+    return at if real is None else at & real
 
 
 def rows_per_forward(model: "HookedTransformer", graph: Graph, prompts: Prompts, max_bytes: int | None) -> int:

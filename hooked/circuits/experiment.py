@@ -79,14 +79,16 @@ class Experiment:
             raise ValueError("this experiment has no corrupt prompts")
         return self.evaluate(self.corrupt.reduced).cpu()
 
-    def values(self, masks: Tensor) -> Tensor:
-        """The metric [V, B] with the edges of each mask [V, n_sources, n_receivers] patched, in batches."""
+    def values(self, masks: Tensor, at_positions: dict[int, Tensor] | None = None) -> Tensor:
+        """The metric [V, B] with the edges of each mask [V, n_sources, n_receivers] patched (and those of
+        `at_positions[p]`, [V, ...] each, at position p only), in batches."""
         batch = self.prompts.tokens.shape[0]
         per_forward = rows_per_forward(self.model, self.graph, self.prompts, self.max_bytes)
         out = torch.empty(masks.shape[0], batch, dtype=torch.float32)
         for first in range(0, masks.shape[0], per_forward):
             chunk = masks[first:first + per_forward]
-            reduced = run_masks(self.model, self.graph, self.prompts, chunk, self.patched, self.clean, self.reads)
+            at = {p: m[first:first + per_forward] for p, m in (at_positions or {}).items()}
+            reduced = run_masks(self.model, self.graph, self.prompts, chunk, self.patched, self.clean, self.reads, at)
             for i in range(chunk.shape[0]):
                 out[first + i] = self.evaluate(reduced[i * batch:(i + 1) * batch]).cpu()
         return out

@@ -140,6 +140,26 @@ class Graph:
             mask[self._source_index[edge.source], self._receiver_index[edge.receiver]] = True
         return mask
 
+    def masks(self, edges) -> tuple[Tensor, dict[int, Tensor]]:
+        """Like `mask`, for edges that may carry a position, `'S->R@-1'` or `(S, R, -1)`: (the mask of the
+        edges at every position, {position: the mask of the edges patched at that position only})."""
+        everywhere, at = [], {}
+        for edge in edges:
+            position = None
+            if isinstance(edge, str) and "@" in edge:
+                edge, _, text = edge.rpartition("@")
+                try:
+                    position = int(text)
+                except ValueError:
+                    raise ValueError(f"{edge}@{text}: the position after '@' is an int (a position in the prompt,"
+                                     " negative from its end, as in positions=)") from None
+            elif isinstance(edge, tuple) and len(edge) == 3:
+                edge, position = edge[:2], edge[2]
+                if not isinstance(position, int) or isinstance(position, bool):
+                    raise TypeError(f"an edge's position is an int, not {position!r}")
+            (everywhere if position is None else at.setdefault(position, [])).append(edge)
+        return self.mask(everywhere), {position: self.mask(edges) for position, edges in at.items()}
+
     def edge_mask(self) -> Tensor:
         """[n_sources, n_receivers]: True where an edge exists."""
         stages = torch.tensor([s.stage for s in self.sources])

@@ -60,7 +60,9 @@ def patch_edges(
     """The metric on the clean prompts with each variant's edges patched: one row per variant.
 
     `variants` maps a name to a list of edges (`"L1H0->L2H2.v"`, `(source, receiver)` or `Edge`); a plain
-    list of edges is one variant named "edges". `base` is the clean run, so `result.change` is
+    list of edges is one variant named "edges". An edge may carry a position, `"L1H0->L2H2.q@-1"` or
+    `(source, receiver, -1)`: it is then patched at that position of each prompt only (a position in the
+    prompt, negative from its end, as `positions=` elsewhere; every prompt must have it). `base` is the clean run, so `result.change` is
     metric(patched) - metric(clean). `ablation`: "corrupt" (the paired corrupt prompt's write), "mean"
     (the write averaged over the corrupt prompts' real tokens) or "zero" (corrupt may then be None).
     """
@@ -69,11 +71,17 @@ def patch_edges(
     if not variants:
         raise ValueError("variants must be a non-empty dict: {name: [edge, ...]}")
     experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.patch_edges")
-    masks = torch.stack([_mask(experiment.graph, name, edges) for name, edges in variants.items()])
-    values = experiment.values(masks)
+    g = experiment.graph
+    everywhere, at = zip(*(_mask(g, name, edges) for name, edges in variants.items()))
+    masks = torch.stack(everywhere)
+    positions = sorted({p for variant in at for p in variant})
+    empty = torch.zeros_like(masks[0])
+    at_positions = {p: torch.stack([variant.get(p, empty) for variant in at]) for p in positions}
+    values = experiment.values(masks, at_positions)
+    listed = {str(name): [str(e) for e in g.edges_of(m)] + [f"{e}@{p}" for p, pm in sorted(a.items()) for e in g.edges_of(pm)]
+              for name, m, a in zip(variants, everywhere, at)}
     return _result(experiment, [str(name) for name in variants], values, task,
-                   {"method": "edge patching", "ablation": ablation,
-                    "edges": {str(name): [str(e) for e in experiment.graph.edges_of(m)] for name, m in zip(variants, masks)}})
+                   {"method": "edge patching", "ablation": ablation, "edges": listed})
 
 
 def path_patch(
@@ -132,11 +140,11 @@ def path_patch_sweep(
 
 
 # ----------------------------------------------------------------------------- pieces
-def _mask(g: Graph, name, edges) -> Tensor:
+def _mask(g: Graph, name, edges) -> tuple[Tensor, dict[int, Tensor]]:
     if isinstance(edges, (str, Edge)):
         edges = [edges]
     try:
-        return g.mask(edges)
+        return g.masks(edges)
     except (KeyError, ValueError, TypeError) as error:
         message = error.args[0] if error.args else error
         raise type(error)(f"variant {name!r}: {message}") from error
