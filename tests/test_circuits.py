@@ -1026,3 +1026,16 @@ def test_an_edge_at_one_position_patches_that_position_only(arch):
 
 def receiver_name_kv(model) -> str:
     return "L1KV0.k" if model.cfg.n_kv_heads != model.cfg.n_heads else "L1H0.k"
+
+
+def test_eap_ig_in_chunks_of_steps_equals_one_batch():
+    model = small_model("gpt2", seed=41)
+    clean, corrupt, mask = paired_prompts(model, 3, 5, seed=42, padded=True)
+    metric = answers_metric(model, 3)
+    together = circuits.attribute(model, clean, corrupt, metric, method="eap-ig", steps=6, attention_mask=mask, steps_per_forward=6)
+    for per in (1, 4):
+        chunked = circuits.attribute(model, clean, corrupt, metric, method="eap-ig", steps=6, attention_mask=mask,
+                                     steps_per_forward=per)
+        torch.testing.assert_close(chunked.matrix, together.matrix, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="steps_per_forward"):
+        circuits.attribute(model, clean, corrupt, metric, method="eap-ig", steps_per_forward=0, attention_mask=mask)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from hooked.circuits.engine import Ablation, _stage_loop
+from hooked.circuits.engine import Ablation, _stage_loop, rows_per_forward
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import Edge, Graph, graph as build_graph
 from hooked.sweeps import _provenance
@@ -117,14 +117,18 @@ def attribute(
     steps: int = 5,
     ablation: Ablation = "corrupt",
     attention_mask: Tensor | None = None,
+    steps_per_forward: int | None = None,
     task=None,
 ) -> EdgeScores:
     """A score for every edge: EAP (`method="eap"`) or EAP-IG (`method="eap-ig"`, `steps` interpolations).
 
     The metric is differentiated (a `hooked.metrics` metric such as `logit_diff`; a metric that compares
     with the base run, like KL divergence, has zero gradient at the clean run and is refused). The model's
-    parameters' `.grad` are left alone; no hook stays registered.
+    parameters' `.grad` are left alone; no hook stays registered. EAP-IG's steps run as row blocks of one
+    forward, `steps_per_forward` at a time (default: what fits the memory budget of the batched edge forward).
     """
+    if steps_per_forward is not None and (not isinstance(steps_per_forward, int) or steps_per_forward < 1):
+        raise ValueError(f"steps_per_forward must be a positive int, not {steps_per_forward!r}")
     if method not in ("eap", "eap-ig"):
         raise ValueError(f"method must be 'eap' or 'eap-ig', not {method!r}")
     if method == "eap-ig" and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
@@ -136,16 +140,37 @@ def attribute(
         raise RuntimeError("circuits.attribute needs gradients; call it outside torch.inference_mode()")
     experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, caller="circuits.attribute")
     alphas = [0.0] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
-    gradients = receiver_gradients(experiment, alphas)
+    gradients = receiver_gradients(experiment, alphas, steps_per_forward)
     matrix = scores_from_gradients(experiment, gradients)
     provenance = _provenance(model, [], metric, task, experiment.prompts.tokens)
     provenance["circuits"] = {"method": method, "steps": len(alphas), "ablation": ablation}
     return EdgeScores(experiment.graph, matrix, method, provenance)
 
 
-def receiver_gradients(experiment: Experiment, alphas: list[float]) -> dict[str, Tensor]:
+def receiver_gradients(experiment: Experiment, alphas: list[float], steps_per_forward: int | None = None) -> dict[str, Tensor]:
     """d metric / d input at every receiver point ([B pos (heads) d_model]), averaged over the inputs
-    clean + alpha * (patched - clean) of the embedding."""
+    clean + alpha * (patched - clean) of the embedding. The alphas run as row blocks, `steps_per_forward`
+    at a time (default: as many as the memory budget of `engine.rows_per_forward` allows)."""
+    model, g, prompts = experiment.model, experiment.graph, experiment.prompts
+    if steps_per_forward is None:
+        steps_per_forward = rows_per_forward(model, g, prompts, experiment.max_bytes)
+    points = list(dict.fromkeys(receiver.hook_name for receiver in g.receivers))
+    precision = torch.promote_types(model.dtype, torch.float32)
+    totals: dict[str, Tensor] = {}
+    was_training = model.training
+    model.eval()
+    try:
+        for first in range(0, len(alphas), steps_per_forward):
+            for point, grad in _gradients_at(experiment, alphas[first:first + steps_per_forward], points).items():
+                grad = grad.to(precision).sum(0)  # [B ...]: the sum over this chunk's alphas
+                totals[point] = grad if point not in totals else totals[point] + grad
+    finally:
+        model.train(was_training)
+    return {point: total / len(alphas) for point, total in totals.items()}
+
+
+def _gradients_at(experiment: Experiment, alphas: list[float], points: list[str]) -> dict[str, Tensor]:
+    """One forward and backward of len(alphas) row blocks: each point's gradient, [alphas B ...]."""
     model, g, prompts = experiment.model, experiment.graph, experiment.prompts
     batch, copies = prompts.tokens.shape[0], len(alphas)
     clean_input = experiment.clean.outputs[0]
@@ -160,28 +185,20 @@ def receiver_gradients(experiment: Experiment, alphas: list[float]) -> dict[str,
     def keep(activation: Tensor, hook) -> None:
         inputs[hook.name] = activation
 
-    points = list(dict.fromkeys(receiver.hook_name for receiver in g.receivers))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.enable_grad(), model.hooks(fwd_hooks=[(g.sources[0].hook_name, embed)] + [(p, keep) for p in points]):
-            final = _stage_loop(model, prompts, copies, 0, experiment.clean.resid[0])
-            reduced = experiment.reads.logits(model, final)
-            values = torch.cat([experiment.reads.evaluate(reduced[i * batch:(i + 1) * batch], None, experiment.key_valid)
-                                for i in range(copies)])
-            if not values.requires_grad:
-                raise ValueError(f"metric {experiment.metric!r} returned values with no gradient (a .detach(), .item() or"
-                                 " no_grad inside?); attribution differentiates the metric")
-            grads = torch.autograd.grad(values.float().sum(), [inputs[p] for p in points], allow_unused=True)
-    finally:
-        model.train(was_training)
-    precision = torch.promote_types(model.dtype, torch.float32)
+    with torch.enable_grad(), model.hooks(fwd_hooks=[(g.sources[0].hook_name, embed)] + [(p, keep) for p in points]):
+        final = _stage_loop(model, prompts, copies, 0, experiment.clean.resid[0])
+        reduced = experiment.reads.logits(model, final)
+        values = torch.cat([experiment.reads.evaluate(reduced[i * batch:(i + 1) * batch], None, experiment.key_valid)
+                            for i in range(copies)])
+        if not values.requires_grad:
+            raise ValueError(f"metric {experiment.metric!r} returned values with no gradient (a .detach(), .item() or"
+                             " no_grad inside?); attribution differentiates the metric")
+        grads = torch.autograd.grad(values.float().sum(), [inputs[p] for p in points], allow_unused=True)
     out = {}
     for point, grad in zip(points, grads):
         shape = inputs[point].shape
-        if grad is None:
-            grad = torch.zeros(shape, dtype=precision, device=clean_input.device)
-        out[point] = grad.to(precision).view(copies, batch, *shape[1:]).mean(0)
+        grad = torch.zeros(shape, dtype=clean_input.dtype, device=clean_input.device) if grad is None else grad
+        out[point] = grad.view(copies, batch, *shape[1:])
     return out
 
 
