@@ -48,12 +48,12 @@ from torch import Tensor
 from hooked.addresses import ADDRESS_FORMS, Component, components, parse_address  # noqa: F401  (part of hooked.ablate)
 from hooked.cache import ActivationCache
 from hooked.hooks import HookFn, HookPoint
+from hooked.positions import PerPrompt, Positions, as_ints, as_positions, per_prompt, positions_mask, positions_record  # noqa: F401  (per_prompt, PerPrompt: part of hooked.ablate)
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
 Selector = Union[int, Sequence[int], None]
-Positions = Union[int, Sequence[int], Tensor, "PerPrompt", None]  # a set for every prompt, or one per prompt
 Method = Literal["zero", "mean", "resample"]
 
 # selector -> the axes it may select on, in order of preference
@@ -63,88 +63,6 @@ _SELECTOR_AXES = {
     "experts": ("n_experts", "top_k"),  # top_k: the slots that hold the expert (needs hook.slot_experts)
 }
 _POSITION_AXES = ("pos", "query_pos")
-
-
-def _as_tuple(selector: Selector, name: str) -> tuple[int, ...] | None:
-    if selector is None:
-        return None
-    if isinstance(selector, Tensor):
-        selector = selector.tolist()
-    values = (selector,) if isinstance(selector, int) else tuple(selector)
-    if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise TypeError(f"{name}= takes an int or a non-empty list of ints, got {selector!r}")
-    return values
-
-
-@dataclass(frozen=True, repr=False)
-class PerPrompt:
-    """One position per prompt: prompt i is selected at `values[i]` only (a list is a set for every prompt).
-
-    Made by `per_prompt([...])`, or from a 1-D integer tensor given as `positions=`. Inside a sweep each
-    variant sees its own block of the prompts, so `values` lines up with the prompts as given.
-    """
-
-    values: tuple[int, ...]
-
-    def __post_init__(self):
-        values = tuple(self.values)
-        if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise TypeError(f"per_prompt() takes one int position per prompt, got {self.values!r}")
-        object.__setattr__(self, "values", values)
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def to_json(self) -> dict:
-        """The positions as plain data (sweep provenance): {"per_prompt": [3, 5, ...]}."""
-        return {"per_prompt": list(self.values)}
-
-    def __repr__(self) -> str:
-        shown = ", ".join(map(str, self.values[:8]))
-        if len(self.values) > 8:
-            shown += f", ... ({len(self.values)} prompts)"
-        return f"per_prompt[{shown}]"
-
-
-def per_prompt(positions: Sequence[int] | Tensor) -> PerPrompt:
-    """One position per prompt, `positions=per_prompt([3, 5, 4])`: prompt i at position `positions[i]`.
-
-    The same as a 1-D integer tensor (`positions=torch.tensor([3, 5, 4])`, or `task.positions["S2"]`);
-    a plain list `positions=[3, 5, 4]` instead selects the three positions in every prompt.
-    """
-    if isinstance(positions, PerPrompt):
-        return positions
-    if isinstance(positions, Tensor):
-        if positions.ndim != 1 or positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex():
-            raise TypeError(f"per_prompt() takes a 1-D integer tensor [batch], got {positions.dtype} of shape {list(positions.shape)}")
-        positions = positions.tolist()
-    if isinstance(positions, (int, str)):
-        raise TypeError(f"per_prompt() takes one position per prompt (a list or a 1-D tensor), not {positions!r}")
-    return PerPrompt(tuple(positions))
-
-
-def _as_positions(positions) -> "tuple[int, ...] | PerPrompt | None":
-    """positions= as given -> a set of positions for every prompt (tuple) or one per prompt (PerPrompt)."""
-    if positions is None or isinstance(positions, PerPrompt):
-        return positions
-    if isinstance(positions, Tensor):
-        if positions.ndim == 1:
-            return per_prompt(positions)
-        if positions.ndim > 1:
-            raise ValueError(
-                f"positions= got a tensor of shape {list(positions.shape)}; give one position per prompt as a 1-D"
-                " tensor [batch] (torch.tensor([3, 5, ...]) or task.positions['S2']), or a list of positions to"
-                " select in every prompt ([3, -1])"
-            )
-    return _as_tuple(positions, "positions")  # an int or a list (a 0-d tensor: one position for every prompt)
-
-
-def _positions_record(positions) -> "list[int] | dict | None":
-    """positions= as plain data for a result's provenance."""
-    positions = _as_positions(positions)
-    if positions is None:
-        return None
-    return positions.to_json() if isinstance(positions, PerPrompt) else list(positions)
 
 
 @dataclass(frozen=True)
@@ -158,8 +76,8 @@ class Ablation(abc.ABC):
 
     def __post_init__(self):
         for name in ("heads", "neurons", "experts"):
-            object.__setattr__(self, name, _as_tuple(getattr(self, name), name))
-        object.__setattr__(self, "positions", _as_positions(self.positions))
+            object.__setattr__(self, name, as_ints(getattr(self, name), name))
+        object.__setattr__(self, "positions", as_positions(self.positions))
         if self.experts is not None and min(self.experts) < 0:
             raise ValueError(f"experts= takes expert ids 0..n_experts-1, got {list(self.experts)}")
 
@@ -276,46 +194,8 @@ class Ablation(abc.ABC):
 def _positions_mask(ablation: Ablation, hook: HookPoint) -> Tensor:
     """[batch pos] True at the real tokens whose position in their prompt is selected (a set, or one per row)."""
     rows = hook.rows
-    position_ids, real = rows.position_ids, rows.attention_mask
-    lengths = rows.prompt_lengths()  # [batch 1]; left padding: the last column is every prompt's last token
-    batch = position_ids.shape[0]
-    positions = ablation.positions
-    if isinstance(positions, PerPrompt):
-        if len(positions) != batch:
-            raise ValueError(
-                f"{ablation!r} at {hook.name}: positions= gives {len(positions)} positions, one per prompt, but this"
-                f" forward runs {batch} prompts; give one position per prompt, in the order of the prompts"
-            )
-        wanted = torch.tensor(positions.values, device=position_ids.device)[:, None]  # [batch 1]
-    else:
-        wanted = torch.tensor(positions, device=position_ids.device)[None].expand(batch, -1)  # [batch k]
-    lengths = lengths.to(position_ids.device)
-    _check_in_prompts(ablation, hook, wanted, lengths, generating=rows.lengths is not None)
-    target = torch.where(wanted < 0, wanted + lengths, wanted)  # [batch k]
-    at = (position_ids[:, :, None] == target[:, None, :]).any(-1)
-    return at if real is None else at & real
-
-
-def _check_in_prompts(ablation: Ablation, hook: HookPoint, wanted: Tensor, lengths: Tensor, generating: bool) -> None:
-    """Raise when a selected position is not in its prompt: it would silently select nothing there.
-
-    While generating (`Rows.lengths` set) a position past the prompt is a generated token, which a later
-    decode step computes, so only positions before the prompt's start (-p > its length) are refused.
-    """
-    bad = wanted < -lengths
-    if not generating:
-        bad |= wanted >= lengths
-    if not bool(bad.any()):
-        return
-    row, column = (int(i) for i in bad.nonzero()[0])
-    shown = lengths[:, 0].tolist()
-    listed = ", ".join(map(str, shown[:16])) + (f", ... ({len(shown)} prompts)" if len(shown) > 16 else "")
-    length = shown[row]
-    raise ValueError(
-        f"{ablation!r} at {hook.name}: position {int(wanted[row, column])} does not exist in prompt {row}, which has"
-        f" {length} tokens (prompt lengths: [{listed}]); positions count each prompt's tokens, BOS included, from 0"
-        f" to length-1, or back from its end (-1 .. -length)"
-    )
+    return positions_mask(ablation.positions, rows.position_ids, rows.attention_mask, rows.prompt_lengths(),
+                          generating=rows.lengths is not None, what=f"{ablation!r} at {hook.name}")
 
 
 def _where_selector_applies(name: str) -> str:
@@ -648,7 +528,7 @@ def hooks(
     addresses = [addresses] if isinstance(addresses, str) else list(addresses)
     if not addresses:
         raise ValueError("no component addresses given")
-    positions = _as_positions(positions)
+    positions = as_positions(positions)
     groups: dict[tuple, dict[str, list[int]]] = {}
     for address in addresses:
         component = parse_address(model, address)

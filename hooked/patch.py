@@ -50,7 +50,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hooked import ablate
-from hooked.ablate import PerPrompt, Positions, Reference, Resample, Selector, _as_positions, _is_tokens, _positions_record
+from hooked.ablate import Reference, Resample, Selector, _is_tokens
+from hooked.positions import PerPrompt, Positions, as_ints, as_positions, positions_record
 from hooked.cache import ActivationCache, act_name
 from hooked.hooks import HookFn, HookPoint
 from hooked.results import SweepResult
@@ -139,7 +140,7 @@ def head_sweep(
     source = _source(model, clean, _names(model, hook, HEAD_HOOKS), tokens, key_valid)
     variants = _head_variants(model, hook, source, positions)
     result = sweep(model, tokens, variants, metric, attention_mask=key_valid, **sweep_kwargs)
-    result.provenance["patch"] = {"method": "activation patching", "hook": hook, "positions": _positions_record(positions)}
+    result.provenance["patch"] = {"method": "activation patching", "hook": hook, "positions": positions_record(positions)}
     return result
 
 
@@ -289,7 +290,7 @@ def _names(model: "HookedTransformer", hook: str, allowed: tuple[str, ...]) -> l
 def _head_variants(model: "HookedTransformer", hook: str, source: ActivationCache, positions: Positions) -> Variants:
     variants: Variants = {}
     sizes = model.axis_sizes()
-    positions = _as_positions(positions)
+    positions = as_positions(positions)
     for layer, name in enumerate(_names(model, hook, HEAD_HOOKS)):
         axes = model.hook_dict[name].axes
         n_heads = sizes["kv_head_index" if "kv_head_index" in axes else "head_index"]
@@ -312,14 +313,14 @@ def _grid_positions(tokens: Tensor, key_valid: Tensor | None, positions) -> dict
     if isinstance(positions, Mapping):
         if not positions:
             raise ValueError("positions= is an empty dict; name at least one column, e.g. {'S2': task.positions['S2']}")
-        return {str(label): _as_positions(value) for label, value in positions.items()}
-    if isinstance(_as_positions(positions), PerPrompt):
+        return {str(label): as_positions(value) for label, value in positions.items()}
+    if isinstance(as_positions(positions), PerPrompt):
         raise ValueError(
-            f"positions={_as_positions(positions)!r} is one position per prompt, but a layer x position grid patches one"
+            f"positions={as_positions(positions)!r} is one position per prompt, but a layer x position grid patches one"
             " column of positions at a time; name it: positions={'S2': task.positions['S2']} (variants L{layer}@S2)"
         )
     if positions is not None:
-        return {str(p): p for p in ablate._as_tuple(positions, "positions")}
+        return {str(p): p for p in as_ints(positions, "positions")}
     if key_valid is None:
         return {str(p): p for p in range(tokens.shape[1])}
     shortest = int(key_valid.sum(-1).min())
@@ -330,7 +331,7 @@ def _grid_record(positions: dict[str, Positions]) -> list[int] | dict:
     """The grid's columns as plain data: the positions (a list of ints), or label -> positions."""
     if all(isinstance(value, int) for value in positions.values()):
         return list(positions.values())
-    return {label: _positions_record(value) for label, value in positions.items()}
+    return {label: positions_record(value) for label, value in positions.items()}
 
 
 def _prompts(model: "HookedTransformer", corrupt, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:

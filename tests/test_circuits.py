@@ -1020,7 +1020,7 @@ def test_an_edge_at_one_position_patches_that_position_only(arch):
         assert_close_to_scale(result["at"], expected)
         assert_close_to_scale(result["tuple"], expected)
         assert not torch.allclose(result["at"], result["everywhere"], atol=1e-5)  # one position is not all of them
-    with pytest.raises(ValueError, match="not every prompt has that position"):
+    with pytest.raises(ValueError, match="does not exist in prompt"):
         circuits.patch_edges(model, clean, corrupt, {"x": [f"input->logits@{shortest}"]}, metric, attention_mask=mask)
 
 

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from hooked.circuits.graph import Graph
 from hooked.hooks import running_rows
+from hooked.positions import positions_mask
 from hooked.sweeps import MetricReads, Prompts, run_stage
 
 if TYPE_CHECKING:
@@ -209,14 +210,9 @@ def run_masks(
 
 def _columns_at(prompts: Prompts, position: int) -> Tensor:
     """[B pos] True at the column holding `position` of each prompt (negative: from its end); every prompt
-    must have it."""
-    position_ids, real = prompts.position_ids, prompts.key_valid
-    lengths = position_ids[:, -1:] + 1  # left padding: the last column is every prompt's last token
-    if not all(-length <= position < length for length in lengths.flatten().tolist()):
-        raise ValueError(f"an edge at position {position}: the prompts have {sorted(set(lengths.flatten().tolist()))}"
-                         f" tokens, so not every prompt has that position")
-    at = position_ids == (position + lengths if position < 0 else torch.full_like(lengths, position))
-    return at if real is None else at & real
+    must have it (`hooked.positions`)."""
+    lengths = prompts.position_ids[:, -1:] + 1  # left padding: the last column is every prompt's last token
+    return positions_mask((position,), prompts.position_ids, prompts.key_valid, lengths, what=f"an edge at position {position}")
 
 
 def rows_per_forward(model: "HookedTransformer", graph: Graph, prompts: Prompts, max_bytes: int | None) -> int:

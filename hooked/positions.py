@@ -1,0 +1,149 @@
+"""Positions in the prompt, as every `positions=` reads them: a set for every prompt, or one per prompt.
+
+    ablate.zero(heads=9, positions=[3, -1])            # positions 3 and -1 of every prompt
+    ablate.zero(heads=9, positions=task.positions["S2"])   # a 1-D tensor [batch]: one position per prompt
+    ablate.zero(heads=9, positions=ablate.per_prompt([4, 6, 5]))
+
+A position counts a prompt's own tokens (BOS included) from 0, or back from its end (-1 is its last token),
+so left padding never shifts it. A position some prompt does not have raises, naming the prompt lengths.
+`hooked.ablate`, `hooked.patch` and the position-aware edges of `hooked.circuits` share these rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+from torch import Tensor
+
+Positions = Union[int, Sequence[int], Tensor, "PerPrompt", None]  # a set for every prompt, or one per prompt
+
+
+def as_ints(selector, name: str) -> tuple[int, ...] | None:
+    """An int, a list of ints or a tensor of them as a tuple (None stays None); anything else raises."""
+    if selector is None:
+        return None
+    if isinstance(selector, Tensor):
+        selector = selector.tolist()
+    values = (selector,) if isinstance(selector, int) else tuple(selector)
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise TypeError(f"{name}= takes an int or a non-empty list of ints, got {selector!r}")
+    return values
+
+
+@dataclass(frozen=True, repr=False)
+class PerPrompt:
+    """One position per prompt: prompt i is selected at `values[i]` only (a list is a set for every prompt).
+
+    Made by `per_prompt([...])`, or from a 1-D integer tensor given as `positions=`. Inside a sweep each
+    variant sees its own block of the prompts, so `values` lines up with the prompts as given.
+    """
+
+    values: tuple[int, ...]
+
+    def __post_init__(self):
+        values = tuple(self.values)
+        if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise TypeError(f"per_prompt() takes one int position per prompt, got {self.values!r}")
+        object.__setattr__(self, "values", values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def to_json(self) -> dict:
+        """The positions as plain data (sweep provenance): {"per_prompt": [3, 5, ...]}."""
+        return {"per_prompt": list(self.values)}
+
+    def __repr__(self) -> str:
+        shown = ", ".join(map(str, self.values[:8]))
+        if len(self.values) > 8:
+            shown += f", ... ({len(self.values)} prompts)"
+        return f"per_prompt[{shown}]"
+
+
+def per_prompt(positions: Sequence[int] | Tensor) -> PerPrompt:
+    """One position per prompt, `positions=per_prompt([3, 5, 4])`: prompt i at position `positions[i]`.
+
+    The same as a 1-D integer tensor (`positions=torch.tensor([3, 5, 4])`, or `task.positions["S2"]`);
+    a plain list `positions=[3, 5, 4]` instead selects the three positions in every prompt.
+    """
+    if isinstance(positions, PerPrompt):
+        return positions
+    if isinstance(positions, Tensor):
+        if positions.ndim != 1 or positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex():
+            raise TypeError(f"per_prompt() takes a 1-D integer tensor [batch], got {positions.dtype} of shape {list(positions.shape)}")
+        positions = positions.tolist()
+    if isinstance(positions, (int, str)):
+        raise TypeError(f"per_prompt() takes one position per prompt (a list or a 1-D tensor), not {positions!r}")
+    return PerPrompt(tuple(positions))
+
+
+def as_positions(positions) -> "tuple[int, ...] | PerPrompt | None":
+    """positions= as given -> a set of positions for every prompt (tuple) or one per prompt (PerPrompt)."""
+    if positions is None or isinstance(positions, PerPrompt):
+        return positions
+    if isinstance(positions, Tensor):
+        if positions.ndim == 1:
+            return per_prompt(positions)
+        if positions.ndim > 1:
+            raise ValueError(
+                f"positions= got a tensor of shape {list(positions.shape)}; give one position per prompt as a 1-D"
+                " tensor [batch] (torch.tensor([3, 5, ...]) or task.positions['S2']), or a list of positions to"
+                " select in every prompt ([3, -1])"
+            )
+    return as_ints(positions, "positions")  # an int or a list (a 0-d tensor: one position for every prompt)
+
+
+def positions_record(positions) -> "list[int] | dict | None":
+    """positions= as plain data for a result's provenance."""
+    positions = as_positions(positions)
+    if positions is None:
+        return None
+    return positions.to_json() if isinstance(positions, PerPrompt) else list(positions)
+
+
+def positions_mask(positions: "tuple[int, ...] | PerPrompt", position_ids: Tensor, attention_mask: Tensor | None,
+                   lengths: Tensor, generating: bool = False, what: str = "positions=") -> Tensor:
+    """[batch pos] True at the real tokens whose position in their prompt is selected: a set of positions for
+    every row, or one per row (`PerPrompt`). `lengths` [batch 1] is what negative positions count back from
+    (each prompt's length); `what` names the caller in errors.
+    """
+    batch = position_ids.shape[0]
+    if isinstance(positions, PerPrompt):
+        if len(positions) != batch:
+            raise ValueError(
+                f"{what}: positions= gives {len(positions)} positions, one per prompt, but this forward runs {batch}"
+                " prompts; give one position per prompt, in the order of the prompts"
+            )
+        wanted = torch.tensor(positions.values, device=position_ids.device)[:, None]  # [batch 1]
+    else:
+        wanted = torch.tensor(positions, device=position_ids.device)[None].expand(batch, -1)  # [batch k]
+    lengths = lengths.to(position_ids.device)
+    _check_in_prompts(what, wanted, lengths, generating)
+    target = torch.where(wanted < 0, wanted + lengths, wanted)  # [batch k]
+    at = (position_ids[:, :, None] == target[:, None, :]).any(-1)
+    return at if attention_mask is None else at & attention_mask
+
+
+def _check_in_prompts(what: str, wanted: Tensor, lengths: Tensor, generating: bool) -> None:
+    """Raise when a selected position is not in its prompt: it would silently select nothing there.
+
+    While generating (`Rows.lengths` set) a position past the prompt is a generated token, which a later
+    decode step computes, so only positions before the prompt's start (-p > its length) are refused.
+    """
+    bad = wanted < -lengths
+    if not generating:
+        bad |= wanted >= lengths
+    if not bool(bad.any()):
+        return
+    row, column = (int(i) for i in bad.nonzero()[0])
+    shown = lengths[:, 0].tolist()
+    listed = ", ".join(map(str, shown[:16])) + (f", ... ({len(shown)} prompts)" if len(shown) > 16 else "")
+    length = shown[row]
+    raise ValueError(
+        f"{what}: position {int(wanted[row, column])} does not exist in prompt {row}, which has"
+        f" {length} tokens (prompt lengths: [{listed}]); positions count each prompt's tokens, BOS included, from 0"
+        f" to length-1, or back from its end (-1 .. -length)"
+    )
