@@ -48,7 +48,7 @@ from torch import Tensor
 from hooked.addresses import ADDRESS_FORMS, Component, components, parse_address  # noqa: F401  (part of hooked.ablate)
 from hooked.cache import ActivationCache
 from hooked.hooks import HookFn, HookPoint
-from hooked.positions import PerPrompt, Positions, as_ints, as_positions, per_prompt, positions_mask, positions_record  # noqa: F401  (per_prompt, PerPrompt: part of hooked.ablate)
+from hooked.positions import PerPrompt, Positions, as_ints, as_positions, per_prompt, positions_mask  # noqa: F401  (per_prompt, PerPrompt: part of hooked.ablate)
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
