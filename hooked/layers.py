@@ -122,9 +122,9 @@ def attention_input(block: nn.Module, resid_pre: Tensor, n_heads: int, n_kv_head
     copy no hook edited reads exactly the shared normalised input, as without split inputs (so a sweep may
     hook `ln1` in one variant and a split input in another), and hooks at both compose additively.
     """
+    if not (block.hook_q_input.has_hooks or block.hook_k_input.has_hooks or block.hook_v_input.has_hooks):
+        return block.ln1(resid_pre)  # the hot path: no tuple, no generator
     points = (block.hook_q_input, block.hook_k_input, block.hook_v_input)
-    if not any(point.has_hooks for point in points):
-        return block.ln1(resid_pre)
     if any(point.shard is not None for point in points):
         raise RuntimeError("the split q/k/v inputs are not supported under tensor parallelism (hooked.load(..., tp=N))")
     heads = (n_heads, n_kv_heads, n_kv_heads)

@@ -48,3 +48,13 @@ def _no_hook_left_behind(request):
 def tokens(gpt2) -> torch.Tensor:
     generator = torch.Generator().manual_seed(0)
     return torch.randint(0, gpt2.cfg.d_vocab, (3, 11), generator=generator)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matrices gain nothing from a second thread, and on a busy machine waiting for it made the
+    property-test files 10x slower: a module that uses this runs on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

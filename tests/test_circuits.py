@@ -41,12 +41,7 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Heal
 TOL = 1e-4  # float32: per-head inputs and per-head writes sum in another order than the fused projections
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def no_hooks(model) -> bool:
@@ -1039,3 +1034,14 @@ def test_eap_ig_in_chunks_of_steps_equals_one_batch():
         torch.testing.assert_close(chunked.matrix, together.matrix, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="steps_per_forward"):
         circuits.attribute(model, clean, corrupt, metric, method="eap-ig", steps_per_forward=0, attention_mask=mask)
+
+
+@pytest.mark.parametrize("steps", [0, -1, 2.5])
+def test_eap_ig_steps_must_be_a_positive_int_before_anything_runs(steps):
+    model = small_model("gpt2", seed=14)
+    clean, corrupt, _ = paired_prompts(model, 2, 4, seed=15)
+    for call in (lambda: circuits.attribute(model, clean, corrupt, answers_metric(model, 2), method="eap-ig", steps=steps),
+                 lambda: circuits.discover(model, clean, corrupt, answers_metric(model, 2), method="eap-ig", n_edges=5, steps=steps)):
+        with pytest.raises(ValueError, match="steps must be a positive int"):
+            call()
+    assert no_hooks(model)

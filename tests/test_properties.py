@@ -31,13 +31,7 @@ from hooked.testing import ablatable_hook_names, addresses, interventions, model
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices gain nothing from a second thread, and on a busy machine waiting for it made this file 10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, relative: float = 1e-5) -> None:

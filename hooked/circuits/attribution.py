@@ -131,20 +131,26 @@ def attribute(
         raise ValueError(f"steps_per_forward must be a positive int, not {steps_per_forward!r}")
     if method not in ("eap", "eap-ig"):
         raise ValueError(f"method must be 'eap' or 'eap-ig', not {method!r}")
-    if method == "eap-ig" and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
-        raise ValueError(f"steps must be a positive int, not {steps!r}")
     if getattr(metric, "needs_base", False) is True:
         raise ValueError(f"{metric!r} compares with the clean run, where its gradient is 0: every score would be 0;"
                          " use a metric of the answers (logit_diff, log_prob, ...)")
     if torch.is_inference_mode_enabled():
         raise RuntimeError("circuits.attribute needs gradients; call it outside torch.inference_mode()")
+    alphas = interpolation_points(method, steps)
     experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, caller="circuits.attribute")
-    alphas = [0.0] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
     gradients = receiver_gradients(experiment, alphas, steps_per_forward)
     matrix = scores_from_gradients(experiment, gradients)
     provenance = _provenance(model, [], metric, task, experiment.prompts.tokens)
     provenance["circuits"] = {"method": method, "steps": len(alphas), "ablation": ablation}
     return EdgeScores(experiment.graph, matrix, method, provenance)
+
+
+def interpolation_points(method: Method, steps: int) -> list[float]:
+    """Where the gradient is taken, as the fraction of the way from the clean to the patched input: 0 for EAP;
+    the midpoints of `steps` equal intervals for EAP-IG."""
+    if method == "eap-ig" and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise ValueError(f"steps must be a positive int, not {steps!r}")
+    return [0.0] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
 
 
 def receiver_gradients(experiment: Experiment, alphas: list[float], steps_per_forward: int | None = None) -> dict[str, Tensor]:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from hooked.circuits.attribution import EdgeScores, receiver_gradients, scores_from_gradients
+from hooked.circuits.attribution import EdgeScores, interpolation_points, receiver_gradients, scores_from_gradients
 from hooked.circuits.engine import Ablation
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import INPUT, LOGITS, Edge, Graph, graph as build_graph, graph_of_shape
@@ -96,6 +96,10 @@ class Circuit:
     def mask(self) -> Tensor:
         return self.graph.mask(self.edges)
 
+    def ranking(self) -> list[Edge]:
+        """Every edge of the graph, the largest |score| first (ties in graph order): what `curve` grows along."""
+        return _ranking(self.graph, self.scores)
+
     def __len__(self) -> int:
         return len(self.edges)
 
@@ -120,7 +124,7 @@ class Circuit:
         if not sizes or min(sizes) < 0:
             raise ValueError(f"sizes must be a non-empty list of non-negative edge counts, not {sizes!r}")
         experiment, _ = self._experiment(clean, corrupt, metric, attention_mask)
-        ranking = _ranking(self.graph, self.scores)
+        ranking = self.ranking()
         circuits = [prune(self.graph, ranking[:size], self.ablation) for size in sizes]
         values = _faithfulness(experiment, torch.stack([self.graph.mask(c) for c in circuits]))
         return [{"size": size, "edges": len(c), "faithfulness": f} for size, c, f in zip(sizes, circuits, values)]
@@ -201,21 +205,20 @@ def discover(
         raise ValueError(f"n_edges must be a non-negative int, not {n_edges!r}")
     if torch.is_inference_mode_enabled():
         raise RuntimeError("circuits.discover computes gradients; call it outside torch.inference_mode()")
+    alphas = interpolation_points(method, steps) if method != "acdc" else None
     experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, caller="circuits.discover")
     g = experiment.graph
     provenance = _provenance(model, [], metric, task, experiment.prompts.tokens)
     if method == "acdc":
         kept, scores, stats = acdc(experiment, float(threshold), batch_edges)
         provenance["circuits"] = {"method": "acdc", "threshold": threshold, "ablation": ablation, **stats}
-        edges = prune(g, kept, ablation)
     else:
-        alphas = [0.0] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
         matrix = scores_from_gradients(experiment, receiver_gradients(experiment, alphas))
         scores = dict(zip(map(str, g.edges), matrix[g.coordinates()].tolist()))
         provenance["circuits"] = {"method": method, "steps": len(alphas), "n_edges": n_edges, "ablation": ablation}
-        edges = prune(g, _ranking(g, scores)[:n_edges], ablation)
-    order = {e: i for i, e in enumerate(_ranking(g, scores))}
-    edges = sorted(edges, key=order.__getitem__)
+    ranking = _ranking(g, scores)
+    order = {e: i for i, e in enumerate(ranking)}
+    edges = sorted(prune(g, kept if method == "acdc" else ranking[:n_edges], ablation), key=order.__getitem__)
     provenance["circuits"]["kept_after_pruning"] = len(edges)
     return Circuit(g, edges, scores, method, ablation, provenance, model, (clean, corrupt, metric, attention_mask))
 

@@ -48,10 +48,7 @@ def measure_circuit(circuit, sizes: list[int], held_out=None) -> dict:
 def circuit_edge_rows(circuit) -> list[dict]:
     """One row per circuit edge, largest |score| first: edge, source, receiver, score, and its rank by
     |score| among all the graph's edges (1 = largest; ties in graph order)."""
-    graph = circuit.graph
-    values = [abs(circuit.scores.get(str(edge), 0.0)) for edge in graph.edges]
-    ranking = sorted(range(len(values)), key=lambda i: -values[i])  # stable: ties keep graph order
-    rank = {graph.edges[i]: place + 1 for place, i in enumerate(ranking)}
+    rank = {edge: place + 1 for place, edge in enumerate(circuit.ranking())}
     return [{"edge": str(edge), "source": edge.source, "receiver": edge.receiver,
              "score": circuit.scores.get(str(edge), 0.0), "rank": rank[edge]}
             for edge in sorted(circuit.edges, key=rank.__getitem__)]
