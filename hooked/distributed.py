@@ -270,7 +270,7 @@ class HookShard:
         before = _version(whole)
         error, result = None, whole
         try:
-            if point._bwd:
+            if point.bwd_hooks:
                 raise RuntimeError(
                     f"a backward hook is registered at {point.name}, but a model loaded with tp > 1 runs forwards"
                     " without gradients (its collectives are not differentiated); use tp=1 for gradients"

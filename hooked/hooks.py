@@ -17,6 +17,12 @@ Registration is owned: every hook belongs to the context (`hooks()`, `run_with_h
 `run_with_cache`) or `add_hook` call that made it, and leaving a context removes exactly its own
 hooks, also when the forward or a hook raised.
 
+Per-call hooks belong to the caller. A context's hooks live in a `contextvars` scope, not on the
+points, so they run only in the thread or asyncio task that entered the context (and in tasks it
+starts inside the block): two threads running `run_with_hooks` on one model never see each other's
+hooks. Hooks added to the model itself (`add_hook`, `add_perma_hook`, `reset_hooks_end=False`) stay on
+the points and run for every caller. Each point merges the two in registration order.
+
 A hook can ask which tokens its rows hold: `hook.position_ids` [batch pos] is each column's position
 in its own prompt (left padding skipped) and `hook.attention_mask` [batch pos] marks real tokens (None
 when no row is padded), for the forward that is running. A callback that defines
@@ -41,7 +47,8 @@ HookFn = Callable[[Tensor, "HookPoint"], Union[Tensor, None]]
 NameFilter = Union[str, Sequence[str], Callable[[str], bool]]
 Direction = Literal["fwd", "bwd"]
 
-_owner_ids = itertools.count()
+_owner_ids = itertools.count(1)
+_order = itertools.count(1)  # registration order across shared and per-call hooks (prepend counts down)
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,45 @@ class _Registration:
     fn: HookFn
     owner: int  # id of the context or add_hook call that registered it
     permanent: bool = False
+    order: int = 0  # where it runs among a point's hooks; negative for prepend=True
+    live: bool = True  # False once its context has ended (a task that outlived the block must not run it)
+
+
+def _registration(fn: HookFn, owner: int, permanent: bool = False, prepend: bool = False) -> _Registration:
+    return _Registration(fn, owner, permanent, -next(_order) if prepend else next(_order))
+
+
+@dataclass(eq=False)
+class _Scope:
+    """The per-call hooks visible in one thread or asyncio task: those of every enclosing `hooks()` block.
+
+    `points` maps a point to its (forward, backward) registrations, the enclosing blocks' included, so a
+    point looks itself up once. `shared_from` hides the hooks added to the model itself before
+    `hooks_suspended()` began (registrations whose owner id is lower).
+    """
+
+    points: dict = field(default_factory=dict)
+    shared_from: int = 0
+
+    def child(self) -> "_Scope":
+        return _Scope({point: (list(fwd), list(bwd)) for point, (fwd, bwd) in self.points.items()}, self.shared_from)
+
+
+_scope: ContextVar[_Scope | None] = ContextVar("hooked_hook_scope", default=None)
+_NO_HOOKS: tuple[list, list] = ([], [])
+
+
+def _merged(shared: list[_Registration], scoped: list[_Registration], shared_from: int) -> list[_Registration]:
+    """Shared and per-call registrations in registration order (callers skip those no longer `live`)."""
+    if shared_from:
+        shared = [r for r in shared if r.owner >= shared_from]
+    if not scoped:
+        return shared
+    return sorted([*shared, *scoped], key=_order_of) if shared else scoped
+
+
+def _order_of(registration: _Registration) -> int:
+    return registration.order
 
 
 class HookPoint(nn.Module):
@@ -123,20 +169,42 @@ class HookPoint(nn.Module):
 
     # Bypasses nn.Module.__call__: a point with no hooks must cost next to nothing.
     def __call__(self, activation: Tensor) -> Tensor:
-        if not self._fwd and not self._bwd:
-            return activation
+        scope = _scope.get()
+        if scope is None:
+            if not self._fwd and not self._bwd:
+                return activation
+            if self.shard is None:
+                return self._run(activation, self._fwd, self._bwd)
+        else:
+            entry = scope.points.get(self)
+            if not self._fwd and not self._bwd:
+                if entry is None:
+                    return activation
+                if self.shard is None and not scope.shared_from:  # per-call hooks only: the common case
+                    return self._run(activation, *entry)
         return self._run(activation) if self.shard is None else self.shard.run(self, activation)
+
+    def _active(self) -> tuple[list[_Registration], list[_Registration]]:
+        """The forward and backward hooks that run here for the calling thread / task, in order. A per-call
+        one whose block has ended may remain (a task that outlived the block): skip it unless `live`."""
+        scope = _scope.get()
+        if scope is None:
+            return self._fwd, self._bwd
+        fwd, bwd = scope.points.get(self, _NO_HOOKS)
+        if not scope.shared_from and not self._fwd and not self._bwd:
+            return fwd, bwd
+        return _merged(self._fwd, fwd, scope.shared_from), _merged(self._bwd, bwd, scope.shared_from)
 
     forward = __call__
 
     @property
     def fwd_hooks(self) -> list[_Registration]:
-        """The forward hooks registered here, in call order (a copy: TransformerLens code len()s it)."""
-        return list(self._fwd)
+        """The forward hooks that run here for this caller, in call order (a copy: TransformerLens code len()s it)."""
+        return [r for r in self._active()[0] if r.live]
 
     @property
     def bwd_hooks(self) -> list[_Registration]:
-        return list(self._bwd)
+        return [r for r in self._active()[1] if r.live]
 
     def add_hook(self, hook: HookFn, dir: Direction = "fwd", is_permanent: bool = False, level=None, prepend: bool = False) -> None:
         """TransformerLens' `HookPoint.add_hook`: attach `hook` here until removed."""
@@ -145,7 +213,7 @@ class HookPoint(nn.Module):
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"dir must be 'fwd' or 'bwd', not {dir!r}")
         registrations = self._fwd if dir == "fwd" else self._bwd
-        registration = _Registration(hook, next(_owner_ids), is_permanent)
+        registration = _registration(hook, next(_owner_ids), is_permanent, prepend)
         registrations.insert(0, registration) if prepend else registrations.append(registration)
 
     def remove_hooks(self, dir: Literal["fwd", "bwd", "both"] = "fwd", including_permanent: bool = False, level=None) -> None:
@@ -160,11 +228,17 @@ class HookPoint(nn.Module):
             self._bwd[:] = kept_bwd
         elif dir == "bwd":
             self._fwd[:] = kept_fwd
+        _end_scoped(self, dir)
 
     @property
     def has_hooks(self) -> bool:
-        """True when a hook listens here (models compute costly points only then)."""
-        return bool(self._fwd or self._bwd)
+        """True when a hook listens here for this caller (models compute costly points only then)."""
+        if not self._fwd and not self._bwd:
+            scope = _scope.get()
+            if scope is None or self not in scope.points:
+                return False
+        fwd, bwd = self._active()
+        return any(r.live for r in fwd) or any(r.live for r in bwd)
 
     @property
     def position_ids(self) -> Tensor:
@@ -189,8 +263,12 @@ class HookPoint(nn.Module):
             raise ValueError(f"hook point {self.name!r} is not inside a block, so it has no layer")
         return int(match.group(1))
 
-    def _run(self, activation: Tensor) -> Tensor:
-        for registration in list(self._fwd):
+    def _run(self, activation: Tensor, fwd: list[_Registration] | None = None, bwd: list[_Registration] | None = None) -> Tensor:
+        if fwd is None:
+            fwd, bwd = self._active()
+        for registration in list(fwd):
+            if not registration.live:
+                continue
             result = registration.fn(activation, self)
             if result is None:
                 continue
@@ -212,13 +290,14 @@ class HookPoint(nn.Module):
                     " return `new.to(activation)`"
                 )
             activation = result
-        if self._bwd:
+        bwd = [r for r in bwd if r.live] if bwd else bwd
+        if bwd:
             if not activation.requires_grad:
                 raise RuntimeError(
                     f"a backward hook is attached at {self.name} but the forward runs without"
                     " gradients; call it outside torch.no_grad() / torch.inference_mode()"
                 )
-            for registration in list(self._bwd):
+            for registration in list(bwd):
                 activation.register_hook(_BackwardCall(registration.fn, self))
         return activation
 
@@ -273,10 +352,25 @@ def _fn_name(fn: Callable) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
+def _end_scoped(point: HookPoint, direction: str = "both") -> None:
+    """Drop the per-call hooks this caller sees at `point` (a reset inside a `hooks()` block)."""
+    scope = _scope.get()
+    if scope is None or point not in scope.points:
+        return
+    fwd, bwd = scope.points[point]
+    for registrations in ((fwd,) if direction == "fwd" else (bwd,) if direction == "bwd" else (fwd, bwd)):
+        for registration in registrations:
+            registration.live = False
+        registrations.clear()
+
+
 @dataclass
 class _HookContext:
     owner: int = field(default_factory=lambda: next(_owner_ids))
     points: list[HookPoint] = field(default_factory=list)
+    # The per-call scope the context's hooks go into; None: they go on the points, shared (add_hook).
+    scope: _Scope | None = None
+    registrations: list[_Registration] = field(default_factory=list)
 
 
 class HookedRootModule(nn.Module):
@@ -373,10 +467,14 @@ class HookedRootModule(nn.Module):
                 validate(self.hook_dict[hook_name], self)
         for hook_name in hook_names:
             point = self.hook_dict[hook_name]
-            registrations = point._fwd if dir == "fwd" else point._bwd
-            registration = _Registration(hook, context.owner, permanent)
+            if context.scope is None:
+                registrations = point._fwd if dir == "fwd" else point._bwd
+            else:
+                registrations = context.scope.points.setdefault(point, ([], []))[0 if dir == "fwd" else 1]
+            registration = _registration(hook, context.owner, permanent, prepend)
             registrations.insert(0, registration) if prepend else registrations.append(registration)
             context.points.append(point)
+            context.registrations.append(registration)
 
     def add_perma_hook(self, name: NameFilter, hook: HookFn, dir: Direction = "fwd") -> None:
         """Attach `hook` for good: only `reset_hooks(including_permanent=True)` removes it."""
@@ -396,16 +494,11 @@ class HookedRootModule(nn.Module):
         Interventions use it to compute a reference (a mean, a resample source) from a clean forward
         even when they are first called in the middle of a hooked one.
         """
-        saved = {point: (point._fwd[:], point._bwd[:]) for point in self.hook_dict.values() if point._fwd or point._bwd}
-        for point in saved:
-            point._fwd.clear()
-            point._bwd.clear()
+        token = _scope.set(_Scope(shared_from=next(_owner_ids)))  # only for this caller: other threads keep theirs
         try:
             yield self
         finally:
-            for point, (fwd, bwd) in saved.items():
-                point._fwd[:] = fwd
-                point._bwd[:] = bwd
+            _scope.reset(token)
 
     def reset_hooks(self, clear_contexts: bool = True, direction: Literal["fwd", "bwd", "both"] = "both",
                     including_permanent: bool = False) -> None:
@@ -420,6 +513,7 @@ class HookedRootModule(nn.Module):
                 point._bwd[:] = kept[0]
             elif direction == "bwd":
                 point._fwd[:] = kept[1]
+            _end_scoped(point, direction)
             if clear_contexts:
                 point.ctx.clear()
 
@@ -432,10 +526,18 @@ class HookedRootModule(nn.Module):
     ) -> Iterator["HookedRootModule"]:
         """Attach hooks for the body of a `with` block; nestable, and leaves remove only their own.
 
+        The hooks are this caller's: they run in the thread or asyncio task that entered the block (and
+        in tasks it starts inside it), never in another thread using the same model. With
+        `reset_hooks_end=False` they outlive the block, so they go on the model, shared, as `add_hook`'s.
+
         Backward hooks attach to the activations of each forward run inside the block, so they fire
         when you call `.backward()` on that forward's output, even after the block has ended.
         """
+        parent = _scope.get()
         context = _HookContext()
+        if reset_hooks_end:
+            context.scope = parent.child() if parent is not None else _Scope()
+        token = None
         try:
             error = None
             try:
@@ -449,11 +551,15 @@ class HookedRootModule(nn.Module):
                 self.parallel.agree(error, what="registering hooks")
             elif error is not None:
                 raise error
+            if context.scope is not None:
+                token = _scope.set(context.scope)
             yield self
         finally:
-            if reset_hooks_end:
-                for point in set(context.points):
-                    point._remove(context.owner, including_permanent=True)
+            if token is not None:
+                _scope.reset(token)
+            if reset_hooks_end:  # a task started inside the block may still hold the scope: end them there too
+                for registration in context.registrations:
+                    registration.live = False
 
     def run_with_hooks(
         self,
