@@ -152,7 +152,9 @@ def run_sweep(args: argparse.Namespace):
     try:
         tasks.check_single_tokens(model, task)
     except ValueError as error:
-        hint = "; pass --names with names that are one token each for this tokenizer" if args.task == "ioi" else ""
+        hint = {"ioi": "; pass --names with names that are one token each for this tokenizer",
+                "facts": f"; --task facts needs its English answers (' Paris', ' yen', ...) to be single tokens of"
+                         f" {args.model}'s tokenizer: use a model with a full English vocabulary (gpt2), or --task ioi"}[args.task]
         raise _UsageError(f"{error}{hint}") from None
     metric = build_metric(model, args.metric, task)
 

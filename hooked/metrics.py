@@ -18,7 +18,9 @@ mask's True entries; every position when the mask is None).
     metric(model(task.clean))        # [batch] float32: logit[correct] - logit[incorrect]
 
 Answers are given one per prompt, as strings (each must be one token for the model), ints or a
-LongTensor [batch].
+LongTensor [batch]. A string the tokenizer does not know, which it turns into its unknown token
+(`<|unk|>`), is refused: every unknown word would read that one logit, and a difference of two would
+be 0. An int is taken as the id it is, the unknown token's included.
 """
 
 from __future__ import annotations
@@ -341,9 +343,12 @@ def loss(model, tokens, attention_mask: Tensor | None = None) -> Loss:
         metric(model(model.to_tokens(task.clean)))
     """
     if isinstance(tokens, str) or (isinstance(tokens, list) and tokens and all(isinstance(t, str) for t in tokens)):
-        if model is None:
-            raise ValueError("loss was given text: pass the model to tokenize it, or give token ids")
-        tokens = model.to_tokens(tokens, move_to_device=False)
+        if model is None or model.tokenizer is None:
+            raise ValueError("loss was given text: pass the model (one with a tokenizer) to tokenize it, or give token ids")
+        texts = [tokens] if isinstance(tokens, str) else tokens
+        # The tokenizer's own mask: ids alone cannot carry it when a prompt begins with the pad token.
+        tokens, text_mask = model.tokenizer.encode_batch(texts, model.default_prepend_bos, model.cfg.n_ctx)
+        attention_mask = text_mask if attention_mask is None else attention_mask
     elif not isinstance(tokens, Tensor):
         raise TypeError(f"loss takes text or token ids [batch pos], not {type(tokens).__name__}")
     if attention_mask is None and model is not None and model.tokenizer is not None:
@@ -387,7 +392,7 @@ def _single_token(model, answer: str, what: str) -> int:
     try:
         return model.to_single_token(answer)
     except ValueError as error:
-        raise ValueError(f"{what}: {error}; a metric reads one logit per answer") from None
+        raise ValueError(f"{what}: {error}; a metric reads one logit per answer, so each must be one token the tokenizer knows") from None
 
 
 def _as_ids(values, what: str) -> tuple[int, ...]:

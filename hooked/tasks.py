@@ -277,7 +277,8 @@ def ioi(
     "abc" fills the IO, S1 and S2 slots with three new names, distinct and unlike the clean ones.
     `correct`/`incorrect` are always the clean prompt's IO and S. Row i depends only on i and the
     arguments, so ioi(4) == ioi(8)[:4]; the clean prompts are the same for both corruptions.
-    model: fills `task.positions` (IO, S1, S2, END per prompt) for its tokenizer (`Task.with_positions`).
+    model: fills `task.positions` (IO, S1, S2, END per prompt) for its tokenizer (`Task.with_positions`),
+    and refuses names its tokenizer does not know (`check_known_answers`).
     """
     _check_count(n, "n")
     if template not in IOI_TEMPLATES:
@@ -315,7 +316,13 @@ def ioi(
         "per_prompt": {"index": list(range(n)), "order": orders, "template_id": template_ids, "spans": spans},
     }
     task = Task("ioi", clean, corrupt, correct, incorrect, seed, params)
-    return task if model is None else task.with_positions(model)
+    return task if model is None else _for_model(task, model)
+
+
+def _for_model(task: Task, model) -> Task:
+    """`task` with its token positions for `model`, once every answer is a word its tokenizer knows."""
+    check_known_answers(model, task)
+    return task.with_positions(model)
 
 
 def _name_slots(template: str) -> str:
@@ -390,10 +397,10 @@ def ioi_heldout(n: int, seed: int = 12345, model=None) -> Task:
     params = dict(task.params, split="heldout names in heldout templates",
                   per_prompt={key: pick(value) for key, value in task.per_prompt.items()})
     held = Task("ioi", pick(task.clean), pick(task.corrupt), pick(task.correct), pick(task.incorrect), seed, params)
-    return held if model is None else held.with_positions(model)
+    return held if model is None else _for_model(held, model)
 
 
-def facts(n: int | None = None, seed: int = 0) -> Task:
+def facts(n: int | None = None, seed: int = 0, model=None) -> Task:
     """Factual-recall prompts from FACTS, each corrupted by another fact of the same relation.
 
         task = facts(seed=0)           # every fact, in an order the seed shuffles
@@ -401,6 +408,8 @@ def facts(n: int | None = None, seed: int = 0) -> Task:
         # ('The capital of Japan is', ' Tokyo', 'The capital of Russia is', ' Moscow')
 
     `incorrect` is the corrupting fact's answer. n=None takes every fact; facts(n) == facts()[:n].
+    model: refuses answers its tokenizer does not know (English words such as " Paris" are unknown to a
+    word-level tokenizer trained on other text), and fills `positions` (END only) for its tokenizer.
     """
     total = sum(len(pairs) for pairs in FACTS.values())
     if n is not None:
@@ -420,27 +429,70 @@ def facts(n: int | None = None, seed: int = 0) -> Task:
         relations.append(relation)
     task = Task("facts", clean, corrupt, correct, incorrect, seed,
                 {"per_prompt": {"index": list(range(total)), "relation": relations}})
-    return task if n is None else task[:n]
+    task = task if n is None else task[:n]
+    return task if model is None else _for_model(task, model)
 
 
 # ----------------------------------------------------------------------------- checks
 def check_single_tokens(model, task: Task) -> None:
-    """Raise a ValueError naming every answer of `task` that is not exactly one token for `model`.
+    """Raise a ValueError naming every answer of `task` that is not exactly one token `model` knows.
 
-    Metrics read one logit per answer, so a multi-token answer cannot be scored.
+    Metrics read one logit per answer, so a multi-token answer cannot be scored, and an answer the
+    tokenizer does not know (it becomes the unknown token, `<|unk|>`) would read the unknown token's
+    logit, the same for every such answer.
     """
-    offending = []
+    unknown = _unknown_answers(model, task)
+    several = []
     for answer in dict.fromkeys(task.correct + task.incorrect):
+        if answer in unknown:
+            continue
         try:
             model.to_single_token(answer)
         except ValueError:
-            offending.append(f"{answer!r} ({len(model.to_str_tokens(answer, prepend_bos=False))} tokens)")
-    if offending:
-        shown = ", ".join(offending[:20]) + (f" and {len(offending) - 20} more" if len(offending) > 20 else "")
-        raise ValueError(
-            f"task {task.name!r} has {len(offending)} answers that are not one token for this model's tokenizer: "
-            f"{shown}; a metric reads one logit per answer"
-        )
+            several.append(f"{answer!r} ({len(model.to_str_tokens(answer, prepend_bos=False))} tokens)")
+    problems = [f"{_count(several)} that {'is' if len(several) == 1 else 'are'} not one token for this model's"
+                f" tokenizer: {_listed(several)}"] if several else []
+    if unknown:
+        problems.append(_unknown_problem(model, unknown))
+    if problems:
+        raise ValueError(f"task {task.name!r} has {'; and '.join(problems)}; a metric reads one logit per answer:"
+                         " give answers that are each one token of model.tokenizer.get_vocab()")
+
+
+def check_known_answers(model, task: Task) -> None:
+    """Raise a ValueError naming every answer of `task` that `model`'s tokenizer turns into its unknown token.
+
+    The task builders run it when given a model (`ioi(n, model=model)`); an answer of several known
+    tokens passes here (`check_single_tokens` refuses it too).
+    """
+    unknown = _unknown_answers(model, task)
+    if unknown:
+        raise ValueError(f"task {task.name!r} has {_unknown_problem(model, unknown)}; give answers from"
+                         " model.tokenizer.get_vocab(), or a task made for this tokenizer")
+
+
+def _unknown_answers(model, task: Task) -> list[str]:
+    """The distinct answers of `task` that become `model`'s unknown token, in order."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None or tokenizer.unk_token_id is None:
+        return []
+    answers = dict.fromkeys(task.correct + task.incorrect)
+    return [answer for answer in answers if tokenizer.maps_to_unknown(answer, tokenizer.encode(answer, add_special_tokens=False))]
+
+
+def _unknown_problem(model, unknown: list[str]) -> str:
+    tokenizer = model.tokenizer
+    return (f"{_count(unknown)} this model's tokenizer does not know: {_listed([repr(a) for a in unknown])} (each"
+            f" becomes its unknown token {tokenizer.unk_token!r}, id {tokenizer.unk_token_id}, whose logit every"
+            " unknown word reads)")
+
+
+def _count(answers: list[str]) -> str:
+    return f"{len(answers)} answer{'' if len(answers) == 1 else 's'}"
+
+
+def _listed(answers: list[str]) -> str:
+    return ", ".join(answers[:20]) + (f" and {len(answers) - 20} more" if len(answers) > 20 else "")
 
 
 def _check_count(n: Any, what: str) -> None:

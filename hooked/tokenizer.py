@@ -4,7 +4,13 @@ Uses the `tokenizers` library directly (`tokenizer.json`, or GPT-2's `vocab.json
 so loading a model never imports transformers. Batches of prompts of different lengths are padded
 on the LEFT, so that the last position of every row is the last real token, and come with an
 attention mask; the model derives position ids from it (transformers does not: see docs/hooks.md).
-Token ids given without a mask get one read from the ids (`mask_for`), as TransformerLens does.
+Token ids given without a mask get one read from the ids (`mask_for`), as TransformerLens does, except
+that a batch no tokenizer padded is never masked: GPT-2's BOS, EOS and pad are one id, so a prompt that
+begins with `<|endoftext|>` starts with that id twice, and only the batch can say whether the first is
+padding.
+
+Text the tokenizer does not know becomes its unknown token (`unk_token_id`; GPT-2's byte-level BPE has
+none): `check_known` refuses such text where one token must stand for it (an answer, `to_single_token`).
 
 `model.tokenizer` also answers the Hugging Face tokenizer calls TransformerLens notebooks make
 (`encode`, `decode`, `batch_decode`, `__call__`, `bos_token`, `pad_token_id`, `padding_side`,
@@ -33,6 +39,7 @@ class HookedTokenizer:
         self.eos_token_id = eos_token_id
         # GPT-2 and Qwen3 base models have no pad token; padded positions are masked anyway.
         self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0)
+        self.unk_token_id = _unknown_id(tokenizer)
 
     @classmethod
     def from_directory(cls, directory: Path, config: dict) -> "HookedTokenizer | None":
@@ -82,25 +89,83 @@ class HookedTokenizer:
                 mask[i, length - len(row):] = True
         return tokens, mask
 
-    def mask_for(self, tokens: Tensor, prepend_bos: bool) -> Tensor | None:
+    def mask_for(self, tokens: Tensor, prepend_bos: bool, strict: bool = True) -> Tensor | None:
         """The attention mask of left-padded token ids, read from the ids themselves (None: no padding).
 
-        As TransformerLens 3.9 `utils.get_attention_mask` with left padding: the leading run of pad ids
-        of each row is padding; where the BOS id is the pad id (GPT-2) and BOS is prepended, the last id
-        of that run is the BOS, a real token. Read from the values, the mask survives `.to()`, `.clone()`,
-        slicing and saving, which a mask remembered with the tensor object does not.
+        Ids that can be read as unpadded are: a row is padded only when the batch was, and padding makes
+        the rows of a batch differ. One row, or rows whose leading runs of pad ids are all as long, are never
+        masked (GPT-2's `to_tokens("<|endoftext|>Hello")` is the BOS, then a real `<|endoftext|>`). Where
+        the runs differ, each row's run is padding, except that where BOS is the pad id (GPT-2) and BOS is
+        prepended, the run's last id is the BOS (TransformerLens 3.9 `utils.get_attention_mask`). That
+        reading needs an unpadded row, the longest, as every batch the tokenizer pads has; where every run
+        is longer than the BOS (rows sliced out of a padded batch without its longest, prompts that begin
+        with the pad id) the ids cannot tell padding from tokens and this raises, asking for the mask
+        (`strict=False` reads them as TransformerLens does instead). Read from the values, the mask
+        survives `.to()`, `.clone()` and saving, and a slice that keeps the longest row.
         """
-        if tokens.numel() == 0:
+        if tokens.numel() == 0 or tokens.ndim < 2:
             return None
-        leading_pad = (tokens == self.pad_token_id).long().cumprod(-1).bool()  # [batch pos]
-        if not bool(leading_pad[:, 0].any()):
+        runs = (tokens == self.pad_token_id).long().cumprod(-1).sum(-1)  # [batch]: each row's leading pad ids
+        if bool((runs == runs[0]).all()):  # one row, or rows all as long: nothing says any was padded
             return None
-        mask = ~leading_pad
-        if prepend_bos and self.bos_token_id == self.pad_token_id:
-            run = leading_pad.sum(-1)  # the BOS closes the run
-            rows = torch.nonzero(run > 0)[:, 0]
-            mask[rows, run[rows] - 1] = True
+        bos_run = 1 if prepend_bos and self.bos_token_id == self.pad_token_id else 0  # the real ids a run ends with
+        if strict and int(runs.min()) > bos_run:
+            shown = f"{runs.tolist()[:8]}{'...' if len(runs) > 8 else ''}"
+            raise ValueError(
+                f"these token ids come without an attention_mask, and every row begins with {'a BOS and more ' if bos_run else ''}"
+                f"{self.pad_token!r} (the pad id {self.pad_token_id}; leading runs of {shown}), so no row is unpadded,"
+                " as the longest row of a padded batch is, and the ids cannot tell padding from prompts that begin"
+                " with that token; pass attention_mask= (1 = real token; model.tokenizer(texts, return_tensors='pt')"
+                " returns it with the ids), or the texts themselves"
+            )
+        padding = (runs - bos_run).clamp(min=0)  # [batch]
+        mask = torch.arange(tokens.shape[1], device=tokens.device) >= padding[:, None]
         return None if bool(mask.all()) else mask
+
+    def check_mask_readable(self, tokens: Tensor, mask: Tensor, prepend_bos: bool) -> None:
+        """Raise when ids handed out without their mask (`to_tokens`) would be read by `mask_for` otherwise.
+
+        Only a batch with a prompt that begins with the pad token does: its row's leading pad ids look like
+        padding, or its length hides another row's padding.
+        """
+        try:
+            read = self.mask_for(tokens, prepend_bos)
+        except ValueError:
+            return  # the forward refuses these ids without a mask, and says why
+        if bool(mask.all()) if read is None else bool(torch.equal(read, mask)):
+            return
+        bos_run = 1 if prepend_bos and self.bos_token_id == self.pad_token_id else 0
+        first_real = (~mask).sum(-1) + bos_run  # [batch]: where each prompt's own text begins
+        rows = [i for i, (row, start) in enumerate(zip(tokens.tolist(), first_real.tolist()))
+                if start < len(row) and row[start] == self.pad_token_id]
+        which = "prompt " + ", ".join(map(str, rows)) if rows else "a prompt"
+        raise ValueError(
+            f"{which} of this batch begins with {self.pad_token!r}, the pad token, so"
+            " the token ids alone do not say which rows are padded (model(tokens) would mask real tokens or"
+            " read padding); pass the texts themselves (model(texts), model.generate(texts)), or keep the"
+            " tokenizer's mask: batch = model.tokenizer(texts, return_tensors='pt'), then"
+            " model(batch['input_ids'], attention_mask=batch['attention_mask'])"
+        )
+
+    def maps_to_unknown(self, text: str, ids: Sequence[int]) -> bool:
+        """Whether `text`, tokenized to `ids`, became the unknown token (it is not that token written out)."""
+        return self.unk_token_id is not None and self.unk_token_id in ids and text.strip() != self.unk_token
+
+    def check_known(self, text: str, ids: Sequence[int]) -> None:
+        """Raise when `text` became the unknown token in `ids`: the tokenizer does not know it.
+
+        Every text the tokenizer does not know becomes that one id, so an answer read through it scores
+        the unknown token, whatever the answer. The unknown token written out (`"<|unk|>"`) is itself.
+        """
+        if not self.maps_to_unknown(text, ids):
+            return
+        unknown = self.unk_token_id
+        pieces = [self.tokenizer.id_to_token(token) for token in ids]
+        raise ValueError(
+            f"{text!r} is not in this tokenizer's vocabulary: it tokenizes to {pieces}, and {self.unk_token!r}"
+            f" (id {unknown}) is the unknown token, the id of every text the tokenizer does not know; use words"
+            f" from model.tokenizer.get_vocab(), or pass the id {unknown} itself to mean the unknown token"
+        )
 
     def token_to_str(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -165,6 +230,7 @@ class HookedTokenizer:
     bos_token = property(lambda self: self._token(self.bos_token_id))
     eos_token = property(lambda self: self._token(self.eos_token_id))
     pad_token = property(lambda self: self._token(self.pad_token_id))
+    unk_token = property(lambda self: self._token(self.unk_token_id))
 
     @property
     def vocab_size(self) -> int:
@@ -187,6 +253,19 @@ class HookedTokenizer:
         if isinstance(tokens, str):
             return self.tokenizer.token_to_id(tokens)
         return [self.tokenizer.token_to_id(t) for t in tokens]
+
+
+def _unknown_id(tokenizer: Tokenizer) -> int | None:
+    """The id the tokenizer's model gives text outside its vocabulary, or None when it has none.
+
+    Read from the model (`unk_token` of WordLevel, WordPiece and BPE, `unk_id` of Unigram), the one
+    that emits it, not from special_tokens_map.json: GPT-2's names `<|endoftext|>` as its unk_token,
+    though its byte-level BPE never emits it (that id is its BOS, EOS and pad).
+    """
+    model = tokenizer.model
+    if hasattr(model, "unk_token"):
+        return None if model.unk_token is None else tokenizer.token_to_id(model.unk_token)
+    return json.loads(tokenizer.to_str())["model"].get("unk_id")  # Unigram keeps it in its serialised form
 
 
 def _special_tokens(directory: Path) -> dict[str, str | None]:

@@ -35,11 +35,13 @@ def to_numpy(tensor) -> np.ndarray:
 def get_attention_mask(tokenizer, tokens: Int[Tensor, "batch pos"], prepend_bos: bool, padding_side: str | None = None) -> Int[Tensor, "batch pos"]:
     """1 for real tokens, 0 for the leading pad ids of each left-padded row (`HookedTokenizer.mask_for`).
 
-    As TransformerLens: where BOS is the pad id and BOS is prepended, the run's last id is the BOS.
-    `tokenizer` is `model.tokenizer`; right padding raises, since hooked pads on the left only.
+    As TransformerLens: where BOS is the pad id and BOS is prepended, the run's last id is the BOS. Unlike
+    TransformerLens' function, a batch that was not padded (one row, or rows whose leading pad runs are
+    all as long) is all ones: GPT-2's `to_tokens("<|endoftext|>Hello")` begins with that id twice, and
+    both are real. `tokenizer` is `model.tokenizer`; right padding raises, since hooked pads on the left only.
     """
     tokenizer._check_padding_side(padding_side or "left")
-    mask = tokenizer.mask_for(tokens, prepend_bos)
+    mask = tokenizer.mask_for(tokens, prepend_bos, strict=False)
     return torch.ones_like(tokens) if mask is None else mask.to(tokens.dtype)
 
 
@@ -87,6 +89,8 @@ def test_prompt(prompt: str, answer: str | list[str], model, prepend_space_to_an
     prompt_tokens = model.to_tokens(prompt, prepend_bos=prepend_bos)  # [1 pos]
     # One row per answer, each tokenized alone: left padding would put pad ids before a short answer.
     answer_rows = [model.to_tokens(a, prepend_bos=False)[0] for a in answers]
+    for answer, row in zip(answers, answer_rows):
+        model.tokenizer.check_known(answer, row.tolist())  # an unknown answer would rank the unknown token
     if several:
         answer_rows = [row[:1] for row in answer_rows]
     answer_tokens = torch.stack(answer_rows)  # [n_answers answer_pos]
@@ -97,8 +101,8 @@ def test_prompt(prompt: str, answer: str | list[str], model, prepend_space_to_an
     if print_details:
         print("Tokenized prompt:", prompt_str_tokens)
         print("Tokenized answers:" if several else "Tokenized answer:", answer_str_tokens if several else answer_str_tokens[0])
-    with torch.no_grad():
-        logits = model(tokens)
+    with torch.no_grad():  # every row is one prompt and one answer, unpadded: nothing to read from the ids
+        logits = model(tokens, attention_mask=torch.ones_like(tokens))
     probs = logits.softmax(dim=-1)
     ranks = []
     for index in range(prompt_length, prompt_length + answer_length):

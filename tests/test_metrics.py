@@ -5,9 +5,12 @@ gather, no masking trick) with the metric it checks.
 """
 
 import dataclasses
+import functools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hooked import metrics
 from hooked.models.base import HookedTransformer
@@ -190,6 +193,18 @@ def test_loss_on_a_padded_batch_of_text_matches_each_prompt_alone(gpt2):
     torch.testing.assert_close(result, alone, rtol=1e-4, atol=1e-4)
 
 
+def test_loss_of_text_keeps_the_tokenizer_mask_when_a_prompt_begins_with_the_pad_token(gpt2):
+    """Ids alone would read the <|endoftext|> of prompt 1 as padding; the tokenizer's own mask says it is real."""
+    texts = ["When Mary and John went to the store", "<|endoftext|>Tom and Anna"]
+    metric = metrics.loss(gpt2, texts)
+    batch = gpt2.tokenizer(texts, return_tensors="pt")
+    assert torch.equal(metric.tokens, batch["input_ids"]) and torch.equal(metric.mask, batch["attention_mask"].bool())
+    with torch.no_grad():
+        result = metric(gpt2(texts))
+        alone = torch.stack([gpt2(text, return_type="loss") for text in texts])
+    torch.testing.assert_close(result, alone, rtol=1e-4, atol=1e-4)
+
+
 # ----------------------------------------------------------------------------- full logits and reduced logits agree
 def reduce_by_hand(logits: torch.Tensor, position, columns) -> torch.Tensor:
     if position == -1:
@@ -237,6 +252,28 @@ def test_a_multi_token_answer_is_named(gpt2):
     with pytest.raises(ValueError) as raised:
         metrics.logit_diff(gpt2, [" Mary", " Paris"], [" John", " John"])
     assert "correct[1]" in str(raised.value) and "' Paris'" in str(raised.value) and "3 tokens" in str(raised.value)
+
+
+def test_an_answer_the_tokenizer_does_not_know_is_refused():
+    """On a word-level tokenizer, " Paris" and " Tokyo" both become <|unk|>: a logit difference of 0 that
+    means nothing. Every metric taking answer strings refuses them; an id, the unknown token's too, is taken."""
+    import hooked
+
+    model = hooked.load("hooked/ioi-gpt2")
+    unknown = model.tokenizer.unk_token_id
+    with pytest.raises(ValueError) as raised:
+        metrics.logit_diff(model, [" Mary", " Paris"], [" John", " John"])
+    message = str(raised.value)
+    assert "correct[1]: ' Paris' is not in this tokenizer's vocabulary" in message and "'<|unk|>'" in message
+    assert "get_vocab()" in message
+    with pytest.raises(ValueError, match=r"incorrect\[0\]: ' Tokyo' is not in this tokenizer's vocabulary"):
+        metrics.logit_diff(model, [" Mary"], [" Tokyo"])
+    for metric in (metrics.probability, metrics.log_prob, metrics.rank):
+        with pytest.raises(ValueError, match=r"tokens\[0\]: ' Paris' is not in this tokenizer's vocabulary"):
+            metric(model, [" Paris"])
+    mary = model.to_single_token(" Mary")
+    assert metrics.logit_diff(model, [mary], [unknown]).incorrect == (unknown,)  # an explicit id is the user's choice
+    assert metrics.probability(model, ["<|unk|>"]).tokens == (unknown,)  # as is the unknown token written out
 
 
 def test_string_answers_without_a_model_are_refused():
@@ -340,3 +377,29 @@ def test_metrics_are_frozen():
     metric = metrics.logit_diff(None, CORRECT, INCORRECT)
     with pytest.raises(dataclasses.FrozenInstanceError):
         metric.position = None
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_any_answer_strings_are_read_as_their_token_or_refused(data):
+    """Whatever the answers: a metric holds each answer's own single token, never the unknown token a word
+    the tokenizer lacks became (it raises instead)."""
+    model = _ioi_model()
+    vocab = sorted(word for word in model.tokenizer.get_vocab() if word.isalpha())  # a word-level vocabulary
+    known = st.sampled_from(vocab).map(lambda word: " " + word)
+    unknown = st.sampled_from([" Paris", " Tokyo", " xylophone", " Zanzibar"])
+    answers = data.draw(st.lists(st.one_of(known, unknown), min_size=1, max_size=4), label="answers")
+    ids = [model.tokenizer.encode(answer, add_special_tokens=False) for answer in answers]
+    if any(ids_ == [model.tokenizer.unk_token_id] for ids_ in ids):
+        with pytest.raises(ValueError, match="is not in this tokenizer's vocabulary"):
+            metrics.probability(model, answers)
+        return
+    assert metrics.probability(model, answers).tokens == tuple(i[0] for i in ids)
+    assert all(i != [model.tokenizer.unk_token_id] for i in ids)
+
+
+@functools.lru_cache(maxsize=1)
+def _ioi_model():
+    import hooked
+
+    return hooked.load("hooked/ioi-gpt2")

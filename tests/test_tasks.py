@@ -262,6 +262,50 @@ def ioi_model():
     return hooked.load("hooked/ioi-gpt2")  # a word-level tokenizer, BOS prepended
 
 
+def test_answers_the_tokenizer_does_not_know_are_refused(ioi_model):
+    """The bundled models' word-level tokenizer turns " Paris" into <|unk|>: every fact would score the
+    unknown token. check_single_tokens, the task builders given a model, and `hooked sweep --task facts` refuse."""
+    with pytest.raises(ValueError) as raised:
+        tasks.check_single_tokens(ioi_model, tasks.facts())
+    message = str(raised.value)
+    assert "task 'facts' has 32 answers this model's tokenizer does not know: ' Tokyo'," in message
+    assert "unknown token '<|unk|>', id 1" in message and "get_vocab()" in message
+    tasks.check_single_tokens(ioi_model, tasks.ioi(8))  # the paper's names are in its vocabulary
+    mixed = Task("mixed", ["a", "b"], ["c", "d"], [" Mary", " Paris"], [" Mary John", " John"], 0)
+    with pytest.raises(ValueError) as raised:
+        tasks.check_single_tokens(ioi_model, mixed)
+    message = str(raised.value)
+    assert "1 answer that is not one token for this model's tokenizer: ' Mary John' (2 tokens)" in message
+    assert "1 answer this model's tokenizer does not know: ' Paris' (each becomes" in message
+    assert "' Mary'," not in message and "' John'," not in message
+
+    with pytest.raises(ValueError, match="task 'facts' has 32 answers this model's tokenizer does not know"):
+        tasks.facts(model=ioi_model)
+    with pytest.raises(ValueError, match="task 'ioi' has 2 answers this model's tokenizer does not know: ' Quux', ' Zorblax'"):
+        tasks.ioi(4, names=["Zorblax", "Quux"], model=ioi_model)
+    assert tasks.ioi_heldout(4, model=ioi_model).positions["IO"].shape == (4,)
+
+
+def test_a_tokenizer_without_an_unknown_token_never_refuses_a_word(gpt2):
+    """GPT-2's byte-level BPE spells every word in pieces: several tokens, never an unknown one."""
+    assert tasks.facts(4, model=gpt2).positions["END"].shape == (4,)
+    with pytest.raises(ValueError) as raised:
+        tasks.check_single_tokens(gpt2, tasks.facts())
+    assert "not one token" in str(raised.value) and "does not know" not in str(raised.value)
+
+
+def test_sweep_on_facts_refuses_answers_the_model_does_not_know(tmp_path, capsys):
+    from hooked.cli import main
+
+    out = tmp_path / "out"
+    assert main(["sweep", "hooked/ioi-gpt2", "--task", "facts", "--components", "heads", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "this model's tokenizer does not know: ' Tokyo'" in err and "'<|unk|>'" in err
+    assert "use a model with a full English vocabulary (gpt2), or --task ioi" in err
+    assert not out.exists()
+
+
 def test_name_spans_are_where_the_names_are():
     task = tasks.ioi(40, seed=7)
     for prompt, correct, incorrect, spans in zip(task.clean, task.correct, task.incorrect, task.per_prompt["spans"]):
