@@ -9,7 +9,8 @@ hook does can change what was cached, and the cache holds exactly one buffer per
 Keys are full hook names or the TransformerLens shorthands: `cache["z", 9]`, `cache["resid_post", -1]`,
 `cache["scale", 3, "ln1"]`, `cache["embed"]`. The analysis helpers (`accumulated_resid`,
 `decompose_resid`, `stack_head_results`, `apply_ln_to_stack`, `logit_attrs`) follow TransformerLens'
-signatures, with one difference that comes from loading weights unfolded: `logit_attrs` multiplies by
+signatures (plus `get_expert_results` / `stack_expert_results`, each expert's write in a
+mixture-of-experts block), with one difference that comes from loading weights unfolded: `logit_attrs` multiplies by
 the final norm's weight before the unembedding, so attributions of a full decomposition add up to the
 logits minus the constant `model.logit_bias_terms(tokens)` (norm bias and unembedding bias).
 
@@ -306,6 +307,12 @@ class ActivationCache:
                 components.append(result.select(head_axis, h))
                 labels.append(f"L{i}H{h}")
         stack = torch.stack(components) if components else self._empty_stack(pos_slice)
+        return self._finish_stack(stack, labels, upto, pos_slice, incl_remainder, apply_ln, return_labels)
+
+    def _finish_stack(self, stack: Tensor, labels: list[str], upto: int, pos_slice, incl_remainder: bool, apply_ln: bool,
+                      return_labels: bool):
+        """A stack of per-component writes, with the rest of the residual as a last `remainder` row and the
+        final norm's scale applied when asked: what every `stack_*_results` returns."""
         if incl_remainder:
             resid = self._slice(self._final_or_pre(upto), pos_slice)
             stack = torch.cat([stack, (resid - stack.sum(0))[None]])
@@ -316,12 +323,15 @@ class ActivationCache:
 
     def _neuron_weights(self, layer: int) -> Tensor:
         mlp = self.model.blocks[layer].mlp
+        if _has_experts(mlp):
+            raise ValueError(
+                f"blocks.{layer}.mlp is a mixture of experts, with no dense neurons: split it into its experts with"
+                f" cache.get_expert_results({layer}) or cache.stack_expert_results() (labels L{layer}.E{{expert}}),"
+                " or keep it whole with decompose_resid(mode='mlp')"
+            )
         w_out = getattr(mlp, "W_out", None)
         if w_out is None or w_out.ndim != 2 or act_name("post", layer) not in self.model.hook_dict:
-            raise ValueError(
-                f"blocks.{layer}.mlp has no dense neurons (a mixture of experts): split it with"
-                " decompose_resid(mode='mlp') or get_full_resid_decomposition(expand_neurons=False)"
-            )
+            raise ValueError(f"blocks.{layer}.mlp has no dense neurons: keep it whole with decompose_resid(mode='mlp')")
         return w_out.detach()
 
     def get_neuron_results(
@@ -391,6 +401,58 @@ class ActivationCache:
             stack = stack.squeeze(-1)
         return (stack, labels) if return_labels else stack
 
+    def get_expert_results(self, layer: int, pos_slice: PosSlice = None) -> Tensor:
+        """Each expert's write to the residual stream in mixture-of-experts block `layer`: [batch pos n_experts d_model].
+
+        Expert e's write at a token is its routing weight times its output, `weight * down_e(expert_post)`,
+        summed over the slots that hold e; an expert the token was not routed to writes zeros. Summed
+        over experts it is `mlp_out` (Qwen3-MoE has no shared expert and no output bias), up to float
+        rounding. Computed from the cached `mlp.hook_expert_post`, `hook_expert_weights` and
+        `hook_expert_indices` (a default cache keeps them) and the model's expert weights.
+        """
+        layer = layer + self.model.cfg.n_layers if layer < 0 else layer
+        mlp = self.model.blocks[layer].mlp
+        if not _has_experts(mlp):
+            raise ValueError(f"blocks.{layer}.mlp is dense, with no experts: its neurons are cache.get_neuron_results({layer})")
+        needed = [f"blocks.{layer}.mlp.{hook}" for hook in mlp.expert_result_hooks]
+        missing = [name for name in needed if name not in self.cache_dict]
+        if missing:
+            raise KeyError(
+                f"the expert results of block {layer} are computed from {', '.join(needed)}; this cache lacks"
+                f" {', '.join(missing)}: cache them too (run_with_cache without a names_filter keeps them)"
+            )
+        post, weights, indices = (self._slice(self.cache_dict[name], pos_slice) for name in needed)
+        return mlp.expert_results(post, weights, indices)
+
+    def stack_expert_results(
+        self,
+        layer: int | None = -1,
+        return_labels: bool = False,
+        incl_remainder: bool = False,
+        pos_slice: PosSlice = None,
+        apply_ln: bool = False,
+    ):
+        """Every expert's write to the residual stream for the mixture-of-experts blocks before `layer`
+        (-1 or None: all blocks); dense blocks have none (their neurons: `stack_neuron_results`).
+
+        Returns [component, batch, pos, d_model] with labels `L{layer}.E{expert}` (component addresses,
+        as `ablate.hooks` takes them), block by block, as `stack_head_results` orders heads; experts a
+        token was not routed to are zeros there. `incl_remainder` appends what is left of the residual
+        stream. Memory grows as sparse layers x n_experts x batch x pos x d_model: slice positions.
+        """
+        if not any(_has_experts(block.mlp) for block in self.model.blocks):
+            raise ValueError(f"{type(self.model).__name__} has no mixture-of-experts block: split its MLPs with stack_neuron_results")
+        upto = self._layers_upto(layer)
+        components, labels = [], []
+        for i in range(upto):
+            if not _has_experts(self.model.blocks[i].mlp):
+                continue
+            results = self.get_expert_results(i, pos_slice)
+            components.append(results.movedim(-2, 0))
+            labels += [f"L{i}.E{e}" for e in range(results.shape[-2])]
+        stack = torch.cat(components) if components else self._empty_stack(pos_slice)
+        return self._finish_stack(stack, labels, upto, pos_slice, incl_remainder, apply_ln, return_labels)
+
     def get_full_resid_decomposition(
         self,
         layer: int | None = None,
@@ -400,16 +462,35 @@ class ActivationCache:
         pos_slice: PosSlice = None,
         return_labels: bool = False,
         project_output_onto: Tensor | None = None,
+        expand_experts: bool | None = None,
     ):
         """The residual stream into `layer` split into every head, every neuron (or MLP), the
         embeddings and the accumulated output biases, in TransformerLens' order: heads, neurons,
-        `embed`, `pos_embed`, `bias`. The rows sum to the residual stream. [component, batch, pos, d_model]."""
+        `embed`, `pos_embed`, `bias`. The rows sum to the residual stream. [component, batch, pos, d_model].
+
+        A mixture-of-experts block is split into its experts (`L{i}.E{e}`, see `get_expert_results`)
+        when `expand_experts` (default: `expand_neurons`), else kept whole (`{i}_mlp_out`); the MLP rows
+        come block by block, each block's dense neurons, experts or whole output in its place.
+        """
         upto = self._layers_upto(layer)
         if mlp_input and upto == self.model.cfg.n_layers:
             raise ValueError("mlp_input=True needs a block to feed; the final residual goes to the unembedding")
+        expand_experts = expand_neurons if expand_experts is None else expand_experts
         heads, labels = self.stack_head_results(upto + int(mlp_input), pos_slice=pos_slice, return_labels=True)
         components = [heads]
-        if upto > 0:
+        sparse = [i for i in range(upto) if _has_experts(self.model.blocks[i].mlp)]
+        if sparse:
+            for i in range(upto):
+                if i in sparse and expand_experts:
+                    components.append(self.get_expert_results(i, pos_slice).movedim(-2, 0))
+                    labels += [f"L{i}.E{e}" for e in range(components[-1].shape[0])]
+                elif i not in sparse and expand_neurons:
+                    components.append(self.get_neuron_results(i, pos_slice=pos_slice).movedim(-2, 0))
+                    labels += [f"L{i}N{n}" for n in range(components[-1].shape[0])]
+                else:
+                    components.append(self._slice(self["mlp_out", i], pos_slice)[None])
+                    labels.append(f"{i}_mlp_out")
+        elif upto > 0:
             if expand_neurons:
                 neurons, neuron_labels = self.stack_neuron_results(upto, pos_slice=pos_slice, return_labels=True)
             else:
@@ -534,6 +615,11 @@ class ActivationCache:
 
 def _token_shape(tokens) -> tuple[int, ...]:
     return tuple(tokens.shape) if isinstance(tokens, Tensor) else ()
+
+
+def _has_experts(mlp: torch.nn.Module) -> bool:
+    """Whether `mlp` is a mixture of experts: it declares `expert_results` and the hooks that feed it."""
+    return hasattr(mlp, "expert_results")
 
 
 def _output_bias(module: torch.nn.Module, names: tuple[str, ...]) -> Tensor | None:

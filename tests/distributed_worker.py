@@ -162,6 +162,8 @@ def main_mode(checkpoints: dict[str, Path], rank: int) -> dict:
         result["cache"] = dict(cache.items())
         _, z_only = model.run_with_cache(tokens, names_filter=lambda hook: hook.endswith(("hook_z", "hook_resid_post")))
         result["head_results"] = z_only.stack_head_results(layer=-1, pos_slice=-1)  # W_O is this rank's shard
+        if getattr(cfg, "n_experts", 0):  # each rank holds its experts' down_proj
+            result["expert_results"] = cache.stack_expert_results(pos_slice=-1)
         result["ablations"] = {label: model.run_with_hooks(tokens, fwd_hooks=pairs)
                                for label, pairs in with_model(ablation_hooks(cfg), model).items()}
 

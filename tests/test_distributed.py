@@ -113,6 +113,14 @@ def test_head_results_from_a_cache_of_z_equal_tp1(ranks, single, arch):
         torch.testing.assert_close(rank[arch]["head_results"], expected, rtol=0, atol=ATOL)
 
 
+def test_expert_results_at_tp2_equal_tp1(ranks, single):
+    model = single["qwen3_moe"]
+    _, cache = model.run_with_cache(worker.prompt_tokens(model.cfg))
+    expected = cache.stack_expert_results(pos_slice=-1)
+    for rank in ranks:
+        torch.testing.assert_close(rank["qwen3_moe"]["expert_results"], expected, rtol=0, atol=ATOL)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_ablations_at_tp2_equal_tp1(ranks, single, arch):
     model = single[arch]

@@ -388,7 +388,7 @@ def test_transformer_lens_weight_views_reproduce_the_activations(dense_models):
         ln2_out = block.ln2(cache["resid_mid", 1])
         computed = {
             "q": torch.einsum("bpm,hmd->bphd", ln1_out, model.W_Q[1]),
-            "k": torch.einsum("bpm,hmd->bphd", ln1_out, model.W_K[1]),
+            "k": torch.einsum("bpm,hmd->bphd", ln1_out, block.attn.W_K_grouped),
             "attn_out": torch.einsum("bphd,hdm->bpm", cache["z", 1], model.W_O[1]),
             "pre": ln2_out @ block.mlp.W_gate,
             "pre_linear": ln2_out @ model.W_in[1],

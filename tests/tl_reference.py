@@ -67,3 +67,34 @@ def tl_gpt2(checkpoint_dir: Path, with_tokenizer: bool = True, fold_ln: bool = F
             center_unembed=False, fold_value_biases=False,
         )
     return model.eval()
+
+
+def tl_qwen3(checkpoint_dir: Path, hf_model=None):
+    """TransformerLens' HookedTransformer for a saved Qwen3ForCausalLM checkpoint, unfolded, float32 on CPU.
+
+    TransformerLens' own config mapping (`convert_hf_model_config`, which reads a local directory) and
+    weight converter, so grouped-query key/value heads are stored and expanded as TransformerLens does.
+    """
+    import dataclasses
+
+    from transformers import Qwen3ForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+        from transformer_lens.loading_from_pretrained import convert_hf_model_config
+        from transformer_lens.pretrained.weight_conversions import convert_qwen3_weights
+
+    hf = hf_model if hf_model is not None else Qwen3ForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32).eval()
+    fields = {field.name for field in dataclasses.fields(HookedTransformerConfig)}
+    mapped = convert_hf_model_config(str(checkpoint_dir))
+    cfg = HookedTransformerConfig(**{k: v for k, v in mapped.items() if k in fields}, device="cpu", dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # HookedTransformer's deprecation notice
+        model = HookedTransformer(cfg)
+    with torch.no_grad():
+        model.load_and_process_state_dict(
+            convert_qwen3_weights(hf, cfg), fold_ln=False, center_writing_weights=False,
+            center_unembed=False, fold_value_biases=False,
+        )
+    return model.eval()
