@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hooked.circuits.graph import INPUT, LOGITS
+from hooked.plot import _finish
 
 if TYPE_CHECKING:
     from hooked.circuits.discovery import Circuit
@@ -212,12 +213,7 @@ def plot_circuit(circuit: "Circuit", path: str | Path | None = None, title: str 
         title = (f"{circuit.method.upper()} circuit" + (f" of {model}" if model else "")
                  + f": {len(circuit.edges)} of {len(graph.edges)} edges, {len(nodes)} nodes")
     axes.set_title(title, fontsize=11)
-    figure.tight_layout()
-    if path is not None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=130, bbox_inches="tight")
-    return figure
+    return _finish(figure, path, dpi=130)
 
 
 __all__ = ["plot_circuit"]
