@@ -30,9 +30,10 @@ or tokens of the same shape), or, with `seed=`, the value of another row of the 
 a seeded derangement (no row keeps its own). See docs/ablation.md for when each is the right question.
 
 Component addresses (`ablate.hooks`, `hooked.sweep`; parsed in `hooked/addresses.py`): `L9H9` (a
-head's z), `L9.attn` (the attention output), `L8.mlp` (the MLP output), `L8.N1234` (a neuron), `L3.E5`
-(an expert), `L3.E5.N12` (a neuron of an expert), each optionally `@pos` (`L9H9@-1`). Layers may be
-negative (`L-1H0`: the last block).
+head's z; `L9H9.q`, `.k`, `.v` its query, key, value), `L3KV1.k` / `.v` (the keys / values of a
+key/value head a group of query heads shares, on grouped-query models), `L9.attn` (the attention
+output), `L8.mlp` (the MLP output), `L8.N1234` (a neuron), `L3.E5` (an expert), `L3.E5.N12` (a neuron
+of an expert), each optionally `@pos` (`L9H9@-1`). Layers may be negative (`L-1H0`: the last block).
 """
 
 from __future__ import annotations
@@ -395,21 +396,16 @@ class Resample(_FromReference):
     def replacement(self, activation: Tensor, hook: HookPoint) -> Tensor:
         if self.reference is None:
             return activation[self._derangement(activation, hook)]
-        source, _, source_mask = self.reference_at(hook)
+        whole, _, whole_mask = self.reference_at(hook)
         rows = hook.rows
-        source, source_mask = _columns_of(self, source, source_mask, activation, hook, rows.start)
+        source, source_mask = _columns_of(self, whole, whole_mask, activation, hook, rows)
         if source.shape != activation.shape:
             raise ValueError(
                 f"{self!r} at {hook.name}: the source has shape {tuple(source.shape)} but the input has"
-                f" {tuple(activation.shape)} ({' '.join(hook.axes)}); resample from the same number of prompts of"
-                " the same token length"
+                f" {tuple(activation.shape)} ({' '.join(hook.axes)}); it was recorded from another model or hook point"
             )
-        mask = rows.attention_mask
-        if not _same_mask(source_mask, mask):
-            raise ValueError(
-                f"{self!r} at {hook.name}: the source prompts are padded differently from the input; each source"
-                " prompt must have the same token length as the prompt it replaces"
-            )
+        if not _same_mask(source_mask, rows.attention_mask):
+            raise ValueError(f"{self!r} at {hook.name}: {_prompts_differ(whole, whole_mask, hook)}")
         return source.to(device=activation.device)
 
     def _derangement(self, activation: Tensor, hook: HookPoint) -> Tensor:
@@ -428,14 +424,21 @@ class Resample(_FromReference):
         return source + super()._repr_fields()
 
 
-def _columns_of(ablation, source: Tensor, source_mask: Tensor | None, activation: Tensor, hook: HookPoint, start: int):
+def _columns_of(ablation, source: Tensor, source_mask: Tensor | None, activation: Tensor, hook: HookPoint, rows):
     """The source's columns that the running call computes: all of them for a plain forward, columns
     start.. for a generation step on a KV cache (keys too: the first L of them)."""
     dim = next((hook.axes.index(a) for a in ("pos", "query_pos") if a in hook.axes), None)
+    start = rows.start
     if dim is None or (start == 0 and source.shape == activation.shape):
         return source, source_mask
+    generating = rows.lengths is not None  # then the source holds the prompt, this call a part of it or past it
     n = activation.shape[dim]
-    if source.ndim != activation.ndim or source.shape[dim] < start + n:
+    same_prompts = source.ndim == activation.ndim and source.shape[0] == activation.shape[0]
+    if not same_prompts or (not generating and source.shape[dim] != n):
+        raise ValueError(f"{ablation!r} at {hook.name}: {_prompts_differ(source, source_mask, hook)}")
+    if not generating:
+        return source, source_mask  # same prompts, other widths: the caller's shape check names them
+    if source.shape[dim] < start + n:
         raise ValueError(
             f"{ablation!r} at {hook.name}: this call computes columns {start}..{start + n - 1} (a generation step), but"
             f" the source has only {source.shape[dim] if source.ndim == activation.ndim else '?'}; restrict the"
@@ -445,6 +448,21 @@ def _columns_of(ablation, source: Tensor, source_mask: Tensor | None, activation
     if "key_pos" in hook.axes:
         source = source.narrow(hook.axes.index("key_pos"), 0, activation.shape[hook.axes.index("key_pos")])
     return source, None if source_mask is None else source_mask[:, start:start + n]
+
+
+def _prompts_differ(source: Tensor, source_mask: Tensor | None, hook: HookPoint) -> str:
+    """How the source's prompts differ from the running ones (count, and the token length of each), and the fix."""
+    dim = next((hook.axes.index(a) for a in ("pos", "query_pos") if a in hook.axes), None)
+    width = source.shape[dim] if dim is not None and source.ndim > dim else "?"
+    source_lengths = [width] * source.shape[0] if source_mask is None else source_mask.sum(-1).tolist()
+    run_lengths = hook.rows.prompt_lengths()[:, 0].tolist()
+
+    def listed(lengths: list) -> str:  # "3 prompts of 11 tokens", "3 prompts of [9, 11, 10] tokens"
+        shown = str(lengths[0]) if len(set(lengths)) == 1 else str(lengths[:16])[:-1] + (", ...]" if len(lengths) > 16 else "]")
+        return f"{len(lengths)} prompt{'s' * (len(lengths) != 1)} of {shown} tokens"
+
+    return (f"the source holds {listed(source_lengths)}, but this run has {listed(run_lengths)}; give a source of as"
+            " many prompts as the run, each as long as the prompt it replaces (source prompt i replaces prompt i)")
 
 
 def _same_mask(a: Tensor | None, b: Tensor | None) -> bool:

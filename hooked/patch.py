@@ -3,6 +3,7 @@
     _, clean_cache = model.run_with_cache(task.clean)
     model.run_with_hooks(corrupt, fwd_hooks=[("blocks.9.attn.hook_z", patch.activation(clean_cache, heads=9))])
     heads = patch.head_sweep(model, corrupt, clean_cache, metric)          # "L{layer}H{head}" variants
+    values = patch.head_sweep(model, corrupt, clean_cache, metric, hook="v")  # "L{layer}KV{g}" on grouped models
     resid = patch.resid_sweep(model, corrupt, clean_cache, metric)         # "L{layer}@{position}" variants
     estimate = patch.attribution(model, corrupt, clean_cache, metric)      # the same names, one backward pass
 
@@ -51,11 +52,12 @@ from torch import Tensor
 
 from hooked import ablate
 from hooked.ablate import Reference, Resample, Selector, _is_tokens
+from hooked.addresses import head_names
 from hooked.positions import PerPrompt, Positions, as_ints, as_positions, positions_record
 from hooked.cache import ActivationCache, act_name
 from hooked.hooks import HookFn, HookPoint
-from hooked.results import SweepResult
-from hooked.sweeps import _plan, _provenance, sweep
+from hooked.results import SweepResult, variant_names
+from hooked.sweeps import _plan, _provenance, metric_values, sweep
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -129,9 +131,11 @@ def head_sweep(
 
     `patch.head_sweep(model, corrupt_tokens, clean_cache, metric).heatmap("heads.png")`
 
-    `hook` is the point patched: z (default), q, k, v (GQA models: one variant per key/value head),
-    pattern or result. `positions` restricts each patch to those positions in the prompt (default:
-    all; a 1-D tensor such as `task.positions["S2"]`: one position per prompt). `clean` is a cache of
+    `hook` is the point patched: z (default), q, k, v, pattern or result. On a grouped-query model k and
+    v have one slot per key/value head, and their variants are `L{layer}KV{g}` (see hooked/addresses.py):
+    `L0KV1` patches what query heads 2 and 3 of 4 share, never to be read as head 1. `positions`
+    restricts each patch to those positions in the prompt (default: all; a 1-D tensor such as
+    `task.positions["S2"]`: one position per prompt). `clean` is a cache of
     the clean prompts, or the prompts themselves (run once). Other keyword arguments go to
     `hooked.sweep` (`max_rows`, `progress`, `task`, ...). The result's `change` is
     metric(patched) - metric(corrupt).
@@ -190,9 +194,10 @@ def attribution(
 
     `patch.attribution(model, corrupt_tokens, clean_cache, metric, hook="z").table()`
 
-    For a head hook (z, q, k, v, pattern, result) the variants are `L{layer}H{head}` (as `head_sweep`,
-    summed over the head's elements at `positions`, default all); for a residual hook (resid_pre,
-    resid_mid, resid_post, attn_out, mlp_out) they are `L{layer}@{position}` (as `resid_sweep`). Each
+    For a head hook (z, q, k, v, pattern, result) the variants are `L{layer}H{head}` (`L{layer}KV{g}` for
+    the k and v of a grouped-query model; as `head_sweep`, summed over the head's elements at
+    `positions`, default all); for a residual hook (resid_pre, resid_mid, resid_post, attn_out,
+    mlp_out) they are `L{layer}@{position}` (as `resid_sweep`). Each
     value is `metric(corrupt) + grad . (clean - corrupt)` over the elements that variant's patch
     writes, per prompt: `base` is the corrupt run, so `result.change` is the estimate of
     metric(patched) - metric(corrupt) and compares directly with the sweep's.
@@ -289,13 +294,11 @@ def _names(model: "HookedTransformer", hook: str, allowed: tuple[str, ...]) -> l
 
 def _head_variants(model: "HookedTransformer", hook: str, source: ActivationCache, positions: Positions) -> Variants:
     variants: Variants = {}
-    sizes = model.axis_sizes()
     positions = as_positions(positions)
     for layer, name in enumerate(_names(model, hook, HEAD_HOOKS)):
-        axes = model.hook_dict[name].axes
-        n_heads = sizes["kv_head_index" if "kv_head_index" in axes else "head_index"]
-        for head in range(n_heads):
-            variants[f"L{layer}H{head}"] = [(name, Patch(heads=head, positions=positions, reference=source, model=model))]
+        axis = "kv_head_index" if "kv_head_index" in model.hook_dict[name].axes else "head_index"
+        for head, head_name in enumerate(head_names(model, layer, axis)):  # L0KV1 for a grouped k/v head
+            variants[head_name] = [(name, Patch(heads=head, positions=positions, reference=source, model=model))]
     return variants
 
 
@@ -313,7 +316,8 @@ def _grid_positions(tokens: Tensor, key_valid: Tensor | None, positions) -> dict
     if isinstance(positions, Mapping):
         if not positions:
             raise ValueError("positions= is an empty dict; name at least one column, e.g. {'S2': task.positions['S2']}")
-        return {str(label): as_positions(value) for label, value in positions.items()}
+        labels = variant_names(positions, "positions= label", reserved=())  # {1: ..., "1": ...} would lose a column
+        return {label: as_positions(value) for label, value in zip(labels, positions.values())}
     if isinstance(as_positions(positions), PerPrompt):
         raise ValueError(
             f"positions={as_positions(positions)!r} is one position per prompt, but a layer x position grid patches one"
@@ -379,14 +383,11 @@ def _evaluate(metric: Callable, logits: Tensor, key_valid: Tensor | None) -> Flo
     """The metric on full logits, per prompt, still attached to the graph."""
     if not callable(metric):
         raise TypeError(f"metric must be callable on logits, got {type(metric).__name__}")
-    values = metric(logits, base_logits=logits.detach(), attention_mask=key_valid)
-    if not isinstance(values, Tensor) or values.shape != (logits.shape[0],):
-        shape = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
-        raise ValueError(f"metric {metric!r} returned {shape}; attribution needs one value per prompt, [{logits.shape[0]}]")
+    values = metric_values(metric, metric(logits, base_logits=logits.detach(), attention_mask=key_valid), logits.shape[0])
     if not values.requires_grad:
         raise ValueError(f"metric {metric!r} returned values with no gradient (a .detach(), .item() or no_grad inside?);"
                          " attribution differentiates the metric")
-    return values.float()
+    return values
 
 
 __all__ = ["HEAD_HOOKS", "Patch", "RESID_HOOKS", "activation", "attribution", "head_sweep", "hooks", "resid_sweep"]

@@ -11,7 +11,7 @@ so left padding never shifts it. A position some prompt does not have raises, na
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Union
 
@@ -25,11 +25,18 @@ def as_ints(selector, name: str) -> tuple[int, ...] | None:
     """An int, a list of ints or a tensor of them as a tuple (None stays None); anything else raises."""
     if selector is None:
         return None
+    given = f"{selector!r} ({type(selector).__name__})"
     if isinstance(selector, Tensor):
+        given = f"a {selector.dtype} tensor {selector.tolist()}"
         selector = selector.tolist()
-    values = (selector,) if isinstance(selector, int) else tuple(selector)
+    if isinstance(selector, int) and not isinstance(selector, bool):
+        return (selector,)
+    # A float or a bool is not an index (heads=2.0, heads=True): refused, not rounded or read as 1.
+    iterable = hasattr(selector, "__iter__") and not isinstance(selector, (str, bytes, Mapping))
+    values = tuple(selector) if iterable else ()
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise TypeError(f"{name}= takes an int or a non-empty list of ints, got {selector!r}")
+        raise TypeError(f"{name}= takes an int or a non-empty list of ints (or an integer tensor), got {given};"
+                        f" e.g. {name}=2 or {name}=[2, 5]")
     return values
 
 
@@ -85,6 +92,9 @@ def as_positions(positions) -> "tuple[int, ...] | PerPrompt | None":
     if positions is None or isinstance(positions, PerPrompt):
         return positions
     if isinstance(positions, Tensor):
+        if positions.ndim == 1 and (positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex()):
+            raise TypeError(f"positions= takes one position per prompt as a 1-D integer tensor [batch], got a {positions.dtype}"
+                            f" tensor {positions.tolist()[:8]}; e.g. positions=torch.tensor([3, 5, 4])")
         if positions.ndim == 1:
             return per_prompt(positions)
         if positions.ndim > 1:

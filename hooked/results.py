@@ -20,14 +20,35 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-# Variant names a heatmap understands: "L9H9" (layer x head), "L9@3" / "L9.resid_pre@3" (layer x position),
-# "L9.N12" (layer x neuron), "L3.E5" (layer x expert).
+# Variant names a heatmap understands: "L9H9" (layer x head), "L3KV1" (layer x key/value head, of a
+# grouped-query model), "L9@3" / "L9.resid_pre@3" (layer x position), "L9.N12" (layer x neuron),
+# "L3.E5" (layer x expert).
 _GRID_NAMES = (
     (re.compile(r"^L(?P<row>-?\d+)H(?P<col>\d+)$"), "layer", "head"),
+    (re.compile(r"^L(?P<row>-?\d+)KV(?P<col>\d+)$"), "layer", "key/value head"),
     (re.compile(r"^L(?P<row>-?\d+)(?:\.[A-Za-z_]+)?@(?P<col>-?\d+)$"), "layer", "position"),
     (re.compile(r"^L(?P<row>-?\d+)\.N(?P<col>\d+)$"), "layer", "neuron"),
     (re.compile(r"^L(?P<row>-?\d+)\.E(?P<col>\d+)$"), "layer", "expert"),
 )
+
+
+BASE = "base"  # the name of the run without any variant's hooks: the first row of every table
+
+
+def variant_names(names, what: str = "variant", reserved: tuple[str, ...] = (BASE,)) -> list[str]:
+    """`names` as the strings a table shows, refusing two that read the same (`1` and `"1"`), which would
+    silently merge two rows, and a reserved name ("base" is the run without any variant)."""
+    seen: dict[str, object] = {}
+    for name in names:
+        text = str(name)
+        if text in reserved:
+            raise ValueError(f"{what} name {name!r} is reserved: {text!r} names the run without any variant (the first"
+                             f" row of table(), result[{text!r}]); rename the {what}")
+        if text in seen:
+            raise ValueError(f"{what} names {seen[text]!r} and {name!r} are both {text!r} in the table, so one would hide"
+                             f" the other; give every {what} a distinct name")
+        seen[text] = name
+    return list(seen)
 
 
 @dataclass
@@ -41,6 +62,7 @@ class SweepResult:
     provenance: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        self.variants = variant_names(self.variants)
         if self.values.shape != (len(self.variants), self.base.shape[0]):
             raise ValueError(f"values {tuple(self.values.shape)} do not match {len(self.variants)} variants x {self.base.shape[0]} prompts")
 
@@ -48,7 +70,9 @@ class SweepResult:
         return len(self.variants)
 
     def __getitem__(self, variant: str) -> Tensor:
-        """The per-prompt values of one variant."""
+        """The per-prompt values of one variant, or of the base run (`result["base"]`, as in `table()`)."""
+        if variant == BASE:
+            return self.base
         try:
             return self.values[self.variants.index(variant)]
         except ValueError:
@@ -75,7 +99,7 @@ class SweepResult:
             return {"variant": name, self.metric: mean, "change": mean - self.base_score,
                     **{f"p{i}": float(v) for i, v in enumerate(values)}}
 
-        return [row("base", self.base)] + [row(name, values) for name, values in zip(self.variants, self.values)]
+        return [row(BASE, self.base)] + [row(name, values) for name, values in zip(self.variants, self.values)]
 
     def table(self):
         """A pandas DataFrame (one row per variant, the base run first), or a list of dict rows without pandas."""
@@ -135,7 +159,7 @@ class SweepResult:
     # ----------------------------------------------------------------- grids
     def grid(self, value: str = "change") -> tuple[Tensor, str, str, list[int], list[int]] | None:
         """The variants as a [row col] grid (NaN where absent), with axis labels, when every name has
-        one of the grid forms (L9H9, L9@3, L9.N12, L3.E5); else None."""
+        one of the grid forms (L9H9, L3KV1, L9@3, L9.N12, L3.E5); else None."""
         for pattern, row_label, col_label in _GRID_NAMES:
             matches = [pattern.match(name) for name in self.variants]
             if all(matches):
@@ -155,7 +179,7 @@ class SweepResult:
         """Plot the grid of changes (or `value="score"`) as a heatmap; save to `path` if given. Returns the figure."""
         found = self.grid(value)
         if found is None:
-            raise ValueError(f"the variant names ({self.variants[:3]}...) do not form a grid; name them like L9H9, L9@3, L9.N12 or L3.E5")
+            raise ValueError(f"the variant names ({self.variants[:3]}...) do not form a grid; name them like L9H9, L3KV1, L9@3, L9.N12 or L3.E5")
         import matplotlib
 
         if path is not None:

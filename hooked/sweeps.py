@@ -40,7 +40,7 @@ from torch import Tensor
 
 from hooked.hooks import HookFn, HookPoint, NameFilter, Rows, current_rows, running_rows
 from hooked.layers import AttentionMask, position_ids_for
-from hooked.results import SweepResult
+from hooked.results import SweepResult, variant_names
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -271,7 +271,7 @@ def _sum_across(group, values: Tensor, device: torch.device) -> Tensor:
 
 def registered_hooks(model: "HookedTransformer", caller: str) -> None:
     """Refuse to run variants while outside hooks are registered: they would apply to every row."""
-    registered = [name for name, point in model.hook_dict.items() if point._fwd or point._bwd]
+    registered = [name for name, point in model.hook_dict.items() if point.has_hooks]
     if registered:
         raise RuntimeError(
             f"{caller} runs the model without outside hooks, but hooks are registered at {registered[:3]};"
@@ -283,7 +283,7 @@ def _plan(model: "HookedTransformer", variants: Variants, shape: torch.Size) -> 
     """Resolve every variant's hook names, check its callbacks, and find its first stage."""
     planned = []
     no_hooks = 2 * model.cfg.n_layers  # a variant with no hook joins at the final norm: the base run's logits
-    for name, pairs in variants.items():
+    for name, pairs in zip(variant_names(variants), variants.values()):
         if isinstance(pairs, tuple) and len(pairs) == 2 and callable(pairs[1]):
             pairs = [pairs]  # a single (name, fn) pair
         resolved = []
@@ -300,7 +300,7 @@ def _plan(model: "HookedTransformer", variants: Variants, shape: torch.Size) -> 
             message = error.args[0] if error.args else error  # KeyError's str() would quote it again
             raise type(error)(f"sweep variant {name!r}: {message}") from error
         stage = min((stage_of(model, hook_name) for hook_name, _ in resolved), default=no_hooks)
-        planned.append(_Variant(str(name), resolved, stage))
+        planned.append(_Variant(name, resolved, stage))
     return planned
 
 
@@ -399,8 +399,31 @@ class MetricReads:
 
     def evaluate(self, logits: Tensor, base: Tensor, key_valid: Tensor | None) -> Tensor:
         if hasattr(self.metric, "compute"):
-            return self.metric.compute(logits, base if self.needs_base else None, key_valid).float()
-        return self.metric(logits, base_logits=base, attention_mask=key_valid).float()
+            values = self.metric.compute(logits, base if self.needs_base else None, key_valid)
+        else:
+            values = self.metric(logits, base_logits=base, attention_mask=key_valid)
+        return metric_values(self.metric, values, logits.shape[0])
+
+
+def metric_values(metric: Callable, values: Any, batch: int) -> Tensor:
+    """What a user's metric returned, as float32 [batch], or an error saying what it returned instead.
+
+    Every caller of a metric (sweeps, patching, attribution, circuits) passes its result through here,
+    so a scalar, a list or a wrong length fails with one message, not deep inside torch.
+    """
+    if isinstance(values, Tensor) and values.shape == (batch,) and not values.is_complex():
+        return values.float()
+    if isinstance(values, Tensor) and values.ndim == 0:
+        got = "a scalar (0-d tensor); did it average over the prompts? return the values before .mean()"
+    elif isinstance(values, Tensor):
+        got = f"a {values.dtype} tensor of shape {list(values.shape)}"
+    elif isinstance(values, (list, tuple)):
+        got = f"a {type(values).__name__} of {len(values)} values; return a tensor (torch.stack or torch.tensor)"
+    else:
+        got = f"{type(values).__name__} {values!r}"[:200]
+    name = getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__))
+    error = ValueError if isinstance(values, Tensor) else TypeError
+    raise error(f"metric {name}: a metric must return one value per prompt, a [batch] tensor ([{batch}] here); got {got}")
 
 
 def _rows_per_chunk(model, shape: torch.Size, reads: MetricReads, max_rows: int | None, max_bytes: int | None) -> int:
@@ -442,6 +465,7 @@ def _provenance(model, planned: list[_Variant], metric, task, tokens: Tensor) ->
         "model": getattr(model, "name_or_path", None) or type(model).__name__,
         "architecture": type(model).__name__,
         "config": {k: v for k, v in vars(cfg).items() if isinstance(v, (int, float, str, bool, type(None)))},
+        "processing": dict(getattr(model, "processing", {})),  # TransformerLens' weight processing (hooked.processing)
         "dtype": str(model.dtype).removeprefix("torch."),
         "device": str(model.device),
         "metric": repr(metric),

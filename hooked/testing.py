@@ -249,13 +249,16 @@ def addresses(model, kinds: Sequence[str] = ("heads", "attn", "mlps", "neurons",
               max_pos: int = 8):
     """Strategy: a component address of `model` (`ablate.parse_address` accepts it).
 
-    Kinds: "heads" (`L1H2`), "attn" (`L0.attn`), "mlps" (`L1.mlp`), "neurons" (`L0.N7` on a dense
-    layer, `L1.E3.N5` on a sparse one), "experts" (`L1.E3`, sparse layers only); kinds the model lacks
-    are skipped. Layers are sometimes counted from the end (`L-1H0`); with `positions`, sometimes
-    `@pos` with pos in -max_pos..max_pos-1. A position a prompt does not have raises when the hook
-    runs, so pass the shortest prompt's length as `max_pos`.
+    Kinds: "heads" (`L1H2`, `L1H2.q`, `.k`, `.v`, or a grouped key/value head's `L1KV0.k`, `.v`), "attn"
+    (`L0.attn`), "mlps" (`L1.mlp`), "neurons" (`L0.N7` on a dense layer, `L1.E3.N5` on a sparse one),
+    "experts" (`L1.E3`, sparse layers only); kinds the model lacks are skipped. Layers are sometimes
+    counted from the end (`L-1H0`); with `positions`, sometimes `@pos` with pos in -max_pos..max_pos-1.
+    A position a prompt does not have raises when the hook runs, so pass the shortest prompt's length
+    as `max_pos`.
     """
     from hypothesis import strategies as st
+
+    from hooked.addresses import head_names
 
     cfg = model.cfg
     sparse = _sparse_layers(model)
@@ -272,7 +275,10 @@ def addresses(model, kinds: Sequence[str] = ("heads", "attn", "mlps", "neurons",
         layer = draw(st.sampled_from(sparse if kind == "experts" else range(cfg.n_layers)))
         shown = layer - cfg.n_layers if draw(st.booleans()) and draw(st.booleans()) else layer  # now and then L-1
         if kind == "heads":
-            address = f"L{shown}H{draw(st.integers(0, cfg.n_heads - 1))}"
+            part = draw(st.sampled_from(["", ".q", ".k", ".v"]))
+            axes = model.hook_dict[f"blocks.{layer}.attn.hook_{part[1:] or 'z'}"].axes
+            head = draw(st.sampled_from(head_names(model, layer, "kv_head_index" if "kv_head_index" in axes else "head_index")))
+            address = f"L{shown}{head.removeprefix(f'L{layer}')}{part}"  # L1KV0.v for a grouped key/value head
         elif kind in ("attn", "mlps"):
             address = f"L{shown}.{kind.removesuffix('s')}"
         elif kind == "experts" or layer in sparse:  # a neuron of a sparse layer belongs to an expert

@@ -178,6 +178,73 @@ def test_bad_addresses_name_the_valid_forms(gpt2, address, error, message):
         ablate.hooks(gpt2, address)
 
 
+# ----------------------------------------------------------------------------- query heads and key/value heads
+@pytest.fixture(scope="module")
+def grouped():
+    """A grouped-query Qwen3: 4 query heads share 2 key/value heads (heads 0-1 read KV0, heads 2-3 KV1)."""
+    from hooked.testing import random_model
+
+    return random_model("qwen3", seed=0, n_heads=4, n_kv_heads=2)
+
+
+def test_head_addresses_name_query_heads_and_key_value_heads(gpt2, grouped):
+    from hooked.addresses import head_names
+
+    parse = lambda model, address: ablate.parse_address(model, address)  # noqa: E731
+    component = parse(grouped, "L1KV1.v@-1")
+    assert (component.hook_name, component.selectors) == ("blocks.1.attn.hook_v", {"heads": (1,), "positions": (-1,)})
+    assert (parse(grouped, "l0kv0.K").hook_name, parse(grouped, "l0kv0.K").selectors) == ("blocks.0.attn.hook_k", {"heads": (0,)})
+    assert (parse(grouped, "L0H3.q").hook_name, parse(grouped, "L0H3").hook_name) == ("blocks.0.attn.hook_q", "blocks.0.attn.hook_z")
+    # GPT-2's key/value head h is head h's own: named like it, as TransformerLens' head_index axis
+    assert (parse(gpt2, "L1H3.v").hook_name, parse(gpt2, "L1H3.v").selectors) == ("blocks.1.attn.hook_v", {"heads": (3,)})
+    assert head_names(grouped, 1, "kv_head_index") == ["L1KV0", "L1KV1"]
+    assert head_names(grouped, 1) == ["L1H0", "L1H1", "L1H2", "L1H3"]
+    assert head_names(gpt2, 0, "kv_head_index") == head_names(gpt2, 0, "head_index") == ["L0H0", "L0H1", "L0H2", "L0H3"]
+
+
+@pytest.mark.parametrize(
+    "model_name, address, error, message",
+    [
+        ("grouped", "L0H1.v", ValueError, "query heads L0H0, L0H1 share key/value head 0.*'L0KV0.v'"),
+        ("grouped", "L0H2.k", ValueError, "query heads L0H2, L0H3 share key/value head 1.*'L0KV1.k'"),
+        ("grouped", "L0KV1", ValueError, "key/value head 1, shared by query heads 'L0H2', 'L0H3'.*hook_z.*'L0KV1.v'"),
+        ("grouped", "L0KV0.q", ValueError, "shared by query heads 'L0H0', 'L0H1'.*hook_q"),
+        ("grouped", "L0KV2.v", IndexError, "key/value heads 0..1"),
+        ("grouped", "L0KV2", IndexError, "key/value heads 0..1"),
+        ("grouped", "L0H4.k", IndexError, "has 4 \\(heads 0..3\\)"),
+        ("gpt2", "L0KV1.k", ValueError, "not grouped.*'L0H1.k'"),
+        ("gpt2", "L0KV1", ValueError, "not grouped.*'L0H1.k'"),
+    ],
+)
+def test_a_head_of_the_wrong_kind_is_refused_naming_the_right_one(request, model_name, address, error, message):
+    with pytest.raises(error, match=message):
+        ablate.hooks(request.getfixturevalue(model_name), address)
+
+
+def test_a_sweep_over_key_value_heads_equals_zeroing_each_one_by_hand(grouped):
+    """Each `L{l}KV{g}.v` variant is slot g of hook_v zeroed, run alone: it acts on both query heads of its group."""
+    from hooked.addresses import head_names
+
+    tokens = tokens_of(grouped, pos=6)
+    names = [name for layer in range(2) for name in head_names(grouped, layer, "kv_head_index")]
+    assert names == ["L0KV0", "L0KV1", "L1KV0", "L1KV1"]
+    variants = {name: ablate.hooks(grouped, f"{name}.v", "zero") for name in names}
+    result = hooked.sweep(grouped, tokens, variants, lambda logits, **_: logits[:, -1, :4].sum(-1))
+    assert result.variants == names
+    for name in names:
+        layer, g = int(name[1]), int(name[-1])
+
+        def zero_slot(v, hook, g=g):
+            v = v.clone()
+            v[:, :, g] = 0.0  # [batch pos kv_head_index d_head]
+            return v
+
+        with torch.no_grad():
+            alone = grouped.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_v", zero_slot)])[:, -1, :4].sum(-1)
+        torch.testing.assert_close(result[name], alone, rtol=0, atol=1e-5)
+    assert min(abs(change) for change in result.change.values()) > 1e-3  # each key/value head mattered
+
+
 def test_bad_selectors_are_refused_before_any_forward(gpt2):
     tokens = tokens_of(gpt2)
     ran = []
@@ -211,7 +278,7 @@ def test_a_reference_from_another_model_is_refused(gpt2, tmp_path):
 
 def test_a_resample_source_of_another_shape_is_a_clear_error(gpt2):
     _, cache = gpt2.run_with_cache(tokens_of(gpt2, batch=2))
-    with pytest.raises(ValueError, match="same number of prompts of the same token length"):
+    with pytest.raises(ValueError, match="the source holds 2 prompts of 7 tokens, but this run has 3 prompts of 7 tokens"):
         with torch.no_grad():
             gpt2.run_with_hooks(tokens_of(gpt2, batch=3), fwd_hooks=ablate.hooks(gpt2, "L0H0", "resample", source=cache))
     with pytest.raises(ValueError, match="at least 2 prompts"):

@@ -140,6 +140,26 @@ def test_graph_of_grouped_model_names_key_value_heads():
     assert g.receivers_of("L1H1") == ["L1H1.q", "L1KV0.k", "L1KV0.v"]
 
 
+@pytest.mark.parametrize(
+    "grouped, name, message",
+    [
+        (True, "L1H1.k", "query heads L1H0, L1H1 share key/value head 0, whose key input is 'L1KV0.k'"),
+        (True, "L1H2.v", "query heads L1H2, L1H3 share key/value head 1, whose value input is 'L1KV1.v'"),
+        (True, "L1KV1.q", "a query input belongs to a query head.*'L1H2.q', 'L1H3.q'"),
+        (False, "L1KV1.k", "not grouped.*'L1H1.k'"),
+    ],
+)
+def test_a_head_input_of_the_wrong_kind_names_the_right_one(grouped, name, message):
+    """`L1H1.k` on a grouped model is key/value head 0's input, not the nearest spelling 'L1KV1.k'."""
+    model = random_model("qwen3", seed=0, n_layers=2, d_model=16, n_heads=4, n_kv_heads=2 if grouped else 4, d_head=4)
+    with pytest.raises(KeyError, match=message):
+        circuits.graph(model).receiver_index(name)
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(KeyError, match=message):
+        circuits.path_patch(model, ids, ids, ["input"], [name], lambda logits, **_: logits[:, -1, 0])
+    assert no_hooks(model)
+
+
 # ============================================================================= brute-force references (plain hooks)
 def source_point(n_layers: int, name: str) -> tuple[str, int | None]:
     if name == "input":

@@ -133,6 +133,37 @@ def test_head_sweep_equals_each_patch_alone(sharp, hook):
     assert grid.shape == (sharp.cfg.n_layers, sharp.cfg.n_heads) and (rows, cols) == ("layer", "head")
 
 
+@pytest.mark.parametrize("hook", ["k", "v"])
+def test_a_grouped_key_value_sweep_names_key_value_heads(hook):
+    """On a grouped-query model hook_k / hook_v hold one slot per key/value head: the variants are
+    `L{l}KV{g}`, never `L{l}H{g}` (query head g at z), and each equals writing the clean slot by hand."""
+    from hooked.testing import random_model
+
+    model = random_model("qwen3", seed=0, n_heads=4, n_kv_heads=2)
+    clean, corrupt = pair(model)
+    metric = answer_metric(model, clean, corrupt)
+    _, cache = model.run_with_cache(clean)
+    result = patch.head_sweep(model, corrupt, cache, metric, hook=hook)
+    assert result.variants == ["L0KV0", "L0KV1", "L1KV0", "L1KV1"]
+    for layer in range(2):
+        name = f"blocks.{layer}.attn.hook_{hook}"
+        for group in range(2):
+            def write_clean(activation, point, group=group, source=cache[name]):
+                activation = activation.clone()
+                activation[:, :, group] = source[:, :, group]  # [batch pos kv_head_index d_head]
+                return activation
+
+            with torch.no_grad():
+                alone = metric(model.run_with_hooks(corrupt, fwd_hooks=[(name, write_clean)]))
+            torch.testing.assert_close(result[f"L{layer}KV{group}"], alone, rtol=0, atol=1e-5)
+    assert min(abs(change) for change in result.change.values()) > 1e-4  # each comparison above rounding
+    grid, rows, cols, *_ = result.grid()
+    assert grid.shape == (2, 2) and (rows, cols) == ("layer", "key/value head")
+    assert patch.attribution(model, corrupt, cache, metric, hook=hook).variants == result.variants
+    z_heads = patch.head_sweep(model, corrupt, cache, metric, hook="z").variants
+    assert z_heads == [f"L{layer}H{head}" for layer in range(2) for head in range(4)] and not set(z_heads) & set(result.variants)
+
+
 def test_head_sweep_at_positions_patches_only_those(gpt2):
     clean, corrupt = pair(gpt2)
     metric = answer_metric(gpt2, clean, corrupt)
@@ -360,7 +391,7 @@ def test_a_clean_cache_of_another_shape_is_refused_before_any_forward(gpt2):
 def test_a_patch_of_another_shape_fails_at_the_first_forward_and_leaves_no_hook(gpt2):
     clean, corrupt = pair(gpt2)
     _, fewer = gpt2.run_with_cache(clean[:2], names_filter="blocks.0.attn.hook_z")
-    with pytest.raises(ValueError, match="the source has shape"):
+    with pytest.raises(ValueError, match="the source holds 2 prompts of 7 tokens, but this run has 3 prompts of 7 tokens"):
         with torch.no_grad():
             gpt2.run_with_hooks(corrupt, fwd_hooks=[("blocks.0.attn.hook_z", patch.activation(fewer, heads=0))])
     assert not any(point.has_hooks for point in gpt2.hook_dict.values())

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import torch
 
 import hooked
@@ -216,3 +218,24 @@ def test_task_positions_plug_into_a_per_prompt_patch():
         alone = each_prompt_alone(model, corrupt, mask, task.positions["S2"].tolist(), name, head, source_tokens=clean)
     for row, logits in enumerate(alone):
         torch.testing.assert_close(batch[row, mask[row]], logits, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- properties
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_per_prompt_positions_equal_each_prompt_alone_or_raise(gpt2, data):
+    """For any left-padded batch and any [batch] position tensor: either every position exists in its
+    prompt and the batched zero equals each prompt alone at its own position, or it raises naming the lengths."""
+    lengths = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=4), label="lengths")
+    positions = data.draw(st.lists(st.integers(-8, 8), min_size=len(lengths), max_size=len(lengths)), label="positions")
+    tokens, mask = padded_batch(gpt2, lengths, max(lengths), seed=data.draw(st.integers(0, 5), label="seed"))
+    name, head = "blocks.1.attn.hook_z", data.draw(st.integers(0, gpt2.cfg.n_heads - 1), label="head")
+    hook = ablate.zero(heads=head, positions=torch.tensor(positions))
+    with torch.no_grad():
+        if any(not -n <= p < n for p, n in zip(positions, lengths)):
+            with pytest.raises(ValueError, match=r"does not exist in prompt \d+, which has \d+ tokens"):
+                gpt2.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[(name, hook)])
+            return
+        batch = gpt2.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[(name, hook)])
+        for row, logits in enumerate(each_prompt_alone(gpt2, tokens, mask, positions, name, head)):
+            torch.testing.assert_close(batch[row, mask[row]], logits, atol=1e-5, rtol=1e-5)

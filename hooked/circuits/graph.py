@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from hooked.addresses import kv_head_name
+
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
@@ -108,7 +110,30 @@ class Graph:
         try:
             return self._receiver_index[name]
         except KeyError:
-            raise KeyError(_unknown(name, "receiver", [r.name for r in self.receivers])) from None
+            hint = self.head_kind_error(name)
+            raise KeyError(hint or _unknown(name, "receiver", [r.name for r in self.receivers])) from None
+
+    def head_kind_error(self, name: object) -> str | None:
+        """Why a head input's name is of the wrong kind (`L0H1.k` on a grouped model, `L0KV0.k` on an
+        ungrouped one, `L0KV1.q`), naming the right one; None when that is not the problem."""
+        match = re.fullmatch(r"L(\d+)(H|KV)(\d+)\.([qkv])", str(name))
+        if match is None or int(match[1]) >= self.n_layers:
+            return None
+        layer, kind, index, part = int(match[1]), match[2], int(match[3]), match[4]
+        group = self.n_heads // self.n_kv_heads
+        if kind == "KV" and not self.grouped and index < self.n_heads:
+            return (f"{name!r} is not a receiver: key/value heads are not grouped here (each head has its own), so its"
+                    f" input is 'L{layer}H{index}.{part}'")
+        if kind == "KV" and part == "q" and index < self.n_kv_heads:
+            queries = ", ".join(repr(f"L{layer}H{h}.q") for h in range(index * group, (index + 1) * group))
+            return (f"{name!r} is not a receiver: a query input belongs to a query head; the heads of key/value head"
+                    f" {index} read theirs at {queries}")
+        if kind == "H" and part != "q" and self.grouped and index < self.n_heads:
+            kv = index // group
+            sharing = ", ".join(f"L{layer}H{h}" for h in range(kv * group, (kv + 1) * group))
+            what = "key" if part == "k" else "value"
+            return f"{name!r} is not a receiver: query heads {sharing} share key/value head {kv}, whose {what} input is 'L{layer}KV{kv}.{part}'"
+        return None
 
     def edge(self, edge: "str | Edge | tuple[str, str]") -> Edge:
         """An edge from `'S->R'`, `(S, R)` or an `Edge`, checked to exist."""
@@ -187,7 +212,7 @@ class Graph:
             return [node]
         layer, head = int(match[1]), int(match[2])
         self.source_index(node)
-        kv = f"L{layer}KV{head // (self.n_heads // self.n_kv_heads)}" if self.grouped else node
+        kv = kv_head_name(layer, head // (self.n_heads // self.n_kv_heads), self.n_heads, self.n_kv_heads)
         return [f"{node}.q", f"{kv}.k", f"{kv}.v"]
 
     def heads_reading(self, receiver: str) -> list[str]:
@@ -222,15 +247,15 @@ def graph_of_shape(n_layers: int, n_heads: int, n_kv_heads: int) -> Graph:
     """The residual graph of a model with these shapes (the hook names are every architecture's)."""
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
-    kv_names = (lambda layer, g: f"L{layer}KV{g}") if n_kv_heads != n_heads else (lambda layer, g: f"L{layer}H{g}")
     sources = [Source(INPUT, "blocks.0.hook_resid_pre", None, -1)]
     receivers = []
     for layer in range(n_layers):
         upstream = len(sources)
         block = f"blocks.{layer}."
         receivers += [Receiver(f"L{layer}H{h}.q", block + "hook_q_input", h, 2 * layer, upstream) for h in range(n_heads)]
-        receivers += [Receiver(f"{kv_names(layer, g)}.k", block + "hook_k_input", g, 2 * layer, upstream) for g in range(n_kv_heads)]
-        receivers += [Receiver(f"{kv_names(layer, g)}.v", block + "hook_v_input", g, 2 * layer, upstream) for g in range(n_kv_heads)]
+        kv_names = [kv_head_name(layer, g, n_heads, n_kv_heads) for g in range(n_kv_heads)]  # L0KV1 where grouped
+        receivers += [Receiver(f"{kv}.k", block + "hook_k_input", g, 2 * layer, upstream) for g, kv in enumerate(kv_names)]
+        receivers += [Receiver(f"{kv}.v", block + "hook_v_input", g, 2 * layer, upstream) for g, kv in enumerate(kv_names)]
         sources += [Source(f"L{layer}H{h}", block + "attn.hook_result", h, 2 * layer) for h in range(n_heads)]
         receivers.append(Receiver(f"L{layer}.mlp", block + "hook_mlp_in", None, 2 * layer + 1, len(sources)))
         sources.append(Source(f"L{layer}.mlp", block + "hook_mlp_out", None, 2 * layer + 1))

@@ -35,7 +35,7 @@ from torch import Tensor
 from hooked.circuits.engine import Ablation, _stage_loop
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import Edge, Graph
-from hooked.results import SweepResult
+from hooked.results import SweepResult, variant_names
 from hooked.sweeps import _provenance
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ def patch_edges(
         variants = {"edges": list(variants)}
     if not variants:
         raise ValueError("variants must be a non-empty dict: {name: [edge, ...]}")
+    names = variant_names(variants)  # before any forward: two names that read the same, or "base", raise
     experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.patch_edges")
     g = experiment.graph
     everywhere, at = zip(*(_mask(g, name, edges) for name, edges in variants.items()))
@@ -78,9 +79,9 @@ def patch_edges(
     empty = torch.zeros_like(masks[0])
     at_positions = {p: torch.stack([variant.get(p, empty) for variant in at]) for p in positions}
     values = experiment.values(masks, at_positions)
-    listed = {str(name): [str(e) for e in g.edges_of(m)] + [f"{e}@{p}" for p, pm in sorted(a.items()) for e in g.edges_of(pm)]
-              for name, m, a in zip(variants, everywhere, at)}
-    return _result(experiment, [str(name) for name in variants], values, task,
+    listed = {name: [str(e) for e in g.edges_of(m)] + [f"{e}@{p}" for p, pm in sorted(a.items()) for e in g.edges_of(pm)]
+              for name, m, a in zip(names, everywhere, at)}
+    return _result(experiment, names, values, task,
                    {"method": "edge patching", "ablation": ablation, "edges": listed})
 
 
@@ -125,9 +126,10 @@ def path_patch_sweep(
         raise ValueError(f"method must be 'direct' (direct edges only) or 'wang' (Wang et al.'s: MLPs recomputed), not {method!r}")
     if not isinstance(pairs, Mapping) or not pairs:
         raise ValueError("pairs must be a non-empty dict: {name: (senders, receivers)}")
+    names = variant_names(pairs, "pair")
     experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.path_patch")
     g = experiment.graph
-    resolved = {str(name): _resolve_pair(g, str(name), pair) for name, pair in pairs.items()}
+    resolved = {name: _resolve_pair(g, name, pair) for name, pair in zip(names, pairs.values())}
     if method == "direct":
         masks = torch.stack([g.mask(Edge(s, r) for s, r in _direct_edges(g, *pair)) for pair in resolved.values()])
         values = experiment.values(masks)
@@ -166,8 +168,9 @@ def _resolve_pair(g: Graph, name: str, pair) -> tuple[list[str], list[str]]:
             try:
                 inputs += g.receivers_of(receiver)
             except KeyError:
-                raise KeyError(f"pair {name!r}: {receiver!r} is neither a receiver ('L2H2.q', 'L3.mlp', 'logits') nor a"
-                               f" head node ('L2H2')") from None
+                wrong_kind = g.head_kind_error(receiver)  # 'L2H2.k' where key/value heads are grouped
+                raise KeyError(f"pair {name!r}: " + (wrong_kind or f"{receiver!r} is neither a receiver ('L2H2.q', 'L3.mlp',"
+                                                     " 'logits') nor a head node ('L2H2')")) from None
     if not _direct_edges(g, senders, inputs):
         raise ValueError(f"pair {name!r}: no sender of {senders} writes before any receiver of {inputs} reads; a path runs"
                          " from an earlier layer to a later one")
