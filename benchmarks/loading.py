@@ -28,6 +28,9 @@ of each.
 * "hooked, dynamo pre-imported" (gpt2 section): hooked with `torch._dynamo` imported before the
   baseline, as `import transformers` does for its worker; separates the loader's own cost from
   that import;
+* "hooked, processed": `HookedTransformer.from_pretrained(dir, dtype=...)`, TransformerLens' default
+  weight processing done in place after the read; its weights include what processing adds (GPT-2's
+  unembedding, untied from the embedding, and its bias);
 * load time: wall time of `hooked.load(dir, dtype=...)` vs `<class>.from_pretrained(dir,
   dtype=...)`, medians, ratio vs transformers.
 """
@@ -46,8 +49,8 @@ from pathlib import Path
 # "hooked, dynamo pre-imported" imports torch._dynamo before its baseline, as `import transformers`
 # does: building the model on the meta device initialises nn.Embedding with normal_, whose meta
 # implementation imports torch._dynamo on first use (see docs/benchmarks.md).
-GPT2_LIBS = ("transformers", "hooked", "hooked, dynamo pre-imported")
-QWEN3_LIBS = ("transformers", "hooked")
+GPT2_LIBS = ("transformers", "hooked", "hooked, dynamo pre-imported", "hooked, processed")
+QWEN3_LIBS = ("transformers", "hooked", "hooked, processed")
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,9 @@ def worker(lib: str, dtype_name: str, directory: str) -> None:
     baseline = proc_status()
     with PeakSampler(interval=0.002) as sampler:
         start = time.perf_counter()
-        if lib.startswith("hooked"):
+        if lib == "hooked, processed":  # TransformerLens' default processing, in place (hooked.processing)
+            model = hooked.HookedTransformer.from_pretrained(directory, dtype=dtype, device="cpu")
+        elif lib.startswith("hooked"):
             model = hooked.load(directory, dtype=dtype, device="cpu")
         else:
             model = model_class.from_pretrained(directory, dtype=dtype)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
+from hooked.processing import Projection
 
 
 class LayerNorm(nn.Module):
@@ -365,7 +366,8 @@ def writable(z: Tensor) -> Tensor:
     SDPA and the Triton kernel save their output for the backward pass, and that output is z (no copy
     is made on those paths). An in-place edit would then fail at `.backward()` ("modified by an
     inplace operation"). The copy is made only when a hook listens at z and gradients are recorded;
-    under `torch.no_grad()` z stays the attention output itself.
+    under `torch.no_grad()` z stays the attention output itself. GPT-2's q, k and v get the same
+    treatment: they are `unbind` views of the fused projection, which autograd forbids editing in place.
     """
     return z.clone() if z.requires_grad else z
 
@@ -507,6 +509,13 @@ class GatedMLP(nn.Module):
         post = self.hook_post(self.activation(pre) * pre_linear)
         return self.down_proj(post)
 
+    def residual_readers(self) -> tuple[Projection, ...]:
+        """What reads the norm before it, for weight processing (hooked.processing): nn.Linear [out, in]."""
+        return (Projection(self.gate_proj.weight, 1), Projection(self.up_proj.weight, 1))
+
+    def residual_writers(self) -> tuple[Projection, ...]:
+        return (Projection(self.down_proj.weight, 0),)
+
     @property
     def W_gate(self) -> Tensor:
         """[d_model d_mlp], TransformerLens' layout (a transposed view)."""
@@ -521,3 +530,13 @@ class GatedMLP(nn.Module):
     def W_out(self) -> Tensor:
         """[d_mlp d_model]."""
         return self.down_proj.weight.T
+
+    @property
+    def b_in(self) -> Tensor:
+        """[d_mlp] zeros: no biases (TransformerLens' gated MLP has zeros there)."""
+        return self.up_proj.weight.new_zeros(self.up_proj.weight.shape[0])
+
+    @property
+    def b_out(self) -> Tensor:
+        """[d_model] zeros: no biases."""
+        return self.down_proj.weight.new_zeros(self.down_proj.weight.shape[0])

@@ -341,18 +341,13 @@ def test_test_prompt_ranks_match(gpt2, tl, tl_utils, answer):
 def test_from_pretrained_on_the_base_class(gpt2_dir, gpt2):
     model = hooked.HookedTransformer.from_pretrained(gpt2_dir, default_prepend_bos=False, device="cpu", dtype="float32")
     assert isinstance(model, hooked.GPT2) and model.cfg.default_prepend_bos is False
-    for source in (model, hooked.HookedTransformer.from_pretrained_no_processing(gpt2_dir)):
-        for name, parameter in gpt2.named_parameters():  # unfolded: the checkpoint's own weights
-            assert torch.equal(source.get_parameter(name), parameter)
+    assert model.processing["fold_ln"] and model.cfg.normalization_type == "LNPre"  # processed, as TransformerLens
     falses = dict(fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False,
                   refactor_factored_attn_matrices=False)
-    assert isinstance(hooked.HookedTransformer.from_pretrained(gpt2_dir, **falses), hooked.GPT2)
-
-
-@pytest.mark.parametrize("flag", ["fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases", "refactor_factored_attn_matrices"])
-def test_weight_processing_is_refused(gpt2_dir, flag):
-    with pytest.raises(ValueError, match=f"{flag}=True"):
-        hooked.HookedTransformer.from_pretrained(gpt2_dir, **{flag: True})
+    for source in (hooked.HookedTransformer.from_pretrained_no_processing(gpt2_dir),
+                   hooked.HookedTransformer.from_pretrained(gpt2_dir, **falses)):
+        for name, parameter in gpt2.named_parameters():  # unprocessed: the checkpoint's own weights
+            assert torch.equal(source.get_parameter(name), parameter)
 
 
 @pytest.mark.parametrize("kwargs, named", [

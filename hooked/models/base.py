@@ -20,12 +20,14 @@ from typing import ClassVar, Literal, Union
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
-from torch import Tensor
+from torch import Tensor, nn
 
 from hooked.cache import ActivationCache, accumulated_bias, run_with_cache
+from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookedRootModule, Rows, running_rows
 from hooked.kv_cache import KVCache
 from hooked.layers import AttentionMask, position_ids_for
+from hooked.processing import process_weights, unprocessed
 from hooked.tokenizer import HookedTokenizer
 
 ModelInput = Union[str, list[str], Int[Tensor, "batch pos"], Int[Tensor, " pos"]]
@@ -60,6 +62,11 @@ class ModelConfig:
 
     def _bind(self, model: "HookedTransformer") -> None:
         object.__setattr__(self, "_model", weakref.ref(model))
+
+    def _set_normalization_type(self, normalization_type: str) -> None:
+        """Weight processing folded the norms' weights ("LNPre" / "RMSPre", TransformerLens' names): an
+        attribute of this config alone, so a config copied with `dataclasses.replace` builds an unprocessed model."""
+        object.__setattr__(self, "normalization_type", normalization_type)
 
     def _bound_model(self) -> "HookedTransformer":
         model = self.__dict__.get("_model")
@@ -103,6 +110,11 @@ class HookedTransformer(HookedRootModule):
         # Set by `hooked.load(..., tp=N)`: this process's place in its tensor- and data-parallel
         # groups (hooked.distributed.Parallel); None for a model in one process.
         self.parallel = None
+        # The unembedding's own weights when it is not the embedding (an untied checkpoint, or after weight
+        # processing, which changes W_E and W_U differently); None while tied. Set by the architecture.
+        self.lm_head: nn.Linear | None = None
+        # TransformerLens' weight processing applied to this model (hooked.processing): flag -> done.
+        self.processing: dict[str, bool] = unprocessed()
 
     def setup_hooks(self) -> None:
         super().setup_hooks()
@@ -128,9 +140,9 @@ class HookedTransformer(HookedRootModule):
     def from_pretrained(
         cls,
         name_or_path: str | Path,
-        fold_ln: bool | None = None,
-        center_writing_weights: bool | None = None,
-        center_unembed: bool | None = None,
+        fold_ln: bool = True,
+        center_writing_weights: bool = True,
+        center_unembed: bool = True,
         refactor_factored_attn_matrices: bool = False,
         checkpoint_index: int | None = None,
         checkpoint_value: int | None = None,
@@ -139,33 +151,25 @@ class HookedTransformer(HookedRootModule):
         n_devices: int = 1,
         tokenizer=None,
         move_to_device: bool = True,
-        fold_value_biases: bool | None = None,
+        fold_value_biases: bool = True,
         default_prepend_bos: bool | None = None,
         default_padding_side: str = "left",
         dtype: torch.dtype | str = torch.float32,
         first_n_layers: int | None = None,
         **from_pretrained_kwargs,
     ) -> "HookedTransformer":
-        """Load from a local directory or a hub id, reading safetensors straight into dtype/device.
+        """Load from a local directory, a hub id or a TransformerLens model name, processed as TransformerLens does.
 
-        Takes TransformerLens' keyword arguments. Weights stay **unfolded**: TransformerLens' processing
-        flags default to None here (hooked's unprocessed weights, TransformerLens' `from_pretrained_no_processing`),
-        False is accepted, and True raises, naming the flag (docs/hooks.md, "Differences from
-        TransformerLens"). Every other argument is either honoured or refused; none is ignored.
-        On the base class the architecture is read from config.json, as `hooked.load`.
+        Takes TransformerLens 3.9's keyword arguments with its defaults: the norms are folded into the
+        next weights, the writing weights and the unembedding centred, the value biases folded
+        (`hooked.processing`; `from_pretrained_no_processing` or `hooked.load` keep the checkpoint's own
+        weights). Every other argument is either honoured or refused; none is ignored. On the base class
+        the architecture is read from config.json, as `hooked.load`.
+
+            model = hooked.HookedTransformer.from_pretrained("gpt2-small")   # hub id "gpt2"
         """
         from hooked.weights import load_model
 
-        processing = {"fold_ln": fold_ln, "center_writing_weights": center_writing_weights,
-                      "center_unembed": center_unembed, "fold_value_biases": fold_value_biases,
-                      "refactor_factored_attn_matrices": refactor_factored_attn_matrices}
-        asked = [name for name, value in processing.items() if value]
-        if asked:
-            raise ValueError(
-                f"{', '.join(f'{name}=True' for name in asked)}: hooked loads weights unfolded and does not process them"
-                " (activations then differ from TransformerLens' processed defaults only in the folded norms and"
-                " centred residual stream); drop the argument, or pass False"
-            )
         refused = {"checkpoint_index": checkpoint_index, "checkpoint_value": checkpoint_value, "hf_model": hf_model,
                    "tokenizer": tokenizer, "first_n_layers": first_n_layers}
         refused = [name for name, value in refused.items() if value is not None]
@@ -183,17 +187,29 @@ class HookedTransformer(HookedRootModule):
             )
         HookedTokenizer._check_padding_side(default_padding_side)
         model_class = None if cls is HookedTransformer else cls
-        model = load_model(name_or_path, dtype=dtype, device=device or "cpu", model_class=model_class)
+        processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                          fold_value_biases=fold_value_biases,
+                          refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+        model = load_model(name_or_path, dtype=dtype, device=device or "cpu", model_class=model_class, processing=processing)
         if default_prepend_bos is not None:
             model.cfg.default_prepend_bos = default_prepend_bos
         return model
 
     @classmethod
     def from_pretrained_no_processing(cls, name_or_path: str | Path, **kwargs) -> "HookedTransformer":
-        """TransformerLens' unprocessed load, which is what `from_pretrained` always does here."""
-        for name in ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases"):
+        """TransformerLens' unprocessed load: `from_pretrained` with every processing flag False (the
+        checkpoint's own weights, as `hooked.load` gives them)."""
+        for name in ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
+                     "refactor_factored_attn_matrices"):
             kwargs.setdefault(name, False)
         return cls.from_pretrained(name_or_path, **kwargs)
+
+    def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
+                         refactor_factored_attn_matrices: bool = False, fold_value_biases: bool = True) -> None:
+        """Process this model's weights in place, as TransformerLens' `process_weights_` (its defaults; value
+        biases are folded there too). See `hooked.processing.process_weights`; refused on a processed model."""
+        process_weights(self, fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                        fold_value_biases=fold_value_biases, refactor_factored_attn_matrices=refactor_factored_attn_matrices)
 
     # TransformerLens' switches. Each is answered: a no-op where hooked already behaves so, an error
     # naming the hooked way where it has no such hook point.
@@ -312,8 +328,27 @@ class HookedTransformer(HookedRootModule):
             from hooked.distributed import vocab_parallel_logits
 
             return vocab_parallel_logits(self.parallel, self.ln_final(resid), self.unembed_weight, self.cfg.d_vocab, columns)
-        weight = self.unembed_weight if columns is None else self.unembed_weight[columns]
-        return F.linear(self.ln_final(resid), weight)
+        weight, bias = self.unembed_weight, self.unembed_bias
+        if columns is not None:
+            weight, bias = weight[columns], None if bias is None else bias[columns]
+        return F.linear(self.ln_final(resid), weight, bias)
+
+    @property
+    def unembed_bias(self) -> Float[Tensor, " d_vocab"] | None:
+        """The unembedding's bias, b_U: None, except after weight processing folded LayerNorm's bias into it."""
+        return None if self.lm_head is None else self.lm_head.bias
+
+    def untie_unembedding(self, bias: bool = False) -> None:
+        """Give the unembedding weights of its own, a copy of the tied embedding (and with `bias`, a zero
+        bias): weight processing changes W_E and W_U differently, as TransformerLens keeps them apart."""
+        if self.lm_head is None:
+            weight = self.unembed_weight
+            head = nn.Linear(self.cfg.d_model, self.cfg.d_vocab, bias=False, device="meta")
+            head.weight = nn.Parameter(weight.detach().clone(), requires_grad=weight.requires_grad)
+            self.lm_head = head
+        if bias and self.lm_head.bias is None:
+            weight = self.lm_head.weight
+            self.lm_head.bias = nn.Parameter(weight.new_zeros(weight.shape[0]), requires_grad=weight.requires_grad)
 
     def _unembed_rows(self, tokens: Tensor) -> Tensor:
         """Rows `tokens` of the unembedding, [..., d_model] (whole rows on every rank under tensor parallelism)."""
@@ -478,10 +513,12 @@ class HookedTransformer(HookedRootModule):
         ids (the leading pad ids of each row; see `HookedTokenizer.mask_for`), however the tensor travelled.
 
         `truncate` keeps each prompt's first `cfg.n_ctx` tokens; `padding_side="right"` raises (hooked
-        pads on the left only).
+        pads on the left only). A batch whose ids would not give back its mask (a prompt that begins
+        with the pad token, GPT-2's `<|endoftext|>`) raises, saying how to keep the mask.
         """
         HookedTokenizer._check_padding_side(padding_side or "left")
-        tokens, _ = self._tokenize(input, prepend_bos, truncate)
+        tokens, mask = self._tokenize(input, prepend_bos, truncate)
+        self.tokenizer.check_mask_readable(tokens, mask, self.default_prepend_bos if prepend_bos is None else prepend_bos)
         return tokens.to(self.device) if move_to_device and tokens.device != self.device else tokens
 
     def to_str_tokens(self, input, prepend_bos: bool | None = None, padding_side: str | None = None):
@@ -533,8 +570,9 @@ class HookedTransformer(HookedRootModule):
         return tokenizer.decode(ids.reshape(-1).tolist())
 
     def to_single_token(self, string: str) -> int:
-        """The id of a string that is exactly one token (raises if it is several)."""
+        """The id of a string that is exactly one token (raises if it is several, or the unknown token)."""
         tokens, _ = self._tokenize(string, prepend_bos=False)
+        self.tokenizer.check_known(string, tokens[0].tolist())
         if tokens.shape[1] != 1:
             raise ValueError(f"{string!r} is {tokens.shape[1]} tokens ({self.to_str_tokens(string, prepend_bos=False)}), not one")
         return int(tokens[0, 0])
@@ -544,23 +582,48 @@ class HookedTransformer(HookedRootModule):
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
         return self.unembed_weight.T
 
-    # TransformerLens' stacked weights, [n_layers, ...]: copies, built on each access.
+    @property
+    def b_U(self) -> Float[Tensor, " d_vocab"]:
+        """The unembedding bias: zeros, as in TransformerLens, unless weight processing folded the final
+        LayerNorm's bias into it (`unembed_bias`)."""
+        bias = self.unembed_bias
+        return self.unembed_weight.new_zeros(self.cfg.d_vocab) if bias is None else bias
+
+    # TransformerLens' stacked weights, [n_layers, ...]: copies, built on each access, of the model's own
+    # weights (processed only where the model was: hooked.processing). Grouped-query key/value heads are repeated to one per query head, as
+    # TransformerLens does (blocks[i].attn.W_K_grouped keeps them grouped).
     def _stack_blocks(self, module: str, name: str) -> Tensor:
-        return torch.stack([getattr(getattr(block, module), name) for block in self.blocks])
+        parts = [getattr(getattr(block, module), name, None) for block in self.blocks]
+        shapes = [None if part is None else list(part.shape) for part in parts]
+        if None in shapes or any(shape != shapes[0] for shape in shapes):
+            listed = ", ".join(f"block {i}: {shape or 'none'}" for i, shape in enumerate(shapes))
+            raise ValueError(
+                f"model.{name} stacks blocks[i].{module}.{name} over the blocks, but they differ ({listed}; a"
+                f" mixture-of-experts MLP has one per expert): read blocks[i].{module}.{name}"
+            )
+        return torch.stack(parts)
 
     W_Q = property(lambda self: self._stack_blocks("attn", "W_Q"), doc="[n_layers head_index d_model d_head]")
-    W_K = property(lambda self: self._stack_blocks("attn", "W_K"), doc="[n_layers kv_head_index d_model d_head]")
-    W_V = property(lambda self: self._stack_blocks("attn", "W_V"), doc="[n_layers kv_head_index d_model d_head]")
+    W_K = property(lambda self: self._stack_blocks("attn", "W_K"), doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)")
+    W_V = property(lambda self: self._stack_blocks("attn", "W_V"), doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)")
     W_O = property(lambda self: self._stack_blocks("attn", "W_O"), doc="[n_layers head_index d_head d_model]")
+    b_Q = property(lambda self: self._stack_blocks("attn", "b_Q"), doc="[n_layers head_index d_head] (zeros without biases)")
+    b_K = property(lambda self: self._stack_blocks("attn", "b_K"), doc="[n_layers head_index d_head] (zeros without biases)")
+    b_V = property(lambda self: self._stack_blocks("attn", "b_V"), doc="[n_layers head_index d_head] (zeros without biases)")
+    b_O = property(lambda self: self._stack_blocks("attn", "b_O"), doc="[n_layers d_model] (zeros without biases)")
     W_in = property(lambda self: self._stack_blocks("mlp", "W_in"), doc="[n_layers d_model d_mlp] (dense MLPs)")
     W_out = property(lambda self: self._stack_blocks("mlp", "W_out"), doc="[n_layers d_mlp d_model] (dense MLPs)")
+    b_in = property(lambda self: self._stack_blocks("mlp", "b_in"), doc="[n_layers d_mlp] (dense MLPs; zeros without biases)")
+    b_out = property(lambda self: self._stack_blocks("mlp", "b_out"), doc="[n_layers d_model] (dense MLPs; zeros without biases)")
+    OV = property(ov_circuit, doc="Every head's OV circuit W_V @ W_O: FactoredMatrix [n_layers head_index d_model d_model]")
+    QK = property(qk_circuit, doc="Every head's QK circuit W_Q @ W_K^T: FactoredMatrix [n_layers head_index d_model d_model]")
 
     def tokens_to_residual_directions(self, tokens) -> Tensor:
         """The direction in the normalised residual stream that reads out each token's logit.
 
-        It includes the final norm's weight (weights are loaded unfolded): [d_model] for one token (a str,
-        an int or a one-element tensor of any rank, squeezed as TransformerLens does), [..., d_model] for
-        a tensor of several tokens.
+        It includes the final norm's weight (1 once `fold_ln` has folded it into the unembedding): [d_model]
+        for one token (a str, an int or a one-element tensor of any rank, squeezed as TransformerLens does),
+        [..., d_model] for a tensor of several tokens.
         """
         if isinstance(tokens, str):
             tokens = self.to_single_token(tokens)
@@ -575,6 +638,6 @@ class HookedTransformer(HookedRootModule):
             tokens = self.to_single_token(tokens)
         tokens = torch.as_tensor(tokens, device=self.unembed_weight.device)
         bias = getattr(self.ln_final, "bias", None)
-        if bias is None:
-            return torch.zeros(tokens.shape, dtype=self.dtype, device=tokens.device)
-        return self._unembed_rows(tokens) @ bias
+        terms = (torch.zeros(tokens.shape, dtype=self.dtype, device=tokens.device) if bias is None
+                 else self._unembed_rows(tokens) @ bias)
+        return terms if self.unembed_bias is None else terms + self.unembed_bias[tokens]

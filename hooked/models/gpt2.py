@@ -23,10 +23,12 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, LayerNorm, attend, attention_input, gelu_new, mlp_input, writable
 from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.processing import Projection
 
 
 @dataclass
@@ -137,9 +139,10 @@ class GPT2Attention(nn.Module):
             batch, pos, _ = x.shape
             q, k, v = self.c_attn(x).view(batch, pos, 3, self.n_heads, self.d_head).unbind(2)
         batch, pos = q.shape[:2]
-        q = self.hook_q(q)
-        k = self.hook_k(k)
-        v = self.hook_v(v)
+        # unbind's outputs are views autograd forbids editing in place: a listening hook gets a copy (writable)
+        q = self.hook_q(writable(q) if self.hook_q.has_hooks else q)
+        k = self.hook_k(writable(k) if self.hook_k.has_hooks else k)
+        v = self.hook_v(writable(v) if self.hook_v.has_hooks else v)
         if kv is not None:  # a KV cache: keys and values of every column so far (this call's included)
             k, v = kv.append(k, v)
         z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=False)
@@ -186,6 +189,21 @@ class GPT2Attention(nn.Module):
     def b_O(self) -> Float[Tensor, " d_model"]:
         return self.c_proj.bias
 
+    OV = property(ov_circuit, doc="Each head's OV circuit W_V @ W_O: FactoredMatrix [head_index d_model d_model]")
+    QK = property(qk_circuit, doc="Each head's QK circuit W_Q @ W_K^T: FactoredMatrix [head_index d_model d_model]")
+
+    # For weight processing (hooked.processing): c_attn reads ln1's output along its rows (Conv1D [in, out]).
+    def residual_readers(self) -> tuple[Projection, ...]:
+        return (Projection(self.c_attn.weight, 0, self.c_attn.bias),)
+
+    def residual_writers(self) -> tuple[Projection, ...]:
+        return (Projection(self.c_proj.weight, 1, self.c_proj.bias),)
+
+    @property
+    def value_bias(self) -> Tensor:  # [head_index * d_head]
+        """The value part of c_attn's bias, as stored (a view)."""
+        return self.c_attn.bias[2 * self.n_heads * self.d_head:]
+
 
 class GPT2MLP(nn.Module):
     def __init__(self, cfg: GPT2Config):
@@ -208,6 +226,20 @@ class GPT2MLP(nn.Module):
     @property
     def W_out(self) -> Float[Tensor, "d_mlp d_model"]:
         return self.c_proj.weight
+
+    @property
+    def b_in(self) -> Float[Tensor, " d_mlp"]:
+        return self.c_fc.bias
+
+    @property
+    def b_out(self) -> Float[Tensor, " d_model"]:
+        return self.c_proj.bias
+
+    def residual_readers(self) -> tuple[Projection, ...]:
+        return (Projection(self.c_fc.weight, 0, self.c_fc.bias),)
+
+    def residual_writers(self) -> tuple[Projection, ...]:
+        return (Projection(self.c_proj.weight, 1, self.c_proj.bias),)
 
 
 class GPT2Block(nn.Module):
@@ -269,7 +301,10 @@ class GPT2(HookedTransformer):
 
     @property
     def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
-        return self.wte.weight  # tied
+        return self.wte.weight if self.lm_head is None else self.lm_head.weight  # tied, until weight processing
+
+    def embedding_writers(self) -> tuple[Projection, ...]:
+        return (Projection(self.wte.weight, 1), Projection(self.wpe.weight, 1))
 
     @property
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
@@ -278,6 +313,11 @@ class GPT2(HookedTransformer):
     @property
     def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
         return self.wpe.weight
+
+    @property
+    def W_E_pos(self) -> Float[Tensor, "d_vocab+n_ctx d_model"]:
+        """W_E and W_pos stacked, as TransformerLens: every input direction, for full QK and OV circuits."""
+        return torch.cat([self.W_E, self.W_pos])
 
     @property
     def max_positions(self) -> int:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import (
@@ -29,6 +30,7 @@ from hooked.layers import (
     mlp_input, writable,
 )
 from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.processing import Projection
 
 
 @dataclass
@@ -192,16 +194,80 @@ class Qwen3Attention(nn.Module):
         return self.q_proj.weight.view(self.n_heads, self.d_head, -1).transpose(1, 2)
 
     @property
-    def W_K(self) -> Float[Tensor, "kv_head_index d_model d_head"]:
+    def W_K_grouped(self) -> Float[Tensor, "kv_head_index d_model d_head"]:
+        """The key weights as stored, one per key/value head (a view)."""
         return self.k_proj.weight.view(self.n_kv_heads, self.d_head, -1).transpose(1, 2)
 
     @property
-    def W_V(self) -> Float[Tensor, "kv_head_index d_model d_head"]:
+    def W_V_grouped(self) -> Float[Tensor, "kv_head_index d_model d_head"]:
+        """The value weights as stored, one per key/value head (a view)."""
         return self.v_proj.weight.view(self.n_kv_heads, self.d_head, -1).transpose(1, 2)
+
+    @property
+    def b_K_grouped(self) -> Float[Tensor, "kv_head_index d_head"]:
+        return self._bias(self.k_proj, self.n_kv_heads)
+
+    @property
+    def b_V_grouped(self) -> Float[Tensor, "kv_head_index d_head"]:
+        return self._bias(self.v_proj, self.n_kv_heads)
+
+    # TransformerLens' views index query heads: under grouped-query attention each key/value head is
+    # repeated for the n_heads // n_kv_heads query heads that read it (a copy; a view when they are equal).
+    @property
+    def W_K(self) -> Float[Tensor, "head_index d_model d_head"]:
+        """The keys query head h reads (key/value head h // (n_heads // n_kv_heads)), as TransformerLens."""
+        return self._per_query_head(self.W_K_grouped)
+
+    @property
+    def W_V(self) -> Float[Tensor, "head_index d_model d_head"]:
+        """The values query head h reads (key/value head h // (n_heads // n_kv_heads)), as TransformerLens."""
+        return self._per_query_head(self.W_V_grouped)
 
     @property
     def W_O(self) -> Float[Tensor, "head_index d_head d_model"]:
         return self.o_proj.weight.T.reshape(self.n_heads, self.d_head, -1)
+
+    @property
+    def b_Q(self) -> Float[Tensor, "head_index d_head"]:
+        """q_proj's bias per head (zeros without `attention_bias`, as TransformerLens)."""
+        return self._bias(self.q_proj, self.n_heads)
+
+    @property
+    def b_K(self) -> Float[Tensor, "head_index d_head"]:
+        return self._per_query_head(self.b_K_grouped)
+
+    @property
+    def b_V(self) -> Float[Tensor, "head_index d_head"]:
+        return self._per_query_head(self.b_V_grouped)
+
+    @property
+    def b_O(self) -> Float[Tensor, " d_model"]:
+        bias = self.o_proj.bias
+        return bias if bias is not None else self.o_proj.weight.new_zeros(self.o_proj.weight.shape[0])
+
+    OV = property(ov_circuit, doc="Each head's OV circuit W_V @ W_O: FactoredMatrix [head_index d_model d_model]")
+    QK = property(qk_circuit, doc="Each head's QK circuit W_Q @ W_K^T: FactoredMatrix [head_index d_model d_model]")
+
+    # For weight processing (hooked.processing): nn.Linear weights are [out, in], d_model the last axis of a reader.
+    def residual_readers(self) -> tuple[Projection, ...]:
+        return tuple(Projection(linear.weight, 1, linear.bias) for linear in (self.q_proj, self.k_proj, self.v_proj))
+
+    def residual_writers(self) -> tuple[Projection, ...]:
+        return (Projection(self.o_proj.weight, 0, self.o_proj.bias),)
+
+    @property
+    def value_bias(self) -> Tensor | None:  # [kv_head_index * d_head]
+        """v_proj's bias as stored (None without `attention_bias`)."""
+        return self.v_proj.bias
+
+    def _per_query_head(self, grouped: Tensor) -> Tensor:
+        group = self.n_heads // self.n_kv_heads
+        return grouped if group == 1 else grouped.repeat_interleave(group, dim=0)
+
+    def _bias(self, linear: nn.Linear, heads: int) -> Tensor:
+        if linear.bias is None:
+            return linear.weight.new_zeros(heads, self.d_head)
+        return linear.bias.view(heads, self.d_head)
 
 
 class Qwen3Block(nn.Module):
@@ -268,7 +334,10 @@ class Qwen3(HookedTransformer):
 
     @property
     def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
-        return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # lm_head: untied or processed
+
+    def embedding_writers(self) -> tuple[Projection, ...]:
+        return (Projection(self.embed_tokens.weight, 1),)
 
     @property
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:

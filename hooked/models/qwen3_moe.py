@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.layers import GatedMLP
 from hooked.models.qwen3 import Qwen3, Qwen3Block, Qwen3Config
+from hooked.processing import Projection
 
 
 @dataclass(kw_only=True)
@@ -167,6 +168,45 @@ class Qwen3MoeSparseMLP(nn.Module):
             outs = [F.linear(rows, down_proj[e - first]) if e in local else rows.new_zeros(rows.shape[0], d_model)
                     for e, rows in zip(routed, post_sorted.split(splits))]
         return torch.cat(outs).index_select(0, unsort).view(batch, pos, self.top_k, d_model)
+
+    # What a cache needs to split this MLP's output into its experts (hooked.cache.get_expert_results).
+    expert_result_hooks = ("hook_expert_post", "hook_expert_weights", "hook_expert_indices")
+
+    def expert_results(
+        self,
+        expert_post: Float[Tensor, "... top_k d_expert_mlp"],
+        expert_weights: Float[Tensor, "... top_k"],
+        expert_indices: Int[Tensor, "... top_k"],
+    ) -> Float[Tensor, "... n_experts d_model"]:
+        """Each expert's write to the residual stream, from the per-slot hooks as cached: [..., n_experts, d_model].
+
+        Expert e's write at a token is the sum, over the slots that hold e, of the slot's weight times
+        `down_e(expert_post)`; an expert no slot holds writes zeros. Summed over experts this is the MLP's
+        output (there is no shared expert and no bias), up to float rounding.
+        """
+        n_tokens = expert_indices[..., 0].numel()
+        post = expert_post.reshape(n_tokens * self.top_k, -1)  # slot s holds token s // top_k
+        weights, indices = expert_weights.reshape(-1, 1), expert_indices.reshape(-1)
+        token_of_slot = torch.arange(indices.numel(), device=indices.device) // self.top_k
+        down_proj = self.experts.down_proj.detach()
+        results = post.new_zeros(n_tokens, self.n_experts, down_proj.shape[1])
+        for expert in self.local_experts:
+            slots = (indices == expert).nonzero()[:, 0]
+            if len(slots):
+                weight = down_proj[expert - self.local_experts.start].to(post.device, post.dtype)
+                write = F.linear(post[slots], weight) * weights[slots]
+                # accumulate: a hook that edited the indices may have put one expert in two slots of a token
+                results.index_put_((token_of_slot[slots], slots.new_full(slots.shape, expert)), write, accumulate=True)
+        if self.parallel is not None:  # each rank wrote its own experts' columns
+            results = self.parallel.all_reduce(results)
+        return results.view(*expert_indices.shape[:-1], self.n_experts, -1)
+
+    # For weight processing (hooked.processing): the router and every expert read ln2's output.
+    def residual_readers(self) -> tuple[Projection, ...]:
+        return (Projection(self.gate.weight, 1), Projection(self.experts.gate_up_proj, 2))
+
+    def residual_writers(self) -> tuple[Projection, ...]:
+        return (Projection(self.experts.down_proj, 1),)
 
     @property
     def W_gate(self) -> Float[Tensor, "n_experts d_model d_expert_mlp"]:

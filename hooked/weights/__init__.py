@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from hooked import aliases
+from hooked.processing import FLAGS, check_flags, process_weights, unprocessed
 from hooked.tokenizer import HookedTokenizer
 
 _HUB_PATTERNS = [
@@ -63,8 +65,9 @@ def bundled_models() -> dict[str, Path]:
 
 def resolve(name_or_path: str | Path, config_only: bool = False) -> Path:
     """A bundled model's directory, a local checkpoint directory, or the hub snapshot of `name_or_path`
-    (honours HF_HUB_OFFLINE), in that order. A `hooked/...` name that is neither bundled nor a local
-    directory raises, listing the bundled names.
+    (honours HF_HUB_OFFLINE), in that order; a TransformerLens name (`"gpt2-small"`) fetches the hub id it
+    stands for (`hub_name_for`). A `hooked/...` name that is neither bundled nor a local directory raises,
+    listing the bundled names; an unknown name's error suggests the closest TransformerLens names.
 
     `config_only` fetches config.json alone (`hooked hooks` needs nothing else).
     """
@@ -88,32 +91,77 @@ def resolve(name_or_path: str | Path, config_only: bool = False) -> Path:
             f" are: {', '.join(bundled)}"
         )
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
 
+    hub_name = hub_name_for(name_or_path)
+    named = repr(str(name_or_path)) + (f" (TransformerLens' name for hub id {hub_name!r})" if hub_name != str(name_or_path) else "")
     try:
-        return Path(snapshot_download(str(name_or_path), allow_patterns=["config.json"] if config_only else _HUB_PATTERNS))
+        return Path(snapshot_download(hub_name, allow_patterns=["config.json"] if config_only else _HUB_PATTERNS))
     except HFValidationError as error:
-        raise CheckpointError(f"{name_or_path!r} is neither a local directory nor a valid hub id: {error}") from None
-    except LocalEntryNotFoundError:
+        raise CheckpointError(f"{named} is neither a local directory nor a valid hub id: {error}{_did_you_mean(name_or_path)}") from None
+    except LocalEntryNotFoundError as error:
         raise CheckpointError(
-            f"{name_or_path!r} is not a local directory and is not in the Hugging Face cache"
-            + (" (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ", and the hub could not be reached")
-            + "; download it once with network access or pass a local checkpoint directory"
+            f"{named} is not a local directory and is not in the Hugging Face cache, and {_why_not_downloaded(error)}"
+            + _did_you_mean(name_or_path)
         ) from None
+    except RepositoryNotFoundError as error:
+        if isinstance(error, GatedRepoError):  # it exists: the hub's own message says how to get access
+            raise
+        raise CheckpointError(f"{named} is not a local directory nor a model on the Hugging Face hub{_did_you_mean(name_or_path)}") from None
+
+
+def hub_name_for(name_or_path: str | Path) -> str:
+    """The hub id to download for a name that is not a local directory: TransformerLens' official name
+    for one of its names or aliases (`"gpt2-small"` -> `"gpt2"`; hooked.aliases), else the name itself."""
+    return aliases.hub_id(str(name_or_path)) or str(name_or_path)
+
+
+def _did_you_mean(name_or_path: str | Path) -> str:
+    """A hint naming the closest TransformerLens names, when `name_or_path` is none of them."""
+    if aliases.hub_id(str(name_or_path)) is not None:
+        return ""
+    close = aliases.nearest(str(name_or_path))
+    return f"; did you mean {' or '.join(repr(name) for name in close)} (TransformerLens' names)?" if close else ""
+
+
+def _why_not_downloaded(error: Exception) -> str:
+    """Why the hub served no snapshot, and what to do: offline mode (and the variable that set it), or the failed request."""
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    if isinstance(error.__cause__, OfflineModeIsEnabled):
+        # huggingface_hub reads these once, at import: name the ones set now (none: changed since)
+        flags = [f"{name}={os.environ[name]}" for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+                 if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")]
+        return (f"huggingface_hub is in offline mode ({', '.join(flags) or 'set when it was imported'}), so the hub was"
+                " not asked; start Python without it to download the model, or pass a local checkpoint directory")
+    cause = error.__cause__ or error
+    detail = str(cause).splitlines()[0] if str(cause) else "no detail"
+    return (f"the hub could not be reached ({type(cause).__name__}: {detail}); download it once with network access"
+            " or pass a local checkpoint directory")
 
 
 def read_config(directory: Path) -> dict:
     path = directory / "config.json"
     if not path.exists():
         raise CheckpointError(f"{directory} has no config.json")
-    return json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path} is not valid JSON ({error}); fix or re-download the checkpoint's config.json") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(config).__name__}, not an object of settings; fix or re-download it")
+    return config
 
 
 def safetensors_files(directory: Path) -> list[Path]:
     """The checkpoint's shard files: from `model.safetensors.index.json`, else the single file."""
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
+            problem = f"not valid JSON ({error})" if isinstance(error, ValueError) else 'without a "weight_map" object'
+            raise CheckpointError(f"{index} is {problem}; fix or re-download it") from None
         files = [directory / name for name in sorted(set(weight_map.values()))]
         missing = [f.name for f in files if not f.exists()]
         if missing:
@@ -138,27 +186,39 @@ def architecture_for(config: dict):
 
 
 def load_model(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu",
-               model_class=None, tp: int | None = None, timeout: float | None = None):
+               model_class=None, tp: int | None = None, timeout: float | None = None, processing: dict | None = None):
     """Build the model a checkpoint describes and fill it from its safetensors files.
 
+    `processing` (flag -> bool, `hooked.processing.FLAGS`) processes the weights in place once read, as
+    TransformerLens' `from_pretrained` does; refused, before anything is read, under tensor parallelism.
     With `tp` (under torchrun), this process builds and reads only its shard (hooked.distributed);
     the ranks of a group agree at the end, so either every rank has its shard or every rank raises.
     """
+    check_device(device)
+    processing = {**unprocessed(), **(processing or {})}
+    unknown = set(processing) - set(FLAGS)
+    if unknown:
+        raise TypeError(f"unknown processing flag(s) {sorted(unknown)}; the flags are {', '.join(FLAGS)}")
+    if tp is not None and tp > 1 and any(processing.values()):
+        raise ValueError(
+            "weight processing is not supported under tensor parallelism (tp > 1): centring the unembedding needs"
+            " the whole vocabulary on one rank; load with tp=1 or without processing"
+        )
     if tp is None:
-        return _load(name_or_path, dtype, device, model_class)
+        return _load(name_or_path, dtype, device, model_class, processing=processing)
     from hooked.distributed import Parallel
 
     parallel = Parallel.create(tp, timeout)
     model, error = None, None
     try:
-        model = _load(name_or_path, dtype, parallel.device(device), model_class, parallel)
+        model = _load(name_or_path, dtype, parallel.device(device), model_class, parallel, processing)
     except Exception as caught:
         error = caught
     parallel.agree(error, what="hooked.load")
     return model
 
 
-def _load(name_or_path, dtype, device, model_class, parallel=None):
+def _load(name_or_path, dtype, device, model_class, parallel=None, processing=None):
     dtype = _as_dtype(dtype)
     directory = resolve(name_or_path)
     config = read_config(directory)
@@ -167,6 +227,8 @@ def _load(name_or_path, dtype, device, model_class, parallel=None):
         raise CheckpointError(f"{directory} holds a {detected.__name__} checkpoint, not {model_class.__name__}; use hooked.load")
     model_class = detected
     model = build_on_meta(model_class, config)
+    processing = processing or unprocessed()
+    check_flags(model, processing)  # a refused combination (a rotary model's refactoring) fails before any read
     plan = None
     if parallel is not None:
         from hooked.distributed import parallelize
@@ -175,9 +237,17 @@ def _load(name_or_path, dtype, device, model_class, parallel=None):
         plan = parallelize(model, parallel) if parallel.tp_size > 1 else None
     state = read_state_dict(directory, model, dtype, torch.device(device), plan)
     model.load_state_dict(state, strict=True, assign=True)
+    del state  # the parameters are these tensors: processing changes them in place, tensor by tensor
+    if any(processing.values()):
+        process_weights(model, **processing)
     model.tokenizer = HookedTokenizer.from_directory(directory, config)
-    model.name_or_path = str(name_or_path)  # recorded in sweep results' provenance
+    # Recorded in sweep results' provenance; a TransformerLens name as the hub id it stood for.
+    model.name_or_path = hub_name_for(name_or_path) if _from_the_hub(name_or_path) else str(name_or_path)
     return model.eval()
+
+
+def _from_the_hub(name_or_path: str | Path) -> bool:
+    return str(name_or_path) not in bundled_models() and not Path(name_or_path).expanduser().is_dir()
 
 
 @contextlib.contextmanager
@@ -200,6 +270,24 @@ def build_on_meta(model_class, config: dict):
     cfg = model_class.config_class.from_hf(config)
     with torch.device("meta"), _no_init():
         return model_class(cfg)
+
+
+def check_device(device: torch.device | str) -> None:
+    """Refuse a device this torch cannot use before anything is read, naming the `device=` argument and the fix."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device={device!r} is not a torch device ({error}); use 'cpu', 'cuda' or 'cuda:N'") from None
+    if parsed.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        why = (f"this torch ({torch.__version__}) was built without CUDA" if torch.version.cuda is None
+               else "no CUDA GPU is visible (check CUDA_VISIBLE_DEVICES and the driver)")
+        raise RuntimeError(f"device={device!r}, but {why}; load with device='cpu', or install a CUDA build of torch on a"
+                           " machine with a GPU")
+    count = torch.cuda.device_count()
+    if parsed.index is not None and parsed.index >= count:
+        raise RuntimeError(f"device={device!r}, but this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
 
 
 def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
