@@ -26,6 +26,8 @@ from hooked.weights import CheckpointError
 from hooked import ablate, circuits, metrics, patch, tasks, utils  # noqa: E402  (modules users import by name)
 from hooked import plot  # noqa: E402  (matplotlib and circuitsvis are imported by its functions only)
 from hooked.analysis import PositionAttention, attention_to_positions, logit_lens  # noqa: E402
+from hooked import evals, tl_patching  # noqa: E402  (TransformerLens' evals and patching modules)
+from hooked.tl_config import HookedTransformerConfig  # noqa: E402  (HookedTransformer(cfg) builds its family)
 
 __version__ = "0.1.0"
 
@@ -60,5 +62,5 @@ __all__ = [
     "Qwen3", "Qwen3Moe", "SweepResult", "VariantError", "ablate", "act_name", "attention_backend", "generate_variants", "load", "circuits",
     "metrics", "patch", "sweep", "tasks", "utils",
     "PositionAttention", "attention_to_positions", "logit_lens", "plot",
-    "FactoredMatrix",
+    "FactoredMatrix", "HookedTransformerConfig", "evals", "tl_patching",
 ]

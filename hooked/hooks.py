@@ -145,10 +145,12 @@ class HookPoint(nn.Module):
     """An identity point on one activation, where hooks can read or replace it.
 
     `axes` names the tensor's axes from the fixed vocabulary documented in `docs/hooks.md`
-    (e.g. `"batch pos d_model"`); `name` is filled in by the root model.
+    (e.g. `"batch pos d_model"`); `name` is filled in by the root model. `HookPoint()` (no axes, as
+    TransformerLens writes it in a user's own module) leaves them unknown: hooks and caching work, and
+    what selects by axis (ablations' heads= / positions=) finds none.
     """
 
-    def __init__(self, axes: str):
+    def __init__(self, axes: str = ""):
         super().__init__()
         self.axes: tuple[str, ...] = tuple(axes.split())
         self.name: str = ""
@@ -383,6 +385,26 @@ class HookedRootModule(nn.Module):
             if isinstance(module, HookPoint):
                 module.name = name
                 self.hook_dict[name] = module
+
+    def setup(self) -> None:
+        """TransformerLens' name for `setup_hooks`: call at the end of a HookedRootModule's `__init__`."""
+        self.setup_hooks()
+
+    def run_with_cache(self, *model_args, names_filter: "NameFilter | None" = None, **model_kwargs):
+        """Run a user's own HookedRootModule once and keep every hook point's activation (or those of
+        `names_filter`), detached: `output, cache = module.run_with_cache(x)`, `cache["hook_pre"]`.
+        HookedTransformer has its own, with TransformerLens' other options."""
+        from hooked.cache import ActivationCache
+
+        store: dict[str, Tensor] = {}
+
+        def save(activation: Tensor, hook: HookPoint) -> None:
+            store[hook.name] = activation.detach().clone()
+
+        names = self.default_cache_names() if names_filter is None else names_filter
+        with self.hooks(fwd_hooks=[(names, save)]):
+            output = self(*model_args, **model_kwargs)
+        return output, ActivationCache(store, self)
 
     @property
     def hook_names(self) -> list[str]:
