@@ -206,9 +206,9 @@ def logit_lens(
         columns = torch.tensor(metric.columns, device=resid.device)
     values = []
     with torch.no_grad():
-        final = model.unembed(resid[-1][:, None], columns)  # [batch 1 d_vocab or columns]: the model's logits
+        final = model.logits_from_resid(resid[-1][:, None], columns)  # [batch 1 d_vocab or columns]: the model's logits
         for point in range(resid.shape[0]):
-            logits = model.unembed(resid[point][:, None], columns)
+            logits = model.logits_from_resid(resid[point][:, None], columns)
             if isinstance(metric, Metric):
                 value = metric.compute(logits, final if metric.needs_base else None)
             else:

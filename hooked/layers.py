@@ -66,6 +66,10 @@ class LayerNorm(nn.Module):
         """What this norm does to `x` given the scale it used in the real forward (no weight)."""
         return (x - x.mean(-1, keepdim=True)) / scale
 
+    # TransformerLens' names for the parameters (`model.ln_final.w`, `blocks[i].ln1.b`): the same tensors.
+    w = property(lambda self: self.weight, doc="The weight, as TransformerLens names it: [d_model]")
+    b = property(lambda self: self.bias, doc="The bias, as TransformerLens names it: [d_model]")
+
 
 class RMSNorm(nn.Module):
     """RMSNorm as Qwen3: normalise in float32, cast back, then multiply by the weight.
@@ -103,6 +107,8 @@ class RMSNorm(nn.Module):
 
     def normalize_with_scale(self, x: Tensor, scale: Tensor) -> Tensor:
         return x / scale
+
+    w = property(lambda self: self.weight, doc="The weight, as TransformerLens names it (RMSNorm has no bias)")
 
 
 def attention_input(block: nn.Module, resid_pre: Tensor, n_heads: int, n_kv_heads: int) -> Tensor | tuple[Tensor, Tensor, Tensor]:

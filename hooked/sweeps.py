@@ -393,8 +393,8 @@ class MetricReads:
     def logits(self, model: "HookedTransformer", resid: Tensor) -> Tensor:
         final_norm_hooked = model.ln_final.hook_scale.has_hooks or model.ln_final.hook_normalized.has_hooks
         if self.position == -1 and not final_norm_hooked:  # a norm acts per position: slicing first is exact
-            return model.unembed(resid[:, -1:], self.columns)
-        logits = model.unembed(resid, self.columns)
+            return model.logits_from_resid(resid[:, -1:], self.columns)
+        logits = model.logits_from_resid(resid, self.columns)
         return logits[:, -1:] if self.position == -1 else logits
 
     def evaluate(self, logits: Tensor, base: Tensor, key_valid: Tensor | None) -> Tensor:

@@ -15,7 +15,14 @@ from torch import Tensor
 from hooked.cache import Slice
 from hooked.cache import act_name as get_act_name
 
-__all__ = ["Slice", "get_act_name", "get_attention_mask", "lm_accuracy", "lm_cross_entropy_loss", "test_prompt", "to_numpy"]
+__all__ = ["Slice", "get_act_name", "get_attention_mask", "get_device", "lm_accuracy", "lm_cross_entropy_loss", "test_prompt",
+           "to_numpy"]
+
+
+def get_device() -> str:
+    """The device to load a model on: `"cuda"` when a GPU is visible, else `"cpu"`, as TransformerLens' `get_device`
+    (which picks `"mps"` only when TRANSFORMERLENS_ALLOW_MPS=1 is set; hooked is not tested on MPS and does not)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def to_numpy(tensor) -> np.ndarray:

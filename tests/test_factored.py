@@ -13,14 +13,13 @@ import warnings
 
 import pytest
 import torch
-import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hooked
 from hooked.factored import FactoredMatrix
-from hooked.testing import random_model, randomize_norms
-from tests.tl_reference import tl_gpt2, tl_qwen3
+from hooked.testing import random_model
+from tests.tl_reference import grouped_qwen3_pair, tl_gpt2
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -240,14 +239,7 @@ def tl(gpt2_dir):
 @pytest.fixture(scope="module")
 def qwen3_pair(tmp_path_factory):
     """A grouped-query Qwen3 (4 query heads over 2 key/value heads), hooked and TransformerLens, same weights."""
-    directory = tmp_path_factory.mktemp("qwen3-gqa")
-    torch.manual_seed(0)
-    config = transformers.Qwen3Config(vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                      head_dim=8, intermediate_size=48, num_hidden_layers=2)
-    hf = transformers.Qwen3ForCausalLM(config).eval()
-    randomize_norms(hf)
-    hf.save_pretrained(directory)
-    return hooked.load(directory), tl_qwen3(directory, hf)
+    return grouped_qwen3_pair(tmp_path_factory.mktemp("qwen3-gqa"))
 
 
 WEIGHT_NAMES = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "W_in", "W_out", "b_in", "b_out", "W_E", "W_U", "b_U")

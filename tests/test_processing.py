@@ -246,7 +246,7 @@ def test_logits_of_some_columns_carry_the_unembedding_bias(defaults, tokens):
     ours, _, logits, cache, _, _ = defaults
     columns = torch.tensor([7, 2, 300])
     with torch.no_grad():
-        some = ours.unembed(cache["resid_post", -1], columns)
+        some = ours.logits_from_resid(cache["resid_post", -1], columns)
     assert ours.unembed_bias is not None and ours.unembed_bias.abs().max() > 1e-3
     close(some, logits[..., columns])
 

@@ -1,8 +1,8 @@
 """What every `hooked` language model shares: input handling, tokenization, the hook API, loss.
 
 An architecture file subclasses `HookedTransformer`, declares its blocks and hook points, and
-implements three steps: `embed(tokens, position_ids) -> resid`, `block_inputs(position_ids, mask,
-dtype)` (what every block takes besides the residual stream) and `unembed_weight`. Each block is two
+implements three steps: `resid_from_tokens(tokens, position_ids) -> resid`, `block_inputs(position_ids,
+mask, dtype)` (what every block takes besides the residual stream) and `unembed_weight`. Each block is two
 halves, `attn_half(resid_pre, *inputs) -> resid_mid` and `mlp_half(resid_mid) -> resid_post`, so a
 forward can resume from any half-block boundary (`hooked.sweep` computes a shared prefix once).
 Everything a user calls (`model(...)`, `run_with_hooks`, `run_with_cache`, `to_tokens`, ...) lives
@@ -23,9 +23,10 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hooked.cache import ActivationCache, accumulated_bias, run_with_cache
-from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookedRootModule, Rows, running_rows
 from hooked.kv_cache import KVCache
+from hooked.models.tokens import TokenMethods
+from hooked.models.views import WeightStacks
 from hooked.layers import AttentionMask, position_ids_for
 from hooked.processing import process_weights, unprocessed
 from hooked.tokenizer import HookedTokenizer
@@ -86,6 +87,25 @@ class ModelConfig:
         return self._bound_model().name_or_path
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model's weights."""
+        return self._bound_model().dtype
+
+    @property
+    def model_name(self) -> str:
+        """TransformerLens' short name: the last part of the hub id or directory (`"Qwen3-0.6B"`), `"custom"`
+        for a model built in memory."""
+        name = self._bound_model().name_or_path
+        return "custom" if name is None else str(name).rstrip("/").split("/")[-1]
+
+    # TransformerLens' fields for options no hooked architecture takes: constants here.
+    n_devices = 1  # one device per process (tensor parallelism: hooked.load(path, tp=N))
+    attention_dir = "causal"
+    attn_only = False
+    parallel_attn_mlp = False
+    use_hook_tokens = False  # there is no hook_tokens
+
+    @property
     def d_vocab_out(self) -> int:
         return self.d_vocab
 
@@ -94,7 +114,19 @@ class ModelConfig:
         return self.n_kv_heads
 
 
-class HookedTransformer(HookedRootModule):
+class _BuildsFromConfig(type):
+    """`HookedTransformer(cfg)` as in TransformerLens: the base class called with a config builds the family
+    model it describes (hooked.tl_config); every subclass constructs as usual."""
+
+    def __call__(cls, *args, **kwargs):
+        if cls is HookedTransformer:
+            from hooked.tl_config import build_model
+
+            return build_model(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=_BuildsFromConfig):
     """Base of every model. Subclasses set `config_class`, `architectures`, `embedding_hook_names`."""
 
     config_class: ClassVar[type]
@@ -256,6 +288,9 @@ class HookedTransformer(HookedRootModule):
         return_type: ReturnType = "logits",
         loss_per_token: bool = False,
         past_kv_cache: KVCache | None = None,
+        start_at_layer: int | None = None,
+        stop_at_layer: int | None = None,
+        tokens: Tensor | None = None,
     ):
         """Logits [batch pos d_vocab] for token ids ([batch pos] or [pos]) or text (str or list of str).
 
@@ -269,9 +304,21 @@ class HookedTransformer(HookedRootModule):
         column the cache holds and are then kept in it; their positions follow on from it. Only the
         first call's ids are read for leading padding; a continuation's tokens are real unless an
         `attention_mask` says otherwise.
+
+        `start_at_layer` / `stop_at_layer` run `blocks[start_at_layer:stop_at_layer]` only, as TransformerLens:
+        with `start_at_layer` the input is the residual stream [batch pos d_model] entering that block (an
+        `attention_mask` marks its padding; `tokens` are needed for a loss), and with `stop_at_layer` the
+        residual stream leaving the last block run is returned, before the final norm, whatever `return_type`.
         """
         if return_type not in ("logits", "loss", "both", None):
             raise ValueError(f"return_type must be 'logits', 'loss', 'both' or None, not {return_type!r}")
+        if start_at_layer is not None or stop_at_layer is not None:
+            if past_kv_cache is not None:
+                raise ValueError("start_at_layer / stop_at_layer cannot be combined with past_kv_cache")
+            return self._forward_layers(input, start_at_layer, stop_at_layer, attention_mask, prepend_bos,
+                                        return_type, loss_per_token, tokens)
+        if tokens is not None:
+            raise ValueError("tokens= is for the loss of a forward with start_at_layer; pass the ids as the input")
         if past_kv_cache is not None and len(past_kv_cache):
             if prepend_bos is None:
                 prepend_bos = False  # a continuation: no BOS in the middle of a sequence
@@ -297,6 +344,47 @@ class HookedTransformer(HookedRootModule):
         with running_rows(Rows(position_ids, key_valid, 0, lengths)):
             return self.forward_tokens(tokens, position_ids, mask, last_only=last_only)
 
+    def _forward_layers(self, input, start_at_layer: int | None, stop_at_layer: int | None, attention_mask: Tensor | None,
+                        prepend_bos: bool | None, return_type: ReturnType, loss_per_token: bool, tokens: Tensor | None):
+        """`forward` over `blocks[start_at_layer:stop_at_layer]` (TransformerLens' slicing, negative indices too)."""
+        if self.tensor_parallel:
+            raise ValueError("start_at_layer / stop_at_layer are not supported under tensor parallelism (tp > 1)")
+        if start_at_layer is None:
+            if tokens is not None:
+                raise ValueError("tokens= is for the loss of a forward with start_at_layer; pass the ids as the input")
+            tokens, key_valid = self._tokens_and_mask(input, attention_mask, prepend_bos)
+            resid = None
+        else:
+            if not isinstance(input, Tensor) or not input.is_floating_point() or input.ndim != 3 or input.shape[-1] != self.cfg.d_model:
+                raise ValueError(
+                    f"with start_at_layer the input is the residual stream [batch pos d_model={self.cfg.d_model}],"
+                    f" not {tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__}"
+                )
+            resid, key_valid = input, None
+            if attention_mask is not None:
+                if attention_mask.shape != input.shape[:2]:
+                    raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the residual stream"
+                                     f" has [batch pos] = {tuple(input.shape[:2])}")
+                key_valid = None if bool(attention_mask.all()) else attention_mask.to(device=input.device, dtype=torch.bool)
+            if return_type in ("loss", "both") and stop_at_layer is None and tokens is None:
+                raise ValueError("return_type='loss' or 'both' with start_at_layer needs tokens= (the ids, for the targets)")
+        batch_pos = (resid if resid is not None else tokens).shape[:2]
+        position_ids = position_ids_for(torch.empty(batch_pos, device=self.device), key_valid)
+        mask = AttentionMask(key_valid, batch_pos[1], batch_pos[1])
+        with running_rows(Rows(position_ids, key_valid, 0, None)):
+            if resid is None:
+                resid = self.resid_from_tokens(tokens, position_ids)
+            inputs = self.block_inputs(position_ids, mask, resid.dtype)
+            for block in self.blocks[start_at_layer:stop_at_layer]:
+                resid = block(resid, *inputs)
+            if stop_at_layer is not None:
+                return resid
+            logits = self.logits_from_resid(resid)
+        if return_type in ("logits", None):
+            return logits if return_type else None
+        loss = self.loss(logits, tokens.to(logits.device), key_valid, per_token=loss_per_token)
+        return loss if return_type == "loss" else (logits, loss)
+
     def _forward_cached(self, tokens: Tensor, key_valid: Tensor | None, cache: KVCache, last_only: bool = False) -> Tensor:
         """One call on a KV cache: logits of the new columns (the last one alone with `last_only`)."""
         position_ids, mask, rows = cache.begin(tokens, key_valid)
@@ -313,16 +401,16 @@ class HookedTransformer(HookedRootModule):
                        last_only: bool = False) -> Float[Tensor, "batch pos d_vocab"]:
         """The forward from token ids; with `kv`, each block's attention also reads and extends the cache.
         `last_only` unembeds the last column alone (what a decode step needs)."""
-        resid = self.embed(tokens, position_ids)
+        resid = self.resid_from_tokens(tokens, position_ids)
         inputs = self.block_inputs(position_ids, mask, resid.dtype)
         for index, block in enumerate(self.blocks):
             resid = block(resid, *inputs, kv=None if kv is None else kv.layer(index))
         if not last_only:
-            return self.unembed(resid)
+            return self.logits_from_resid(resid)
         final_norm_hooked = any(point.has_hooks for point in (self.ln_final.hook_scale, self.ln_final.hook_normalized))
-        return self.unembed(resid if final_norm_hooked else resid[:, -1:])[:, -1:]  # hooks there see every column
+        return self.logits_from_resid(resid if final_norm_hooked else resid[:, -1:])[:, -1:]  # hooks there see every column
 
-    def unembed(self, resid: Float[Tensor, "batch pos d_model"], columns: Tensor | None = None) -> Tensor:
+    def logits_from_resid(self, resid: Float[Tensor, "batch pos d_model"], columns: Tensor | None = None) -> Tensor:
         """Final norm, then the unembedding; `columns` (token ids) computes only those logits."""
         if self.tensor_parallel:  # this rank holds some vocabulary rows: hooked.distributed
             from hooked.distributed import vocab_parallel_logits
@@ -357,6 +445,13 @@ class HookedTransformer(HookedRootModule):
 
             return vocab_rows(self.parallel, self.unembed_weight, self.parallel.vocab_start(self.cfg.d_vocab), tokens)
         return self.unembed_weight[tokens]
+
+    def loss_fn(self, logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"],
+                attention_mask: Tensor | None = None, per_token: bool = False) -> Tensor:
+        """TransformerLens' `model.loss_fn`: `utils.lm_cross_entropy_loss` of the logits against the ids."""
+        from hooked.utils import lm_cross_entropy_loss
+
+        return lm_cross_entropy_loss(logits, tokens.to(logits.device), attention_mask, per_token)
 
     @staticmethod
     def loss(logits: Tensor, tokens: Tensor, key_valid: Tensor | None = None, per_token: bool = False) -> Tensor:
@@ -497,147 +592,3 @@ class HookedTransformer(HookedRootModule):
                 "d_head": cfg.d_head, "d_mlp": cfg.d_mlp, "d_vocab": cfg.d_vocab}
 
     # ----------------------------------------------------------------- tokenization
-    def _require_tokenizer(self) -> HookedTokenizer:
-        if self.tokenizer is None:
-            raise RuntimeError("this model has no tokenizer (the checkpoint directory had no tokenizer files); pass token ids")
-        return self.tokenizer
-
-    def _tokenize(self, input: str | list[str], prepend_bos: bool | None, truncate: bool = False) -> tuple[Tensor, Tensor]:
-        texts = [input] if isinstance(input, str) else list(input)
-        prepend_bos = self.default_prepend_bos if prepend_bos is None else prepend_bos
-        return self._require_tokenizer().encode_batch(texts, prepend_bos, self.cfg.n_ctx if truncate else None)
-
-    def to_tokens(self, input: str | list[str], prepend_bos: bool | None = None, padding_side: str | None = None,
-                  move_to_device: bool = True, truncate: bool = True) -> Int[Tensor, "batch pos"]:
-        """Token ids [batch pos]; a batch is padded on the left, and `model(tokens)` reads the mask from the
-        ids (the leading pad ids of each row; see `HookedTokenizer.mask_for`), however the tensor travelled.
-
-        `truncate` keeps each prompt's first `cfg.n_ctx` tokens; `padding_side="right"` raises (hooked
-        pads on the left only). A batch whose ids would not give back its mask (a prompt that begins
-        with the pad token, GPT-2's `<|endoftext|>`) raises, saying how to keep the mask.
-        """
-        HookedTokenizer._check_padding_side(padding_side or "left")
-        tokens, mask = self._tokenize(input, prepend_bos, truncate)
-        self.tokenizer.check_mask_readable(tokens, mask, self.default_prepend_bos if prepend_bos is None else prepend_bos)
-        return tokens.to(self.device) if move_to_device and tokens.device != self.device else tokens
-
-    def to_str_tokens(self, input, prepend_bos: bool | None = None, padding_side: str | None = None):
-        """The tokens as strings, as TransformerLens: a list for a string or for ids of shape [pos] / [1 pos]
-        (squeezed), a list of lists for a list of strings. Ids [batch pos] with batch > 1 give a list per
-        row (TransformerLens refuses them)."""
-        tokenizer = self._require_tokenizer()
-        HookedTokenizer._check_padding_side(padding_side or "left")
-        if isinstance(input, str):
-            tokens, _ = self._tokenize(input, prepend_bos, truncate=True)
-            return [tokenizer.token_to_str(t) for t in tokens[0].tolist()]
-        if isinstance(input, list) and all(isinstance(s, str) for s in input):
-            return [self.to_str_tokens(s, prepend_bos) for s in input]
-        ids = torch.as_tensor(input).squeeze()
-        if ids.ndim == 2:
-            return [[tokenizer.token_to_str(t) for t in row] for row in ids.tolist()]
-        return [tokenizer.token_to_str(t) for t in ids.reshape(-1).tolist()]
-
-    def to_single_str_token(self, int_token: int) -> str:
-        """The string of one token id."""
-        if not isinstance(int_token, int):
-            raise TypeError(f"to_single_str_token takes an int token id, not {type(int_token).__name__}")
-        return self._require_tokenizer().token_to_str(int_token)
-
-    def get_token_position(self, single_token: str | int | Tensor, input: str | Tensor, mode: str = "first",
-                           prepend_bos: bool | None = None, padding_side: str | None = None) -> int:
-        """Where `single_token` first (or last) occurs in one prompt: a string, ids [pos] or [1 pos]."""
-        if mode not in ("first", "last"):
-            raise ValueError(f"mode must be 'first' or 'last', not {mode!r}")
-        tokens = self.to_tokens(input, prepend_bos, padding_side) if isinstance(input, str) else torch.as_tensor(input)
-        if tokens.ndim == 2:
-            if tokens.shape[0] != 1:
-                raise ValueError(f"ids of rank two must have shape [1, pos], not {tuple(tokens.shape)}")
-            tokens = tokens[0]
-        if isinstance(single_token, str):
-            single_token = self.to_single_token(single_token)
-        elif isinstance(single_token, Tensor):
-            single_token = int(single_token.item())
-        positions = torch.nonzero(tokens == single_token)[:, 0]
-        if len(positions) == 0:
-            raise ValueError(f"token {single_token} ({self.to_single_str_token(int(single_token))!r}) does not occur in the prompt")
-        return int(positions[0] if mode == "first" else positions[-1])
-
-    def to_string(self, tokens) -> str | list[str]:
-        tokenizer = self._require_tokenizer()
-        ids = torch.as_tensor(tokens)
-        if ids.ndim == 2:
-            return [tokenizer.decode(row) for row in ids.tolist()]
-        return tokenizer.decode(ids.reshape(-1).tolist())
-
-    def to_single_token(self, string: str) -> int:
-        """The id of a string that is exactly one token (raises if it is several, or the unknown token)."""
-        tokens, _ = self._tokenize(string, prepend_bos=False)
-        self.tokenizer.check_known(string, tokens[0].tolist())
-        if tokens.shape[1] != 1:
-            raise ValueError(f"{string!r} is {tokens.shape[1]} tokens ({self.to_str_tokens(string, prepend_bos=False)}), not one")
-        return int(tokens[0, 0])
-
-    # ----------------------------------------------------------------- unembedding helpers
-    @property
-    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
-        return self.unembed_weight.T
-
-    @property
-    def b_U(self) -> Float[Tensor, " d_vocab"]:
-        """The unembedding bias: zeros, as in TransformerLens, unless weight processing folded the final
-        LayerNorm's bias into it (`unembed_bias`)."""
-        bias = self.unembed_bias
-        return self.unembed_weight.new_zeros(self.cfg.d_vocab) if bias is None else bias
-
-    # TransformerLens' stacked weights, [n_layers, ...]: copies, built on each access, of the model's own
-    # weights (processed only where the model was: hooked.processing). Grouped-query key/value heads are repeated to one per query head, as
-    # TransformerLens does (blocks[i].attn.W_K_grouped keeps them grouped).
-    def _stack_blocks(self, module: str, name: str) -> Tensor:
-        parts = [getattr(getattr(block, module), name, None) for block in self.blocks]
-        shapes = [None if part is None else list(part.shape) for part in parts]
-        if None in shapes or any(shape != shapes[0] for shape in shapes):
-            listed = ", ".join(f"block {i}: {shape or 'none'}" for i, shape in enumerate(shapes))
-            raise ValueError(
-                f"model.{name} stacks blocks[i].{module}.{name} over the blocks, but they differ ({listed}; a"
-                f" mixture-of-experts MLP has one per expert): read blocks[i].{module}.{name}"
-            )
-        return torch.stack(parts)
-
-    W_Q = property(lambda self: self._stack_blocks("attn", "W_Q"), doc="[n_layers head_index d_model d_head]")
-    W_K = property(lambda self: self._stack_blocks("attn", "W_K"), doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)")
-    W_V = property(lambda self: self._stack_blocks("attn", "W_V"), doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)")
-    W_O = property(lambda self: self._stack_blocks("attn", "W_O"), doc="[n_layers head_index d_head d_model]")
-    b_Q = property(lambda self: self._stack_blocks("attn", "b_Q"), doc="[n_layers head_index d_head] (zeros without biases)")
-    b_K = property(lambda self: self._stack_blocks("attn", "b_K"), doc="[n_layers head_index d_head] (zeros without biases)")
-    b_V = property(lambda self: self._stack_blocks("attn", "b_V"), doc="[n_layers head_index d_head] (zeros without biases)")
-    b_O = property(lambda self: self._stack_blocks("attn", "b_O"), doc="[n_layers d_model] (zeros without biases)")
-    W_in = property(lambda self: self._stack_blocks("mlp", "W_in"), doc="[n_layers d_model d_mlp] (dense MLPs)")
-    W_out = property(lambda self: self._stack_blocks("mlp", "W_out"), doc="[n_layers d_mlp d_model] (dense MLPs)")
-    b_in = property(lambda self: self._stack_blocks("mlp", "b_in"), doc="[n_layers d_mlp] (dense MLPs; zeros without biases)")
-    b_out = property(lambda self: self._stack_blocks("mlp", "b_out"), doc="[n_layers d_model] (dense MLPs; zeros without biases)")
-    OV = property(ov_circuit, doc="Every head's OV circuit W_V @ W_O: FactoredMatrix [n_layers head_index d_model d_model]")
-    QK = property(qk_circuit, doc="Every head's QK circuit W_Q @ W_K^T: FactoredMatrix [n_layers head_index d_model d_model]")
-
-    def tokens_to_residual_directions(self, tokens) -> Tensor:
-        """The direction in the normalised residual stream that reads out each token's logit.
-
-        It includes the final norm's weight (1 once `fold_ln` has folded it into the unembedding): [d_model]
-        for one token (a str, an int or a one-element tensor of any rank, squeezed as TransformerLens does),
-        [..., d_model] for a tensor of several tokens.
-        """
-        if isinstance(tokens, str):
-            tokens = self.to_single_token(tokens)
-        tokens = torch.as_tensor(tokens, device=self.unembed_weight.device)
-        if tokens.numel() == 1:
-            tokens = tokens.reshape(())
-        return self._unembed_rows(tokens) * self.ln_final.weight
-
-    def logit_bias_terms(self, tokens) -> Tensor:
-        """The part of a token's logit no residual component writes: final-norm bias @ W_U (+ b_U)."""
-        if isinstance(tokens, str):
-            tokens = self.to_single_token(tokens)
-        tokens = torch.as_tensor(tokens, device=self.unembed_weight.device)
-        bias = getattr(self.ln_final, "bias", None)
-        terms = (torch.zeros(tokens.shape, dtype=self.dtype, device=tokens.device) if bias is None
-                 else self._unembed_rows(tokens) @ bias)
-        return terms if self.unembed_bias is None else terms + self.unembed_bias[tokens]

@@ -28,6 +28,7 @@ from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, LayerNorm, attend, attention_input, gelu_new, mlp_input, writable
 from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.models.views import WeightView
 from hooked.processing import Projection
 
 
@@ -48,6 +49,9 @@ class GPT2Config(ModelConfig):
     normalization_type = "LN"
     positional_embedding_type = "standard"
     original_architecture = "GPT2LMHeadModel"
+    gated_mlp = False
+    final_rms = False
+    rotary_dim = None
 
     @property
     def act_fn(self) -> str:
@@ -291,7 +295,7 @@ class GPT2(HookedTransformer):
         self.ln_final = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
         self.setup_hooks()
 
-    def embed(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
+    def resid_from_tokens(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
         embed = self.hook_embed(self.wte(tokens))
         pos_embed = self.hook_pos_embed(self.wpe(position_ids))
         return embed + pos_embed
@@ -313,6 +317,11 @@ class GPT2(HookedTransformer):
     @property
     def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
         return self.wpe.weight
+
+    @property
+    def pos_embed(self) -> WeightView:
+        """TransformerLens' `model.pos_embed`: `.W_pos` [n_ctx d_model] (rotary models have none, as there)."""
+        return WeightView("pos_embed", None, W_pos=lambda: self.W_pos)
 
     @property
     def W_E_pos(self) -> Float[Tensor, "d_vocab+n_ctx d_model"]:

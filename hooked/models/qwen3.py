@@ -55,6 +55,12 @@ class Qwen3Config(ModelConfig):
     positional_embedding_type = "rotary"
     act_fn = "silu"
     original_architecture = "Qwen3ForCausalLM"
+    gated_mlp = True
+    final_rms = True
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.d_head  # RoPE turns every pair of a head's dimensions
 
     @property
     def n_ctx(self) -> int:
@@ -325,7 +331,7 @@ class Qwen3(HookedTransformer):
     def make_block(cfg: Qwen3Config, layer: int) -> Qwen3Block:
         return Qwen3Block(cfg, GatedMLP(cfg.d_model, cfg.d_mlp))
 
-    def embed(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
+    def resid_from_tokens(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
         return self.hook_embed(self.embed_tokens(tokens))
 
     def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:

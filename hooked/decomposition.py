@@ -1,0 +1,484 @@
+"""What an `ActivationCache` reads out of the residual stream: TransformerLens' decomposition helpers.
+
+`accumulated_resid`, `decompose_resid`, `stack_head_results`, `stack_neuron_results`,
+`stack_expert_results`, `get_full_resid_decomposition`, `apply_ln_to_stack`, `logit_attrs` and
+`stack_activation`, with TransformerLens' signatures, as methods every `ActivationCache` has (it mixes
+this class in; see `hooked/cache.py` for the container and `docs/hooks.md` for the differences).
+The methods read the cache's activations (`self[name]`), its `model`, `has_batch_dim`,
+`position_ids` and `attention_mask`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from hooked.names import PosSlice, Slice, act_name, apply_pos_slice
+
+if TYPE_CHECKING:
+    from hooked.models.base import HookedTransformer
+
+
+class ResidualDecomposition:
+    """The decomposition helpers of `ActivationCache` (a mixin: it holds no state of its own)."""
+
+    def _layers_upto(self, layer: int | None) -> int:
+        """How many blocks a decomposition covers. As TransformerLens 3.9: None and -1 mean every block
+        plus the final residual (before the final norm); other negatives count back from there."""
+        n_layers = self.model.cfg.n_layers
+        if layer is None:
+            return n_layers
+        upto = n_layers + 1 + layer if layer < 0 else layer
+        if not 0 <= upto <= n_layers:
+            raise IndexError(f"layer {layer} is out of range for {n_layers} layers (0..{n_layers}, or -1 for all)")
+        return upto
+
+    def accumulated_resid(
+        self,
+        layer: int | None = None,
+        incl_mid: bool = False,
+        apply_ln: bool = False,
+        pos_slice: PosSlice = None,
+        mlp_input: bool = False,
+        return_labels: bool = False,
+    ):
+        """Residual stream before each block up to `layer` (all, plus the final one, by default).
+
+        Returns [component, batch, pos, d_model]; labels `"0_pre"`, `"0_mid"`, ..., `"final_post"`.
+        `apply_ln` up to the final residual runs `ln_final` itself on each component (weight and
+        bias included, statistics of that component: the logit lens), as TransformerLens 3.9; up to
+        an earlier block it divides by that block's cached norm scale.
+        """
+        upto = self._layers_upto(layer)
+        n_layers = self.model.cfg.n_layers
+        components, labels = [], []
+        for i in range(upto + 1):
+            if i == n_layers:
+                components.append(self["resid_post", n_layers - 1])
+                labels.append("final_post")
+                break
+            components.append(self["resid_pre", i])
+            labels.append(f"{i}_pre")
+            if (incl_mid and i < upto) or (mlp_input and i == upto):
+                components.append(self["resid_mid", i])
+                labels.append(f"{i}_mid")
+        return self._stack(components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels,
+                           recompute_ln=upto == n_layers)
+
+    def decompose_resid(
+        self,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        mode: str = "all",
+        apply_ln: bool = False,
+        pos_slice: PosSlice = None,
+        incl_embeds: bool = True,
+        return_labels: bool = False,
+    ):
+        """The residual stream at `layer` split into what each component wrote.
+
+        Components: `embed`, `pos_embed` (GPT-2), then `{i}_attn_out` and `{i}_mlp_out` per block
+        (`mode` "attn" or "mlp" keeps one kind). They sum to the residual stream exactly up to float
+        rounding. Returns [component, batch, pos, d_model].
+        """
+        upto = self._layers_upto(layer)
+        components, labels = [], []
+        if incl_embeds:
+            for name in self.model.embedding_hook_names:
+                components.append(self[name])
+                labels.append(name.removeprefix("hook_"))
+        for i in range(upto):
+            if mode in ("all", "attn"):
+                components.append(self["attn_out", i])
+                labels.append(f"{i}_attn_out")
+            if mode in ("all", "mlp"):
+                components.append(self["mlp_out", i])
+                labels.append(f"{i}_mlp_out")
+        if mlp_input and upto < self.model.cfg.n_layers and mode in ("all", "attn"):
+            components.append(self["attn_out", upto])
+            labels.append(f"{upto}_attn_out")
+        return self._stack(components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels)
+
+    def _stack(self, components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels, recompute_ln=False):
+        stack = torch.stack([self._slice(t, pos_slice) for t in components])
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, mlp_input=mlp_input, pos_slice=pos_slice,
+                                           has_batch_dim=self.has_batch_dim, recompute_ln=recompute_ln)
+        return (stack, labels) if return_labels else stack
+
+    def _empty_stack(self, pos_slice: PosSlice, width: int | None = None) -> Tensor:
+        """[0, batch, pos, d_model]: what a stack of no components looks like (layer 0)."""
+        like = self._slice(self[self.model.embedding_hook_names[0]], pos_slice)
+        shape = like.shape if width is None else (*like.shape[:-1], width)
+        return like.new_zeros((0, *shape))
+
+    def compute_head_results(self) -> None:
+        """Put each head's write to the residual stream, `z[..., h, :] @ W_O[h]`, in the cache as
+        `blocks.{i}.attn.hook_result` [batch pos head_index d_model] where it is not there already."""
+        for i in range(self.model.cfg.n_layers):
+            name = act_name("result", i)
+            if name not in self.cache_dict:
+                self.cache_dict[name] = self._head_results(i)
+
+    def _head_results(self, layer: int) -> Tensor:
+        name = act_name("result", layer)
+        if name in self.cache_dict:
+            return self.cache_dict[name]
+        z = self["z", layer]
+        attention = self.model.blocks[layer].attn
+        w_o = attention.W_O.detach().to(z.device, z.dtype)
+        if getattr(self.model, "tensor_parallel", False):  # this rank holds its heads' W_O: gather the writes
+            from hooked.distributed import HookShard
+
+            shard = HookShard(self.model.parallel, z.ndim - 2, attention.hook_z.shard.ranges)
+            return shard.gather(torch.einsum("...hd,hdm->...hm", shard.local_part(z), w_o.to(z.device)))
+        return torch.einsum("...hd,hdm->...hm", z, w_o)
+
+    def stack_head_results(
+        self,
+        layer: int | None = -1,
+        return_labels: bool = False,
+        incl_remainder: bool = False,
+        pos_slice: PosSlice = None,
+        apply_ln: bool = False,
+    ):
+        """Every head's write to the residual stream for blocks before `layer` (-1 or None: all blocks).
+
+        Uses cached `hook_result` where present, else computes `z[..., h, :] @ W_O[h]` from the
+        cached `hook_z` and the model's weights. Returns [component, batch, pos, d_model] with labels
+        `L{layer}H{head}`; `incl_remainder` appends what is left of the residual stream.
+        """
+        upto = self._layers_upto(layer)
+        components, labels = [], []
+        for i in range(upto):
+            result = self._slice(self._head_results(i), pos_slice)
+            head_axis = result.ndim - 2
+            for h in range(result.shape[head_axis]):
+                components.append(result.select(head_axis, h))
+                labels.append(f"L{i}H{h}")
+        stack = torch.stack(components) if components else self._empty_stack(pos_slice)
+        return self._finish_stack(stack, labels, upto, pos_slice, incl_remainder, apply_ln, return_labels)
+
+    def _finish_stack(self, stack: Tensor, labels: list[str], upto: int, pos_slice, incl_remainder: bool, apply_ln: bool,
+                      return_labels: bool):
+        """A stack of per-component writes, with the rest of the residual as a last `remainder` row and the
+        final norm's scale applied when asked: what every `stack_*_results` returns."""
+        if incl_remainder:
+            resid = self._slice(self._final_or_pre(upto), pos_slice)
+            stack = torch.cat([stack, (resid - stack.sum(0))[None]])
+            labels.append("remainder")
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, upto, pos_slice=pos_slice, has_batch_dim=self.has_batch_dim)
+        return (stack, labels) if return_labels else stack
+
+    def _neuron_weights(self, layer: int) -> Tensor:
+        mlp = self.model.blocks[layer].mlp
+        if _has_experts(mlp):
+            raise ValueError(
+                f"blocks.{layer}.mlp is a mixture of experts, with no dense neurons: split it into its experts with"
+                f" cache.get_expert_results({layer}) or cache.stack_expert_results() (labels L{layer}.E{{expert}}),"
+                " or keep it whole with decompose_resid(mode='mlp')"
+            )
+        w_out = getattr(mlp, "W_out", None)
+        if w_out is None or w_out.ndim != 2 or act_name("post", layer) not in self.model.hook_dict:
+            raise ValueError(f"blocks.{layer}.mlp has no dense neurons: keep it whole with decompose_resid(mode='mlp')")
+        return w_out.detach()
+
+    def get_neuron_results(
+        self,
+        layer: int,
+        neuron_slice: PosSlice = None,
+        pos_slice: PosSlice = None,
+        project_output_onto: Tensor | None = None,
+    ) -> Tensor:
+        """Each neuron's write to the residual stream in block `layer`: `post[..., n] * W_out[n]`.
+
+        [batch pos d_mlp d_model] (neurons chosen by `neuron_slice`, an int or `Slice(int)` picks one
+        and drops the axis, as TransformerLens). `project_output_onto` ([d_model] or [d_model k]) is
+        contracted with W_out first, so the d_mlp x d_model product is never built.
+        """
+        w_out = self._neuron_weights(layer)
+        neuron_slice = Slice(neuron_slice)
+        acts = self._slice(self["post", layer], pos_slice)
+        acts, w_out = neuron_slice.apply(acts, -1), neuron_slice.apply(w_out, 0)
+        w_out = w_out.to(acts.device, acts.dtype)
+        if project_output_onto is None:
+            return acts[..., None] * w_out
+        projected = w_out @ project_output_onto.to(acts.device, acts.dtype)
+        return acts * projected if projected.ndim == w_out.ndim - 1 else acts[..., None] * projected
+
+    def stack_neuron_results(
+        self,
+        layer: int | None,
+        pos_slice: PosSlice = None,
+        neuron_slice: PosSlice = None,
+        return_labels: bool = False,
+        incl_remainder: bool = False,
+        apply_ln: bool = False,
+        project_output_onto: Tensor | None = None,
+    ):
+        """Every neuron's write to the residual stream for blocks before `layer` (-1 or None: all).
+
+        Returns [component, batch, pos, d_model] (or the projection's width) with labels `L{layer}N{neuron}`.
+        Memory grows as layers x d_mlp x batch x pos x d_model: slice, or pass `project_output_onto`.
+        """
+        upto = self._layers_upto(layer)
+        # An int picks one neuron per layer but keeps the axis: TransformerLens drops it here and then
+        # concatenates the layers along the position axis.
+        neuron_slice = Slice.unwrap(neuron_slice)
+        neurons = neuron_slice.apply(torch.arange(self.model.cfg.d_mlp), 0).tolist()
+        labels = [f"L{i}N{n}" for i in range(upto) for n in neurons]
+        project, squeeze = project_output_onto, False
+        if project is not None and project.ndim == 1:
+            project, squeeze = project[:, None], True
+        project_now = project if not apply_ln else None  # a norm must see d_model vectors
+        per_layer = [self.get_neuron_results(i, neuron_slice, pos_slice, project_now) for i in range(upto)]
+        if per_layer:
+            stack = torch.cat(per_layer, dim=-2).movedim(-2, 0)
+        else:
+            stack = self._empty_stack(pos_slice, None if project_now is None else project_now.shape[-1])
+        if incl_remainder:
+            resid = self._slice(self._final_or_pre(upto), pos_slice)
+            if project_now is not None:
+                resid = resid @ project_now.to(resid.device, resid.dtype)
+            stack = torch.cat([stack, (resid - stack.sum(0))[None]])
+            labels.append("remainder")
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, upto, pos_slice=pos_slice, has_batch_dim=self.has_batch_dim)
+            if project is not None:
+                stack = stack @ project.to(stack.device, stack.dtype)
+        if squeeze:
+            stack = stack.squeeze(-1)
+        return (stack, labels) if return_labels else stack
+
+    def get_expert_results(self, layer: int, pos_slice: PosSlice = None) -> Tensor:
+        """Each expert's write to the residual stream in mixture-of-experts block `layer`: [batch pos n_experts d_model].
+
+        Expert e's write at a token is its routing weight times its output, `weight * down_e(expert_post)`,
+        summed over the slots that hold e; an expert the token was not routed to writes zeros. Summed
+        over experts it is `mlp_out` (Qwen3-MoE has no shared expert and no output bias), up to float
+        rounding. Computed from the cached `mlp.hook_expert_post`, `hook_expert_weights` and
+        `hook_expert_indices` (a default cache keeps them) and the model's expert weights.
+        """
+        layer = layer + self.model.cfg.n_layers if layer < 0 else layer
+        mlp = self.model.blocks[layer].mlp
+        if not _has_experts(mlp):
+            raise ValueError(f"blocks.{layer}.mlp is dense, with no experts: its neurons are cache.get_neuron_results({layer})")
+        needed = [f"blocks.{layer}.mlp.{hook}" for hook in mlp.expert_result_hooks]
+        missing = [name for name in needed if name not in self.cache_dict]
+        if missing:
+            raise KeyError(
+                f"the expert results of block {layer} are computed from {', '.join(needed)}; this cache lacks"
+                f" {', '.join(missing)}: cache them too (run_with_cache without a names_filter keeps them)"
+            )
+        post, weights, indices = (self._slice(self.cache_dict[name], pos_slice) for name in needed)
+        return mlp.expert_results(post, weights, indices)
+
+    def stack_expert_results(
+        self,
+        layer: int | None = -1,
+        return_labels: bool = False,
+        incl_remainder: bool = False,
+        pos_slice: PosSlice = None,
+        apply_ln: bool = False,
+    ):
+        """Every expert's write to the residual stream for the mixture-of-experts blocks before `layer`
+        (-1 or None: all blocks); dense blocks have none (their neurons: `stack_neuron_results`).
+
+        Returns [component, batch, pos, d_model] with labels `L{layer}.E{expert}` (component addresses,
+        as `ablate.hooks` takes them), block by block, as `stack_head_results` orders heads; experts a
+        token was not routed to are zeros there. `incl_remainder` appends what is left of the residual
+        stream. Memory grows as sparse layers x n_experts x batch x pos x d_model: slice positions.
+        """
+        if not any(_has_experts(block.mlp) for block in self.model.blocks):
+            raise ValueError(f"{type(self.model).__name__} has no mixture-of-experts block: split its MLPs with stack_neuron_results")
+        upto = self._layers_upto(layer)
+        components, labels = [], []
+        for i in range(upto):
+            if not _has_experts(self.model.blocks[i].mlp):
+                continue
+            results = self.get_expert_results(i, pos_slice)
+            components.append(results.movedim(-2, 0))
+            labels += [f"L{i}.E{e}" for e in range(results.shape[-2])]
+        stack = torch.cat(components) if components else self._empty_stack(pos_slice)
+        return self._finish_stack(stack, labels, upto, pos_slice, incl_remainder, apply_ln, return_labels)
+
+    def get_full_resid_decomposition(
+        self,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        expand_neurons: bool = True,
+        apply_ln: bool = False,
+        pos_slice: PosSlice = None,
+        return_labels: bool = False,
+        project_output_onto: Tensor | None = None,
+        expand_experts: bool | None = None,
+    ):
+        """The residual stream into `layer` split into every head, every neuron (or MLP), the
+        embeddings and the accumulated output biases, in TransformerLens' order: heads, neurons,
+        `embed`, `pos_embed`, `bias`. The rows sum to the residual stream. [component, batch, pos, d_model].
+
+        A mixture-of-experts block is split into its experts (`L{i}.E{e}`, see `get_expert_results`)
+        when `expand_experts` (default: `expand_neurons`), else kept whole (`{i}_mlp_out`); the MLP rows
+        come block by block, each block's dense neurons, experts or whole output in its place.
+        """
+        upto = self._layers_upto(layer)
+        if mlp_input and upto == self.model.cfg.n_layers:
+            raise ValueError("mlp_input=True needs a block to feed; the final residual goes to the unembedding")
+        expand_experts = expand_neurons if expand_experts is None else expand_experts
+        heads, labels = self.stack_head_results(upto + int(mlp_input), pos_slice=pos_slice, return_labels=True)
+        components = [heads]
+        sparse = [i for i in range(upto) if _has_experts(self.model.blocks[i].mlp)]
+        if sparse:
+            for i in range(upto):
+                if i in sparse and expand_experts:
+                    components.append(self.get_expert_results(i, pos_slice).movedim(-2, 0))
+                    labels += [f"L{i}.E{e}" for e in range(components[-1].shape[0])]
+                elif i not in sparse and expand_neurons:
+                    components.append(self.get_neuron_results(i, pos_slice=pos_slice).movedim(-2, 0))
+                    labels += [f"L{i}N{n}" for n in range(components[-1].shape[0])]
+                else:
+                    components.append(self._slice(self["mlp_out", i], pos_slice)[None])
+                    labels.append(f"{i}_mlp_out")
+        elif upto > 0:
+            if expand_neurons:
+                neurons, neuron_labels = self.stack_neuron_results(upto, pos_slice=pos_slice, return_labels=True)
+            else:
+                neurons, neuron_labels = self.decompose_resid(upto, mlp_input=mlp_input, mode="mlp", pos_slice=pos_slice,
+                                                              incl_embeds=False, return_labels=True)
+            components.append(neurons)
+            labels += neuron_labels
+        for name in self.model.embedding_hook_names:
+            components.append(self._slice(self[name], pos_slice)[None])
+            labels.append(name.removeprefix("hook_"))
+        bias = accumulated_bias(self.model, upto, mlp_input, include_mlp_biases=expand_neurons)
+        components.append(bias.to(heads.device, heads.dtype).expand(1, *heads.shape[1:]))
+        labels.append("bias")
+        stack = torch.cat(components)
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, upto, mlp_input=mlp_input, pos_slice=pos_slice, has_batch_dim=self.has_batch_dim)
+        if project_output_onto is not None:
+            stack = stack @ project_output_onto.to(stack.device, stack.dtype)
+        return (stack, labels) if return_labels else stack
+
+    def _final_or_pre(self, layer: int) -> Tensor:
+        if layer >= self.model.cfg.n_layers:
+            return self["resid_post", self.model.cfg.n_layers - 1]
+        return self["resid_pre", layer]
+
+    def apply_ln_to_stack(
+        self,
+        residual_stack: Tensor,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        pos_slice: PosSlice = None,
+        batch_slice: PosSlice = None,
+        has_batch_dim: bool = True,
+        recompute_ln: bool = False,
+    ) -> Tensor:
+        """Normalise each component with the scale the real forward used at that norm.
+
+        LayerNorm centres each component and divides by the cached `hook_scale`; RMSNorm only divides.
+        The norm's weight and bias are *not* applied (as in TransformerLens); `logit_attrs` applies
+        the weight. `batch_slice` is applied to the stack's batch axis and to the scale, as
+        TransformerLens. `recompute_ln=True` into the unembedding instead runs `ln_final` itself on
+        each component (its own statistics, weight and bias): the logit lens.
+        """
+        upto = self._layers_upto(layer)
+        if has_batch_dim and batch_slice is not None:
+            residual_stack = apply_pos_slice(residual_stack, batch_slice, 1)
+        if recompute_ln and upto == self.model.cfg.n_layers:
+            return self.model.ln_final(residual_stack)
+        if upto == self.model.cfg.n_layers:
+            norm, scale_name = self.model.ln_final, "ln_final.hook_scale"
+        else:
+            block = self.model.blocks[upto]
+            norm, scale_name = (block.ln2, act_name("scale", upto, "ln2")) if mlp_input else (block.ln1, act_name("scale", upto, "ln1"))
+        if scale_name not in self.cache_dict:
+            raise KeyError(f"apply_ln needs {scale_name} in the cache; run run_with_cache without a names_filter that drops it")
+        scale = self._slice(self.cache_dict[scale_name], pos_slice)
+        if batch_slice is not None and self.has_batch_dim:
+            scale = apply_pos_slice(scale, batch_slice, 0)
+        if not has_batch_dim and self.has_batch_dim:
+            scale = scale[0]
+        return norm.normalize_with_scale(residual_stack, scale)
+
+    def logit_attrs(
+        self,
+        residual_stack: Tensor,
+        tokens: Tensor | int | str,
+        incorrect_tokens: Tensor | int | str | None = None,
+        pos_slice: PosSlice = None,
+        batch_slice: PosSlice = None,
+        has_batch_dim: bool = True,
+    ) -> Tensor:
+        """Each component's direct contribution to the logit of `tokens` (minus `incorrect_tokens`).
+
+        The stack is normalised with the final norm's cached scale, multiplied by its weight, and
+        projected on the unembedding columns: [component, ...] (the d_model axis is reduced). With
+        one answer per prompt (`tokens` [batch]) or one token for all, and an int `pos_slice`, the
+        result is [component, batch], as TransformerLens, whether the stack kept the length-1 position axis
+        (`decompose_resid(pos_slice=-1)` here) or not.
+        """
+        if incorrect_tokens is not None and _token_shape(tokens) != _token_shape(incorrect_tokens):
+            raise ValueError(f"tokens and incorrect_tokens must have the same shape! "
+                             f"(tokens.shape={_token_shape(tokens)}, incorrect_tokens.shape={_token_shape(incorrect_tokens)})")
+        normalized = self.apply_ln_to_stack(residual_stack, None, pos_slice=pos_slice, batch_slice=batch_slice, has_batch_dim=has_batch_dim)
+        direction = self.model.tokens_to_residual_directions(tokens)
+        if incorrect_tokens is not None:
+            direction = direction - self.model.tokens_to_residual_directions(incorrect_tokens)
+        direction = direction.to(normalized.device, normalized.dtype)
+        one_position = isinstance(pos_slice, int) and has_batch_dim and normalized.ndim == 4 and normalized.shape[2] == 1
+        if one_position and len(_token_shape(tokens)) <= 1:  # answers [batch] or one token, stack [component batch 1 d_model]
+            normalized = normalized[:, :, 0]
+        return (normalized * direction).sum(-1)
+
+    def _slice(self, tensor: Tensor, pos_slice: PosSlice) -> Tensor:
+        # The analysis methods read pos_slice as TransformerLens does: an int indexes, dropping the axis.
+        return Slice(pos_slice).apply(tensor, 1 if self.has_batch_dim else 0)
+
+    def stack_activation(self, activation_name: str, layer: int | None = -1, sublayer_type: str | None = None) -> Tensor:
+        """`cache[activation_name, i, sublayer_type]` for every block before `layer` (-1 or None: all),
+        stacked on a new leading axis: `cache.stack_activation("scale", sublayer_type="ln2")`."""
+        upto = self.model.cfg.n_layers if layer is None or layer == -1 else layer
+        return torch.stack([self[activation_name, i, sublayer_type] for i in range(upto)])
+
+
+def _has_experts(mlp: torch.nn.Module) -> bool:
+    """Whether `mlp` is a mixture of experts: it declares `expert_results` and the hooks that feed it."""
+    return hasattr(mlp, "expert_results")
+
+
+def _output_bias(module: torch.nn.Module, names: tuple[str, ...]) -> Tensor | None:
+    """The bias added after a sublayer's output projection (None: it has none)."""
+    for name in names:
+        projection = getattr(module, name, None)
+        if projection is not None:
+            return getattr(projection, "bias", None)
+    return None
+
+
+def accumulated_bias(model: "HookedTransformer", layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
+    """The output biases (attention `b_O`, MLP `b_out`) written to the residual stream before block `layer`
+    ([d_model]); `mlp_input` adds block `layer`'s attention bias. `model.accumulated_bias(...)` in TransformerLens."""
+    n_layers = model.cfg.n_layers
+    if not 0 <= layer <= n_layers:
+        raise IndexError(f"layer {layer} is out of range for {n_layers} layers (0..{n_layers})")
+    if mlp_input and layer == n_layers:
+        raise ValueError("Cannot include attn_bias from beyond the final layer")
+    total = torch.zeros(model.cfg.d_model, device=model.device, dtype=model.dtype)
+    for i in range(layer + int(mlp_input)):
+        block = model.blocks[i]
+        biases = [_output_bias(block.attn, ("c_proj", "o_proj"))]
+        if include_mlp_biases and i < layer:
+            biases.append(_output_bias(block.mlp, ("c_proj", "down_proj")))
+        for bias in biases:
+            if bias is not None:
+                total = total + bias.detach()
+    return total
+
+
+def _token_shape(tokens) -> tuple[int, ...]:
+    return tuple(tokens.shape) if isinstance(tokens, Tensor) else ()

@@ -1,0 +1,142 @@
+"""TransformerLens' views of a model's weights: `model.embed.W_E`, `model.unembed.W_U`, the `[n_layers ...]`
+stacks (`model.W_Q`, ..., `model.OV`, `model.QK`) and the unembedding read-outs.
+
+Every view is read from the model's own parameters on each access, so it shows the weights the model
+computes with (processed only where the model was: hooked.processing). A mixin of `HookedTransformer`
+(hooked/models/base.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+
+from hooked.factored import ov_circuit, qk_circuit
+
+
+class WeightView:
+    """A TransformerLens module's weights under its attribute names (`model.embed.W_E`, `model.unembed.W_U`),
+    read from the model's own parameters on each access; calling it calls `call`.
+
+    Not an `nn.Module`: the parameters keep their checkpoint names (`wte.weight`, `lm_head.weight`) and
+    appear once in the state dict, and the weights stay those the model computes with, processed or not.
+    """
+
+    def __init__(self, name: str, call, **weights):
+        self._name, self._call, self._weights = name, call, weights  # weights: attribute -> zero-argument function
+
+    def __call__(self, *args, **kwargs):
+        if self._call is None:
+            raise TypeError(f"model.{self._name} is not callable in hooked; read its weights ({', '.join(self._weights)})")
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        weights = self.__dict__.get("_weights", {})
+        if name in weights:
+            return weights[name]()
+        raise AttributeError(f"model.{self.__dict__.get('_name')} has no attribute {name!r} (it has {', '.join(weights)})")
+
+    def __dir__(self):
+        return [*super().__dir__(), *self._weights]
+
+    def __repr__(self) -> str:
+        return f"WeightView(model.{self._name}: {', '.join(self._weights)})"
+
+
+class WeightStacks:
+    """TransformerLens' weight attributes of a model (a mixin: the weights are the model's)."""
+
+    @property
+    def embed(self) -> WeightView:
+        """TransformerLens' `model.embed`: `.W_E` [d_vocab d_model]; `model.embed(tokens)` is `W_E[tokens]`, as
+        there, and `model.embed(tokens, position_ids)` the model's first step (`resid_from_tokens`: the
+        embedding hooks fire, positions are added on GPT-2)."""
+        def call(tokens: Tensor, position_ids: Tensor | None = None) -> Tensor:
+            if position_ids is not None:
+                return self.resid_from_tokens(tokens, position_ids)
+            if self.tensor_parallel:  # W_E holds this rank's vocabulary rows only
+                raise ValueError("model.embed(tokens) under tensor parallelism: pass position_ids (the model's first step)")
+            return self.W_E[tokens]
+
+        return WeightView("embed", call, W_E=lambda: self.W_E)
+
+    @property
+    def unembed(self) -> WeightView:
+        """TransformerLens' `model.unembed`: `.W_U` [d_model d_vocab], `.b_U` [d_vocab], as `model.W_U` / `b_U`.
+
+        Calling it is TransformerLens' step: `model.unembed(x)` is `x @ W_U + b_U`, without the final norm
+        (TransformerLens notebooks call `model.unembed(model.ln_final(resid))`). `logits_from_resid(resid)`
+        applies the final norm too.
+        """
+        def call(x: Float[Tensor, "... d_model"]) -> Tensor:
+            bias = self.unembed_bias
+            return F.linear(x, self.unembed_weight, bias)
+
+        return WeightView("unembed", call, W_U=lambda: self.W_U, b_U=lambda: self.b_U)
+
+    # ----------------------------------------------------------------- unembedding helpers
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self.unembed_weight.T
+
+    @property
+    def b_U(self) -> Float[Tensor, " d_vocab"]:
+        """The unembedding bias: zeros, as in TransformerLens, unless weight processing folded the final
+        LayerNorm's bias into it (`unembed_bias`)."""
+        bias = self.unembed_bias
+        return self.unembed_weight.new_zeros(self.cfg.d_vocab) if bias is None else bias
+
+    # TransformerLens' stacked weights, [n_layers, ...]: copies, built on each access, of the model's own
+    # weights (processed only where the model was: hooked.processing). Grouped-query key/value heads are repeated to one per query head, as
+    # TransformerLens does (blocks[i].attn.W_K_grouped keeps them grouped).
+    def _stack_blocks(self, module: str, name: str) -> Tensor:
+        parts = [getattr(getattr(block, module), name, None) for block in self.blocks]
+        shapes = [None if part is None else list(part.shape) for part in parts]
+        if None in shapes or any(shape != shapes[0] for shape in shapes):
+            listed = ", ".join(f"block {i}: {shape or 'none'}" for i, shape in enumerate(shapes))
+            raise ValueError(
+                f"model.{name} stacks blocks[i].{module}.{name} over the blocks, but they differ ({listed}; a"
+                f" mixture-of-experts MLP has one per expert): read blocks[i].{module}.{name}"
+            )
+        return torch.stack(parts)
+
+    W_Q = property(lambda self: self._stack_blocks("attn", "W_Q"), doc="[n_layers head_index d_model d_head]")
+    W_K = property(lambda self: self._stack_blocks("attn", "W_K"), doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)")
+    W_V = property(lambda self: self._stack_blocks("attn", "W_V"), doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)")
+    W_O = property(lambda self: self._stack_blocks("attn", "W_O"), doc="[n_layers head_index d_head d_model]")
+    b_Q = property(lambda self: self._stack_blocks("attn", "b_Q"), doc="[n_layers head_index d_head] (zeros without biases)")
+    b_K = property(lambda self: self._stack_blocks("attn", "b_K"), doc="[n_layers head_index d_head] (zeros without biases)")
+    b_V = property(lambda self: self._stack_blocks("attn", "b_V"), doc="[n_layers head_index d_head] (zeros without biases)")
+    b_O = property(lambda self: self._stack_blocks("attn", "b_O"), doc="[n_layers d_model] (zeros without biases)")
+    W_in = property(lambda self: self._stack_blocks("mlp", "W_in"), doc="[n_layers d_model d_mlp] (dense MLPs)")
+    W_out = property(lambda self: self._stack_blocks("mlp", "W_out"), doc="[n_layers d_mlp d_model] (dense MLPs)")
+    b_in = property(lambda self: self._stack_blocks("mlp", "b_in"), doc="[n_layers d_mlp] (dense MLPs; zeros without biases)")
+    b_out = property(lambda self: self._stack_blocks("mlp", "b_out"), doc="[n_layers d_model] (dense MLPs; zeros without biases)")
+    OV = property(ov_circuit, doc="Every head's OV circuit W_V @ W_O: FactoredMatrix [n_layers head_index d_model d_model]")
+    QK = property(qk_circuit, doc="Every head's QK circuit W_Q @ W_K^T: FactoredMatrix [n_layers head_index d_model d_model]")
+
+    def tokens_to_residual_directions(self, tokens) -> Tensor:
+        """The direction in the normalised residual stream that reads out each token's logit.
+
+        It includes the final norm's weight (1 once `fold_ln` has folded it into the unembedding): [d_model]
+        for one token (a str, an int or a one-element tensor of any rank, squeezed as TransformerLens does),
+        [..., d_model] for a tensor of several tokens.
+        """
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        tokens = torch.as_tensor(tokens, device=self.unembed_weight.device)
+        if tokens.numel() == 1:
+            tokens = tokens.reshape(())
+        return self._unembed_rows(tokens) * self.ln_final.weight
+
+    def logit_bias_terms(self, tokens) -> Tensor:
+        """The part of a token's logit no residual component writes: final-norm bias @ W_U (+ b_U)."""
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        tokens = torch.as_tensor(tokens, device=self.unembed_weight.device)
+        bias = getattr(self.ln_final, "bias", None)
+        terms = (torch.zeros(tokens.shape, dtype=self.dtype, device=tokens.device) if bias is None
+                 else self._unembed_rows(tokens) @ bias)
+        return terms if self.unembed_bias is None else terms + self.unembed_bias[tokens]
