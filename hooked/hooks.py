@@ -225,7 +225,7 @@ class HookPoint(nn.Module):
         if dir not in ("fwd", "bwd", "both"):
             raise ValueError(f"dir must be 'fwd', 'bwd' or 'both', not {dir!r}")
         kept_fwd, kept_bwd = list(self._fwd), list(self._bwd)
-        self._remove(None, including_permanent)
+        self._remove_shared(including_permanent)
         if dir == "fwd":
             self._bwd[:] = kept_bwd
         elif dir == "bwd":
@@ -312,10 +312,9 @@ class HookPoint(nn.Module):
     register_forward_hook = register_forward_pre_hook = _module_hooks_unsupported
     register_full_backward_hook = register_full_backward_pre_hook = register_backward_hook = _module_hooks_unsupported
 
-    def _remove(self, owner: int | None, including_permanent: bool) -> None:
+    def _remove_shared(self, including_permanent: bool) -> None:
+        """Drop the hooks added to the model here (permanent ones only with `including_permanent`)."""
         def keep(r: _Registration) -> bool:
-            if owner is not None:
-                return r.owner != owner
             return r.permanent and not including_permanent
 
         # In place: assigning the attribute would go through nn.Module.__setattr__ (2/3 of the cost).
@@ -369,7 +368,6 @@ def _end_scoped(point: HookPoint, direction: str = "both") -> None:
 @dataclass
 class _HookContext:
     owner: int = field(default_factory=lambda: next(_owner_ids))
-    points: list[HookPoint] = field(default_factory=list)
     # The per-call scope the context's hooks go into; None: they go on the points, shared (add_hook).
     scope: _Scope | None = None
     registrations: list[_Registration] = field(default_factory=list)
@@ -495,7 +493,6 @@ class HookedRootModule(nn.Module):
                 registrations = context.scope.points.setdefault(point, ([], []))[0 if dir == "fwd" else 1]
             registration = _registration(hook, context.owner, permanent, prepend)
             registrations.insert(0, registration) if prepend else registrations.append(registration)
-            context.points.append(point)
             context.registrations.append(registration)
 
     def add_perma_hook(self, name: NameFilter, hook: HookFn, dir: Direction = "fwd") -> None:
@@ -530,7 +527,7 @@ class HookedRootModule(nn.Module):
             raise ValueError(f"direction must be 'fwd', 'bwd' or 'both', not {direction!r}")
         for point in self.hook_dict.values():
             kept = (list(point._bwd) if direction == "fwd" else [], list(point._fwd) if direction == "bwd" else [])
-            point._remove(None, including_permanent)
+            point._remove_shared(including_permanent)
             if direction == "fwd":
                 point._bwd[:] = kept[0]
             elif direction == "bwd":
