@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # nnsight's dependencies are not pinned in constraints.txt and the tests never use them.
 BENCH_VENV ?= /tmp/hooked-bench/venv
 
-.PHONY: demo test bench bench-sweep install
+.PHONY: demo test bench bench-sweep install gpu-check
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,3 +36,15 @@ $(BENCH_VENV)/.installed: pyproject.toml constraints.txt
 
 bench-sweep: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/sweep.py
+
+# Everything GPU-specific in one run of ~8 minutes (docs/benchmarks.md, "GPU check"); results in
+# runs/gpu-check/. GPU_CHECK_ARGS=--dry-run runs it on the CPU with tiny shapes (tests/test_gpu_check.py).
+# A machine whose python3 already has a CUDA torch (a device machine has no network, so no venv can be
+# installed there) runs the checkout with it; elsewhere the project's venv is used.
+gpu-check:
+	@if $(PYTHON) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
+		echo "gpu-check: $(PYTHON) has a CUDA torch; running the checkout with it"; \
+		PYTHONPATH=$(CURDIR) $(PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS); \
+	else \
+		$(MAKE) --no-print-directory $(VENV)/.installed && $(PY) scripts/gpu_check.py $(GPU_CHECK_ARGS); \
+	fi
