@@ -14,6 +14,9 @@ A B C A B C ... after warmup; ratios of medians against "no hooks" measured in t
      LayerNorm, one normalised copy of the stream per head), which is a cost of the hook's *meaning*,
      not of the hook mechanism. Target: <= 1.15.
    * "every hook point incl. eager-path ones": all of them, for reference (no target).
+   * "every point a default cache keeps": TransformerLens' point set (all but the split q/k/v inputs and
+     hook_mlp_in, which TransformerLens computes only behind flags). Target: <= 1.15.
+   * "run_with_cache()": a cache of every default point. Target: <= 1.3.
 2. Cost of one call, ns: an unhooked `HookPoint`, `nn.Identity`, a bare Python function, and a
    HookPoint with one no-op hook (timeit-style loops, interleaved); and the cost of registering and
    removing the no-op hooks once (a `model.hooks(...)` context with no forward), which
@@ -47,12 +50,19 @@ def not_eager_path(name: str) -> bool:
     return EAGER_PATH.search(name) is None
 
 
-def forward_rows(model, tokens, repeats: int, warmup: int, held_model=None):
+def forward_rows(model, tokens, repeats: int, warmup: int, held_model=None, cache_rows: bool = False):
     fns = {
         "no hooks": lambda: model(tokens),
         "every hook point except eager-path ones": lambda: model.run_with_hooks(tokens, fwd_hooks=[(not_eager_path, noop)]),
         "every hook point incl. eager-path ones": lambda: model.run_with_hooks(tokens, fwd_hooks=[(lambda name: True, noop)]),
     }
+    if cache_rows:
+        # TransformerLens' point set: the split q/k/v inputs and hook_mlp_in exist there only behind flags, and
+        # a cache without a filter leaves them out here too (model.default_cache_names()).
+        default = set(model.default_cache_names())
+        fns["every point a default cache keeps (TransformerLens' set)"] = (
+            lambda: model.run_with_hooks(tokens, fwd_hooks=[(lambda name: name in default, noop)]))
+        fns["run_with_cache() (target <= 1.3)"] = lambda: model.run_with_cache(tokens)
     if held_model is not None:  # a second copy with the same hooks attached once (add_hook), for good
         fns["same, registered once (add_hook, second copy)"] = lambda: held_model(tokens)
     return compare(fns, repeats=repeats, warmup=warmup)
@@ -105,7 +115,7 @@ def main() -> None:
 
     with torch.inference_mode():
         tokens = random_tokens(args.batch, args.pos)
-        timings = forward_rows(model, tokens, args.repeats, args.warmup)
+        timings = forward_rows(model, tokens, args.repeats, args.warmup, cache_rows=True)
         print(timing_table(timings, title=f"\n1. forward with no-op hooks, float32, batch {args.batch} x {args.pos}, {args.repeats} runs each"
                                          " (target: first hooked row <= 1.15)"))
 
