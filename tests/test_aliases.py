@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers
 
 import hooked
 from hooked.aliases import TRANSFORMER_LENS_NAMES, hub_id, nearest
-from hooked.testing import randomize_norms
 from hooked.weights import resolve
+from tests.tl_reference import save_grouped_qwen3
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -35,12 +34,7 @@ def put_in_cache(hub: Path, repo_id: str, directory: Path) -> None:
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("qwen3")
-    torch.manual_seed(0)
-    config = transformers.Qwen3Config(vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                      head_dim=8, intermediate_size=48, num_hidden_layers=1)
-    model = transformers.Qwen3ForCausalLM(config).eval()
-    randomize_norms(model)
-    model.save_pretrained(directory)
+    save_grouped_qwen3(directory, n_layers=1)
     return directory
 
 

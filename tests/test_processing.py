@@ -423,7 +423,7 @@ print(json.dumps({"peak": status()["VmHWM"] - baseline, "weights": weights}))
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="measures peak memory from /proc/self/status, which only Linux has")
 def test_processing_makes_no_second_copy_of_the_weights(tmp_path):
     """Peak resident memory of a load, in a fresh process each, over the RSS after the imports: processing
     adds at most the weights it creates (the untied unembedding and its bias) and small temporaries,

@@ -100,20 +100,28 @@ def tl_qwen3(checkpoint_dir: Path, hf_model=None):
     return model.eval()
 
 
-def grouped_qwen3_pair(directory: Path):
-    """A tiny grouped-query Qwen3 (4 query heads over 2 key/value heads, 2 layers, norms randomised) saved to
-    `directory`, loaded by `hooked` and by TransformerLens on the same weights: (hooked, TransformerLens)."""
+def save_grouped_qwen3(directory: Path, n_layers: int = 2):
+    """A tiny grouped-query Qwen3ForCausalLM (4 query heads over 2 key/value heads, norms randomised, seed 0)
+    saved to `directory`; returns the transformers model."""
     import transformers
 
-    import hooked
     from hooked.testing import randomize_norms
 
     torch.manual_seed(0)
     config = transformers.Qwen3Config(vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                      head_dim=8, intermediate_size=48, num_hidden_layers=2)
+                                      head_dim=8, intermediate_size=48, num_hidden_layers=n_layers)
     hf = transformers.Qwen3ForCausalLM(config).eval()
     randomize_norms(hf)
     hf.save_pretrained(directory)
+    return hf
+
+
+def grouped_qwen3_pair(directory: Path):
+    """`save_grouped_qwen3(directory)` loaded by `hooked` and by TransformerLens on the same weights:
+    (hooked, TransformerLens)."""
+    import hooked
+
+    hf = save_grouped_qwen3(directory)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return hooked.load(directory), tl_qwen3(directory, hf)
