@@ -16,8 +16,10 @@ puts this folder on sys.path).
   median of each and the ratio of medians against the first. Ratios of runs taken in the same
   process, interleaved, survive a noisy shared machine far better than absolute times.
 * `rss()`, `peak_rss()`, `PeakSampler` measure resident memory.
+* `transformer_lens_gpt2(dir)` builds TransformerLens 3.9's `HookedTransformer` on the same weights as
+  a GPT-2 checkpoint, unprocessed (no LayerNorm folding, no centring), as `hooked.load` loads them.
 
-Threads: torch's default (`torch.get_num_threads()`), never changed here.
+Threads: torch's default (`torch.get_num_threads()`), never changed here (a script's `--cpu-time` may).
 """
 
 from __future__ import annotations
@@ -57,6 +59,39 @@ def gpt2_small_checkpoint(directory: Path | None = None, seed: int = 0) -> Path:
     return transformers_checkpoint(directory or BENCH_DIR / "gpt2-small", "GPT2Config", "GPT2LMHeadModel", GPT2_SMALL, seed=seed)
 
 
+def transformer_lens_gpt2(directory: Path):
+    """TransformerLens' HookedTransformer with `directory`'s GPT-2 weights, unprocessed, float32, CPU, eval mode.
+
+    TransformerLens' own converter (transformer_lens 3.9, pretrained/weight_conversions/gpt2.py) maps
+    transformers' `GPT2LMHeadModel`; `load_and_process_state_dict` with every processing flag off keeps the
+    weights as `hooked.load` does, so both compute the same function (tests/tl_reference.py does the same).
+    """
+    import warnings
+
+    from transformers import GPT2LMHeadModel
+
+    quiet_transformers()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+        from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
+
+    hf = GPT2LMHeadModel.from_pretrained(directory).eval()
+    c = hf.config
+    cfg = HookedTransformerConfig(
+        n_layers=c.n_layer, d_model=c.n_embd, n_heads=c.n_head, d_head=c.n_embd // c.n_head, d_mlp=c.n_inner or 4 * c.n_embd,
+        d_vocab=c.vocab_size, n_ctx=c.n_positions, act_fn="gelu_new", normalization_type="LN",
+        positional_embedding_type="standard", eps=c.layer_norm_epsilon, device="cpu", dtype=torch.float32,
+        original_architecture="GPT2LMHeadModel",
+    )
+    model = HookedTransformer(cfg)
+    with torch.no_grad():
+        model.load_and_process_state_dict(convert_gpt2_weights(hf, cfg), fold_ln=False, center_writing_weights=False,
+                                          center_unembed=False, fold_value_biases=False)
+    del hf
+    return model.eval()
+
+
 def random_tokens(batch: int, pos: int, vocab: int = GPT2_SMALL["vocab_size"], seed: int = 0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (batch, pos), generator=generator)
@@ -89,11 +124,14 @@ def quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
-def compare(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: int = 2) -> list[Timing]:
+def compare(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: int = 2,
+            clock: Callable[[], float] = time.perf_counter) -> list[Timing]:
     """Time each callable `repeats` times, interleaved round-robin (A B A B ...), after `warmup` rounds.
 
     Interleaving spreads the machine's slow phases over every candidate instead of charging one of
     them; the ratio of medians is the figure to read. gc is collected before and disabled during.
+    `clock=time.process_time` counts this process's CPU time instead of wall time: with one torch thread
+    it ignores the time other jobs hold the cores (a busy shared machine), not the cache misses they cause.
     """
     names = list(fns)
     samples: dict[str, list[float]] = {name: [] for name in names}
@@ -103,9 +141,9 @@ def compare(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: int
     try:
         for round_index in range(warmup + repeats):
             for name in names:
-                start = time.perf_counter()
+                start = clock()
                 fns[name]()
-                elapsed = time.perf_counter() - start
+                elapsed = clock() - start
                 if round_index >= warmup:
                     samples[name].append(elapsed)
     finally:

@@ -1,6 +1,7 @@
 """What hooks cost: a no-op hook on (nearly) every hook point vs no hooks, and one HookPoint call.
 
     .venv/bin/python benchmarks/hook_overhead.py [--repeats 6] [--decode-repeats 20] [--batch 4] [--pos 128]
+                                                 [--no-transformer-lens] [--cpu-time]
 
 GPT-2-small shape (benchmarks/common.py), float32, CPU, torch.inference_mode, runs interleaved
 A B C A B C ... after warmup; ratios of medians against "no hooks" measured in the same run.
@@ -14,9 +15,17 @@ A B C A B C ... after warmup; ratios of medians against "no hooks" measured in t
      LayerNorm, one normalised copy of the stream per head), which is a cost of the hook's *meaning*,
      not of the hook mechanism. Target: <= 1.15.
    * "every hook point incl. eager-path ones": all of them, for reference (no target).
-   * "every point a default cache keeps": TransformerLens' point set (all but the split q/k/v inputs and
-     hook_mlp_in, which TransformerLens computes only behind flags). Target: <= 1.15.
-   * "run_with_cache()": a cache of every default point. Target: <= 1.3.
+   * "every point a default cache keeps": all but the split q/k/v inputs and hook_mlp_in, which
+     TransformerLens computes only behind flags (TransformerLens' point set, plus `attn.hook_result`,
+     which TransformerLens caches only after `set_use_attn_result(True)`). Target: <= 1.15.
+   * "run_with_cache()": a cache of every default point. Target: <= 1.3. With no other hook in the call
+     the cache keeps the activations themselves (hooked/cache.py); the next row runs the same cache
+     inside a `model.hooks()` block holding one no-op hook, which makes it copy every activation (what
+     every cache did before), to show what the copies cost.
+   * TransformerLens 3.9 on the same weights (`common.transformer_lens_gpt2`): its forward and its
+     `run_with_cache()` (its default point set: the same minus `attn.hook_result`, plus the unembedding's
+     `hook_in` / `hook_out`). A last table gives hooked's `run_with_cache()` over TransformerLens'.
+     Target: <= 0.7. `--no-transformer-lens` leaves them out.
 2. Cost of one call, ns: an unhooked `HookPoint`, `nn.Identity`, a bare Python function, and a
    HookPoint with one no-op hook (timeit-style loops, interleaved); and the cost of registering and
    removing the no-op hooks once (a `model.hooks(...)` context with no forward), which
@@ -25,15 +34,19 @@ A B C A B C ... after warmup; ratios of medians against "no hooks" measured in t
    short prompt stands in for one decode step), where per-call Python overhead weighs most. One
    extra row runs a second copy of the model with the same hooks attached once (`add_hook`), to
    separate the cost of registering hooks on every call from the cost of calling them.
+
+`--cpu-time` runs section 1 alone on one torch thread and times process CPU time (`time.process_time`),
+which a busy shared machine disturbs far less than wall time.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import time
 
 import torch
-from common import compare, environment, gpt2_small_checkpoint, random_tokens, table, timing_table
+from common import compare, environment, gpt2_small_checkpoint, random_tokens, table, timing_table, transformer_lens_gpt2
 from torch import nn
 
 import hooked
@@ -50,7 +63,18 @@ def not_eager_path(name: str) -> bool:
     return EAGER_PATH.search(name) is None
 
 
-def forward_rows(model, tokens, repeats: int, warmup: int, held_model=None, cache_rows: bool = False):
+RUN_WITH_CACHE = "run_with_cache() (target <= 1.3)"
+TL_RUN_WITH_CACHE = "TransformerLens 3.9 run_with_cache()"
+
+
+def cache_with_another_hook(model, tokens):
+    """run_with_cache with one more hook in the call (a no-op at hook_embed): the cache then copies everything."""
+    with model.hooks(fwd_hooks=[("hook_embed", noop)]):
+        return model.run_with_cache(tokens)
+
+
+def forward_rows(model, tokens, repeats: int, warmup: int, held_model=None, cache_rows: bool = False, tl_model=None,
+                 clock=time.perf_counter):
     fns = {
         "no hooks": lambda: model(tokens),
         "every hook point except eager-path ones": lambda: model.run_with_hooks(tokens, fwd_hooks=[(not_eager_path, noop)]),
@@ -62,10 +86,14 @@ def forward_rows(model, tokens, repeats: int, warmup: int, held_model=None, cach
         default = set(model.default_cache_names())
         fns["every point a default cache keeps (TransformerLens' set)"] = (
             lambda: model.run_with_hooks(tokens, fwd_hooks=[(lambda name: name in default, noop)]))
-        fns["run_with_cache() (target <= 1.3)"] = lambda: model.run_with_cache(tokens)
+        fns[RUN_WITH_CACHE] = lambda: model.run_with_cache(tokens)
+        fns["run_with_cache() with one other hook (copies every activation)"] = lambda: cache_with_another_hook(model, tokens)
+    if tl_model is not None:
+        fns["TransformerLens 3.9 forward"] = lambda: tl_model(tokens)
+        fns[TL_RUN_WITH_CACHE] = lambda: tl_model.run_with_cache(tokens)
     if held_model is not None:  # a second copy with the same hooks attached once (add_hook), for good
         fns["same, registered once (add_hook, second copy)"] = lambda: held_model(tokens)
-    return compare(fns, repeats=repeats, warmup=warmup)
+    return compare(fns, repeats=repeats, warmup=warmup, clock=clock)
 
 
 def micro_rows(calls: int, repeats: int):
@@ -105,6 +133,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--pos", type=int, default=128)
     parser.add_argument("--decode-repeats", type=int, default=20)
+    parser.add_argument("--no-transformer-lens", action="store_true", help="leave out TransformerLens' rows")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="section 1 only, on one torch thread, timed in process CPU time (steadier on a busy machine)")
     args = parser.parse_args()
 
     model = hooked.load(gpt2_small_checkpoint(), dtype=torch.float32, device="cpu")
@@ -115,9 +146,26 @@ def main() -> None:
 
     with torch.inference_mode():
         tokens = random_tokens(args.batch, args.pos)
-        timings = forward_rows(model, tokens, args.repeats, args.warmup, cache_rows=True)
-        print(timing_table(timings, title=f"\n1. forward with no-op hooks, float32, batch {args.batch} x {args.pos}, {args.repeats} runs each"
-                                         " (target: first hooked row <= 1.15)"))
+        tl_model = None if args.no_transformer_lens else transformer_lens_gpt2(gpt2_small_checkpoint())
+        if args.cpu_time:
+            torch.set_num_threads(1)
+        clock = time.process_time if args.cpu_time else time.perf_counter
+        timings = forward_rows(model, tokens, args.repeats, args.warmup, cache_rows=True, tl_model=tl_model, clock=clock)
+        unit = "process CPU time, 1 thread" if args.cpu_time else "wall time"
+        print(timing_table(timings, title=f"\n1. forward with no-op hooks, float32, batch {args.batch} x {args.pos}, {args.repeats} runs each,"
+                                         f" {unit} (target: first hooked row <= 1.15)"))
+        if tl_model is not None:
+            by_name = {t.name: t for t in timings}
+            ours, theirs = by_name[RUN_WITH_CACHE], by_name[TL_RUN_WITH_CACHE]
+            print()
+            print(table(["", "hooked ms", "TransformerLens ms", "ratio hooked / TransformerLens"], [
+                ("median", f"{ours.median * 1e3:.2f}", f"{theirs.median * 1e3:.2f}", f"{ours.median / theirs.median:.3f}"),
+                ("min", f"{min(ours.samples) * 1e3:.2f}", f"{min(theirs.samples) * 1e3:.2f}",
+                 f"{min(ours.samples) / min(theirs.samples):.3f}"),
+            ], title="   run_with_cache(), default points, hooked vs TransformerLens 3.9 (target <= 0.7)"))
+            del tl_model
+        if args.cpu_time:
+            return
 
         calls = 200_000
         micro = micro_rows(calls, repeats=7)

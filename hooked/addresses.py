@@ -75,6 +75,11 @@ def parse_address(model: "HookedTransformer", address: str) -> Component:
         return (value,)
 
     sparse = f"{block}mlp.hook_router_logits" in model.hook_dict
+    attention_only = model.blocks[layer].mlp is None  # cfg.attn_only: the block has no MLP
+    if attention_only and (match["neuron"] is not None or match["expert"] is not None
+                           or (match["whole"] or "").lower() == "mlp"):
+        raise ValueError(f"{address!r}: layer {layer} is attention-only (no MLP); name its heads ('L{layer}H0')"
+                         f" or its attention output ('L{layer}.attn')")
     if match["head"] is not None:
         name = model._check_name(f"{block}attn.hook_{(match['part'] or 'z').lower()}")
         key_value = match["head_kind"].upper() == "KV"
@@ -101,7 +106,7 @@ def parse_address(model: "HookedTransformer", address: str) -> Component:
 def _nearest(model: "HookedTransformer", address: str) -> str:
     candidates = components(model, "heads") + components(model, "layers")
     sparse = [i for i in range(model.cfg.n_layers) if f"blocks.{i}.mlp.hook_router_logits" in model.hook_dict]
-    candidates += [f"L{i}.E0" for i in sparse] + [f"L{i}.N0" for i in range(model.cfg.n_layers) if i not in sparse]
+    candidates += [f"L{i}.E0" for i in sparse] + [f"L{i}.N0" for i in _mlp_layers(model) if i not in sparse]
     if _grouped(model):
         kv_heads = [kv for i in range(model.cfg.n_layers) for kv in head_names(model, i, "kv_head_index")]
         candidates += [f"{kv}.{part}" for kv in kv_heads for part in "kv"]
@@ -177,16 +182,22 @@ def components(model: "HookedTransformer", kind: str) -> list[str]:
         return [f"L{layer}H{head}" for layer in range(cfg.n_layers) for head in range(cfg.n_heads)]
     if kind == "attn":
         return [f"L{layer}.attn" for layer in range(cfg.n_layers)]
-    if kind == "mlps":
-        return [f"L{layer}.mlp" for layer in range(cfg.n_layers)]
+    if kind == "mlps":  # none on an attention-only model (cfg.attn_only)
+        return [f"L{layer}.mlp" for layer in _mlp_layers(model)]
     if kind == "layers":
-        return [f"L{layer}.{part}" for layer in range(cfg.n_layers) for part in ("attn", "mlp")]
+        return [f"L{layer}.{part}" for layer in range(cfg.n_layers)
+                for part in ("attn", "mlp")[:2 if model.blocks[layer].mlp is not None else 1]]
     if kind in ("neurons", "experts") and layer_text:
         layer = _kind_layer(model, kind, layer_text)
         if kind == "neurons":
             return [f"L{layer}.N{i}" for i in range(cfg.d_mlp)]
         return [f"L{layer}.E{i}" for i in range(cfg.n_experts)]
     raise ValueError(f"unknown component kind {kind!r}: heads, attn, mlps, layers, neurons:LAYER, experts:LAYER")
+
+
+def _mlp_layers(model: "HookedTransformer") -> list[int]:
+    """The layers whose block has an MLP: all but attention-only blocks (`block.mlp is None`)."""
+    return [layer for layer, block in enumerate(model.blocks) if block.mlp is not None]
 
 
 def _kind_layer(model: "HookedTransformer", kind: str, layer_text: str) -> int:
@@ -201,6 +212,8 @@ def _kind_layer(model: "HookedTransformer", kind: str, layer_text: str) -> int:
                          f" (0..{n_layers - 1})")
     layer %= n_layers
     sparse = f"blocks.{layer}.mlp.hook_router_logits" in model.hook_dict
+    if model.blocks[layer].mlp is None:
+        raise ValueError(f"components(model, {given!r}): layer {layer} is attention-only (no MLP), so it has no {kind}")
     if kind == "experts" and not sparse:
         raise ValueError(f"components(model, {given!r}): layer {layer} has no experts (a dense MLP); use 'neurons:{layer}'")
     if kind == "neurons" and sparse:

@@ -27,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hooked.metrics import Metric
-from hooked.positions import per_prompt, positions_mask
+from hooked.positions import last_real, per_prompt, positions_mask
 
 if TYPE_CHECKING:
     from hooked.cache import ActivationCache
@@ -198,7 +198,12 @@ def logit_lens(
     model = cache.model
     if isinstance(metric, Metric) and metric.position != -1:
         raise ValueError(f"the logit lens reads each prompt's last token; make {metric!r} with position=-1 (the default)")
-    resid, labels = cache.accumulated_resid(pos_slice=-1, return_labels=True)  # [point batch d_model]
+    mask = cache.attention_mask if cache.has_batch_dim else None
+    if mask is not None and not bool(mask[:, -1].all()):  # right padding: each prompt's last real token
+        every, labels = cache.accumulated_resid(return_labels=True)  # [point batch pos d_model]
+        resid = torch.stack([last_real(point, mask)[:, 0] for point in every])  # [point batch d_model]
+    else:
+        resid, labels = cache.accumulated_resid(pos_slice=-1, return_labels=True)  # [point batch d_model]
     if not cache.has_batch_dim:
         resid = resid[:, None]
     columns = None

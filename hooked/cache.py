@@ -1,10 +1,24 @@
 """`run_with_cache` and the `ActivationCache` it returns.
 
-The cache stores a *copy* of each activation (`detach().clone()`, or the copy `.to(device)` makes).
-TransformerLens stores the live tensor, so `blocks.i.hook_resid_post` and `blocks.{i+1}.hook_resid_pre`
-share storage and an in-place edit at one silently rewrites the cached other; here nothing a later
-hook does can change what was cached, and the cache holds exactly one buffer per activation
-(`benchmarks/cache_memory.py`).
+Nothing a later hook or the model does can change what was cached. TransformerLens stores the live
+tensor, so an in-place edit by a later hook (at `blocks.{i+1}.hook_resid_pre`, say) silently rewrites
+the cached `blocks.i.hook_resid_post`. Here the cache copies an activation (`detach().clone()`, or the
+copy `.to(device)` makes) unless nothing could edit it after the cache saw it, which holds when
+(`_by_reference`):
+
+* the cache's hooks are the only hooks of the call: no hook added to the model, none of an enclosing
+  `model.hooks()` block (any other hook might edit in place what it is handed, or a view of it);
+* the model's forward never edits a hooked tensor in place (`HookedRootModule.edits_hooked_tensors`,
+  False for the audited architectures: tests/test_cache.py checks every point of each after the
+  forward); not under tensor parallelism, whose hooks see gathered tensors;
+* the tensor is compact (not a view into a bigger buffer, such as GPT-2's q/k/v, slices of the fused
+  `c_attn` output, or a `pos_slice`: those are copied so they do not pin the buffer) and is neither
+  the forward's input (`start_at_layer`) nor its output (`stop_at_layer`), which the caller owns.
+
+Then the cache keeps the detached activation itself, as TransformerLens does: copying every activation
+cost a third of a forward (docs/benchmarks.md). The same tensor at two names (`blocks.i.hook_resid_post`
+and `blocks.{i+1}.hook_resid_pre`) is then one buffer under both, as in TransformerLens; clone a cached
+tensor before editing it in place. Gradients (`incl_bwd`) are always copied.
 
 Keys are full hook names or the TransformerLens shorthands: `cache["z", 9]`, `cache["resid_post", -1]`,
 `cache["scale", 3, "ln1"]`, `cache["embed"]`. The analysis helpers (`accumulated_resid`,
@@ -48,6 +62,7 @@ def run_with_cache(
 ) -> tuple[Tensor, "ActivationCache"]:
     # Resolved by model.hooks() (a bad name there raises on every rank of a tensor-parallel group).
     names = model.default_cache_names() if names_filter is None else names_filter
+    by_reference = _by_reference(model)
     store: dict[str, Tensor] = {}
     rows = {}  # the forward's position ids and mask, kept so a cache knows its padding
 
@@ -56,24 +71,28 @@ def run_with_cache(
             current = current_rows()
             rows["position_ids"], rows["attention_mask"] = current.position_ids, current.attention_mask
 
-    def keep(tensor: Tensor, point: HookPoint) -> Tensor:
+    def keep(tensor: Tensor, point: HookPoint, copy: bool) -> Tensor:
         tensor = apply_pos_slice(tensor.detach(), pos_slice, pos_axis(point)) if pos_slice is not None else tensor.detach()
         if remove_batch_dim:
             if tensor.shape[0] != 1:
                 raise ValueError(f"remove_batch_dim=True needs a batch of 1, but {point.name} has batch {tensor.shape[0]}")
             tensor = tensor[0]
         moved = tensor.to(device) if device is not None else tensor
-        return moved.clone() if moved.data_ptr() == tensor.data_ptr() else moved
+        if moved.data_ptr() != tensor.data_ptr():
+            return moved  # .to() made the copy
+        return moved.clone() if copy or not _compact(moved) else moved
 
     def save(tensor: Tensor, point: HookPoint) -> None:
         keep_rows(point)
-        store[point.name] = keep(tensor, point)
+        store[point.name] = keep(tensor, point, copy=not by_reference)
 
     def save_grad(grad: Tensor, point: HookPoint) -> None:
-        store[point.name + "_grad"] = keep(grad, point)
+        store[point.name + "_grad"] = keep(grad, point, copy=True)  # autograd may accumulate into a gradient buffer
 
     with model.hooks(fwd_hooks=[(names, save)], bwd_hooks=[(names, save_grad)] if incl_bwd else []):
         output = model(*model_args, **model_kwargs)
+        if by_reference:  # the caller's tensors (a start_at_layer input, a stop_at_layer output) are theirs to edit
+            _copy_shared(store, [output, *model_args, *model_kwargs.values()])
         if incl_bwd:
             if output.ndim != 0:
                 raise ValueError(
@@ -91,6 +110,26 @@ def run_with_cache(
     cache = ActivationCache(store, model, has_batch_dim=not remove_batch_dim,
                             position_ids=position_ids, attention_mask=attention_mask)
     return output, cache
+
+
+def _by_reference(model: "HookedTransformer") -> bool:
+    """Whether the cache may keep the activations themselves: nothing but its own hooks runs in the call and the
+    model's forward edits no hooked tensor in place (see the module docstring)."""
+    return not (model.edits_hooked_tensors or getattr(model, "tensor_parallel", False) or model.hooks_attached())
+
+
+def _compact(tensor: Tensor) -> bool:
+    """Whether `tensor` is the whole of its storage (a view of a bigger buffer would pin all of it)."""
+    return tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+
+
+def _copy_shared(store: dict[str, Tensor], outside: list) -> None:
+    """Copy every cached tensor that shares a buffer with one of `outside` (the call's inputs and output)."""
+    storages = {t.untyped_storage().data_ptr() for t in outside if isinstance(t, Tensor) and t.is_floating_point()}
+    if storages:
+        for name, tensor in store.items():
+            if tensor.untyped_storage().data_ptr() in storages:
+                store[name] = tensor.clone()
 
 
 class ActivationCache(ResidualDecomposition):

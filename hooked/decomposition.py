@@ -35,6 +35,15 @@ class ResidualDecomposition:
             raise IndexError(f"layer {layer} is out of range for {n_layers} layers (0..{n_layers}, or -1 for all)")
         return upto
 
+    def _has_mlp(self, layer: int) -> bool:
+        """Whether block `layer` has an MLP (an attention-only block, `cfg.attn_only`, has `mlp = None`)."""
+        return self.model.blocks[layer].mlp is not None
+
+    def _check_mlp_input(self, upto: int, mlp_input: bool) -> None:
+        if mlp_input and upto < self.model.cfg.n_layers and not self._has_mlp(upto):
+            raise ValueError(f"mlp_input=True: block {upto} is attention-only (no MLP, no ln2), so it has no MLP input;"
+                             " pass mlp_input=False")
+
     def accumulated_resid(
         self,
         layer: int | None = None,
@@ -49,9 +58,11 @@ class ResidualDecomposition:
         Returns [component, batch, pos, d_model]; labels `"0_pre"`, `"0_mid"`, ..., `"final_post"`.
         `apply_ln` up to the final residual runs `ln_final` itself on each component (weight and
         bias included, statistics of that component: the logit lens), as TransformerLens 3.9; up to
-        an earlier block it divides by that block's cached norm scale.
+        an earlier block it divides by that block's cached norm scale. An attention-only block has no
+        `resid_mid` (as TransformerLens): `incl_mid` adds none for it.
         """
         upto = self._layers_upto(layer)
+        self._check_mlp_input(upto, mlp_input)
         n_layers = self.model.cfg.n_layers
         components, labels = [], []
         for i in range(upto + 1):
@@ -61,7 +72,7 @@ class ResidualDecomposition:
                 break
             components.append(self["resid_pre", i])
             labels.append(f"{i}_pre")
-            if (incl_mid and i < upto) or (mlp_input and i == upto):
+            if ((incl_mid and i < upto) or (mlp_input and i == upto)) and self._has_mlp(i):
                 components.append(self["resid_mid", i])
                 labels.append(f"{i}_mid")
         return self._stack(components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels,
@@ -81,9 +92,10 @@ class ResidualDecomposition:
 
         Components: `embed`, `pos_embed` (GPT-2), then `{i}_attn_out` and `{i}_mlp_out` per block
         (`mode` "attn" or "mlp" keeps one kind). They sum to the residual stream exactly up to float
-        rounding. Returns [component, batch, pos, d_model].
+        rounding. Returns [component, batch, pos, d_model]. Attention-only blocks have no `mlp_out`.
         """
         upto = self._layers_upto(layer)
+        self._check_mlp_input(upto, mlp_input)
         components, labels = [], []
         if incl_embeds:
             for name in self.model.embedding_hook_names:
@@ -93,7 +105,7 @@ class ResidualDecomposition:
             if mode in ("all", "attn"):
                 components.append(self["attn_out", i])
                 labels.append(f"{i}_attn_out")
-            if mode in ("all", "mlp"):
+            if mode in ("all", "mlp") and self._has_mlp(i):
                 components.append(self["mlp_out", i])
                 labels.append(f"{i}_mlp_out")
         if mlp_input and upto < self.model.cfg.n_layers and mode in ("all", "attn"):
@@ -175,6 +187,8 @@ class ResidualDecomposition:
 
     def _neuron_weights(self, layer: int) -> Tensor:
         mlp = self.model.blocks[layer].mlp
+        if mlp is None:
+            raise ValueError(f"block {layer} is attention-only (cfg.attn_only): it has no MLP, so no neurons")
         if _has_experts(mlp):
             raise ValueError(
                 f"blocks.{layer}.mlp is a mixture of experts, with no dense neurons: split it into its experts with"
@@ -223,35 +237,62 @@ class ResidualDecomposition:
 
         Returns [component, batch, pos, d_model] (or the projection's width) with labels `L{layer}N{neuron}`.
         Memory grows as layers x d_mlp x batch x pos x d_model: slice, or pass `project_output_onto`.
+        Attention-only blocks have no neurons: none are listed for them.
         """
         upto = self._layers_upto(layer)
+        mlp_layers = [i for i in range(upto) if self._has_mlp(i)]
         # An int picks one neuron per layer but keeps the axis: TransformerLens drops it here and then
         # concatenates the layers along the position axis.
         neuron_slice = Slice.unwrap(neuron_slice)
         neurons = neuron_slice.apply(torch.arange(self.model.cfg.d_mlp), 0).tolist()
-        labels = [f"L{i}N{n}" for i in range(upto) for n in neurons]
+        labels = [f"L{i}N{n}" for i in mlp_layers for n in neurons]
         project, squeeze = project_output_onto, False
         if project is not None and project.ndim == 1:
             project, squeeze = project[:, None], True
-        project_now = project if not apply_ln else None  # a norm must see d_model vectors
-        per_layer = [self.get_neuron_results(i, neuron_slice, pos_slice, project_now) for i in range(upto)]
-        if per_layer:
-            stack = torch.cat(per_layer, dim=-2).movedim(-2, 0)
+        if apply_ln and project is not None:  # never builds the d_model stack
+            stack = self._neurons_normalized_and_projected(mlp_layers, upto, neuron_slice, pos_slice, project, incl_remainder)
         else:
-            stack = self._empty_stack(pos_slice, None if project_now is None else project_now.shape[-1])
+            per_layer = [self.get_neuron_results(i, neuron_slice, pos_slice, project) for i in mlp_layers]
+            if per_layer:
+                stack = torch.cat(per_layer, dim=-2).movedim(-2, 0)
+            else:
+                stack = self._empty_stack(pos_slice, None if project is None else project.shape[-1])
+            if incl_remainder:
+                resid = self._slice(self._final_or_pre(upto), pos_slice)
+                if project is not None:
+                    resid = resid @ project.to(resid.device, resid.dtype)
+                stack = torch.cat([stack, (resid - stack.sum(0))[None]])
+            if apply_ln:
+                stack = self.apply_ln_to_stack(stack, upto, pos_slice=pos_slice, has_batch_dim=self.has_batch_dim)
         if incl_remainder:
-            resid = self._slice(self._final_or_pre(upto), pos_slice)
-            if project_now is not None:
-                resid = resid @ project_now.to(resid.device, resid.dtype)
-            stack = torch.cat([stack, (resid - stack.sum(0))[None]])
             labels.append("remainder")
-        if apply_ln:
-            stack = self.apply_ln_to_stack(stack, upto, pos_slice=pos_slice, has_batch_dim=self.has_batch_dim)
-            if project is not None:
-                stack = stack @ project.to(stack.device, stack.dtype)
         if squeeze:
             stack = stack.squeeze(-1)
         return (stack, labels) if return_labels else stack
+
+    def _neurons_normalized_and_projected(self, mlp_layers: list[int], upto: int, neuron_slice, pos_slice,
+                                          project: Tensor, incl_remainder: bool) -> Tensor:
+        """`stack_neuron_results(apply_ln=True, project_output_onto=project)` without the [neurons batch pos
+        d_model] stack: the norm is linear in each neuron's write once its scale is fixed, so
+        `norm(a_n W_n) @ p = (a_n / s) (norm_1(W_n) @ p)`, where `norm_1` is the norm with scale 1 (centring
+        for LayerNorm, nothing for RMSNorm): only [d_mlp k] forms and [neurons batch pos k] results are built."""
+        norm, scale = self._norm_and_scale(upto, False, pos_slice)
+        per_layer = []
+        for i in mlp_layers:
+            w_out = Slice(neuron_slice).apply(self._neuron_weights(i), 0)
+            form = norm.normalize_with_scale(w_out, torch.ones((), dtype=w_out.dtype, device=w_out.device))
+            acts = Slice(neuron_slice).apply(self._slice(self["post", i], pos_slice), -1)
+            form = (form @ project.to(form.device, form.dtype)).to(acts.device, acts.dtype)
+            per_layer.append((acts / scale.to(acts.device))[..., None] * form)
+        if per_layer:
+            stack = torch.cat(per_layer, dim=-2).movedim(-2, 0)
+        else:
+            stack = self._empty_stack(pos_slice, project.shape[-1])
+        if incl_remainder:
+            resid = self._slice(self._final_or_pre(upto), pos_slice)
+            resid = norm.normalize_with_scale(resid, scale.to(resid.device)) @ project.to(resid.device, resid.dtype)
+            stack = torch.cat([stack, (resid - stack.sum(0))[None]])
+        return stack
 
     def get_expert_results(self, layer: int, pos_slice: PosSlice = None) -> Tensor:
         """Each expert's write to the residual stream in mixture-of-experts block `layer`: [batch pos n_experts d_model].
@@ -327,12 +368,13 @@ class ResidualDecomposition:
         upto = self._layers_upto(layer)
         if mlp_input and upto == self.model.cfg.n_layers:
             raise ValueError("mlp_input=True needs a block to feed; the final residual goes to the unembedding")
+        self._check_mlp_input(upto, mlp_input)
         expand_experts = expand_neurons if expand_experts is None else expand_experts
         heads, labels = self.stack_head_results(upto + int(mlp_input), pos_slice=pos_slice, return_labels=True)
         components = [heads]
         sparse = [i for i in range(upto) if _has_experts(self.model.blocks[i].mlp)]
         if sparse:
-            for i in range(upto):
+            for i in filter(self._has_mlp, range(upto)):
                 if i in sparse and expand_experts:
                     components.append(self.get_expert_results(i, pos_slice).movedim(-2, 0))
                     labels += [f"L{i}.E{e}" for e in range(components[-1].shape[0])]
@@ -342,7 +384,7 @@ class ResidualDecomposition:
                 else:
                     components.append(self._slice(self["mlp_out", i], pos_slice)[None])
                     labels.append(f"{i}_mlp_out")
-        elif upto > 0:
+        elif any(self._has_mlp(i) for i in range(upto)):  # as TransformerLens: no MLP rows on an attn_only model
             if expand_neurons:
                 neurons, neuron_labels = self.stack_neuron_results(upto, pos_slice=pos_slice, return_labels=True)
             else:
@@ -387,23 +429,30 @@ class ResidualDecomposition:
         each component (its own statistics, weight and bias): the logit lens.
         """
         upto = self._layers_upto(layer)
+        if batch_slice is not None and not isinstance(batch_slice, Slice):
+            batch_slice = Slice(batch_slice)  # as TransformerLens: an int picks one prompt and drops the axis
         if has_batch_dim and batch_slice is not None:
             residual_stack = apply_pos_slice(residual_stack, batch_slice, 1)
         if recompute_ln and upto == self.model.cfg.n_layers:
             return self.model.ln_final(residual_stack)
-        if upto == self.model.cfg.n_layers:
-            norm, scale_name = self.model.ln_final, "ln_final.hook_scale"
-        else:
-            block = self.model.blocks[upto]
-            norm, scale_name = (block.ln2, act_name("scale", upto, "ln2")) if mlp_input else (block.ln1, act_name("scale", upto, "ln1"))
-        if scale_name not in self.cache_dict:
-            raise KeyError(f"apply_ln needs {scale_name} in the cache; run run_with_cache without a names_filter that drops it")
-        scale = self._slice(self.cache_dict[scale_name], pos_slice)
+        norm, scale = self._norm_and_scale(upto, mlp_input, pos_slice)
         if batch_slice is not None and self.has_batch_dim:
             scale = apply_pos_slice(scale, batch_slice, 0)
         if not has_batch_dim and self.has_batch_dim:
             scale = scale[0]
         return norm.normalize_with_scale(residual_stack, scale)
+
+    def _norm_and_scale(self, upto: int, mlp_input: bool, pos_slice: PosSlice) -> tuple[torch.nn.Module, Tensor]:
+        """The norm read at block `upto`'s input (ln_final past the last block) and its cached scale."""
+        if upto == self.model.cfg.n_layers:
+            norm, scale_name = self.model.ln_final, "ln_final.hook_scale"
+        else:
+            block = self.model.blocks[upto]
+            self._check_mlp_input(upto, mlp_input)
+            norm, scale_name = (block.ln2, act_name("scale", upto, "ln2")) if mlp_input else (block.ln1, act_name("scale", upto, "ln1"))
+        if scale_name not in self.cache_dict:
+            raise KeyError(f"apply_ln needs {scale_name} in the cache; run run_with_cache without a names_filter that drops it")
+        return norm, self._slice(self.cache_dict[scale_name], pos_slice)
 
     def logit_attrs(
         self,
@@ -472,7 +521,7 @@ def accumulated_bias(model: "HookedTransformer", layer: int, mlp_input: bool = F
     for i in range(layer + int(mlp_input)):
         block = model.blocks[i]
         biases = [_output_bias(block.attn, ("c_proj", "o_proj"))]
-        if include_mlp_biases and i < layer:
+        if include_mlp_biases and i < layer and block.mlp is not None:  # an attention-only block has no MLP
             biases.append(_output_bias(block.mlp, ("c_proj", "down_proj")))
         for bias in biases:
             if bias is not None:

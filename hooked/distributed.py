@@ -30,7 +30,7 @@ ones (docs/scaling.md has the arithmetic and the measurements).
 **Hooks see whole tensors.** A hook point's axes say how it is split: a point with a `head_index`
 or `kv_head_index` axis is split along it, `d_mlp` along the hidden axis, the per-slot expert points
 (`top_k ... d_expert_mlp`) by slot (each slot is computed by the rank that holds its expert), and
-every other point is replicated. Only when a hook is registered at a point (`HookPoint.has_hooks`)
+every other point is replicated. Only when a hook is registered at a point (`HookPoint.listening`)
 is the split tensor gathered; the hooks then run on every rank on the whole tensor, TransformerLens'
 shape. If any rank's hook changed it, the first rank's result is broadcast and each rank keeps its
 own slice (so a hook whose result differed between ranks still gives one consistent model). An

@@ -22,6 +22,12 @@ logits processors) and draws with exponential races: the token is argmax(p / E),
 (prompt, token). `seed=` makes the draws reproducible, and the draws depend only on the prompt's row,
 so variants generated as one batch (`generate_variants`) get the same draws as each alone.
 
+Right padding: text is always tokenized with left padding for generation (as TransformerLens 3.9
+forces), and right-padded ids (read on a tokenizer whose `padding_side` is "right", or an
+`attention_mask` with trailing padding) are moved to the left internally, so each prompt continues from
+its own last token exactly as it would alone; the returned ids are right-padded again, each row's
+prompt and continuation first, then its padding. `return_cache=True` takes left-padded ids or text.
+
 Differences from TransformerLens' `generate`: `do_sample` defaults to False (greedy) and `verbose` to
 False; finished rows are filled with the end-of-sequence token, as there; `return_type="str"` decodes
 each row's real tokens up to (not including) its end-of-sequence token, without a prepended BOS.
@@ -143,12 +149,22 @@ def generate(
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed must be an int, got {seed!r}")
     sampler = Sampler(do_sample, temperature, top_k, top_p, freq_penalty)
-    HookedTokenizer._check_padding_side(padding_side or "left")
+    if padding_side is not None:
+        HookedTokenizer._check_padding_side(padding_side)
     eos_ids = _eos_ids(model, eos_token_id, stop_at_eos) if stop_at_eos else []
     text_input = isinstance(input, str) or (isinstance(input, list) and bool(input) and all(isinstance(s, str) for s in input))
     if text_input and input == "" and model.default_prepend_bos is False and not prepend_bos:
         raise ValueError("an empty prompt with no BOS token has nothing to continue from; give a prompt")
-    tokens, key_valid = model._tokens_and_mask(input, attention_mask, prepend_bos)
+    # Text is padded on the left, as TransformerLens does for generation; ids are read on their side.
+    tokens, key_valid = model._tokens_and_mask(input, attention_mask, prepend_bos, "left" if text_input else padding_side)
+    right_padded = padded_side(key_valid) == "right"
+    if right_padded:
+        if return_cache:
+            raise ValueError(
+                "return_cache=True needs left-padded ids (the cache's columns are the generated sequence's): pass the"
+                " texts, or model.to_tokens(texts, padding_side='left')"
+            )
+        tokens, key_valid = move_padding(tokens, key_valid, "left")
     lengths = tokens.shape[1] - (0 if key_valid is None else (~key_valid).sum(-1))  # real tokens per row
     lengths = torch.as_tensor(lengths, device=tokens.device).expand(tokens.shape[0])
     if model.max_positions is not None and int(lengths.max()) + max_new_tokens > model.max_positions:
@@ -166,6 +182,8 @@ def generate(
     out = out.clone()  # a normal tensor (not an inference one): the tokens may go into a forward with gradients
     if _copies > 1:  # each variant's block keeps its own length, as if generated alone
         return out, run.key_valid_full(out.shape[1]), lengths, eos_ids
+    if right_padded and return_type != "str":  # ids in, ids out: padded on the right again
+        return move_padding(out, run.key_valid_full(out.shape[1]), "right")[0]
     output = _format(model, out, tokens, key_valid, eos_ids, input, text_input, prepend_bos, return_type)
     if recorder is None:
         return output
@@ -336,7 +354,13 @@ def generate_variants(
             raise ValueError(f"generate_variants does not take {refused}=; generate the variant alone with model.generate")
     registered_hooks(model, "generate_variants")
     return_type = kwargs.pop("return_type", "input")
-    tokens, key_valid = model._tokens_and_mask(input, kwargs.get("attention_mask"), kwargs.get("prepend_bos"))
+    text_input = isinstance(input, str) or (isinstance(input, list) and all(isinstance(s, str) for s in input))
+    tokens, key_valid = model._tokens_and_mask(input, kwargs.get("attention_mask"), kwargs.get("prepend_bos"),
+                                               "left" if text_input else kwargs.get("padding_side"))
+    kwargs.pop("padding_side", None)
+    right_padded = padded_side(key_valid) == "right"
+    if right_padded:  # generated on the left, as `generate` does; the ids come back right-padded
+        tokens, key_valid = move_padding(tokens, key_valid, "left")
     batch, copies = tokens.shape[0], len(variants)
     fwd_hooks = []
     for block, (name, pairs) in enumerate(variants.items()):
@@ -349,7 +373,6 @@ def generate_variants(
     kwargs.pop("attention_mask", None)
     out, _, _, eos_ids = generate(model, repeated, max_new_tokens, attention_mask=mask, fwd_hooks=fwd_hooks,
                                   _copies=copies, **{**kwargs, "prepend_bos": False})
-    text_input = isinstance(input, str) or (isinstance(input, list) and all(isinstance(s, str) for s in input))
     results = {}
     for block, name in enumerate(variants):
         part = out[block * batch:(block + 1) * batch]
@@ -357,5 +380,30 @@ def generate_variants(
             is_eos = torch.isin(part[:, tokens.shape[1]:], torch.tensor(eos_ids, device=part.device))
             finished_at = torch.where(is_eos.any(1), is_eos.float().argmax(1), is_eos.shape[1] - 1)
             part = part[:, :tokens.shape[1] + int(finished_at.max()) + 1]
-        results[name] = _format(model, part, tokens, key_valid, eos_ids, input, text_input, kwargs.get("prepend_bos"), return_type)
+        if right_padded and return_type != "str":
+            valid = torch.cat([key_valid, key_valid.new_ones(batch, part.shape[1] - tokens.shape[1])], dim=1)
+            results[name] = move_padding(part, valid, "right")[0]
+        else:
+            results[name] = _format(model, part, tokens, key_valid, eos_ids, input, text_input, kwargs.get("prepend_bos"), return_type)
     return results
+
+
+def padded_side(key_valid: Tensor | None) -> str | None:
+    """"left" or "right" when every row's padding is one run on that side (left first), else None."""
+    if key_valid is None:
+        return None
+    real = key_valid.sum(-1, keepdim=True)  # [batch 1]
+    columns = torch.arange(key_valid.shape[1], device=key_valid.device)
+    if torch.equal(key_valid, columns >= key_valid.shape[1] - real):
+        return "left"
+    return "right" if torch.equal(key_valid, columns < real) else None
+
+
+def move_padding(tokens: Tensor, key_valid: Tensor, side: str) -> tuple[Tensor, Tensor]:
+    """A batch padded on one side, its rows rolled so that the padding is on `side`; the tokens keep their order."""
+    length = tokens.shape[1]
+    padding = length - key_valid.sum(-1, keepdim=True)  # [batch 1]
+    columns = torch.arange(length, device=tokens.device)
+    source = (columns - padding) % length if side == "left" else (columns + padding) % length  # [batch pos]
+    moved = tokens.gather(1, source)
+    return moved, (columns >= padding) if side == "left" else (columns < length - padding)

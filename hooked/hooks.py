@@ -102,6 +102,12 @@ class _Registration:
     permanent: bool = False
     order: int = 0  # where it runs among a point's hooks; negative for prepend=True
     live: bool = True  # False once its context has ended (a task that outlived the block must not run it)
+    context_level = None  # TransformerLens' LensHandle field: hooked has no hook levels
+
+    @property
+    def is_permanent(self) -> bool:
+        """TransformerLens' name for `permanent` (`hook_point.fwd_hooks[0].is_permanent`)."""
+        return self.permanent
 
 
 def _registration(fn: HookFn, owner: int, permanent: bool = False, prepend: bool = False) -> _Registration:
@@ -233,7 +239,7 @@ class HookPoint(nn.Module):
         _end_scoped(self, dir)
 
     @property
-    def has_hooks(self) -> bool:
+    def listening(self) -> bool:
         """True when a hook listens here for this caller (models compute costly points only then)."""
         if not self._fwd and not self._bwd:
             scope = _scope.get()
@@ -241,6 +247,16 @@ class HookPoint(nn.Module):
                 return False
         fwd, bwd = self._active()
         return any(r.live for r in fwd) or any(r.live for r in bwd)
+
+    def has_hooks(self, dir: Literal["fwd", "bwd", "both"] = "both", including_permanent: bool = True, level=None) -> bool:
+        """TransformerLens 3.9's `HookPoint.has_hooks`: whether a hook of direction `dir` runs here for this
+        caller, counting permanent ones unless `including_permanent=False`."""
+        if level is not None:
+            raise ValueError("hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks")
+        if dir not in ("fwd", "bwd", "both"):
+            raise ValueError(f"dir must be 'fwd', 'bwd' or 'both', not {dir!r}")
+        chosen = [*(self.fwd_hooks if dir in ("fwd", "both") else ()), *(self.bwd_hooks if dir in ("bwd", "both") else ())]
+        return any(including_permanent or not r.permanent for r in chosen)
 
     @property
     def position_ids(self) -> Tensor:
@@ -376,6 +392,10 @@ class _HookContext:
 class HookedRootModule(nn.Module):
     """Base class of every model: names its hook points and owns the hook registry."""
 
+    # Whether the forward may edit a tensor in place after its hook point: True (not audited) for a user's own
+    # module. The audited architectures set False, so a cache alone in a call keeps references (hooked/cache.py).
+    edits_hooked_tensors: bool = True
+
     def setup_hooks(self) -> None:
         """Name every HookPoint after its place in the module tree; call at the end of `__init__`."""
         self.hook_dict: dict[str, HookPoint] = {}
@@ -403,6 +423,14 @@ class HookedRootModule(nn.Module):
         with self.hooks(fwd_hooks=[(names, save)]):
             output = self(*model_args, **model_kwargs)
         return output, ActivationCache(store, self)
+
+    def hooks_attached(self) -> bool:
+        """Whether a hook would run in this caller's forward now: on the model (`add_hook`; counted even when
+        `hooks_suspended()` hides it) or of an enclosing `hooks()` block."""
+        scope = _scope.get()
+        if scope is not None and any(r.live for fwd, bwd in scope.points.values() for r in (*fwd, *bwd)):
+            return True
+        return any(point._fwd or point._bwd for point in self.hook_dict.values())
 
     @property
     def hook_names(self) -> list[str]:

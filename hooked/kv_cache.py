@@ -7,8 +7,8 @@
 Each layer's keys and values live in one buffer [batch kv_head_index capacity d_head] (the layout
 attention reads, a view per step). A call writes its columns after the ones already kept; the buffers
 grow by doubling when a call would pass the capacity (`hooked.generate` sizes them once, so it never
-grows). The cache also keeps which columns are real tokens (left padding) and how many real tokens
-each row has, so a continuation's position ids follow on from the prompt's.
+grows). The cache also keeps which columns are real tokens (padding, on either side) and how many real
+tokens each row has, so a continuation's position ids follow on from the prompt's.
 
 A call that raises (a hook error, bad input) leaves the cache as it was: columns are committed only
 when the whole forward has run.

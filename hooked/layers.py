@@ -28,12 +28,53 @@ from hooked.hooks import HookPoint
 from hooked.processing import Projection
 
 
-class LayerNorm(nn.Module):
+class HookedNorm(nn.Module):
+    """A norm with TransformerLens' hooks `hook_scale` and `hook_normalized` (subclasses: the arithmetic).
+
+    Without listeners it runs `unhooked` (the checkpoint's own kernel, bit-identical to Hugging Face). With
+    listeners the hooks see, and may replace, the step-by-step intermediates; when they change nothing (no
+    replacement, no in-place edit: the tensors' version counters say so) the output is still `unhooked`'s,
+    so caching or watching a norm never moves any later number by a rounding (a pattern cached with or
+    without the norm's hooks is the same tensor). Gradients flow through the hooked intermediates either way.
+    Under `torch.inference_mode()`, where tensors keep no version counter, an in-place edit cannot be ruled
+    out and the step-by-step output is used.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not (self.hook_scale.listening or self.hook_normalized.listening):
+            return self.unhooked(x)
+        return self.fire(x)[0]
+
+    def fire(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The output through the hooks, and what it is had they changed nothing, by the same arithmetic (so
+        `output - reference` is exactly 0 wherever the hooks left the values alone)."""
+        scale = self.scale(x)
+        tracked = not scale.is_inference()
+        scale_version = scale._version if tracked else None
+        hooked_scale = self.hook_scale(scale)
+        normalized = self.normalize(x, hooked_scale)
+        normalized_version = normalized._version if tracked else None
+        hooked_normalized = self.hook_normalized(normalized)
+        untouched = (tracked and hooked_scale is scale and hooked_normalized is normalized
+                     and scale._version == scale_version and normalized._version == normalized_version)
+        if not untouched:
+            return self.affine(hooked_normalized), self.stepwise(x)
+        exact = self.unhooked(x)
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            stepwise = self.affine(hooked_normalized)  # the value of `exact`, the gradient of the hooked path
+            exact = exact.detach() + (stepwise - stepwise.detach())
+        return exact, exact
+
+    def stepwise(self, x: Tensor) -> Tensor:
+        """The hooked arithmetic without the hooks."""
+        return self.affine(self.normalize(x, self.scale(x)))
+
+
+class LayerNorm(HookedNorm):
     """LayerNorm with TransformerLens' hooks: `hook_scale` [batch pos 1], `hook_normalized`.
 
-    `hook_normalized` holds (x - mean) / scale, before the weight and bias are applied. Without
-    listeners it runs `F.layer_norm` (bit-identical to Hugging Face); with listeners it computes
-    the same quantity step by step so the hooks see, and may replace, the real intermediates.
+    `hook_normalized` holds (x - mean) / scale, before the weight and bias are applied (HookedNorm says
+    when the output is `F.layer_norm`'s and when the step-by-step one).
     """
 
     def __init__(self, d_model: int, eps: float):
@@ -44,18 +85,14 @@ class LayerNorm(nn.Module):
         self.hook_scale = HookPoint("batch pos 1")
         self.hook_normalized = HookPoint("batch pos d_model")
 
-    def forward(self, x: Tensor) -> Tensor:
-        if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
-            return self.unhooked(x)
-        return self.stepwise(x, fire=True)
-
-    def stepwise(self, x: Tensor, fire: bool = False) -> Tensor:
-        """The hooked computation, step by step (`fire`: through the hooks; else the same arithmetic without)."""
+    def scale(self, x: Tensor) -> Tensor:
         centered = x - x.mean(-1, keepdim=True)
-        scale = (centered.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
-        scale = self.hook_scale(scale) if fire else scale
-        normalized = centered / scale
-        normalized = self.hook_normalized(normalized) if fire else normalized
+        return (centered.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+
+    def normalize(self, x: Tensor, scale: Tensor) -> Tensor:
+        return (x - x.mean(-1, keepdim=True)) / scale
+
+    def affine(self, normalized: Tensor) -> Tensor:
         return normalized * self.weight + self.bias
 
     def unhooked(self, x: Tensor) -> Tensor:
@@ -71,7 +108,7 @@ class LayerNorm(nn.Module):
     b = property(lambda self: self.bias, doc="The bias, as TransformerLens names it: [d_model]")
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(HookedNorm):
     """RMSNorm as Qwen3: normalise in float32, cast back, then multiply by the weight.
 
     `hook_scale` holds sqrt(mean(x^2) + eps) in float32 ([batch pos 1]); `hook_normalized` the
@@ -85,18 +122,13 @@ class RMSNorm(nn.Module):
         self.hook_scale = HookPoint(f"{axes} 1")
         self.hook_normalized = HookPoint(f"{axes} {'d_model' if axes == 'batch pos' else 'd_head'}")
 
-    def forward(self, x: Tensor) -> Tensor:
-        if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
-            return self.unhooked(x)
-        return self.stepwise(x, fire=True)
+    def scale(self, x: Tensor) -> Tensor:
+        return (x.float().pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
 
-    def stepwise(self, x: Tensor, fire: bool = False) -> Tensor:
-        """The hooked computation, step by step (`fire`: through the hooks; else the same arithmetic without)."""
-        h = x.float()
-        scale = (h.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
-        scale = self.hook_scale(scale) if fire else scale
-        normalized = (h / scale).to(x.dtype)
-        normalized = self.hook_normalized(normalized) if fire else normalized
+    def normalize(self, x: Tensor, scale: Tensor) -> Tensor:
+        return (x.float() / scale).to(x.dtype)
+
+    def affine(self, normalized: Tensor) -> Tensor:
         return self.weight * normalized
 
     def unhooked(self, x: Tensor) -> Tensor:
@@ -129,18 +161,21 @@ def attention_input(block: nn.Module, resid_pre: Tensor, n_heads: int, n_kv_head
     copy no hook edited reads exactly the shared normalised input, as without split inputs (so a sweep may
     hook `ln1` in one variant and a split input in another), and hooks at both compose additively.
     """
-    if not (block.hook_q_input.has_hooks or block.hook_k_input.has_hooks or block.hook_v_input.has_hooks):
+    if not (block.hook_q_input.listening or block.hook_k_input.listening or block.hook_v_input.listening):
         return block.ln1(resid_pre)  # the hot path: no tuple, no generator
     points = (block.hook_q_input, block.hook_k_input, block.hook_v_input)
     if any(point.shard is not None for point in points):
         raise RuntimeError("the split q/k/v inputs are not supported under tensor parallelism (hooked.load(..., tp=N))")
     heads = (n_heads, n_kv_heads, n_kv_heads)
-    copies = [point(resid_pre[:, :, None].expand(-1, -1, count, -1).clone()) if point.has_hooks else None
+    copies = [point(resid_pre[:, :, None].expand(-1, -1, count, -1).clone()) if point.listening else None
               for point, count in zip(points, heads)]
-    normalized = block.ln1(resid_pre)  # ln1's hooks, if any, fire here, once
-    norm_hooked = block.ln1.hook_scale.has_hooks or block.ln1.hook_normalized.has_hooks
-    # What ln1's hooks changed: against the same step-by-step arithmetic, so rows they left alone get exactly 0.
-    edit = normalized - block.ln1.stepwise(resid_pre) if norm_hooked else None
+    edit = None
+    if block.ln1.hook_scale.listening or block.ln1.hook_normalized.listening:  # ln1's hooks fire here, once
+        # What they changed: against the same arithmetic, so rows they left alone get exactly 0.
+        normalized, reference = block.ln1.fire(resid_pre)
+        edit = None if normalized is reference else normalized - reference
+    else:
+        normalized = block.ln1(resid_pre)
     inputs = []
     for copy, count in zip(copies, heads):
         shared = normalized[:, :, None].expand(-1, -1, count, -1)
@@ -164,7 +199,7 @@ def mlp_input(block: nn.Module, resid_mid: Tensor) -> Tensor:
     """`blocks.{i}.hook_mlp_in`: what the MLP half reads before its norm. A copy when hooked, so an in-place
     edit changes the MLP's input and not the residual stream (TransformerLens' `use_hook_mlp_in`)."""
     point = block.hook_mlp_in
-    return point(resid_mid.clone()) if point.has_hooks else resid_mid
+    return point(resid_mid.clone()) if point.listening else resid_mid
 
 
 @dataclass(frozen=True)
@@ -278,7 +313,7 @@ def triton_compiles_on(device: torch.device) -> bool:
 
 def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, hook_pattern: HookPoint) -> str:
     """The attention path for one forward (see `attention_backend`)."""
-    pattern_hooked = hook_attn_scores.has_hooks or hook_pattern.has_hooks
+    pattern_hooked = hook_attn_scores.listening or hook_pattern.listening
     forced = _forced_backend.get()
     if forced is None:
         if pattern_hooked:
@@ -291,7 +326,7 @@ def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, 
             return "triton"
         return "sdpa"
     if pattern_hooked and forced != "eager":
-        listening = hook_pattern.name if hook_pattern.has_hooks else hook_attn_scores.name
+        listening = hook_pattern.name if hook_pattern.listening else hook_attn_scores.name
         raise RuntimeError(
             f"attention_backend({forced!r}) cannot serve {listening}: only the eager path forms the"
             " scores and the pattern; remove that hook or use attention_backend('eager')"

@@ -3,7 +3,8 @@
 A metric is a frozen dataclass. Called on the full logits [batch pos d_vocab] of a run, it returns
 [batch]. It also declares what it reads, so that a sweep can keep only that much of every run:
 
-    position    -1: the last column only (the last real token of a left-padded batch); None: every position
+    position    -1: each prompt's last real token (the last column, unless a right-padded row ends with
+                padding: then pass the attention mask); None: every position
     columns     the vocabulary ids it reads, in that order; None: the whole vocabulary
     needs_base  it compares with the base (unablated) run, passed as `base_logits`
     name        what tables and plots call it ("logit_diff")
@@ -32,6 +33,8 @@ from typing import ClassVar, Protocol, Sequence, Union, runtime_checkable
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
+
+from hooked.positions import last_real
 
 Answers = Union[Sequence[str], Sequence[int], Int[Tensor, " batch"]]
 
@@ -74,13 +77,15 @@ class _Metric:
             raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the logits are [batch pos] = {tuple(logits.shape[:2])}")
         if self.columns is not None and self.columns[-1] >= logits.shape[-1]:
             raise ValueError(f"{self!r} reads token id {self.columns[-1]}, but the logits have a vocabulary of {logits.shape[-1]}")
-        base = self.reduce(base_logits) if self.needs_base else None
-        return self.compute(self.reduce(logits), base, attention_mask)
+        base = self.reduce(base_logits, attention_mask) if self.needs_base else None
+        return self.compute(self.reduce(logits, attention_mask), base, attention_mask)
 
-    def reduce(self, logits: Float[Tensor, "batch pos d_vocab"]) -> Float[Tensor, "batch _ _"]:
-        """The part of full logits that `compute` reads: [batch, 1 or pos, len(columns) or d_vocab]."""
+    def reduce(self, logits: Float[Tensor, "batch pos d_vocab"], attention_mask: Tensor | None = None) -> Float[Tensor, "batch _ _"]:
+        """The part of full logits that `compute` reads: [batch, 1 or pos, len(columns) or d_vocab]. With
+        position -1, each row's last real token (`attention_mask`: right padding leaves the last column
+        padding for the shorter prompts)."""
         if self.position == -1:
-            logits = logits[:, -1:]
+            logits = last_real(logits, attention_mask)
         if self.columns is not None:
             logits = logits[..., torch.tensor(self.columns, device=logits.device)]
         return logits

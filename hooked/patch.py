@@ -27,8 +27,8 @@ per-prompt metric gives each prompt its own gradient, and the estimate is per pr
 
 Positions are positions in each prompt (as everywhere in `hooked.ablate`), not padded columns. By
 default a layer x position grid covers every position of an unpadded batch (0 .. pos-1), and, for a
-left-padded batch, the positions every prompt has, counted from the end (-n .. -1, n the shortest
-prompt's length), so the last column is always each prompt's last token. One position per prompt (a
+padded batch (left or right), the positions every prompt has, counted from the end (-n .. -1, n the
+shortest prompt's length), so the last one is always each prompt's last token. One position per prompt (a
 1-D tensor such as `task.positions["S2"]`, or `ablate.per_prompt([...])`) works wherever a patch takes
 `positions=`; a layer x position grid takes them by name, `positions={"S1": ..., "S2": ..., "END": ...}`
 (variants `L{layer}@S1`, ...).
@@ -165,7 +165,7 @@ def resid_sweep(
 
     `hook` is resid_pre (default), resid_mid, resid_post, attn_out or mlp_out. `positions` are
     positions in the prompt; by default every position of an unpadded batch (0 .. pos-1), or for a
-    left-padded one the positions every prompt has, counted from the end (-n .. -1). Positions that
+    padded one (left or right) the positions every prompt has, counted from the end (-n .. -1). Positions that
     differ per prompt go by name: `positions={"S2": task.positions["S2"], "END": task.positions["END"]}`
     gives variants `L{layer}@S2`, `L{layer}@END`. Other keyword arguments go to `hooked.sweep`.
     """
@@ -217,7 +217,7 @@ def attribution(
         )
     if torch.is_inference_mode_enabled():
         raise RuntimeError("attribution needs gradients; call it outside torch.inference_mode()")
-    registered = [name for name, point in model.hook_dict.items() if point.has_hooks]
+    registered = [name for name, point in model.hook_dict.items() if point.listening]
     if registered:  # as hooked.sweep: the estimate must line up with the sweep's unhooked corrupt run
         raise RuntimeError(f"attribution runs the model without outside hooks, but hooks are registered at {registered[:3]};"
                            " remove them (model.reset_hooks())")

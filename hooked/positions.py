@@ -5,7 +5,9 @@
     ablate.zero(heads=9, positions=ablate.per_prompt([4, 6, 5]))
 
 A position counts a prompt's own tokens (BOS included) from 0, or back from its end (-1 is its last token),
-so left padding never shifts it. A position some prompt does not have raises, naming the prompt lengths.
+so padding, left or right, never shifts it (`positions=-1` is each prompt's last real token, also in a
+right-padded batch, where the last column is padding for the shorter prompts). A position some prompt
+does not have raises, naming the prompt lengths.
 `hooked.ablate`, `hooked.patch` and the position-aware edges of `hooked.circuits` share these rules.
 """
 
@@ -157,3 +159,22 @@ def _check_in_prompts(what: str, wanted: Tensor, lengths: Tensor, generating: bo
         f" {length} tokens (prompt lengths: [{listed}]); positions count each prompt's tokens, BOS included, from 0"
         f" to length-1, or back from its end (-1 .. -length)"
     )
+
+
+def last_real(values: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """`values[:, -1:]` read at each row's last real token: [batch 1 ...].
+
+    That is the last column unless a row ends with padding (right padding), whose last real token is
+    read instead. `attention_mask` is [rows pos] (True = real token); `values` [batch pos ...] may hold
+    several blocks of those rows one after another (a sweep's variants), each read with the same mask.
+    """
+    if attention_mask is None or bool(attention_mask[:, -1].all()):
+        return values[:, -1:]
+    mask = attention_mask.to(device=values.device, dtype=torch.bool)
+    if values.shape[0] % mask.shape[0] or values.shape[1] != mask.shape[1]:
+        raise ValueError(f"values of shape {tuple(values.shape)} do not line up with an attention mask of shape"
+                         f" {tuple(mask.shape)} ([batch pos], or several blocks of its rows)")
+    mask = mask.repeat(values.shape[0] // mask.shape[0], 1)
+    last = mask.shape[1] - 1 - mask.flip(-1).long().argmax(-1)  # [batch]: each row's last True column
+    index = last.view(-1, 1, *[1] * (values.ndim - 2)).expand(-1, 1, *values.shape[2:])
+    return values.gather(1, index)

@@ -139,7 +139,8 @@ def _norm_readers(model: nn.Module) -> Iterator[tuple[nn.Module, tuple[Projectio
     """Every norm with the weights that read its output, the final norm with the unembedding."""
     for block in model.blocks:
         yield block.ln1, block.attn.residual_readers()
-        yield block.ln2, block.mlp.residual_readers()
+        if block.mlp is not None:  # an attention-only block (cfg.attn_only) has no ln2 and no MLP
+            yield block.ln2, block.mlp.residual_readers()
     yield model.ln_final, (Projection(model.unembed_weight, 1, model.unembed_bias),)
 
 
@@ -147,7 +148,8 @@ def _residual_writers(model: nn.Module) -> Iterator[Projection]:
     yield from model.embedding_writers()
     for block in model.blocks:
         yield from block.attn.residual_writers()
-        yield from block.mlp.residual_writers()
+        if block.mlp is not None:
+            yield from block.mlp.residual_writers()
 
 
 # ----------------------------------------------------------------------------- the steps

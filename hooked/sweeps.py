@@ -40,6 +40,7 @@ from torch import Tensor
 
 from hooked.hooks import HookFn, HookPoint, NameFilter, Rows, current_rows, running_rows
 from hooked.layers import AttentionMask, position_ids_for
+from hooked.positions import last_real
 from hooked.results import SweepResult, variant_names
 
 if TYPE_CHECKING:
@@ -271,7 +272,7 @@ def _sum_across(group, values: Tensor, device: torch.device) -> Tensor:
 
 def registered_hooks(model: "HookedTransformer", caller: str) -> None:
     """Refuse to run variants while outside hooks are registered: they would apply to every row."""
-    registered = [name for name, point in model.hook_dict.items() if point.has_hooks]
+    registered = [name for name, point in model.hook_dict.items() if point.listening]
     if registered:
         raise RuntimeError(
             f"{caller} runs the model without outside hooks, but hooks are registered at {registered[:3]};"
@@ -316,7 +317,7 @@ def _base_run(model, prompts: Prompts, starts: set[int], reads: "MetricReads") -
                 kept[stage] = resid
             resid = run_stage(model, stage, resid, inputs)
         kept[2 * model.cfg.n_layers] = resid
-        return kept, reads.logits(model, resid)
+        return kept, reads.logits(model, resid, prompts.key_valid)
 
 
 def _run_chunk(model, prompts: Prompts, chunk: list[_Variant], base_resid: dict[int, Tensor], reads: "MetricReads") -> Tensor:
@@ -349,13 +350,13 @@ def _run_chunk(model, prompts: Prompts, chunk: list[_Variant], base_resid: dict[
             if joining:
                 extra = base_resid[min(stage, n_stages)].repeat(joining, 1, 1)
                 if resid is not None and trim_at is not None and stage > trim_at:
-                    extra = extra[:, -1:]
+                    extra = last_real(extra, prompts.key_valid)
                 resid = extra if resid is None else torch.cat([resid, extra])
                 joined += joining
             if stage == n_stages:
                 break
             if stage == trim_at:
-                resid = resid[:, -1:]
+                resid = last_real(resid, prompts.key_valid)  # each prompt's last real token (right padding)
             if joined not in current:
                 _, rows, mask = prompts.repeated(joined)
                 current = {joined: (rows, model.block_inputs(rows.position_ids, mask, resid.dtype))}
@@ -364,7 +365,7 @@ def _run_chunk(model, prompts: Prompts, chunk: list[_Variant], base_resid: dict[
                 resid = run_stage(model, stage, resid, inputs)
         _, rows, _ = prompts.repeated(joined)
         with running_rows(rows):
-            return reads.logits(model, resid)
+            return reads.logits(model, resid, None if resid.shape[1] == 1 else prompts.key_valid)
 
 
 # ----------------------------------------------------------------------------- what the metric reads
@@ -390,12 +391,14 @@ class MetricReads:
             columns = torch.as_tensor(list(columns), dtype=torch.long, device=model.device)
         return cls(metric, position, columns, bool(getattr(metric, "needs_base", True)))
 
-    def logits(self, model: "HookedTransformer", resid: Tensor) -> Tensor:
-        final_norm_hooked = model.ln_final.hook_scale.has_hooks or model.ln_final.hook_normalized.has_hooks
+    def logits(self, model: "HookedTransformer", resid: Tensor, key_valid: Tensor | None = None) -> Tensor:
+        """The logits the metric reads from the final residual stream; position -1 is each prompt's last
+        real token (`key_valid` [B pos], for `resid` holding one or more blocks of the B prompts)."""
+        final_norm_hooked = model.ln_final.hook_scale.listening or model.ln_final.hook_normalized.listening
         if self.position == -1 and not final_norm_hooked:  # a norm acts per position: slicing first is exact
-            return model.logits_from_resid(resid[:, -1:], self.columns)
+            return model.logits_from_resid(last_real(resid, key_valid), self.columns)
         logits = model.logits_from_resid(resid, self.columns)
-        return logits[:, -1:] if self.position == -1 else logits
+        return last_real(logits, key_valid) if self.position == -1 else logits
 
     def evaluate(self, logits: Tensor, base: Tensor, key_valid: Tensor | None) -> Tensor:
         if hasattr(self.metric, "compute"):

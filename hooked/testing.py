@@ -38,8 +38,15 @@ CORPUS = [
 END_OF_TEXT = "<|endoftext|>"
 
 
-def build_tokenizer(directory: Path, vocab_size: int = 320) -> tuple[int, int]:
-    """Train a byte-level BPE tokenizer like GPT-2's on a tiny corpus: (<|endoftext|> id, vocab size)."""
+def build_tokenizer(directory: Path, vocab_size: int = 320, corpus: Sequence[str] = CORPUS,
+                    pad_to: int | None = None) -> tuple[int, int]:
+    """Train a byte-level BPE tokenizer like GPT-2's on `corpus`: (<|endoftext|> id, vocab size).
+
+    `pad_to` fills the vocabulary up to that size with tokens no text encodes to (`[filler1234]`, no
+    merge leads there) but that decode, so a model of GPT-2's real d_vocab (50257) can take random ids.
+    """
+    import json
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -51,8 +58,15 @@ def build_tokenizer(directory: Path, vocab_size: int = 320) -> tuple[int, int]:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(CORPUS, trainer)
+    tokenizer.train_from_iterator(corpus, trainer)
     tokenizer.save(str(directory / "tokenizer.json"))
+    if pad_to is not None and pad_to > tokenizer.get_vocab_size():
+        saved = json.loads((directory / "tokenizer.json").read_text())
+        vocab = saved["model"]["vocab"]
+        for index in range(len(vocab), pad_to):
+            vocab[f"[filler{index}]"] = index
+        (directory / "tokenizer.json").write_text(json.dumps(saved))
+        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
     return tokenizer.token_to_id(END_OF_TEXT), tokenizer.get_vocab_size()
 
 
@@ -69,17 +83,24 @@ def randomize_norms(model: torch.nn.Module, seed: int = 0) -> None:
 
 
 def build_gpt2_checkpoint(
-    directory: Path, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_positions: int = 64, **save_kwargs
+    directory: Path, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_positions: int = 64,
+    corpus: Sequence[str] = CORPUS, vocab_size: int = 320, pad_vocab_to: int | None = None,
+    initializer_range: float = 0.02, **save_kwargs
 ) -> Path:
-    """A random GPT2LMHeadModel with randomised norms, saved with its tokenizer into `directory`."""
+    """A random GPT2LMHeadModel with randomised norms, saved with its tokenizer into `directory`.
+
+    The tokenizer is trained on `corpus` up to `vocab_size` tokens, then padded to `pad_vocab_to`
+    (see `build_tokenizer`): `pad_vocab_to=50257` gives GPT-2's real vocabulary size. Weights are
+    drawn from N(0, initializer_range) (transformers' GPT-2 initialisation).
+    """
     from transformers import GPT2Config, GPT2LMHeadModel
 
     directory.mkdir(parents=True, exist_ok=True)
-    eos, vocab_size = build_tokenizer(directory)
+    eos, vocab_size = build_tokenizer(directory, vocab_size, corpus, pad_vocab_to)
     torch.manual_seed(0)
     config = GPT2Config(
         n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_positions=n_positions,
-        vocab_size=vocab_size, bos_token_id=eos, eos_token_id=eos,
+        vocab_size=vocab_size, bos_token_id=eos, eos_token_id=eos, initializer_range=initializer_range,
     )
     model = GPT2LMHeadModel(config).eval()
     randomize_norms(model)
@@ -262,17 +283,19 @@ def addresses(model, kinds: Sequence[str] = ("heads", "attn", "mlps", "neurons",
 
     cfg = model.cfg
     sparse = _sparse_layers(model)
-    dense = [i for i in range(cfg.n_layers) if i not in sparse]
-    available = [kind for kind in kinds if kind != "experts" or sparse]
+    mlp_layers = [i for i, block in enumerate(model.blocks) if block.mlp is not None]  # none when cfg.attn_only
+    dense = [i for i in mlp_layers if i not in sparse]
+    available = [kind for kind in kinds if (kind != "experts" or sparse) and (kind not in ("mlps", "neurons") or mlp_layers)]
     unknown = set(kinds) - {"heads", "attn", "mlps", "neurons", "experts"}
     if unknown or not available:
-        raise ValueError(f"kinds {list(kinds)}: this model offers heads, attn, mlps, neurons"
+        raise ValueError(f"kinds {list(kinds)}: this model offers heads, attn" + (", mlps, neurons" if mlp_layers else "")
                          + (", experts" if sparse else "") + (f"; unknown {sorted(unknown)}" if unknown else ""))
 
     @st.composite
     def draw_address(draw):
         kind = draw(st.sampled_from(available))
-        layer = draw(st.sampled_from(sparse if kind == "experts" else range(cfg.n_layers)))
+        layer = draw(st.sampled_from(sparse if kind == "experts" else mlp_layers if kind in ("mlps", "neurons")
+                                     else range(cfg.n_layers)))
         shown = layer - cfg.n_layers if draw(st.booleans()) and draw(st.booleans()) else layer  # now and then L-1
         if kind == "heads":
             part = draw(st.sampled_from(["", ".q", ".k", ".v"]))
@@ -296,12 +319,12 @@ def addresses(model, kinds: Sequence[str] = ("heads", "attn", "mlps", "neurons",
 
 
 # Points an ablation may not sensibly write: a norm's scale (zero divides by zero) and the routing
-# decision itself (integer expert ids).
-_UNABLATABLE = ("hook_scale", "hook_expert_indices")
+# decision itself (integer expert ids), and the token ids (`hook_tokens`, with cfg.use_hook_tokens).
+_UNABLATABLE = ("hook_scale", "hook_expert_indices", "hook_tokens")
 
 
 def ablatable_hook_names(model) -> list[str]:
-    """The hook names `interventions` draws from: every point but norm scales and the integer expert ids."""
+    """The hook names `interventions` draws from: every point but norm scales and the integer ids (experts, tokens)."""
     return [name for name in model.hook_dict if not name.endswith(_UNABLATABLE)]
 
 

@@ -10,9 +10,11 @@ hooked implements architectures, not a configurable transformer, so a config is 
 | TransformerLens fields | family |
 |---|---|
 | `normalization_type="LN"`, `positional_embedding_type="standard"`, `act_fn` `"gelu_new"` or `"gelu"`, d_model = n_heads * d_head | `GPT2` |
+| the same with `attn_only=True` (any `act_fn`: there is no MLP) | `GPT2` with attention-only blocks (no ln2, MLP or resid_mid, as TransformerLens 3.9's `TransformerBlock`) |
 | `normalization_type="RMS"`, `positional_embedding_type="rotary"`, `act_fn="silu"`, `gated_mlp=True`, `use_qk_norm=True`, `final_rms=True` | `Qwen3` |
 
-Anything else (an attention-only model, `act_fn="relu"` or `"solu_ln"`, shortformer or alibi positions,
+`use_hook_tokens=True` gives either model TransformerLens' `hook_tokens` on the token ids (`cfg.use_hook_tokens`).
+Anything else (`normalization_type=None`, `act_fn="relu"` or `"solu_ln"`, shortformer or alibi positions,
 `LNPre`, GPT-2 with grouped-query heads, a Llama-style rotary model without q/k norms, mixtures of experts)
 is refused with the field that no family has. Fields that only change how TransformerLens runs (`device`,
 `dtype`, `seed`, `use_attn_result`, ...) are honoured or accepted; fields with a non-default value that
@@ -34,12 +36,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from hooked.models.base import TRANSFORMER_LENS_GENERATE
 from hooked.models.gpt2 import GPT2, Conv1D, GPT2Config
 from hooked.models.qwen3 import Qwen3, Qwen3Config
 
 # TransformerLens 3.9 fields that change the function, with the value every hooked family has (its default).
 _FIXED = {
-    "attn_only": False, "parallel_attn_mlp": False, "use_local_attn": False, "attention_dir": "causal",
+    "parallel_attn_mlp": False, "use_local_attn": False, "attention_dir": "causal",
     "post_embedding_ln": False, "num_experts": None, "experts_per_token": None, "use_attn_scale": True,
     "attn_scale": -1.0, "clip_qkv": None, "use_logn_attn": False, "use_dynamic_ntk_rope": False,
     "rotary_adjacent_pairs": False, "use_normalization_before_and_after": False, "use_yarn_rope": False,
@@ -48,7 +51,7 @@ _FIXED = {
 }
 # Fields that do not change the function (or that hooked sets from the model), accepted with any value.
 _ACCEPTED = {
-    "model_name", "use_attn_result", "use_split_qkv_input", "use_hook_mlp_in", "use_attn_in", "use_hook_tokens",
+    "model_name", "use_attn_result", "use_split_qkv_input", "use_hook_mlp_in", "use_attn_in",
     "from_checkpoint", "checkpoint_index", "checkpoint_label_type", "checkpoint_value", "n_params",
     "tokenizer_prepends_bos", "default_prepend_bos", "trust_remote_code", "init_weights", "ungroup_grouped_query_attention",
     "uses_rms_norm", "layer_norm_folding", "train_seq_length",
@@ -83,7 +86,7 @@ def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a
     gated_mlp: bool = False, use_qk_norm: bool = False, final_rms: bool = False, rotary_dim: int | None = None,
     rotary_base: float = 10000, tie_word_embeddings: bool = False, scale_attn_by_inverse_layer_idx: bool = False,
     initializer_range: float = -1.0, seed: int | None = None, device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32, **fields: Any,
+    dtype: torch.dtype = torch.float32, attn_only: bool = False, use_hook_tokens: bool = False, **fields: Any,
 ) -> HookedTransformerConfigSpec:
     """TransformerLens' config, mapped to GPT-2 or Qwen3 (module docstring); raises naming what no family has."""
     for name, value in fields.items():
@@ -102,16 +105,19 @@ def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a
     describe = (f"normalization_type={normalization_type!r}, positional_embedding_type={positional_embedding_type!r},"
                 f" act_fn={act_fn!r}")
     if (normalization_type, positional_embedding_type) == ("LN", "standard"):
-        problems = [f"act_fn={act_fn!r} (GPT-2 has gelu_new or gelu)" if act_fn not in ("gelu_new", "gelu") else None,
+        problems = [f"act_fn={act_fn!r} (GPT-2 has gelu_new or gelu)"
+                    if act_fn not in ("gelu_new", "gelu") and not attn_only else None,  # no MLP: act_fn unused
                     f"d_model={d_model} != n_heads * d_head = {n_heads * d_head}" if n_heads * d_head != d_model else None,
                     "gated_mlp=True" if gated_mlp else None, "use_qk_norm=True" if use_qk_norm else None,
                     f"n_key_value_heads={n_key_value_heads}" if n_key_value_heads not in (None, n_heads) else None]
         _refuse_if(problems, "GPT-2")
         family = GPT2Config(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_mlp=d_mlp, d_vocab=d_vocab, n_ctx=n_ctx,
-                            layer_norm_eps=eps, activation=act_fn,
+                            layer_norm_eps=eps, activation=act_fn, attn_only=bool(attn_only),
                             scale_attn_by_inverse_layer_idx=scale_attn_by_inverse_layer_idx)
     elif (normalization_type, positional_embedding_type) == ("RMS", "rotary"):
-        problems = [f"act_fn={act_fn!r} (Qwen3 has silu)" if act_fn != "silu" else None,
+        problems = ["attn_only=True (Qwen3 blocks have an MLP; attention-only models are GPT-2-shaped: LN, standard)"
+                    if attn_only else None,
+                    f"act_fn={act_fn!r} (Qwen3 has silu)" if act_fn != "silu" else None,
                     "gated_mlp=False (Qwen3's MLP is gated)" if not gated_mlp else None,
                     "use_qk_norm=False (Qwen3 normalises each head's q and k)" if not use_qk_norm else None,
                     "final_rms=False (Qwen3's final norm is RMSNorm)" if not final_rms else None,
@@ -130,13 +136,12 @@ def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a
     initializer_range = 0.8 / math.sqrt(d_model) if initializer_range < 0 else initializer_range
     extra = {k: v for k, v in fields.items() if k in _ACCEPTED}
     family.default_prepend_bos = fields.get("default_prepend_bos", True)
+    family._set_use_hook_tokens(bool(use_hook_tokens))
     return HookedTransformerConfigSpec(family, initializer_range, bool(fields.get("init_weights", True)), device, dtype,
                                        tie_word_embeddings, {"seed": seed, **extra})
 
 
 def _why(name: str) -> str:
-    if name == "attn_only":
-        return "no hooked family is attention-only (GPT-2 and Qwen3 blocks have an MLP)"
     if name in ("tokenizer_name", "n_devices", "original_architecture"):
         return "hooked builds no tokenizer or multi-device model here; load a checkpoint with hooked.load for those"
     return "no hooked family (GPT-2, Qwen3) has it"
@@ -159,12 +164,14 @@ def build_model(cfg: HookedTransformerConfigSpec | GPT2Config | Qwen3Config, tok
     if not isinstance(cfg, HookedTransformerConfigSpec):
         raise TypeError(f"HookedTransformer(cfg) takes hooked.HookedTransformerConfig(...), got {type(cfg).__name__}")
     family = dataclasses.replace(cfg.family)  # a config is bound to its one model: never share it
+    family._set_use_hook_tokens(cfg.family.use_hook_tokens)  # not a dataclass field: replace() drops it
     model = (GPT2 if isinstance(family, GPT2Config) else Qwen3)(family)
     if isinstance(model, GPT2) and not cfg.tie_word_embeddings:
         model.untie_unembedding()  # Qwen3 unties from its own config
     if cfg.init_weights:
         init_weights(model, cfg.initializer_range)
     device = cfg.device if cfg.device is not None else "cpu"
+    model.generate_defaults = dict(TRANSFORMER_LENS_GENERATE)
     return model.to(device=device if move_to_device else "cpu", dtype=cfg.dtype).eval()
 
 

@@ -1,20 +1,23 @@
-"""Tokenization from a checkpoint's own tokenizer files, with left padding and attention masks.
+"""Tokenization from a checkpoint's own tokenizer files, with padding and attention masks.
 
 Uses the `tokenizers` library directly (`tokenizer.json`, or GPT-2's `vocab.json` + `merges.txt`),
 so loading a model never imports transformers. Batches of prompts of different lengths are padded
-on the LEFT, so that the last position of every row is the last real token, and come with an
+on the LEFT by default, so that the last position of every row is the last real token, and come with an
 attention mask; the model derives position ids from it (transformers does not: see docs/hooks.md).
-Token ids given without a mask get one read from the ids (`mask_for`), as TransformerLens does, except
-that a batch no tokenizer padded is never masked: GPT-2's BOS, EOS and pad are one id, so a prompt that
-begins with `<|endoftext|>` starts with that id twice, and only the batch can say whether the first is
-padding.
+`padding_side="right"` (TransformerLens' default) pads after each prompt instead: positions start at 0
+in every row, and position -1 is padding for the shorter prompts.
+Token ids given without a mask get one read from the ids (`mask_for`: each row's leading pad ids, or its
+trailing ones when the tokenizer's `padding_side` is "right"), as TransformerLens 3.9's
+`utils.get_attention_mask` does, except that a batch no tokenizer padded is never masked: GPT-2's BOS,
+EOS and pad are one id, so a prompt that begins (or ends) with `<|endoftext|>` has that id next to the
+padding, and only the batch can say which is which.
 
 Text the tokenizer does not know becomes its unknown token (`unk_token_id`; GPT-2's byte-level BPE has
 none): `check_known` refuses such text where one token must stand for it (an answer, `to_single_token`).
 
 `model.tokenizer` also answers the Hugging Face tokenizer calls TransformerLens notebooks make
 (`encode`, `decode`, `batch_decode`, `__call__`, `bos_token`, `pad_token_id`, `padding_side`,
-`name_or_path`, ...); a setting it cannot honour (right padding) raises instead of being ignored.
+`name_or_path`, ...); a setting it cannot honour raises instead of being ignored.
 """
 
 from __future__ import annotations
@@ -31,9 +34,13 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 class HookedTokenizer:
     """A `tokenizers.Tokenizer` plus the ids that matter to a causal model (bos, eos, pad)."""
 
+    _padding_side = "left"  # a tokenizer pickled before it had a padding side pads on the left
+
     def __init__(self, tokenizer: Tokenizer, bos_token_id: int | None, eos_token_id: int | None, pad_token_id: int | None,
-                 name_or_path: str = ""):
+                 name_or_path: str = "", padding_side: str = "left"):
         self.tokenizer = tokenizer
+        self._check_padding_side(padding_side)
+        self._padding_side = padding_side  # where a batch is padded, and where `mask_for` reads padding
         self.name_or_path = name_or_path  # the directory the files were read from (Hugging Face's attribute)
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -65,12 +72,15 @@ class HookedTokenizer:
             ids[role] = token_id
         return cls(tokenizer, ids["bos"], ids["eos"], ids["pad"], str(directory))
 
-    def encode_batch(self, texts: list[str], prepend_bos: bool, max_length: int | None = None) -> tuple[Tensor, Tensor]:
-        """Token ids [batch pos] padded on the left, and the attention mask (True = real token).
+    def encode_batch(self, texts: list[str], prepend_bos: bool, max_length: int | None = None,
+                     padding_side: str | None = None) -> tuple[Tensor, Tensor]:
+        """Token ids [batch pos] padded on `padding_side` (default: the tokenizer's), and the attention mask
+        (True = real token).
 
         `max_length` keeps the first `max_length` tokens of each prompt (BOS included), as
         TransformerLens' `to_tokens(truncate=True)`.
         """
+        side = self._side(padding_side)
         if prepend_bos and self.bos_token_id is None:
             raise ValueError("prepend_bos=True, but this tokenizer has no BOS token; pass prepend_bos=False")
         rows = [encoding.ids for encoding in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
@@ -85,63 +95,81 @@ class HookedTokenizer:
         mask = torch.zeros((len(rows), length), dtype=torch.bool)
         for i, row in enumerate(rows):
             if row:
-                tokens[i, length - len(row):] = torch.tensor(row)
-                mask[i, length - len(row):] = True
+                columns = slice(length - len(row), None) if side == "left" else slice(0, len(row))
+                tokens[i, columns] = torch.tensor(row)
+                mask[i, columns] = True
         return tokens, mask
 
-    def mask_for(self, tokens: Tensor, prepend_bos: bool, strict: bool = True) -> Tensor | None:
-        """The attention mask of left-padded token ids, read from the ids themselves (None: no padding).
+    def mask_for(self, tokens: Tensor, prepend_bos: bool, strict: bool = True, padding_side: str | None = None) -> Tensor | None:
+        """The attention mask of padded token ids, read from the ids themselves (None: no padding).
 
-        Ids that can be read as unpadded are: a row is padded only when the batch was, and padding makes
-        the rows of a batch differ. One row, or rows whose leading runs of pad ids are all as long, are never
-        masked (GPT-2's `to_tokens("<|endoftext|>Hello")` is the BOS, then a real `<|endoftext|>`). Where
-        the runs differ, each row's run is padding, except that where BOS is the pad id (GPT-2) and BOS is
-        prepended, the run's last id is the BOS (TransformerLens 3.9 `utils.get_attention_mask`). That
-        reading needs an unpadded row, the longest, as every batch the tokenizer pads has; where every run
-        is longer than the BOS (rows sliced out of a padded batch without its longest, prompts that begin
-        with the pad id) the ids cannot tell padding from tokens and this raises, asking for the mask
-        (`strict=False` reads them as TransformerLens does instead). Read from the values, the mask
-        survives `.to()`, `.clone()` and saving, and a slice that keeps the longest row.
+        Left padding (the default) is each row's leading run of pad ids; right padding (`padding_side="right"`,
+        or a tokenizer whose `padding_side` is "right") its trailing run, as TransformerLens 3.9's
+        `utils.get_attention_mask`. Ids that can be read as unpadded are: a row is padded only when the
+        batch was, and padding makes the rows of a batch differ. One row, or rows whose runs are all as
+        long, are never masked (GPT-2's `to_tokens("<|endoftext|>Hello")` is the BOS, then a real
+        `<|endoftext|>`). Where the runs differ, each row's run is padding, except that where BOS is the pad
+        id (GPT-2) and BOS is prepended, the BOS is real: the last id of a leading run (TransformerLens'
+        rule), the first column of a row that is all pad ids under right padding. That reading needs an
+        unpadded row, the longest, as every batch the tokenizer pads has; where every run is longer than
+        that (rows sliced out of a padded batch without its longest, prompts that begin, or under right
+        padding end, with the pad id) the ids cannot tell padding from tokens and this raises, asking for
+        the mask (`strict=False` reads them as TransformerLens does instead). Read from the values, the
+        mask survives `.to()`, `.clone()` and saving, and a slice that keeps the longest row.
         """
         if tokens.numel() == 0 or tokens.ndim < 2:
             return None
-        runs = (tokens == self.pad_token_id).long().cumprod(-1).sum(-1)  # [batch]: each row's leading pad ids
+        right = self._side(padding_side) == "right"
+        is_pad = tokens == self.pad_token_id
+        runs = (is_pad.flip(-1) if right else is_pad).long().cumprod(-1).sum(-1)  # [batch]: each row's run of pad ids
         if bool((runs == runs[0]).all()):  # one row, or rows all as long: nothing says any was padded
             return None
-        bos_run = 1 if prepend_bos and self.bos_token_id == self.pad_token_id else 0  # the real ids a run ends with
-        if strict and int(runs.min()) > bos_run:
+        bos_run = 1 if prepend_bos and self.bos_token_id == self.pad_token_id else 0  # real pad ids a run can hold
+        # A leading run ends with the BOS; a trailing run holds it only when the row is nothing else.
+        least_real = 0 if right else bos_run
+        if strict and int(runs.min()) > least_real:
             shown = f"{runs.tolist()[:8]}{'...' if len(runs) > 8 else ''}"
+            where = ("ends with" if right else "begins with" + (" a BOS and more" if bos_run else ""))
             raise ValueError(
-                f"these token ids come without an attention_mask, and every row begins with {'a BOS and more ' if bos_run else ''}"
-                f"{self.pad_token!r} (the pad id {self.pad_token_id}; leading runs of {shown}), so no row is unpadded,"
-                " as the longest row of a padded batch is, and the ids cannot tell padding from prompts that begin"
-                " with that token; pass attention_mask= (1 = real token; model.tokenizer(texts, return_tensors='pt')"
-                " returns it with the ids), or the texts themselves"
+                f"these token ids come without an attention_mask, and every row {where} {self.pad_token!r} (the"
+                f" pad id {self.pad_token_id}; {'trailing' if right else 'leading'} runs of {shown}), so no row is"
+                " unpadded, as the longest row of a padded batch is, and the ids cannot tell padding from prompts"
+                f" that {'end' if right else 'begin'} with that token; pass attention_mask= (1 = real token;"
+                " model.tokenizer(texts, return_tensors='pt') returns it with the ids), or the texts themselves"
             )
-        padding = (runs - bos_run).clamp(min=0)  # [batch]
-        mask = torch.arange(tokens.shape[1], device=tokens.device) >= padding[:, None]
+        columns = torch.arange(tokens.shape[1], device=tokens.device)
+        if right:
+            padding = runs.clamp(max=tokens.shape[1] - bos_run)  # [batch]
+            mask = columns < tokens.shape[1] - padding[:, None]
+        else:
+            padding = (runs - bos_run).clamp(min=0)  # [batch]
+            mask = columns >= padding[:, None]
         return None if bool(mask.all()) else mask
 
-    def check_mask_readable(self, tokens: Tensor, mask: Tensor, prepend_bos: bool) -> None:
+    def check_mask_readable(self, tokens: Tensor, mask: Tensor, prepend_bos: bool, padding_side: str | None = None) -> None:
         """Raise when ids handed out without their mask (`to_tokens`) would be read by `mask_for` otherwise.
 
-        Only a batch with a prompt that begins with the pad token does: its row's leading pad ids look like
-        padding, or its length hides another row's padding.
+        Only a batch with a prompt that begins (left padding) or ends (right padding) with the pad token
+        does: its row's run of pad ids looks like padding, or its length hides another row's padding.
         """
+        side = self._side(padding_side)
         try:
-            read = self.mask_for(tokens, prepend_bos)
+            read = self.mask_for(tokens, prepend_bos, padding_side=side)
         except ValueError:
             return  # the forward refuses these ids without a mask, and says why
         if bool(mask.all()) if read is None else bool(torch.equal(read, mask)):
             return
-        bos_run = 1 if prepend_bos and self.bos_token_id == self.pad_token_id else 0
-        first_real = (~mask).sum(-1) + bos_run  # [batch]: where each prompt's own text begins
-        rows = [i for i, (row, start) in enumerate(zip(tokens.tolist(), first_real.tolist()))
-                if start < len(row) and row[start] == self.pad_token_id]
+        if side == "right":
+            edge = mask.sum(-1) - 1  # [batch]: each prompt's last token
+        else:
+            bos_run = 1 if prepend_bos and self.bos_token_id == self.pad_token_id else 0
+            edge = (~mask).sum(-1) + bos_run  # [batch]: where each prompt's own text begins
+        rows = [i for i, (row, at) in enumerate(zip(tokens.tolist(), edge.tolist()))
+                if 0 <= at < len(row) and row[at] == self.pad_token_id]
         which = "prompt " + ", ".join(map(str, rows)) if rows else "a prompt"
         raise ValueError(
-            f"{which} of this batch begins with {self.pad_token!r}, the pad token, so"
-            " the token ids alone do not say which rows are padded (model(tokens) would mask real tokens or"
+            f"{which} of this batch {'ends' if side == 'right' else 'begins'} with {self.pad_token!r}, the pad token,"
+            " so the token ids alone do not say which rows are padded (model(tokens) would mask real tokens or"
             " read padding); pass the texts themselves (model(texts), model.generate(texts)), or keep the"
             " tokenizer's mask: batch = model.tokenizer(texts, return_tensors='pt'), then"
             " model(batch['input_ids'], attention_mask=batch['attention_mask'])"
@@ -192,13 +220,14 @@ class HookedTokenizer:
     def __call__(self, text, return_tensors: str | None = None, padding: bool | str = True,
                  add_special_tokens: bool = True, truncation: bool = False, max_length: int | None = None,
                  padding_side: str | None = None) -> dict:
-        """`tokenizer(texts, return_tensors="pt")`: {"input_ids", "attention_mask"}, padded on the left."""
-        self._check_padding_side(padding_side or "left")
+        """`tokenizer(texts, return_tensors="pt")`: {"input_ids", "attention_mask"}, padded on `padding_side`
+        (default: the tokenizer's own, `self.padding_side`)."""
+        side = self._side(padding_side)
         texts = [text] if isinstance(text, str) else list(text)
         tokens, mask = self.encode_batch(texts, add_special_tokens and self.bos_token_id is not None,
-                                         max_length if truncation else None)
+                                         max_length if truncation else None, side)
         if padding in (False, "do_not_pad") and len(texts) > 1 and not bool(mask.all()):
-            raise ValueError("prompts of different lengths need padding=True (hooked pads on the left)")
+            raise ValueError(f"prompts of different lengths need padding=True (this call pads on the {side})")
         mask = mask.long()
         if return_tensors == "pt":
             return {"input_ids": tokens, "attention_mask": mask}
@@ -209,20 +238,26 @@ class HookedTokenizer:
 
     @property
     def padding_side(self) -> str:
-        return "left"
+        """Where batches are padded, and where `mask_for` reads padding from ids: "left" (hooked's default,
+        -1 is every prompt's last token) or "right" (TransformerLens' default)."""
+        return self._padding_side
 
     @padding_side.setter
     def padding_side(self, side: str) -> None:
         self._check_padding_side(side)
+        self._padding_side = side
+
+    def _side(self, padding_side: str | None) -> str:
+        """`padding_side` checked, or the tokenizer's own when None."""
+        if padding_side is None:
+            return self._padding_side
+        self._check_padding_side(padding_side)
+        return padding_side
 
     @staticmethod
     def _check_padding_side(side: str) -> None:
-        if side != "left":
-            raise ValueError(
-                f"padding_side={side!r}: hooked pads on the left only, so that position -1 is every prompt's last"
-                " token and the forward can read the mask from the ids (each row's leading pad ids);"
-                " right-padded ids would be read as real tokens"
-            )
+        if side not in ("left", "right"):
+            raise ValueError(f"padding_side={side!r}: it must be 'left' (hooked's default) or 'right'")
 
     def _token(self, token_id: int | None) -> str | None:
         return None if token_id is None else self.tokenizer.id_to_token(token_id)

@@ -15,14 +15,20 @@ from torch import Tensor
 from hooked.cache import Slice
 from hooked.cache import act_name as get_act_name
 
-__all__ = ["Slice", "get_act_name", "get_attention_mask", "get_device", "lm_accuracy", "lm_cross_entropy_loss", "test_prompt",
-           "to_numpy"]
+__all__ = ["Slice", "get_act_name", "get_attention_mask", "get_corner", "get_device", "lm_accuracy", "lm_cross_entropy_loss",
+           "test_prompt", "to_numpy"]
 
 
 def get_device() -> str:
     """The device to load a model on: `"cuda"` when a GPU is visible, else `"cpu"`, as TransformerLens' `get_device`
     (which picks `"mps"` only when TRANSFORMERLENS_ALLOW_MPS=1 is set; hooked is not tested on MPS and does not)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def get_corner(tensor: Tensor, n: int = 3) -> Tensor:
+    """The first `n` entries along every axis (a view), to print a large tensor's top-left corner, as
+    TransformerLens' `utils.get_corner`."""
+    return tensor[tuple(slice(n) for _ in range(tensor.ndim))]
 
 
 def to_numpy(tensor) -> np.ndarray:
@@ -40,15 +46,15 @@ def to_numpy(tensor) -> np.ndarray:
 
 
 def get_attention_mask(tokenizer, tokens: Int[Tensor, "batch pos"], prepend_bos: bool, padding_side: str | None = None) -> Int[Tensor, "batch pos"]:
-    """1 for real tokens, 0 for the leading pad ids of each left-padded row (`HookedTokenizer.mask_for`).
+    """1 for real tokens, 0 for the leading pad ids of each left-padded row, or the trailing ones of each
+    right-padded row (`padding_side`, default the tokenizer's; `HookedTokenizer.mask_for`).
 
-    As TransformerLens: where BOS is the pad id and BOS is prepended, the run's last id is the BOS. Unlike
-    TransformerLens' function, a batch that was not padded (one row, or rows whose leading pad runs are
-    all as long) is all ones: GPT-2's `to_tokens("<|endoftext|>Hello")` begins with that id twice, and
-    both are real. `tokenizer` is `model.tokenizer`; right padding raises, since hooked pads on the left only.
+    As TransformerLens: where BOS is the pad id and BOS is prepended, the leading run's last id is the BOS.
+    Unlike TransformerLens' function, a batch that was not padded (one row, or rows whose pad runs are all
+    as long) is all ones: GPT-2's `to_tokens("<|endoftext|>Hello")` begins with that id twice, and both
+    are real; and a right-padded row that is nothing but a BOS keeps it. `tokenizer` is `model.tokenizer`.
     """
-    tokenizer._check_padding_side(padding_side or "left")
-    mask = tokenizer.mask_for(tokens, prepend_bos, strict=False)
+    mask = tokenizer.mask_for(tokens, prepend_bos, strict=False, padding_side=padding_side)
     return torch.ones_like(tokens) if mask is None else mask.to(tokens.dtype)
 
 

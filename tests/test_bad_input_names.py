@@ -31,7 +31,7 @@ def last_logit(logits, base_logits=None, attention_mask=None):
 
 
 def no_hook_left(model) -> bool:
-    return all(not point.has_hooks for point in model.hook_dict.values())
+    return all(not point.listening for point in model.hook_dict.values())
 
 
 # ----------------------------------------------------------------------------- 5. variant names

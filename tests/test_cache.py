@@ -37,10 +37,96 @@ def test_pattern_rows_are_causal_distributions(gpt2, tokens):
     assert pattern.triu(1).abs().max() == 0
 
 
-def test_cache_holds_copies_one_buffer_per_activation(gpt2, tokens):
+def _storage(tensor):
+    return tensor.untyped_storage().data_ptr()
+
+
+def test_cache_holds_compact_buffers_shared_only_by_the_same_activation(gpt2, tokens):
+    """Without other hooks the cache keeps the activations themselves: no view pins a bigger buffer (q, k, v
+    are slices of c_attn's output and are copied), and the only names sharing a buffer are one tensor under
+    two names, resid_post of block i and resid_pre of block i+1 (as in TransformerLens)."""
     _, cache = gpt2.run_with_cache(tokens)
-    assert cache.nbytes() == sum(t.numel() * t.element_size() for t in cache.values())
+    distinct = {_storage(t): t for t in cache.values()}
+    assert cache.nbytes() == sum(t.numel() * t.element_size() for t in distinct.values())
     assert not any(t.requires_grad for t in cache.values())
+    shared = {}
+    for name, tensor in cache.items():
+        shared.setdefault(_storage(tensor), []).append(name)
+    pairs = [names for names in shared.values() if len(names) > 1]
+    n_layers = gpt2.cfg.n_layers
+    assert pairs == [[f"blocks.{i}.hook_resid_post", f"blocks.{i + 1}.hook_resid_pre"] for i in range(n_layers - 1)]
+
+
+def _cloned_at_hook_time(model, tokens, names):
+    store = {}
+
+    def save(activation, hook):
+        store[hook.name] = activation.detach().clone()
+
+    model.run_with_hooks(tokens, fwd_hooks=[(names, save)])
+    return store
+
+
+@pytest.mark.parametrize("architecture", ["gpt2", "gpt2_attn_only", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("mode", ["inference_mode", "no_grad", "grad"])
+def test_the_forward_never_edits_a_cached_activation_afterwards(architecture, mode):
+    """The audit behind keeping references (`edits_hooked_tensors = False`): every point a cache keeps,
+    read after the forward, equals a copy taken when its hook fired. A forward that edited a hooked tensor in
+    place later (a residual add written `resid += out`, an in-place activation) fails here."""
+    from hooked.testing import random_model
+
+    sizes = {"n_layers": 2, "n_experts": 4, "top_k": 2} if architecture == "qwen3_moe" else {"n_layers": 2}
+    if architecture == "gpt2_attn_only":
+        architecture, sizes["attn_only"] = "gpt2", True
+    model = random_model(architecture, seed=1, **sizes)
+    assert not model.edits_hooked_tensors
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 7), generator=torch.Generator().manual_seed(1))
+    names = lambda name: True  # noqa: E731  every point, the split inputs and hook_mlp_in included
+    context = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad, "grad": torch.enable_grad}[mode]
+    with context():
+        _, cache = model.run_with_cache(tokens, names_filter=names)
+        expected = _cloned_at_hook_time(model, tokens, names)
+    assert list(cache) == list(expected)
+    assert len({_storage(t) for t in cache.values()}) < len(cache)  # references were kept (resid_post i is resid_pre i+1)
+    for name in cache:
+        assert torch.equal(cache[name], expected[name]), f"{name} changed after its hook fired"
+
+
+def test_a_later_hook_editing_in_place_leaves_the_cache_alone(gpt2, tokens):
+    """With another hook in the call the cache copies: an in-place edit at blocks.1.hook_resid_pre, the same
+    tensor as blocks.0.hook_resid_post, must not reach the cached resid_post (TransformerLens' cache would
+    show it). Both kinds of registration: an enclosing hooks() block and add_hook."""
+    # the same points listened to, so the same computation path (eager attention, step-by-step norms)
+    clean = _cloned_at_hook_time(gpt2, tokens, gpt2.default_cache_names())["blocks.0.hook_resid_post"]
+
+    def zero_in_place(activation, hook):
+        activation.zero_()
+
+    with gpt2.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", zero_in_place)]):
+        _, cache = gpt2.run_with_cache(tokens)
+    assert torch.equal(cache["resid_post", 0], clean)
+    assert cache["resid_pre", 1].abs().max() == 0  # the edit happened, before the cache's own hook there
+    gpt2.add_hook("blocks.1.hook_resid_pre", zero_in_place)
+    try:
+        _, cache = gpt2.run_with_cache(tokens)
+    finally:
+        gpt2.reset_hooks()
+    assert torch.equal(cache["resid_post", 0], clean)
+    assert _storage(cache["resid_post", 0]) != _storage(cache["resid_pre", 1])
+
+
+def test_the_callers_tensors_are_copied(gpt2, tokens):
+    """A start_at_layer input and a stop_at_layer output are the caller's: editing them in place afterwards
+    must not change the cache, even when the cache otherwise keeps references."""
+    _, full = gpt2.run_with_cache(tokens)
+    resid = full["resid_pre", 1].clone()
+    out, cache = gpt2.run_with_cache(resid, start_at_layer=1, names_filter=["blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"])
+    resid.zero_()
+    assert torch.equal(cache["resid_pre", 1], full["resid_pre", 1])
+    resid_mid, cache = gpt2.run_with_cache(tokens, stop_at_layer=1, names_filter="blocks.0.hook_resid_post")
+    expected = resid_mid.clone()
+    resid_mid.zero_()
+    assert torch.equal(cache["resid_post", 0], expected) and expected.abs().max() > 0
 
 
 def test_names_filter_forms(gpt2, tokens):
@@ -102,7 +188,7 @@ def test_stack_head_results_sum_to_attention_output(gpt2, tokens):
 
 
 def test_stack_head_results_prefers_cached_results(gpt2, tokens):
-    _, cache = gpt2.run_with_cache(tokens)
+    _, cache = gpt2.run_with_cache(tokens, names_filter=lambda name: "hook_result" in name or "hook_z" in name)
     from_results = cache.stack_head_results()
     del cache.cache_dict["blocks.0.attn.hook_result"], cache.cache_dict["blocks.1.attn.hook_result"]
     torch.testing.assert_close(cache.stack_head_results(), from_results, rtol=0, atol=1e-5)

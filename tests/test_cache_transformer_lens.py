@@ -225,8 +225,8 @@ def test_stack_activation(caches, name, layer, sublayer_type):
     close(ours.stack_activation(name, layer, sublayer_type), theirs.stack_activation(name, layer, sublayer_type))
 
 
-def test_compute_head_results(caches, gpt2, tl, tokens):
-    ours, _ = caches
+def test_compute_head_results(gpt2, tl, tokens):
+    _, ours = gpt2.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_result"))
     _, mine = gpt2.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_z"))
     _, theirs = tl.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_z"))
     mine.compute_head_results()

@@ -45,7 +45,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def no_hooks(model) -> bool:
-    return all(not point.has_hooks for point in model.hook_dict.values())
+    return all(not point.listening for point in model.hook_dict.values())
 
 
 def assert_close_to_scale(actual, expected, relative: float = TOL, scale: float | None = None) -> None:
@@ -811,7 +811,7 @@ def test_errors_and_no_hook_left(three_layers):
             circuits.patch_edges(model, clean, corrupt, ["L0H0->logits"], metric)
         with pytest.raises(RuntimeError, match="hooks are registered"):
             circuits.attribute(model, clean, corrupt, metric)
-        assert model.hook_dict["blocks.1.hook_resid_pre"].has_hooks
+        assert model.hook_dict["blocks.1.hook_resid_pre"].listening
     finally:
         model.reset_hooks()
     assert no_hooks(model)
@@ -923,7 +923,7 @@ def test_acdc_batch_edges_must_be_a_positive_int(batch_edges):
     clean, corrupt, mask = paired_prompts(model, 2, 4, seed=15, padded=False)
     with pytest.raises(ValueError, match="batch_edges"):
         circuits.discover(model, clean, corrupt, answers_metric(model, 2), method="acdc", threshold=0.1, batch_edges=batch_edges)
-    assert not any(point.has_hooks for point in model.hook_dict.values())
+    assert not any(point.listening for point in model.hook_dict.values())
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "qwen3"])

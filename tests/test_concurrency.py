@@ -197,7 +197,7 @@ def test_reset_inside_a_block_removes_the_block_hooks_for_this_caller(model, tok
     seen = []
     with model.hooks(fwd_hooks=[("hook_embed", lambda x, hook: seen.append(1))]):
         model.reset_hooks()
-        assert not model.hook_dict["hook_embed"].has_hooks
+        assert not model.hook_dict["hook_embed"].listening
         model(tokens)
     model(tokens)
     assert seen == []

@@ -335,7 +335,7 @@ def test_a_hook_that_changes_a_decode_steps_shape_is_named_and_removed(gpt2):
     with pytest.raises(ValueError, match="keep the shape") as raised:
         gpt2.generate(tokens, 3, fwd_hooks=[("blocks.0.hook_mlp_out", widen)])
     assert "decode step 1" in "".join(getattr(raised.value, "__notes__", []))
-    assert not any(point.has_hooks for point in gpt2.hook_dict.values())
+    assert not any(point.listening for point in gpt2.hook_dict.values())
 
 
 def test_what_generation_leaves_behind_works_with_gradients():
@@ -368,4 +368,4 @@ def test_hooks_fire_on_every_call_whichever_way_they_were_registered():
     finally:
         model.reset_hooks()
     assert calls == {route: [4, 1, 1] for route in calls}  # the prompt, then one column per decode step
-    assert not any(point.has_hooks for point in model.hook_dict.values())
+    assert not any(point.listening for point in model.hook_dict.values())

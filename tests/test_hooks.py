@@ -61,11 +61,17 @@ def test_declared_shapes_are_the_real_shapes(gpt2, tokens):
     assert {name: tuple(t.shape) for name, t in cache.items()} == declared
 
 
-def test_a_default_cache_leaves_out_the_split_inputs_as_transformer_lens(gpt2, tokens):
+def test_a_default_cache_leaves_out_the_split_inputs_and_results_as_transformer_lens(gpt2, tokens):
     _, cache = gpt2.run_with_cache(tokens)
-    split = [name for name in gpt2.hook_names if name.endswith(("_input", "hook_mlp_in"))]
-    assert len(split) == 4 * gpt2.cfg.n_layers
+    split = [name for name in gpt2.hook_names if name.endswith(("_input", "hook_mlp_in", "attn.hook_result"))]
+    assert len(split) == 5 * gpt2.cfg.n_layers
     assert set(cache.keys()) == set(gpt2.hook_names) - set(split)
+    gpt2.set_use_attn_result(True)
+    try:
+        _, with_results = gpt2.run_with_cache(tokens)
+    finally:
+        gpt2.set_use_attn_result(False)
+    assert set(with_results.keys()) - set(cache.keys()) == {f"blocks.{i}.attn.hook_result" for i in range(gpt2.cfg.n_layers)}
 
 
 def test_hook_knows_its_layer_and_context(gpt2, tokens):

@@ -118,7 +118,7 @@ def test_patching_the_whole_residual_stream_gives_the_clean_run(gpt2):
 def test_head_sweep_equals_each_patch_alone(sharp, hook):
     clean, corrupt = pair(sharp)
     metric = answer_metric(sharp, clean, corrupt)
-    _, cache = sharp.run_with_cache(clean)
+    _, cache = sharp.run_with_cache(clean, names_filter=lambda name: name.endswith(f".hook_{hook}"))  # hook_result is not cached by default
     result = patch.head_sweep(sharp, corrupt, cache, metric, hook=hook)
     names = [f"L{layer}H{head}" for layer in range(sharp.cfg.n_layers) for head in range(sharp.cfg.n_heads)]
     assert result.variants == names
@@ -394,7 +394,7 @@ def test_a_patch_of_another_shape_fails_at_the_first_forward_and_leaves_no_hook(
     with pytest.raises(ValueError, match="the source holds 2 prompts of 7 tokens, but this run has 3 prompts of 7 tokens"):
         with torch.no_grad():
             gpt2.run_with_hooks(corrupt, fwd_hooks=[("blocks.0.attn.hook_z", patch.activation(fewer, heads=0))])
-    assert not any(point.has_hooks for point in gpt2.hook_dict.values())
+    assert not any(point.listening for point in gpt2.hook_dict.values())
     with pytest.raises(KeyError, match="has no blocks.1.attn.hook_z"):  # not cached: refused at registration
         patch.hooks(gpt2, "L1H0", fewer)
 
@@ -420,7 +420,7 @@ def test_attribution_leaves_no_hook_and_the_mode_as_it_was_when_the_metric_raise
         assert gpt2.training
     finally:
         gpt2.eval()
-    assert not any(point.has_hooks for point in gpt2.hook_dict.values())
+    assert not any(point.listening for point in gpt2.hook_dict.values())
 
 
 def test_attribution_refuses_what_it_cannot_differentiate(gpt2):

@@ -143,16 +143,19 @@ def test_hook_shapes_match_declared_axes(dense_models):
     model = dense_models["gqa_tied"]
     _, cache = model.run_with_cache(random_tokens(2, 7))
     expected = model.hook_shapes(batch=2, pos=7)
-    split = {name for name in model.hook_names if name.endswith(("hook_q_input", "hook_k_input", "hook_v_input", "hook_mlp_in"))}
-    assert len(split) == 4 * model.cfg.n_layers
-    assert set(cache.keys()) == set(model.hook_names) - split  # TransformerLens' default: no split inputs
+    split = {name for name in model.hook_names
+             if name.endswith(("hook_q_input", "hook_k_input", "hook_v_input", "hook_mlp_in", "attn.hook_result"))}
+    assert len(split) == 5 * model.cfg.n_layers
+    assert set(cache.keys()) == set(model.hook_names) - split  # TransformerLens' default: no split inputs, no results
     model.set_use_split_qkv_input(True)
     model.set_use_hook_mlp_in(True)
+    model.set_use_attn_result(True)
     try:
         _, split_cache = model.run_with_cache(random_tokens(2, 7))
     finally:
         model.set_use_split_qkv_input(False)
         model.set_use_hook_mlp_in(False)
+        model.set_use_attn_result(False)
     assert set(split_cache.keys()) == set(model.hook_names)
     for name in model.hook_names:
         assert tuple((split_cache[name] if name in split else cache[name]).shape) == expected[name], name
@@ -176,7 +179,8 @@ def test_hooks_hold_what_the_docs_say(dense_models):
     torch.testing.assert_close(cache["rot_k", 1][:, 0], cache["k_normed", 1][:, 0] * model.rotary.attention_factor, rtol=0, atol=1e-6)
     z = cache["z", 1]
     torch.testing.assert_close(attn.o_proj(z.flatten(-2)), cache["attn_out", 1], rtol=0, atol=1e-6)
-    torch.testing.assert_close(cache["result", 1].sum(2) + attn.o_proj.bias, cache["attn_out", 1], rtol=0, atol=1e-5)
+    _, results = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_result"))  # not cached by default
+    torch.testing.assert_close(results["result", 1].sum(2) + attn.o_proj.bias, cache["attn_out", 1], rtol=0, atol=1e-5)
     pattern = cache["pattern", 1]
     torch.testing.assert_close(pattern.sum(-1), torch.ones(pattern.shape[:-1]), rtol=0, atol=1e-6)
     assert torch.all(pattern.triu(1) == 0)

@@ -119,7 +119,7 @@ def test_a_failing_callback_names_the_variant_and_leaves_no_hook(gpt2):
     variants = {"fine": ablate.hooks(gpt2, "L0H0"), "broken one": [("blocks.1.hook_mlp_out", broken)]}
     with pytest.raises(hooked.VariantError, match="'broken one', hook blocks.1.hook_mlp_out: ZeroDivisionError: boom"):
         hooked.sweep(gpt2, tokens_of(gpt2), variants, LastTokenDiff(1, 2))
-    assert not any(point.has_hooks for point in gpt2.hook_dict.values())
+    assert not any(point.listening for point in gpt2.hook_dict.values())
 
 
 @pytest.mark.parametrize(

@@ -227,8 +227,10 @@ def test_set_tokenizer_takes_a_hugging_face_tokenizer(gpt2_dir, gpt2_pair):
     assert torch.equal(model.to_tokens("Hello world"), theirs.to_tokens("Hello world"))
     assert model.to_str_tokens("Hello world") == theirs.to_str_tokens("Hello world")
     assert model.tokenizer.name_or_path == theirs.tokenizer.name_or_path
-    with pytest.raises(ValueError, match="left only"):
-        model.set_tokenizer(theirs.tokenizer, default_padding_side="right")
+    model.set_tokenizer(theirs.tokenizer, default_padding_side="right")  # TransformerLens' default side
+    assert torch.equal(model.to_tokens(["Hello world", "a b"]), theirs.to_tokens(["Hello world", "a b"], padding_side="right"))
+    with pytest.raises(ValueError, match="must be 'left'.*or 'right'"):
+        model.set_tokenizer(theirs.tokenizer, default_padding_side="up")
     with pytest.raises(TypeError, match="HookedTokenizer"):
         model.set_tokenizer("gpt2")
 

@@ -85,7 +85,8 @@ def test_random_init_is_transformer_lens_gpt2_init():
 
 
 @pytest.mark.parametrize("fields, message", [
-    (dict(attn_only=True), "attn_only=True is not supported: no hooked family is attention-only"),
+    (dict(attn_only=True, normalization_type="RMS", positional_embedding_type="rotary", act_fn="silu", gated_mlp=True,
+          use_qk_norm=True, final_rms=True), "attn_only=True (Qwen3 blocks have an MLP"),
     (dict(act_fn="relu"), "act_fn='relu'"),
     (dict(positional_embedding_type="shortformer"), "no hooked family has"),
     (dict(normalization_type="RMS", positional_embedding_type="rotary", act_fn="silu", gated_mlp=True), "use_qk_norm=False"),

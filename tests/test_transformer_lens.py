@@ -221,14 +221,18 @@ def test_to_tokens_truncates_to_n_ctx(gpt2, tl):
     gpt2(tokens)  # runs: the model has n_ctx positions
 
 
-def test_right_padding_is_refused(gpt2):
-    with pytest.raises(ValueError, match="pads on the left only"):
-        gpt2.to_tokens(PROMPTS, padding_side="right")
-    with pytest.raises(ValueError, match="pads on the left only"):
-        gpt2.tokenizer.padding_side = "right"
-    with pytest.raises(ValueError, match="pads on the left only"):
-        utils.get_attention_mask(gpt2.tokenizer, gpt2.to_tokens(PROMPTS), True, padding_side="right")
-    gpt2.tokenizer.padding_side = "left"
+def test_right_padding_as_transformer_lens(gpt2, tl, tl_utils):
+    """padding_side="right" gives TransformerLens' ids and mask; any other side string is refused by name."""
+    tokens = gpt2.to_tokens(PROMPTS, padding_side="right")
+    assert torch.equal(tokens, tl.to_tokens(PROMPTS, padding_side="right"))
+    assert gpt2.tokenizer.padding_side == "left"  # the call's side does not change the tokenizer's
+    theirs = tl_utils.get_attention_mask(tl.tokenizer, tokens, True, padding_side="right")
+    assert torch.equal(utils.get_attention_mask(gpt2.tokenizer, tokens, True, padding_side="right"), theirs)
+    for bad in ("middle", "Right", ""):
+        with pytest.raises(ValueError, match="must be 'left'.*or 'right'"):
+            gpt2.to_tokens(PROMPTS, padding_side=bad)
+        with pytest.raises(ValueError, match="must be 'left'.*or 'right'"):
+            gpt2.tokenizer.padding_side = bad
     assert gpt2.tokenizer.padding_side == "left"
 
 
@@ -360,9 +364,13 @@ def test_other_transformer_lens_arguments_are_refused(gpt2_dir, kwargs, named):
         hooked.HookedTransformer.from_pretrained(gpt2_dir, **kwargs)
 
 
-def test_right_padding_default_is_refused(gpt2_dir):
-    with pytest.raises(ValueError, match="pads on the left only"):
-        hooked.HookedTransformer.from_pretrained(gpt2_dir, default_padding_side="right")
+def test_right_padding_default(gpt2_dir):
+    model = hooked.HookedTransformer.from_pretrained(gpt2_dir, default_padding_side="right")
+    assert model.tokenizer.padding_side == "right"
+    tokens = model.to_tokens(["Hi there", "A"])
+    assert tokens[1, -1] == model.tokenizer.pad_token_id and tokens[1, 0] == model.tokenizer.bos_token_id
+    with pytest.raises(ValueError, match="must be 'left'.*or 'right'"):
+        hooked.HookedTransformer.from_pretrained(gpt2_dir, default_padding_side="top")
 
 
 def test_loss_per_token_as_transformer_lens(gpt2, gpt2_dir):
@@ -376,3 +384,28 @@ def test_loss_per_token_as_transformer_lens(gpt2, gpt2_dir):
         assert ours.shape == theirs.shape
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(gpt2(prompts, return_type="loss"), reference(prompts, return_type="loss"), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- generate's defaults
+def test_generate_samples_by_default_on_models_built_the_transformer_lens_way(gpt2_dir, gpt2, capsys):
+    """TransformerLens 3.9's `generate` samples (`do_sample=True`) and shows a progress bar (`verbose=True`)
+    unless told otherwise: so does `generate` on a model from `HookedTransformer.from_pretrained`,
+    `from_pretrained_no_processing` or `HookedTransformer(cfg)`; `hooked.load`'s models stay greedy and quiet."""
+    prompt = "When Mary and John went to the store"
+    for model in (hooked.HookedTransformer.from_pretrained_no_processing(gpt2_dir),
+                  hooked.HookedTransformer(hooked.HookedTransformerConfig(n_layers=1, d_model=32, n_ctx=16, d_head=8,
+                                                                          n_heads=4, d_vocab=50, act_fn="gelu_new"))):
+        tokens = torch.tensor([[1, 2, 3, 4]])
+        capsys.readouterr()
+        sampled = model.generate(tokens, 12, seed=0, stop_at_eos=False)
+        assert capsys.readouterr().err  # the progress bar
+        assert torch.equal(sampled, model.generate(tokens, 12, seed=0, do_sample=True, verbose=False, stop_at_eos=False))
+        assert not torch.equal(sampled, model.generate(tokens, 12, do_sample=False, verbose=False, stop_at_eos=False))
+    processed = hooked.HookedTransformer.from_pretrained(gpt2_dir)
+    assert processed.generate(prompt, 5, seed=1, verbose=False) == processed.generate(prompt, 5, seed=1, do_sample=True, verbose=False)
+    capsys.readouterr()
+    greedy = gpt2.generate(prompt, 5)
+    assert not capsys.readouterr().err
+    assert greedy == gpt2.generate(prompt, 5, do_sample=False)
+    with pytest.raises(ValueError, match="do_sample"):  # hooked's own default refuses sampling arguments
+        gpt2.generate(prompt, 5, temperature=0.7)

@@ -193,7 +193,7 @@ def _gradients_at(experiment: Experiment, alphas: list[float], points: list[str]
 
     with torch.enable_grad(), model.hooks(fwd_hooks=[(g.sources[0].hook_name, embed)] + [(p, keep) for p in points]):
         final = _stage_loop(model, prompts, copies, 0, experiment.clean.resid[0])
-        reduced = experiment.reads.logits(model, final)
+        reduced = experiment.reads.logits(model, final, prompts.key_valid)
         values = torch.cat([experiment.reads.evaluate(reduced[i * batch:(i + 1) * batch], None, experiment.key_valid)
                             for i in range(copies)])
         if not values.requires_grad:

@@ -148,7 +148,8 @@ class Circuit:
     def to_dict(self) -> dict:
         return {"method": self.method, "ablation": self.ablation, "edges": [str(e) for e in self.edges],
                 "nodes": self.nodes, "heads": self.heads, "scores": self.scores,
-                "shape": {"n_layers": self.graph.n_layers, "n_heads": self.graph.n_heads, "n_kv_heads": self.graph.n_kv_heads},
+                "shape": {"n_layers": self.graph.n_layers, "n_heads": self.graph.n_heads, "n_kv_heads": self.graph.n_kv_heads,
+                          **({} if self.graph.mlp_layers is None else {"mlp_layers": list(self.graph.mlp_layers)})},
                 "provenance": self.provenance}
 
     def to_json(self, path: str | Path) -> Path:
@@ -159,8 +160,11 @@ class Circuit:
         """The circuit `to_json` wrote; with `model=`, bound to it (so `faithfulness` and `curve` run)."""
         data = json.loads(Path(path).read_text())
         shape = data["shape"]
-        g = build_graph(model) if model is not None else graph_of_shape(shape["n_layers"], shape["n_heads"], shape["n_kv_heads"])
-        if model is not None and (g.n_layers, g.n_heads, g.n_kv_heads) != (shape["n_layers"], shape["n_heads"], shape["n_kv_heads"]):
+        mlp_layers = None if shape.get("mlp_layers") is None else tuple(shape["mlp_layers"])  # absent: every layer
+        g = build_graph(model) if model is not None else graph_of_shape(shape["n_layers"], shape["n_heads"], shape["n_kv_heads"],
+                                                                          mlp_layers)
+        if model is not None and (g.n_layers, g.n_heads, g.n_kv_heads, g.mlp_layers) != (
+                shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers):
             raise ValueError(f"the circuit in {path} was found on a graph of shape {shape}, but this model's is {g!r}")
         return cls(g, [g.edge(e) for e in data["edges"]], dict(data["scores"]), data["method"],
                    data.get("ablation", "corrupt"), data.get("provenance", {}), model)

@@ -87,7 +87,7 @@ def record(model: "HookedTransformer", graph: Graph, prompts: Prompts, reads: Me
     resid: dict[int, Tensor] = {}
     with torch.no_grad(), model.hooks(fwd_hooks=[(name, keep) for name in by_point]):
         final = _stage_loop(model, prompts, 1, -1, None, keep=resid)
-        reduced = reads.logits(model, final)
+        reduced = reads.logits(model, final, prompts.key_valid)
     return Run(torch.stack(outputs), resid, reduced)
 
 
@@ -205,13 +205,13 @@ def run_masks(
 
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         final = _stage_loop(model, prompts, copies, start, None if start < 0 else clean.resid[start])
-        return reads.logits(model, final)
+        return reads.logits(model, final, prompts.key_valid)
 
 
 def _columns_at(prompts: Prompts, position: int) -> Tensor:
     """[B pos] True at the column holding `position` of each prompt (negative: from its end); every prompt
     must have it (`hooked.positions`)."""
-    lengths = prompts.position_ids[:, -1:] + 1  # left padding: the last column is every prompt's last token
+    lengths = prompts.position_ids[:, -1:] + 1  # the last column's position: a right pad repeats the prompt's last
     return positions_mask((position,), prompts.position_ids, prompts.key_valid, lengths, what=f"an edge at position {position}")
 
 

@@ -90,6 +90,10 @@ class Graph:
     _source_index: dict = field(repr=False, compare=False)
     _receiver_index: dict = field(repr=False, compare=False)
     _edge_index: dict = field(repr=False, compare=False)
+    mlp_layers: tuple[int, ...] | None = None  # the layers with an MLP node; None: every layer (attn_only: ())
+
+    def has_mlp(self, layer: int) -> bool:
+        return self.mlp_layers is None or layer in self.mlp_layers
 
     @property
     def nodes(self) -> list[str]:
@@ -237,14 +241,19 @@ class Graph:
 
 def graph(model: "HookedTransformer") -> Graph:
     """The residual graph of `model`: `len(circuits.graph(model).edges)` is 32,491 for GPT-2 small's shapes."""
-    for name in ("hook_q_input", "hook_k_input", "hook_v_input", "hook_mlp_in"):
+    mlp_layers = tuple(layer for layer, block in enumerate(model.blocks) if block.mlp is not None)  # attn_only: none
+    for name in ("hook_q_input", "hook_k_input", "hook_v_input"):
         model._check_name(f"blocks.0.{name}")  # an architecture without the split input points has no circuits
+    for layer in mlp_layers[:1]:
+        model._check_name(f"blocks.{layer}.hook_mlp_in")
     cfg = model.cfg
-    return graph_of_shape(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
+    return graph_of_shape(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
+                          None if len(mlp_layers) == cfg.n_layers else mlp_layers)
 
 
-def graph_of_shape(n_layers: int, n_heads: int, n_kv_heads: int) -> Graph:
-    """The residual graph of a model with these shapes (the hook names are every architecture's)."""
+def graph_of_shape(n_layers: int, n_heads: int, n_kv_heads: int, mlp_layers: tuple[int, ...] | None = None) -> Graph:
+    """The residual graph of a model with these shapes (the hook names are every architecture's); `mlp_layers`
+    lists the layers with an MLP (None: all; `()` for an attention-only model, `cfg.attn_only`)."""
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
     sources = [Source(INPUT, "blocks.0.hook_resid_pre", None, -1)]
@@ -257,14 +266,15 @@ def graph_of_shape(n_layers: int, n_heads: int, n_kv_heads: int) -> Graph:
         receivers += [Receiver(f"{kv}.k", block + "hook_k_input", g, 2 * layer, upstream) for g, kv in enumerate(kv_names)]
         receivers += [Receiver(f"{kv}.v", block + "hook_v_input", g, 2 * layer, upstream) for g, kv in enumerate(kv_names)]
         sources += [Source(f"L{layer}H{h}", block + "attn.hook_result", h, 2 * layer) for h in range(n_heads)]
-        receivers.append(Receiver(f"L{layer}.mlp", block + "hook_mlp_in", None, 2 * layer + 1, len(sources)))
-        sources.append(Source(f"L{layer}.mlp", block + "hook_mlp_out", None, 2 * layer + 1))
+        if mlp_layers is None or layer in mlp_layers:
+            receivers.append(Receiver(f"L{layer}.mlp", block + "hook_mlp_in", None, 2 * layer + 1, len(sources)))
+            sources.append(Source(f"L{layer}.mlp", block + "hook_mlp_out", None, 2 * layer + 1))
     receivers.append(Receiver(LOGITS, f"blocks.{n_layers - 1}.hook_resid_post", None, 2 * n_layers, len(sources)))
     edges = tuple(Edge(source.name, receiver.name) for receiver in receivers for source in sources[:receiver.n_upstream])
     return Graph(
         n_layers, n_heads, n_kv_heads, tuple(sources), tuple(receivers), edges,
         {s.name: i for i, s in enumerate(sources)}, {r.name: i for i, r in enumerate(receivers)},
-        {e: i for i, e in enumerate(edges)},
+        {e: i for i, e in enumerate(edges)}, None if mlp_layers is None else tuple(mlp_layers),
     )
 
 

@@ -244,7 +244,7 @@ def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]]) -> T
     start = min(start, 2 * g.n_layers - 1)
     with torch.no_grad(), model.hooks(fwd_hooks=[(name, replace) for name in receivers_at]):
         final = _stage_loop(model, prompts, copies, start, clean.resid[start])
-        reduced = experiment.reads.logits(model, final)
+        reduced = experiment.reads.logits(model, final, prompts.key_valid)
     return torch.stack([experiment.evaluate(reduced[v * batch:(v + 1) * batch]).cpu() for v in range(copies)])
 
 

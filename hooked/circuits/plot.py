@@ -86,7 +86,8 @@ def _layout(graph) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
                 middle = kv * group + (group - 1) / 2
                 pos[f"L{layer}KV{kv}.k"] = (middle - 0.14, heads_y - KV_DROP)
                 pos[f"L{layer}KV{kv}.v"] = (middle + 0.14, heads_y - KV_DROP)
-        pos[f"L{layer}.mlp"] = (n_heads - 1 + MLP_SHIFT, mlp_y)
+        if graph.has_mlp(layer):
+            pos[f"L{layer}.mlp"] = (n_heads - 1 + MLP_SHIFT, mlp_y)
     pos[LOGITS] = (centre, 1.0 + 2 * n_layers)
     rows["logits"] = 1.0 + 2 * n_layers
     return pos, rows
@@ -128,7 +129,7 @@ def plot_circuit(circuit: "Circuit", path: str | Path | None = None, title: str 
     node_size = 1100 if n_heads <= 16 else 700
 
     # The model's nodes outside the circuit: faint outlines.
-    every = [INPUT, LOGITS] + [f"L{l}H{h}" for l in range(n_layers) for h in range(n_heads)] + [f"L{l}.mlp" for l in range(n_layers)]
+    every = [INPUT, LOGITS] + [f"L{l}H{h}" for l in range(n_layers) for h in range(n_heads)] + [f"L{l}.mlp" for l in range(n_layers) if graph.has_mlp(l)]
     ghosts = [node for node in every if node not in nodes]
     nx.draw_networkx_nodes(g, pos, nodelist=ghosts, node_size=node_size * 0.6, node_color="white", edgecolors="#d0d0d0",
                            linewidths=0.8, ax=axes, hide_ticks=False)

@@ -23,7 +23,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hooked.cache import ActivationCache, accumulated_bias, run_with_cache
-from hooked.hooks import HookedRootModule, Rows, running_rows
+from hooked.hooks import HookedRootModule, HookPoint, Rows, running_rows
 from hooked.kv_cache import KVCache
 from hooked.models.tokens import TokenMethods
 from hooked.models.views import WeightStacks
@@ -69,6 +69,11 @@ class ModelConfig:
         attribute of this config alone, so a config copied with `dataclasses.replace` builds an unprocessed model."""
         object.__setattr__(self, "normalization_type", normalization_type)
 
+    def _set_use_hook_tokens(self, use_hook_tokens: bool) -> None:
+        """TransformerLens' `use_hook_tokens`, read by the model built from this config (it declares
+        `hook_tokens` only when True); set by `HookedTransformerConfig(use_hook_tokens=True)`."""
+        object.__setattr__(self, "use_hook_tokens", bool(use_hook_tokens))
+
     def _bound_model(self) -> "HookedTransformer":
         model = self.__dict__.get("_model")
         model = model() if model is not None else None
@@ -103,7 +108,7 @@ class ModelConfig:
     attention_dir = "causal"
     attn_only = False
     parallel_attn_mlp = False
-    use_hook_tokens = False  # there is no hook_tokens
+    use_hook_tokens = False  # True: the model has `hook_tokens` on the token ids (HookedTransformerConfig)
 
     @property
     def d_vocab_out(self) -> int:
@@ -112,6 +117,9 @@ class ModelConfig:
     @property
     def n_key_value_heads(self) -> int:
         return self.n_kv_heads
+
+
+TRANSFORMER_LENS_GENERATE = {"do_sample": True, "verbose": True}  # TransformerLens 3.9 HookedTransformer.generate
 
 
 class _BuildsFromConfig(type):
@@ -132,6 +140,14 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
     config_class: ClassVar[type]
     architectures: ClassVar[tuple[str, ...]]  # config.json "architectures" / "model_type" it serves
     embedding_hook_names: ClassVar[tuple[str, ...]]  # the hooks whose sum is resid_pre of block 0
+    # GPT-2, Qwen3 and Qwen3-MoE never edit a hooked tensor in place (HookedRootModule.edits_hooked_tensors;
+    # tests/test_cache.py checks each point after the forward). A new architecture must keep it so, or set True.
+    edits_hooked_tensors: ClassVar[bool] = False
+    # `model.generate`'s defaults where the caller leaves them out. hooked's own models (`hooked.load`) decode
+    # greedily and quietly; a model built the TransformerLens way (`HookedTransformer.from_pretrained`,
+    # `from_pretrained_no_processing`, `HookedTransformer(cfg)`) samples and shows a progress bar, as
+    # TransformerLens 3.9's `generate` does (TRANSFORMER_LENS_GENERATE).
+    generate_defaults: dict = {}
 
     def __init__(self, cfg):
         super().__init__()
@@ -147,10 +163,13 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
         self.lm_head: nn.Linear | None = None
         # TransformerLens' weight processing applied to this model (hooked.processing): flag -> done.
         self.processing: dict[str, bool] = unprocessed()
+        if cfg.use_hook_tokens:  # declared first: it fires first (TransformerLens 3.9, HookedTransformer.input_to_embed)
+            self.hook_tokens = HookPoint("batch pos")  # the token ids; a hook may replace them (token_ids)
 
     def setup_hooks(self) -> None:
         super().setup_hooks()
         self.set_use_split_qkv_input(False)  # as TransformerLens: a default cache leaves these out
+        self.set_use_attn_result(False)
         self.set_use_hook_mlp_in(False)
 
     @property
@@ -225,6 +244,9 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
         model = load_model(name_or_path, dtype=dtype, device=device or "cpu", model_class=model_class, processing=processing)
         if default_prepend_bos is not None:
             model.cfg.default_prepend_bos = default_prepend_bos
+        if model.tokenizer is not None:
+            model.tokenizer.padding_side = default_padding_side
+        model.generate_defaults = dict(TRANSFORMER_LENS_GENERATE)
         return model
 
     @classmethod
@@ -246,7 +268,14 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
     # TransformerLens' switches. Each is answered: a no-op where hooked already behaves so, an error
     # naming the hooked way where it has no such hook point.
     def set_use_attn_result(self, use_attn_result: bool) -> None:
-        """No-op: `attn.hook_result` is computed whenever a hook or the cache listens to it."""
+        """TransformerLens' switch for `blocks.{i}.attn.hook_result` ([batch pos head_index d_model]).
+
+        The point always exists and is computed whenever a hook listens to it; the switch decides only
+        whether `run_with_cache()` without a names_filter keeps it (off by default, as TransformerLens':
+        it is n_heads copies of the residual stream per layer, and `cache.stack_head_results` computes
+        it from `hook_z` when it is absent)."""
+        for block in self.blocks:
+            block.attn.hook_result.cached_by_default = bool(use_attn_result)
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """TransformerLens' switch for `blocks.{i}.hook_q_input` / `hook_k_input` / `hook_v_input`.
@@ -262,8 +291,11 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
         """TransformerLens' switch for `blocks.{i}.hook_mlp_in`: computed whenever a hook listens; on, a
         `run_with_cache()` without a names_filter keeps it too."""
+        if use_hook_mlp_in and any(block.mlp is None for block in self.blocks):
+            raise ValueError("this model is attention-only (cfg.attn_only): its blocks have no MLP, so no hook_mlp_in")
         for block in self.blocks:
-            block.hook_mlp_in.cached_by_default = bool(use_hook_mlp_in)
+            if block.mlp is not None:
+                block.hook_mlp_in.cached_by_default = bool(use_hook_mlp_in)
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:
         if use_attn_in:
@@ -285,6 +317,7 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
         *,
         attention_mask: Tensor | None = None,
         prepend_bos: bool | None = None,
+        padding_side: str | None = None,
         return_type: ReturnType = "logits",
         loss_per_token: bool = False,
         past_kv_cache: KVCache | None = None,
@@ -294,9 +327,10 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
     ):
         """Logits [batch pos d_vocab] for token ids ([batch pos] or [pos]) or text (str or list of str).
 
-        Text is tokenized with left padding; token ids may come with an `attention_mask` (True or 1 =
-        real token). Position ids are derived from the mask, so a left-padded row gives the same
-        result as the prompt alone. `return_type="loss"` gives the mean next-token cross-entropy
+        Text is tokenized with left padding (`padding_side="right"`, or a tokenizer whose `padding_side` is
+        "right", pads after each prompt); token ids may come with an `attention_mask` (True or 1 = real
+        token), else their padding is read from the ids on that side (`HookedTokenizer.mask_for`).
+        Position ids are derived from the mask, so a padded row gives the same result as the prompt alone. `return_type="loss"` gives the mean next-token cross-entropy
         over real tokens (with `loss_per_token=True`, [batch pos-1] with 0 where the target or the
         predicting token is padding, as TransformerLens); `"both"` gives (logits, loss).
 
@@ -316,7 +350,7 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
             if past_kv_cache is not None:
                 raise ValueError("start_at_layer / stop_at_layer cannot be combined with past_kv_cache")
             return self._forward_layers(input, start_at_layer, stop_at_layer, attention_mask, prepend_bos,
-                                        return_type, loss_per_token, tokens)
+                                        return_type, loss_per_token, tokens, padding_side)
         if tokens is not None:
             raise ValueError("tokens= is for the loss of a forward with start_at_layer; pass the ids as the input")
         if past_kv_cache is not None and len(past_kv_cache):
@@ -324,35 +358,40 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
                 prepend_bos = False  # a continuation: no BOS in the middle of a sequence
             if attention_mask is None and isinstance(input, Tensor):
                 attention_mask = torch.ones(input.shape, dtype=torch.bool, device=input.device)
-        tokens, key_valid = self._tokens_and_mask(input, attention_mask, prepend_bos)
+        tokens, key_valid = self._tokens_and_mask(input, attention_mask, prepend_bos, padding_side)
         # Tensor parallelism: the collectives are not differentiated, so a sharded forward has no gradients.
         with torch.no_grad() if self.tensor_parallel else contextlib.nullcontext():
+            # tokens: after any hook on hook_tokens, the loss's targets (as TransformerLens 3.9 forward)
             if past_kv_cache is not None:
-                logits = self._forward_cached(tokens, key_valid, past_kv_cache)
+                logits, tokens = self._forward_cached(tokens, key_valid, past_kv_cache, with_ids=True)
             else:
-                logits = self._forward_whole(tokens, key_valid)
+                logits, tokens = self._forward_whole(tokens, key_valid, with_ids=True)
         if return_type in ("logits", None):
             return logits if return_type else None
         loss = self.loss(logits, tokens, key_valid, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
     def _forward_whole(self, tokens: Tensor, key_valid: Tensor | None, lengths: Tensor | None = None,
-                       last_only: bool = False) -> Tensor:
-        """One forward over every column of `tokens` (no KV cache); `lengths` as `Rows.lengths`."""
+                       last_only: bool = False, with_ids: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """One forward over every column of `tokens` (no KV cache); `lengths` as `Rows.lengths`. `with_ids`: also
+        the ids embedded (`token_ids`: after hook_tokens)."""
         position_ids = position_ids_for(tokens, key_valid)
         mask = AttentionMask(key_valid, tokens.shape[1], tokens.shape[1])
         with running_rows(Rows(position_ids, key_valid, 0, lengths)):
-            return self.forward_tokens(tokens, position_ids, mask, last_only=last_only)
+            tokens = self.token_ids(tokens)
+            logits = self.forward_tokens(tokens, position_ids, mask, last_only=last_only)
+        return (logits, tokens) if with_ids else logits
 
     def _forward_layers(self, input, start_at_layer: int | None, stop_at_layer: int | None, attention_mask: Tensor | None,
-                        prepend_bos: bool | None, return_type: ReturnType, loss_per_token: bool, tokens: Tensor | None):
+                        prepend_bos: bool | None, return_type: ReturnType, loss_per_token: bool, tokens: Tensor | None,
+                        padding_side: str | None = None):
         """`forward` over `blocks[start_at_layer:stop_at_layer]` (TransformerLens' slicing, negative indices too)."""
         if self.tensor_parallel:
             raise ValueError("start_at_layer / stop_at_layer are not supported under tensor parallelism (tp > 1)")
         if start_at_layer is None:
             if tokens is not None:
                 raise ValueError("tokens= is for the loss of a forward with start_at_layer; pass the ids as the input")
-            tokens, key_valid = self._tokens_and_mask(input, attention_mask, prepend_bos)
+            tokens, key_valid = self._tokens_and_mask(input, attention_mask, prepend_bos, padding_side)
             resid = None
         else:
             if not isinstance(input, Tensor) or not input.is_floating_point() or input.ndim != 3 or input.shape[-1] != self.cfg.d_model:
@@ -373,6 +412,7 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
         mask = AttentionMask(key_valid, batch_pos[1], batch_pos[1])
         with running_rows(Rows(position_ids, key_valid, 0, None)):
             if resid is None:
+                tokens = self.token_ids(tokens)
                 resid = self.resid_from_tokens(tokens, position_ids)
             inputs = self.block_inputs(position_ids, mask, resid.dtype)
             for block in self.blocks[start_at_layer:stop_at_layer]:
@@ -385,17 +425,38 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
         loss = self.loss(logits, tokens.to(logits.device), key_valid, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
-    def _forward_cached(self, tokens: Tensor, key_valid: Tensor | None, cache: KVCache, last_only: bool = False) -> Tensor:
-        """One call on a KV cache: logits of the new columns (the last one alone with `last_only`)."""
+    def _forward_cached(self, tokens: Tensor, key_valid: Tensor | None, cache: KVCache, last_only: bool = False,
+                        with_ids: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """One call on a KV cache: logits of the new columns (the last one alone with `last_only`); `with_ids`
+        also the ids embedded (after hook_tokens)."""
         position_ids, mask, rows = cache.begin(tokens, key_valid)
         try:
             with running_rows(rows):
+                tokens = self.token_ids(tokens)
                 logits = self.forward_tokens(tokens, position_ids, mask, cache, last_only)
         except BaseException:
             cache.abandon()
             raise
         cache.commit()
-        return logits
+        return (logits, tokens) if with_ids else logits
+
+    def token_ids(self, tokens: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
+        """`hook_tokens` (with `cfg.use_hook_tokens`): the ids a forward embeds, after any hook on them.
+
+        Every path from ids to the embedding calls this once, inside the forward's rows (hooks read positions):
+        a forward (whose loss then reads the hook's ids as targets, as TransformerLens 3.9
+        `HookedTransformer.forward`), each generation step (the new ids with a KV cache) and
+        `model.embed(tokens, position_ids)` (sweeps). A hook gets a copy, so an in-place edit never changes
+        the caller's tensor; its ids must be in the vocabulary.
+        """
+        if not self.cfg.use_hook_tokens or not self.hook_tokens.listening:
+            return tokens
+        tokens = self.hook_tokens(tokens.clone())  # HookPoint refuses another shape, dtype or device
+        low, high = (int(x) for x in torch.aminmax(tokens))
+        if low < 0 or high >= self.cfg.d_vocab:
+            raise ValueError(f"a hook on hook_tokens returned token id {high if high >= self.cfg.d_vocab else low}, out of"
+                             f" range for this model's vocabulary of {self.cfg.d_vocab} (ids 0..{self.cfg.d_vocab - 1})")
+        return tokens
 
     def forward_tokens(self, tokens: Tensor, position_ids: Tensor, mask: AttentionMask, kv: KVCache | None = None,
                        last_only: bool = False) -> Float[Tensor, "batch pos d_vocab"]:
@@ -407,7 +468,7 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
             resid = block(resid, *inputs, kv=None if kv is None else kv.layer(index))
         if not last_only:
             return self.logits_from_resid(resid)
-        final_norm_hooked = any(point.has_hooks for point in (self.ln_final.hook_scale, self.ln_final.hook_normalized))
+        final_norm_hooked = any(point.listening for point in (self.ln_final.hook_scale, self.ln_final.hook_normalized))
         return self.logits_from_resid(resid if final_norm_hooked else resid[:, -1:])[:, -1:]  # hooks there see every column
 
     def logits_from_resid(self, resid: Float[Tensor, "batch pos d_model"], columns: Tensor | None = None) -> Tensor:
@@ -464,20 +525,22 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
         weights = (key_valid[:, 1:] & key_valid[:, :-1]).float()
         return per_position * weights if per_token else (per_position * weights).sum() / weights.sum()
 
-    def _tokens_and_mask(self, input: ModelInput, attention_mask: Tensor | None, prepend_bos: bool | None):
+    def _tokens_and_mask(self, input: ModelInput, attention_mask: Tensor | None, prepend_bos: bool | None,
+                         padding_side: str | None = None):
         """Token ids [batch pos] on the model's device and the key mask (None when unpadded), checked.
+        `padding_side` (default: the tokenizer's) is where text is padded and where ids' padding is read.
 
         Under tensor parallelism the ranks of a group then agree: if one rank's input was bad, every
         rank raises; if their inputs differ, every rank raises (hooked.distributed).
         """
         if not self.tensor_parallel:
-            return self._tokens_and_mask_checked(input, attention_mask, prepend_bos)
+            return self._tokens_and_mask_checked(input, attention_mask, prepend_bos, padding_side)
         error, result, fingerprint = None, None, None
         try:
-            result = self._tokens_and_mask_checked(input, attention_mask, prepend_bos)
+            result = self._tokens_and_mask_checked(input, attention_mask, prepend_bos, padding_side)
             tokens, key_valid = result
             weights = torch.arange(1, tokens.numel() + 1, device=tokens.device).view_as(tokens)
-            hooked_points = tuple(name for name, point in self.hook_dict.items() if point.has_hooks)
+            hooked_points = tuple(name for name, point in self.hook_dict.items() if point.listening)
             fingerprint = (tuple(tokens.shape), int((tokens * weights).sum()),
                            None if key_valid is None else int((key_valid * weights).sum()), hooked_points)
         except Exception as caught:
@@ -485,12 +548,15 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
         self.parallel.agree(error, fingerprint, "a forward (tokens, mask and hooked points)")
         return result
 
-    def _tokens_and_mask_checked(self, input: ModelInput, attention_mask: Tensor | None, prepend_bos: bool | None):
+    def _tokens_and_mask_checked(self, input: ModelInput, attention_mask: Tensor | None, prepend_bos: bool | None,
+                                 padding_side: str | None = None):
         device = self.device
+        if padding_side is not None:
+            HookedTokenizer._check_padding_side(padding_side)
         if isinstance(input, str) or (isinstance(input, list) and input and all(isinstance(s, str) for s in input)):
             if attention_mask is not None:
                 raise ValueError("attention_mask is derived from text inputs; pass it only with token ids")
-            tokens, key_valid = self._tokenize(input, prepend_bos)
+            tokens, key_valid = self._tokenize(input, prepend_bos, padding_side=padding_side)
             tokens, key_valid = tokens.to(device), key_valid.to(device)
         elif isinstance(input, Tensor):
             tokens = input
@@ -500,8 +566,9 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
                 tokens = tokens[None]
             if tokens.ndim != 2:
                 raise ValueError(f"token ids must be [batch pos] or [pos], got shape {tuple(input.shape)}")
-            if attention_mask is None and self.tokenizer is not None:  # left padding, read from the ids
-                attention_mask = self.tokenizer.mask_for(tokens, self.default_prepend_bos if prepend_bos is None else prepend_bos)
+            if attention_mask is None and self.tokenizer is not None:  # padding read from the ids (the tokenizer's side)
+                attention_mask = self.tokenizer.mask_for(tokens, self.default_prepend_bos if prepend_bos is None else prepend_bos,
+                                                         padding_side=padding_side)
             key_valid = None
             if attention_mask is not None:
                 attention_mask = attention_mask[None] if attention_mask.ndim == 1 else attention_mask
@@ -564,7 +631,8 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
         """Continue `input` by `max_new_tokens` tokens with a KV cache; hooks fire on the prompt and every step.
 
         `input` is text (str or list of str, left-padded), or token ids [batch pos] / [pos] with an
-        optional `attention_mask`. Keyword arguments: `do_sample` (False: greedy), `temperature`, `top_k`,
+        optional `attention_mask`. Keyword arguments: `do_sample` (greedy unless True; a model built the
+        TransformerLens way samples unless told otherwise: `generate_defaults`), `temperature`, `top_k`,
         `top_p`, `seed`, `freq_penalty`, `stop_at_eos` (finished rows are filled with the end-of-sequence
         token; generation stops when every row has finished), `eos_token_id`, `return_type` ("input": text
         for text, ids for ids; "tokens"; "str"), `verbose` (a progress bar), `prepend_bos`, `fwd_hooks`
@@ -575,7 +643,7 @@ class HookedTransformer(TokenMethods, WeightStacks, HookedRootModule, metaclass=
         """
         from hooked.generation import generate
 
-        return generate(self, input, max_new_tokens, **kwargs)
+        return generate(self, input, max_new_tokens, **{**self.generate_defaults, **kwargs})
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
         """Output biases written to the residual stream before block `layer` ([d_model]), as TransformerLens."""

@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hooked.factored import ov_circuit, qk_circuit
-from hooked.hooks import HookPoint
+from hooked.hooks import HookPoint, current_rows
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, LayerNorm, attend, attention_input, gelu_new, mlp_input, writable
 from hooked.models.base import HookedTransformer, ModelConfig
@@ -43,6 +43,7 @@ class GPT2Config(ModelConfig):
     layer_norm_eps: float = 1e-5
     activation: Literal["gelu_new", "gelu"] = "gelu_new"
     scale_attn_by_inverse_layer_idx: bool = False  # divide scores by (layer + 1) as well
+    attn_only: bool = False  # TransformerLens' toy models: blocks without MLP (HookedTransformerConfig only)
     default_prepend_bos: bool = True  # as TransformerLens; settable, read by to_tokens and the forward
 
     # TransformerLens' names for what the architecture fixes
@@ -144,14 +145,14 @@ class GPT2Attention(nn.Module):
             q, k, v = self.c_attn(x).view(batch, pos, 3, self.n_heads, self.d_head).unbind(2)
         batch, pos = q.shape[:2]
         # unbind's outputs are views autograd forbids editing in place: a listening hook gets a copy (writable)
-        q = self.hook_q(writable(q) if self.hook_q.has_hooks else q)
-        k = self.hook_k(writable(k) if self.hook_k.has_hooks else k)
-        v = self.hook_v(writable(v) if self.hook_v.has_hooks else v)
+        q = self.hook_q(writable(q) if self.hook_q.listening else q)
+        k = self.hook_k(writable(k) if self.hook_k.listening else k)
+        v = self.hook_v(writable(v) if self.hook_v.listening else v)
         if kv is not None:  # a KV cache: keys and values of every column so far (this call's included)
             k, v = kv.append(k, v)
         z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=False)
-        z = self.hook_z(writable(z) if self.hook_z.has_hooks else z)
-        if self.hook_result.has_hooks:  # per-head writes, summed: differs from c_proj by rounding only
+        z = self.hook_z(writable(z) if self.hook_z.listening else z)
+        if self.hook_result.listening:  # per-head writes, summed: differs from c_proj by rounding only
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
             return self.c_proj.add_bias(result.sum(2))
         return self.c_proj(z.reshape(batch, pos, -1))  # a view: editing z edits c_proj's input
@@ -257,11 +258,17 @@ class GPT2Block(nn.Module):
         self.ln1 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
         self.attn = GPT2Attention(cfg, layer)
         self.hook_attn_out = HookPoint("batch pos d_model")
-        self.hook_resid_mid = HookPoint("batch pos d_model")
-        self.hook_mlp_in = HookPoint("batch pos d_model")  # what the MLP half reads, before ln2
-        self.ln2 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
-        self.mlp = GPT2MLP(cfg)
-        self.hook_mlp_out = HookPoint("batch pos d_model")
+        if cfg.attn_only:
+            # TransformerLens 3.9's attn_only block (components/transformer_block.py): no ln2, no MLP, no
+            # resid_mid. Generic code reads `block.mlp is None`; TransformerLens' never-firing hook_mlp_in and
+            # hook_mlp_out are left out, so a hook put there raises instead of silently never running.
+            self.ln2 = self.mlp = None
+        else:
+            self.hook_resid_mid = HookPoint("batch pos d_model")
+            self.hook_mlp_in = HookPoint("batch pos d_model")  # what the MLP half reads, before ln2
+            self.ln2 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+            self.mlp = GPT2MLP(cfg)
+            self.hook_mlp_out = HookPoint("batch pos d_model")
         self.hook_resid_post = HookPoint("batch pos d_model")
 
     def forward(self, resid_pre: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
@@ -271,9 +278,13 @@ class GPT2Block(nn.Module):
         resid_pre = self.hook_resid_pre(resid_pre)
         n_heads = self.attn.n_heads
         attn_out = self.hook_attn_out(self.attn(attention_input(self, resid_pre, n_heads, n_heads), mask, kv))
+        if self.mlp is None:  # attention-only: the sum is resid_post, hooked in mlp_half (the block's second stage)
+            return attn_out + resid_pre
         return self.hook_resid_mid(attn_out + resid_pre)
 
     def mlp_half(self, resid_mid: Tensor) -> Tensor:
+        if self.mlp is None:
+            return self.hook_resid_post(resid_mid)
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(mlp_input(self, resid_mid))))
         return self.hook_resid_post(resid_mid + mlp_out)
 
@@ -297,8 +308,11 @@ class GPT2(HookedTransformer):
 
     def resid_from_tokens(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
         embed = self.hook_embed(self.wte(tokens))
-        pos_embed = self.hook_pos_embed(self.wpe(position_ids))
-        return embed + pos_embed
+        pos_embed = self.wpe(position_ids)
+        padding = _padded_columns(tokens)
+        if padding is not None:  # TransformerLens 3.9's PosEmbed: 0 at padded positions (real ones unchanged)
+            pos_embed = pos_embed.masked_fill(padding[..., None], 0.0)
+        return embed + self.hook_pos_embed(pos_embed)
 
     def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
         return (mask,)
@@ -342,3 +356,15 @@ class GPT2(HookedTransformer):
         (r"(?:transformer\.)?ln_f\.(weight|bias)", r"ln_final.\1"),
     )
     checkpoint_ignored = (r"(?:transformer\.)?h\.\d+\.attn\.(bias|masked_bias)", r"lm_head\.weight")
+
+
+def _padded_columns(tokens: Tensor) -> Tensor | None:
+    """[batch pos] True at the padded columns of `tokens` in the running forward (None: none padded, or
+    called outside a forward). A generation step's columns are the last of the forward's mask."""
+    try:
+        mask = current_rows().attention_mask
+    except RuntimeError:
+        return None
+    if mask is None or mask.shape[0] != tokens.shape[0] or bool(mask[:, -tokens.shape[1]:].all()):
+        return None
+    return ~mask[:, -tokens.shape[1]:].to(tokens.device)

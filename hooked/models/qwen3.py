@@ -183,8 +183,8 @@ class Qwen3Attention(nn.Module):
         if kv is not None:  # a KV cache: keys and values of every column so far (this call's included)
             k, v = kv.append(k, v)
         z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=True)
-        z = self.hook_z(writable(z) if self.hook_z.has_hooks else z)
-        if self.hook_result.has_hooks:  # per-head writes, summed: differs from o_proj by rounding only
+        z = self.hook_z(writable(z) if self.hook_z.listening else z)
+        if self.hook_result.listening:  # per-head writes, summed: differs from o_proj by rounding only
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
             return add_bias(self.o_proj, result.sum(2))
         return self.o_proj(z.reshape(batch, pos, -1))  # a view (z is contiguous): editing z edits o_proj's input

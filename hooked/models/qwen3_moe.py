@@ -132,7 +132,7 @@ class Qwen3MoeSparseMLP(nn.Module):
         """
         batch, pos, d_model = x.shape
         flat_indices = expert_indices.reshape(-1)  # slot s holds token s // top_k
-        if self.hook_expert_indices.has_hooks and bool(((flat_indices < 0) | (flat_indices >= self.n_experts)).any()):
+        if self.hook_expert_indices.listening and bool(((flat_indices < 0) | (flat_indices >= self.n_experts)).any()):
             raise ValueError(f"hook_expert_indices must hold expert ids in 0..{self.n_experts - 1}")
         # Slots grouped by expert. A GEMM's float32 result for a row depends on the row's place in its
         # block, so the rows of a group come in transformers' order: its (unstable) torch.sort.
@@ -144,7 +144,7 @@ class Qwen3MoeSparseMLP(nn.Module):
         x_sorted = x.reshape(-1, d_model).index_select(0, order // self.top_k)
         gate_up_proj, down_proj = self.experts.gate_up_proj, self.experts.down_proj
         local, first = self.local_experts, self.local_experts.start
-        if not (self.hook_expert_pre.has_hooks or self.hook_expert_post.has_hooks):
+        if not (self.hook_expert_pre.listening or self.hook_expert_post.listening):
             outs = []
             for expert, rows in zip(routed, x_sorted.split(splits)):
                 if expert not in local:

@@ -3,7 +3,7 @@
 TransformerLens' tokenization methods, as a mixin of `HookedTransformer` (hooked/models/base.py). They
 read the model's `tokenizer` (a `hooked.tokenizer.HookedTokenizer`, None for a model built without one),
 `cfg` and `default_prepend_bos`; the padding rule they follow is in `docs/hooks.md` ("Inputs, padding
-and BOS").
+and BOS"), and right padding (`padding_side="right"`) in `docs/transformer-lens.md`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ class TokenMethods:
     def set_tokenizer(self, tokenizer, default_padding_side: str = "left") -> None:
         """Use `tokenizer` from now on, as TransformerLens' `set_tokenizer`: a `HookedTokenizer`, or a Hugging Face
         fast tokenizer (its `tokenizers.Tokenizer` is copied, with its bos / eos / pad ids and `name_or_path`).
-        Padding stays on the left: `default_padding_side="right"` raises."""
+        `default_padding_side` ("left", hooked's default, or "right") becomes the tokenizer's `padding_side`:
+        where `to_tokens` pads, and where the forward reads padding from ids given without a mask."""
         HookedTokenizer._check_padding_side(default_padding_side)
         if not isinstance(tokenizer, HookedTokenizer):
             backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -42,25 +43,31 @@ class TokenMethods:
             backend.no_truncation()
             tokenizer = HookedTokenizer(backend, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id,
                                         str(getattr(tokenizer, "name_or_path", "")))
+        tokenizer.padding_side = default_padding_side
         self.tokenizer = tokenizer
 
-    def _tokenize(self, input: str | list[str], prepend_bos: bool | None, truncate: bool = False) -> tuple[Tensor, Tensor]:
+    def _tokenize(self, input: str | list[str], prepend_bos: bool | None, truncate: bool = False,
+                  padding_side: str | None = None) -> tuple[Tensor, Tensor]:
         texts = [input] if isinstance(input, str) else list(input)
         prepend_bos = self.default_prepend_bos if prepend_bos is None else prepend_bos
-        return self._require_tokenizer().encode_batch(texts, prepend_bos, self.cfg.n_ctx if truncate else None)
+        return self._require_tokenizer().encode_batch(texts, prepend_bos, self.cfg.n_ctx if truncate else None, padding_side)
 
     def to_tokens(self, input: str | list[str], prepend_bos: bool | None = None, padding_side: str | None = None,
                   move_to_device: bool = True, truncate: bool = True) -> Int[Tensor, "batch pos"]:
-        """Token ids [batch pos]; a batch is padded on the left, and `model(tokens)` reads the mask from the
-        ids (the leading pad ids of each row; see `HookedTokenizer.mask_for`), however the tensor travelled.
+        """Token ids [batch pos]; a batch is padded on `padding_side` ("left" or "right"; default: the
+        tokenizer's `padding_side`, "left" unless set), and `model(tokens)` reads the mask from the ids (each
+        row's leading pad ids, or trailing ones when the tokenizer's side is "right"; see
+        `HookedTokenizer.mask_for`), however the tensor travelled.
 
-        `truncate` keeps each prompt's first `cfg.n_ctx` tokens; `padding_side="right"` raises (hooked
-        pads on the left only). A batch whose ids would not give back its mask (a prompt that begins
-        with the pad token, GPT-2's `<|endoftext|>`) raises, saying how to keep the mask.
+        `truncate` keeps each prompt's first `cfg.n_ctx` tokens. A batch whose ids would not give back its
+        mask (a prompt that begins, or under right padding ends, with the pad token, GPT-2's
+        `<|endoftext|>`) raises, saying how to keep the mask. Ids padded on the other side than the
+        tokenizer's are read as the tokenizer's side says: pass their `attention_mask=` to the model.
         """
-        HookedTokenizer._check_padding_side(padding_side or "left")
-        tokens, mask = self._tokenize(input, prepend_bos, truncate)
-        self.tokenizer.check_mask_readable(tokens, mask, self.default_prepend_bos if prepend_bos is None else prepend_bos)
+        tokenizer = self._require_tokenizer()
+        side = tokenizer._side(padding_side)
+        tokens, mask = self._tokenize(input, prepend_bos, truncate, side)
+        tokenizer.check_mask_readable(tokens, mask, self.default_prepend_bos if prepend_bos is None else prepend_bos, side)
         return tokens.to(self.device) if move_to_device and tokens.device != self.device else tokens
 
     def to_str_tokens(self, input, prepend_bos: bool | None = None, padding_side: str | None = None):
@@ -68,12 +75,12 @@ class TokenMethods:
         (squeezed), a list of lists for a list of strings. Ids [batch pos] with batch > 1 give a list per
         row (TransformerLens refuses them)."""
         tokenizer = self._require_tokenizer()
-        HookedTokenizer._check_padding_side(padding_side or "left")
+        tokenizer._side(padding_side)  # checked; one prompt at a time has no padding
         if isinstance(input, str):
             tokens, _ = self._tokenize(input, prepend_bos, truncate=True)
             return [tokenizer.token_to_str(t) for t in tokens[0].tolist()]
         if isinstance(input, list) and all(isinstance(s, str) for s in input):
-            return [self.to_str_tokens(s, prepend_bos) for s in input]
+            return [self.to_str_tokens(s, prepend_bos, padding_side) for s in input]
         ids = torch.as_tensor(input).squeeze()
         if ids.ndim == 2:
             return [[tokenizer.token_to_str(t) for t in row] for row in ids.tolist()]

@@ -55,7 +55,7 @@ class WeightStacks:
         embedding hooks fire, positions are added on GPT-2)."""
         def call(tokens: Tensor, position_ids: Tensor | None = None) -> Tensor:
             if position_ids is not None:
-                return self.resid_from_tokens(tokens, position_ids)
+                return self.resid_from_tokens(self.token_ids(tokens), position_ids)
             if self.tensor_parallel:  # W_E holds this rank's vocabulary rows only
                 raise ValueError("model.embed(tokens) under tensor parallelism: pass position_ids (the model's first step)")
             return self.W_E[tokens]
@@ -92,6 +92,8 @@ class WeightStacks:
     # weights (processed only where the model was: hooked.processing). Grouped-query key/value heads are repeated to one per query head, as
     # TransformerLens does (blocks[i].attn.W_K_grouped keeps them grouped).
     def _stack_blocks(self, module: str, name: str) -> Tensor:
+        if any(getattr(block, module) is None for block in self.blocks):  # cfg.attn_only: block.mlp is None
+            raise ValueError(f"model.{name}: this model's blocks have no {module} (attention-only, cfg.attn_only)")
         parts = [getattr(getattr(block, module), name, None) for block in self.blocks]
         shapes = [None if part is None else list(part.shape) for part in parts]
         if None in shapes or any(shape != shapes[0] for shape in shapes):
