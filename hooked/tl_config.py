@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hooked.models.base import TRANSFORMER_LENS_GENERATE
+from hooked.models.transformer_lens import TRANSFORMER_LENS_GENERATE
 from hooked.models.gpt2 import GPT2, Conv1D, GPT2Config
 from hooked.models.qwen3 import Qwen3, Qwen3Config
 

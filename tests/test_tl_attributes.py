@@ -64,6 +64,21 @@ def test_embed_called_as_transformer_lens_and_as_the_first_step(gpt2_pair):
     assert_same(ours.embed(tokens, positions), theirs.embed(tokens) + theirs.pos_embed(tokens), "embed(tokens, positions)")
 
 
+def test_pos_embed_called_as_transformer_lens(gpt2_pair):
+    ours, theirs = gpt2_pair
+    tokens = ours.to_tokens(["Hello world", "a b c d e"])  # left padded: row 0 has padding
+    mask = ours.tokenizer(["Hello world", "a b c d e"], return_tensors="pt")["attention_mask"]
+    assert not bool(mask.all())
+    assert_same(ours.pos_embed(tokens), theirs.pos_embed(tokens), "pos_embed(tokens)")
+    assert_same(ours.pos_embed(tokens, 3), theirs.pos_embed(tokens, 3), "pos_embed(tokens, 3)")
+    assert_same(ours.pos_embed(tokens, 0, attention_mask=mask), theirs.pos_embed(tokens, 0, attention_mask=mask), "with a mask")
+    past = torch.cat([mask, torch.ones(2, 2, dtype=mask.dtype)], 1)  # two more columns after a cached prompt
+    assert_same(ours.pos_embed(tokens[:, :2], tokens.shape[1], attention_mask=past),
+                theirs.pos_embed(tokens[:, :2], tokens.shape[1], attention_mask=past), "after a past")
+    with pytest.raises(ValueError, match="past and present"):
+        ours.pos_embed(tokens[:, :2], tokens.shape[1], attention_mask=mask)
+
+
 def test_unembed_call_is_transformer_lens_and_logits_from_resid_adds_the_norm(gpt2_pair):
     """`model.unembed(x)` is TransformerLens' `x @ W_U + b_U` (a notebook's `unembed(ln_final(resid))` must not
     apply the norm twice); `logits_from_resid(resid)` is the final norm then the unembedding."""

@@ -334,8 +334,28 @@ class GPT2(HookedTransformer):
 
     @property
     def pos_embed(self) -> WeightView:
-        """TransformerLens' `model.pos_embed`: `.W_pos` [n_ctx d_model] (rotary models have none, as there)."""
-        return WeightView("pos_embed", None, W_pos=lambda: self.W_pos)
+        """TransformerLens' `model.pos_embed`: `.W_pos` [n_ctx d_model] (rotary models have none, as there).
+
+        Calling it is TransformerLens 3.9's `PosEmbed.forward(tokens, past_kv_pos_offset=0, attention_mask=None)`:
+        [batch pos d_model], `W_pos` at positions `past_kv_pos_offset + 0..pos-1`, or, with an attention mask
+        over the past and present columns, each token's position in its own prompt, 0 at padded positions (what
+        `hook_pos_embed` holds in the forward). No hook fires.
+        """
+        def call(tokens: Tensor, past_kv_pos_offset: int = 0, attention_mask: Tensor | None = None) -> Tensor:
+            batch, length = tokens.shape[0], tokens.shape[-1]
+            if attention_mask is None:
+                if past_kv_pos_offset + length > self.cfg.n_ctx:
+                    raise ValueError(f"positions {past_kv_pos_offset}..{past_kv_pos_offset + length - 1} are past this"
+                                     f" model's {self.cfg.n_ctx} positions")
+                return self.W_pos[past_kv_pos_offset:past_kv_pos_offset + length].expand(batch, -1, -1).clone()
+            mask = attention_mask.to(device=self.W_pos.device, dtype=torch.bool)
+            if mask.shape != (batch, past_kv_pos_offset + length):
+                raise ValueError(f"attention_mask has shape {tuple(mask.shape)}; it must cover the past and present"
+                                 f" columns, [batch past+pos] = {(batch, past_kv_pos_offset + length)}")
+            positions = (mask.long().cumsum(1) - 1).clamp(min=0)[:, past_kv_pos_offset:]
+            return self.W_pos[positions].masked_fill(~mask[:, past_kv_pos_offset:, None], 0.0)
+
+        return WeightView("pos_embed", call, W_pos=lambda: self.W_pos)
 
     @property
     def W_E_pos(self) -> Float[Tensor, "d_vocab+n_ctx d_model"]:

@@ -5,11 +5,11 @@ Changes to the upstream file:
   `hooked.HookedTransformer.from_pretrained` of a random seven-layer GPT-2 checkpoint (conftest.py; seven
   layers since the test reads `k6a`, `pre5`); hooked implements no OPT, so that parameter is dropped.
   Imports from `hooked`.
-- `test_pos_embed`: see DIFFERENCES.
+- `test_pos_embed`: one assertion added, that the forward's `hook_pos_embed` equals `model.pos_embed(...)`.
 - Not ported: `test_pos_embed_with_cache`, which drives TransformerLens' key-value cache object by hand
   (`TransformerLensKeyValueCache.init_cache(...).append_attention_mask(mask)`) and calls the `PosEmbed`
-  module with a past length; hooked's `KVCache` has no `append_attention_mask` and `pos_embed` is not a
-  module (generation with a cache and padding is covered by tests/test_generation.py).
+  module with a past length; hooked's `KVCache` has no `append_attention_mask` (generation with a cache and
+  padding is covered by tests/test_generation.py).
 """
 
 import pytest
@@ -18,13 +18,7 @@ import torch
 from hooked import HookedTransformer, utils
 from tests.transformer_lens_suite.conftest import checkpoint
 
-DIFFERENCES = [
-    "test_pos_embed: `model.pos_embed(tokens, 0, attention_mask=mask)` raises `TypeError`: hooked's "
-    "`model.pos_embed` is a view with `W_pos`, not TransformerLens' `PosEmbed` module (docs/hooks.md, "
-    "'Differences from TransformerLens'). The position embeddings of the padded batch are read instead "
-    "where the forward makes them, `hook_pos_embed` of `model.run_with_cache(tokens, attention_mask=mask)`, "
-    "and the test's assertions are kept on them.",
-]
+DIFFERENCES = []
 
 
 class TestLeftPadding:
@@ -92,12 +86,13 @@ class TestLeftPadding:
             model.tokenizer, tokens, prepend_bos
         )  # [batch pos]
 
-        with pytest.raises(TypeError):  # hooked: pos_embed is not a module (DIFFERENCES)
-            model.pos_embed(tokens, 0, attention_mask=attention_mask)
-        _, cache = model.run_with_cache(
+        output_pos_embed = model.pos_embed(
+            tokens, 0, attention_mask=attention_mask
+        )  # [batch pos d_model]
+        _, cache = model.run_with_cache(  # added: the forward's own position embeddings are the same
             tokens, attention_mask=attention_mask, names_filter="hook_pos_embed"
         )
-        output_pos_embed = cache["hook_pos_embed"]  # [batch pos d_model]
+        assert torch.equal(cache["hook_pos_embed"], output_pos_embed)
 
         # check if the output pos_embeds have the correct shape
         assert output_pos_embed.shape == (
