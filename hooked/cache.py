@@ -44,7 +44,8 @@ import torch
 from torch import Tensor
 
 from hooked.decomposition import ResidualDecomposition, accumulated_bias  # noqa: F401  (accumulated_bias re-exported)
-from hooked.hooks import HookPoint, NameFilter, current_rows
+from hooked.hooks import HookPoint, NameFilter
+from hooked.rows import current_rows
 from hooked.names import PosSlice, Slice, act_name, apply_pos_slice, pos_axis  # noqa: F401  (Slice, act_name re-exported)
 
 if TYPE_CHECKING:

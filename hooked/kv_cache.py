@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hooked.hooks import Rows
+from hooked.rows import Rows
 from hooked.layers import AttentionMask
 
 if TYPE_CHECKING:

@@ -38,7 +38,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from hooked.hooks import HookFn, HookPoint, NameFilter, Rows, current_rows, running_rows
+from hooked.hooks import HookFn, HookPoint, NameFilter
+from hooked.rows import Rows, current_rows, running_rows
 from hooked.layers import AttentionMask, position_ids_for
 from hooked.positions import last_real
 from hooked.results import SweepResult, variant_names

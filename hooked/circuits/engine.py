@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from hooked.circuits.graph import Graph
-from hooked.hooks import running_rows
+from hooked.rows import running_rows
 from hooked.positions import positions_mask
 from hooked.sweeps import MetricReads, Prompts, run_stage
 

@@ -22,7 +22,8 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hooked.cache import ActivationCache, accumulated_bias, run_with_cache
-from hooked.hooks import HookedRootModule, HookPoint, Rows, running_rows
+from hooked.hooks import HookedRootModule, HookPoint
+from hooked.rows import Rows, running_rows
 from hooked.kv_cache import KVCache
 from hooked.models.tokens import TokenMethods
 from hooked.models.transformer_lens import TransformerLensMethods

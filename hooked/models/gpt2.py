@@ -24,7 +24,8 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hooked.factored import ov_circuit, qk_circuit
-from hooked.hooks import HookPoint, current_rows
+from hooked.hooks import HookPoint
+from hooked.rows import current_rows
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, LayerNorm, attend, attention_input, gelu_new, mlp_input, writable
 from hooked.models.base import HookedTransformer, ModelConfig
