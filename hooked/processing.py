@@ -174,6 +174,11 @@ def _blocks(tensor: Tensor, write: bool = True) -> Iterator[tuple[slice, Tensor]
             part.copy_(block)
 
 
+def _wide(tensor: Tensor) -> Tensor:
+    """`tensor` in the precision it is processed in: float32, or float64 for a float64 model."""
+    return tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.float()
+
+
 def _broadcast(vector: Tensor, ndim: int, axis: int) -> Tensor:
     shape = [1] * ndim
     shape[axis] = -1
@@ -214,8 +219,8 @@ def _add(tensor: Tensor, update: Tensor) -> None:
 
 def _fold_norm(norm: nn.Module, readers: tuple[Projection, ...], layer_norm: bool) -> None:
     """Fold `norm`'s weight (and bias) into its readers, centre them (LayerNorm), and leave the norm bare."""
-    scale = norm.weight.float()
-    shift = norm.bias.float() if layer_norm else None
+    scale = _wide(norm.weight)
+    shift = _wide(norm.bias) if layer_norm else None
     for reader in readers:
         if shift is not None:  # (n w + b) @ W + c = n @ (w W) + (b @ W + c), with W before the scaling
             if reader.bias is None:
@@ -251,7 +256,7 @@ def _fold_value_bias(attn: nn.Module, cfg, recenter: bool) -> None:
     if writer.bias is None:
         raise ValueError("cannot fold value biases into an attention output without a bias")
     group = cfg.n_heads // cfg.n_kv_heads
-    per_query_head = value_bias.float().view(cfg.n_kv_heads, cfg.d_head).repeat_interleave(group, 0).reshape(-1)
+    per_query_head = _wide(value_bias).view(cfg.n_kv_heads, cfg.d_head).repeat_interleave(group, 0).reshape(-1)
     contracted = 1 - (writer.axis % 2)  # the output projection's other (head_index d_head) axis
     _add(writer.bias, _contract(writer.weight, contracted, per_query_head))
     if recenter:  # TransformerLens centres b_O again after folding

@@ -283,6 +283,19 @@ def test_processing_keeps_log_probs_on_a_padded_batch(architecture, sizes):
     assert (ours - base)[mask].abs().max() > 1e-3  # centred: the logits themselves moved
 
 
+@pytest.mark.parametrize("architecture", ["gpt2", "qwen3"])
+def test_a_float64_model_is_processed_in_float64(architecture):
+    """`.double()` then processing: every step in float64, so the log-probs keep float64's precision."""
+    model = random_model(architecture, seed=5).double()
+    reference = random_model(architecture, seed=5).double()
+    process_weights(model)
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    ids, mask = padded(model.cfg.d_vocab)
+    with torch.no_grad():
+        ours, base = model(ids, attention_mask=mask), reference(ids, attention_mask=mask)
+    torch.testing.assert_close(ours.log_softmax(-1)[mask], base.log_softmax(-1)[mask], rtol=0, atol=1e-10)
+
+
 def test_qwen3_moe_activations_are_unchanged_by_rms_processing():
     """Folding an RMSNorm's weight into its readers changes no activation (the normalised input is taken
     before the weight), and Qwen3 has no writing weights to centre: every hook equals the unprocessed
