@@ -120,3 +120,26 @@ def test_per_prompt_metric_is_refused(gpt2):
     _, cache = gpt2.run_with_cache(tokens)
     with pytest.raises(ValueError, match="one number for the batch"):
         tl_patching.get_act_patch_resid_pre(gpt2, tokens, cache, lambda logits: logits[:, -1, 0])
+
+
+@pytest.mark.parametrize("name", ["get_act_patch_resid_pre", "get_act_patch_attn_head_out_by_pos",
+                                  "get_act_patch_attn_head_out_all_pos", "get_act_patch_attn_head_pattern_by_pos"])
+def test_a_left_padded_batch_equals_transformer_lens(gpt2_dir, name):
+    """Prompts of different lengths, padded on the left by `to_tokens` in both libraries, whose forwards read
+    the mask from the ids: the corrupted run swaps two real tokens of each prompt, so the padding is the same."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours, theirs = hooked.load(gpt2_dir), tl_gpt2(gpt2_dir)
+    prompts = ["When Mary and John went to the store, John gave a drink to", "The cat sat on the mat"]
+    clean = ours.to_tokens(prompts)
+    assert torch.equal(clean, theirs.to_tokens(prompts)) and bool((clean[1, :3] == ours.tokenizer.pad_token_id).all())
+    corrupted = clean.clone()
+    corrupted[:, [-3, -2]] = clean[:, [-2, -3]]
+    _, our_cache = ours.run_with_cache(clean)
+    _, their_cache = theirs.run_with_cache(clean)
+    got = getattr(tl_patching, name)(ours, corrupted, our_cache, logit_diff)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = getattr(tl_patching_reference, name)(theirs, corrupted, their_cache, logit_diff)
+    assert got.shape == want.shape and want.abs().max() > 0
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
