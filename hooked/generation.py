@@ -152,19 +152,15 @@ def generate(
     if padding_side is not None:
         HookedTokenizer._check_padding_side(padding_side)
     eos_ids = _eos_ids(model, eos_token_id, stop_at_eos) if stop_at_eos else []
-    text_input = isinstance(input, str) or (isinstance(input, list) and bool(input) and all(isinstance(s, str) for s in input))
+    text_input = _is_text(input)
     if text_input and input == "" and model.default_prepend_bos is False and not prepend_bos:
         raise ValueError("an empty prompt with no BOS token has nothing to continue from; give a prompt")
-    # Text is padded on the left, as TransformerLens does for generation; ids are read on their side.
-    tokens, key_valid = model._tokens_and_mask(input, attention_mask, prepend_bos, "left" if text_input else padding_side)
-    right_padded = padded_side(key_valid) == "right"
-    if right_padded:
-        if return_cache:
-            raise ValueError(
-                "return_cache=True needs left-padded ids (the cache's columns are the generated sequence's): pass the"
-                " texts, or model.to_tokens(texts, padding_side='left')"
-            )
-        tokens, key_valid = move_padding(tokens, key_valid, "left")
+    tokens, key_valid, right_padded = _prompts_on_the_left(model, input, attention_mask, prepend_bos, padding_side)
+    if right_padded and return_cache:
+        raise ValueError(
+            "return_cache=True needs left-padded ids (the cache's columns are the generated sequence's): pass the"
+            " texts, or model.to_tokens(texts, padding_side='left')"
+        )
     lengths = tokens.shape[1] - (0 if key_valid is None else (~key_valid).sum(-1))  # real tokens per row
     lengths = torch.as_tensor(lengths, device=tokens.device).expand(tokens.shape[0])
     if model.max_positions is not None and int(lengths.max()) + max_new_tokens > model.max_positions:
@@ -354,13 +350,9 @@ def generate_variants(
             raise ValueError(f"generate_variants does not take {refused}=; generate the variant alone with model.generate")
     registered_hooks(model, "generate_variants")
     return_type = kwargs.pop("return_type", "input")
-    text_input = isinstance(input, str) or (isinstance(input, list) and all(isinstance(s, str) for s in input))
-    tokens, key_valid = model._tokens_and_mask(input, kwargs.get("attention_mask"), kwargs.get("prepend_bos"),
-                                               "left" if text_input else kwargs.get("padding_side"))
-    kwargs.pop("padding_side", None)
-    right_padded = padded_side(key_valid) == "right"
-    if right_padded:  # generated on the left, as `generate` does; the ids come back right-padded
-        tokens, key_valid = move_padding(tokens, key_valid, "left")
+    text_input = _is_text(input)
+    tokens, key_valid, right_padded = _prompts_on_the_left(model, input, kwargs.get("attention_mask"),
+                                                           kwargs.get("prepend_bos"), kwargs.pop("padding_side", None))
     batch, copies = tokens.shape[0], len(variants)
     fwd_hooks = []
     for block, (name, pairs) in enumerate(variants.items()):
@@ -386,6 +378,22 @@ def generate_variants(
         else:
             results[name] = _format(model, part, tokens, key_valid, eos_ids, input, text_input, kwargs.get("prepend_bos"), return_type)
     return results
+
+
+def _is_text(input) -> bool:
+    return isinstance(input, str) or (isinstance(input, list) and bool(input) and all(isinstance(s, str) for s in input))
+
+
+def _prompts_on_the_left(model, input, attention_mask, prepend_bos, padding_side) -> tuple[Tensor, Tensor | None, bool]:
+    """The prompts' ids and mask, padded on the left, and whether they came right-padded (to give them back so).
+
+    Text is padded on the left, as TransformerLens does for generation; ids are read on their side and, if
+    right-padded, rolled to the left, so each prompt continues from its own last token as it would alone."""
+    tokens, key_valid = model._tokens_and_mask(input, attention_mask, prepend_bos, "left" if _is_text(input) else padding_side)
+    right_padded = padded_side(key_valid) == "right"
+    if right_padded:
+        tokens, key_valid = move_padding(tokens, key_valid, "left")
+    return tokens, key_valid, right_padded
 
 
 def padded_side(key_valid: Tensor | None) -> str | None:
