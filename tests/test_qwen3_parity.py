@@ -18,9 +18,9 @@ from safetensors.torch import load_file, save_file
 
 import hooked
 from hooked.models.qwen3 import Qwen3Config as HookedQwen3Config
-from hooked.testing import randomize_norms
 
 import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
+from tests.parity import build_checkpoint, hf_outputs, hf_reference, hooked_outputs, max_diffs, random_tokens, read_pattern  # noqa: F401
 
 VOCAB = 96
 
@@ -39,60 +39,6 @@ DENSE_CASES = {
                       rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
                                        "original_max_position_embeddings": 16}),
 }
-
-
-def build_checkpoint(directory, hf_config, model_class, seed: int = 0, **save_kwargs):
-    """Save a random transformers model (norms and biases randomised) into `directory`."""
-    torch.manual_seed(seed)
-    model = model_class(hf_config).eval()
-    randomize_norms(model, seed)
-    model.save_pretrained(directory, **save_kwargs)
-    return directory
-
-
-def hf_reference(directory, model_class, attn_implementation: str):
-    model = model_class.from_pretrained(directory, attn_implementation=attn_implementation, dtype=torch.float32)
-    return model.eval()
-
-
-def hf_outputs(model, tokens, attention_mask=None):
-    """Logits and hidden states: [i] = resid_pre of block i for i < n_layers, [-1] = after the final norm."""
-    with torch.no_grad():
-        out = model(tokens, attention_mask=attention_mask, output_hidden_states=True)
-    return out.logits, out.hidden_states
-
-
-def read_pattern(activation, hook):
-    return None  # listening to the pattern switches attention to the eager path
-
-
-def hooked_outputs(model, tokens, eager: bool):
-    """Logits, resid_pre of every block and the final-norm output of the hooked model."""
-    fwd_hooks = [(lambda name: name.endswith("hook_pattern"), read_pattern)] if eager else []
-    seen = {}
-
-    def keep(x, hook):
-        seen[hook.name] = x.clone()
-
-    fwd_hooks.append((lambda name: name.endswith("hook_resid_pre") or name.endswith("hook_resid_post"), keep))
-    with torch.no_grad():
-        logits = model.run_with_hooks(tokens, fwd_hooks=fwd_hooks)
-        final = model.ln_final(seen[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
-    resid_pre = [seen[f"blocks.{i}.hook_resid_pre"] for i in range(model.cfg.n_layers)]
-    return logits, resid_pre, final
-
-
-def max_diffs(hooked_result, reference) -> dict[str, float]:
-    logits, resid_pre, final = hooked_result
-    ref_logits, ref_hidden = reference
-    diffs = {"logits": (logits - ref_logits).abs().max().item(), "final_norm": (final - ref_hidden[-1]).abs().max().item()}
-    for i, resid in enumerate(resid_pre):
-        diffs[f"resid_pre.{i}"] = (resid - ref_hidden[i]).abs().max().item()
-    return diffs
-
-
-def random_tokens(batch: int, pos: int, seed: int = 0, vocab: int = VOCAB) -> torch.Tensor:
-    return torch.randint(0, vocab, (batch, pos), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(scope="module")
