@@ -279,6 +279,27 @@ QWEN3_SHAPES = {
 }
 
 
+# The shapes of benchmarks/families_forward.py and the families section of benchmarks/loading.py: one
+# small slice of each family, d_model 1024, 4 layers, vocab 32000 (family -> config, model class, kwargs).
+FAMILY_COMMON = dict(vocab_size=32000, hidden_size=1024, num_attention_heads=16, num_hidden_layers=4, max_position_embeddings=4096)
+FAMILY_SHAPES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        FAMILY_COMMON, num_key_value_heads=8, intermediate_size=2816,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 1024})),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(
+        FAMILY_COMMON, num_key_value_heads=8, intermediate_size=2816, sliding_window=4096)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
+        FAMILY_COMMON, intermediate_size=4096, rotary_pct=0.25, use_parallel_residual=True)),
+}
+
+
+def family_checkpoint(family: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> Path:
+    """`FAMILY_SHAPES[family]` saved once under $HOOKED_BENCH_DIR/{family}-{dtype}."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    return transformers_checkpoint(BENCH_DIR / f"{family}-{dtype_name}", *FAMILY_SHAPES[family], dtype=dtype, seed=seed)
+
+
 def transformers_checkpoint(
     directory: Path,
     config_name: str,

@@ -1,8 +1,8 @@
 """Loading a checkpoint: peak resident memory over the size of the weights, and load time.
 
-    .venv/bin/python benchmarks/loading.py [--rounds 3] [--model all|gpt2|qwen3-sharded]
+    .venv/bin/python benchmarks/loading.py [--rounds 3] [--model all|gpt2|qwen3-sharded|families]
 
-Two sections (`--model`, default both):
+Three sections (`--model`, default all):
 
 * gpt2: GPT-2-small-shaped float32 checkpoint, one file (benchmarks/common.py), loaded on the CPU
   as float32 and as bfloat16;
@@ -11,7 +11,9 @@ Two sections (`--model`, default both):
   benchmarks/qwen3_forward.py (common.QWEN3_SHAPES): dense Qwen3 (8 layers, d_model 1024, 16/8
   heads of 128, d_mlp 3072, vocab 32000) loaded as bfloat16 and as float32, and Qwen3-MoE (4
   layers, 16 experts, top-4, expert width 768) loaded as bfloat16. transformers loads them with
-  the class named in config.json (`Qwen3ForCausalLM` / `Qwen3MoeForCausalLM`).
+  the class named in config.json (`Qwen3ForCausalLM` / `Qwen3MoeForCausalLM`);
+* families: the float32 checkpoints of benchmarks/families_forward.py (common.FAMILY_SHAPES: Llama,
+  Mistral, GPT-NeoX, d_model 1024, 4 layers, vocab 32000, one file each) loaded as float32.
 
 Every load runs in a fresh subprocess (`loading.py --worker LIB DTYPE --dir DIR`), so nothing the
 parent allocated counts; hooked and transformers subprocesses alternate (A B A B ...), `--rounds`
@@ -119,7 +121,7 @@ def describe(name: str, directory: Path) -> str:
 
 
 def sections(which: str) -> dict[str, list[Case]]:
-    from common import gpt2_small_checkpoint, qwen3_sharded_checkpoint
+    from common import FAMILY_SHAPES, family_checkpoint, gpt2_small_checkpoint, qwen3_sharded_checkpoint
 
     result = {}
     if which in ("all", "gpt2"):
@@ -137,13 +139,20 @@ def sections(which: str) -> dict[str, list[Case]]:
             Case("Qwen3 dense, sharded bf16 -> float32", dense, "float32", QWEN3_LIBS),
             Case("Qwen3-MoE, sharded bf16 -> bfloat16", moe, "bfloat16", QWEN3_LIBS),
         ]
+    if which in ("all", "families"):
+        cases = []
+        for family in FAMILY_SHAPES:
+            directory = family_checkpoint(family)
+            print(describe(f"{family}, float32", directory))
+            cases.append(Case(f"{family}, float32 file -> float32", directory, "float32", ("transformers", "hooked")))
+        result["Llama, Mistral, GPT-NeoX, float32 checkpoints (one file)"] = cases
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--model", choices=("all", "gpt2", "qwen3-sharded"), default="all")
+    parser.add_argument("--model", choices=("all", "gpt2", "qwen3-sharded", "families"), default="all")
     parser.add_argument("--worker", nargs=2, metavar=("LIB", "DTYPE"))
     parser.add_argument("--dir")
     args = parser.parse_args()

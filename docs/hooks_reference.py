@@ -6,10 +6,10 @@ Two uses:
   page `hooks-reference.md` to the site at build time;
 - `python docs/hooks_reference.py` prints the page's Markdown.
 
-Every hook name of a tiny random GPT-2, Qwen3 and Qwen3-MoE (`hooked.testing.random_model`; the MoE
+Every hook name of a tiny random model of each family (`hooked.testing.random_model`; the Qwen3-MoE
 one has a dense layer and a sparse layer, so both MLP kinds appear) is listed with its block index
-generalised (`blocks.{i}.attn.hook_z`), its axes (`HookPoint.axes`) and a meaning from `MEANINGS`
-below. A hook the table does not describe, an axis the legend does not name, or a table entry no model
+generalised (`blocks.{i}.attn.hook_z`), its axes (`HookPoint.axes`) and a meaning: the family's own `hook_docs`
+(declared on its model class), else the shared `MEANINGS` below. A hook neither describes, an axis the legend does not name, or a table entry no model
 uses raises `UndocumentedHookError`, so a new hook point cannot go undocumented and a removed one
 cannot stay documented.
 """
@@ -18,24 +18,16 @@ from __future__ import annotations
 
 import re
 
+from hooked.models import MODEL_CLASSES
+
 PAGE = "hooks-reference.md"
 
-# The models each architecture is enumerated on: random_model(architecture, **sizes).
-MODELS: dict[str, dict] = {
-    "gpt2": {},
-    "qwen3": {},
-    # Layer 0 dense (mlp_only_layers), layer 1 sparse: both MLP kinds' hooks appear.
-    "qwen3_moe": {"n_layers": 2, "mlp_only_layers": (0,), "decoder_sparse_step": 1},
-}
-
-TITLES = {
-    "gpt2": ("GPT-2", "hooked.models.GPT2", "hooked/models/gpt2.py"),
-    "qwen3": ("Qwen3", "hooked.models.Qwen3", "hooked/models/qwen3.py"),
-    "qwen3_moe": ("Qwen3-MoE", "hooked.models.Qwen3Moe", "hooked/models/qwen3_moe.py"),
-}
-
-# Which column of a per-family meaning an architecture reads (Qwen3-MoE shares Qwen3's attention).
-FAMILY = {"gpt2": "gpt2", "qwen3": "qwen3", "qwen3_moe": "qwen3"}
+# Each family as its model class declares it (hooked.models.MODEL_CLASSES): the reference model is
+# random_model(family, **docs_sizes) (Qwen3-MoE's has a dense and a sparse layer, so both MLP kinds appear).
+FAMILIES = {model_class.family: model_class for model_class in MODEL_CLASSES}
+MODELS: dict[str, dict] = {family: dict(model_class.docs_sizes) for family, model_class in FAMILIES.items()}
+TITLES = {family: (model_class.title or model_class.__name__, f"hooked.models.{model_class.__name__}", model_class.__module__.replace(".", "/") + ".py")
+          for family, model_class in FAMILIES.items()}
 
 # Axis names HookPoint declarations may use, and what sets their size.
 AXES: dict[str, str] = {
@@ -55,96 +47,42 @@ AXES: dict[str, str] = {
     "1": "a kept singleton axis (a norm's scale)",
 }
 
-# What each hook point holds, keyed by generalised name. A value is the text for every architecture,
-# or a dict from architecture ("qwen3_moe") or family ("gpt2", "qwen3") to its text; an architecture's
-# own entry wins over its family's.
-MEANINGS: dict[str, str | dict[str, str]] = {
-    "hook_embed": {
-        "gpt2": "token embeddings `wte[tokens]`",
-        "qwen3": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre`"
-                 " (no position embedding: RoPE acts on q and k)",
-    },
-    "hook_pos_embed": "position embeddings `wpe[position_ids]` (position ids skip left padding)",
-    "blocks.{i}.hook_resid_pre": "residual stream entering block i",
-    "blocks.{i}.hook_q_input": "one copy of `resid_pre` per query head, each normalised by `ln1` on its own before the"
-                               " head's query projection (TransformerLens' split inputs); computed only when a hook"
-                               " listens; the receiver of circuit edges into `L{i}H{h}.q`",
-    "blocks.{i}.hook_k_input": "as `hook_q_input`, one copy per key/value head, read by its key projection",
-    "blocks.{i}.hook_v_input": "as `hook_q_input`, one copy per key/value head, read by its value projection",
-    "blocks.{i}.ln1.hook_scale": {
-        "gpt2": "the LayerNorm's scale `sqrt(var(x) + eps)`, before attention",
-        "qwen3": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
-    },
-    "blocks.{i}.ln1.hook_normalized": {
-        "gpt2": "`(x - mean) / scale`, before the norm's weight and bias",
-        "qwen3": "`x / scale` cast to the model dtype, before the norm's weight",
-    },
-    "blocks.{i}.attn.hook_q": {
-        "gpt2": "queries, split by head: a view of the fused `c_attn` output",
-        "qwen3": "`q_proj` output split by head, before `q_norm` and RoPE",
-    },
-    "blocks.{i}.attn.hook_k": {
-        "gpt2": "keys, split by head: a view of the fused `c_attn` output",
-        "qwen3": "`k_proj` output split by kv head, before `k_norm` and RoPE",
-    },
-    "blocks.{i}.attn.hook_v": {
-        "gpt2": "values, split by head: a view of the fused `c_attn` output",
-        "qwen3": "`v_proj` output split by kv head",
-    },
-    "blocks.{i}.attn.q_norm.hook_scale": "the per-head RMSNorm's scale of q",
-    "blocks.{i}.attn.q_norm.hook_normalized": "q divided by its per-head scale, before `q_norm`'s weight",
-    "blocks.{i}.attn.hook_q_normed": "`q_norm(q)`: after the per-head RMSNorm and its weight, before RoPE",
-    "blocks.{i}.attn.k_norm.hook_scale": "the per-head RMSNorm's scale of k",
-    "blocks.{i}.attn.k_norm.hook_normalized": "k divided by its per-head scale, before `k_norm`'s weight",
-    "blocks.{i}.attn.hook_k_normed": "`k_norm(k)`: after the per-head RMSNorm and its weight, before RoPE",
-    "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin` (cos/sin include YaRN's attention factor)",
-    "blocks.{i}.attn.hook_rot_k": "k after RoPE, as for q",
-    "blocks.{i}.attn.hook_attn_scores": {
-        "gpt2": "`q @ k^T * d_head**-0.5`, masked entries set to the dtype's minimum (not -inf);"
-                " listening switches the layer to the eager attention path",
-        "qwen3": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads kv head"
-                 " h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum;"
-                 " listening switches the layer to the eager attention path",
-    },
-    "blocks.{i}.attn.hook_pattern": {
-        "gpt2": "softmax of the scores",
-        "qwen3": "softmax of the scores, computed in float32 and cast back",
-    },
-    "blocks.{i}.attn.hook_z": {
-        "gpt2": "per-head attention output; a view of `c_proj`'s input, so an in-place edit changes what the projection reads",
-        "qwen3": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes what the projection reads",
-    },
-    "blocks.{i}.attn.hook_result": "each head's write `z[..., h, :] @ W_O[h]`, before the output projection's bias;"
-                                   " computed only when something listens",
-    "blocks.{i}.hook_attn_out": "attention output, as added to the residual stream",
-    "blocks.{i}.hook_resid_mid": "`resid_pre + attn_out`",
-    "blocks.{i}.hook_mlp_in": "what the MLP half reads before `ln2` (`resid_mid`; a copy when hooked, so an edit"
-                              " changes the MLP's input only); the receiver of circuit edges into `L{i}.mlp`",
-    "blocks.{i}.ln2.hook_scale": "as `ln1.hook_scale`, for the norm before the MLP",
-    "blocks.{i}.ln2.hook_normalized": "as `ln1.hook_normalized`, for the norm before the MLP",
-    "blocks.{i}.mlp.hook_pre": {
-        "gpt2": "`c_fc` output, the pre-activation",
-        "qwen3": "the gate's pre-activation `gate_proj(x)`",
-    },
-    "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(x)`",
-    "blocks.{i}.mlp.hook_post": {
-        "gpt2": "the neurons, `gelu_new(pre)`",
-        "qwen3": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
-    },
-    "blocks.{i}.mlp.hook_router_logits": "raw router logits `x @ gate.weight^T`, in the model dtype, before softmax and top-k",
-    "blocks.{i}.mlp.hook_expert_weights": "the slots' weights: top-k of the softmax over all experts (float32), divided by"
-                                          " their sum if `norm_topk_prob`, cast to the model dtype; slot j is the j-th largest",
-    "blocks.{i}.mlp.hook_expert_indices": "the expert each slot holds (int64); a returned tensor re-routes the token",
-    "blocks.{i}.mlp.hook_expert_pre": "for each token and slot, the gate pre-activation of the expert in that slot",
-    "blocks.{i}.mlp.hook_expert_post": "for each token and slot, that expert's neurons, `silu(pre) * up` = its `down_proj` input",
-    "blocks.{i}.hook_mlp_out": {
-        "gpt2": "MLP output",
-        "qwen3": "MLP output",
-        "qwen3_moe": "MLP output; on a sparse layer `sum_j weight_j * down_e(j)(post_j)` over the slots",
-    },
-    "blocks.{i}.hook_resid_post": "`resid_mid + mlp_out`",
-    "ln_final.hook_scale": "the final norm's scale, as `ln1.hook_scale`",
-    "ln_final.hook_normalized": "the final norm's normalised input, as `ln1.hook_normalized`; the unembedding reads the norm's output",
+# What each hook point holds, keyed by generalised name, where every family means the same; a family's own
+# text (its model class's `hook_docs`, next to the model) wins.
+MEANINGS: dict[str, str] = {
+    'hook_embed': 'token embeddings',
+    'blocks.{i}.ln1.hook_scale': "the norm's scale before attention (LayerNorm `sqrt(var(x) + eps)`, RMSNorm `sqrt(mean(x^2) + eps)`)",
+    'blocks.{i}.ln1.hook_normalized': "the normalised input, before the norm's weight (and bias)",
+    'blocks.{i}.attn.hook_q': 'queries, split by head',
+    'blocks.{i}.attn.hook_k': 'keys, split by key/value head',
+    'blocks.{i}.attn.hook_v': 'values, split by key/value head',
+    'blocks.{i}.attn.hook_attn_scores': "scaled `q @ k^T`, masked entries set to the dtype's minimum; listening switches the layer to the eager attention path",
+    'blocks.{i}.attn.hook_pattern': 'softmax of the scores',
+    'blocks.{i}.attn.hook_z': "per-head attention output; a view of the output projection's input, so an in-place edit changes what the projection reads",
+    'blocks.{i}.mlp.hook_pre': "the MLP's pre-activation",
+    'blocks.{i}.mlp.hook_post': "the neurons: the down projection's input",
+    'blocks.{i}.hook_mlp_out': 'MLP output',
+    'blocks.{i}.hook_resid_pre': 'residual stream entering block i',
+    'blocks.{i}.hook_q_input': "one copy of `resid_pre` per query head, each normalised by `ln1` on its own before the head's query projection (TransformerLens' split inputs); computed only when a hook listens; the receiver of circuit edges into `L{i}H{h}.q`",
+    'blocks.{i}.hook_k_input': 'as `hook_q_input`, one copy per key/value head, read by its key projection',
+    'blocks.{i}.hook_v_input': 'as `hook_q_input`, one copy per key/value head, read by its value projection',
+    'blocks.{i}.attn.hook_rot_q': "q after RoPE: `x * cos + rotate_half(x) * sin` (cos/sin include YaRN's attention factor)",
+    'blocks.{i}.attn.hook_rot_k': 'k after RoPE, as for q',
+    'blocks.{i}.attn.hook_result': "each head's write `z[..., h, :] @ W_O[h]`, before the output projection's bias; computed only when something listens",
+    'blocks.{i}.hook_attn_out': 'attention output, as added to the residual stream',
+    'blocks.{i}.hook_resid_mid': '`resid_pre + attn_out`',
+    'blocks.{i}.hook_mlp_in': "what the MLP half reads before `ln2` (`resid_mid`; a copy when hooked, so an edit changes the MLP's input only); the receiver of circuit edges into `L{i}.mlp`",
+    'blocks.{i}.ln2.hook_scale': 'as `ln1.hook_scale`, for the norm before the MLP',
+    'blocks.{i}.ln2.hook_normalized': 'as `ln1.hook_normalized`, for the norm before the MLP',
+    'blocks.{i}.mlp.hook_pre_linear': 'the up projection `up_proj(x)`',
+    'blocks.{i}.mlp.hook_router_logits': 'raw router logits `x @ gate.weight^T`, in the model dtype, before softmax and top-k',
+    'blocks.{i}.mlp.hook_expert_weights': "the slots' weights: top-k of the softmax over all experts (float32), divided by their sum if `norm_topk_prob`, cast to the model dtype; slot j is the j-th largest",
+    'blocks.{i}.mlp.hook_expert_indices': 'the expert each slot holds (int64); a returned tensor re-routes the token',
+    'blocks.{i}.mlp.hook_expert_pre': 'for each token and slot, the gate pre-activation of the expert in that slot',
+    'blocks.{i}.mlp.hook_expert_post': "for each token and slot, that expert's neurons, `silu(pre) * up` = its `down_proj` input",
+    'blocks.{i}.hook_resid_post': '`resid_mid + mlp_out`',
+    'ln_final.hook_scale': "the final norm's scale, as `ln1.hook_scale`",
+    'ln_final.hook_normalized': "the final norm's normalised input, as `ln1.hook_normalized`; the unembedding reads the norm's output",
 }
 
 
@@ -164,14 +102,14 @@ def generalise(name: str) -> tuple[str, int | None]:
 
 
 def meaning(generalised: str, architecture: str) -> str:
-    """What hook `generalised` holds in `architecture`; raises UndocumentedHookError when MEANINGS has no text."""
-    entry = MEANINGS.get(generalised)
-    if isinstance(entry, dict):
-        entry = entry.get(architecture, entry.get(FAMILY.get(architecture, architecture)))
+    """What hook `generalised` holds in `architecture`: the family's own `hook_docs`, else the shared
+    MEANINGS; raises UndocumentedHookError when neither has text."""
+    entry = FAMILIES[architecture].hook_docs.get(generalised, MEANINGS.get(generalised))
     if entry is None:
         raise UndocumentedHookError(
-            f"hook {generalised!r} of {architecture} has no meaning in docs/hooks_reference.py's MEANINGS;"
-            " describe it there (the hook reference lists every hook point of every model)"
+            f"hook {generalised!r} of {architecture} has no meaning: describe it in the family's `hook_docs`"
+            f" ({TITLES[architecture][2]}) or, if every family means the same, in docs/hooks_reference.py's MEANINGS"
+            " (the hook reference lists every hook point of every model)"
         )
     return entry
 
@@ -229,13 +167,11 @@ def _merge_orders(hook_dict: dict, per_layer: dict[int | None, list[str]]) -> li
 
 
 def _layer_kind(model, layers: set[int]) -> str:
-    is_sparse = getattr(model.cfg, "is_sparse", None)
-    if is_sparse is not None:
-        kinds = {is_sparse(layer) for layer in layers}
-        if kinds == {True}:
-            return "sparse layers"
-        if kinds == {False}:
-            return "dense layers"
+    kinds = {model.cfg.is_sparse(layer) for layer in layers}
+    if kinds == {True}:
+        return "sparse layers"
+    if kinds == {False} and any(model.cfg.is_sparse(layer) for layer in range(model.cfg.n_layers)):
+        return "dense layers"
     return "layers " + ", ".join(str(layer) for layer in sorted(layers))
 
 
@@ -256,6 +192,11 @@ def markdown(models: dict | None = None) -> str:
         stale = sorted(set(MEANINGS) - used)
         if stale:
             raise UndocumentedHookError(f"MEANINGS describes hooks no model has: {stale}; remove them from docs/hooks_reference.py")
+        for architecture, table in tables.items():
+            own = {row["name"] for row in table}
+            stale = sorted(set(FAMILIES[architecture].hook_docs) - own)
+            if stale:
+                raise UndocumentedHookError(f"{TITLES[architecture][1]}.hook_docs describes hooks it does not have: {stale}")
     used_axes = {axis for table in tables.values() for row in table for axis in row["axes"].split()}
     lines = [
         "# Hook reference",

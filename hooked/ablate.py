@@ -235,7 +235,7 @@ def zero(heads: Selector = None, neurons: Selector = None, positions: Positions 
 Reference = Union[ActivationCache, Tensor, str, Sequence[str]]
 
 
-def _is_tokens(reference) -> bool:
+def is_tokens(reference) -> bool:
     return isinstance(reference, (str, list, tuple)) or (
         isinstance(reference, Tensor) and not reference.dtype.is_floating_point and not reference.is_complex()
     )
@@ -261,7 +261,7 @@ class _FromReference(Ablation):
             if not reference.has_batch_dim:
                 raise ValueError(f"{self!r}: the reference cache was made with remove_batch_dim=True; keep the batch axis")
             return reference.cache_dict[point.name], reference.position_ids, reference.attention_mask
-        if _is_tokens(reference):
+        if is_tokens(reference):
             if point.name not in self._runs:
                 self._runs[point.name] = self._run_tokens(point)
             return self._runs[point.name]
@@ -563,7 +563,7 @@ def hooks(
                 merged[name] += [v for v in values if v not in merged[name]]
     names = sorted({name for name, _, _ in groups})
     given = reference if method == "mean" else source
-    if given is not None and _is_tokens(given):  # run once, for every point at once
+    if given is not None and is_tokens(given):  # run once, for every point at once
         with torch.no_grad(), model.hooks_suspended():
             _, given = model.run_with_cache(given, names_filter=names)
     result = []

@@ -74,7 +74,7 @@ def parse_address(model: "HookedTransformer", address: str) -> Component:
             raise IndexError(f"{address!r}: {kind} {value} is out of range; layer {layer} has {size} ({kind}s 0..{size - 1})")
         return (value,)
 
-    sparse = f"{block}mlp.hook_router_logits" in model.hook_dict
+    sparse = cfg.is_sparse(layer)
     attention_only = model.blocks[layer].mlp is None  # cfg.attn_only: the block has no MLP
     if attention_only and (match["neuron"] is not None or match["expert"] is not None
                            or (match["whole"] or "").lower() == "mlp"):
@@ -105,7 +105,7 @@ def parse_address(model: "HookedTransformer", address: str) -> Component:
 
 def _nearest(model: "HookedTransformer", address: str) -> str:
     candidates = components(model, "heads") + components(model, "layers")
-    sparse = [i for i in range(model.cfg.n_layers) if f"blocks.{i}.mlp.hook_router_logits" in model.hook_dict]
+    sparse = [i for i in range(model.cfg.n_layers) if model.cfg.is_sparse(i)]
     candidates += [f"L{i}.E0" for i in sparse] + [f"L{i}.N0" for i in _mlp_layers(model) if i not in sparse]
     if _grouped(model):
         kv_heads = [kv for i in range(model.cfg.n_layers) for kv in head_names(model, i, "kv_head_index")]
@@ -211,7 +211,7 @@ def _kind_layer(model: "HookedTransformer", kind: str, layer_text: str) -> int:
         raise IndexError(f"components(model, {given!r}): layer {layer} is out of range; this model has {n_layers} layers"
                          f" (0..{n_layers - 1})")
     layer %= n_layers
-    sparse = f"blocks.{layer}.mlp.hook_router_logits" in model.hook_dict
+    sparse = model.cfg.is_sparse(layer)
     if model.blocks[layer].mlp is None:
         raise ValueError(f"components(model, {given!r}): layer {layer} is attention-only (no MLP), so it has no {kind}")
     if kind == "experts" and not sparse:

@@ -3,8 +3,8 @@
 TransformerLens 3.9's `HookedTransformer.from_pretrained` takes an official name or one of its aliases,
 in any case, and loads the official name from the Hugging Face hub (`transformer_lens/supported_models.py`:
 `OFFICIAL_MODEL_NAMES`, `MODEL_ALIASES`; `loading_from_pretrained.get_official_model_name`). This table
-holds the names of that list whose checkpoints hooked can load: GPT-2 (`GPT2LMHeadModel`) and Qwen3
-(`Qwen3ForCausalLM`). TransformerLens 3.9 lists no Qwen3-MoE model for `HookedTransformer`.
+holds the names of that list whose checkpoints hooked can load, as each family's model class declares them
+(`transformer_lens_names`). TransformerLens 3.9 lists no Qwen3-MoE model for `HookedTransformer`.
 
 Left out, though TransformerLens lists them as GPT-2s: the Stanford CRFM (Mistral) GPT-2s, whose configs
 set `reorder_and_upcast_attn` (which `GPT2Config.from_hf` refuses) and whose TransformerLens names pick
@@ -18,19 +18,12 @@ from __future__ import annotations
 
 import difflib
 
-# Official name (TransformerLens' hub id) -> TransformerLens' aliases for it.
+from hooked.models import MODEL_CLASSES
+
+# Official name (TransformerLens' hub id) -> TransformerLens' aliases for it: each family declares its own
+# (`transformer_lens_names` on its model class, next to the model).
 TRANSFORMER_LENS_NAMES: dict[str, tuple[str, ...]] = {
-    "gpt2": ("gpt2-small",),
-    "gpt2-medium": (),
-    "gpt2-large": (),
-    "gpt2-xl": (),
-    "distilgpt2": ("distillgpt2", "distill-gpt2", "distil-gpt2", "gpt2-xs"),
-    "Qwen/Qwen3-0.6B": ("qwen3-0.6b",),
-    "Qwen/Qwen3-0.6B-Base": ("qwen3-0.6b-base",),
-    "Qwen/Qwen3-1.7B": ("qwen3-1.7b",),
-    "Qwen/Qwen3-4B": ("qwen3-4b",),
-    "Qwen/Qwen3-8B": ("qwen3-8b",),
-    "Qwen/Qwen3-14B": ("qwen3-14b",),
+    official: aliases for model_class in MODEL_CLASSES for official, aliases in model_class.transformer_lens_names.items()
 }
 
 # Every accepted spelling, lower-cased (TransformerLens compares names case-insensitively) -> hub id.

@@ -108,7 +108,7 @@ def sweep_addresses(model, kind: str) -> tuple[str, list[str]]:
         layer = int(layer_text)
         if not -n_layers <= layer < n_layers:
             raise _UsageError(f"--components {kind}: layer {layer} is out of range; this model has {n_layers} layers (0..{n_layers - 1})")
-        sparse = f"blocks.{layer % n_layers}.mlp.hook_router_logits" in model.hook_dict
+        sparse = model.cfg.is_sparse(layer % n_layers)
         if name == "neurons" and sparse:
             raise _UsageError(f"--components {kind}: layer {layer % n_layers} is a mixture of experts; use experts:{layer_text}")
         if name == "experts" and not sparse:

@@ -39,6 +39,11 @@ class ResidualDecomposition:
         """Whether block `layer` has an MLP (an attention-only block, `cfg.attn_only`, has `mlp = None`)."""
         return self.model.blocks[layer].mlp is not None
 
+    def _mlp_after_attention(self, layer: int, mlp_input: bool) -> bool:
+        """Whether the MLP input of block `layer` (`mlp_input`) includes that block's attention output: not in
+        a parallel-residual block, whose MLP reads resid_pre (see `mlp_reads_attention`)."""
+        return mlp_input and layer < self.model.cfg.n_layers and mlp_reads_attention(self.model, layer)
+
     def _check_mlp_input(self, upto: int, mlp_input: bool) -> None:
         if mlp_input and upto < self.model.cfg.n_layers and not self._has_mlp(upto):
             raise ValueError(f"mlp_input=True: block {upto} is attention-only (no MLP, no ln2), so it has no MLP input;"
@@ -72,7 +77,8 @@ class ResidualDecomposition:
                 break
             components.append(self["resid_pre", i])
             labels.append(f"{i}_pre")
-            if ((incl_mid and i < upto) or (mlp_input and i == upto)) and self._has_mlp(i):
+            has_mid = self._has_mlp(i) and mlp_reads_attention(self.model, i)  # no resid_mid: attention-only, parallel
+            if ((incl_mid and i < upto) or (mlp_input and i == upto)) and has_mid:
                 components.append(self["resid_mid", i])
                 labels.append(f"{i}_mid")
         return self._stack(components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels,
@@ -108,7 +114,7 @@ class ResidualDecomposition:
             if mode in ("all", "mlp") and self._has_mlp(i):
                 components.append(self["mlp_out", i])
                 labels.append(f"{i}_mlp_out")
-        if mlp_input and upto < self.model.cfg.n_layers and mode in ("all", "attn"):
+        if self._mlp_after_attention(upto, mlp_input) and mode in ("all", "attn"):
             components.append(self["attn_out", upto])
             labels.append(f"{upto}_attn_out")
         return self._stack(components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels)
@@ -370,7 +376,8 @@ class ResidualDecomposition:
             raise ValueError("mlp_input=True needs a block to feed; the final residual goes to the unembedding")
         self._check_mlp_input(upto, mlp_input)
         expand_experts = expand_neurons if expand_experts is None else expand_experts
-        heads, labels = self.stack_head_results(upto + int(mlp_input), pos_slice=pos_slice, return_labels=True)
+        heads, labels = self.stack_head_results(upto + int(self._mlp_after_attention(upto, mlp_input)), pos_slice=pos_slice,
+                                                return_labels=True)
         components = [heads]
         sparse = [i for i in range(upto) if _has_experts(self.model.blocks[i].mlp)]
         if sparse:
@@ -500,32 +507,29 @@ def _has_experts(mlp: torch.nn.Module) -> bool:
     return hasattr(mlp, "expert_results")
 
 
-def _output_bias(module: torch.nn.Module, names: tuple[str, ...]) -> Tensor | None:
-    """The bias added after a sublayer's output projection (None: it has none)."""
-    for name in names:
-        projection = getattr(module, name, None)
-        if projection is not None:
-            return getattr(projection, "bias", None)
-    return None
+def mlp_reads_attention(model: "HookedTransformer", layer: int) -> bool:
+    """Whether block `layer`'s MLP reads its attention's output (resid_mid): a sequential block declares the
+    children its second half computes (`mlp_stage`); a parallel-residual one (GPT-NeoX) declares none, and
+    its MLP reads resid_pre."""
+    return bool(type(model.blocks[layer]).mlp_stage)
 
 
 def accumulated_bias(model: "HookedTransformer", layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
     """The output biases (attention `b_O`, MLP `b_out`) written to the residual stream before block `layer`
-    ([d_model]); `mlp_input` adds block `layer`'s attention bias. `model.accumulated_bias(...)` in TransformerLens."""
+    ([d_model]); `mlp_input` adds block `layer`'s attention bias, which its MLP reads (not in a parallel-residual
+    block, whose MLP reads resid_pre: TransformerLens 3.9 adds it there too). `model.accumulated_bias(...)` in
+    TransformerLens."""
     n_layers = model.cfg.n_layers
     if not 0 <= layer <= n_layers:
         raise IndexError(f"layer {layer} is out of range for {n_layers} layers (0..{n_layers})")
     if mlp_input and layer == n_layers:
         raise ValueError("Cannot include attn_bias from beyond the final layer")
     total = torch.zeros(model.cfg.d_model, device=model.device, dtype=model.dtype)
-    for i in range(layer + int(mlp_input)):
+    for i in range(layer + int(mlp_input and mlp_reads_attention(model, layer))):
         block = model.blocks[i]
-        biases = [_output_bias(block.attn, ("c_proj", "o_proj"))]
+        total = total + block.attn.b_O.detach()  # each family's attention declares b_O (zeros without a bias)
         if include_mlp_biases and i < layer and block.mlp is not None:  # an attention-only block has no MLP
-            biases.append(_output_bias(block.mlp, ("c_proj", "down_proj")))
-        for bias in biases:
-            if bias is not None:
-                total = total + bias.detach()
+            total = total + block.mlp.b_out.detach()
     return total
 
 

@@ -48,6 +48,7 @@ of a model loaded with tp > 1 runs without gradients, and backward hooks are ref
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -57,10 +58,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hooked.layers import GatedMLP
-from hooked.models.gpt2 import Conv1D, GPT2MLP, GPT2Attention
-from hooked.models.qwen3 import Qwen3Attention
-from hooked.models.qwen3_moe import Qwen3MoeSparseMLP
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("HOOKED_DIST_TIMEOUT", 300))
 
@@ -295,29 +292,26 @@ def hook_shard(parallel: Parallel, axes: tuple[str, ...], splits: dict[str, list
 
 
 # ----------------------------------------------------------------------------- parallel layers
-class RowParallelLinear(nn.Linear):
-    """nn.Linear holding some input columns: partial product, all-reduce, then the (whole) bias."""
+class RowParallel:
+    """A linear layer holding some input columns (rows of GPT-2's Conv1D): its partial product, an
+    all-reduce, then the (whole) bias. Mixed into the layer's own class by `row_parallel_class`; a layer
+    type declares `partial_product(x)` (its product without the bias) when `F.linear` is not it."""
 
     parallel: Parallel
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.add_bias(F.linear(x, self.weight))
+        return self.add_bias(self.partial_product(x))
 
     def add_bias(self, partial: Tensor) -> Tensor:
         whole = self.parallel.all_reduce(partial)
         return whole + self.bias if self.bias is not None else whole
 
 
-class RowParallelConv1D(Conv1D):
-    """GPT-2's Conv1D holding some input rows: partial product, all-reduce, then the (whole) bias."""
-
-    parallel: Parallel
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.add_bias(torch.mm(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1))
-
-    def add_bias(self, partial: Tensor) -> Tensor:
-        return self.parallel.all_reduce(partial) + self.bias
+@functools.cache
+def row_parallel_class(cls: type) -> type:
+    """`cls` with RowParallel's forward: `RowParallelLinear` for nn.Linear, `RowParallelConv1D` for Conv1D."""
+    product = getattr(cls, "partial_product", None) or (lambda self, x: F.linear(x, self.weight))
+    return type(f"RowParallel{cls.__name__}", (RowParallel, cls), {"partial_product": product})
 
 
 def vocab_rows(parallel: Parallel, weight: Tensor, start: int, ids: Tensor) -> Tensor:
@@ -371,12 +365,7 @@ def parallelize(model, parallel: Parallel) -> ReadPlan:
     kv_heads = parallel.even_or_replicated(cfg.n_kv_heads, "n_kv_heads (key/value heads)")
     mlp = parallel.uneven(cfg.d_mlp)
     vocab = parallel.uneven(cfg.d_vocab)
-    experts = parallel.even(cfg.n_experts, "n_experts") if getattr(cfg, "n_experts", 0) else None
     plan: ReadPlan = {}
-    d_head = cfg.d_head
-
-    def scaled(spans, factor):  # head ranges -> row/column ranges of d_head each
-        return [(start * factor, stop * factor) for start, stop in spans]
 
     def split(module: nn.Module, name: str, dim: int, spans: list[tuple[int, int]], prefix: str) -> None:
         parameter = getattr(module, name)
@@ -385,50 +374,40 @@ def parallelize(model, parallel: Parallel) -> ReadPlan:
         shape[dim] = sum(stop - start for start, stop in spans)
         setattr(module, name, nn.Parameter(torch.empty(shape, dtype=parameter.dtype, device="meta"), requires_grad=False))
 
-    def row_parallel(module: nn.Module, child: str, cls: type) -> None:
+    def row_parallel(module: nn.Module, child: str, cls: type | None = None) -> None:
         old = getattr(module, child)
+        cls = cls or row_parallel_class(type(old))
         new = cls.__new__(cls)
         new.__dict__.update(old.__dict__)
         new.parallel = parallel
         setattr(module, child, new)
 
-    names = {module: name + "." for name, module in model.named_modules()}
-    for module in list(model.modules()):
-        prefix = names[module]
-        if isinstance(module, GPT2Attention):
-            h0, h1 = heads[rank]
-            width = cfg.n_heads * d_head
-            qkv = [(part * width + h0 * d_head, part * width + h1 * d_head) for part in range(3)]
-            split(module.c_attn, "weight", 1, qkv, prefix + "c_attn.")
-            split(module.c_attn, "bias", 0, qkv, prefix + "c_attn.")
-            split(module.c_proj, "weight", 0, [scaled(heads, d_head)[rank]], prefix + "c_proj.")
-            row_parallel(module, "c_proj", RowParallelConv1D)
-            module.n_heads = h1 - h0
-        elif isinstance(module, Qwen3Attention):
-            q_span, kv_span = scaled(heads, d_head)[rank], scaled(kv_heads, d_head)[rank]
-            for child, span in (("q_proj", q_span), ("k_proj", kv_span), ("v_proj", kv_span)):
-                split(getattr(module, child), "weight", 0, [span], f"{prefix}{child}.")
-                if getattr(module, child).bias is not None:
-                    split(getattr(module, child), "bias", 0, [span], f"{prefix}{child}.")
-            split(module.o_proj, "weight", 1, [q_span], prefix + "o_proj.")
-            row_parallel(module, "o_proj", RowParallelLinear)
-            module.n_heads = heads[rank][1] - heads[rank][0]
-            module.n_kv_heads = kv_heads[rank][1] - kv_heads[rank][0]
-        elif isinstance(module, GatedMLP):
-            for child in ("gate_proj", "up_proj"):
-                split(getattr(module, child), "weight", 0, [mlp[rank]], f"{prefix}{child}.")
-            split(module.down_proj, "weight", 1, [mlp[rank]], prefix + "down_proj.")
-            row_parallel(module, "down_proj", RowParallelLinear)
-        elif isinstance(module, Qwen3MoeSparseMLP):
-            for name in ("gate_up_proj", "down_proj"):
-                split(module.experts, name, 0, [experts[rank]], prefix + "experts.")
-            module.local_experts = range(*experts[rank])
-            module.parallel = parallel
-        elif isinstance(module, GPT2MLP):
-            split(module.c_fc, "weight", 1, [mlp[rank]], prefix + "c_fc.")
-            split(module.c_fc, "bias", 0, [mlp[rank]], prefix + "c_fc.")
-            split(module.c_proj, "weight", 0, [mlp[rank]], prefix + "c_proj.")
-            row_parallel(module, "c_proj", RowParallelConv1D)
+    ranges = {"heads": heads, "kv_heads": kv_heads, "d_mlp": mlp}
+    # Each module declares its cut (tp_plan, hooked.layers.Split): checked whole before anything changes.
+    cuts = [(name, module, module.tp_plan()) for name, module in model.named_modules() if hasattr(module, "tp_plan")]
+    if any(how.axis == "experts" for _, _, module_plan in cuts for how in module_plan.values()):
+        ranges["experts"] = parallel.even(cfg.n_experts, "n_experts")
+    for name, module, module_plan in cuts:
+        for path, how in module_plan.items():
+            if ranges.get(how.axis) is None:
+                raise ValueError(f"{name}.{path}: the tensor-parallel plan cuts by {how.axis!r}, which this model has no "
+                                 f"count for (heads, kv_heads, d_mlp, experts)")
+    for name, module, module_plan in cuts:
+        for path, how in module_plan.items():
+            owner_path, _, leaf = path.rpartition(".")
+            owner = module.get_submodule(owner_path) if owner_path else module
+            start, stop = ranges[how.axis][rank]
+            spans = [(part_start + start * how.unit, part_start + stop * how.unit)
+                     for part_start in _part_starts(getattr(owner, leaf).shape[how.dim], how.parts)]
+            split(owner, leaf, how.dim, spans, f"{name}.{path[:-len(leaf)]}")
+            if how.reduce:  # the layer owning this weight reads a cut input
+                parent_path, _, child = owner_path.rpartition(".")
+                row_parallel(module.get_submodule(parent_path) if parent_path else module, child)
+        local = {axis: spans_[rank] for axis, spans_ in ranges.items() if spans_ is not None}
+        for attribute, axis in getattr(module, "tp_counts", {}).items():
+            setattr(module, attribute, local[axis][1] - local[axis][0])
+        if hasattr(module, "tp_applied"):
+            module.tp_applied(parallel, local)
     # The embedding and the unembedding (one module when tied), found by their weights.
     tables = [name for name, child in model.named_children()
               if getattr(child, "weight", None) is not None and any(child.weight is w for w in (model.W_E, model.unembed_weight))]
@@ -444,6 +423,13 @@ def parallelize(model, parallel: Parallel) -> ReadPlan:
         point.shard = hook_shard(parallel, point.axes, splits)
     model.parallel = parallel
     return plan
+
+
+def _part_starts(size: int, parts: int) -> list[int]:
+    """Where each of `parts` equal blocks of a dimension of `size` starts."""
+    if size % parts:
+        raise ValueError(f"a dimension of {size} does not hold {parts} equal parts")
+    return [part * (size // parts) for part in range(parts)]
 
 
 def shard_bytes(config: dict | str, tp: int, dtype: torch.dtype = torch.bfloat16) -> list[dict[str, int]]:

@@ -341,7 +341,7 @@ def generate_variants(
     alone: with `stop_at_eos`, a block is cut where all its own rows have finished, and sampling draws
     the same numbers for every block.
     """
-    from hooked.sweeps import _OnRows, registered_hooks
+    from hooked.sweeps import OnRows, registered_hooks
 
     if not isinstance(variants, Mapping) or not variants:
         raise ValueError("variants must be a non-empty dict: {name: [(hook_name, callback), ...]}")
@@ -359,7 +359,7 @@ def generate_variants(
         rows = slice(block * batch, (block + 1) * batch)
         if isinstance(pairs, tuple) and len(pairs) == 2 and callable(pairs[1]):
             pairs = [pairs]
-        fwd_hooks += [(hook_name, _OnRows(fn, rows, str(name))) for hook_name, fn in pairs]
+        fwd_hooks += [(hook_name, OnRows(fn, rows, str(name))) for hook_name, fn in pairs]
     repeated = tokens.repeat(copies, 1)
     mask = None if key_valid is None else key_valid.repeat(copies, 1)
     kwargs.pop("attention_mask", None)
@@ -389,7 +389,7 @@ def _prompts_on_the_left(model, input, attention_mask, prepend_bos, padding_side
 
     Text is padded on the left, as TransformerLens does for generation; ids are read on their side and, if
     right-padded, rolled to the left, so each prompt continues from its own last token as it would alone."""
-    tokens, key_valid = model._tokens_and_mask(input, attention_mask, prepend_bos, "left" if _is_text(input) else padding_side)
+    tokens, key_valid = model.tokens_and_mask(input, attention_mask, prepend_bos, "left" if _is_text(input) else padding_side)
     right_padded = padded_side(key_valid) == "right"
     if right_padded:
         tokens, key_valid = move_padding(tokens, key_valid, "left")

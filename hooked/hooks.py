@@ -105,6 +105,8 @@ def _order_of(registration: _Registration) -> int:
     return registration.order
 
 
+EMBED_STAGE = -1  # HookPoint.stage of the points before block 0 (the embedding)
+
 class HookPoint(nn.Module):
     """An identity point on one activation, where hooks can read or replace it.
 
@@ -123,6 +125,9 @@ class HookPoint(nn.Module):
         # sparse MLP just before the call (None everywhere else).
         self.slot_experts: Tensor | None = None
         self.knows_slot_experts = False  # True at the points whose slot_experts the model sets
+        # The first stage of a HookedTransformer forward that fires this point (EMBED_STAGE, 2L / 2L+1 the
+        # halves of block L, 2 * n_layers the final norm), recorded by the model; None outside one.
+        self.stage: int | None = None
         # Under tensor parallelism, how this point's tensor is split over ranks (hooked.distributed.HookShard):
         # hooks then run on the whole tensor. None: a single process.
         self.shard = None

@@ -1,4 +1,5 @@
-"""Layers shared by every architecture: norms with scale hooks and the attention core.
+"""Layers shared by every architecture: norms with scale hooks, the attention core, linear layers and the
+gated MLP (rotary embeddings are in hooked/rotary.py).
 
 Each layer reproduces the Hugging Face (transformers 5.24) operation order so that float32 results are
 bit-identical, and computes the costly hook points (scores, pattern) only when something listens:
@@ -68,6 +69,12 @@ class HookedNorm(nn.Module):
     def stepwise(self, x: Tensor) -> Tensor:
         """The hooked arithmetic without the hooks."""
         return self.affine(self.normalize(x, self.scale(x)))
+
+    @property
+    def gain(self) -> Tensor:
+        """The elementwise factor applied to the normalised input ([d]): what a direction read out through
+        this norm is multiplied by (the weight here; a norm computing `(1 + weight) * x` says so)."""
+        return self.weight
 
 
 class LayerNorm(HookedNorm):
@@ -204,15 +211,26 @@ def mlp_input(block: nn.Module, resid_mid: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class AttentionMask:
-    """How keys are masked for one forward: causal always, plus optional left padding.
+    """How keys are masked for one forward: causal always, plus optional left padding and sliding window.
 
     `key_valid` [batch key_pos] is None when no row is padded, which lets SDPA use `is_causal`.
+    `window` (Mistral's `sliding_window`): query column i sees key column j only if i - j < window, as
+    transformers 5.24 `masking_utils.sliding_window_overlay`; columns, not positions, so left padding
+    (which shifts both alike) changes nothing. Set by the model (`windowed`), never by the caller.
     Built once per forward by the model; the derived masks are computed once and shared by all blocks.
     """
 
     key_valid: Tensor | None
     query_len: int
     key_len: int
+    window: int | None = None
+
+    def windowed(self, window: int | None) -> "AttentionMask":
+        """This mask with a sliding window; itself when the window cannot hide any key (window >= key_len),
+        so short inputs keep the plain causal paths (`is_causal`, the Triton kernel)."""
+        if window is None or window >= self.key_len:
+            return self
+        return AttentionMask(self.key_valid, self.query_len, self.key_len, window)
 
     @functools.cached_property
     def boolean(self) -> Tensor | None:
@@ -222,7 +240,7 @@ class AttentionMask:
         finite (its output is meaningless and is never read by a valid row).
         """
         if self.key_valid is None:
-            return None
+            return None  # plain causal, or causal with a window: `causal(device)`
         offset = self.key_len - self.query_len
         query = torch.arange(self.query_len, device=self.key_valid.device)[:, None]
         key = torch.arange(self.key_len, device=self.key_valid.device)[None, :]
@@ -231,11 +249,15 @@ class AttentionMask:
         return mask[:, None]
 
     def causal(self, device: torch.device) -> Tensor:
-        """[1 1 query_pos key_pos] bottom-right aligned: key j is visible to query i iff j <= i + key_len - query_len."""
+        """[1 1 query_pos key_pos] bottom-right aligned: key j is visible to query i iff j <= i + key_len - query_len
+        (and, with a window, i + key_len - query_len - j < window)."""
         offset = self.key_len - self.query_len
         query = torch.arange(self.query_len, device=device)[:, None]
         key = torch.arange(self.key_len, device=device)[None, :]
-        return (key <= query + offset)[None, None]
+        visible = key <= query + offset
+        if self.window is not None:
+            visible = visible & (key > query + offset - self.window)
+        return visible[None, None]
 
     @functools.cached_property
     def left_padding_starts(self) -> Tensor | None:
@@ -267,7 +289,7 @@ def attention_backend(name: AttentionBackend) -> Iterator[None]:
     `hooked.kernels.flash_attention` (CUDA, or CPU under TRITON_INTERPRET=1). Without it the choice
     is: eager when the scores or the pattern are hooked, else Triton on a CUDA GPU of compute capability
     8.0 or later (the device of the inputs, not the current one) for calls of more than one query
-    column, else SDPA (which serves every decode step of a generation). A forced
+    column without a sliding window, else SDPA (which serves every decode step of a generation). A forced
     path that cannot serve a forward raises instead of quietly running another.
     """
     if name not in ("triton", "sdpa", "eager"):
@@ -321,7 +343,8 @@ def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, 
         # Decode steps (one query column against a KV cache) stay on SDPA: the kernel's one-query path
         # does not split the key range across programs (docs/generation.md; benchmarks/generate.py
         # measures both where a GPU is present).
-        if (q.is_cuda and mask.query_len > 1 and triton_compiles_on(q.device)
+        # A sliding window (Mistral) goes to SDPA with the window in its boolean mask: the kernel has none.
+        if (q.is_cuda and mask.query_len > 1 and mask.window is None and triton_compiles_on(q.device)
                 and (mask.key_valid is None or mask.left_padding_starts is not None)):
             return "triton"
         return "sdpa"
@@ -341,6 +364,9 @@ def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, 
             )
         if mask.key_valid is not None and mask.left_padding_starts is None:
             raise RuntimeError("attention_backend('triton') serves causal attention with left padding only; this mask has holes")
+        if mask.window is not None:
+            raise RuntimeError(f"attention_backend('triton') has no sliding window (this model's is {mask.window} columns"
+                               " and the input is longer): use attention_backend('sdpa') or 'eager'")
     return forced
 
 
@@ -372,8 +398,8 @@ def attend(
         return out.view(batch, pos, n_heads, d_head)  # the kernel wrote [batch pos head*d_head]
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch head pos d_head]
     boolean_mask = mask.boolean
-    if boolean_mask is None and 1 < mask.query_len < mask.key_len:  # SDPA's is_causal aligns top-left
-        boolean_mask = mask.causal(q.device)
+    if boolean_mask is None and (1 < mask.query_len < mask.key_len or mask.window is not None):
+        boolean_mask = mask.causal(q.device)  # SDPA's is_causal aligns top-left and knows no window
     if backend == "eager":
         if n_kv_heads != n_heads:  # query head h reads kv head h // group
             k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)
@@ -425,103 +451,51 @@ def gelu_new(x: Tensor) -> Tensor:
     return torch.pow(x, 3.0).mul_(0.044715).add_(x).mul_(math.sqrt(2.0 / math.pi)).tanh_().add_(1.0).mul_(x).mul_(0.5)
 
 
-# ----------------------------------------------------------------------------- rotary embeddings
-@dataclass(frozen=True)
-class YarnScaling:
-    """YaRN rotary scaling (arXiv 2309.00071) as transformers' `_compute_yarn_parameters` reads it."""
+# ----------------------------------------------------------------------------- linear layers
+class Conv1D(nn.Module):
+    """GPT-2's linear layer as stored: `x @ weight + bias` with weight [in, out], via `addmm` (transformers'
+    `pytorch_utils.Conv1D`; other families use `nn.Linear`, [out, in])."""
 
-    factor: float  # context extension factor
-    original_max_positions: int  # context length the model was pretrained with
-    beta_fast: float = 32.0  # ramp boundary (rotations) below which frequencies are extrapolated
-    beta_slow: float = 1.0  # ramp boundary above which frequencies are interpolated
-    attention_factor: float | None = None  # cos/sin multiplier; None: derived from factor (and mscale)
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
-    truncate: bool = True  # round the ramp boundaries to whole dimensions
-
-
-def rotary_frequencies(d_head: int, theta: float, yarn: YarnScaling | None = None) -> tuple[Tensor, float]:
-    """Inverse frequencies [d_head / 2] (float32, on the CPU) and the factor cos/sin are multiplied by.
-
-    Plain RoPE: inv_freq = 1 / theta^(arange(0, d_head, 2) / d_head). YaRN blends interpolated
-    (divided by `factor`) and extrapolated frequencies over a linear ramp, in exactly the order of
-    transformers 5.24 `modeling_rope_utils._compute_yarn_parameters`, so the bits agree.
-    """
-    # Explicit device: the model is built under torch.device("meta"), and these are real numbers.
-    if yarn is None:
-        return 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.float, device="cpu") / d_head)), 1.0
-
-    def get_mscale(scale: float, mscale: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-    attention_factor = yarn.attention_factor
-    if attention_factor is None:
-        if yarn.mscale and yarn.mscale_all_dim:
-            attention_factor = float(get_mscale(yarn.factor, yarn.mscale) / get_mscale(yarn.factor, yarn.mscale_all_dim))
-        else:
-            attention_factor = get_mscale(yarn.factor)
-
-    def correction_dim(rotations: float) -> float:
-        return (d_head * math.log(yarn.original_max_positions / (rotations * 2 * math.pi))) / (2 * math.log(theta))
-
-    low, high = correction_dim(yarn.beta_fast), correction_dim(yarn.beta_slow)
-    if yarn.truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, d_head - 1)
-    if low == high:
-        high += 0.001  # as transformers: avoid a zero-width ramp
-    ramp = torch.clamp((torch.arange(d_head // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
-    extrapolation_weight = 1 - ramp
-    pos_freqs = theta ** (torch.arange(0, d_head, 2, device="cpu").to(dtype=torch.float) / d_head)
-    inv_freq_extrapolation = 1.0 / pos_freqs
-    inv_freq_interpolation = 1.0 / (yarn.factor * pos_freqs)
-    inv_freq = inv_freq_interpolation * (1 - extrapolation_weight) + inv_freq_extrapolation * extrapolation_weight
-    return inv_freq, attention_factor
-
-
-class RotaryEmbedding(nn.Module):
-    """cos and sin [batch pos d_head] for the position ids of one forward (no parameters, no state).
-
-    The frequencies are a plain attribute, not a buffer: the loader builds models on the meta device
-    and assigns only checkpoint tensors, so a buffer would stay on meta. They are moved to the
-    position ids' device on first use there (d_head / 2 floats).
-    """
-
-    def __init__(self, d_head: int, theta: float, yarn: YarnScaling | None = None):
+    def __init__(self, d_in: int, d_out: int):
         super().__init__()
-        self.d_head, self.theta, self.yarn = d_head, theta, yarn
-        self.inv_freq, self.attention_factor = rotary_frequencies(d_head, theta, yarn)
+        self.weight = nn.Parameter(torch.empty(d_in, d_out))
+        self.bias = nn.Parameter(torch.zeros(d_out))
 
-    def forward(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        if self.inv_freq.device != position_ids.device:  # once per device, not a copy per forward
-            self.inv_freq = self.inv_freq.to(position_ids.device)
-        inv_freq = self.inv_freq
-        freqs = position_ids[..., None].float() * inv_freq  # [batch pos d_head/2], float32
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = emb.cos() * self.attention_factor
-        sin = emb.sin() * self.attention_factor
-        return cos.to(dtype), sin.to(dtype)
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
 
-    def extra_repr(self) -> str:
-        return f"d_head={self.d_head}, theta={self.theta}, yarn={self.yarn}"
+    def partial_product(self, x: Tensor) -> Tensor:
+        """`x @ weight` without the bias (a row-parallel layer all-reduces it before adding the bias)."""
+        return torch.mm(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
 
-
-def rotate_half(x: Tensor) -> Tensor:
-    """(x1, x2) -> (-x2, x1) over the two halves of the last axis (the half-split RoPE convention)."""
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
+    def add_bias(self, partial: Tensor) -> Tensor:
+        """The output from a sum of per-head (or per-row-block) products: the bias added (tensor
+        parallelism first all-reduces the partial sums, hooked.distributed.RowParallel)."""
+        return partial + self.bias
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x [batch pos head d_head] by cos/sin [batch pos d_head]: x * cos + rotate_half(x) * sin."""
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-    return (x * cos) + (rotate_half(x) * sin)
+@dataclass(frozen=True)
+class Split:
+    """How tensor parallelism cuts one parameter, as a module declares it in `tp_plan()`.
+
+    `axis` names the count whose range a rank holds ("heads", "kv_heads", "d_mlp", "experts"); `dim` is
+    the tensor dimension cut; `unit` the elements per head / neuron / expert along `dim` (d_head for a
+    q_proj row block); `parts` > 1 when `dim` holds that many equal blocks cut alike (GPT-2's fused
+    q|k|v); `reduce=True` on the weight of a layer whose *input* is cut: the layer all-reduces its
+    partial product before adding its (whole) bias. hooked.distributed.parallelize applies it.
+    """
+
+    axis: str
+    dim: int
+    unit: int = 1
+    parts: int = 1
+    reduce: bool = False
 
 
 # ----------------------------------------------------------------------------- gated MLP
 def add_bias(linear: nn.Linear, partial: Tensor) -> Tensor:
     """`linear`'s output from a sum of partial products (per head): its bias added, if any; a tensor-parallel
-    layer (hooked.distributed.RowParallelLinear) first all-reduces the partial sums."""
+    layer (hooked.distributed.RowParallel) first all-reduces the partial sums."""
     if hasattr(linear, "add_bias"):
         return linear.add_bias(partial)
     return partial + linear.bias if linear.bias is not None else partial
@@ -549,6 +523,15 @@ class GatedMLP(nn.Module):
         pre_linear = self.hook_pre_linear(self.up_proj(x))
         post = self.hook_post(self.activation(pre) * pre_linear)
         return self.down_proj(post)
+
+    def tp_plan(self) -> dict[str, Split]:
+        """Tensor parallelism: each rank holds some neurons' gate/up rows and down_proj's columns."""
+        plan = {"down_proj.weight": Split("d_mlp", 1, reduce=True)}
+        for child in ("gate_proj", "up_proj"):
+            plan[f"{child}.weight"] = Split("d_mlp", 0)
+            if getattr(self, child).bias is not None:
+                plan[f"{child}.bias"] = Split("d_mlp", 0)
+        return plan
 
     def residual_readers(self) -> tuple[Projection, ...]:
         """What reads the norm before it, for weight processing (hooked.processing): nn.Linear [out, in]."""

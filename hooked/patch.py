@@ -51,13 +51,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hooked import ablate
-from hooked.ablate import Reference, Resample, Selector, _is_tokens
+from hooked.ablate import Reference, Resample, Selector, is_tokens
 from hooked.addresses import head_names
 from hooked.positions import PerPrompt, Positions, as_ints, as_positions, positions_record
 from hooked.cache import ActivationCache, act_name
 from hooked.hooks import HookFn, HookPoint
 from hooked.results import SweepResult, variant_names
-from hooked.sweeps import _plan, _provenance, metric_values, sweep
+from hooked.sweeps import metric_values, plan_variants, sweep, sweep_provenance
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -227,7 +227,7 @@ def attribution(
         variants = _head_variants(model, hook, source, positions)
     else:
         variants = _resid_variants(model, hook, source, _grid_positions(tokens, key_valid, positions))
-    planned = _plan(model, variants, tokens.shape)  # checks every selector before the forward runs
+    planned = plan_variants(model, variants, tokens.shape)  # checks every selector before the forward runs
 
     by_point: dict[str, list[tuple[str, Patch]]] = {}
     for variant in planned:
@@ -273,7 +273,7 @@ def attribution(
             selected = selections[variant_name, name]
             written = product if selected is None else product * selected
             estimates[index[variant_name]] += written.flatten(1).sum(1)
-    provenance = _provenance(model, planned, metric, task, tokens)
+    provenance = sweep_provenance(model, planned, metric, task, tokens)
     provenance["patch"] = {"method": "attribution patching (gradient x (clean - corrupt))", "hook": hook}
     return SweepResult(
         variants=[v.name for v in planned],
@@ -341,7 +341,7 @@ def _grid_record(positions: dict[str, Positions]) -> list[int] | dict:
 def _prompts(model: "HookedTransformer", corrupt, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
     if isinstance(corrupt, ActivationCache):
         raise TypeError("the corrupt input is run, so it must be prompts or token ids, not a cache")
-    return model._tokens_and_mask(corrupt, attention_mask, prepend_bos=None)
+    return model.tokens_and_mask(corrupt, attention_mask, prepend_bos=None)
 
 
 def _explicit_mask(tokens: Tensor, key_valid: Tensor | None) -> Tensor:
@@ -351,7 +351,7 @@ def _explicit_mask(tokens: Tensor, key_valid: Tensor | None) -> Tensor:
 
 def _source(model: "HookedTransformer", clean: Reference, names: list[str], tokens: Tensor, key_valid: Tensor | None) -> ActivationCache:
     """The clean run's activations at `names` (prompts are run once), checked against the corrupt prompts."""
-    if _is_tokens(clean):
+    if is_tokens(clean):
         with torch.no_grad(), model.hooks_suspended():
             _, clean = model.run_with_cache(clean, names_filter=names)
     if not isinstance(clean, ActivationCache):

@@ -29,7 +29,6 @@ Sweeps run under `torch.no_grad()`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from hooked.hooks import HookFn, HookPoint, NameFilter
+from hooked.hooks import EMBED_STAGE, HookFn, HookPoint, NameFilter
 from hooked.rows import Rows, current_rows, running_rows
 from hooked.layers import AttentionMask, position_ids_for
 from hooked.positions import last_real
@@ -48,7 +47,6 @@ if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
 Variants = Mapping[str, Sequence[tuple[NameFilter, HookFn]]]
-EMBED_STAGE = -1  # a variant that touches the embeddings runs from the tokens
 
 
 class VariantError(RuntimeError):
@@ -58,13 +56,8 @@ class VariantError(RuntimeError):
 # ----------------------------------------------------------------------------- stages
 def stage_of(model: "HookedTransformer", hook_name: str) -> int:
     """The first stage whose computation fires `hook_name`: -1 embedding, 2L / 2L+1 the halves of
-    block L, 2 * n_layers the final norm."""
-    match = re.match(r"blocks\.(\d+)\.(.*)", hook_name)
-    if match is None:
-        return 2 * model.cfg.n_layers if hook_name.startswith("ln_final.") else EMBED_STAGE
-    layer, rest = int(match.group(1)), match.group(2)
-    in_mlp_half = rest.startswith(("ln2.", "mlp.")) or rest in ("hook_mlp_in", "hook_mlp_out", "hook_resid_post")
-    return 2 * layer + int(in_mlp_half)
+    block L, 2 * n_layers the final norm (recorded on the point by the model, from its blocks' `mlp_stage`)."""
+    return model.hook_dict[hook_name].stage
 
 
 def run_stage(model: "HookedTransformer", stage: int, resid: Tensor, inputs: tuple) -> Tensor:
@@ -122,7 +115,7 @@ class RowsView:
 
 
 @dataclass
-class _OnRows:
+class OnRows:
     """A variant's callback, applied to its block of rows only."""
 
     fn: HookFn
@@ -190,9 +183,9 @@ def sweep(
     with torch.no_grad():
         error = None
         try:
-            tokens, key_valid = model._tokens_and_mask(input, attention_mask, prepend_bos=None)
+            tokens, key_valid = model.tokens_and_mask(input, attention_mask, prepend_bos=None)
             registered_hooks(model, "hooked.sweep")
-            planned = _plan(model, variants, tokens.shape)
+            planned = plan_variants(model, variants, tokens.shape)
             reads = MetricReads.of(metric, model)
         except Exception as caught:
             error = caught
@@ -245,7 +238,7 @@ def sweep(
         values=values,
         base=base_value.cpu(),
         metric=getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__)),
-        provenance=_provenance(model, planned, metric, task, tokens),
+        provenance=sweep_provenance(model, planned, metric, task, tokens),
     )
 
 
@@ -281,7 +274,7 @@ def registered_hooks(model: "HookedTransformer", caller: str) -> None:
         )
 
 
-def _plan(model: "HookedTransformer", variants: Variants, shape: torch.Size) -> list[_Variant]:
+def plan_variants(model: "HookedTransformer", variants: Variants, shape: torch.Size) -> list[_Variant]:
     """Resolve every variant's hook names, check its callbacks, and find its first stage."""
     planned = []
     no_hooks = 2 * model.cfg.n_layers  # a variant with no hook joins at the final norm: the base run's logits
@@ -326,7 +319,7 @@ def _run_chunk(model, prompts: Prompts, chunk: list[_Variant], base_resid: dict[
     batch = prompts.tokens.shape[0]
     n_stages = 2 * model.cfg.n_layers
     fwd_hooks = [
-        (hook_name, _OnRows(fn, slice(block * batch, (block + 1) * batch), variant.name))
+        (hook_name, OnRows(fn, slice(block * batch, (block + 1) * batch), variant.name))
         for block, variant in enumerate(chunk)
         for hook_name, fn in variant.hooks
     ]
@@ -460,7 +453,7 @@ def _progress(n_chunks: int, n_variants: int, progress: bool | None):
     return tqdm(total=n_variants, desc="sweep", unit="variant")
 
 
-def _provenance(model, planned: list[_Variant], metric, task, tokens: Tensor) -> dict:
+def sweep_provenance(model, planned: list[_Variant], metric, task, tokens: Tensor) -> dict:
     import hooked
 
     cfg = model.cfg

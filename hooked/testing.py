@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from hooked.models import MODEL_CLASSES
+
 CORPUS = [
     "When Mary and John went to the store, John gave a drink to Mary.",
     "When Tom and Anna went to the park, Anna gave a ball to Tom.",
@@ -112,16 +114,9 @@ def build_gpt2_checkpoint(
 # Property tests need many small, different models fast: built straight from hooked's config
 # dataclasses, weights from a seeded generator. Nothing here imports transformers.
 
-ARCHITECTURES = ("gpt2", "qwen3", "qwen3_moe")
-
-_DEFAULT_SIZES = {
-    "gpt2": dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, d_vocab=64, n_ctx=32),
-    "qwen3": dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64),
-    "qwen3_moe": dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64,
-                      n_experts=4, top_k=2, d_expert_mlp=16),
-}
+FAMILIES = {model_class.family: model_class for model_class in MODEL_CLASSES}  # each declares its own sizes
+ARCHITECTURES = tuple(FAMILIES)
 WEIGHT_STD = 0.2  # every matrix and embedding
-ROUTER_STD = 0.6  # wider: router logits a few units apart, so top-k is decided by margins, not rounding
 NORM_STD = 0.1  # norm weights are 1 + this much noise, so a dropped norm weight shows
 BIAS_STD = 0.05
 
@@ -137,16 +132,14 @@ def random_model(architecture: str, seed: int = 0, **sizes):
         model = random_model("qwen3_moe", seed=3, n_layers=2, n_experts=6, top_k=2, decoder_sparse_step=2)
         logits = model(torch.randint(0, model.cfg.d_vocab, (2, 5)))
     """
-    from hooked.models import GPT2, GPT2Config, Qwen3, Qwen3Config, Qwen3Moe, Qwen3MoeConfig
-
-    classes = {"gpt2": (GPT2, GPT2Config), "qwen3": (Qwen3, Qwen3Config), "qwen3_moe": (Qwen3Moe, Qwen3MoeConfig)}
-    if architecture not in classes:
+    if architecture not in FAMILIES:
         raise ValueError(f"architecture must be one of {ARCHITECTURES}, not {architecture!r}")
-    model_class, config_class = classes[architecture]
-    fields = {**_DEFAULT_SIZES[architecture], **sizes}
+    model_class = FAMILIES[architecture]
+    fields = {**model_class.random_sizes, **sizes}
     if "mlp_only_layers" in fields:
         fields["mlp_only_layers"] = tuple(fields["mlp_only_layers"])
-    model = model_class(config_class(**fields))
+    model = model_class(model_class.config_class(**fields))
+    wider = model_class.random_std  # parameters the family draws wider (a router), by name suffix
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():  # a fixed order: the same seed, the same model
@@ -155,8 +148,8 @@ def random_model(architecture: str, seed: int = 0, **sizes):
                 parameter.copy_(BIAS_STD * noise)
             elif parameter.ndim == 1:  # norm weights (LayerNorm, RMSNorm, q_norm, k_norm)
                 parameter.copy_(1.0 + NORM_STD * noise)
-            elif name.endswith("mlp.gate.weight"):
-                parameter.copy_(ROUTER_STD * noise)
+            elif name.endswith(tuple(wider)):
+                parameter.copy_(wider[next(suffix for suffix in wider if name.endswith(suffix))] * noise)
             else:
                 parameter.copy_(WEIGHT_STD * noise)
     model.name_or_path = _spec_repr(architecture, seed, sizes)  # what provenance and failures name it by
@@ -207,27 +200,7 @@ def models(architectures: Sequence[str] = ARCHITECTURES):
         n_layers = draw(st.integers(1, 3))
         n_heads = draw(st.integers(2, 4))
         sizes = dict(n_layers=n_layers, n_heads=n_heads, d_vocab=draw(st.sampled_from([32, 64])))
-        if architecture == "gpt2":
-            sizes["d_model"] = draw(st.sampled_from([d for d in range(16, 49, 4) if d % n_heads == 0]))
-            sizes["d_mlp"] = draw(st.sampled_from([32, 48, 64]))
-            sizes["n_ctx"] = 32
-        else:
-            sizes["d_model"] = draw(st.sampled_from([16, 24, 32, 48]))
-            sizes["n_kv_heads"] = draw(st.sampled_from([k for k in range(1, n_heads + 1) if n_heads % k == 0]))
-            sizes["d_head"] = draw(st.sampled_from([4, 8, 16]))  # even (half-split rotary), not d_model / n_heads
-            sizes["d_mlp"] = draw(st.sampled_from([32, 48]))
-            sizes["tie_word_embeddings"] = draw(st.booleans())
-            sizes["attention_bias"] = draw(st.booleans())
-        if architecture == "qwen3_moe":
-            n_experts = draw(st.integers(4, 6))
-            sizes.update(n_experts=n_experts, top_k=draw(st.integers(1, 3)), d_expert_mlp=draw(st.sampled_from([8, 12, 16])),
-                         norm_topk_prob=draw(st.booleans()))
-            step = draw(st.sampled_from([1, 1, 2])) if n_layers > 1 else 1
-            dense = draw(st.sets(st.integers(0, n_layers - 1), max_size=n_layers - 1)) if n_layers > 1 else set()
-            sparse = [i for i in range(n_layers) if i not in dense and (i + 1) % step == 0]
-            if not sparse:  # keep one sparse layer: the expert properties need it
-                dense.discard(step - 1)
-            sizes.update(decoder_sparse_step=step, mlp_only_layers=tuple(sorted(dense)))
+        sizes.update(FAMILIES[architecture].draw_sizes(draw, st, n_layers, n_heads))
         seed = draw(st.integers(0, 2**16))
         return _shared_model(architecture, seed, tuple(sorted(sizes.items())))
 
@@ -263,7 +236,7 @@ def hook_names(model, axes: str | Sequence[str] | None = None):
 
 
 def _sparse_layers(model) -> list[int]:
-    return [i for i in range(model.cfg.n_layers) if f"blocks.{i}.mlp.hook_router_logits" in model.hook_dict]
+    return [i for i in range(model.cfg.n_layers) if model.cfg.is_sparse(i)]
 
 
 def addresses(model, kinds: Sequence[str] = ("heads", "attn", "mlps", "neurons", "experts"), positions: bool = True,

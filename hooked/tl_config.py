@@ -5,17 +5,20 @@ of the family the config describes.
                                          act_fn="gelu_new", normalization_type="LN", seed=0)
     model = hooked.HookedTransformer(cfg)     # a hooked.GPT2, weights drawn as TransformerLens draws them
 
-hooked implements architectures, not a configurable transformer, so a config is matched to one of them:
+hooked implements architectures, not a configurable transformer, so a config is matched to one of them (each
+family's config class declares the fields it takes, `from_transformer_lens`):
 
 | TransformerLens fields | family |
 |---|---|
 | `normalization_type="LN"`, `positional_embedding_type="standard"`, `act_fn` `"gelu_new"` or `"gelu"`, d_model = n_heads * d_head | `GPT2` |
 | the same with `attn_only=True` (any `act_fn`: there is no MLP) | `GPT2` with attention-only blocks (no ln2, MLP or resid_mid, as TransformerLens 3.9's `TransformerBlock`) |
 | `normalization_type="RMS"`, `positional_embedding_type="rotary"`, `act_fn="silu"`, `gated_mlp=True`, `use_qk_norm=True`, `final_rms=True` | `Qwen3` |
+| the same with `use_qk_norm=False` | `Llama` |
+| `normalization_type="LN"`, `positional_embedding_type="rotary"`, an even `rotary_dim`, `parallel_attn_mlp` either way | `GPTNeoX` |
 
 `use_hook_tokens=True` gives either model TransformerLens' `hook_tokens` on the token ids (`cfg.use_hook_tokens`).
 Anything else (`normalization_type=None`, `act_fn="relu"` or `"solu_ln"`, shortformer or alibi positions,
-`LNPre`, GPT-2 with grouped-query heads, a Llama-style rotary model without q/k norms, mixtures of experts)
+`LNPre`, GPT-2 with grouped-query heads, mixtures of experts, sliding windows)
 is refused with the field that no family has. Fields that only change how TransformerLens runs (`device`,
 `dtype`, `seed`, `use_attn_result`, ...) are honoured or accepted; fields with a non-default value that
 would change the function are refused, never ignored.
@@ -37,12 +40,12 @@ import torch
 from torch import nn
 
 from hooked.models.transformer_lens import TRANSFORMER_LENS_GENERATE
-from hooked.models.gpt2 import GPT2, Conv1D, GPT2Config
-from hooked.models.qwen3 import Qwen3, Qwen3Config
+from hooked.layers import Conv1D
+from hooked.models.base import ModelConfig
 
 # TransformerLens 3.9 fields that change the function, with the value every hooked family has (its default).
 _FIXED = {
-    "parallel_attn_mlp": False, "use_local_attn": False, "attention_dir": "causal",
+    "use_local_attn": False, "attention_dir": "causal",
     "post_embedding_ln": False, "num_experts": None, "experts_per_token": None, "use_attn_scale": True,
     "attn_scale": -1.0, "clip_qkv": None, "use_logn_attn": False, "use_dynamic_ntk_rope": False,
     "rotary_adjacent_pairs": False, "use_normalization_before_and_after": False, "use_yarn_rope": False,
@@ -63,7 +66,7 @@ class HookedTransformerConfigSpec:
     """What `HookedTransformerConfig(...)` returns: the family's config and how to initialise the model.
     Reads through to the family config (`cfg.d_head`, `cfg.act_fn`, ...) with TransformerLens' names."""
 
-    family: GPT2Config | Qwen3Config
+    family: ModelConfig  # the family's own config (GPT2Config, Qwen3Config, ...)
     initializer_range: float
     init_weights: bool = True
     device: str | torch.device | None = None
@@ -86,9 +89,10 @@ def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a
     gated_mlp: bool = False, use_qk_norm: bool = False, final_rms: bool = False, rotary_dim: int | None = None,
     rotary_base: float = 10000, tie_word_embeddings: bool = False, scale_attn_by_inverse_layer_idx: bool = False,
     initializer_range: float = -1.0, seed: int | None = None, device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32, attn_only: bool = False, use_hook_tokens: bool = False, **fields: Any,
+    dtype: torch.dtype = torch.float32, attn_only: bool = False, use_hook_tokens: bool = False,
+    parallel_attn_mlp: bool = False, **fields: Any,
 ) -> HookedTransformerConfigSpec:
-    """TransformerLens' config, mapped to GPT-2 or Qwen3 (module docstring); raises naming what no family has."""
+    """TransformerLens' config, mapped to the family it describes (module docstring); raises naming what no family has."""
     for name, value in fields.items():
         if name in _FIXED:
             if value != _FIXED[name] and not (name == "d_vocab_out" and value == d_vocab):
@@ -102,35 +106,13 @@ def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a
     if d_vocab <= 0:
         raise ValueError("HookedTransformerConfig: give d_vocab (hooked builds no tokenizer to infer it from)")
     d_mlp = 4 * d_model if d_mlp is None else d_mlp
-    describe = (f"normalization_type={normalization_type!r}, positional_embedding_type={positional_embedding_type!r},"
-                f" act_fn={act_fn!r}")
-    if (normalization_type, positional_embedding_type) == ("LN", "standard"):
-        problems = [f"act_fn={act_fn!r} (GPT-2 has gelu_new or gelu)"
-                    if act_fn not in ("gelu_new", "gelu") and not attn_only else None,  # no MLP: act_fn unused
-                    f"d_model={d_model} != n_heads * d_head = {n_heads * d_head}" if n_heads * d_head != d_model else None,
-                    "gated_mlp=True" if gated_mlp else None, "use_qk_norm=True" if use_qk_norm else None,
-                    f"n_key_value_heads={n_key_value_heads}" if n_key_value_heads not in (None, n_heads) else None]
-        _refuse_if(problems, "GPT-2")
-        family = GPT2Config(n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_mlp=d_mlp, d_vocab=d_vocab, n_ctx=n_ctx,
-                            layer_norm_eps=eps, activation=act_fn, attn_only=bool(attn_only),
-                            scale_attn_by_inverse_layer_idx=scale_attn_by_inverse_layer_idx)
-    elif (normalization_type, positional_embedding_type) == ("RMS", "rotary"):
-        problems = ["attn_only=True (Qwen3 blocks have an MLP; attention-only models are GPT-2-shaped: LN, standard)"
-                    if attn_only else None,
-                    f"act_fn={act_fn!r} (Qwen3 has silu)" if act_fn != "silu" else None,
-                    "gated_mlp=False (Qwen3's MLP is gated)" if not gated_mlp else None,
-                    "use_qk_norm=False (Qwen3 normalises each head's q and k)" if not use_qk_norm else None,
-                    "final_rms=False (Qwen3's final norm is RMSNorm)" if not final_rms else None,
-                    f"rotary_dim={rotary_dim} (Qwen3 rotates all of d_head={d_head})"
-                    if rotary_dim not in (None, d_head) else None,
-                    "scale_attn_by_inverse_layer_idx=True" if scale_attn_by_inverse_layer_idx else None]
-        _refuse_if(problems, "Qwen3")
-        family = Qwen3Config(n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_key_value_heads or n_heads,
-                             d_head=d_head, d_mlp=d_mlp, d_vocab=d_vocab, rms_norm_eps=eps, rope_theta=float(rotary_base),
-                             tie_word_embeddings=tie_word_embeddings, max_position_embeddings=n_ctx)
-    else:
-        raise ValueError(f"HookedTransformerConfig: no hooked family has {describe}; hooked implements GPT-2"
-                         " (LN, standard, gelu_new) and Qwen3 (RMS, rotary, silu, gated, q/k norms)")
+    tl = dict(d_model=d_model, d_head=d_head, n_layers=n_layers, n_ctx=n_ctx, n_heads=n_heads, d_mlp=d_mlp, d_vocab=d_vocab,
+              act_fn=act_fn, normalization_type=normalization_type, positional_embedding_type=positional_embedding_type,
+              eps=eps, n_key_value_heads=n_key_value_heads, gated_mlp=gated_mlp, use_qk_norm=use_qk_norm, final_rms=final_rms,
+              rotary_dim=rotary_dim, rotary_base=rotary_base, tie_word_embeddings=tie_word_embeddings,
+              scale_attn_by_inverse_layer_idx=scale_attn_by_inverse_layer_idx, attn_only=bool(attn_only),
+              parallel_attn_mlp=bool(parallel_attn_mlp))
+    family = family_config(tl)
     if seed is not None:
         torch.manual_seed(seed)  # TransformerLens seeds when the config is made, so the model's draw is reproducible
     initializer_range = 0.8 / math.sqrt(d_model) if initializer_range < 0 else initializer_range
@@ -141,33 +123,50 @@ def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a
                                        tie_word_embeddings, {"seed": seed, **extra})
 
 
+def family_config(tl: dict[str, Any]):
+    """The config of the family whose shape TransformerLens' fields `tl` describe: each family's config class
+    declares `from_transformer_lens(tl)` -> (config, []) when it is that family, (None, problems) when it
+    has the family's shape but fields the family lacks, (None, None) when it is not that family's shape."""
+    from hooked.models import MODEL_CLASSES
+
+    near = {}
+    for model_class in MODEL_CLASSES:
+        family, problems = model_class.config_class.from_transformer_lens(tl)
+        if family is not None:
+            return family
+        if problems:
+            near.setdefault(model_class.__name__, problems)
+    if near:
+        raise ValueError("HookedTransformerConfig: " + "; ".join(
+            f"this config is {name}-shaped, but hooked's {name} has no " + "; no ".join(problems) for name, problems in near.items()))
+    described = ", ".join(f"{key}={tl[key]!r}" for key in ("normalization_type", "positional_embedding_type", "act_fn"))
+    shapes = "; ".join(f"{model_class.__name__} ({model_class.config_class.transformer_lens_shape})"
+                       for model_class in MODEL_CLASSES if getattr(model_class.config_class, "transformer_lens_shape", None))
+    raise ValueError(f"HookedTransformerConfig: no hooked family has {described}; hooked implements {shapes}")
+
+
 def _why(name: str) -> str:
     if name in ("tokenizer_name", "n_devices", "original_architecture"):
         return "hooked builds no tokenizer or multi-device model here; load a checkpoint with hooked.load for those"
-    return "no hooked family (GPT-2, Qwen3) has it"
+    return "no hooked family has it"
 
 
-def _refuse_if(problems: list[str | None], family: str) -> None:
-    problems = [p for p in problems if p]
-    if problems:
-        raise ValueError(f"HookedTransformerConfig: this config is {family}-shaped, but hooked's {family} has no "
-                         + "; no ".join(problems))
-
-
-def build_model(cfg: HookedTransformerConfigSpec | GPT2Config | Qwen3Config, tokenizer=None, move_to_device: bool = True,
+def build_model(cfg: HookedTransformerConfigSpec | ModelConfig, tokenizer=None, move_to_device: bool = True,
                 default_padding_side: str = "right"):
     """`HookedTransformer(cfg)`: the family's model with randomly initialised weights (module docstring)."""
+    from hooked.models import MODEL_CLASSES
+
     if tokenizer is not None:
         raise ValueError("HookedTransformer(cfg, tokenizer=...) is not supported: hooked reads tokenizers from checkpoints")
-    if isinstance(cfg, (GPT2Config, Qwen3Config)):
+    if isinstance(cfg, ModelConfig):  # a family's own config
         cfg = HookedTransformerConfigSpec(cfg, 0.8 / math.sqrt(cfg.d_model))
     if not isinstance(cfg, HookedTransformerConfigSpec):
         raise TypeError(f"HookedTransformer(cfg) takes hooked.HookedTransformerConfig(...), got {type(cfg).__name__}")
     family = dataclasses.replace(cfg.family)  # a config is bound to its one model: never share it
     family._set_use_hook_tokens(cfg.family.use_hook_tokens)  # not a dataclass field: replace() drops it
-    model = (GPT2 if isinstance(family, GPT2Config) else Qwen3)(family)
-    if isinstance(model, GPT2) and not cfg.tie_word_embeddings:
-        model.untie_unembedding()  # Qwen3 unties from its own config
+    model = next(model_class for model_class in MODEL_CLASSES if type(family) is model_class.config_class)(family)
+    if not cfg.tie_word_embeddings and model.lm_head is None:
+        model.untie_unembedding()  # TransformerLens' default: an unembedding of its own (a family may tie by default)
     if cfg.init_weights:
         init_weights(model, cfg.initializer_range)
     device = cfg.device if cfg.device is not None else "cpu"

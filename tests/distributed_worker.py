@@ -46,6 +46,11 @@ def padded_prompt(cfg) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, mask
 
 
+def mid_point(cfg) -> str:
+    """A replicated point between the halves of a block: resid_mid, or attn_out in a parallel-residual block."""
+    return "hook_attn_out" if cfg.parallel_attn_mlp else "hook_resid_mid"
+
+
 def ablation_hooks(cfg) -> dict[str, list]:
     """Interventions at points of every split: heads (q, k, z, pattern, q_norm), hidden columns, expert
     slots, and replicated points; zero, mean, resample and hand-written ones."""
@@ -65,9 +70,9 @@ def ablation_hooks(cfg) -> dict[str, list]:
         "scale_v": [(f"blocks.{last}.attn.hook_v", scale_kv_head)],
         "double_neurons": [(f"blocks.0.mlp.hook_post", double_neurons)],
         "mean_neurons": [("blocks.0.mlp.hook_pre", ablate.mean(reference, neurons=[0, 5], model=None))],
-        "zero_resid_mid": [("blocks.0.hook_resid_mid", ablate.zero(positions=[-1]))],
+        "zero_resid_mid": [(f"blocks.0.{mid_point(cfg)}", ablate.zero(positions=[-1]))],
     }
-    if cfg.original_architecture != "GPT2LMHeadModel":
+    if cfg.original_architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):  # q/k norms
         hooks["zero_q_normed"] = [("blocks.0.attn.q_norm.hook_normalized", ablate.zero(heads=0))]
     if getattr(cfg, "n_experts", 0):
         sparse = [layer for layer in range(cfg.n_layers) if cfg.is_sparse(layer)][-1]
@@ -171,7 +176,7 @@ def main_mode(checkpoints: dict[str, Path], rank: int) -> dict:
             return activation + float(rank)
 
         result["rank_dependent"] = model.run_with_hooks(
-            tokens, fwd_hooks=[(f"blocks.0.attn.hook_z", add_rank), ("blocks.0.hook_resid_mid", add_rank)])
+            tokens, fwd_hooks=[(f"blocks.0.attn.hook_z", add_rank), (f"blocks.0.{mid_point(cfg)}", add_rank)])
         with Collectives() as unhooked:
             model(tokens)
         with Collectives() as reading:

@@ -91,15 +91,17 @@ def test_an_alias_not_in_the_cache_names_its_hub_id(hub_cache):
 
 
 def test_names_are_transformer_lens_3_9s():
-    """Every name is TransformerLens', with exactly its aliases; the GPT-2 and Qwen3 names TransformerLens lists
+    """Every name is TransformerLens', with exactly its aliases; the names of the implemented families TransformerLens lists
     are all here except the Stanford CRFM GPT-2s (refused: reorder_and_upcast_attn, revisions as checkpoints)."""
     for official, aliases in TRANSFORMER_LENS_NAMES.items():
         assert official in OFFICIAL_MODEL_NAMES
         assert list(aliases) == MODEL_ALIASES.get(official, [])
         for name in (official, *aliases):
             assert hub_id(name) == hub_id(name.upper()) == official
-    families = [name for name in OFFICIAL_MODEL_NAMES if "gpt2" in name.lower() or "qwen3" in name.lower()]
+    prefixes = ("meta-llama/", "codellama/", "mistralai/mistral-", "eleutherai/pythia", "eleutherai/gpt-neox")
+    families = [name for name in OFFICIAL_MODEL_NAMES if "gpt2" in name.lower() or "qwen3" in name.lower()
+                or name.lower().startswith(prefixes)]
     missing = [name for name in families if name not in TRANSFORMER_LENS_NAMES and not name.startswith("stanford-crfm/")]
     assert missing == []
     assert hub_id("openai-community/gpt2") is None  # a hub id of its own, downloaded as given
-    assert nearest("gpt-2-small")[0] == "gpt2-small" and nearest("llama") == []
+    assert nearest("gpt-2-small")[0] == "gpt2-small" and nearest("falcon-7b") == []

@@ -64,9 +64,9 @@ def rewrite(directory, edit):
 
 def test_unknown_architecture_names_the_supported_ones(broken_dir):
     config = json.loads((broken_dir / "config.json").read_text())
-    config.update(architectures=["LlamaForCausalLM"], model_type="llama")
+    config.update(architectures=["FalconForCausalLM"], model_type="falcon")
     (broken_dir / "config.json").write_text(json.dumps(config))
-    with pytest.raises(hooked.CheckpointError, match=r"LlamaForCausalLM.*not supported.*GPT2LMHeadModel"):
+    with pytest.raises(hooked.CheckpointError, match=r"FalconForCausalLM.*not supported.*GPT2LMHeadModel"):
         hooked.load(broken_dir)
 
 

@@ -63,33 +63,40 @@ def kv_name(layer: int, group: int, n_heads: int, n_kv: int) -> str:
     return f"L{layer}KV{group}" if n_kv != n_heads else f"L{layer}H{group}"
 
 
-def ref_sources(n_layers: int, n_heads: int) -> list[tuple[str, int]]:
-    """(node, the time it writes): the embedding first, then per layer its heads, then its MLP."""
+def ref_sources(n_layers: int, n_heads: int, parallel: bool = False) -> list[tuple[str, int]]:
+    """(node, the time it writes): the embedding first, then per layer its heads, then its MLP (in a
+    parallel-residual block, when its heads write)."""
     out = [("input", -1)]
     for layer in range(n_layers):
         out += [(f"L{layer}H{h}", 4 * layer + 1) for h in range(n_heads)]
-        out.append((f"L{layer}.mlp", 4 * layer + 3))
+        out.append((f"L{layer}.mlp", 4 * layer + (1 if parallel else 3)))
     return out
 
 
-def ref_receivers(n_layers: int, n_heads: int, n_kv: int) -> list[tuple[str, int]]:
-    """(input, the time it reads): a layer's attention reads before its heads write, its MLP after."""
+def ref_receivers(n_layers: int, n_heads: int, n_kv: int, parallel: bool = False) -> list[tuple[str, int]]:
+    """(input, the time it reads): a layer's attention reads before its heads write, its MLP after (in a
+    parallel-residual block, the MLP reads resid_pre, with the attention)."""
     out = []
     for layer in range(n_layers):
         out += [(f"L{layer}H{h}.q", 4 * layer) for h in range(n_heads)]
         out += [(f"{kv_name(layer, g, n_heads, n_kv)}.{kind}", 4 * layer) for kind in "kv" for g in range(n_kv)]
-        out.append((f"L{layer}.mlp", 4 * layer + 2))
+        out.append((f"L{layer}.mlp", 4 * layer + (0 if parallel else 2)))
     out.append(("logits", 4 * n_layers))
     return out
 
 
-def ref_edges(n_layers: int, n_heads: int, n_kv: int) -> list[str]:
-    return [f"{s}->{r}" for r, read in ref_receivers(n_layers, n_heads, n_kv)
-            for s, write in ref_sources(n_layers, n_heads) if write < read]
+def ref_edges(n_layers: int, n_heads: int, n_kv: int, parallel: bool = False) -> list[str]:
+    return [f"{s}->{r}" for r, read in ref_receivers(n_layers, n_heads, n_kv, parallel)
+            for s, write in ref_sources(n_layers, n_heads, parallel) if write < read]
 
 
-def edges_into(receiver: str, n_layers: int, n_heads: int, n_kv: int) -> list[str]:
-    return [e for e in ref_edges(n_layers, n_heads, n_kv) if e.split("->")[1] == receiver]
+def edges_into(receiver: str, n_layers: int, n_heads: int, n_kv: int, parallel: bool = False) -> list[str]:
+    return [e for e in ref_edges(n_layers, n_heads, n_kv, parallel) if e.split("->")[1] == receiver]
+
+
+def is_parallel(model) -> bool:
+    """A parallel-residual model (GPT-NeoX): each block's MLP reads resid_pre, beside its heads."""
+    return model.cfg.parallel_attn_mlp
 
 
 def closed_form_edge_count(n_layers: int, n_heads: int, n_kv: int) -> int:
@@ -314,6 +321,7 @@ ARCHS = {
     "qwen3": dict(n_layers=2, d_model=16, n_heads=4, n_kv_heads=2, d_head=4, d_mlp=32, d_vocab=32, attention_bias=True),
     "qwen3_moe": dict(n_layers=2, d_model=16, n_heads=2, n_kv_heads=1, d_head=8, d_mlp=32, d_vocab=32, n_experts=4,
                       top_k=2, d_expert_mlp=8),
+    "gpt_neox": dict(n_layers=2, d_model=16, n_heads=2, d_mlp=32, d_vocab=32, rotary_dim=4, use_parallel_residual=True),
 }
 
 
@@ -339,13 +347,14 @@ def answers_metric(model, batch: int, position: int | None = -1):
 
 
 # ============================================================================= edge patching
-@pytest.mark.parametrize("arch", ["gpt2", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["gpt2", "qwen3", "qwen3_moe", "gpt_neox"])
 @pytest.mark.parametrize("padded", [False, True])
 def test_every_single_edge_equals_brute_force(arch, padded):
     model = small_model(arch, seed=1)
     clean, corrupt, mask = paired_prompts(model, 3, 6, seed=2, padded=padded)
     metric = answers_metric(model, 3)
-    edges = ref_edges(*shape(model))
+    edges = ref_edges(*shape(model), parallel=is_parallel(model))  # gpt_neox: a parallel residual
+    assert [str(e) for e in circuits.graph(model).edges] == edges or sorted(map(str, circuits.graph(model).edges)) == sorted(edges)
     result = circuits.patch_edges(model, clean, corrupt, {e: [e] for e in edges}, metric, attention_mask=mask)
     assert result.variants == edges and result.values.shape == (len(edges), 3)
     expected = torch.stack([brute_patch(model, clean, corrupt, [e], metric, mask) for e in edges])
@@ -358,11 +367,11 @@ def test_every_single_edge_equals_brute_force(arch, padded):
         assert any(m > 1e-3 for e, m in zip(edges, moved.tolist()) if re.search(pattern, e)), kind
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["gpt2", "qwen3", "qwen3_moe", "gpt_neox"])
 def test_random_edge_sets_equal_brute_force(arch):
     model = small_model(arch, seed=3, n_layers=3)
     clean, corrupt, mask = paired_prompts(model, 4, 7, seed=4, padded=True)
-    edges = ref_edges(*shape(model))
+    edges = ref_edges(*shape(model), parallel=is_parallel(model))
     generator = torch.Generator().manual_seed(5)
     variants = {}
     for size in (2, 5, 12, 30, len(edges) // 2, len(edges) - 3):
@@ -398,7 +407,7 @@ def test_bundled_ioi_models_edges_equal_brute_force(name):
     result = circuits.patch_edges(model, task.clean, task.corrupt, variants, metric)
     expected = torch.stack([brute_patch(model, task.clean, task.corrupt, v, metric) for v in variants.values()])
     assert_close_to_scale(result.values, expected)
-    assert model._tokens_and_mask(task.clean, None, None)[1] is not None  # the prompts are left-padded
+    assert model.tokens_and_mask(task.clean, None, None)[1] is not None  # the prompts are left-padded
     assert_close_to_scale(result["into logits"], run_metric(model, task.corrupt, metric))
 
 
@@ -423,8 +432,10 @@ def test_all_none_and_one_receivers_edges(data):
     model = data.draw(models(), label="model")
     clean, corrupt, mask, metric = draw_prompts(data, model)
     n_layers, n_heads, n_kv = shape(model)
-    receiver = data.draw(st.sampled_from([name for name, _ in ref_receivers(n_layers, n_heads, n_kv)]), label="receiver")
-    variants = {"all": ref_edges(n_layers, n_heads, n_kv), "none": [], "into": edges_into(receiver, n_layers, n_heads, n_kv)}
+    parallel = is_parallel(model)
+    receiver = data.draw(st.sampled_from([name for name, _ in ref_receivers(n_layers, n_heads, n_kv, parallel)]), label="receiver")
+    variants = {"all": ref_edges(n_layers, n_heads, n_kv, parallel), "none": [],
+                "into": edges_into(receiver, n_layers, n_heads, n_kv, parallel)}
     result = circuits.patch_edges(model, clean, corrupt, variants, metric, attention_mask=mask)
     assert_close_to_scale(result["all"], run_metric(model, corrupt, metric, mask))
     assert_close_to_scale(result["none"], run_metric(model, clean, metric, mask))
@@ -437,7 +448,7 @@ def test_all_none_and_one_receivers_edges(data):
 def test_random_edge_sets_and_ablations_property(data):
     model = data.draw(models(), label="model")
     clean, corrupt, mask, metric = draw_prompts(data, model)
-    edges = ref_edges(*shape(model))
+    edges = ref_edges(*shape(model), parallel=is_parallel(model))
     sets = data.draw(st.lists(st.lists(st.sampled_from(edges), unique=True, max_size=len(edges)), min_size=1, max_size=4),
                      label="edge sets")
     ablation = data.draw(st.sampled_from(["corrupt", "mean", "zero"]), label="ablation")
@@ -455,7 +466,7 @@ def test_faithfulness_is_its_formula(data):
     model = copy.deepcopy(data.draw(models(), label="model")).double()
     clean, corrupt, mask, metric = draw_prompts(data, model)
     ablation = data.draw(st.sampled_from(["corrupt", "corrupt", "mean", "zero"]), label="ablation")
-    edges = ref_edges(*shape(model))
+    edges = ref_edges(*shape(model), parallel=is_parallel(model))
     full = float(run_metric(model, clean, metric, mask).mean())
     if ablation == "corrupt":  # every edge patched is the corrupt run
         empty = float(run_metric(model, corrupt, metric, mask).mean())
@@ -496,7 +507,7 @@ def hand_scores(model, clean, corrupt, metric, mask, alphas=None, ablation="corr
     """{edge: mean over prompts of sum over positions of (patched_S - clean_S) . grad_R}, the gradient
     averaged over the embeddings clean + alpha (patched - clean) (alpha 0 alone: EAP)."""
     n_layers, n_heads, n_kv = shape(model)
-    edges = ref_edges(n_layers, n_heads, n_kv)
+    edges = ref_edges(n_layers, n_heads, n_kv, is_parallel(model))
     source_names = {source_point(n_layers, s)[0] for s, _ in ref_sources(n_layers, n_heads)}
     with torch.no_grad():
         _, clean_cache = model.run_with_cache(clean, attention_mask=mask, names_filter=lambda n: n in source_names)
@@ -585,7 +596,7 @@ def direct_edges(model, senders, receivers) -> list[str]:
     """sender -> input for every input of every receiver node that the sender writes before."""
     n_layers, n_heads, n_kv = shape(model)
     inputs = [r for node in receivers for r in (ref_inputs_of(node, n_heads, n_kv) if re.fullmatch(r"L\d+H\d+", node) else [node])]
-    existing = set(ref_edges(n_layers, n_heads, n_kv))
+    existing = set(ref_edges(n_layers, n_heads, n_kv, is_parallel(model)))
     return list(dict.fromkeys(f"{s}->{r}" for r in inputs for s in senders if f"{s}->{r}" in existing))
 
 
@@ -692,7 +703,7 @@ def test_acdc_equals_a_plain_sequential_acdc(arch):
     model = small_model(arch, seed=12)
     clean, corrupt, mask = paired_prompts(model, 3, 5, seed=13, padded=arch == "qwen3")
     metric = answers_metric(model, 3)
-    n_edges = len(ref_edges(*shape(model)))
+    n_edges = len(ref_edges(*shape(model), parallel=is_parallel(model)))
     # a threshold no move lies within float rounding of, that keeps some edges and removes others
     for threshold in (0.05, 0.08, 0.12, 0.17, 0.03, 0.25):
         kept, moves = ref_acdc(model, clean, corrupt, metric, threshold, mask)
@@ -720,7 +731,7 @@ def test_acdc_equals_a_plain_sequential_acdc(arch):
 # ============================================================================= pruning
 def reference_faithfulness(model, clean, corrupt, kept, metric, mask=None, ablation="corrupt"):
     """(m(kept) - m(empty)) / (m(full) - m(empty)), every edge outside `kept` patched by `brute_patch`."""
-    every, kept = ref_edges(*shape(model)), set(map(str, kept))
+    every, kept = ref_edges(*shape(model), parallel=is_parallel(model)), set(map(str, kept))
     value = float(brute_patch(model, clean, corrupt, [e for e in every if e not in kept], metric, mask, ablation).mean())
     full = float(run_metric(model, clean, metric, mask).mean())
     empty = float(brute_patch(model, clean, corrupt, every, metric, mask, ablation).mean())
@@ -941,7 +952,7 @@ def test_eap_scores_are_the_derivative_of_patching_a_little_of_the_edge(arch):
         _, corrupt_cache = model.run_with_cache(corrupt, attention_mask=mask, names_filter=lambda n: n in names)
     # Qwen3's RMSNorm computes in float32 even in a float64 model (as transformers' does): a coarser step
     eps, tolerance = (1e-4, 1e-6) if arch == "gpt2" else (1e-2, 2e-3)
-    for edge in ref_edges(*shape(model)):
+    for edge in ref_edges(*shape(model), parallel=is_parallel(model)):
         source, receiver = edge.split("->")
         point, head = source_point(n_layers, source)
         direction = slot(corrupt_cache[point], head) - slot(clean_cache[point], head)

@@ -27,6 +27,26 @@ def test_hooks_lists_every_name_with_its_shape(gpt2, gpt2_dir, capsys):
     assert listed["blocks.0.mlp.hook_post"] == "[1, 5, 256]"
 
 
+@pytest.mark.parametrize("config", [
+    dict(model_type="llama", architectures=["LlamaForCausalLM"], num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+         num_key_value_heads=2, intermediate_size=48, vocab_size=64),
+    dict(model_type="mistral", architectures=["MistralForCausalLM"], num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+         num_key_value_heads=2, intermediate_size=48, vocab_size=64, sliding_window=4),
+    dict(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"], num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+         intermediate_size=48, vocab_size=64, rotary_pct=0.25, use_parallel_residual=True),
+])
+def test_hooks_lists_every_family_from_its_config_json(tmp_path, config, capsys):
+    """`hooked hooks DIR` on a config.json alone (no weights): every hook point of the family, with its shape."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["hooks", str(tmp_path), "--pos", "5"]) == 0
+    listed = dict(line.split(maxsplit=1) for line in capsys.readouterr().out.splitlines())
+    model_class = next(c for c in hooked.models.MODEL_CLASSES if c.family == config["model_type"])
+    model = model_class(model_class.config_class.from_hf(config))
+    assert list(listed) == model.hook_names
+    assert listed["blocks.1.attn.hook_pattern"] == "[1, 4, 5, 5]"
+    assert listed["blocks.0.attn.hook_rot_k"] == f"[1, 5, {model.cfg.n_kv_heads}, 8]"
+
+
 def test_run_prints_the_model_top_tokens(gpt2, gpt2_dir, capsys):
     prompt = "When Mary and John went to the store"
     assert main(["run", str(gpt2_dir), prompt, "--top", "3"]) == 0

@@ -49,6 +49,18 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
             vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
             intermediate_size=80, moe_intermediate_size=32, num_experts=6, num_experts_per_tok=2, num_hidden_layers=3,
             mlp_only_layers=[0], tie_word_embeddings=True), transformers.Qwen3MoeForCausalLM),
+        # Biases on every projection: the cut ones are cut with their rows, the row-parallel ones stay whole.
+        "llama": build(root / "llama", transformers.LlamaConfig(
+            vocab_size=97, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+            num_hidden_layers=2, attention_bias=True, mlp_bias=True), transformers.LlamaForCausalLM),
+        # A window shorter than the prompts (9 tokens, 4 generated): every rank must apply it.
+        "mistral": build(root / "mistral", transformers.MistralConfig(
+            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+            num_hidden_layers=2, sliding_window=4), transformers.MistralForCausalLM),
+        # The fused per-head q|k|v layout, partial rotary, and a parallel residual.
+        "gpt_neox": build(root / "gpt_neox", transformers.GPTNeoXConfig(
+            vocab_size=96, hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2,
+            rotary_pct=0.5, use_parallel_residual=True), transformers.GPTNeoXForCausalLM),
     }
 
 
@@ -73,7 +85,7 @@ def single(checkpoints) -> dict[str, hooked.HookedTransformer]:
     return {name: hooked.load(directory) for name, directory in checkpoints.items()}
 
 
-ARCHS = ["gpt2", "qwen3", "qwen3_moe"]
+ARCHS = ["gpt2", "qwen3", "qwen3_moe", "llama", "mistral", "gpt_neox"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -200,7 +212,8 @@ def test_each_rank_holds_its_shard(ranks, single, arch):
     output biases, and key/value projections when there are fewer kv heads than ranks) whole."""
     model = single[arch]
     total = sum(p.numel() for p in model.parameters())
-    whole = ["ln", "norm", "wpe", "mlp.gate.", "attn.c_proj.bias", "mlp.c_proj.bias", "o_proj.bias"]
+    whole = ["ln", "norm", "wpe", "mlp.gate.", "attn.c_proj.bias", "mlp.c_proj.bias", "o_proj.bias", "down_proj.bias",
+             "attn.dense.bias", "dense_4h_to_h.bias"]
     whole += ["k_proj", "v_proj"] if model.cfg.n_kv_heads < 2 else []
     replicated = sum(p.numel() for name, p in model.named_parameters() if any(part in name for part in whole))
     for rank in ranks:

@@ -124,9 +124,9 @@ def test_processing_is_recorded(defaults, gpt2_dir):
     assert ours.processing == TL_DEFAULTS
     assert ours.cfg.normalization_type == theirs.cfg.normalization_type == "LNPre"
     assert "normalization_type" not in vars(dataclasses.replace(ours.cfg))  # a copied config builds an unprocessed model
-    from hooked.sweeps import _provenance
+    from hooked.sweeps import sweep_provenance
 
-    provenance = _provenance(ours, [], None, None, torch.zeros(1, 2, dtype=torch.long))
+    provenance = sweep_provenance(ours, [], None, None, torch.zeros(1, 2, dtype=torch.long))
     assert provenance["processing"] == TL_DEFAULTS and provenance["config"]["normalization_type"] == "LNPre"
     assert hooked.load(gpt2_dir).processing == NONE  # hooked.load keeps its unprocessed default
 

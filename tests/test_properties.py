@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import hooked
 from hooked import ablate, metrics
-from hooked.models import GPT2, Qwen3Moe
+from hooked.models import Qwen3Moe
 from hooked.testing import ablatable_hook_names, addresses, interventions, models, random_model, selectors, tokens
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -172,10 +172,8 @@ def test_zeroing_heads_at_z_equals_zeroing_their_output_projection_weights(data)
             attn = edited.blocks[layer].attn
             for head in chosen:
                 inputs = slice(head * cfg.d_head, (head + 1) * cfg.d_head)  # head h's part of the projection's input
-                if isinstance(model, GPT2):
-                    attn.c_proj.weight[inputs, :] = 0.0  # Conv1D stores [in, out]
-                else:
-                    attn.o_proj.weight[:, inputs] = 0.0  # nn.Linear stores [out, in]
+                (writer,) = attn.residual_writers()  # the output projection, as each family declares it
+                writer.weight.narrow(1 - writer.axis, inputs.start, cfg.d_head).zero_()  # its other axis is the input
         ablated = model.run_with_hooks(clean, fwd_hooks=fwd_hooks)
         assert_close_to_scale(ablated, edited(clean))
 

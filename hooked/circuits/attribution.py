@@ -35,7 +35,7 @@ from torch import Tensor
 from hooked.circuits.engine import Ablation, _stage_loop, rows_per_forward
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import Edge, Graph, graph as build_graph
-from hooked.sweeps import _provenance
+from hooked.sweeps import sweep_provenance
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -140,7 +140,7 @@ def attribute(
     experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, caller="circuits.attribute")
     gradients = receiver_gradients(experiment, alphas, steps_per_forward)
     matrix = scores_from_gradients(experiment, gradients)
-    provenance = _provenance(model, [], metric, task, experiment.prompts.tokens)
+    provenance = sweep_provenance(model, [], metric, task, experiment.prompts.tokens)
     provenance["circuits"] = {"method": method, "steps": len(alphas), "ablation": ablation}
     return EdgeScores(experiment.graph, matrix, method, provenance)
 

@@ -48,7 +48,7 @@ from hooked.circuits.engine import Ablation
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import INPUT, LOGITS, Edge, Graph, graph as build_graph, graph_of_shape
 from hooked.results import write_json
-from hooked.sweeps import _provenance
+from hooked.sweeps import sweep_provenance
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -149,7 +149,8 @@ class Circuit:
         return {"method": self.method, "ablation": self.ablation, "edges": [str(e) for e in self.edges],
                 "nodes": self.nodes, "heads": self.heads, "scores": self.scores,
                 "shape": {"n_layers": self.graph.n_layers, "n_heads": self.graph.n_heads, "n_kv_heads": self.graph.n_kv_heads,
-                          **({} if self.graph.mlp_layers is None else {"mlp_layers": list(self.graph.mlp_layers)})},
+                          **({} if self.graph.mlp_layers is None else {"mlp_layers": list(self.graph.mlp_layers)}),
+                          **({"parallel_layers": list(self.graph.parallel_layers)} if self.graph.parallel_layers else {})},
                 "provenance": self.provenance}
 
     def to_json(self, path: str | Path) -> Path:
@@ -161,10 +162,11 @@ class Circuit:
         data = json.loads(Path(path).read_text())
         shape = data["shape"]
         mlp_layers = None if shape.get("mlp_layers") is None else tuple(shape["mlp_layers"])  # absent: every layer
+        parallel = tuple(shape.get("parallel_layers", ()))
         g = build_graph(model) if model is not None else graph_of_shape(shape["n_layers"], shape["n_heads"], shape["n_kv_heads"],
-                                                                          mlp_layers)
-        if model is not None and (g.n_layers, g.n_heads, g.n_kv_heads, g.mlp_layers) != (
-                shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers):
+                                                                          mlp_layers, parallel)
+        if model is not None and (g.n_layers, g.n_heads, g.n_kv_heads, g.mlp_layers, g.parallel_layers) != (
+                shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers, parallel):
             raise ValueError(f"the circuit in {path} was found on a graph of shape {shape}, but this model's is {g!r}")
         return cls(g, [g.edge(e) for e in data["edges"]], dict(data["scores"]), data["method"],
                    data.get("ablation", "corrupt"), data.get("provenance", {}), model)
@@ -212,7 +214,7 @@ def discover(
     alphas = interpolation_points(method, steps) if method != "acdc" else None
     experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, caller="circuits.discover")
     g = experiment.graph
-    provenance = _provenance(model, [], metric, task, experiment.prompts.tokens)
+    provenance = sweep_provenance(model, [], metric, task, experiment.prompts.tokens)
     if method == "acdc":
         kept, scores, stats = acdc(experiment, float(threshold), batch_edges)
         provenance["circuits"] = {"method": "acdc", "threshold": threshold, "ablation": ablation, **stats}

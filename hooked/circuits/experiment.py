@@ -45,10 +45,10 @@ class Experiment:
             raise RuntimeError(f"{caller} runs on one process; load the model without tp= (docs/scaling.md)")
         registered_hooks(model, caller)
         reads = MetricReads.of(metric, model)
-        tokens, key_valid = model._tokens_and_mask(clean, attention_mask, prepend_bos=None)
+        tokens, key_valid = model.tokens_and_mask(clean, attention_mask, prepend_bos=None)
         corrupt_tokens = None
         if corrupt is not None:
-            corrupt_tokens, corrupt_valid = model._tokens_and_mask(corrupt, attention_mask, prepend_bos=None)
+            corrupt_tokens, corrupt_valid = model.tokens_and_mask(corrupt, attention_mask, prepend_bos=None)
             check_paired(tokens, key_valid, corrupt_tokens, corrupt_valid)
         elif ablation != "zero":
             raise ValueError(f"{caller}: ablation={ablation!r} reads the corrupt prompts; pass them, or use ablation='zero'")

@@ -65,6 +65,13 @@ class Receiver:
     head: int | None  # the slot on the point's head axis; None for a whole-stream point
     stage: int  # 2l for attention inputs, 2l+1 for the MLP, 2L for the logits
     n_upstream: int  # how many sources (the first ones of `Graph.sources`) write before it reads
+    fires: int | None = None  # the stage whose computation fires its hook point, where not `stage` (the logits':
+    # blocks.{L-1}.hook_resid_post fires in the last block's MLP half, or in its one stage if it is parallel)
+
+    @property
+    def start(self) -> int:
+        """The latest stage a forward may start at for this receiver's hook point to fire."""
+        return self.stage if self.fires is None else self.fires
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,7 @@ class Graph:
     _receiver_index: dict = field(repr=False, compare=False)
     _edge_index: dict = field(repr=False, compare=False)
     mlp_layers: tuple[int, ...] | None = None  # the layers with an MLP node; None: every layer (attn_only: ())
+    parallel_layers: tuple[int, ...] = ()  # parallel-residual blocks: the MLP reads resid_pre, beside the heads
 
     def has_mlp(self, layer: int) -> bool:
         return self.mlp_layers is None or layer in self.mlp_layers
@@ -242,18 +250,24 @@ class Graph:
 def graph(model: "HookedTransformer") -> Graph:
     """The residual graph of `model`: `len(circuits.graph(model).edges)` is 32,491 for GPT-2 small's shapes."""
     mlp_layers = tuple(layer for layer, block in enumerate(model.blocks) if block.mlp is not None)  # attn_only: none
+    # A block that declares no MLP stage computes attention and MLP from the same resid_pre (GPT-NeoX's parallel residual).
+    parallel = tuple(layer for layer in mlp_layers if not type(model.blocks[layer]).mlp_stage)
     for name in ("hook_q_input", "hook_k_input", "hook_v_input"):
         model._check_name(f"blocks.0.{name}")  # an architecture without the split input points has no circuits
     for layer in mlp_layers[:1]:
         model._check_name(f"blocks.{layer}.hook_mlp_in")
     cfg = model.cfg
     return graph_of_shape(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
-                          None if len(mlp_layers) == cfg.n_layers else mlp_layers)
+                          None if len(mlp_layers) == cfg.n_layers else mlp_layers, parallel)
 
 
-def graph_of_shape(n_layers: int, n_heads: int, n_kv_heads: int, mlp_layers: tuple[int, ...] | None = None) -> Graph:
+def graph_of_shape(n_layers: int, n_heads: int, n_kv_heads: int, mlp_layers: tuple[int, ...] | None = None,
+                   parallel_layers: tuple[int, ...] = ()) -> Graph:
     """The residual graph of a model with these shapes (the hook names are every architecture's); `mlp_layers`
-    lists the layers with an MLP (None: all; `()` for an attention-only model, `cfg.attn_only`)."""
+    lists the layers with an MLP (None: all; `()` for an attention-only model, `cfg.attn_only`).
+
+    `parallel_layers` are parallel-residual blocks (GPT-NeoX / Pythia): their MLP reads the block's resid_pre
+    as its heads do, so it receives no edge from them, and both run in the block's one stage."""
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
     sources = [Source(INPUT, "blocks.0.hook_resid_pre", None, -1)]
@@ -267,14 +281,18 @@ def graph_of_shape(n_layers: int, n_heads: int, n_kv_heads: int, mlp_layers: tup
         receivers += [Receiver(f"{kv}.v", block + "hook_v_input", g, 2 * layer, upstream) for g, kv in enumerate(kv_names)]
         sources += [Source(f"L{layer}H{h}", block + "attn.hook_result", h, 2 * layer) for h in range(n_heads)]
         if mlp_layers is None or layer in mlp_layers:
-            receivers.append(Receiver(f"L{layer}.mlp", block + "hook_mlp_in", None, 2 * layer + 1, len(sources)))
-            sources.append(Source(f"L{layer}.mlp", block + "hook_mlp_out", None, 2 * layer + 1))
-    receivers.append(Receiver(LOGITS, f"blocks.{n_layers - 1}.hook_resid_post", None, 2 * n_layers, len(sources)))
+            parallel = layer in parallel_layers
+            stage, mlp_upstream = (2 * layer, upstream) if parallel else (2 * layer + 1, len(sources))
+            receivers.append(Receiver(f"L{layer}.mlp", block + "hook_mlp_in", None, stage, mlp_upstream))
+            sources.append(Source(f"L{layer}.mlp", block + "hook_mlp_out", None, stage))
+    last = n_layers - 1
+    receivers.append(Receiver(LOGITS, f"blocks.{last}.hook_resid_post", None, 2 * n_layers, len(sources),
+                              fires=2 * last + (0 if last in parallel_layers else 1)))
     edges = tuple(Edge(source.name, receiver.name) for receiver in receivers for source in sources[:receiver.n_upstream])
     return Graph(
         n_layers, n_heads, n_kv_heads, tuple(sources), tuple(receivers), edges,
         {s.name: i for i, s in enumerate(sources)}, {r.name: i for i, r in enumerate(receivers)},
-        {e: i for i, e in enumerate(edges)}, None if mlp_layers is None else tuple(mlp_layers),
+        {e: i for i, e in enumerate(edges)}, None if mlp_layers is None else tuple(mlp_layers), tuple(parallel_layers),
     )
 
 

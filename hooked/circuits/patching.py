@@ -36,7 +36,7 @@ from hooked.circuits.engine import Ablation, _stage_loop
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import Edge, Graph
 from hooked.results import SweepResult, variant_names
-from hooked.sweeps import _provenance
+from hooked.sweeps import sweep_provenance
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -240,7 +240,7 @@ def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]]) -> T
                 blocks[variant, :, :, head] = source[variant, :, :, head]
         return new
 
-    start = min(min(g.receivers[g.receiver_index(r)].stage for r in receivers) for _, receivers in pairs)
+    start = min(min(g.receivers[g.receiver_index(r)].start for r in receivers) for _, receivers in pairs)
     start = min(start, 2 * g.n_layers - 1)
     with torch.no_grad(), model.hooks(fwd_hooks=[(name, replace) for name in receivers_at]):
         final = _stage_loop(model, prompts, copies, start, clean.resid[start])
@@ -250,7 +250,7 @@ def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]]) -> T
 
 def _result(experiment: Experiment, names: list[str], values: Tensor, task, circuit_info: dict) -> SweepResult:
     metric = experiment.metric
-    provenance = _provenance(experiment.model, [], metric, task, experiment.prompts.tokens)
+    provenance = sweep_provenance(experiment.model, [], metric, task, experiment.prompts.tokens)
     provenance["circuits"] = circuit_info
     return SweepResult(
         variants=names,

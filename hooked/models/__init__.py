@@ -12,3 +12,13 @@ from hooked.models.qwen3_moe import Qwen3Moe, Qwen3MoeConfig  # noqa: E402
 
 MODEL_CLASSES = (*MODEL_CLASSES, Qwen3, Qwen3Moe)
 __all__ += ["Qwen3", "Qwen3Config", "Qwen3Moe", "Qwen3MoeConfig"]
+
+from hooked.models.gpt_neox import GPTNeoX, GPTNeoXConfig  # noqa: E402
+
+MODEL_CLASSES = (*MODEL_CLASSES, GPTNeoX)
+__all__ += ["GPTNeoX", "GPTNeoXConfig"]
+
+from hooked.models.llama import Llama, LlamaConfig, Mistral, MistralConfig  # noqa: E402
+
+MODEL_CLASSES = (*MODEL_CLASSES, Llama, Mistral)
+__all__ += ["Llama", "LlamaConfig", "Mistral", "MistralConfig"]

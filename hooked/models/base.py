@@ -22,7 +22,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hooked.cache import ActivationCache, accumulated_bias, run_with_cache
-from hooked.hooks import HookedRootModule, HookPoint
+from hooked.hooks import EMBED_STAGE, HookedRootModule, HookPoint
 from hooked.rows import Rows, running_rows
 from hooked.kv_cache import KVCache
 from hooked.models.tokens import TokenMethods
@@ -111,6 +111,19 @@ class ModelConfig:
     parallel_attn_mlp = False
     use_hook_tokens = False  # True: the model has `hook_tokens` on the token ids (HookedTransformerConfig)
 
+    transformer_lens_shape: ClassVar[str | None] = None  # the TransformerLens fields that pick this family, for errors
+
+    @classmethod
+    def from_transformer_lens(cls, tl: dict) -> tuple["ModelConfig | None", list[str] | None]:
+        """This family's config from TransformerLens' `HookedTransformerConfig` fields (hooked.tl_config):
+        (config, []) when `tl` describes this family; (None, problems) when it has this family's shape but
+        fields it lacks, each named; (None, None) when it is not this family's shape."""
+        return None, None
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether block `layer`'s MLP is a mixture of experts (a sparse family's config says which)."""
+        return False
+
     @property
     def d_vocab_out(self) -> int:
         return self.d_vocab
@@ -136,6 +149,15 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
     """Base of every model. Subclasses set `config_class`, `architectures`, `embedding_hook_names`."""
 
     config_class: ClassVar[type]
+    family: ClassVar[str]  # the Hugging Face model_type: hooked.testing.random_model(family), the docs
+    # hooked.testing's random models: default config sizes, hypothesis draws (`draw_sizes`), and parameters
+    # drawn wider than the usual N(0, 0.2), by name suffix (a router, so top-k is decided by margins).
+    random_sizes: ClassVar[dict]
+    random_std: ClassVar[dict[str, float]] = {}
+    transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {}  # TransformerLens' official names -> aliases
+    hook_docs: ClassVar[dict[str, str]] = {}  # the family's own hook meanings, for docs/hooks-reference.md
+    title: ClassVar[str] = ""  # how the docs name the family ("GPT-2"; default the class name)
+    docs_sizes: ClassVar[dict] = {}  # random_model sizes of the reference page's model (default random_sizes)
     architectures: ClassVar[tuple[str, ...]]  # config.json "architectures" / "model_type" it serves
     embedding_hook_names: ClassVar[tuple[str, ...]]  # the hooks whose sum is resid_pre of block 0
     # GPT-2, Qwen3 and Qwen3-MoE never edit a hooked tensor in place (HookedRootModule.edits_hooked_tensors;
@@ -166,9 +188,35 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
 
     def setup_hooks(self) -> None:
         super().setup_hooks()
+        self._record_stages()
         self.set_use_split_qkv_input(False)  # as TransformerLens: a default cache leaves these out
         self.set_use_attn_result(False)
         self.set_use_hook_mlp_in(False)
+
+    @classmethod
+    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
+        """Config fields of a hypothesis-drawn random model (hooked.testing.models), given its layers and
+        heads; `st` is hypothesis.strategies (passed in: model files do not import hypothesis)."""
+        raise NotImplementedError(f"{cls.__name__} declares no draw_sizes")
+
+    def _record_stages(self) -> None:
+        """Record on every hook point the first stage of the forward that fires it (read by hooked.sweep):
+        -1 the embedding, 2L / 2L+1 the attention / MLP half of block L (the block class declares which of
+        its children `mlp_half` computes, `mlp_stage`), 2 * n_layers the final norm."""
+        for point in self.hook_dict.values():
+            point.stage = EMBED_STAGE
+        for layer, block in enumerate(self.blocks):
+            mlp_stage = getattr(type(block), "mlp_stage", None)
+            if mlp_stage is None:
+                raise TypeError(f"{type(block).__name__} declares no `mlp_stage` (the children its mlp_half computes): "
+                                "see docs/adding-a-model.md")
+            for child_name, child in block.named_children():
+                for module in child.modules():
+                    if isinstance(module, HookPoint):
+                        module.stage = 2 * layer + int(child_name in mlp_stage)
+        for module in self.ln_final.modules():
+            if isinstance(module, HookPoint):
+                module.stage = 2 * len(self.blocks)
 
     @property
     def tensor_parallel(self) -> bool:
@@ -232,7 +280,7 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
                 prepend_bos = False  # a continuation: no BOS in the middle of a sequence
             if attention_mask is None and isinstance(input, Tensor):
                 attention_mask = torch.ones(input.shape, dtype=torch.bool, device=input.device)
-        tokens, key_valid = self._tokens_and_mask(input, attention_mask, prepend_bos, padding_side)
+        tokens, key_valid = self.tokens_and_mask(input, attention_mask, prepend_bos, padding_side)
         # Tensor parallelism: the collectives are not differentiated, so a sharded forward has no gradients.
         with torch.no_grad() if self.tensor_parallel else contextlib.nullcontext():
             # tokens: after any hook on hook_tokens, the loss's targets (as TransformerLens 3.9 forward)
@@ -265,7 +313,7 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
         if start_at_layer is None:
             if tokens is not None:
                 raise ValueError("tokens= is for the loss of a forward with start_at_layer; pass the ids as the input")
-            tokens, key_valid = self._tokens_and_mask(input, attention_mask, prepend_bos, padding_side)
+            tokens, key_valid = self.tokens_and_mask(input, attention_mask, prepend_bos, padding_side)
             resid = None
         else:
             if not isinstance(input, Tensor) or not input.is_floating_point() or input.ndim != 3 or input.shape[-1] != self.cfg.d_model:
@@ -399,7 +447,7 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
         weights = (key_valid[:, 1:] & key_valid[:, :-1]).float()
         return per_position * weights if per_token else (per_position * weights).sum() / weights.sum()
 
-    def _tokens_and_mask(self, input: ModelInput, attention_mask: Tensor | None, prepend_bos: bool | None,
+    def tokens_and_mask(self, input: ModelInput, attention_mask: Tensor | None, prepend_bos: bool | None,
                          padding_side: str | None = None):
         """Token ids [batch pos] on the model's device and the key mask (None when unpadded), checked.
         `padding_side` (default: the tokenizer's) is where text is padded and where ids' padding is read.

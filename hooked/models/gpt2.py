@@ -27,7 +27,7 @@ from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookPoint
 from hooked.rows import current_rows
 from hooked.kv_cache import LayerKV
-from hooked.layers import AttentionMask, LayerNorm, attend, attention_input, gelu_new, mlp_input, writable
+from hooked.layers import AttentionMask, Conv1D, LayerNorm, Split, attend, attention_input, gelu_new, mlp_input, writable
 from hooked.models.base import HookedTransformer, ModelConfig
 from hooked.models.views import WeightView
 from hooked.processing import Projection
@@ -75,6 +75,26 @@ class GPT2Config(ModelConfig):
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
 
+    transformer_lens_shape = "normalization_type='LN', positional_embedding_type='standard', act_fn gelu_new or gelu"
+
+    @classmethod
+    def from_transformer_lens(cls, tl: dict) -> tuple["GPT2Config | None", list[str] | None]:
+        if (tl["normalization_type"], tl["positional_embedding_type"]) != ("LN", "standard"):
+            return None, None
+        n_heads, d_head, d_model, act_fn = tl["n_heads"], tl["d_head"], tl["d_model"], tl["act_fn"]
+        problems = [f"act_fn={act_fn!r} (GPT-2 has gelu_new or gelu)"
+                    if act_fn not in ("gelu_new", "gelu") and not tl["attn_only"] else None,  # no MLP: act_fn unused
+                    f"d_model={d_model} != n_heads * d_head = {n_heads * d_head}" if n_heads * d_head != d_model else None,
+                    "gated_mlp=True" if tl["gated_mlp"] else None, "use_qk_norm=True" if tl["use_qk_norm"] else None,
+                    "parallel_attn_mlp=True" if tl["parallel_attn_mlp"] else None,
+                    f"n_key_value_heads={tl['n_key_value_heads']}" if tl["n_key_value_heads"] not in (None, n_heads) else None]
+        problems = [problem for problem in problems if problem]
+        if problems:
+            return None, problems
+        return cls(n_layers=tl["n_layers"], d_model=d_model, n_heads=n_heads, d_mlp=tl["d_mlp"], d_vocab=tl["d_vocab"],
+                   n_ctx=tl["n_ctx"], layer_norm_eps=tl["eps"], activation=act_fn, attn_only=tl["attn_only"],
+                   scale_attn_by_inverse_layer_idx=tl["scale_attn_by_inverse_layer_idx"]), []
+
     @classmethod
     def from_hf(cls, config: dict) -> "GPT2Config":
         unsupported = {
@@ -100,23 +120,6 @@ class GPT2Config(ModelConfig):
             activation=activation,
             scale_attn_by_inverse_layer_idx=config.get("scale_attn_by_inverse_layer_idx", False),
         )
-
-
-class Conv1D(nn.Module):
-    """GPT-2's linear layer as stored: `x @ weight + bias` with weight [in, out], via `addmm`."""
-
-    def __init__(self, d_in: int, d_out: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(d_in, d_out))
-        self.bias = nn.Parameter(torch.zeros(d_out))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
-
-    def add_bias(self, partial: Tensor) -> Tensor:
-        """The output from a sum of per-head (or per-row-block) products: the bias added (tensor
-        parallelism first all-reduces the partial sums, hooked.distributed.RowParallelConv1D)."""
-        return partial + self.bias
 
 
 class GPT2Attention(nn.Module):
@@ -198,6 +201,13 @@ class GPT2Attention(nn.Module):
     OV = property(ov_circuit, doc="Each head's OV circuit W_V @ W_O: FactoredMatrix [head_index d_model d_model]")
     QK = property(qk_circuit, doc="Each head's QK circuit W_Q @ W_K^T: FactoredMatrix [head_index d_model d_model]")
 
+    tp_counts = {"n_heads": "heads"}
+
+    def tp_plan(self) -> dict[str, Split]:
+        """Tensor parallelism: each rank holds some heads' q|k|v columns and their c_proj rows."""
+        return {"c_attn.weight": Split("heads", 1, self.d_head, parts=3), "c_attn.bias": Split("heads", 0, self.d_head, parts=3),
+                "c_proj.weight": Split("heads", 0, self.d_head, reduce=True)}
+
     # For weight processing (hooked.processing): c_attn reads ln1's output along its rows (Conv1D [in, out]).
     def residual_readers(self) -> tuple[Projection, ...]:
         return (Projection(self.c_attn.weight, 0, self.c_attn.bias),)
@@ -241,6 +251,10 @@ class GPT2MLP(nn.Module):
     def b_out(self) -> Float[Tensor, " d_model"]:
         return self.c_proj.bias
 
+    def tp_plan(self) -> dict[str, Split]:
+        """Tensor parallelism: each rank holds some neurons' c_fc columns and c_proj rows."""
+        return {"c_fc.weight": Split("d_mlp", 1), "c_fc.bias": Split("d_mlp", 0), "c_proj.weight": Split("d_mlp", 0, reduce=True)}
+
     def residual_readers(self) -> tuple[Projection, ...]:
         return (Projection(self.c_fc.weight, 0, self.c_fc.bias),)
 
@@ -249,6 +263,8 @@ class GPT2MLP(nn.Module):
 
 
 class GPT2Block(nn.Module):
+    mlp_stage = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out", "hook_resid_post")  # what mlp_half computes
+
     def __init__(self, cfg: GPT2Config, layer: int):
         super().__init__()
         # Declared in forward order: hook_dict lists hooks in the order they fire.
@@ -292,6 +308,32 @@ class GPT2Block(nn.Module):
 
 class GPT2(HookedTransformer):
     """GPT-2 with TransformerLens hook names. Load with `hooked.load("gpt2")`."""
+
+    family = "gpt2"
+    # TransformerLens 3.9's official names (supported_models.py) of GPT-2 checkpoints -> its aliases (hooked.aliases)
+    transformer_lens_names = {"gpt2": ("gpt2-small",), "gpt2-medium": (), "gpt2-large": (), "gpt2-xl": (),
+                              "distilgpt2": ("distillgpt2", "distill-gpt2", "distil-gpt2", "gpt2-xs")}
+    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, d_vocab=64, n_ctx=32)
+
+    title = "GPT-2"
+    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
+        'hook_embed': 'token embeddings `wte[tokens]`',
+        'blocks.{i}.ln1.hook_scale': "the LayerNorm's scale `sqrt(var(x) + eps)`, before attention",
+        'blocks.{i}.ln1.hook_normalized': "`(x - mean) / scale`, before the norm's weight and bias",
+        'blocks.{i}.attn.hook_q': 'queries, split by head: a view of the fused `c_attn` output',
+        'blocks.{i}.attn.hook_k': 'keys, split by head: a view of the fused `c_attn` output',
+        'blocks.{i}.attn.hook_v': 'values, split by head: a view of the fused `c_attn` output',
+        'blocks.{i}.attn.hook_attn_scores': "`q @ k^T * d_head**-0.5`, masked entries set to the dtype's minimum (not -inf); listening switches the layer to the eager attention path",
+        'blocks.{i}.attn.hook_z': "per-head attention output; a view of `c_proj`'s input, so an in-place edit changes what the projection reads",
+        'blocks.{i}.mlp.hook_pre': '`c_fc` output, the pre-activation',
+        'blocks.{i}.mlp.hook_post': 'the neurons, `gelu_new(pre)`',
+        'hook_pos_embed': 'position embeddings `wpe[position_ids]` (position ids skip left padding)',
+    }
+
+    @classmethod
+    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
+        return dict(d_model=draw(st.sampled_from([d for d in range(16, 49, 4) if d % n_heads == 0])),
+                    d_mlp=draw(st.sampled_from([32, 48, 64])), n_ctx=32)
 
     config_class = GPT2Config
     architectures = ("GPT2LMHeadModel", "gpt2")

@@ -3,7 +3,7 @@
 Numerics follow Hugging Face transformers 5.24 `models/qwen3/modeling_qwen3.py` exactly: RMSNorm computed in float32 and cast back before the weight; q/k/v projections
 (biases only with `attention_bias`); per-head RMSNorms `q_norm`/`k_norm` over d_head BEFORE RoPE;
 half-split RoPE with cos/sin computed in float32 and cast to the activation dtype (plain or YaRN,
-`hooked.layers.rotary_frequencies`); grouped-query attention with the softmax in float32; a
+`hooked.rotary.rotary_frequencies`); grouped-query attention with the softmax in float32; a
 SiLU-gated MLP; tied or untied unembedding. Float32 logits are bit-identical to `Qwen3ForCausalLM`
 (tests/test_qwen3_parity.py). `head_dim` comes from the config and may differ from d_model / n_heads.
 
@@ -18,17 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
 from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
-from hooked.layers import (
-    AttentionMask, GatedMLP, RMSNorm, RotaryEmbedding, YarnScaling, add_bias, apply_rotary, attend, attention_input,
-    mlp_input, writable,
-)
+from hooked.layers import AttentionMask, GatedMLP, RMSNorm, Split, add_bias, attend, attention_input, mlp_input, writable
+from hooked.rotary import RotaryEmbedding, YarnScaling, apply_rotary
 from hooked.models.base import HookedTransformer, ModelConfig
 from hooked.processing import Projection
 
@@ -79,6 +76,14 @@ class Qwen3Config(ModelConfig):
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
 
+    transformer_lens_shape = ("normalization_type='RMS', positional_embedding_type='rotary', act_fn='silu', gated_mlp=True,"
+                              " use_qk_norm=True, final_rms=True")
+
+    @classmethod
+    def from_transformer_lens(cls, tl: dict) -> tuple["Qwen3Config | None", list[str] | None]:
+        fields, problems = rms_rotary_fields(tl, "Qwen3", qk_norm=True)
+        return (None, problems) if fields is None else (Qwen3Config(**fields), [])
+
     @classmethod
     def from_hf(cls, config: dict) -> "Qwen3Config":
         return cls(**cls._fields_from_hf(config))
@@ -106,6 +111,32 @@ class Qwen3Config(ModelConfig):
             attention_bias=config.get("attention_bias", False),
             max_position_embeddings=config.get("max_position_embeddings", 32768),
         )
+
+
+def rms_rotary_fields(tl: dict, family: str, qk_norm: bool) -> tuple[dict | None, list[str] | None]:
+    """TransformerLens' fields for an RMSNorm, rotary, SiLU-gated model (Qwen3 with per-head q/k norms, Llama
+    without) as this module's config fields: (fields, []), (None, problems naming each field) when the shape is
+    RMS + rotary but something differs, (None, None) for another shape (hooked.tl_config)."""
+    if (tl["normalization_type"], tl["positional_embedding_type"]) != ("RMS", "rotary"):
+        return None, None
+    d_head, rotary_dim = tl["d_head"], tl["rotary_dim"]
+    problems = [f"attn_only=True ({family} blocks have an MLP; attention-only models are GPT-2-shaped: LN, standard)"
+                if tl["attn_only"] else None,
+                f"act_fn={tl['act_fn']!r} ({family} has silu)" if tl["act_fn"] != "silu" else None,
+                f"gated_mlp=False ({family}'s MLP is gated)" if not tl["gated_mlp"] else None,
+                (f"use_qk_norm={tl['use_qk_norm']} ({family} " + ("normalises" if qk_norm else "does not normalise")
+                 + " each head's q and k)") if tl["use_qk_norm"] != qk_norm else None,
+                f"final_rms=False ({family}'s final norm is RMSNorm)" if not tl["final_rms"] else None,
+                f"rotary_dim={rotary_dim} ({family} rotates all of d_head={d_head})" if rotary_dim not in (None, d_head) else None,
+                "scale_attn_by_inverse_layer_idx=True" if tl["scale_attn_by_inverse_layer_idx"] else None,
+                "parallel_attn_mlp=True" if tl["parallel_attn_mlp"] else None]
+    problems = [problem for problem in problems if problem]
+    if problems:
+        return None, problems
+    return dict(n_layers=tl["n_layers"], d_model=tl["d_model"], n_heads=tl["n_heads"],
+                n_kv_heads=tl["n_key_value_heads"] or tl["n_heads"], d_head=d_head, d_mlp=tl["d_mlp"], d_vocab=tl["d_vocab"],
+                rms_norm_eps=tl["eps"], rope_theta=float(tl["rotary_base"]), tie_word_embeddings=tl["tie_word_embeddings"],
+                max_position_embeddings=tl["n_ctx"]), []
 
 
 def _rope_from_hf(config: dict) -> tuple[float, YarnScaling | None]:
@@ -137,9 +168,13 @@ def _rope_from_hf(config: dict) -> tuple[float, YarnScaling | None]:
 
 
 class Qwen3Attention(nn.Module):
-    def __init__(self, cfg: Qwen3Config):
+    """Grouped-query attention with RoPE; `qk_norm=False` drops the per-head norms (Llama, Mistral:
+    hooked/models/llama.py), and with them q_norm, k_norm and hook_q_normed / hook_k_normed."""
+
+    def __init__(self, cfg: Qwen3Config, qk_norm: bool = True):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.d_head = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+        self.qk_norm = qk_norm
         self.scaling = cfg.d_head**-0.5
         self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.d_head, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.d_head, bias=cfg.attention_bias)
@@ -149,10 +184,11 @@ class Qwen3Attention(nn.Module):
         self.hook_q = HookPoint("batch pos head_index d_head")  # q_proj output, before q_norm
         self.hook_k = HookPoint("batch pos kv_head_index d_head")  # k_proj output, before k_norm
         self.hook_v = HookPoint("batch pos kv_head_index d_head")
-        self.q_norm = RMSNorm(cfg.d_head, cfg.rms_norm_eps, axes="batch pos head_index")
-        self.hook_q_normed = HookPoint("batch pos head_index d_head")  # after q_norm, before RoPE
-        self.k_norm = RMSNorm(cfg.d_head, cfg.rms_norm_eps, axes="batch pos kv_head_index")
-        self.hook_k_normed = HookPoint("batch pos kv_head_index d_head")  # after k_norm, before RoPE
+        if qk_norm:
+            self.q_norm = RMSNorm(cfg.d_head, cfg.rms_norm_eps, axes="batch pos head_index")
+            self.hook_q_normed = HookPoint("batch pos head_index d_head")  # after q_norm, before RoPE
+            self.k_norm = RMSNorm(cfg.d_head, cfg.rms_norm_eps, axes="batch pos kv_head_index")
+            self.hook_k_normed = HookPoint("batch pos kv_head_index d_head")  # after k_norm, before RoPE
         self.hook_rot_q = HookPoint("batch pos head_index d_head")  # after RoPE
         self.hook_rot_k = HookPoint("batch pos kv_head_index d_head")  # after RoPE
         self.hook_attn_scores = HookPoint("batch head_index query_pos key_pos")  # scaled, masked, pre-softmax
@@ -176,8 +212,9 @@ class Qwen3Attention(nn.Module):
         q = self.hook_q(q)
         k = self.hook_k(k)
         v = self.hook_v(v)
-        q = self.hook_q_normed(self.q_norm(q))
-        k = self.hook_k_normed(self.k_norm(k))
+        if self.qk_norm:
+            q = self.hook_q_normed(self.q_norm(q))
+            k = self.hook_k_normed(self.k_norm(k))
         q = self.hook_rot_q(apply_rotary(q, cos, sin))
         k = self.hook_rot_k(apply_rotary(k, cos, sin))
         if kv is not None:  # a KV cache: keys and values of every column so far (this call's included)
@@ -254,6 +291,18 @@ class Qwen3Attention(nn.Module):
     OV = property(ov_circuit, doc="Each head's OV circuit W_V @ W_O: FactoredMatrix [head_index d_model d_model]")
     QK = property(qk_circuit, doc="Each head's QK circuit W_Q @ W_K^T: FactoredMatrix [head_index d_model d_model]")
 
+    tp_counts = {"n_heads": "heads", "n_kv_heads": "kv_heads"}
+
+    def tp_plan(self) -> dict[str, Split]:
+        """Tensor parallelism: each rank holds some query heads, the key/value heads they read, and o_proj's columns."""
+        plan = {}
+        for child, axis in (("q_proj", "heads"), ("k_proj", "kv_heads"), ("v_proj", "kv_heads")):
+            plan[f"{child}.weight"] = Split(axis, 0, self.d_head)
+            if getattr(self, child).bias is not None:
+                plan[f"{child}.bias"] = Split(axis, 0, self.d_head)
+        plan["o_proj.weight"] = Split("heads", 1, self.d_head, reduce=True)
+        return plan
+
     # For weight processing (hooked.processing): nn.Linear weights are [out, in], d_model the last axis of a reader.
     def residual_readers(self) -> tuple[Projection, ...]:
         return tuple(Projection(linear.weight, 1, linear.bias) for linear in (self.q_proj, self.k_proj, self.v_proj))
@@ -279,14 +328,16 @@ class Qwen3Attention(nn.Module):
 class Qwen3Block(nn.Module):
     """Pre-norm block; the MLP is given (dense `GatedMLP`, or Qwen3-MoE's sparse MLP)."""
 
-    def __init__(self, cfg: Qwen3Config, mlp: nn.Module):
+    mlp_stage = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out", "hook_resid_post")  # what mlp_half computes
+
+    def __init__(self, cfg: Qwen3Config, mlp: nn.Module, attn: nn.Module | None = None):
         super().__init__()
         self.hook_resid_pre = HookPoint("batch pos d_model")
         self.hook_q_input = HookPoint("batch pos head_index d_model")  # each head's copy of resid_pre (see attention_input)
         self.hook_k_input = HookPoint("batch pos kv_head_index d_model")
         self.hook_v_input = HookPoint("batch pos kv_head_index d_model")
         self.ln1 = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
-        self.attn = Qwen3Attention(cfg)
+        self.attn = Qwen3Attention(cfg) if attn is None else attn  # given: Llama's, without qk-norm
         self.hook_attn_out = HookPoint("batch pos d_model")
         self.hook_resid_mid = HookPoint("batch pos d_model")
         self.hook_mlp_in = HookPoint("batch pos d_model")  # what the MLP half reads, before ln2
@@ -311,6 +362,40 @@ class Qwen3Block(nn.Module):
 
 class Qwen3(HookedTransformer):
     """Qwen3 dense with TransformerLens hook names. Load with `hooked.load("Qwen/Qwen3-0.6B")`."""
+
+    family = "qwen3"
+    # TransformerLens 3.9's official names (supported_models.py) of Qwen3 checkpoints -> its aliases (hooked.aliases)
+    transformer_lens_names = {f"Qwen/Qwen3-{size}": (f"qwen3-{size.lower()}",) for size in ("0.6B", "0.6B-Base", "1.7B", "4B", "8B", "14B")}
+    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
+
+    title = "Qwen3"
+    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
+        'hook_embed': "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position embedding: RoPE acts on q and k)",
+        'blocks.{i}.ln1.hook_scale': "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
+        'blocks.{i}.ln1.hook_normalized': "`x / scale` cast to the model dtype, before the norm's weight",
+        'blocks.{i}.attn.hook_q': '`q_proj` output split by head, before `q_norm` and RoPE',
+        'blocks.{i}.attn.hook_k': '`k_proj` output split by kv head, before `k_norm` and RoPE',
+        'blocks.{i}.attn.hook_v': '`v_proj` output split by kv head',
+        'blocks.{i}.attn.hook_attn_scores': "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the layer to the eager attention path",
+        'blocks.{i}.attn.hook_pattern': 'softmax of the scores, computed in float32 and cast back',
+        'blocks.{i}.attn.hook_z': "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes what the projection reads",
+        'blocks.{i}.mlp.hook_pre': "the gate's pre-activation `gate_proj(x)`",
+        'blocks.{i}.mlp.hook_post': "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
+        'blocks.{i}.attn.q_norm.hook_scale': "the per-head RMSNorm's scale of q",
+        'blocks.{i}.attn.q_norm.hook_normalized': "q divided by its per-head scale, before `q_norm`'s weight",
+        'blocks.{i}.attn.hook_q_normed': '`q_norm(q)`: after the per-head RMSNorm and its weight, before RoPE',
+        'blocks.{i}.attn.k_norm.hook_scale': "the per-head RMSNorm's scale of k",
+        'blocks.{i}.attn.k_norm.hook_normalized': "k divided by its per-head scale, before `k_norm`'s weight",
+        'blocks.{i}.attn.hook_k_normed': '`k_norm(k)`: after the per-head RMSNorm and its weight, before RoPE',
+    }
+
+    @classmethod
+    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
+        return dict(d_model=draw(st.sampled_from([16, 24, 32, 48])),
+                    n_kv_heads=draw(st.sampled_from([k for k in range(1, n_heads + 1) if n_heads % k == 0])),
+                    d_head=draw(st.sampled_from([4, 8, 16])),  # even (half-split rotary), not d_model / n_heads
+                    d_mlp=draw(st.sampled_from([32, 48])), tie_word_embeddings=draw(st.booleans()),
+                    attention_bias=draw(st.booleans()))
 
     config_class = Qwen3Config
     architectures = ("Qwen3ForCausalLM", "qwen3")

@@ -35,7 +35,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
-from hooked.layers import GatedMLP
+from hooked.layers import GatedMLP, Split
 from hooked.models.qwen3 import Qwen3, Qwen3Block, Qwen3Config
 from hooked.processing import Projection
 
@@ -104,6 +104,15 @@ class Qwen3MoeSparseMLP(nn.Module):
         # weights, in order) and the group whose ranks hold the others; one process holds them all.
         self.local_experts = range(cfg.n_experts)
         self.parallel = None
+
+    def tp_plan(self) -> dict[str, Split]:
+        """Expert parallelism: each rank holds whole experts; the router is replicated."""
+        return {"experts.gate_up_proj": Split("experts", 0), "experts.down_proj": Split("experts", 0)}
+
+    def tp_applied(self, parallel, local: dict[str, tuple[int, int]]) -> None:
+        """After the cut: run only this rank's experts, and sum every rank's slots."""
+        self.local_experts = range(*local["experts"])
+        self.parallel = parallel
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         router_logits = self.hook_router_logits(self.gate(x))
@@ -209,6 +218,11 @@ class Qwen3MoeSparseMLP(nn.Module):
         return (Projection(self.experts.down_proj, 1),)
 
     @property
+    def b_out(self) -> Float[Tensor, " d_model"]:
+        """Zeros: the experts' down projections have no bias (what accumulated_bias adds for this MLP)."""
+        return self.gate.weight.new_zeros(self.gate.weight.shape[1])
+
+    @property
     def W_gate(self) -> Float[Tensor, "n_experts d_model d_expert_mlp"]:
         return self.experts.gate_up_proj.chunk(2, dim=1)[0].transpose(1, 2)
 
@@ -226,6 +240,31 @@ class Qwen3Moe(Qwen3):
 
     Load with `hooked.load("Qwen/Qwen3-30B-A3B")`; everything but the sparse MLP is Qwen3's.
     """
+
+    family = "qwen3_moe"
+    transformer_lens_names = {}  # TransformerLens 3.9 lists no Qwen3-MoE model
+    random_sizes = dict(Qwen3.random_sizes, n_experts=4, top_k=2, d_expert_mlp=16)
+    random_std = {"mlp.gate.weight": 0.6}  # router logits a few units apart: top-k decided by margins, not rounding
+
+    title = "Qwen3-MoE"
+    docs_sizes = {"n_layers": 2, "mlp_only_layers": (0,), "decoder_sparse_step": 1}  # both MLP kinds in the reference
+    hook_docs = {
+        **Qwen3.hook_docs,
+        'blocks.{i}.hook_mlp_out': 'MLP output; on a sparse layer `sum_j weight_j * down_e(j)(post_j)` over the slots',
+    }
+
+    @classmethod
+    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
+        sizes = super().draw_sizes(draw, st, n_layers, n_heads)
+        sizes.update(n_experts=draw(st.integers(4, 6)), top_k=draw(st.integers(1, 3)),
+                     d_expert_mlp=draw(st.sampled_from([8, 12, 16])), norm_topk_prob=draw(st.booleans()))
+        step = draw(st.sampled_from([1, 1, 2])) if n_layers > 1 else 1
+        dense = draw(st.sets(st.integers(0, n_layers - 1), max_size=n_layers - 1)) if n_layers > 1 else set()
+        sparse = [i for i in range(n_layers) if i not in dense and (i + 1) % step == 0]
+        if not sparse:  # keep one sparse layer: the expert properties need it
+            dense.discard(step - 1)
+        sizes.update(decoder_sparse_step=step, mlp_only_layers=tuple(sorted(dense)))
+        return sizes
 
     config_class = Qwen3MoeConfig
     architectures = ("Qwen3MoeForCausalLM", "qwen3_moe")

@@ -131,7 +131,7 @@ class WeightStacks:
         tokens = torch.as_tensor(tokens, device=self.unembed_weight.device)
         if tokens.numel() == 1:
             tokens = tokens.reshape(())
-        return self._unembed_rows(tokens) * self.ln_final.weight
+        return self._unembed_rows(tokens) * self.ln_final.gain
 
     def logit_bias_terms(self, tokens) -> Tensor:
         """The part of a token's logit no residual component writes: final-norm bias @ W_U (+ b_U)."""

@@ -1,0 +1,371 @@
+"""Llama (`LlamaForCausalLM`: Llama 2, 3, 3.1, 3.2) and Mistral (`MistralForCausalLM`), with a hook point on
+every activation TransformerLens names.
+
+Numerics follow Hugging Face transformers 5.24 `models/llama/modeling_llama.py` and
+`models/mistral/modeling_mistral.py` operation for operation: RMSNorm in float32, cast back before the
+weight; q/k/v/o projections (biases with `attention_bias`, Llama only); half-split RoPE with cos/sin in
+float32 cast to the activation dtype, its frequencies plain, "linear" or "llama3" scaled
+(`hooked.rotary.rotary_frequencies`, after transformers' `modeling_rope_utils`); grouped-query attention
+with the softmax in float32; a SiLU-gated MLP (biases with `mlp_bias`, Llama only); tied or untied
+unembedding. Mistral is Llama without biases plus an optional `sliding_window`: query column i sees key
+column j only if i - j < sliding_window (the window lives in the mask, `AttentionMask.windowed`, so the
+forward, generation with a KV cache and left-padded batches all apply it; docs/attention.md). Float32
+logits equal transformers' bit for bit (tests/test_llama_parity.py, tests/test_mistral_parity.py).
+
+The attention and block are Qwen3's (hooked/models/qwen3.py) without its per-head q/k norms: the same
+module tree, checkpoint leaf names and TransformerLens hook names (hook_q/k/v, hook_rot_q/k, ...).
+See docs/llama.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from hooked.hooks import HookPoint
+from hooked.layers import AttentionMask, GatedMLP, RMSNorm
+from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
+from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.models.qwen3 import Qwen3, Qwen3Attention, Qwen3Block, rms_rotary_fields
+from hooked.processing import Projection
+
+
+@dataclass
+class LlamaConfig(ModelConfig):
+    n_layers: int  # transformer blocks (num_hidden_layers)
+    d_model: int  # residual stream width (hidden_size)
+    n_heads: int  # query heads (num_attention_heads)
+    n_kv_heads: int  # key/value heads (num_key_value_heads); n_heads / n_kv_heads queries share one
+    d_head: int  # per-head width (head_dim; hidden_size / num_attention_heads when the config has none)
+    d_mlp: int  # MLP width (intermediate_size)
+    d_vocab: int  # vocabulary size
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0  # RoPE base
+    rope_scaling: LinearScaling | Llama3Scaling | None = None  # rope_type "linear" / "llama3"; None: plain RoPE
+    tie_word_embeddings: bool = False  # unembedding = the token embedding
+    attention_bias: bool = False  # biases on q/k/v/o projections (Llama only)
+    mlp_bias: bool = False  # biases on gate/up/down projections (Llama only)
+    sliding_window: int | None = None  # Mistral: keys at most this many columns back, the query's own included
+    max_position_embeddings: int = 2048  # informative (RoPE has no hard limit); bounds sliding_window
+    default_prepend_bos: bool = True  # Llama and Mistral tokenizers start with <s> / <|begin_of_text|>
+
+    # TransformerLens' names for what the architecture fixes
+    normalization_type = "RMS"
+    positional_embedding_type = "rotary"
+    act_fn = "silu"
+    original_architecture = "LlamaForCausalLM"
+    gated_mlp = True
+    final_rms = True
+    rotary_adjacent_pairs = False  # half-split RoPE
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.d_head  # RoPE turns every pair of a head's dimensions
+
+    @property
+    def n_ctx(self) -> int:
+        """Where `to_tokens(truncate=True)` cuts: the config's length."""
+        return self.max_position_embeddings
+
+    @property
+    def eps(self) -> float:
+        return self.rms_norm_eps
+
+    @property
+    def rotary_base(self) -> float:
+        return self.rope_theta
+
+    @property
+    def use_NTK_by_parts_rope(self) -> bool:  # TransformerLens' name for the "llama3" scaling
+        return isinstance(self.rope_scaling, Llama3Scaling)
+
+    @property
+    def window_size(self) -> int | None:  # TransformerLens' name (its Mistral: attn_types "local")
+        return self.sliding_window
+
+    @property
+    def use_local_attn(self) -> bool:
+        return self.sliding_window is not None
+
+    def __post_init__(self):
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}")
+        if self.d_head % 2:
+            raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
+        window = self.sliding_window
+        if window is not None and not (isinstance(window, int) and 0 < window <= self.max_position_embeddings):
+            raise ValueError(f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
+                             f" ({self.max_position_embeddings}), or null for plain causal attention")
+
+    transformer_lens_shape = ("normalization_type='RMS', positional_embedding_type='rotary', act_fn='silu', gated_mlp=True,"
+                              " use_qk_norm=False, final_rms=True")
+
+    @classmethod
+    def from_transformer_lens(cls, tl: dict) -> tuple["LlamaConfig | None", list[str] | None]:
+        """A Llama from TransformerLens' fields (hooked.tl_config); plain RoPE (TransformerLens' NTK-by-parts
+        and sliding-window fields are refused there, so neither reaches here)."""
+        if cls is not LlamaConfig or tl["use_qk_norm"]:
+            return None, None  # Mistral without a window is this same Llama; with q/k norms it is Qwen3
+        fields, problems = rms_rotary_fields(tl, "Llama", qk_norm=False)
+        return (None, problems) if fields is None else (LlamaConfig(**fields), [])
+
+    @classmethod
+    def from_hf(cls, config: dict) -> "LlamaConfig":
+        return cls(**cls._fields_from_hf(config))
+
+    @classmethod
+    def _fields_from_hf(cls, config: dict) -> dict:
+        """The keyword arguments of this config, read from a Hugging Face config.json dict."""
+        family = cls.original_architecture
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"{family} with hidden_act {config['hidden_act']!r} is not supported by hooked (silu only)")
+        # pretraining_tp > 1 is accepted: transformers 5.24's Llama never reads it (4.x sliced the same matmuls).
+        theta, scaling = _rope_from_hf(config, family)
+        n_heads = config["num_attention_heads"]
+        return dict(
+            n_layers=config["num_hidden_layers"],
+            d_model=config["hidden_size"],
+            n_heads=n_heads,
+            n_kv_heads=config.get("num_key_value_heads") or n_heads,
+            d_head=config.get("head_dim") or config["hidden_size"] // n_heads,
+            d_mlp=config["intermediate_size"],
+            d_vocab=config["vocab_size"],
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            tie_word_embeddings=config.get("tie_word_embeddings", False),
+            attention_bias=config.get("attention_bias", False),
+            mlp_bias=config.get("mlp_bias", False),
+            max_position_embeddings=config.get("max_position_embeddings", 2048),
+        )
+
+
+@dataclass
+class MistralConfig(LlamaConfig):
+    """Llama's config without biases, with `sliding_window` (transformers' MistralConfig default 4096 when
+    config.json has no such key; null: plain causal attention)."""
+
+    original_architecture = "MistralForCausalLM"
+
+    @classmethod
+    def _fields_from_hf(cls, config: dict) -> dict:
+        layer_types = set(config.get("layer_types") or ())
+        if len(layer_types) > 1:  # Ministral's interleaving: transformers' Mistral would ignore it
+            raise ValueError(f"MistralForCausalLM with layer_types {sorted(layer_types)} (interleaved sliding and full"
+                             " attention) is not supported by hooked: every layer must attend alike")
+        fields = super()._fields_from_hf(config)
+        # transformers' Mistral has no attention_bias / mlp_bias: it builds bias-free layers whatever the config says.
+        fields.update(attention_bias=False, mlp_bias=False, sliding_window=config.get("sliding_window", 4096),
+                      max_position_embeddings=config.get("max_position_embeddings", 4096 * 32))
+        return fields
+
+
+def _rope_from_hf(config: dict, family: str) -> tuple[float, LinearScaling | Llama3Scaling | None]:
+    """RoPE base and scaling from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (hub)."""
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(f"{family} with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole heads)")
+    if rope_type == "default":
+        return theta, None
+
+    def field(name: str) -> float:
+        if rope.get(name) is None:
+            raise ValueError(f"rope_scaling of type {rope_type!r} needs {name!r} (config.json rope_scaling / rope_parameters)")
+        return float(rope[name])
+
+    if rope_type == "linear":
+        return theta, LinearScaling(field("factor"))
+    if rope_type == "llama3":
+        # As transformers' standardize_rope_params: a top-level original_max_position_embeddings wins.
+        original = (config.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
+                    or config.get("max_position_embeddings", 2048))
+        return theta, Llama3Scaling(field("factor"), field("low_freq_factor"), field("high_freq_factor"), int(original))
+    raise ValueError(f"rope_type {rope_type!r} (config.json rope_scaling / rope_parameters) is not supported for"
+                     f" {family}: hooked implements 'default', 'linear' and 'llama3'")
+
+
+class LlamaMLP(GatedMLP):
+    """`GatedMLP` (hook_pre = gate, hook_pre_linear = up, hook_post = silu(gate) * up), with biases under `mlp_bias`."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__(cfg.d_model, cfg.d_mlp)
+        if cfg.mlp_bias:
+            for linear in (self.gate_proj, self.up_proj, self.down_proj):
+                linear.bias = nn.Parameter(torch.zeros(linear.out_features))
+
+    def residual_readers(self) -> tuple[Projection, ...]:
+        return (Projection(self.gate_proj.weight, 1, self.gate_proj.bias), Projection(self.up_proj.weight, 1, self.up_proj.bias))
+
+    def residual_writers(self) -> tuple[Projection, ...]:
+        return (Projection(self.down_proj.weight, 0, self.down_proj.bias),)
+
+    @property
+    def b_gate(self) -> Float[Tensor, " d_mlp"]:
+        return self._bias(self.gate_proj)
+
+    @property
+    def b_in(self) -> Float[Tensor, " d_mlp"]:
+        """up_proj's bias (zeros without `mlp_bias`)."""
+        return self._bias(self.up_proj)
+
+    @property
+    def b_out(self) -> Float[Tensor, " d_model"]:
+        return self._bias(self.down_proj)
+
+    @staticmethod
+    def _bias(linear: nn.Linear) -> Tensor:
+        return linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
+
+
+class LlamaBlock(Qwen3Block):
+    """Qwen3's pre-norm block with attention that has no per-head q/k norms and Llama's MLP."""
+
+    mlp_stage: ClassVar[tuple[str, ...]] = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out", "hook_resid_post")
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__(cfg, LlamaMLP(cfg), Qwen3Attention(cfg, qk_norm=False))
+
+
+class Llama(HookedTransformer):
+    """Llama 2 / 3 / 3.1 / 3.2 with TransformerLens hook names. Load with `hooked.load("meta-llama/Llama-3.2-1B")`."""
+
+    config_class = LlamaConfig
+    architectures = ("LlamaForCausalLM", "llama")
+    family: ClassVar[str] = "llama"
+    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.aliases); Llama 1's names are local paths there
+    transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
+        "codellama/CodeLlama-7b-hf": ("CodeLlamallama-2-7b",),
+        "codellama/CodeLlama-7b-Instruct-hf": ("CodeLlama-7b-instruct",),
+        "codellama/CodeLlama-7b-Python-hf": ("CodeLlama-7b-python",),
+        "meta-llama/Llama-2-13b-chat-hf": ("Llama-2-13b-chat",),
+        "meta-llama/Llama-2-13b-hf": ("Llama-2-13b",),
+        "meta-llama/Llama-2-70b-chat-hf": ("Llama-2-70b-chat", "meta-llama-2-70b-chat-hf"),
+        "meta-llama/Llama-2-7b-chat-hf": ("Llama-2-7b-chat",),
+        "meta-llama/Llama-2-7b-hf": ("Llama-2-7b",),
+        "meta-llama/Llama-3.1-70B": (),
+        "meta-llama/Llama-3.1-70B-Instruct": (),
+        "meta-llama/Llama-3.1-8B": (),
+        "meta-llama/Llama-3.1-8B-Instruct": (),
+        "meta-llama/Llama-3.2-1B": (),
+        "meta-llama/Llama-3.2-1B-Instruct": (),
+        "meta-llama/Llama-3.2-3B": (),
+        "meta-llama/Llama-3.2-3B-Instruct": (),
+        "meta-llama/Llama-3.3-70B-Instruct": (),
+        "meta-llama/Meta-Llama-3-70B": (),
+        "meta-llama/Meta-Llama-3-70B-Instruct": (),
+        "meta-llama/Meta-Llama-3-8B": (),
+        "meta-llama/Meta-Llama-3-8B-Instruct": (),
+    }
+    title: ClassVar[str] = "Llama"
+    embedding_hook_names = ("hook_embed",)
+    random_sizes: ClassVar[dict] = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
+    hook_docs: ClassVar[dict[str, str]] = {  # what each hook holds here, for docs/hooks-reference.md
+        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position embedding: RoPE acts on q and k)",
+        "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
+        "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
+        "blocks.{i}.attn.hook_q": "`q_proj` output (its bias included) split by head, before RoPE",
+        "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before RoPE",
+        "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
+        "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin`, frequencies plain, `linear` or `llama3`-scaled",
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the layer to the eager attention path",
+        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
+        "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(x)` (with its bias under `mlp_bias`)",
+        "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(x)`",
+        "blocks.{i}.mlp.hook_post": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
+    }
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__(cfg)
+        self.embed_tokens = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.hook_embed = HookPoint("batch pos d_model")
+        self.rotary = RotaryEmbedding(cfg.d_head, cfg.rope_theta, cfg.rope_scaling)
+        self.blocks = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.n_layers))
+        self.ln_final = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        self.setup_hooks()
+
+    @classmethod
+    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
+        """Config fields for a hypothesis-drawn random model (`st`: hypothesis.strategies)."""
+        return dict(
+            d_model=draw(st.sampled_from([16, 24, 32, 48])),
+            n_kv_heads=draw(st.sampled_from([k for k in range(1, n_heads + 1) if n_heads % k == 0])),
+            d_head=draw(st.sampled_from([4, 8, 16])),  # even (half-split rotary), not d_model / n_heads
+            d_mlp=draw(st.sampled_from([32, 48])),
+            tie_word_embeddings=draw(st.booleans()),
+            attention_bias=draw(st.booleans()),
+            mlp_bias=draw(st.booleans()),
+            rope_scaling=draw(st.sampled_from([None, LinearScaling(2.0), Llama3Scaling(8.0, 1.0, 4.0, 16)])),
+        )
+
+    # The embedding, unembedding and their weight views are Qwen3's: the same parameters, the same names.
+    resid_from_tokens = Qwen3.resid_from_tokens
+    unembed_weight = Qwen3.unembed_weight
+    embedding_writers = Qwen3.embedding_writers
+    W_E = Qwen3.W_E
+
+    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
+        cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head], once for all blocks
+        return cos, sin, mask.windowed(self.cfg.sliding_window)  # every block: one (windowed) mask
+
+    @property
+    def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
+        """Checkpoint key -> parameter name; lm_head only when untied."""
+        head = () if self.cfg.tie_word_embeddings else ((r"lm_head\.weight", r"lm_head.weight"),)
+        return _CHECKPOINT_RENAMES + head
+
+    @property
+    def checkpoint_ignored(self) -> tuple[str, ...]:
+        # Older checkpoints saved RoPE's inv_freq (recomputed here); a tied one may carry lm_head.weight.
+        rotary = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
+        return rotary + ((r"lm_head\.weight",) if self.cfg.tie_word_embeddings else ())
+
+    checkpoint_stacked: tuple[tuple, ...] = ()
+
+
+class Mistral(Llama):
+    """Mistral with TransformerLens hook names: Llama without biases, plus a sliding window when the
+    config sets one. Load with `hooked.load("mistralai/Mistral-7B-v0.1")`."""
+
+    config_class = MistralConfig
+    architectures = ("MistralForCausalLM", "mistral")
+    family: ClassVar[str] = "mistral"
+    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.aliases)
+    transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
+        "mistralai/Mistral-7B-Instruct-v0.1": ("mistral-7b-instruct",),
+        "mistralai/Mistral-7B-v0.1": ("mistral-7b",),
+        "mistralai/Mistral-Nemo-Base-2407": ("mistral-nemo-base-2407",),
+        "mistralai/Mistral-Small-24B-Base-2501": (),
+    }
+    title: ClassVar[str] = "Mistral"
+    random_sizes: ClassVar[dict] = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64,
+                                        sliding_window=4)
+    hook_docs: ClassVar[dict[str, str]] = {
+        **Llama.hook_docs,
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated, set to the dtype's minimum on future keys and on keys `sliding_window` or more columns back; listening switches the layer to the eager attention path",
+        "blocks.{i}.attn.hook_pattern": "softmax of the scores (float32, cast back): exactly zero outside the sliding window",
+    }
+
+    @classmethod
+    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
+        sizes = super().draw_sizes(draw, st, n_layers, n_heads)
+        sizes.update(attention_bias=False, mlp_bias=False, sliding_window=draw(st.sampled_from([None, 1, 2, 4])))
+        return sizes
+
+
+_CHECKPOINT_RENAMES = (
+    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+    (r"model\.norm\.weight", r"ln_final.weight"),
+)

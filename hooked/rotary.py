@@ -1,0 +1,146 @@
+"""Rotary position embeddings: the inverse frequencies (plain, YaRN, linear and Llama 3.1 scaling), cos and sin
+for a forward's position ids, and the half-split rotation, each in the operation order of transformers 5.24
+(`modeling_rope_utils`, the models' `apply_rotary_pos_emb`), so float32 results are bit-identical.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+@dataclass(frozen=True)
+class YarnScaling:
+    """YaRN rotary scaling (arXiv 2309.00071) as transformers' `_compute_yarn_parameters` reads it."""
+
+    factor: float  # context extension factor
+    original_max_positions: int  # context length the model was pretrained with
+    beta_fast: float = 32.0  # ramp boundary (rotations) below which frequencies are extrapolated
+    beta_slow: float = 1.0  # ramp boundary above which frequencies are interpolated
+    attention_factor: float | None = None  # cos/sin multiplier; None: derived from factor (and mscale)
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True  # round the ramp boundaries to whole dimensions
+
+
+@dataclass(frozen=True)
+class LinearScaling:
+    """Linear ("position interpolation") rotary scaling: every inverse frequency divided by `factor`
+    (transformers 5.24 `modeling_rope_utils._compute_linear_scaling_rope_parameters`)."""
+
+    factor: float
+
+
+@dataclass(frozen=True)
+class Llama3Scaling:
+    """Llama 3.1's rotary scaling (transformers 5.24 `modeling_rope_utils._compute_llama3_parameters`):
+    wavelengths longer than original_max_positions / low_freq_factor are divided by `factor`, shorter
+    than original_max_positions / high_freq_factor kept, and those between blended smoothly."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_positions: int  # context length the model was pretrained with
+
+
+RopeScaling = YarnScaling | LinearScaling | Llama3Scaling
+
+
+def rotary_frequencies(d_head: int, theta: float, scaling: RopeScaling | None = None) -> tuple[Tensor, float]:
+    """Inverse frequencies [d_head / 2] (float32, on the CPU) and the factor cos/sin are multiplied by.
+
+    Plain RoPE: inv_freq = 1 / theta^(arange(0, d_head, 2) / d_head). YaRN blends interpolated
+    (divided by `factor`) and extrapolated frequencies over a linear ramp, in exactly the order of
+    transformers 5.24 `modeling_rope_utils._compute_yarn_parameters`, so the bits agree; `LinearScaling`
+    and `Llama3Scaling` follow their transformers functions the same way.
+    """
+    # Explicit device: the model is built under torch.device("meta"), and these are real numbers.
+    if not isinstance(scaling, YarnScaling):
+        inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.float, device="cpu") / d_head))
+        if isinstance(scaling, LinearScaling):
+            inv_freq = inv_freq / scaling.factor
+        elif isinstance(scaling, Llama3Scaling):
+            inv_freq = _llama3_frequencies(inv_freq, scaling)
+        return inv_freq, 1.0
+    yarn = scaling
+
+    def get_mscale(scale: float, mscale: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    attention_factor = yarn.attention_factor
+    if attention_factor is None:
+        if yarn.mscale and yarn.mscale_all_dim:
+            attention_factor = float(get_mscale(yarn.factor, yarn.mscale) / get_mscale(yarn.factor, yarn.mscale_all_dim))
+        else:
+            attention_factor = get_mscale(yarn.factor)
+
+    def correction_dim(rotations: float) -> float:
+        return (d_head * math.log(yarn.original_max_positions / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(yarn.beta_fast), correction_dim(yarn.beta_slow)
+    if yarn.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d_head - 1)
+    if low == high:
+        high += 0.001  # as transformers: avoid a zero-width ramp
+    ramp = torch.clamp((torch.arange(d_head // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
+    extrapolation_weight = 1 - ramp
+    pos_freqs = theta ** (torch.arange(0, d_head, 2, device="cpu").to(dtype=torch.float) / d_head)
+    inv_freq_extrapolation = 1.0 / pos_freqs
+    inv_freq_interpolation = 1.0 / (yarn.factor * pos_freqs)
+    inv_freq = inv_freq_interpolation * (1 - extrapolation_weight) + inv_freq_extrapolation * extrapolation_weight
+    return inv_freq, attention_factor
+
+
+def _llama3_frequencies(inv_freq: Tensor, scaling: Llama3Scaling) -> Tensor:
+    """transformers 5.24 `_compute_llama3_parameters`, operation for operation."""
+    low_freq_wavelen = scaling.original_max_positions / scaling.low_freq_factor
+    high_freq_wavelen = scaling.original_max_positions / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth_factor = (scaling.original_max_positions / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / scaling.factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos and sin [batch pos d_head] for the position ids of one forward (no parameters, no state).
+
+    The frequencies are a plain attribute, not a buffer: the loader builds models on the meta device
+    and assigns only checkpoint tensors, so a buffer would stay on meta. They are moved to the
+    position ids' device on first use there (d_head / 2 floats).
+    """
+
+    def __init__(self, d_head: int, theta: float, scaling: RopeScaling | None = None):
+        super().__init__()
+        self.d_head, self.theta, self.scaling = d_head, theta, scaling
+        self.inv_freq, self.attention_factor = rotary_frequencies(d_head, theta, scaling)
+
+    def forward(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        if self.inv_freq.device != position_ids.device:  # once per device, not a copy per forward
+            self.inv_freq = self.inv_freq.to(position_ids.device)
+        inv_freq = self.inv_freq
+        freqs = position_ids[..., None].float() * inv_freq  # [batch pos d_head/2], float32
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * self.attention_factor
+        sin = emb.sin() * self.attention_factor
+        return cos.to(dtype), sin.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"d_head={self.d_head}, theta={self.theta}, scaling={self.scaling}"
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last axis (the half-split RoPE convention)."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x [batch pos head d_head] by cos/sin [batch pos d_head]: x * cos + rotate_half(x) * sin."""
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    return (x * cos) + (rotate_half(x) * sin)
