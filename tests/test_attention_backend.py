@@ -162,3 +162,34 @@ def test_the_kernel_launches_under_a_guard_for_its_inputs_device(monkeypatch):
     triton_attention.flash_attention(q, q, q)
     triton_attention.flash_attention(q.clone().requires_grad_(), q, q).sum().backward()
     assert guarded == [q.device] * 3  # forward without grad, forward and backward with it
+
+
+@pytest.mark.parametrize("family, sizes", [
+    ("llama", dict(n_heads=4, n_kv_heads=2, rope_scaling=None)),  # grouped queries
+    ("gpt_neox", dict(rotary_dim=2, use_parallel_residual=True)),  # partial rotary (outside the kernel), parallel block
+])
+def test_other_families_with_the_triton_kernel_forced(family, sizes):
+    """Llama's grouped queries and GPT-NeoX's partial rotary run through the kernel (interpreter): logits and
+    z gradients match SDPA on a left-padded batch."""
+    from hooked.testing import random_model
+
+    model = random_model(family, seed=4, **sizes)
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 9), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(tokens)
+    mask[1, :3] = 0
+    real = mask.bool()
+
+    def run():
+        grads = {}
+        with torch.enable_grad():
+            logits = model.run_with_hooks(
+                tokens, attention_mask=mask, bwd_hooks=[("blocks.1.attn.hook_z", lambda g, hook: grads.__setitem__("z", g))]
+            )
+            logits[real].logsumexp(-1).sum().backward()
+        return logits.detach(), grads["z"]
+
+    reference_logits, reference_grad = run()
+    with hooked.attention_backend("triton"):
+        logits, grad = run()
+    torch.testing.assert_close(logits[real], reference_logits[real], rtol=0, atol=3e-5)
+    torch.testing.assert_close(grad[real], reference_grad[real], rtol=0, atol=3e-5)
