@@ -289,8 +289,9 @@ def attention_backend(name: AttentionBackend) -> Iterator[None]:
     `hooked.kernels.flash_attention` (CUDA, or CPU under TRITON_INTERPRET=1). Without it the choice
     is: eager when the scores or the pattern are hooked, else Triton on a CUDA GPU of compute capability
     8.0 or later (the device of the inputs, not the current one) for calls of more than one query
-    column without a sliding window, else SDPA (which serves every decode step of a generation). A forced
-    path that cannot serve a forward raises instead of quietly running another.
+    column (sliding windows and logit softcaps included), else SDPA (which serves every decode step of a
+    generation), or eager under a logit softcap, which SDPA cannot apply. A forced path that cannot serve
+    a forward raises instead of quietly running another.
     """
     if name not in ("triton", "sdpa", "eager"):
         raise ValueError(f"attention backend must be 'triton', 'sdpa' or 'eager', not {name!r}")
@@ -333,8 +334,9 @@ def triton_compiles_on(device: torch.device) -> bool:
     return triton_available(device) and torch.cuda.get_device_capability(device) >= MIN_TRITON_CAPABILITY
 
 
-def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, hook_pattern: HookPoint) -> str:
-    """The attention path for one forward (see `attention_backend`)."""
+def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, hook_pattern: HookPoint,
+                   softcap: float | None = None) -> str:
+    """The attention path for one forward (see `attention_backend`); `softcap` as in `attend`."""
     pattern_hooked = hook_attn_scores.listening or hook_pattern.listening
     forced = _forced_backend.get()
     if forced is None:
@@ -343,17 +345,20 @@ def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, 
         # Decode steps (one query column against a KV cache) stay on SDPA: the kernel's one-query path
         # does not split the key range across programs (docs/generation.md; benchmarks/generate.py
         # measures both where a GPU is present).
-        # A sliding window (Mistral) goes to SDPA with the window in its boolean mask: the kernel has none.
-        if (q.is_cuda and mask.query_len > 1 and mask.window is None and triton_compiles_on(q.device)
+        # The kernel skips key tiles outside a sliding window (Mistral) and applies a softcap (Gemma 2).
+        if (q.is_cuda and mask.query_len > 1 and triton_compiles_on(q.device)
                 and (mask.key_valid is None or mask.left_padding_starts is not None)):
             return "triton"
-        return "sdpa"
+        return "sdpa" if softcap is None else "eager"  # SDPA has no softcap
     if pattern_hooked and forced != "eager":
         listening = hook_pattern.name if hook_pattern.listening else hook_attn_scores.name
         raise RuntimeError(
             f"attention_backend({forced!r}) cannot serve {listening}: only the eager path forms the"
             " scores and the pattern; remove that hook or use attention_backend('eager')"
         )
+    if forced == "sdpa" and softcap is not None:
+        raise RuntimeError(f"attention_backend('sdpa') cannot apply this model's attention logit softcap ({softcap}):"
+                           " use attention_backend('eager') or 'triton'")
     if forced == "triton":
         if not triton_available(q.device):
             raise RuntimeError(f"attention_backend('triton') cannot run on {q.device}: it needs CUDA, or TRITON_INTERPRET=1 for CPU")
@@ -364,9 +369,6 @@ def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, 
             )
         if mask.key_valid is not None and mask.left_padding_starts is None:
             raise RuntimeError("attention_backend('triton') serves causal attention with left padding only; this mask has holes")
-        if mask.window is not None:
-            raise RuntimeError(f"attention_backend('triton') has no sliding window (this model's is {mask.window} columns"
-                               " and the input is longer): use attention_backend('sdpa') or 'eager'")
     return forced
 
 
@@ -379,6 +381,7 @@ def attend(
     hook_attn_scores: HookPoint,
     hook_pattern: HookPoint,
     softmax_in_float32: bool,
+    softcap: float | None = None,
 ) -> Tensor:
     """Causal attention for q [batch pos head_index d_head], k/v [batch pos kv_head_index d_head].
 
@@ -387,14 +390,18 @@ def attend(
     the pattern are hooked, in Hugging Face's order (scores -> hook_attn_scores -> softmax ->
     hook_pattern -> pattern @ v); the Triton kernel on CUDA, whose output buffer is z; else SDPA.
     `softmax_in_float32` follows the architecture (GPT-2: input dtype; Qwen3: float32, cast back).
+    `softcap` (Gemma 2's `attn_logit_softcapping`) caps the scaled scores at softcap * tanh(scores / softcap)
+    before the mask, as transformers 5.24 `gemma2.eager_attention_forward`; `hook_attn_scores` sees the
+    capped scores. SDPA cannot cap: a softcap runs on the kernel or the eager path.
     """
-    backend = choose_backend(q, mask, hook_attn_scores, hook_pattern)
+    backend = choose_backend(q, mask, hook_attn_scores, hook_pattern, softcap)
     batch, pos, n_heads, d_head = q.shape
     n_kv_heads = k.shape[2]
     if backend == "triton":
         from hooked.kernels import flash_attention
 
-        out = flash_attention(q, k, v, key_start=mask.left_padding_starts, sm_scale=scaling)
+        out = flash_attention(q, k, v, key_start=mask.left_padding_starts, sm_scale=scaling, softcap=softcap,
+                              window=mask.window)
         return out.view(batch, pos, n_heads, d_head)  # the kernel wrote [batch pos head*d_head]
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch head pos d_head]
     boolean_mask = mask.boolean
@@ -405,6 +412,8 @@ def attend(
             k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)
             v = v.repeat_interleave(n_heads // n_kv_heads, dim=1)
         scores = torch.matmul(q, k.transpose(-1, -2)) * scaling
+        if softcap is not None:  # transformers' order: divide, tanh, multiply
+            scores = torch.tanh(scores / softcap) * softcap
         if boolean_mask is None:
             boolean_mask = mask.causal(q.device)
         scores = hook_attn_scores(scores.masked_fill(~boolean_mask, torch.finfo(scores.dtype).min))

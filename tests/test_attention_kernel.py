@@ -2,8 +2,9 @@
 
 The spec is ``attention_reference`` (float32 torch): for query i and key j of batch b,
 ``out_i = sum_{key_start[b] <= j <= i + k_pos - q_pos} softmax_j(sm_scale * q_i . k_j) v_j``,
-0 when no key is visible. Forward and dq/dk/dv are compared against it with relative-to-max error
-bounds per dtype; every buffer the kernels must overwrite is pre-filled with NaN.
+0 when no key is visible; with a sliding window also ``j > i + k_pos - q_pos - window``, with a softcap
+the scores are ``softcap * tanh(scores / softcap)``. Forward and dq/dk/dv are compared against it with
+relative-to-max error bounds per dtype; every buffer the kernels must overwrite is pre-filled with NaN.
 """
 
 import os
@@ -101,7 +102,8 @@ def make_inputs(batch, q_pos, k_pos, n_heads, n_kv_heads, d_head, dtype, layout,
     return leaves, build
 
 
-def run_case(batch, q_pos, k_pos, n_heads, n_kv_heads, d_head, dtype, layout, key_start, strided_grad, seed):
+def run_case(batch, q_pos, k_pos, n_heads, n_kv_heads, d_head, dtype, layout, key_start, strided_grad, seed,
+             softcap=None, window=None):
     """Kernel (with NaN-poisoned buffers) vs reference: forward and gradients. Returns the errors."""
     gen = torch.Generator().manual_seed(seed)
     leaves, build = make_inputs(batch, q_pos, k_pos, n_heads, n_kv_heads, d_head, dtype, layout, gen)
@@ -112,11 +114,11 @@ def run_case(batch, q_pos, k_pos, n_heads, n_kv_heads, d_head, dtype, layout, ke
     kern_leaves = [x.clone().requires_grad_() for x in leaves]
     with poisoned_allocations():
         q, k, v = build(kern_leaves)
-        out = flash_attention(q, k, v, key_start=ks)
+        out = flash_attention(q, k, v, key_start=ks, softcap=softcap, window=window)
         out.backward(grad)
 
     ref_leaves = [x.detach().float().requires_grad_() for x in leaves]
-    ref = attention_reference(*build(ref_leaves), key_start=ks)
+    ref = attention_reference(*build(ref_leaves), key_start=ks, softcap=softcap, window=window)
     ref.backward(grad.float())
 
     assert out.dtype == dtype and out.shape == (batch, q_pos, n_heads * d_head)
@@ -128,15 +130,15 @@ def run_case(batch, q_pos, k_pos, n_heads, n_kv_heads, d_head, dtype, layout, ke
         if name != "out":
             assert e <= GRAD_TOL[dtype], errs
 
-    # left-padded query rows are exactly zero, and so are their gradients and the padded keys' dk/dv
-    if key_start is not None:
-        vis = visible_mask(batch, q_pos, k_pos, ks, DEVICE)
-        empty_rows = ~vis.any(-1)  # [b, q]
-        assert (out.detach()[empty_rows] == 0).all()
-        q_, k_, v_ = build([x.grad for x in kern_leaves])
-        assert (q_[empty_rows] == 0).all()
-        dead_keys = torch.arange(k_pos, device=DEVICE)[None, :] < ks[:, None]  # [b, k]
-        assert (k_[dead_keys] == 0).all() and (v_[dead_keys] == 0).all()
+    # rows that see no key (left padding) are exactly zero, and so are their gradients and the dk/dv of
+    # keys no row sees (padding, behind every window)
+    vis = visible_mask(batch, q_pos, k_pos, ks, DEVICE, window)
+    empty_rows = ~vis.any(-1)  # [b, q]
+    dead_keys = ~vis.any(1)  # [b, k]
+    assert (out.detach()[empty_rows] == 0).all()
+    q_, k_, v_ = build([x.grad for x in kern_leaves])
+    assert (q_[empty_rows] == 0).all()
+    assert (k_[dead_keys] == 0).all() and (v_[dead_keys] == 0).all()
     return errs
 
 
@@ -163,6 +165,8 @@ def attention_cases(draw):
         dtype=draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16])),
         layout=draw(st.sampled_from(["contiguous", "fused", "heads_first", "cache"])),
         key_start=key_start, strided_grad=draw(st.booleans()), seed=draw(st.integers(0, 2**16)),
+        softcap=draw(st.sampled_from([None, None, 0.5, 2.0])),  # scores are O(1): a cap of 0.5 bites hard
+        window=draw(st.one_of(st.none(), st.integers(1, 20))),
     )
 
 
@@ -286,6 +290,86 @@ def test_custom_sm_scale_and_lse():
     assert rel_err(flash_attention(q, k, v), ref) > 1e-2  # the scale matters
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_window_and_softcap_per_dtype(dtype):
+    # the window's edge crosses 16-key tiles at different columns per row block; GQA, left padding, a
+    # chunked-prefill offset (k_pos > q_pos) and a whole padded key tile (batch 1)
+    run_case(batch=2, q_pos=33, k_pos=45, n_heads=4, n_kv_heads=2, d_head=32, dtype=dtype, layout="fused",
+             key_start=[0, 19], strided_grad=True, seed=11, softcap=1.5, window=7)
+
+
+@pytest.mark.parametrize("window", [1, 16, 17, 40])
+def test_window_sizes_around_the_tile(window):
+    # 1: each row sees only its own key; 16 / 17: the window exactly a tile / one key more; 40 >= k_pos - 1
+    # hides nothing on the first rows but bites on the last
+    run_case(batch=1, q_pos=41, k_pos=41, n_heads=2, n_kv_heads=1, d_head=16, dtype=torch.float32,
+             layout="contiguous", key_start=[2], strided_grad=False, seed=window, window=window)
+
+
+def test_window_one_returns_each_rows_own_value():
+    """An explicit computation, not the reference: with window 1 query i sees key i + k_pos - q_pos only, so
+    z = v there (0 where that key is padding), whatever q and k are."""
+    gen = torch.Generator().manual_seed(12)
+    b, qp, kp, H, Hkv, d = 2, 20, 26, 4, 2, 16
+    q, k, v = (torch.randn(b, n, h, d, generator=gen).to(DEVICE) for n, h in ((qp, H), (kp, Hkv), (kp, Hkv)))
+    out = flash_attention(q, k, v, key_start=torch.tensor([0, 9], device=DEVICE), window=1).view(b, qp, H, d)
+    expected = v[:, kp - qp:].repeat_interleave(H // Hkv, dim=2).clone()
+    expected[1, : 9 - (kp - qp)] = 0
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_window_not_shorter_than_the_keys_is_plain_causal():
+    gen = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(1, 19, 2, 16, generator=gen).to(DEVICE) for _ in range(3))
+    plain = flash_attention(q, k, v)
+    assert torch.equal(flash_attention(q, k, v, window=19), plain)
+    assert torch.equal(flash_attention(q, k, v, window=1000), plain)
+    assert rel_err(flash_attention(q, k, v, window=18), plain) > 1e-3  # the last row loses key 0
+
+
+def test_window_skips_key_tiles_outside_it():
+    """The point of the window: tiles no query sees are never read. Keys 0..31 (two whole 16-key tiles)
+    lie behind every query's window here, so NaN there cannot reach the output or dq; their dk/dv are
+    exactly 0 (their dk/dv programs visit no query rows, or NaN would reach them too)."""
+    gen = torch.Generator().manual_seed(14)
+    b, qp, kp, H, Hkv, d, window = 1, 16, 64, 4, 2, 16, 4  # queries sit at columns 48..63: keys 45..63
+    q = torch.randn(b, qp, H, d, generator=gen).to(DEVICE)
+    k, v = (torch.randn(b, kp, Hkv, d, generator=gen).to(DEVICE) for _ in range(2))
+    clean = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = attention_reference(*clean, window=window, softcap=2.0)
+    grad = torch.randn(ref.shape, generator=gen).to(DEVICE)
+    ref.backward(grad)
+    k[:, :32] = float("nan")
+    v[:, :32] = float("nan")
+    poisoned = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = flash_attention(*poisoned, window=window, softcap=2.0)
+    out.backward(grad)
+    assert rel_err(out, ref) < 1e-5
+    for kernel_leaf, ref_leaf in zip(poisoned, clean):
+        assert rel_err(kernel_leaf.grad, ref_leaf.grad) < 2e-5
+    assert (poisoned[1].grad[:, :45] == 0).all() and (poisoned[2].grad[:, :45] == 0).all()
+
+
+def test_softcap_bounds_the_scores_and_matches_the_reference():
+    gen = torch.Generator().manual_seed(15)
+    b, qp, kp, H, Hkv, d, cap = 2, 18, 18, 2, 1, 32, 3.0
+    q = 4 * torch.randn(b, qp, H, d, generator=gen).to(DEVICE)  # scores of size ~4: the cap bites
+    k, v = (torch.randn(b, kp, Hkv, d, generator=gen).to(DEVICE) for _ in range(2))
+    ks = torch.tensor([0, 5], device=DEVICE)
+    out, lse = ta._flash_attention_forward(q, k, v, ks, None, cap)
+    ref, ref_lse = attention_reference(q, k, v, key_start=ks, softcap=cap, return_lse=True)
+    assert rel_err(out, ref) < 1e-5
+    torch.testing.assert_close(ta.lse_per_head(lse, H), ref_lse, rtol=1e-5, atol=1e-5)
+    # every capped score is below cap, so lse <= cap + log(number of visible keys)
+    n_visible = visible_mask(b, qp, kp, ks, DEVICE).sum(-1)[:, None].float()  # [b, 1, q]
+    kernel_lse = ta.lse_per_head(lse, H)
+    finite = torch.isfinite(kernel_lse)
+    assert (kernel_lse[finite] <= (cap + n_visible.log()).expand_as(kernel_lse)[finite] + 1e-5).all()
+    assert rel_err(flash_attention(q, k, v, key_start=ks), ref) > 1e-2  # the cap matters here
+    # a cap far above every score changes nothing but rounding
+    assert rel_err(flash_attention(q, k, v, key_start=ks, softcap=1e4), attention_reference(q, k, v, key_start=ks)) < 1e-5
+
+
 def test_input_validation():
     q = torch.randn(1, 4, 3, 16, device=DEVICE)
     kv = torch.randn(1, 4, 2, 16, device=DEVICE)
@@ -293,6 +377,12 @@ def test_input_validation():
         flash_attention(q, kv, kv)
     with pytest.raises(ValueError, match="key_start"):
         flash_attention(q, q, q, key_start=torch.zeros(2, dtype=torch.int64, device=DEVICE))
+    for softcap in (0.0, -1.0, float("inf"), float("nan"), True, "50"):
+        with pytest.raises(ValueError, match="softcap must be a positive finite number"):
+            flash_attention(q, q, q, softcap=softcap)
+    for window in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="window must be a whole number of key columns >= 1"):
+            flash_attention(q, q, q, window=window)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU-without-interpreter error")
@@ -315,12 +405,13 @@ from hooked.kernels.attention import triton_attention as ta
 assert not ta._INTERPRET
 PTRS = {"LSE": "*fp32", "Delta": "*fp32", "KeyStart": "*i32"}
 POINTERS = {"Q", "K", "V", "Out", "DO", "DQ", "DK", "DV", "LSE", "Delta", "KeyStart"}
-for dtype, d, group, ks, prec, block in [("bf16", 64, 4, True, "tf32", 64), ("fp16", 80, 1, False, "tf32", 64),
-                                         ("fp32", 32, 2, True, "tf32x3", 32)]:
+for dtype, d, group, ks, window, cap, prec, block in [  # window / softcap: the sliding window / logit softcap paths
+        ("bf16", 64, 4, True, False, False, "tf32", 64), ("fp16", 80, 1, False, True, True, "tf32", 64),
+        ("fp32", 32, 2, True, True, True, "tf32x3", 32)]:
     bd = triton.next_power_of_2(d)
     for fn in (ta._attn_fwd_kernel, ta._attn_bwd_dq_kernel, ta._attn_bwd_dkdv_kernel):
-        ce = dict(HEAD_DIM=d, BLOCK_D=bd, CHECK_D=bd != d, GROUP=group, HAS_KEY_START=ks, PRECISION=prec,
-                  UPCAST=False, BLOCK_M=block, BLOCK_N=block)
+        ce = dict(HEAD_DIM=d, BLOCK_D=bd, CHECK_D=bd != d, GROUP=group, HAS_KEY_START=ks, HAS_WINDOW=window,
+                  SOFTCAP=cap, PRECISION=prec, UPCAST=False, BLOCK_M=block, BLOCK_N=block)
         sig, attrs = {}, {}
         for i, name in enumerate(fn.arg_names):  # mimic the JIT's specialization (unit d-stride, 16-divisible)
             if name.startswith("stride_") and name.endswith("d"):
@@ -330,7 +421,7 @@ for dtype, d, group, ks, prec, block in [("bf16", 64, 4, True, "tf32", 64), ("fp
             elif name in POINTERS:
                 sig[name] = PTRS.get(name, "*" + dtype)
                 attrs[(i,)] = [["tt.divisibility", 16]]
-            elif name in ("qk_scale", "sm_scale"):
+            elif name in ("qk_scale", "sm_scale", "cap_log2"):
                 sig[name] = "fp32"
             else:
                 sig[name] = "i32"
@@ -339,7 +430,7 @@ for dtype, d, group, ks, prec, block in [("bf16", 64, 4, True, "tf32", 64), ("fp
         k = triton.compile(ASTSource(fn, sig, constexprs=ce, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                            options=dict(num_warps=4, num_stages=3))
         ptx = k.asm["ptx"]
-        print(fn.__name__, dtype, d, "wgmma", len(re.findall("wgmma.mma_async", ptx)),
+        print(fn.__name__, dtype, d, "window", window, "softcap", cap, "wgmma", len(re.findall("wgmma.mma_async", ptx)),
               "spills", len(re.findall("st.local", ptx)), "smem", k.metadata.shared)
 print("AOT OK")
 """
@@ -371,17 +462,22 @@ from hooked.kernels.attention.reference import attention_reference
 assert not ta._INTERPRET and ta._USE_AUTOTUNE
 torch.manual_seed(0)
 TOL = {torch.bfloat16: (2e-2, 4e-2), torch.float16: (4e-3, 1e-2), torch.float32: (1e-4, 2e-4)}
-cases = [(torch.bfloat16, d, *shape) for d in (64, 128) for shape in [
+cases = [(torch.bfloat16, d, *shape, None, None) for d in (64, 128) for shape in [
     (2, 1000, 1000, 8, 2, [0, 77]), (2, 257, 1031, 4, 4, None), (3, 1, 999, 8, 1, [5, 0, 0])]]
-cases += [(torch.float16, 128, 2, 300, 300, 4, 2, [0, 3]), (torch.float32, 64, 2, 200, 333, 4, 1, [0, 40])]
-for dtype, d, b, qp, kp, H, Hkv, ks in cases:
+cases += [(torch.float16, 128, 2, 300, 300, 4, 2, [0, 3], None, None),
+          (torch.float32, 64, 2, 200, 333, 4, 1, [0, 40], None, None)]
+# sliding window (Mistral) and logit softcap (Gemma 2: d_head 256, softcap 50)
+cases += [(torch.bfloat16, 128, 2, 1000, 1000, 8, 2, [0, 77], 129, None),
+          (torch.bfloat16, 256, 2, 600, 600, 4, 2, [0, 30], 100, 50.0),
+          (torch.float32, 64, 2, 200, 333, 4, 1, [0, 40], 37, 5.0)]
+for dtype, d, b, qp, kp, H, Hkv, ks, window, softcap in cases:
     qkv = torch.randn(b, kp, H + 2 * Hkv, d, device="cuda").to(dtype)  # fused projection output
     leaf = qkv.clone().requires_grad_()
     ref_leaf = qkv.float().requires_grad_()
     kst = None if ks is None else torch.tensor(ks, device="cuda")
     split = lambda t: (t[:, kp - qp:, :H], t[:, :, H:H + Hkv], t[:, :, H + Hkv:])
-    out = flash_attention(*split(leaf), key_start=kst)
-    ref = attention_reference(*split(ref_leaf), key_start=kst)
+    out = flash_attention(*split(leaf), key_start=kst, window=window, softcap=softcap)
+    ref = attention_reference(*split(ref_leaf), key_start=kst, window=window, softcap=softcap)
     g = torch.randn_like(ref)
     out.backward(g.to(dtype)); ref.backward(g)
     assert out.is_contiguous() and out.shape == (b, qp, H * d)
@@ -390,7 +486,7 @@ for dtype, d, b, qp, kp, H, Hkv, ks in cases:
         assert torch.isfinite(a).all(), name
         err = ((a.float() - r).abs().max() / r.abs().max().clamp_min(1e-6)).item()
         tol = TOL[dtype][name != "out"]
-        print(dtype, d, b, qp, kp, H, Hkv, name, f"{err:.2e}")
+        print(dtype, d, b, qp, kp, H, Hkv, window, softcap, name, f"{err:.2e}")
         assert err < tol, (dtype, d, qp, kp, name, err)
 print("GPU OK")
 """

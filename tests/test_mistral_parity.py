@@ -131,14 +131,19 @@ def test_sweep_on_a_left_padded_batch_equals_each_alone(models):
     check_sweep_equals_each_alone(models["window"], tokens, mask)
 
 
-def test_triton_is_refused_under_a_window(models, monkeypatch):
-    """The Triton kernel has no window: forced, it raises (pretending a GPU so the check is reached); a
-    forward no longer than the window leaves the mask unwindowed, so nothing stops the kernel there."""
-    monkeypatch.setattr(layers, "triton_available", lambda device=None: True)
-    monkeypatch.setattr(layers, "triton_compiles_on", lambda device: True)
+def test_triton_kernel_serves_the_window(models):
+    """The Triton kernel (interpreter) applies the window: forced, a left-padded batch longer than the window
+    gives SDPA's logits within float32 rounding; a forward no longer than the window leaves the mask unwindowed."""
     model = models["window"]
-    with layers.attention_backend("triton"), pytest.raises(RuntimeError, match="no sliding window.*'sdpa'"):
-        model(random_tokens(1, 5))
+    tokens = random_tokens(2, 17, seed=5)
+    mask = torch.ones_like(tokens)
+    mask[1, :4] = 0
+    real = mask.bool()
+    with torch.no_grad():
+        reference = model(tokens, attention_mask=mask)
+        with layers.attention_backend("triton"):
+            logits = model(tokens, attention_mask=mask)
+    torch.testing.assert_close(logits[real], reference[real], rtol=0, atol=3e-5)
     mask = layers.AttentionMask(None, 4, 4)
     assert mask.windowed(4) is mask and mask.windowed(None) is mask and mask.windowed(3).window == 3
 

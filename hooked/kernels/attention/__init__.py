@@ -2,6 +2,9 @@
 
 out[b, i, h*d:(h+1)*d] = sum_{key_start[b] <= j <= i + k_pos - q_pos} softmax_j(sm_scale * q_i . k_j) v_j
 
+with optionally the scores capped at ``softcap * tanh(s / softcap)`` (Gemma 2) and the keys limited to
+``j > i + k_pos - q_pos - window`` (a sliding window, Mistral).
+
 ``triton_attention`` (and so triton) is imported lazily, on first access to ``flash_attention``.
 """
 

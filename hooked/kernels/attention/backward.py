@@ -1,18 +1,20 @@
 """Backward kernels of the Triton causal GQA attention: dq (and delta), then dk/dv.
 
-With ``p`` recomputed from the forward's saved ``lse`` (notation as in ``forward``)::
+With ``p`` recomputed from the forward's saved ``lse`` (notation as in ``forward``; with a softcap,
+``t_ij = tanh(sm_scale * q_i . k_j / softcap)`` and the capped score is ``softcap * t_ij``)::
 
     delta_i = sum_e out_ie * dout_ie
     dv_j    = sum_i p_ij dout_i
-    ds_ij   = p_ij (dout_i . v_j - delta_i)
+    ds_ij   = p_ij (dout_i . v_j - delta_i)              (times 1 - t_ij ** 2 with a softcap)
     dq_i    = sm_scale * sum_j ds_ij k_j
     dk_j    = sm_scale * sum_i ds_ij q_i
 
 The dq kernel owns a block of packed rows (like the forward), computes and stores ``delta`` for it and
-loops over key blocks. The dk/dv kernel owns a block of keys of one (batch, kv head) and loops over
-the packed rows of every query head in its group itself, so there are no atomics and no repeat of k/v.
-Both split their loop into masked blocks (left-padding boundary, causal diagonal, ragged tails) and
-mask-free ones.
+loops over the key blocks its rows see (``common._key_blocks``). The dk/dv kernel owns a block of keys of
+one (batch, kv head) and loops over the packed rows that see them (``common._row_blocks``: with a window,
+O(window) rows) of every query head in its group itself, so there are no atomics and no repeat of k/v.
+Both split their loop into masked blocks (left-padding boundary, window edge, causal diagonal, ragged
+tails) and mask-free ones.
 """
 
 from __future__ import annotations
@@ -20,15 +22,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hooked.kernels.attention.common import _autotune, _configs, _dot, _load, _packed_rows, _store
+from hooked.kernels.attention.common import (
+    _autotune, _configs, _dot, _key_blocks, _load, _packed_rows, _row_blocks, _scores, _store, _visible,
+)
 
 
 @triton.jit
 def _bwd_dq_inner(
     dq, q, do, lse2, delta, K_base, V_base, stride_kn, stride_kd, stride_vn, stride_vd,
-    q_idx, offs_n, offs_d, d_valid, lo, hi, ks, k_pos, offset, qk_scale,
-    MASKED: tl.constexpr, CHECK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    q_idx, offs_n, offs_d, d_valid, lo, hi, ks, k_pos, offset, window, qk_scale, cap_log2,
+    MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, CHECK_D: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -40,13 +44,15 @@ def _bwd_dq_inner(
                    n_valid[None, :], d_valid[:, None], MASKED, CHECK_D)
         vT = _load(v_blk + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd,
                    n_valid[None, :], d_valid[:, None], MASKED, CHECK_D)
-        qk = _dot(q, kT, PRECISION, UPCAST) * qk_scale
+        qk, t = _scores(q, kT, qk_scale, cap_log2, SOFTCAP, PRECISION, UPCAST)
         if MASKED:
-            visible = (cols[None, :] <= q_idx[:, None] + offset) & (cols[None, :] >= ks) & n_valid[None, :]
+            visible = _visible(cols[None, :], q_idx[:, None], ks, k_pos, offset, window, HAS_WINDOW)
             qk = tl.where(visible, qk, float("-inf"))
         p = tl.math.exp2(qk - lse2[:, None])
         dp = _dot(do, vT, PRECISION, UPCAST)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
         dq += _dot(ds.to(kT.dtype), tl.trans(kT), PRECISION, UPCAST)
     return dq
 
@@ -60,11 +66,11 @@ def _attn_bwd_dq_kernel(
     stride_ob, stride_om, stride_oh, stride_od,
     stride_dob, stride_dom, stride_doh, stride_dod,
     stride_dqb, stride_dqm, stride_dqh, stride_dqd,
-    n_kv_heads, q_pos, k_pos, M_total, sm_scale, qk_scale,
+    n_kv_heads, q_pos, k_pos, M_total, window, sm_scale, qk_scale, cap_log2,
     M_BUCKET, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_D: tl.constexpr, GROUP: tl.constexpr,
-    HAS_KEY_START: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_KEY_START: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -102,25 +108,19 @@ def _attn_bwd_dq_kernel(
     else:
         ks = 0
     offset = k_pos - q_pos
-    first_q = start_m // GROUP
-    last_q = (tl.minimum(start_m + BLOCK_M, M_total) - 1) // GROUP
-    hi = tl.maximum(tl.minimum(k_pos, last_q + offset + 1), 0)
-    full_hi = tl.maximum(tl.minimum(k_pos, first_q + offset + 1), 0)
-    lo = (ks // BLOCK_N) * BLOCK_N
-    ks_ceil = tl.cdiv(ks, BLOCK_N) * BLOCK_N
-    a_end = tl.minimum(ks_ceil, hi)
-    b_end = tl.maximum(ks_ceil, (full_hi // BLOCK_N) * BLOCK_N)
+    lo, a_end, b_end, hi = _key_blocks(start_m, M_total, ks, k_pos, q_pos, window, GROUP, HAS_WINDOW,
+                                       BLOCK_M, BLOCK_N)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq = _bwd_dq_inner(dq, q, do, lse2, delta, K_base, V_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                       q_idx, offs_n, offs_d, d_valid, lo, a_end, ks, k_pos, offset, qk_scale,
-                       True, CHECK_D, PRECISION, UPCAST, BLOCK_N)
+                       q_idx, offs_n, offs_d, d_valid, lo, a_end, ks, k_pos, offset, window, qk_scale, cap_log2,
+                       True, HAS_WINDOW, SOFTCAP, CHECK_D, PRECISION, UPCAST, BLOCK_N)
     dq = _bwd_dq_inner(dq, q, do, lse2, delta, K_base, V_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                       q_idx, offs_n, offs_d, d_valid, ks_ceil, b_end, ks, k_pos, offset, qk_scale,
-                       False, CHECK_D, PRECISION, UPCAST, BLOCK_N)
+                       q_idx, offs_n, offs_d, d_valid, a_end, b_end, ks, k_pos, offset, window, qk_scale,
+                       cap_log2, False, HAS_WINDOW, SOFTCAP, CHECK_D, PRECISION, UPCAST, BLOCK_N)
     dq = _bwd_dq_inner(dq, q, do, lse2, delta, K_base, V_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                       q_idx, offs_n, offs_d, d_valid, b_end, hi, ks, k_pos, offset, qk_scale,
-                       True, CHECK_D, PRECISION, UPCAST, BLOCK_N)
+                       q_idx, offs_n, offs_d, d_valid, b_end, hi, ks, k_pos, offset, window, qk_scale, cap_log2,
+                       True, HAS_WINDOW, SOFTCAP, CHECK_D, PRECISION, UPCAST, BLOCK_N)
     dq = dq * sm_scale
 
     _, dq_rel, dq_first = _packed_rows(start_m, offs_m, GROUP, stride_dqm, stride_dqh)
@@ -132,9 +132,9 @@ def _attn_bwd_dq_kernel(
 def _bwd_dkdv_inner(
     dk, dv, k, v, Q_base, DO_base, LSE_row, Delta_row,
     stride_qm, stride_qh, stride_qd, stride_dom, stride_doh, stride_dod,
-    cols, n_valid, offs_m, offs_d, d_valid, lo, hi, ks, M_total, offset, qk_scale,
-    MASKED: tl.constexpr, CHECK_D: tl.constexpr, GROUP: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
+    cols, offs_m, offs_d, d_valid, lo, hi, ks, k_pos, M_total, offset, window, qk_scale, cap_log2,
+    MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, CHECK_D: tl.constexpr,
+    GROUP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -153,15 +153,17 @@ def _bwd_dkdv_inner(
             lse2 = tl.load(LSE_row + rows) * 1.4426950408889634
             delta = tl.load(Delta_row + rows)
         lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
-        qkT = _dot(k, qT, PRECISION, UPCAST) * qk_scale  # [BLOCK_N, BLOCK_M]
+        qkT, tT = _scores(k, qT, qk_scale, cap_log2, SOFTCAP, PRECISION, UPCAST)  # [BLOCK_N, BLOCK_M]
         if MASKED:
-            visible = ((cols[:, None] <= q_idx[None, :] + offset) & (cols[:, None] >= ks)
-                       & n_valid[:, None] & r_valid[None, :])
+            visible = (_visible(cols[:, None], q_idx[None, :], ks, k_pos, offset, window, HAS_WINDOW)
+                       & r_valid[None, :])
             qkT = tl.where(visible, qkT, float("-inf"))
         pT = tl.math.exp2(qkT - lse2[None, :])
         dv += _dot(pT.to(do.dtype), do, PRECISION, UPCAST)
         dpT = _dot(v, tl.trans(do), PRECISION, UPCAST)
         dsT = pT * (dpT - delta[None, :])
+        if SOFTCAP:
+            dsT = dsT * (1.0 - tT * tT)
         dk += _dot(dsT.to(qT.dtype), tl.trans(qT), PRECISION, UPCAST)
     return dk, dv
 
@@ -175,11 +177,11 @@ def _attn_bwd_dkdv_kernel(
     stride_dob, stride_dom, stride_doh, stride_dod,
     stride_dkb, stride_dkn, stride_dkh, stride_dkd,
     stride_dvb, stride_dvn, stride_dvh, stride_dvd,
-    n_kv_heads, q_pos, k_pos, M_total, sm_scale, qk_scale,
+    n_kv_heads, q_pos, k_pos, M_total, window, sm_scale, qk_scale, cap_log2,
     M_BUCKET, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_D: tl.constexpr, GROUP: tl.constexpr,
-    HAS_KEY_START: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_KEY_START: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -205,21 +207,8 @@ def _attn_bwd_dkdv_kernel(
     else:
         ks = 0
     offset = k_pos - q_pos
-    # packed row r (query i = r // GROUP) sees key j iff j <= i + offset, i.e. r >= (j - offset) * GROUP
-    first_row = tl.maximum(start_n - offset, 0) * GROUP  # first row seeing the block's first key
-    full_row = tl.maximum(start_n + BLOCK_N - 1 - offset, 0) * GROUP  # rows >= this see the whole block
-    lo = (first_row // BLOCK_M) * BLOCK_M
-    full_m = tl.cdiv(full_row, BLOCK_M) * BLOCK_M
-    m_full_end = (M_total // BLOCK_M) * BLOCK_M
-    m_end = tl.cdiv(M_total, BLOCK_M) * BLOCK_M
-    keys_ok = (start_n >= ks) & (start_n + BLOCK_N <= k_pos)
-    mid = tl.where(keys_ok, tl.minimum(full_m, m_full_end), m_full_end)
-    mid = tl.maximum(mid, lo)
-    tail = tl.maximum(lo, m_full_end)
-    if start_n + BLOCK_N <= ks:  # the whole key block is left padding: dk = dv = 0
-        lo = m_end
-        mid = m_end
-        tail = m_end
+    lo, a_end, b_end, end = _row_blocks(start_n, M_total, ks, k_pos, q_pos, window, GROUP, HAS_WINDOW,
+                                        BLOCK_M, BLOCK_N)
 
     Q_base = Q + off_b * stride_qb + off_g * GROUP * stride_qh
     DO_base = DO + off_b * stride_dob + off_g * GROUP * stride_doh
@@ -228,19 +217,23 @@ def _attn_bwd_dkdv_kernel(
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    # (1) rows on the causal diagonal (masked), (2) rows seeing the whole block (no mask), (3) ragged tail.
+    # (1) rows on the causal diagonal or the window's edge (masked), (2) rows seeing the whole block (no
+    # mask), (3) the window's far edge and the ragged tail (masked).
     dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE_row, Delta_row,
                              stride_qm, stride_qh, stride_qd, stride_dom, stride_doh, stride_dod,
-                             cols, n_valid, offs_m, offs_d, d_valid, lo, mid, ks, M_total, offset, qk_scale,
-                             True, CHECK_D, GROUP, PRECISION, UPCAST, BLOCK_M)
+                             cols, offs_m, offs_d, d_valid, lo, a_end, ks, k_pos, M_total, offset, window,
+                             qk_scale, cap_log2, True, HAS_WINDOW, SOFTCAP, CHECK_D, GROUP, PRECISION, UPCAST,
+                             BLOCK_M)
     dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE_row, Delta_row,
                              stride_qm, stride_qh, stride_qd, stride_dom, stride_doh, stride_dod,
-                             cols, n_valid, offs_m, offs_d, d_valid, mid, m_full_end, ks, M_total, offset,
-                             qk_scale, False, CHECK_D, GROUP, PRECISION, UPCAST, BLOCK_M)
+                             cols, offs_m, offs_d, d_valid, a_end, b_end, ks, k_pos, M_total, offset, window,
+                             qk_scale, cap_log2, False, HAS_WINDOW, SOFTCAP, CHECK_D, GROUP, PRECISION, UPCAST,
+                             BLOCK_M)
     dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q_base, DO_base, LSE_row, Delta_row,
                              stride_qm, stride_qh, stride_qd, stride_dom, stride_doh, stride_dod,
-                             cols, n_valid, offs_m, offs_d, d_valid, tail, m_end, ks, M_total, offset, qk_scale,
-                             True, CHECK_D, GROUP, PRECISION, UPCAST, BLOCK_M)
+                             cols, offs_m, offs_d, d_valid, b_end, end, ks, k_pos, M_total, offset, window,
+                             qk_scale, cap_log2, True, HAS_WINDOW, SOFTCAP, CHECK_D, GROUP, PRECISION, UPCAST,
+                             BLOCK_M)
     dk = dk * sm_scale
 
     _store(DK + off_b * stride_dkb + off_g * stride_dkh + k_first * stride_dkn + offs_n[:, None] * stride_dkn

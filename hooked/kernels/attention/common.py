@@ -1,4 +1,6 @@
-"""Shared pieces of the Triton attention kernels: the run mode, the small jit helpers, the tuning set-up.
+"""Shared pieces of the Triton attention kernels: the run mode, the small jit helpers (scores with the
+optional logit softcap, the key and row ranges a program visits under the causal mask, left padding and
+sliding window), the tuning set-up.
 
 Run mode, decided once at import time and imported by every other attention module:
 
@@ -21,6 +23,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 try:  # the switch triton.jit consults when it decorates the kernels (in forward and backward)
     _INTERPRET: bool = bool(triton.knobs.runtime.interpret)
@@ -74,6 +77,100 @@ def _store(ptrs, x, mask_a, mask_b, CHECK_B: tl.constexpr):
 
 
 @triton.jit
+def _tanh(x, INTERPRET: tl.constexpr):
+    if INTERPRET:
+        # The interpreter has no libdevice. tanh from exp, with the odd series below |x| = 1/4 where
+        # 1 - exp(-2|x|) cancels: within 2e-7 relative of torch.tanh (next series term < 1e-8).
+        a = tl.abs(x)
+        e = tl.exp(-2.0 * a)
+        a2 = a * a
+        series = a * (1.0 + a2 * (-0.3333333333333333 + a2 * (0.13333333333333333 + a2 * (
+            -0.05396825396825397 + a2 * 0.021869488536155203))))
+        t = tl.where(a < 0.25, series, (1.0 - e) / (1.0 + e))
+        return tl.where(x < 0, -t, t)
+    else:
+        return libdevice.tanh(x)
+
+
+@triton.jit
+def _scores(a, b, qk_scale, cap_log2, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Scores in base 2 (``log2(e)`` folded in) of the product ``a @ b``, and ``t`` for the backward.
+
+    Without SOFTCAP: ``qk_scale = sm_scale * log2(e)``, returns ``(s, s)``. With it (Gemma 2's
+    ``softcap * tanh(sm_scale * q.k / softcap)``): ``qk_scale = sm_scale / softcap``, ``cap_log2 =
+    softcap * log2(e)``, returns ``(t * cap_log2, t)`` with ``t = tanh(sm_scale * q.k / softcap)``, whose
+    derivative ``1 - t**2`` the backward multiplies into dS. UPCAST is set exactly when interpreting."""
+    s = _dot(a, b, PRECISION, UPCAST) * qk_scale
+    if SOFTCAP:
+        t = _tanh(s, UPCAST)
+        return t * cap_log2, t
+    else:
+        return s, s
+
+
+@triton.jit
+def _visible(cols, q_idx, ks, k_pos, offset, window, HAS_WINDOW: tl.constexpr):
+    """[rows, keys] mask from column and row index vectors shaped to broadcast: key j is visible to query
+    i iff ``ks <= j < k_pos`` and ``i + offset - window < j <= i + offset`` (no lower bound without
+    HAS_WINDOW)."""
+    visible = (cols <= q_idx + offset) & (cols >= ks) & (cols < k_pos)
+    if HAS_WINDOW:
+        visible = visible & (cols > q_idx + offset - window)
+    return visible
+
+
+@triton.jit
+def _key_blocks(start_m, M_total, ks, k_pos, q_pos, window, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key blocks a program owning packed rows ``[start_m, start_m + BLOCK_M)`` visits: ``(lo, a_end,
+    b_end, hi)``, masked blocks in ``[lo, a_end)`` and ``[b_end, hi)``, blocks every row sees whole in
+    ``[a_end, b_end)``. Keys no row sees (left padding, the future, behind the window) are skipped, so a
+    windowed row block costs O(BLOCK_M / GROUP + window) keys, not O(k_pos)."""
+    offset = k_pos - q_pos
+    first_q = start_m // GROUP
+    last_q = (tl.minimum(start_m + BLOCK_M, M_total) - 1) // GROUP
+    hi = tl.maximum(tl.minimum(k_pos, last_q + offset + 1), 0)  # keys visible to some row: [first, hi)
+    full_hi = tl.maximum(tl.minimum(k_pos, first_q + offset + 1), 0)  # visible to every row: [full_lo, full_hi)
+    first = ks
+    full_lo = ks
+    if HAS_WINDOW:
+        first = tl.maximum(first, first_q + offset - window + 1)
+        full_lo = tl.maximum(full_lo, last_q + offset - window + 1)
+    lo = (first // BLOCK_N) * BLOCK_N
+    a_end = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, lo), hi)
+    b_end = tl.maximum(a_end, (full_hi // BLOCK_N) * BLOCK_N)
+    return lo, a_end, b_end, hi
+
+
+@triton.jit
+def _row_blocks(start_n, M_total, ks, k_pos, q_pos, window, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The packed-row blocks the dk/dv program owning keys ``[start_n, start_n + BLOCK_N)`` visits: ``(lo,
+    a_end, b_end, end)``, masked in ``[lo, a_end)`` and ``[b_end, end)``, rows that see the whole key block
+    (and lie below M_total) in ``[a_end, b_end)``. Query i sees key j iff ``j - window < i + offset <= j``
+    (packed row ``r = i * GROUP + t``), so with a window only O((BLOCK_N + window) * GROUP) rows."""
+    offset = k_pos - q_pos
+    last_key = tl.minimum(start_n + BLOCK_N, k_pos) - 1
+    first_row = tl.maximum(start_n - offset, 0) * GROUP  # the first row seeing the block's first key
+    full_row = tl.maximum(start_n + BLOCK_N - 1 - offset, 0) * GROUP  # rows from here see its last key
+    end_row = M_total  # rows seeing some key of the block end here
+    full_end_row = M_total  # rows seeing the block's first key (through the window) end here
+    if HAS_WINDOW:
+        end_row = tl.minimum(tl.maximum(last_key - offset + window, 0) * GROUP, M_total)
+        full_end_row = tl.minimum(tl.maximum(start_n - offset + window, 0) * GROUP, M_total)
+    lo = (first_row // BLOCK_M) * BLOCK_M
+    end = tl.maximum(tl.cdiv(end_row, BLOCK_M) * BLOCK_M, lo)
+    keys_ok = (start_n >= ks) & (start_n + BLOCK_N <= k_pos)  # no padding key and no key past k_pos
+    a_end = tl.where(keys_ok, tl.minimum(tl.maximum(tl.cdiv(full_row, BLOCK_M) * BLOCK_M, lo), end), end)
+    b_end = tl.maximum(a_end, (full_end_row // BLOCK_M) * BLOCK_M)
+    if start_n + BLOCK_N <= ks:  # the whole key block is left padding: dk = dv = 0
+        lo = end
+        a_end = end
+        b_end = end
+    return lo, a_end, b_end, end
+
+
+@triton.jit
 def _packed_rows(start_m, offs_m, GROUP: tl.constexpr, stride_m, stride_h):
     """Packed row r = i * GROUP + t -> (query position i, relative element offset).
 
@@ -120,7 +217,7 @@ def _configs(entries):
     ]
 
 
-_TUNE_KEY = ["HEAD_DIM", "GROUP", "HAS_KEY_START", "M_BUCKET", "N_BUCKET"]
+_TUNE_KEY = ["HEAD_DIM", "GROUP", "HAS_KEY_START", "HAS_WINDOW", "SOFTCAP", "M_BUCKET", "N_BUCKET"]
 
 
 def _autotune(kernel, configs):

@@ -3,16 +3,20 @@
 Per batch b, query head h (kv head g = h // group), query position i, key position j::
 
     visible(i, j) = key_start[b] <= j <= i + (k_pos - q_pos)        # causal, bottom-right aligned
+                    and j > i + (k_pos - q_pos) - window             # sliding window, if any
     s_ij   = sm_scale * q_i . k_j                                      # sm_scale = d_head ** -0.5
+    s_ij   = softcap * tanh(s_ij / softcap)                            # logit softcap, if any
     lse_i  = log sum_{j visible} exp(s_ij)
     p_ij   = exp(s_ij - lse_i)
     out_i  = sum_j p_ij v_j                 (0 for a row that sees no key, with lse_i = -inf)
 
 A program owns one (batch, kv head) and a block of packed rows (all query heads of the group, see
 ``common``) and streams key blocks with the online softmax: running max m, running sum l, base-2
-exponentials with ``sm_scale * log2(e)`` folded into the scores (``qk_scale``). The key loop is split
-into (A) the block holding ``key_start`` (masked), (B) blocks every row sees whole (no mask), and
-(C) the causal diagonal and ragged tail (masked). ``lse`` is saved in natural log for the backward.
+exponentials with ``log2(e)`` folded into the scores (``common._scores``). The key loop visits only
+the blocks some row sees (``common._key_blocks``: not the left padding, the future or what lies behind
+the window), split into masked blocks (the left-padding boundary, the window's edge, the causal diagonal
+and ragged tail) and blocks every row sees whole (no mask). ``lse`` is saved in natural log for the
+backward.
 """
 
 from __future__ import annotations
@@ -20,15 +24,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hooked.kernels.attention.common import _autotune, _configs, _dot, _load, _packed_rows, _store
+from hooked.kernels.attention.common import (
+    _autotune, _configs, _dot, _key_blocks, _load, _packed_rows, _scores, _store, _visible,
+)
 
 
 @triton.jit
 def _fwd_inner(
     acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_kd, stride_vn, stride_vd,
-    q_idx, offs_n, offs_d, d_valid, lo, hi, ks, k_pos, offset, qk_scale,
-    MASKED: tl.constexpr, CHECK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    q_idx, offs_n, offs_d, d_valid, lo, hi, ks, k_pos, offset, window, qk_scale, cap_log2,
+    MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, CHECK_D: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -38,9 +44,9 @@ def _fwd_inner(
         v_blk = V_base + start_n.to(tl.int64) * stride_vn
         kT = _load(k_blk + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
                    n_valid[None, :], d_valid[:, None], MASKED, CHECK_D)
-        qk = _dot(q, kT, PRECISION, UPCAST) * qk_scale
+        qk, _ = _scores(q, kT, qk_scale, cap_log2, SOFTCAP, PRECISION, UPCAST)
         if MASKED:
-            visible = (cols[None, :] <= q_idx[:, None] + offset) & (cols[None, :] >= ks) & n_valid[None, :]
+            visible = _visible(cols[None, :], q_idx[:, None], ks, k_pos, offset, window, HAS_WINDOW)
             qk = tl.where(visible, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
@@ -64,11 +70,11 @@ def _attn_fwd_kernel(
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
     stride_ob, stride_om, stride_oh, stride_od,
-    n_kv_heads, q_pos, k_pos, M_total, qk_scale,
+    n_kv_heads, q_pos, k_pos, M_total, window, qk_scale, cap_log2,
     M_BUCKET, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_D: tl.constexpr, GROUP: tl.constexpr,
-    HAS_KEY_START: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_KEY_START: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -94,28 +100,22 @@ def _attn_fwd_kernel(
     else:
         ks = 0
     offset = k_pos - q_pos
-    first_q = start_m // GROUP
-    last_q = (tl.minimum(start_m + BLOCK_M, M_total) - 1) // GROUP
-    hi = tl.maximum(tl.minimum(k_pos, last_q + offset + 1), 0)  # keys visible to some row: [ks, hi)
-    full_hi = tl.maximum(tl.minimum(k_pos, first_q + offset + 1), 0)  # visible to every row: [ks, full_hi)
-    lo = (ks // BLOCK_N) * BLOCK_N
-    ks_ceil = tl.cdiv(ks, BLOCK_N) * BLOCK_N
-    a_end = tl.minimum(ks_ceil, hi)
-    b_end = tl.maximum(ks_ceil, (full_hi // BLOCK_N) * BLOCK_N)
+    lo, a_end, b_end, hi = _key_blocks(start_m, M_total, ks, k_pos, q_pos, window, GROUP, HAS_WINDOW,
+                                       BLOCK_M, BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # (A) the block holding key_start (masked), (B) fully visible blocks (no mask), (C) diagonal/tail.
+    # masked blocks (left-padding boundary, window edge), blocks every row sees whole, masked (diagonal, tail)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                               q_idx, offs_n, offs_d, d_valid, lo, a_end, ks, k_pos, offset, qk_scale,
-                               True, CHECK_D, PRECISION, UPCAST, BLOCK_N)
+                               q_idx, offs_n, offs_d, d_valid, lo, a_end, ks, k_pos, offset, window, qk_scale,
+                               cap_log2, True, HAS_WINDOW, SOFTCAP, CHECK_D, PRECISION, UPCAST, BLOCK_N)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                               q_idx, offs_n, offs_d, d_valid, ks_ceil, b_end, ks, k_pos, offset, qk_scale,
-                               False, CHECK_D, PRECISION, UPCAST, BLOCK_N)
+                               q_idx, offs_n, offs_d, d_valid, a_end, b_end, ks, k_pos, offset, window, qk_scale,
+                               cap_log2, False, HAS_WINDOW, SOFTCAP, CHECK_D, PRECISION, UPCAST, BLOCK_N)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                               q_idx, offs_n, offs_d, d_valid, b_end, hi, ks, k_pos, offset, qk_scale,
-                               True, CHECK_D, PRECISION, UPCAST, BLOCK_N)
+                               q_idx, offs_n, offs_d, d_valid, b_end, hi, ks, k_pos, offset, window, qk_scale,
+                               cap_log2, True, HAS_WINDOW, SOFTCAP, CHECK_D, PRECISION, UPCAST, BLOCK_N)
 
     empty = l_i == 0.0  # nothing visible (left-padded query): output exactly 0
     l_safe = tl.where(empty, 1.0, l_i)

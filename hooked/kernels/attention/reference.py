@@ -3,7 +3,9 @@
 For batch b, query position i, query head h (kv head ``g = h // (n_heads // n_kv_heads)``)::
 
     s[j]    = sm_scale * <q[b, i, h], k[b, j, g]>            (sm_scale defaults to d_head ** -0.5)
+    s[j]    = softcap * tanh(s[j] / softcap)                 (with a softcap: Gemma 2, before masking)
     visible = key_start[b] <= j <= i + (k_pos - q_pos)       (causal, aligned bottom-right; left padding)
+              and j > i + (k_pos - q_pos) - window           (with a sliding window, in columns)
     lse     = log(sum_{j visible} exp(s[j]))                 (-inf when nothing is visible)
     z[b, i, h] = sum_{j visible} exp(s[j] - lse) * v[b, j, g]   (exactly 0 when nothing is visible)
     out[b, i, h * d_head + e] = z[b, i, h, e]
@@ -20,12 +22,16 @@ __all__ = ["attention_reference", "visible_mask"]
 
 
 def visible_mask(
-    batch: int, q_pos: int, k_pos: int, key_start: torch.Tensor | None, device: torch.device | str
+    batch: int, q_pos: int, k_pos: int, key_start: torch.Tensor | None, device: torch.device | str,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Boolean ``[batch, q_pos, k_pos]``: True where key j is visible to query i."""
     i = torch.arange(q_pos, device=device)[:, None]
     j = torch.arange(k_pos, device=device)[None, :]
-    mask = (j <= i + (k_pos - q_pos)).expand(batch, q_pos, k_pos)
+    causal = j <= i + (k_pos - q_pos)
+    if window is not None:
+        causal = causal & (j > i + (k_pos - q_pos) - window)
+    mask = causal.expand(batch, q_pos, k_pos)
     if key_start is not None:
         ks = key_start.to(device=device, dtype=torch.long).view(batch, 1, 1)
         mask = mask & (j[None] >= ks)
@@ -39,9 +45,12 @@ def attention_reference(
     *,
     key_start: torch.Tensor | None = None,
     sm_scale: float | None = None,
+    softcap: float | None = None,
+    window: int | None = None,
     return_lse: bool = False,
 ):
-    """Causal (bottom-right aligned) GQA attention with optional left padding, in float32.
+    """Causal (bottom-right aligned) GQA attention with optional left padding, logit softcap and sliding
+    window, in float32.
 
     q: [batch, q_pos, n_heads, d_head]; k, v: [batch, k_pos, n_kv_heads, d_head].
     Returns ``out`` [batch, q_pos, n_heads * d_head] in q's dtype, and with ``return_lse=True``
@@ -60,7 +69,9 @@ def attention_reference(
     kf = k.float().repeat_interleave(group, dim=2).permute(0, 2, 1, 3)  # [b, H, k, d]
     vf = v.float().repeat_interleave(group, dim=2).permute(0, 2, 1, 3)
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * sm_scale  # [b, H, q, k]
-    mask = visible_mask(batch, q_pos, k_pos, key_start, q.device)[:, None]  # [b, 1, q, k]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    mask = visible_mask(batch, q_pos, k_pos, key_start, q.device, window)[:, None]  # [b, 1, q, k]
     scores = scores.masked_fill(~mask, float("-inf"))
 
     row_max = scores.amax(dim=-1, keepdim=True).detach()

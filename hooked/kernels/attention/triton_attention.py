@@ -1,8 +1,11 @@
 """Triton FlashAttention-2 style causal GQA attention: launchers, autograd and ``flash_attention``.
 
-``flash_attention(q, k, v, *, key_start=None, sm_scale=None) -> out [b, q_pos, H * d]``::
+``flash_attention(q, k, v, *, key_start=None, sm_scale=None, softcap=None, window=None)
+-> out [b, q_pos, H * d]``::
 
-    out_i = sum_{key_start[b] <= j <= i + k_pos - q_pos} softmax_j(sm_scale * q_i . k_j) v_j   (0 if none)
+    s_ij   = sm_scale * q_i . k_j, then softcap * tanh(s_ij / softcap) with a softcap (Gemma 2)
+    out_i  = sum_{j visible} softmax_j(s_ij) v_j   (0 if none)
+    visible: key_start[b] <= j <= i + k_pos - q_pos, and j > i + k_pos - q_pos - window with a window
 
 The kernels live next to this file: ``forward`` (online softmax, saves ``lse``), ``backward``
 (dq + delta, then dk/dv, with the gradient formulas) and ``common`` (run mode, jit helpers,
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 
 import torch
 import triton
@@ -66,7 +70,8 @@ _empty = torch.empty
 # ----------------------------------------------------------------------------------------------
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_start: torch.Tensor | None):
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_start: torch.Tensor | None,
+           softcap: float | None = None, window: int | None = None):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"expected q [batch, q_pos, n_heads, d_head] and k, v [batch, k_pos, n_kv_heads, d_head]; "
@@ -93,6 +98,14 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_start: torch.T
         if key_start.shape != (q.shape[0],) or key_start.dtype.is_floating_point or key_start.dtype == torch.bool:
             raise ValueError(f"key_start must be an integer tensor of shape [batch]={q.shape[0]}; "
                              f"got {key_start.dtype} {tuple(key_start.shape)}")
+    if softcap is not None and not (isinstance(softcap, numbers.Real) and not isinstance(softcap, bool)
+                                    and 0 < softcap < math.inf):
+        raise ValueError(f"softcap must be a positive finite number (Gemma 2's attn_logit_softcapping, e.g. 50.0)"
+                         f" or None for no cap; got {softcap!r}")
+    if window is not None and not (isinstance(window, numbers.Integral) and not isinstance(window, bool)
+                                   and window >= 1):
+        raise ValueError(f"window must be a whole number of key columns >= 1 (a sliding window: query i sees key j"
+                         f" iff i - window < j <= i) or None for none; got {window!r}")
 
 
 def _on_device_of(t: torch.Tensor):
@@ -110,13 +123,21 @@ def _flat_strides(t: torch.Tensor, d_head: int):
     return sb, sm, d_head * se, se
 
 
-def _common(q: torch.Tensor, k: torch.Tensor, key_start: torch.Tensor | None, sm_scale: float | None):
+def _common(q: torch.Tensor, k: torch.Tensor, key_start: torch.Tensor | None, sm_scale: float | None,
+            softcap: float | None, window: int | None):
     batch, q_pos, n_heads, d_head = q.shape
     k_pos, n_kv_heads = k.shape[1], k.shape[2]
     group = n_heads // n_kv_heads
     if sm_scale is None:
         sm_scale = d_head**-0.5
     sm_scale = float(sm_scale)
+    if softcap is None:  # the kernels' scores are base 2: qk_scale folds in log2(e) (see common._scores)
+        qk_scale, cap_log2 = sm_scale * _LOG2E, 1.0
+    else:
+        qk_scale, cap_log2 = sm_scale / float(softcap), float(softcap) * _LOG2E
+    # query i + k_pos - q_pos - j < k_pos for every visible key, so a window >= k_pos hides nothing
+    has_window = window is not None and window < k_pos
+    window = int(window) if has_window else 0
     block_d = max(16, triton.next_power_of_2(d_head))
     if key_start is not None:
         ks = key_start.to(device=q.device, dtype=torch.int32).contiguous()
@@ -128,13 +149,16 @@ def _common(q: torch.Tensor, k: torch.Tensor, key_start: torch.Tensor | None, sm
         CHECK_D=block_d != d_head,
         GROUP=group,
         HAS_KEY_START=ks is not None,
+        HAS_WINDOW=has_window,
+        SOFTCAP=softcap is not None,
         PRECISION=_FP32_DOT_PRECISION if q.dtype == torch.float32 else "tf32",  # ignored for 16-bit
         UPCAST=_INTERPRET,
         **_FIXED_META,
     )
     M_total = q_pos * group
     buckets = (min(_pow2_bucket(M_total), 1 << 14), min(_pow2_bucket(k_pos), 1 << 16))
-    return batch, q_pos, n_heads, d_head, k_pos, n_kv_heads, group, sm_scale, ks, meta, M_total, buckets
+    scalars = (window, sm_scale, qk_scale, cap_log2)
+    return batch, q_pos, n_heads, d_head, k_pos, n_kv_heads, group, scalars, ks, meta, M_total, buckets
 
 
 def _grid_rows(M_total: int, bh: int):
@@ -149,13 +173,14 @@ def _grid_keys(k_pos: int, bh: int):
     return (triton.cdiv(k_pos, _INTERPRET_BLOCK_N), bh)
 
 
-def _flash_attention_forward(q, k, v, key_start=None, sm_scale=None):
+def _flash_attention_forward(q, k, v, key_start=None, sm_scale=None, softcap=None, window=None):
     """Launch the forward kernel. Returns ``(out [b, q, H*d], lse [b, n_kv_heads, q_pos*group] fp32)``.
 
     ``lse`` is in the kernel's packed-row layout; see :func:`lse_per_head`."""
-    _check(q, k, v, key_start)
-    (batch, q_pos, n_heads, d_head, k_pos, n_kv_heads, group, sm_scale, ks, meta, M_total,
-     buckets) = _common(q, k, key_start, sm_scale)
+    _check(q, k, v, key_start, softcap, window)
+    (batch, q_pos, n_heads, d_head, k_pos, n_kv_heads, group, scalars, ks, meta, M_total,
+     buckets) = _common(q, k, key_start, sm_scale, softcap, window)
+    window_arg, _, qk_scale, cap_log2 = scalars
     out = _empty((batch, q_pos, n_heads * d_head), dtype=q.dtype, device=q.device)
     lse = _empty((batch, n_kv_heads, M_total), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
@@ -168,17 +193,17 @@ def _flash_attention_forward(q, k, v, key_start=None, sm_scale=None):
     _fwd_kernel[_grid_rows(M_total, bh)](
         q, k, v, out, lse, ks if ks is not None else q,
         *_strides4(q), *_strides4(k), *_strides4(v), *_flat_strides(out, d_head),
-        n_kv_heads, q_pos, k_pos, M_total, sm_scale * _LOG2E,
+        n_kv_heads, q_pos, k_pos, M_total, window_arg, qk_scale, cap_log2,
         *buckets,
         **meta,
     )
     return out, lse
 
 
-def _flash_attention_backward(dout, q, k, v, out, lse, key_start=None, sm_scale=None):
+def _flash_attention_backward(dout, q, k, v, out, lse, key_start=None, sm_scale=None, softcap=None, window=None):
     """Launch the backward kernels; returns ``(dq, dk, dv)`` (contiguous, in the inputs' dtype)."""
-    (batch, q_pos, n_heads, d_head, k_pos, n_kv_heads, group, sm_scale, ks, meta, M_total,
-     buckets) = _common(q, k, key_start, sm_scale)
+    (batch, q_pos, n_heads, d_head, k_pos, n_kv_heads, group, scalars, ks, meta, M_total,
+     buckets) = _common(q, k, key_start, sm_scale, softcap, window)
     dq = _empty(q.shape, dtype=q.dtype, device=q.device)
     dk = _empty(k.shape, dtype=k.dtype, device=k.device)
     dv = _empty(v.shape, dtype=v.dtype, device=v.device)
@@ -191,7 +216,7 @@ def _flash_attention_backward(dout, q, k, v, out, lse, key_start=None, sm_scale=
         q, k, v, out, dout, dq, lse, delta, ks_arg,
         *_strides4(q), *_strides4(k), *_strides4(v), *_flat_strides(out, d_head),
         *_flat_strides(dout, d_head), *_strides4(dq),
-        n_kv_heads, q_pos, k_pos, M_total, sm_scale, sm_scale * _LOG2E,
+        n_kv_heads, q_pos, k_pos, M_total, *scalars,
         *buckets,
         **meta,
     )
@@ -199,7 +224,7 @@ def _flash_attention_backward(dout, q, k, v, out, lse, key_start=None, sm_scale=
         q, k, v, dout, dk, dv, lse, delta, ks_arg,
         *_strides4(q), *_strides4(k), *_strides4(v), *_flat_strides(dout, d_head),
         *_strides4(dk), *_strides4(dv),
-        n_kv_heads, q_pos, k_pos, M_total, sm_scale, sm_scale * _LOG2E,
+        n_kv_heads, q_pos, k_pos, M_total, *scalars,
         *buckets,
         **meta,
     )
@@ -216,11 +241,11 @@ def lse_per_head(lse: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, key_start, sm_scale):
+    def forward(ctx, q, k, v, key_start, sm_scale, softcap, window):
         with _on_device_of(q):
-            out, lse = _flash_attention_forward(q, k, v, key_start, sm_scale)
+            out, lse = _flash_attention_forward(q, k, v, key_start, sm_scale, softcap, window)
         ctx.save_for_backward(q, k, v, out, lse, key_start)
-        ctx.sm_scale = sm_scale
+        ctx.sm_scale, ctx.softcap, ctx.window = sm_scale, softcap, window
         return out
 
     @staticmethod
@@ -228,23 +253,29 @@ class _FlashAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, key_start = ctx.saved_tensors
         with _on_device_of(q):
-            dq, dk, dv = _flash_attention_backward(dout, q, k, v, out, lse, key_start, ctx.sm_scale)
-        return dq, dk, dv, None, None
+            dq, dk, dv = _flash_attention_backward(dout, q, k, v, out, lse, key_start, ctx.sm_scale, ctx.softcap,
+                                                   ctx.window)
+        return dq, dk, dv, None, None, None, None
 
 
-def flash_attention(q, k, v, *, key_start=None, sm_scale=None):
-    """Causal (bottom-right aligned) GQA attention with optional left padding.
+def flash_attention(q, k, v, *, key_start=None, sm_scale=None, softcap=None, window=None):
+    """Causal (bottom-right aligned) GQA attention with optional left padding, logit softcap and sliding window.
 
     q: [batch, q_pos, n_heads, d_head]; k, v: [batch, k_pos, n_kv_heads, d_head], any strides.
     Query head h reads kv head ``h // (n_heads // n_kv_heads)``; key j is visible to query i iff
-    ``key_start[b] <= j <= i + k_pos - q_pos``. Rows that see no key return exactly 0.
+    ``key_start[b] <= j <= i + k_pos - q_pos`` and, with ``window`` (Mistral's ``sliding_window``, in
+    columns), ``j > i + k_pos - q_pos - window``. Scores are ``sm_scale * q . k`` (default
+    ``d_head ** -0.5``), then ``softcap * tanh(scores / softcap)`` with ``softcap`` (Gemma 2's
+    ``attn_logit_softcapping``). Rows that see no key return exactly 0.
     Returns ``out`` [batch, q_pos, n_heads * d_head] (contiguous, written in place by the kernel);
     ``out.view(batch, q_pos, n_heads, d_head)`` is the per-head output z sharing its storage.
     Differentiable in q, k, v (Triton backward kernels; first order only).
+
+        out = flash_attention(q, k, v, key_start=torch.tensor([0, 3]), softcap=50.0, window=4096)
     """
     if key_start is not None and not isinstance(key_start, torch.Tensor):
         key_start = torch.as_tensor(key_start, dtype=torch.int32, device=q.device)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _FlashAttention.apply(q, k, v, key_start, sm_scale)
+        return _FlashAttention.apply(q, k, v, key_start, sm_scale, softcap, window)
     with _on_device_of(q):
-        return _flash_attention_forward(q, k, v, key_start, sm_scale)[0]
+        return _flash_attention_forward(q, k, v, key_start, sm_scale, softcap, window)[0]
