@@ -68,10 +68,12 @@ def ablation_hooks(cfg) -> dict[str, list]:
         "resample_heads_pattern": [(f"blocks.0.attn.hook_pattern", ablate.resample(heads=[0, cfg.n_heads - 1], seed=3))],
         "zero_q_position": [("blocks.0.attn.hook_q", ablate.zero(heads=cfg.n_heads - 1, positions=[2]))],
         "scale_v": [(f"blocks.{last}.attn.hook_v", scale_kv_head)],
-        "double_neurons": [(f"blocks.0.mlp.hook_post", double_neurons)],
-        "mean_neurons": [("blocks.0.mlp.hook_pre", ablate.mean(reference, neurons=[0, 5], model=None))],
         "zero_resid_mid": [(f"blocks.0.{mid_point(cfg)}", ablate.zero(positions=[-1]))],
     }
+    dense = [layer for layer in range(cfg.n_layers) if not cfg.is_sparse(layer)]
+    if dense:  # a dense MLP's neurons (Mixtral has none)
+        hooks["double_neurons"] = [(f"blocks.{dense[0]}.mlp.hook_post", double_neurons)]
+        hooks["mean_neurons"] = [(f"blocks.{dense[0]}.mlp.hook_pre", ablate.mean(reference, neurons=[0, 5], model=None))]
     if cfg.original_architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):  # q/k norms
         hooks["zero_q_normed"] = [("blocks.0.attn.q_norm.hook_normalized", ablate.zero(heads=0))]
     if getattr(cfg, "n_experts", 0):
@@ -99,7 +101,9 @@ def sweep_variants(cfg) -> dict[str, list]:
     variants = {f"L{layer}H{head}": [(f"blocks.{layer}.attn.hook_z", ablate.zero(heads=head))]
                 for layer in range(cfg.n_layers) for head in range(cfg.n_heads)}
     variants |= {f"L{layer}.mlp": [(f"blocks.{layer}.hook_mlp_out", ablate.zero())] for layer in range(cfg.n_layers)}
-    variants["L0.N3"] = [("blocks.0.mlp.hook_post", ablate.zero(neurons=3))]
+    dense = [layer for layer in range(cfg.n_layers) if not cfg.is_sparse(layer)]
+    if dense:
+        variants[f"L{dense[0]}.N3"] = [(f"blocks.{dense[0]}.mlp.hook_post", ablate.zero(neurons=3))]
     return variants
 
 

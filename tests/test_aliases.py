@@ -98,7 +98,7 @@ def test_names_are_transformer_lens_3_9s():
         assert list(aliases) == MODEL_ALIASES.get(official, [])
         for name in (official, *aliases):
             assert hub_id(name) == hub_id(name.upper()) == official
-    prefixes = ("meta-llama/", "codellama/", "mistralai/mistral-", "eleutherai/pythia", "eleutherai/gpt-neox")
+    prefixes = ("meta-llama/", "codellama/", "mistralai/mistral-", "mistralai/mixtral-", "eleutherai/pythia", "eleutherai/gpt-neox")
     families = [name for name in OFFICIAL_MODEL_NAMES if "gpt2" in name.lower() or "qwen3" in name.lower()
                 or name.lower().startswith(prefixes)]
     missing = [name for name in families if name not in TRANSFORMER_LENS_NAMES and not name.startswith("stanford-crfm/")]

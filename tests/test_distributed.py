@@ -61,6 +61,10 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
         "gpt_neox": build(root / "gpt_neox", transformers.GPTNeoXConfig(
             vocab_size=96, hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2,
             rotary_pct=0.5, use_parallel_residual=True), transformers.GPTNeoXForCausalLM),
+        # Experts split over ranks (4 experts, top-2) under Mistral's attention.
+        "mixtral": build(root / "mixtral", transformers.MixtralConfig(
+            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
+            num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2), transformers.MixtralForCausalLM),
     }
 
 
@@ -85,7 +89,7 @@ def single(checkpoints) -> dict[str, hooked.HookedTransformer]:
     return {name: hooked.load(directory) for name, directory in checkpoints.items()}
 
 
-ARCHS = ["gpt2", "qwen3", "qwen3_moe", "llama", "mistral", "gpt_neox"]
+ARCHS = ["gpt2", "qwen3", "qwen3_moe", "llama", "mistral", "gpt_neox", "mixtral"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -125,12 +129,13 @@ def test_head_results_from_a_cache_of_z_equal_tp1(ranks, single, arch):
         torch.testing.assert_close(rank[arch]["head_results"], expected, rtol=0, atol=ATOL)
 
 
-def test_expert_results_at_tp2_equal_tp1(ranks, single):
-    model = single["qwen3_moe"]
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_expert_results_at_tp2_equal_tp1(ranks, single, arch):
+    model = single[arch]
     _, cache = model.run_with_cache(worker.prompt_tokens(model.cfg))
     expected = cache.stack_expert_results(pos_slice=-1)
     for rank in ranks:
-        torch.testing.assert_close(rank["qwen3_moe"]["expert_results"], expected, rtol=0, atol=ATOL)
+        torch.testing.assert_close(rank[arch]["expert_results"], expected, rtol=0, atol=ATOL)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -22,3 +22,8 @@ from hooked.models.llama import Llama, LlamaConfig, Mistral, MistralConfig  # no
 
 MODEL_CLASSES = (*MODEL_CLASSES, Llama, Mistral)
 __all__ += ["Llama", "LlamaConfig", "Mistral", "MistralConfig"]
+
+from hooked.models.mixtral import Mixtral, MixtralConfig  # noqa: E402
+
+MODEL_CLASSES = (*MODEL_CLASSES, Mixtral)
+__all__ += ["Mixtral", "MixtralConfig"]

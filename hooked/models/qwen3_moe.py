@@ -87,6 +87,10 @@ class Qwen3MoeExperts(nn.Module):
 class Qwen3MoeSparseMLP(nn.Module):
     """Top-k routed experts. Only experts that received tokens run, each once on all its tokens."""
 
+    # Qwen3-MoE casts the routing weights to the model dtype before weighting the slots; Mixtral keeps them
+    # float32, so a bf16 model weights and sums its slots in float32 and casts the sum (hooked/models/mixtral.py).
+    float32_expert_weights = False
+
     def __init__(self, cfg: Qwen3MoeConfig):
         super().__init__()
         self.n_experts, self.top_k, self.norm_topk_prob = cfg.n_experts, cfg.top_k, cfg.norm_topk_prob
@@ -122,12 +126,12 @@ class Qwen3MoeSparseMLP(nn.Module):
             top_probs = top_probs / top_probs.sum(-1, keepdim=True)
         self.hook_expert_weights.slot_experts = top_indices
         try:
-            expert_weights = self.hook_expert_weights(top_probs.to(router_logits.dtype))
+            expert_weights = self.hook_expert_weights(top_probs if self.float32_expert_weights else top_probs.to(router_logits.dtype))
         finally:
             self.hook_expert_weights.slot_experts = None
         expert_indices = self.hook_expert_indices(top_indices)
         slot_out = self.run_experts(x, expert_indices)  # [batch pos top_k d_model]
-        out = (slot_out * expert_weights[..., None]).sum(2)
+        out = (slot_out * expert_weights[..., None]).sum(2).to(x.dtype)  # a no-op unless the weights are float32
         return out if self.parallel is None else self.parallel.all_reduce(out)  # slots of other ranks' experts
 
     def run_experts(
@@ -203,7 +207,7 @@ class Qwen3MoeSparseMLP(nn.Module):
             slots = (indices == expert).nonzero()[:, 0]
             if len(slots):
                 weight = down_proj[expert - self.local_experts.start].to(post.device, post.dtype)
-                write = F.linear(post[slots], weight) * weights[slots]
+                write = (F.linear(post[slots], weight) * weights[slots]).to(results.dtype)
                 # accumulate: a hook that edited the indices may have put one expert in two slots of a token
                 results.index_put_((token_of_slot[slots], slots.new_full(slots.shape, expert)), write, accumulate=True)
         if self.parallel is not None:  # each rank wrote its own experts' columns
