@@ -141,6 +141,7 @@ class ResidualDecomposition:
                 self.cache_dict[name] = self._head_results(i)
 
     def _head_results(self, layer: int) -> Tensor:
+        additive_writes(self.model, layer, "per-head results (stack_head_results, get_full_resid_decomposition)")
         name = act_name("result", layer)
         if name in self.cache_dict:
             return self.cache_dict[name]
@@ -192,6 +193,7 @@ class ResidualDecomposition:
         return (stack, labels) if return_labels else stack
 
     def _neuron_weights(self, layer: int) -> Tensor:
+        additive_writes(self.model, layer, "per-neuron results (get_neuron_results, stack_neuron_results)")
         mlp = self.model.blocks[layer].mlp
         if mlp is None:
             raise ValueError(f"block {layer} is attention-only (cfg.attn_only): it has no MLP, so no neurons")
@@ -310,6 +312,7 @@ class ResidualDecomposition:
         `hook_expert_indices` (a default cache keeps them) and the model's expert weights.
         """
         layer = layer + self.model.cfg.n_layers if layer < 0 else layer
+        additive_writes(self.model, layer, "per-expert results (get_expert_results)")
         mlp = self.model.blocks[layer].mlp
         if not _has_experts(mlp):
             raise ValueError(f"blocks.{layer}.mlp is dense, with no experts: its neurons are cache.get_neuron_results({layer})")
@@ -507,6 +510,20 @@ def _has_experts(mlp: torch.nn.Module) -> bool:
     return hasattr(mlp, "expert_results")
 
 
+def additive_writes(model: "HookedTransformer", layer: int, what: str) -> None:
+    """Raise unless block `layer` adds its sublayers' outputs to the residual stream as they are: a block that
+    declares `output_norms` (OLMo 2 normalises the attention and MLP outputs before the add) has no additive
+    per-head, per-neuron or per-expert writes, so `what` (a stack of them, or circuits over them) would be
+    silently wrong."""
+    norms = getattr(type(model.blocks[layer]), "output_norms", ())
+    if norms:
+        raise ValueError(
+            f"{what}: block {layer} normalises its sublayer outputs ({', '.join(norms)}) before adding them to the residual"
+            " stream, so a head's hook_result, a neuron's post * W_out or a bias is not what it adds and these terms do"
+            " not sum to the residual stream; use decompose_resid (hook_attn_out / hook_mlp_out are the added terms)"
+        )
+
+
 def mlp_reads_attention(model: "HookedTransformer", layer: int) -> bool:
     """Whether block `layer`'s MLP reads its attention's output (resid_mid): a sequential block declares the
     children its second half computes (`mlp_stage`); a parallel-residual one (GPT-NeoX) declares none, and
@@ -526,6 +543,7 @@ def accumulated_bias(model: "HookedTransformer", layer: int, mlp_input: bool = F
         raise ValueError("Cannot include attn_bias from beyond the final layer")
     total = torch.zeros(model.cfg.d_model, device=model.device, dtype=model.dtype)
     for i in range(layer + int(mlp_input and mlp_reads_attention(model, layer))):
+        additive_writes(model, i, "accumulated_bias")
         block = model.blocks[i]
         total = total + block.attn.b_O.detach()  # each family's attention declares b_O (zeros without a bias)
         if include_mlp_biases and i < layer and block.mlp is not None:  # an attention-only block has no MLP

@@ -35,7 +35,7 @@ import hooked
 from hooked import circuits, metrics
 from hooked.circuits.discovery import acdc
 from hooked.circuits.experiment import Experiment
-from hooked.testing import models, random_model, tokens
+from hooked.testing import ARCHITECTURES, models, random_model, tokens
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 TOL = 1e-4  # float32: per-head inputs and per-head writes sum in another order than the fused projections
@@ -55,6 +55,11 @@ def assert_close_to_scale(actual, expected, relative: float = TOL, scale: float 
 
 
 # ============================================================================= the graph, written independently
+# The families circuits serve: blocks that add their sublayer outputs as they are (OLMo 2 normalises them first,
+# and circuits.graph refuses it: tests/test_olmo2_parity.py).
+CIRCUIT_FAMILIES = [family for family in ARCHITECTURES if not getattr(type(random_model(family).blocks[0]), "output_norms", ())]
+
+
 def shape(model) -> tuple[int, int, int]:
     return model.cfg.n_layers, model.cfg.n_heads, model.cfg.n_kv_heads
 
@@ -429,7 +434,7 @@ def draw_prompts(data, model):
 @settings(max_examples=12, **SETTINGS)
 @given(st.data())
 def test_all_none_and_one_receivers_edges(data):
-    model = data.draw(models(), label="model")
+    model = data.draw(models(CIRCUIT_FAMILIES), label="model")
     clean, corrupt, mask, metric = draw_prompts(data, model)
     n_layers, n_heads, n_kv = shape(model)
     parallel = is_parallel(model)
@@ -446,7 +451,7 @@ def test_all_none_and_one_receivers_edges(data):
 @settings(max_examples=15, **SETTINGS)
 @given(st.data())
 def test_random_edge_sets_and_ablations_property(data):
-    model = data.draw(models(), label="model")
+    model = data.draw(models(CIRCUIT_FAMILIES), label="model")
     clean, corrupt, mask, metric = draw_prompts(data, model)
     edges = ref_edges(*shape(model), parallel=is_parallel(model))
     sets = data.draw(st.lists(st.lists(st.sampled_from(edges), unique=True, max_size=len(edges)), min_size=1, max_size=4),
@@ -463,7 +468,7 @@ def test_random_edge_sets_and_ablations_property(data):
 def test_faithfulness_is_its_formula(data):
     # float64: with "zero" or "mean", a receiver whose every edge is patched reads about 0 on a model without
     # biases, and Qwen3's per-head q_norm blows float32's rounding noise there up to O(1) in either computation
-    model = copy.deepcopy(data.draw(models(), label="model")).double()
+    model = copy.deepcopy(data.draw(models(CIRCUIT_FAMILIES), label="model")).double()
     clean, corrupt, mask, metric = draw_prompts(data, model)
     ablation = data.draw(st.sampled_from(["corrupt", "corrupt", "mean", "zero"]), label="ablation")
     edges = ref_edges(*shape(model), parallel=is_parallel(model))
@@ -557,7 +562,7 @@ def test_eap_and_eap_ig_scores_equal_hand_gradients(arch, padded):
 @settings(max_examples=10, **SETTINGS)
 @given(st.data())
 def test_attribution_property(data):
-    model = data.draw(models(), label="model")
+    model = data.draw(models(CIRCUIT_FAMILIES), label="model")
     clean, corrupt, mask, metric = draw_prompts(data, model)
     ablation = data.draw(st.sampled_from(["corrupt", "mean", "zero"]), label="ablation")
     steps = data.draw(st.sampled_from([None, 1, 3]), label="steps (None: EAP)")
@@ -641,7 +646,7 @@ def test_path_patching_direct_and_wang_equal_brute_force(arch):
 @settings(max_examples=10, **SETTINGS)
 @given(st.data())
 def test_path_patching_property(data):
-    model = data.draw(models(), label="model")
+    model = data.draw(models(CIRCUIT_FAMILIES), label="model")
     clean, corrupt, mask, metric = draw_prompts(data, model)
     n_layers, n_heads, n_kv = shape(model)
     nodes = [f"L{layer}H{h}" for layer in range(n_layers) for h in range(n_heads)] + [f"L{layer}.mlp" for layer in range(n_layers)]

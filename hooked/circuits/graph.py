@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from hooked.addresses import kv_head_name
+from hooked.decomposition import additive_writes
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -256,6 +257,8 @@ def graph(model: "HookedTransformer") -> Graph:
         model._check_name(f"blocks.0.{name}")  # an architecture without the split input points has no circuits
     for layer in mlp_layers[:1]:
         model._check_name(f"blocks.{layer}.hook_mlp_in")
+    for layer in range(model.cfg.n_layers):  # an edge's effect is a source's write added to a receiver's input
+        additive_writes(model, layer, "circuits.graph")
     cfg = model.cfg
     return graph_of_shape(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
                           None if len(mlp_layers) == cfg.n_layers else mlp_layers, parallel)

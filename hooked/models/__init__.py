@@ -27,3 +27,8 @@ from hooked.models.mixtral import Mixtral, MixtralConfig  # noqa: E402
 
 MODEL_CLASSES = (*MODEL_CLASSES, Mixtral)
 __all__ += ["Mixtral", "MixtralConfig"]
+
+from hooked.models.olmo2 import Olmo2, Olmo2Config  # noqa: E402
+
+MODEL_CLASSES = (*MODEL_CLASSES, Olmo2)
+__all__ += ["Olmo2", "Olmo2Config"]

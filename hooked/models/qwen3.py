@@ -215,8 +215,9 @@ class Qwen3Attention(nn.Module):
         if self.qk_norm:
             q = self.hook_q_normed(self.q_norm(q))
             k = self.hook_k_normed(self.k_norm(k))
-        q = self.hook_rot_q(apply_rotary(q, cos, sin))
-        k = self.hook_rot_k(apply_rotary(k, cos, sin))
+        # In q's dtype: cos/sin come in it (a no-op cast), except OLMo 2's, kept float32 as transformers' (olmo2.py).
+        q = self.hook_rot_q(apply_rotary(q, cos, sin).to(q.dtype))
+        k = self.hook_rot_k(apply_rotary(k, cos, sin).to(k.dtype))
         if kv is not None:  # a KV cache: keys and values of every column so far (this call's included)
             k, v = kv.append(k, v)
         z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=True)
