@@ -291,6 +291,9 @@ FAMILY_SHAPES = {
         FAMILY_COMMON, num_key_value_heads=8, intermediate_size=2816, sliding_window=4096)),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
         FAMILY_COMMON, intermediate_size=4096, rotary_pct=0.25, use_parallel_residual=True)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        FAMILY_COMMON, num_key_value_heads=8, intermediate_size=1024, num_local_experts=8, num_experts_per_tok=2)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(FAMILY_COMMON, num_key_value_heads=8, intermediate_size=2816)),
 }
 
 

@@ -1,11 +1,12 @@
-"""Forward pass, no hooks: hooked's Llama, Mistral and GPT-NeoX (Pythia) vs transformers (SDPA), same weights.
+"""Forward pass, no hooks: hooked's Llama, Mistral, GPT-NeoX (Pythia), Mixtral and OLMo 2 vs transformers (SDPA).
 
-    .venv/bin/python benchmarks/families_forward.py [--repeats 10] [--batch 4] [--pos 128] [--only llama|mistral|gpt_neox]
+    .venv/bin/python benchmarks/families_forward.py [--repeats 10] [--batch 4] [--pos 128] [--only FAMILY]
 
 Random checkpoints of benchmarks/common.py's FAMILY_SHAPES, sized for a 2-core CPU: d_model 1024, 16 query
 heads, 4 layers, vocab 32000; Llama with 8 kv heads, d_mlp 2816 and Llama 3.1's rope scaling; Mistral with
 8 kv heads and a 4096-token sliding window (longer than the prompt, as Mistral 7B v0.1's); GPT-NeoX with a
-parallel residual, rotary on a quarter of each head and d_mlp 4096. Float32, CPU, random tokens
+parallel residual, rotary on a quarter of each head and d_mlp 4096; Mixtral with 8 experts of width 1024,
+top-2; OLMo 2 with 8 kv heads and d_mlp 2816. Float32, CPU, random tokens
 [batch pos], torch.inference_mode, interleaved A B A B after warmup; transformers gets `use_cache=False`.
 Read the ratio of medians (target: hooked <= 1.0). Also prints the max abs difference of the logits.
 Checkpoints are written once under $HOOKED_BENCH_DIR (default /tmp/hooked-bench) and reused.

@@ -13,7 +13,7 @@ Three sections (`--model`, default all):
   layers, 16 experts, top-4, expert width 768) loaded as bfloat16. transformers loads them with
   the class named in config.json (`Qwen3ForCausalLM` / `Qwen3MoeForCausalLM`);
 * families: the float32 checkpoints of benchmarks/families_forward.py (common.FAMILY_SHAPES: Llama,
-  Mistral, GPT-NeoX, d_model 1024, 4 layers, vocab 32000, one file each) loaded as float32.
+  Mistral, GPT-NeoX, Mixtral, OLMo 2, d_model 1024, 4 layers, vocab 32000, one file each) loaded as float32.
 
 Every load runs in a fresh subprocess (`loading.py --worker LIB DTYPE --dir DIR`), so nothing the
 parent allocated counts; hooked and transformers subprocesses alternate (A B A B ...), `--rounds`
@@ -145,7 +145,7 @@ def sections(which: str) -> dict[str, list[Case]]:
             directory = family_checkpoint(family)
             print(describe(f"{family}, float32", directory))
             cases.append(Case(f"{family}, float32 file -> float32", directory, "float32", ("transformers", "hooked")))
-        result["Llama, Mistral, GPT-NeoX, float32 checkpoints (one file)"] = cases
+        result["The other families, float32 checkpoints (one file)"] = cases
     return result
 
 
