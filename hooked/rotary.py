@@ -11,6 +11,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+def plain_frequencies(d_head: int, theta: float) -> Tensor:
+    """1 / theta^(arange(0, d_head, 2) / d_head), float32 on the CPU (the model is built under
+    torch.device("meta"), and these are real numbers)."""
+    return 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.float, device="cpu") / d_head))
+
+
 @dataclass(frozen=True)
 class YarnScaling:
     """YaRN rotary scaling (arXiv 2309.00071) as transformers' `_compute_yarn_parameters` reads it."""
@@ -24,6 +30,37 @@ class YarnScaling:
     mscale_all_dim: float | None = None
     truncate: bool = True  # round the ramp boundaries to whole dimensions
 
+    def frequencies(self, d_head: int, theta: float) -> tuple[Tensor, float]:
+        """Interpolated (divided by `factor`) and extrapolated frequencies blended over a linear ramp, in the order
+        of transformers 5.24 `modeling_rope_utils._compute_yarn_parameters`, and the cos/sin factor."""
+
+        def get_mscale(scale: float, mscale: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+        attention_factor = self.attention_factor
+        if attention_factor is None:
+            if self.mscale and self.mscale_all_dim:
+                attention_factor = float(get_mscale(self.factor, self.mscale) / get_mscale(self.factor, self.mscale_all_dim))
+            else:
+                attention_factor = get_mscale(self.factor)
+
+        def correction_dim(rotations: float) -> float:
+            return (d_head * math.log(self.original_max_positions / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, d_head - 1)
+        if low == high:
+            high += 0.001  # as transformers: avoid a zero-width ramp
+        ramp = torch.clamp((torch.arange(d_head // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
+        extrapolation_weight = 1 - ramp
+        pos_freqs = theta ** (torch.arange(0, d_head, 2, device="cpu").to(dtype=torch.float) / d_head)
+        inv_freq_extrapolation = 1.0 / pos_freqs
+        inv_freq_interpolation = 1.0 / (self.factor * pos_freqs)
+        inv_freq = inv_freq_interpolation * (1 - extrapolation_weight) + inv_freq_extrapolation * extrapolation_weight
+        return inv_freq, attention_factor
+
 
 @dataclass(frozen=True)
 class LinearScaling:
@@ -31,6 +68,9 @@ class LinearScaling:
     (transformers 5.24 `modeling_rope_utils._compute_linear_scaling_rope_parameters`)."""
 
     factor: float
+
+    def frequencies(self, d_head: int, theta: float) -> tuple[Tensor, float]:
+        return plain_frequencies(d_head, theta) / self.factor, 1.0
 
 
 @dataclass(frozen=True)
@@ -44,67 +84,28 @@ class Llama3Scaling:
     high_freq_factor: float
     original_max_positions: int  # context length the model was pretrained with
 
+    def frequencies(self, d_head: int, theta: float) -> tuple[Tensor, float]:
+        """transformers 5.24 `_compute_llama3_parameters`, operation for operation."""
+        inv_freq = plain_frequencies(d_head, theta)
+        low_freq_wavelen = self.original_max_positions / self.low_freq_factor
+        high_freq_wavelen = self.original_max_positions / self.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / self.factor, inv_freq)
+        smooth_factor = (self.original_max_positions / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor)
+        smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / self.factor + smooth_factor * inv_freq_llama
+        is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama), 1.0
 
-RopeScaling = YarnScaling | LinearScaling | Llama3Scaling
+
+RopeScaling = YarnScaling | LinearScaling | Llama3Scaling  # each computes its own frequencies
 
 
 def rotary_frequencies(d_head: int, theta: float, scaling: RopeScaling | None = None) -> tuple[Tensor, float]:
-    """Inverse frequencies [d_head / 2] (float32, on the CPU) and the factor cos/sin are multiplied by.
-
-    Plain RoPE: inv_freq = 1 / theta^(arange(0, d_head, 2) / d_head). YaRN blends interpolated
-    (divided by `factor`) and extrapolated frequencies over a linear ramp, in exactly the order of
-    transformers 5.24 `modeling_rope_utils._compute_yarn_parameters`, so the bits agree; `LinearScaling`
-    and `Llama3Scaling` follow their transformers functions the same way.
-    """
-    # Explicit device: the model is built under torch.device("meta"), and these are real numbers.
-    if not isinstance(scaling, YarnScaling):
-        inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.float, device="cpu") / d_head))
-        if isinstance(scaling, LinearScaling):
-            inv_freq = inv_freq / scaling.factor
-        elif isinstance(scaling, Llama3Scaling):
-            inv_freq = _llama3_frequencies(inv_freq, scaling)
-        return inv_freq, 1.0
-    yarn = scaling
-
-    def get_mscale(scale: float, mscale: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-    attention_factor = yarn.attention_factor
-    if attention_factor is None:
-        if yarn.mscale and yarn.mscale_all_dim:
-            attention_factor = float(get_mscale(yarn.factor, yarn.mscale) / get_mscale(yarn.factor, yarn.mscale_all_dim))
-        else:
-            attention_factor = get_mscale(yarn.factor)
-
-    def correction_dim(rotations: float) -> float:
-        return (d_head * math.log(yarn.original_max_positions / (rotations * 2 * math.pi))) / (2 * math.log(theta))
-
-    low, high = correction_dim(yarn.beta_fast), correction_dim(yarn.beta_slow)
-    if yarn.truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, d_head - 1)
-    if low == high:
-        high += 0.001  # as transformers: avoid a zero-width ramp
-    ramp = torch.clamp((torch.arange(d_head // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
-    extrapolation_weight = 1 - ramp
-    pos_freqs = theta ** (torch.arange(0, d_head, 2, device="cpu").to(dtype=torch.float) / d_head)
-    inv_freq_extrapolation = 1.0 / pos_freqs
-    inv_freq_interpolation = 1.0 / (yarn.factor * pos_freqs)
-    inv_freq = inv_freq_interpolation * (1 - extrapolation_weight) + inv_freq_extrapolation * extrapolation_weight
-    return inv_freq, attention_factor
-
-
-def _llama3_frequencies(inv_freq: Tensor, scaling: Llama3Scaling) -> Tensor:
-    """transformers 5.24 `_compute_llama3_parameters`, operation for operation."""
-    low_freq_wavelen = scaling.original_max_positions / scaling.low_freq_factor
-    high_freq_wavelen = scaling.original_max_positions / scaling.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
-    smooth_factor = (scaling.original_max_positions / wavelen - scaling.low_freq_factor) / (
-        scaling.high_freq_factor - scaling.low_freq_factor)
-    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / scaling.factor + smooth_factor * inv_freq_llama
-    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+    """Inverse frequencies [d_head / 2] (float32, on the CPU) and the factor cos/sin are multiplied by: plain
+    RoPE, or what the scaling computes (`scaling.frequencies`), each in its transformers 5.24 function's
+    order so the bits agree."""
+    return (plain_frequencies(d_head, theta), 1.0) if scaling is None else scaling.frequencies(d_head, theta)
 
 
 class RotaryEmbedding(nn.Module):

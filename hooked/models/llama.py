@@ -29,13 +29,13 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm
 from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
-from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.models.base import HookedTransformer, ModelConfig, RotaryRMSNames
 from hooked.models.qwen3 import Qwen3, Qwen3Attention, Qwen3Block, rms_rotary_fields
 from hooked.processing import Projection
 
 
 @dataclass
-class LlamaConfig(ModelConfig):
+class LlamaConfig(RotaryRMSNames, ModelConfig):
     n_layers: int  # transformer blocks (num_hidden_layers)
     d_model: int  # residual stream width (hidden_size)
     n_heads: int  # query heads (num_attention_heads)
@@ -61,23 +61,6 @@ class LlamaConfig(ModelConfig):
     gated_mlp = True
     final_rms = True
     rotary_adjacent_pairs = False  # half-split RoPE
-
-    @property
-    def rotary_dim(self) -> int:
-        return self.d_head  # RoPE turns every pair of a head's dimensions
-
-    @property
-    def n_ctx(self) -> int:
-        """Where `to_tokens(truncate=True)` cuts: the config's length."""
-        return self.max_position_embeddings
-
-    @property
-    def eps(self) -> float:
-        return self.rms_norm_eps
-
-    @property
-    def rotary_base(self) -> float:
-        return self.rope_theta
 
     @property
     def use_NTK_by_parts_rope(self) -> bool:  # TransformerLens' name for the "llama3" scaling

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm, Split, mlp_input
-from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.models.base import HookedTransformer, ModelConfig, RotaryRMSNames
 from hooked.models.qwen3 import Qwen3, Qwen3Attention
 from hooked.processing import Projection
 from hooked.rotary import RotaryEmbedding
@@ -45,7 +45,7 @@ _NO_PRE_NORM = ("OLMo 2 has no norm before attention or the MLP: its ln1 / ln2 n
 
 
 @dataclass
-class Olmo2Config(ModelConfig):
+class Olmo2Config(RotaryRMSNames, ModelConfig):
     n_layers: int  # transformer blocks (num_hidden_layers)
     d_model: int  # residual stream width (hidden_size)
     n_heads: int  # query heads (num_attention_heads)
@@ -69,23 +69,6 @@ class Olmo2Config(ModelConfig):
     final_rms = True
     use_qk_norm = False  # TransformerLens' per-head q/k norm flag: OLMo 2's norms span all heads (by architecture there)
     rotary_adjacent_pairs = False  # half-split RoPE
-
-    @property
-    def rotary_dim(self) -> int:
-        return self.d_head  # RoPE turns every pair of a head's dimensions
-
-    @property
-    def n_ctx(self) -> int:
-        """Where `to_tokens(truncate=True)` cuts: the config's length."""
-        return self.max_position_embeddings
-
-    @property
-    def eps(self) -> float:
-        return self.rms_norm_eps
-
-    @property
-    def rotary_base(self) -> float:
-        return self.rope_theta
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads:

@@ -26,12 +26,12 @@ from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm, Split, add_bias, attend, attention_input, mlp_input, writable
 from hooked.rotary import RotaryEmbedding, YarnScaling, apply_rotary
-from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.models.base import HookedTransformer, ModelConfig, RotaryRMSNames
 from hooked.processing import Projection
 
 
 @dataclass
-class Qwen3Config(ModelConfig):
+class Qwen3Config(RotaryRMSNames, ModelConfig):
     n_layers: int  # transformer blocks (num_hidden_layers)
     d_model: int  # residual stream width (hidden_size)
     n_heads: int  # query heads (num_attention_heads)
@@ -54,23 +54,6 @@ class Qwen3Config(ModelConfig):
     original_architecture = "Qwen3ForCausalLM"
     gated_mlp = True
     final_rms = True
-
-    @property
-    def rotary_dim(self) -> int:
-        return self.d_head  # RoPE turns every pair of a head's dimensions
-
-    @property
-    def n_ctx(self) -> int:
-        """Where `to_tokens(truncate=True)` cuts (TransformerLens caps Qwen3 at 2048; here the config's length)."""
-        return self.max_position_embeddings
-
-    @property
-    def eps(self) -> float:
-        return self.rms_norm_eps
-
-    @property
-    def rotary_base(self) -> float:
-        return self.rope_theta
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads:
