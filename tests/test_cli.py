@@ -34,6 +34,10 @@ def test_hooks_lists_every_name_with_its_shape(gpt2, gpt2_dir, capsys):
          num_key_value_heads=2, intermediate_size=48, vocab_size=64, sliding_window=4),
     dict(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"], num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
          intermediate_size=48, vocab_size=64, rotary_pct=0.25, use_parallel_residual=True),
+    dict(model_type="mixtral", architectures=["MixtralForCausalLM"], num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+         num_key_value_heads=2, intermediate_size=16, vocab_size=64, num_local_experts=4, num_experts_per_tok=2),
+    dict(model_type="olmo2", architectures=["Olmo2ForCausalLM"], num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+         num_key_value_heads=2, intermediate_size=48, vocab_size=64),
 ])
 def test_hooks_lists_every_family_from_its_config_json(tmp_path, config, capsys):
     """`hooked hooks DIR` on a config.json alone (no weights): every hook point of the family, with its shape."""
