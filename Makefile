@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # nnsight's dependencies are not pinned in constraints.txt and the tests never use them.
 BENCH_VENV ?= /tmp/hooked-bench/venv
 
-.PHONY: demo test bench bench-sweep install gpu-check
+.PHONY: demo test test-fast bench bench-sweep install gpu-check
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+test-fast: $(VENV)/.installed  # everything but the tests marked slow (wheel, notebooks, demos, torchrun, site build)
+	$(PY) -m pytest -q -m "not slow"
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/forward.py

@@ -25,6 +25,8 @@ from tests import distributed_worker as worker
 
 import transformers  # builds the Qwen3 checkpoints (the dev extra)
 
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out
+
 REPO = Path(__file__).resolve().parent.parent
 ATOL = 1e-5  # float32 rounding: the all-reduces sum partial products in another order (measured <= 1e-6)
 

@@ -27,6 +27,7 @@ def _load_generator():
 ref = _load_generator()
 
 
+@pytest.mark.slow
 def test_mkdocs_build_strict_has_no_warning(tmp_path):
     site = tmp_path / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1", HF_HUB_OFFLINE="1")

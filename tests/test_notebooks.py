@@ -19,6 +19,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 PLOTS = re.compile(r"plt\.show\(\)|\.heatmap\(")  # a cell that draws a figure

@@ -40,6 +40,8 @@ import torch
 
 from hooked.testing import CORPUS, build_gpt2_checkpoint
 
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out
+
 DEMOS = Path(__file__).parent / "tl_demos"
 WIDTH = int(os.environ.get("HOOKED_TL_DEMOS_WIDTH", "96"))
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_positions=1024)

@@ -12,6 +12,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out
+
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ("ioi-gpt2", "ioi-qwen3moe")
 
