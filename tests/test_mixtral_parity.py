@@ -345,6 +345,28 @@ def test_every_layout_transformers_reads_loads_identically(tmp_path, dirs, model
             assert torch.equal(hooked.load(directory)(tokens), expected), directory.name
 
 
+def test_a_checkpoint_with_both_expert_layouts_is_refused_in_either_order(tmp_path, dirs):
+    """The fused gate_up_proj in one shard and the per-expert w1/w3 in the next would fill the same parameter
+    twice: refused as unexpected tensors, whichever shard comes first (the later never overwrites the earlier)."""
+    case = "window_k3_mqa_tied"
+    per_expert = load_file(dirs[case] / "model.safetensors")
+    fused = {key: tensor.contiguous() for key, tensor in hf_reference(dirs[case], HF, "sdpa").state_dict().items()
+             if ".mlp.experts." in key}
+    for order in ("fused first", "per-expert first"):
+        directory = tmp_path / order.replace(" ", "-")
+        shutil.copytree(dirs[case], directory)
+        (directory / "model.safetensors").unlink()
+        shards = {"model-00001-of-00002.safetensors": fused, "model-00002-of-00002.safetensors": per_expert}
+        if order != "fused first":
+            shards = dict(zip(shards, reversed(list(shards.values()))))
+        for name, tensors in shards.items():
+            save_file(tensors, directory / name, metadata={"format": "pt"})
+        weight_map = {key: name for name, tensors in shards.items() for key in tensors}
+        (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        with pytest.raises(hooked.CheckpointError, match="unexpected tensors"):
+            hooked.load(directory)
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda key: None if key == "model.layers.1.block_sparse_moe.experts.2.w3.weight" else key,
      r"missing tensors: \['blocks.1.mlp.experts.gate_up_proj\[2\] \(part 2 of 2\)'\]"),

@@ -440,6 +440,8 @@ def _read_slice(file, key: str, stacked, expected, state, filled, dtype, device,
         done, _ = filled.setdefault(target, (set(), parts)) if target in expected else (set(), parts)
         if target not in expected or not 0 <= index < expected[target].shape[0] or (index, part) in done:
             return "unexpected"
+        if target in state and not done:  # already read whole (a fused tensor of another layout): never overwrite it
+            return "unexpected"
         shape = expected[target].shape
         piece = _piece_shape(shape, parts)
         if file.shape(key) != piece:
