@@ -133,28 +133,6 @@ class ModelConfig:
         return self.n_kv_heads
 
 
-class RotaryRMSNames:
-    """TransformerLens' names for a config with RMSNorm (`rms_norm_eps`) and RoPE over whole heads (`d_head`,
-    `rope_theta`, `max_position_embeddings`), mixed into Qwen3's, Llama's and OLMo 2's configs."""
-
-    @property
-    def rotary_dim(self) -> int:
-        return self.d_head  # RoPE turns every pair of a head's dimensions
-
-    @property
-    def n_ctx(self) -> int:
-        """Where `to_tokens(truncate=True)` cuts: the config's length (TransformerLens caps some at 2048)."""
-        return self.max_position_embeddings
-
-    @property
-    def eps(self) -> float:
-        return self.rms_norm_eps
-
-    @property
-    def rotary_base(self) -> float:
-        return self.rope_theta
-
-
 class _BuildsFromConfig(type):
     """`HookedTransformer(cfg)` as in TransformerLens: the base class called with a config builds the family
     model it describes (hooked.tl_config); every subclass constructs as usual."""

@@ -29,8 +29,8 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm
 from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
-from hooked.models.base import HookedTransformer, ModelConfig, RotaryRMSNames
-from hooked.models.qwen3 import Qwen3, Qwen3Attention, Qwen3Block, rms_rotary_fields
+from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.models.qwen3 import Qwen3, Qwen3Attention, Qwen3Block, RotaryRMSNames, rms_rotary_fields
 from hooked.processing import Projection
 
 
@@ -277,17 +277,9 @@ class Llama(HookedTransformer):
 
     @classmethod
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
-        """Config fields for a hypothesis-drawn random model (`st`: hypothesis.strategies)."""
-        return dict(
-            d_model=draw(st.sampled_from([16, 24, 32, 48])),
-            n_kv_heads=draw(st.sampled_from([k for k in range(1, n_heads + 1) if n_heads % k == 0])),
-            d_head=draw(st.sampled_from([4, 8, 16])),  # even (half-split rotary), not d_model / n_heads
-            d_mlp=draw(st.sampled_from([32, 48])),
-            tie_word_embeddings=draw(st.booleans()),
-            attention_bias=draw(st.booleans()),
-            mlp_bias=draw(st.booleans()),
-            rope_scaling=draw(st.sampled_from([None, LinearScaling(2.0), Llama3Scaling(8.0, 1.0, 4.0, 16)])),
-        )
+        """Qwen3's draws (the same attention sizes), plus Llama's MLP biases and rope scalings."""
+        return dict(Qwen3.draw_sizes(draw, st, n_layers, n_heads), mlp_bias=draw(st.booleans()),
+                    rope_scaling=draw(st.sampled_from([None, LinearScaling(2.0), Llama3Scaling(8.0, 1.0, 4.0, 16)])))
 
     # The embedding, unembedding and their weight views are Qwen3's: the same parameters, the same names.
     resid_from_tokens = Qwen3.resid_from_tokens

@@ -35,8 +35,8 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm, Split, mlp_input
-from hooked.models.base import HookedTransformer, ModelConfig, RotaryRMSNames
-from hooked.models.qwen3 import Qwen3, Qwen3Attention
+from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.models.qwen3 import Qwen3, Qwen3Attention, RotaryRMSNames
 from hooked.processing import Projection
 from hooked.rotary import RotaryEmbedding
 
@@ -302,17 +302,7 @@ class Olmo2(HookedTransformer):
             self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
         self.setup_hooks()
 
-    @classmethod
-    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
-        """Config fields for a hypothesis-drawn random model (`st`: hypothesis.strategies)."""
-        return dict(
-            d_model=draw(st.sampled_from([16, 24, 32, 48])),
-            n_kv_heads=draw(st.sampled_from([k for k in range(1, n_heads + 1) if n_heads % k == 0])),
-            d_head=draw(st.sampled_from([4, 8, 16])),  # even (half-split rotary), not d_model / n_heads
-            d_mlp=draw(st.sampled_from([32, 48])),
-            tie_word_embeddings=draw(st.booleans()),
-            attention_bias=draw(st.booleans()),
-        )
+    draw_sizes = Qwen3.draw_sizes  # the same fields, drawn alike (hooked.testing.models)
 
     # The embedding, unembedding and their weight views are Qwen3's: the same parameters, the same names.
     resid_from_tokens = Qwen3.resid_from_tokens

@@ -26,8 +26,30 @@ from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm, Split, add_bias, attend, attention_input, mlp_input, writable
 from hooked.rotary import RotaryEmbedding, YarnScaling, apply_rotary
-from hooked.models.base import HookedTransformer, ModelConfig, RotaryRMSNames
+from hooked.models.base import HookedTransformer, ModelConfig
 from hooked.processing import Projection
+
+
+class RotaryRMSNames:
+    """TransformerLens' names for a config with RMSNorm (`rms_norm_eps`) and RoPE over whole heads (`d_head`,
+    `rope_theta`, `max_position_embeddings`), mixed into Qwen3's, Llama's and OLMo 2's configs."""
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.d_head  # RoPE turns every pair of a head's dimensions
+
+    @property
+    def n_ctx(self) -> int:
+        """Where `to_tokens(truncate=True)` cuts: the config's length (TransformerLens caps some at 2048)."""
+        return self.max_position_embeddings
+
+    @property
+    def eps(self) -> float:
+        return self.rms_norm_eps
+
+    @property
+    def rotary_base(self) -> float:
+        return self.rope_theta
 
 
 @dataclass
