@@ -76,6 +76,11 @@ class HookedNorm(nn.Module):
         this norm is multiplied by (the weight here; a norm computing `(1 + weight) * x` says so)."""
         return self.weight
 
+    def set_unit_gain(self) -> None:
+        """Make `gain` all ones: weight processing folded it into the weights that read this norm's output
+        (a norm whose gain is not its weight overrides this with its own)."""
+        self.weight.fill_(1.0)
+
 
 class LayerNorm(HookedNorm):
     """LayerNorm with TransformerLens' hooks: `hook_scale` [batch pos 1], `hook_normalized`.

@@ -218,8 +218,9 @@ def _add(tensor: Tensor, update: Tensor) -> None:
 
 
 def _fold_norm(norm: nn.Module, readers: tuple[Projection, ...], layer_norm: bool) -> None:
-    """Fold `norm`'s weight (and bias) into its readers, centre them (LayerNorm), and leave the norm bare."""
-    scale = _wide(norm.weight)
+    """Fold `norm`'s gain (and bias) into its readers, centre them (LayerNorm), and leave the norm bare. The
+    gain is what multiplies the normalised input: the weight, or `1 + weight` where the norm says so (Gemma)."""
+    scale = _wide(norm.gain)
     shift = _wide(norm.bias) if layer_norm else None
     for reader in readers:
         if shift is not None:  # (n w + b) @ W + c = n @ (w W) + (b @ W + c), with W before the scaling
@@ -229,7 +230,7 @@ def _fold_norm(norm: nn.Module, readers: tuple[Projection, ...], layer_norm: boo
         _scale(reader.weight, reader.axis, scale)
         if layer_norm:  # the normalised input has mean 0: its component along the all-ones direction is unused
             _center(reader.weight, reader.axis)
-    norm.weight.fill_(1.0)
+    norm.set_unit_gain()
     if layer_norm:
         norm.bias.zero_()
 
