@@ -21,7 +21,8 @@ How a model is split (Megatron-LM's scheme, Shoeybi et al. 2019, "Megatron-LM", 
 * **Embedding and unembedding**: split by vocabulary rows (vocab-parallel). An embedding lookup is
   a masked local lookup and an all-reduce; logits are computed per shard and all-gathered, so every
   rank returns whole logits.
-* Norms, position embeddings, rotary tables and the router stay replicated.
+* Norms, position embeddings, rotary tables and the router stay replicated; a norm over every head's
+  q (or k) at once is cut with the heads, and its attention all-reduces the partial sums of squares.
 
 Each rank reads only its own slices of the safetensors files (`hooked.weights.read_state_dict` with
 a plan from `parallelize`), so a rank's memory is about the sharded weights / tp plus the replicated

@@ -4,7 +4,8 @@
 
 Modes:
 * `main`: for each checkpoint, at tp=2: logits (plain and left-padded), the whole cache, each of
-  `ablation_hooks(cfg)`, the collectives an unhooked and a hooked forward make, a hook whose result
+  `ablation_hooks(cfg)`, the collectives an unhooked and a hooked forward make (and one reading the q/k
+  norms' hooks, where the model has q/k norms), a hook whose result
   differs between ranks, a sweep, greedy generation, unembedding rows; then at tp=1 (two data-parallel
   ranks) and without tp (data_parallel=True): the same sweep, with the variants each rank ran.
 * `failures`: mistakes made on one rank (a hook that raises, bad or different input, a failing sweep
@@ -74,8 +75,11 @@ def ablation_hooks(cfg) -> dict[str, list]:
     if dense:  # a dense MLP's neurons (Mixtral has none)
         hooks["double_neurons"] = [(f"blocks.{dense[0]}.mlp.hook_post", double_neurons)]
         hooks["mean_neurons"] = [(f"blocks.{dense[0]}.mlp.hook_pre", ablate.mean(reference, neurons=[0, 5], model=None))]
-    if cfg.original_architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):  # q/k norms
+    if cfg.original_architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Olmo2ForCausalLM"):  # q/k norms
         hooks["zero_q_normed"] = [("blocks.0.attn.q_norm.hook_normalized", ablate.zero(heads=0))]
+    if cfg.original_architecture == "Olmo2ForCausalLM":  # norms over every head: one replicated scale per position
+        hooks["double_q_scale"] = [(f"blocks.{last}.attn.q_norm.hook_scale", lambda scale, hook: scale * 2.0)]
+        hooks["zero_k_normalized_position"] = [("blocks.0.attn.k_norm.hook_normalized", ablate.zero(positions=[4]))]
     if getattr(cfg, "n_experts", 0):
         sparse = [layer for layer in range(cfg.n_layers) if cfg.is_sparse(layer)][-1]
         hooks["mask_expert"] = [(f"blocks.{sparse}.mlp.hook_router_logits", ablate.zero(experts=1))]
@@ -170,7 +174,10 @@ def main_mode(checkpoints: dict[str, Path], rank: int) -> dict:
         _, cache = model.run_with_cache(tokens)
         result["cache"] = dict(cache.items())
         _, z_only = model.run_with_cache(tokens, names_filter=lambda hook: hook.endswith(("hook_z", "hook_resid_post")))
-        result["head_results"] = z_only.stack_head_results(layer=-1, pos_slice=-1)  # W_O is this rank's shard
+        try:
+            result["head_results"] = z_only.stack_head_results(layer=-1, pos_slice=-1)  # W_O is this rank's shard
+        except ValueError as refused:  # post-norm blocks (OLMo 2): a head's write is not what it adds
+            result["head_results"] = f"ValueError: {refused}"
         if getattr(cfg, "n_experts", 0):  # each rank holds its experts' down_proj
             result["expert_results"] = cache.stack_expert_results(pos_slice=-1)
         result["ablations"] = {label: model.run_with_hooks(tokens, fwd_hooks=pairs)
@@ -188,6 +195,11 @@ def main_mode(checkpoints: dict[str, Path], rank: int) -> dict:
         with Collectives() as writing:
             model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", ablate.zero(heads=0))])
         result["collectives"] = {"unhooked": unhooked.counts, "reading": reading.counts, "writing": writing.counts}
+        norm_points = ["blocks.0.attn.q_norm.hook_scale", "blocks.0.attn.q_norm.hook_normalized", "blocks.0.attn.k_norm.hook_normalized"]
+        if all(point in model.hook_dict for point in norm_points):
+            with Collectives() as qk_norms:
+                model.run_with_hooks(tokens, fwd_hooks=[(point, lambda activation, hook: None) for point in norm_points])
+            result["collectives"]["qk_norms"] = qk_norms.counts
         sweep = hooked.sweep(model, tokens, sweep_variants(cfg), sweep_metric(model))
         result["sweep"] = {"values": sweep.values, "base": sweep.base, "variants": sweep.variants}
         result["generated"] = model.generate(padded, max_new_tokens=4, attention_mask=mask, return_type="tokens")

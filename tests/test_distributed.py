@@ -5,8 +5,9 @@ torch.distributed.run --standalone`): tests/distributed_worker.py loads each tin
 `tp=2` (and `tp=1` / no tp for data-parallel sweeps), runs it, and saves what each rank saw; the
 tests here compare it with `hooked.load(directory)` in this process. Checkpoints cover GPT-2 (a
 vocabulary that does not split evenly), Qwen3 with grouped-query attention, attention biases and an
-untied unembedding, and Qwen3-MoE with one key/value head (held by both ranks), tied embeddings, a
-dense layer and six experts (three per rank).
+untied unembedding, Qwen3-MoE with one key/value head (held by both ranks), tied embeddings, a
+dense layer and six experts (three per rank), and OLMo 2, whose q/k norms span every head (each rank's
+sums of squares all-reduced once per layer), with every key/value head split and with one held by both ranks.
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
         "mixtral": build(root / "mixtral", transformers.MixtralConfig(
             vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
             num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2), transformers.MixtralForCausalLM),
+        # OLMo 2's q_norm / k_norm span every head: each rank holds two heads of both and their weights' slices.
+        "olmo2": build(root / "olmo2", transformers.Olmo2Config(
+            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=96,
+            num_hidden_layers=2), transformers.Olmo2ForCausalLM),
+        # k_norm over one kv head that both ranks hold (counted once in the all-reduced sum); biases; tied.
+        "olmo2_mqa": build(root / "olmo2_mqa", transformers.Olmo2Config(
+            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+            intermediate_size=96, num_hidden_layers=2, attention_bias=True, tie_word_embeddings=True),
+            transformers.Olmo2ForCausalLM),
     }
 
 
@@ -91,7 +101,9 @@ def single(checkpoints) -> dict[str, hooked.HookedTransformer]:
     return {name: hooked.load(directory) for name, directory in checkpoints.items()}
 
 
-ARCHS = ["gpt2", "qwen3", "qwen3_moe", "llama", "mistral", "gpt_neox", "mixtral"]
+ARCHS = ["gpt2", "qwen3", "qwen3_moe", "llama", "mistral", "gpt_neox", "mixtral", "olmo2", "olmo2_mqa"]
+# All-reduces per layer beyond the two sublayers': OLMo 2's q_norm and k_norm share one (their sums of squares).
+EXTRA_ALL_REDUCES_PER_LAYER = {"olmo2": 1, "olmo2_mqa": 1}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -126,6 +138,11 @@ def test_every_cached_hook_is_whole_and_equal_on_every_rank(ranks, single, arch)
 def test_head_results_from_a_cache_of_z_equal_tp1(ranks, single, arch):
     model = single[arch]
     _, cache = model.run_with_cache(worker.prompt_tokens(model.cfg), names_filter=lambda hook: hook.endswith(("hook_z", "hook_resid_post")))
+    if arch.startswith("olmo2"):  # post-norm blocks: refused at tp=1, and refused alike on every rank
+        with pytest.raises(ValueError, match="normalises its sublayer outputs") as refused:
+            cache.stack_head_results(layer=-1, pos_slice=-1)
+        assert [rank[arch]["head_results"] for rank in ranks] == [f"ValueError: {refused.value}"] * len(ranks)
+        return
     expected = cache.stack_head_results(layer=-1, pos_slice=-1)
     for rank in ranks:
         torch.testing.assert_close(rank[arch]["head_results"], expected, rtol=0, atol=ATOL)
@@ -169,13 +186,20 @@ def test_a_hook_that_differs_between_ranks_gives_the_first_ranks_result(ranks, s
 def test_collectives_only_where_a_hook_listens(ranks, single, arch):
     n_layers = single[arch].cfg.n_layers
     counts = ranks[0][arch]["collectives"]
+    all_reduces = 1 + (2 + EXTRA_ALL_REDUCES_PER_LAYER.get(arch, 0)) * n_layers
     # Unhooked: the embedding and one all-reduce per sublayer, the logits gathered, the inputs compared once.
-    assert counts["unhooked"] == {"all_reduce": 1 + 2 * n_layers, "all_gather_single": 1, "broadcast": 0, "all_gather_object": 1}
+    assert counts["unhooked"] == {"all_reduce": all_reduces, "all_gather_single": 1, "broadcast": 0, "all_gather_object": 1}
     # A hook that reads z: z gathered once more, the outcome of its hooks compared, nothing broadcast.
     assert counts["reading"]["all_gather_single"] == 2 and counts["reading"]["broadcast"] == 0
     # A hook that writes z: the first rank's result is broadcast once.
     assert counts["writing"]["all_gather_single"] == 2 and counts["writing"]["broadcast"] == 1
-    assert counts["reading"]["all_reduce"] == counts["writing"]["all_reduce"] == 1 + 2 * n_layers
+    assert counts["reading"]["all_reduce"] == counts["writing"]["all_reduce"] == all_reduces
+    if "qk_norms" in counts:  # reading q_norm's and k_norm's hooks: the per-head points gathered, no all-reduce more
+        # hook_normalized of both norms is split by head; hook_scale is too in Qwen3's per-head norms, and
+        # replicated ([batch pos 1]) in OLMo 2's whole-projection ones.
+        gathered = {"qwen3": 3, "qwen3_moe": 3, "olmo2": 2, "olmo2_mqa": 2}[arch]
+        assert counts["qk_norms"]["all_reduce"] == all_reduces
+        assert counts["qk_norms"]["all_gather_single"] == 1 + gathered
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -222,7 +246,10 @@ def test_each_rank_holds_its_shard(ranks, single, arch):
     whole = ["ln", "norm", "wpe", "mlp.gate.", "attn.c_proj.bias", "mlp.c_proj.bias", "o_proj.bias", "down_proj.bias",
              "attn.dense.bias", "dense_4h_to_h.bias"]
     whole += ["k_proj", "v_proj"] if model.cfg.n_kv_heads < 2 else []
-    replicated = sum(p.numel() for name, p in model.named_parameters() if any(part in name for part in whole))
+    # OLMo 2's q/k norms span every head: their weights are cut with the heads (k_norm's is whole with one kv head).
+    cut = ["q_norm"] + (["k_norm"] if model.cfg.n_kv_heads >= 2 else []) if arch.startswith("olmo2") else []
+    replicated = sum(p.numel() for name, p in model.named_parameters()
+                     if any(part in name for part in whole) and not any(part in name for part in cut))
     for rank in ranks:
         assert rank[arch]["local_parameters"] == pytest.approx((total - replicated) / 2 + replicated, rel=0.01)
 

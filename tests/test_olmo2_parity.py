@@ -339,13 +339,27 @@ def test_processing_without_fold_ln_keeps_the_function(dirs, models):
                                    rtol=0, atol=1e-5)
 
 
-def test_tensor_parallelism_is_refused(models):
+@pytest.mark.parametrize("case", ["mha", "mqa"])
+def test_tensor_parallelism_cuts_the_qk_norms_with_their_heads(models, case):
+    """hooked.load(tp=2) splits q_norm / k_norm's weights with the heads; a kv head held by both ranks is counted
+    by the first only. The numbers at tp=2 (logits, every hook, generation) are tests/test_distributed.py's."""
     from hooked.distributed import Parallel, parallelize
 
-    with torch.device("meta"):  # as hooked.load(tp=N) builds it, before reading any weight
-        model = hooked.models.Olmo2(dataclasses.replace(models["mha"].cfg))
-    with pytest.raises(ValueError, match="tensor parallelism.*not supported for OLMo 2.*tp=1"):
-        parallelize(model, Parallel(2, 0, [0, 1], None, 1, 0, None))
+    cfg = models[case].cfg
+    q_width, k_width = cfg.n_heads * cfg.d_head // 2, max(cfg.n_kv_heads // 2, 1) * cfg.d_head
+    for rank in (0, 1):
+        with torch.device("meta"):  # as hooked.load(tp=N) builds it, before reading any weight
+            model = hooked.models.Olmo2(dataclasses.replace(cfg))
+        plan = parallelize(model, Parallel(2, rank, [0, 1], None, 1, 0, None))
+        attn = model.blocks[0].attn
+        assert plan["blocks.0.attn.q_norm.weight"][:2] == (0, [(rank * q_width, (rank + 1) * q_width)])
+        k_start = rank * k_width if cfg.n_kv_heads >= 2 else 0
+        assert plan["blocks.0.attn.k_norm.weight"][:2] == (0, [(k_start, k_start + k_width)])
+        assert attn.q_norm.weight.shape == (q_width,) and attn.k_norm.weight.shape == (k_width,)
+        assert attn.q_norm.tp_share == 1.0 and attn.k_norm.tp_share == (1.0 if cfg.n_kv_heads >= 2 or rank == 0 else 0.0)
+        # Run on one rank's heads alone, outside its attention, the norm over every head is refused, not wrong.
+        with pytest.raises(RuntimeError, match="Olmo2Attention.normed_qk"):
+            attn.q_norm.unhooked(torch.ones(1, 3, cfg.n_heads // 2, cfg.d_head))
 
 
 # ----------------------------------------------------------------------------- bad input

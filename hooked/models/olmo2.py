@@ -18,10 +18,11 @@ in float32 and casts back before its weight. Float32 logits equal transformers' 
 Names are TransformerLens 3.9's (`components/transformer_block.py` for its POST_NORM_ARCHITECTURES):
 `ln1` is the post-attention norm and `ln2` the post-feedforward norm, so `hook_attn_out` / `hook_mlp_out`
 hold what is added to the residual stream (after the post-norm). The attention is Qwen3's
-(hooked/models/qwen3.py) with its q/k norms replaced by norms over every head at once. What does not
-apply to a post-norm model is refused, naming the reason: folding norms into the next weights (`fold_ln`),
-`apply_ln_to_stack` before a block (no norm reads the residual stream there) and tensor parallelism (a
-rank holding some heads cannot compute a norm over all of them). See docs/olmo2.md.
+(hooked/models/qwen3.py) with its q/k norms replaced by norms over every head at once. Under tensor
+parallelism a rank holds some heads, so each rank sums its heads' squares and ONE all-reduce per layer (q's
+and k's sums stacked) gives both norms their whole-projection scale. What does not apply to a post-norm model
+is refused, naming the reason: folding norms into the next weights (`fold_ln`) and `apply_ln_to_stack` before
+a block (no norm reads the residual stream there). See docs/olmo2.md.
 """
 
 from __future__ import annotations
@@ -135,16 +136,25 @@ class WholeProjectionRMSNorm(Olmo2RMSNorm):
     """OLMo 2's q_norm / k_norm: one RMSNorm over every head's q (or k) at once, [batch pos heads d_head] in
     and out, computed on the flat [batch pos heads * d_head] view exactly as transformers does. `hook_scale`
     is [batch pos 1] (one scale for all heads, as TransformerLens); `hook_normalized` is split by head
-    (TransformerLens 3.9 holds it flat, [batch pos heads * d_head]: the same numbers)."""
+    (TransformerLens 3.9 holds it flat, [batch pos heads * d_head]: the same numbers).
+
+    Under tensor parallelism a rank holds some heads and the matching slice of the weight; the attention
+    all-reduces every rank's `partial_sum_of_squares` and passes the whole sum in (`with_sum_of_squares`), so
+    the scale is sqrt(sum / (heads * d_head) + eps) over every head, replicated, and `hook_scale` holds it whole.
+    """
 
     def __init__(self, heads: int, d_head: int, eps: float, head_axis: str):
         super().__init__(heads * d_head, eps)
-        self.heads, self.d_head = heads, d_head
+        self.heads, self.d_head = heads, d_head  # every head of the model, on every rank (the mean's denominator)
         self.tp_axis = "heads" if head_axis == "head_index" else "kv_heads"
         self.hook_normalized = HookPoint(f"batch pos {head_axis} d_head")
+        self.tp_share = None  # under tensor parallelism: 1.0, or 0.0 where another rank counts the same heads
+        self.whole_sum_of_squares = None  # [batch pos 1] float32, set by with_sum_of_squares for one call
 
     def scale(self, x: Tensor) -> Tensor:
-        return super().scale(x.flatten(-2))  # [batch pos 1]
+        if self.tp_share is None:
+            return super().scale(x.flatten(-2))  # [batch pos 1]
+        return (self._whole_sum() / (self.heads * self.d_head) + self.eps).sqrt()
 
     def normalize(self, x: Tensor, scale: Tensor) -> Tensor:
         return (x.float() / scale[..., None]).to(x.dtype)
@@ -153,19 +163,43 @@ class WholeProjectionRMSNorm(Olmo2RMSNorm):
         return (self.weight.view(-1, self.d_head) * normalized.float()).to(normalized.dtype)
 
     def unhooked(self, x: Tensor) -> Tensor:
-        return super().unhooked(x.flatten(-2)).view(x.shape)
+        if self.tp_share is None:
+            return super().unhooked(x.flatten(-2)).view(x.shape)
+        # Olmo2RMSNorm.unhooked's operations, with the mean over every rank's heads
+        h = x.flatten(-2).float() * torch.rsqrt(self._whole_sum() / (self.heads * self.d_head) + self.eps)
+        return (self.weight * h).to(x.dtype).view(x.shape)
 
     def normalize_with_scale(self, x: Tensor, scale: Tensor) -> Tensor:
         return x / scale[..., None]
 
+    # ------------------------------------------------------------------------- tensor parallelism
     def tp_plan(self) -> dict[str, Split]:
-        """The weight follows the heads (a plan like every attention module's); `tp_applied` then refuses."""
+        """The weight follows the heads, as q_proj's / k_proj's rows do."""
         return {"weight": Split(self.tp_axis, 0, self.d_head)}
 
-    def tp_applied(self, parallel, local_ranges) -> None:
-        raise ValueError("tensor parallelism (hooked.load(..., tp=N)) is not supported for OLMo 2: q_norm and k_norm"
-                         " normalise every head's q / k at once, which a rank holding some heads cannot compute"
-                         " (transformers gathers q/k/v whole for it); load with tp=1")
+    def tp_applied(self, parallel, local_ranges: dict[str, tuple[int, int]]) -> None:
+        # With fewer kv heads than ranks each is held by several ranks: only the first of them counts its squares.
+        spans = parallel.even_or_replicated(self.heads, self.tp_axis)
+        self.tp_share = 1.0 if spans.index(spans[parallel.tp_rank]) == parallel.tp_rank else 0.0
+
+    def partial_sum_of_squares(self, x: Tensor) -> Tensor:
+        """This rank's share of the sum of squares over the whole projection: [batch pos 1], float32."""
+        return x.flatten(-2).float().pow(2).sum(-1, keepdim=True) * self.tp_share
+
+    def with_sum_of_squares(self, x: Tensor, whole_sum_of_squares: Tensor) -> Tensor:
+        """The norm of this rank's heads `x` (through the hooks) given the all-reduced sum of squares."""
+        self.whole_sum_of_squares = whole_sum_of_squares
+        try:
+            return self(x)
+        finally:
+            self.whole_sum_of_squares = None
+
+    def _whole_sum(self) -> Tensor:
+        if self.whole_sum_of_squares is None:
+            raise RuntimeError("under tensor parallelism OLMo 2's q_norm / k_norm normalise over every rank's heads: run"
+                               " them through their attention (Olmo2Attention.normed_qk), which all-reduces the sums"
+                               " of squares, not on one rank's heads alone")
+        return self.whole_sum_of_squares
 
 
 class Olmo2Attention(Qwen3Attention):
@@ -178,6 +212,19 @@ class Olmo2Attention(Qwen3Attention):
         # Replacing the per-head norms keeps their place in the module order (and so in hook_names).
         self.q_norm = WholeProjectionRMSNorm(cfg.n_heads, cfg.d_head, cfg.rms_norm_eps, "head_index")
         self.k_norm = WholeProjectionRMSNorm(cfg.n_kv_heads, cfg.d_head, cfg.rms_norm_eps, "kv_head_index")
+        self.parallel = None  # under tensor parallelism: hooked.distributed.Parallel (tp_applied)
+
+    def normed_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        if self.parallel is None:
+            return super().normed_qk(q, k)
+        # Both norms' statistics in ONE all-reduce: each rank's float32 sums of squares over its own heads.
+        sums = self.parallel.all_reduce(torch.stack([self.q_norm.partial_sum_of_squares(q),
+                                                     self.k_norm.partial_sum_of_squares(k)]))
+        return (self.hook_q_normed(self.q_norm.with_sum_of_squares(q, sums[0])),
+                self.hook_k_normed(self.k_norm.with_sum_of_squares(k, sums[1])))
+
+    def tp_applied(self, parallel, local_ranges: dict[str, tuple[int, int]]) -> None:
+        self.parallel = parallel
 
     def residual_readers(self) -> tuple[Projection, ...]:
         raise ValueError(f"fold_ln=True: {_NO_PRE_NORM}, so there is no norm weight to fold into q/k/v or the MLP's"

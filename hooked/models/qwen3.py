@@ -218,8 +218,7 @@ class Qwen3Attention(nn.Module):
         k = self.hook_k(k)
         v = self.hook_v(v)
         if self.qk_norm:
-            q = self.hook_q_normed(self.q_norm(q))
-            k = self.hook_k_normed(self.k_norm(k))
+            q, k = self.normed_qk(q, k)
         # In q's dtype: cos/sin come in it (a no-op cast), except OLMo 2's, kept float32 as transformers' (olmo2.py).
         q = self.hook_rot_q(apply_rotary(q, cos, sin).to(q.dtype))
         k = self.hook_rot_k(apply_rotary(k, cos, sin).to(k.dtype))
@@ -231,6 +230,11 @@ class Qwen3Attention(nn.Module):
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
             return add_bias(self.o_proj, result.sum(2))
         return self.o_proj(z.reshape(batch, pos, -1))  # a view (z is contiguous): editing z edits o_proj's input
+
+    def normed_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """`q_norm(q)` and `k_norm(k)` through their hooks, q's first (a subclass whose norms span the heads
+        overrides it to all-reduce both norms' statistics at once under tensor parallelism)."""
+        return self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
 
     def _project_per_head(self, inputs: Tensor, linear: nn.Linear, heads: int) -> Tensor:
         """Head h's slice of `linear` applied to head h's own input [batch pos heads d_model]."""
