@@ -411,7 +411,7 @@ def parallelize(model, parallel: Parallel) -> ReadPlan:
             module.tp_applied(parallel, local)
     # The embedding and the unembedding (one module when tied), found by their weights.
     tables = [name for name, child in model.named_children()
-              if getattr(child, "weight", None) is not None and any(child.weight is w for w in (model.W_E, model.unembed_weight))]
+              if getattr(child, "weight", None) is not None and any(child.weight is w for w in (model.token_embedding_weight, model.unembed_weight))]
     for child in tables:
         table = getattr(model, child)
         split(table, "weight", 0, [vocab[rank]], f"{child}.")

@@ -127,6 +127,14 @@ def check_flags(model: nn.Module, flags: dict[str, bool]) -> None:
             f"this model's weights are already processed ({', '.join(done)}); load the checkpoint again to process"
             " it differently"
         )
+    cap = model.cfg.output_logits_soft_cap
+    if flags["center_unembed"] and cap > 0:
+        raise ValueError(
+            f"center_unembed=True: this model caps its logits ({cap} * tanh(logits / {cap})), and a cap does not"
+            " commute with the shift centring the unembedding makes, so every probability would change"
+            " (TransformerLens 3.9 turns it off with a warning). Pass center_unembed=False:"
+            " HookedTransformer.from_pretrained(path, center_unembed=False)"
+        )
     if flags["refactor_factored_attn_matrices"] and model.cfg.positional_embedding_type == "rotary":
         raise ValueError(
             "refactor_factored_attn_matrices=True: a rotary model's QK circuit depends on the query's and the key's"

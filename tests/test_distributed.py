@@ -77,6 +77,13 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
             vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
             intermediate_size=96, num_hidden_layers=2, attention_bias=True, tie_word_embeddings=True),
             transformers.Olmo2ForCausalLM),
+        # Gemma 2: untied (its W_E is the table scaled, so the table is found by its declaration), a window on
+        # alternate layers shorter than the prompts, both softcaps, pre- and post-norms.
+        "gemma2": build(root / "gemma2", transformers.Gemma2Config(
+            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            intermediate_size=96, num_hidden_layers=2, sliding_window=4, query_pre_attn_scalar=16,
+            attn_logit_softcapping=5.0, final_logit_softcapping=3.0, tie_word_embeddings=False),
+            transformers.Gemma2ForCausalLM),
     }
 
 
@@ -101,7 +108,7 @@ def single(checkpoints) -> dict[str, hooked.HookedTransformer]:
     return {name: hooked.load(directory) for name, directory in checkpoints.items()}
 
 
-ARCHS = ["gpt2", "qwen3", "qwen3_moe", "llama", "mistral", "gpt_neox", "mixtral", "olmo2", "olmo2_mqa"]
+ARCHS = ["gpt2", "qwen3", "qwen3_moe", "llama", "mistral", "gpt_neox", "mixtral", "olmo2", "olmo2_mqa", "gemma2"]
 # All-reduces per layer beyond the two sublayers': OLMo 2's q_norm and k_norm share one (their sums of squares).
 EXTRA_ALL_REDUCES_PER_LAYER = {"olmo2": 1, "olmo2_mqa": 1}
 
@@ -138,7 +145,7 @@ def test_every_cached_hook_is_whole_and_equal_on_every_rank(ranks, single, arch)
 def test_head_results_from_a_cache_of_z_equal_tp1(ranks, single, arch):
     model = single[arch]
     _, cache = model.run_with_cache(worker.prompt_tokens(model.cfg), names_filter=lambda hook: hook.endswith(("hook_z", "hook_resid_post")))
-    if arch.startswith("olmo2"):  # post-norm blocks: refused at tp=1, and refused alike on every rank
+    if any(getattr(block, "output_norms", ()) for block in model.blocks):  # post-norms: refused at tp=1, alike on every rank
         with pytest.raises(ValueError, match="normalises its sublayer outputs") as refused:
             cache.stack_head_results(layer=-1, pos_slice=-1)
         assert [rank[arch]["head_results"] for rank in ranks] == [f"ValueError: {refused.value}"] * len(ranks)

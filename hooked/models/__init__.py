@@ -10,13 +10,14 @@ from hooked.models.gpt_neox import GPTNeoX, GPTNeoXConfig
 from hooked.models.llama import Llama, LlamaConfig, Mistral, MistralConfig
 from hooked.models.mixtral import Mixtral, MixtralConfig
 from hooked.models.olmo2 import Olmo2, Olmo2Config
+from hooked.models.gemma2 import Gemma2, Gemma2Config
 from hooked.models.qwen3 import Qwen3, Qwen3Config
 from hooked.models.qwen3_moe import Qwen3Moe, Qwen3MoeConfig
 
-MODEL_CLASSES = (GPT2, Qwen3, Qwen3Moe, GPTNeoX, Llama, Mistral, Mixtral, Olmo2)
+MODEL_CLASSES = (GPT2, Qwen3, Qwen3Moe, GPTNeoX, Llama, Mistral, Mixtral, Olmo2, Gemma2)
 
 __all__ = [
-    "GPT2", "GPT2Config", "GPTNeoX", "GPTNeoXConfig", "HookedTransformer", "Llama", "LlamaConfig", "MODEL_CLASSES",
+    "GPT2", "GPT2Config", "Gemma2", "Gemma2Config", "GPTNeoX", "GPTNeoXConfig", "HookedTransformer", "Llama", "LlamaConfig", "MODEL_CLASSES",
     "Mistral", "MistralConfig", "Mixtral", "MixtralConfig", "Olmo2", "Olmo2Config", "Qwen3", "Qwen3Config", "Qwen3Moe",
     "Qwen3MoeConfig",
 ]

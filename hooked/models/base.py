@@ -45,6 +45,10 @@ class ModelConfig:
     """
 
     settable_fields: ClassVar[tuple[str, ...]] = ("default_prepend_bos",)
+    # TransformerLens' name: the logits are `cap * tanh(logits / cap)` when positive (Gemma 2's
+    # final_logit_softcapping); -1.0 for none. Weight processing reads it (a shift of the logits is not
+    # harmless under a cap).
+    output_logits_soft_cap: ClassVar[float] = -1.0
 
     def __setattr__(self, name: str, value) -> None:
         if name not in self.__dataclass_fields__:
@@ -185,6 +189,12 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
         self.processing: dict[str, bool] = unprocessed()
         if cfg.use_hook_tokens:  # declared first: it fires first (TransformerLens 3.9, HookedTransformer.input_to_embed)
             self.hook_tokens = HookPoint("batch pos")  # the token ids; a hook may replace them (token_ids)
+
+    @property
+    def token_embedding_weight(self) -> Tensor:
+        """The token embedding parameter [d_vocab d_model] itself: `W_E`, unless the model derives `W_E` from it
+        (Gemma's W_E is the table times sqrt(d_model)). Tensor parallelism finds the table to cut by it."""
+        return self.W_E
 
     def setup_hooks(self) -> None:
         super().setup_hooks()

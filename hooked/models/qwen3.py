@@ -181,6 +181,7 @@ class Qwen3Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.d_head = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
         self.qk_norm = qk_norm
         self.scaling = cfg.d_head**-0.5
+        self.softcap = None  # a tanh cap on the scaled scores (Gemma's attn_logit_softcapping): hooked.layers.attend
         self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.d_head, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.d_head, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.d_head, bias=cfg.attention_bias)
@@ -224,7 +225,8 @@ class Qwen3Attention(nn.Module):
         k = self.hook_rot_k(apply_rotary(k, cos, sin).to(k.dtype))
         if kv is not None:  # a KV cache: keys and values of every column so far (this call's included)
             k, v = kv.append(k, v)
-        z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=True)
+        z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=True,
+                   softcap=self.softcap)
         z = self.hook_z(writable(z) if self.hook_z.listening else z)
         if self.hook_result.listening:  # per-head writes, summed: differs from o_proj by rounding only
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
