@@ -11,10 +11,11 @@ from hooked.models.llama import Llama, LlamaConfig, Mistral, MistralConfig
 from hooked.models.mixtral import Mixtral, MixtralConfig
 from hooked.models.olmo2 import Olmo2, Olmo2Config
 from hooked.models.gemma2 import Gemma2, Gemma2Config
+from hooked.models.gemma3 import Gemma3, Gemma3Config
 from hooked.models.qwen3 import Qwen3, Qwen3Config
 from hooked.models.qwen3_moe import Qwen3Moe, Qwen3MoeConfig
 
-MODEL_CLASSES = (GPT2, Qwen3, Qwen3Moe, GPTNeoX, Llama, Mistral, Mixtral, Olmo2, Gemma2)
+MODEL_CLASSES = (GPT2, Qwen3, Qwen3Moe, GPTNeoX, Llama, Mistral, Mixtral, Olmo2, Gemma2, Gemma3)
 
 __all__ = [
     "GPT2", "GPT2Config", "Gemma2", "Gemma2Config", "GPTNeoX", "GPTNeoXConfig", "HookedTransformer", "Llama", "LlamaConfig", "MODEL_CLASSES",
