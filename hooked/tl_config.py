@@ -146,8 +146,16 @@ def family_config(tl: dict[str, Any]):
 
 
 def _why(name: str) -> str:
+    from hooked.models import MODEL_CLASSES
+
     if name in ("tokenizer_name", "n_devices", "original_architecture"):
         return "hooked builds no tokenizer or multi-device model here; load a checkpoint with hooked.load for those"
+    # A family whose config gives this field another value (or computes it) has the feature, from a checkpoint only.
+    having = [model_class.title or model_class.__name__ for model_class in MODEL_CLASSES
+              if getattr(model_class.config_class, name, _FIXED[name]) != _FIXED[name]]
+    if having:
+        return (f"checkpoints of hooked's {', '.join(having)} can set it, and hooked builds those from a checkpoint"
+                " only (hooked.load(path) or HookedTransformer.from_pretrained(path)), not from a HookedTransformerConfig")
     return "no hooked family has it"
 
 

@@ -93,6 +93,10 @@ def test_random_init_is_transformer_lens_gpt2_init():
     (dict(n_key_value_heads=2), "n_key_value_heads=2"),
     (dict(tokenizer_name="gpt2"), "tokenizer_name='gpt2'"),
     (dict(bogus=1), "unexpected keyword argument 'bogus'"),
+    (dict(use_attention_sinks=True), "use_attention_sinks=True is not supported: no hooked family has it"),
+    # a field some families' checkpoints set: named, with the way to get such a model
+    (dict(use_normalization_before_and_after=True), "checkpoints of hooked's Gemma 2, Gemma 3 can set it, and hooked"
+     " builds those from a checkpoint only (hooked.load(path)"),
 ])
 def test_configs_no_family_has_are_refused(fields, message):
     base = dict(n_layers=1, d_model=32, d_head=8, n_ctx=16, d_vocab=50, act_fn="gelu_new")
