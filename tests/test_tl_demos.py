@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import json
 import math
 import os
 import re
@@ -52,8 +53,11 @@ INIT = 0.2
 SHAPES = {"gpt2-small": 12, "distilgpt2": 6}  # name -> n_layers; every other size is GPT-2 small's
 # The activation patching demo runs a forward per layer x position and per layer x head for each of its
 # sweeps: with 12 layers the two libraries take about 4 minutes here (TransformerLens 60% of it), so its
-# "gpt2-small" has distilgpt2's 6 layers (the same loops, half the iterations).
-SIX_LAYERS = {"activation_patching_demo.py"}
+# "gpt2-small" has distilgpt2's 6 layers (the same loops, half the iterations). At width 96 the unembedding
+# into 50257 tokens is 7/8 of each forward, so that demo's models (its "gpt2-small" and attn-only-2l) have a
+# vocabulary of 10000, the least its induction cells need (random ids in 100..9999): the same cells and loops
+# in about a third of the time. Nothing in it reads the vocabulary's size.
+SMALL = {"activation_patching_demo.py"}
 CELL = re.compile(r"^# %% cell (\d+)\n", re.MULTILINE)
 TL_LINE = re.compile(r"^(\s*)(.*?)\s*# transformer_lens: (.*)$", re.MULTILINE)
 NUMBER = re.compile(r"-?\d+(?:\.(\d+))?(?:e[-+]?\d+)?")
@@ -75,6 +79,9 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
         built[name] = build_gpt2_checkpoint(
             tmp_path_factory.mktemp(name), n_layer=n_layer, n_embd=WIDTH, n_head=12, n_positions=1024,
             corpus=notebook_text(), vocab_size=4000, pad_vocab_to=50257, initializer_range=INIT)
+    built["small"] = build_gpt2_checkpoint(  # SMALL's "gpt2-small": 6 layers, 10000 tokens
+        tmp_path_factory.mktemp("small"), n_layer=SHAPES["distilgpt2"], n_embd=WIDTH, n_head=12, n_positions=1024,
+        corpus=notebook_text(), vocab_size=4000, pad_vocab_to=10000, initializer_range=INIT)
     return built
 
 
@@ -108,14 +115,19 @@ ATTN_ONLY_2L = dict(n_layers=2, d_model=512, d_head=64, n_heads=8, n_ctx=2048, d
                     normalization_type="LN", attn_only=True, positional_embedding_type="standard", seed=0)
 
 
-def attn_only_weights() -> dict[str, torch.Tensor]:
+def attn_only_config(d_vocab: int) -> dict:
+    """ATTN_ONLY_2L with the vocabulary of the tokenizer it is given (10000 for SMALL)."""
+    return dict(ATTN_ONLY_2L, d_vocab=d_vocab)
+
+
+def attn_only_weights(d_vocab: int) -> dict[str, torch.Tensor]:
     """TransformerLens' random initialisation of ATTN_ONLY_2L (seed 0), its norms and biases randomised too:
     the unprocessed weights both libraries load."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-        model = HookedTransformer(HookedTransformerConfig(**ATTN_ONLY_2L))
+        model = HookedTransformer(HookedTransformerConfig(**attn_only_config(d_vocab)))
     generator = torch.Generator().manual_seed(1)
     weights = {}
     for name, value in model.state_dict().items():
@@ -132,7 +144,7 @@ def hooked_attn_only(weights: dict[str, torch.Tensor], tokenizer_dir: Path, **pr
 
     from tests.tl_reference import tl_tokenizer
 
-    model = hooked.HookedTransformer(hooked.HookedTransformerConfig(**ATTN_ONLY_2L))
+    model = hooked.HookedTransformer(hooked.HookedTransformerConfig(**attn_only_config(weights["embed.W_E"].shape[0])))
     d_model = ATTN_ONLY_2L["d_model"]
     ours = {"wte.weight": weights["embed.W_E"], "wpe.weight": weights["pos_embed.W_pos"],
             "ln_final.weight": weights["ln_final.w"], "ln_final.bias": weights["ln_final.b"],
@@ -161,7 +173,8 @@ def tl_attn_only(weights: dict[str, torch.Tensor], tokenizer_dir: Path, **proces
         warnings.simplefilter("ignore")
         from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-        cfg = HookedTransformerConfig(**ATTN_ONLY_2L, default_prepend_bos=True, tokenizer_prepends_bos=False)
+        cfg = HookedTransformerConfig(**attn_only_config(weights["embed.W_E"].shape[0]), default_prepend_bos=True,
+                                      tokenizer_prepends_bos=False)
         model = HookedTransformer(cfg, tokenizer=tl_tokenizer(tokenizer_dir), default_padding_side="left")
         model.load_and_process_state_dict(weights, **processing)
     return model.eval()
@@ -179,7 +192,8 @@ def model_builder(library: str, checkpoints: dict[str, Path]):
         with torch.random.fork_rng():  # TransformerLens draws initial weights first: the notebook's draws stay the same
             if name == "attn-only-2l":
                 build = hooked_attn_only if library == "hooked" else tl_attn_only
-                return build(attn_only_weights(), checkpoints["gpt2-small"], **processing)
+                vocab = json.loads((checkpoints["gpt2-small"] / "config.json").read_text())["vocab_size"]
+                return build(attn_only_weights(vocab), checkpoints["gpt2-small"], **processing)
             if library == "hooked":
                 return hooked.HookedTransformer.from_pretrained(checkpoints[name], **processing, **kwargs)
             return tl_from_pretrained(checkpoints[name], **processing, **kwargs)
@@ -332,8 +346,8 @@ def tensorish(value):
 
 @pytest.mark.parametrize("script", ["main_demo.py", "exploratory_analysis_demo.py", "activation_patching_demo.py"])
 def test_a_transformer_lens_demo_gives_the_same_numbers_on_hooked(script, checkpoints, one_thread):
-    if script in SIX_LAYERS:
-        checkpoints = {**checkpoints, "gpt2-small": checkpoints["distilgpt2"]}
+    if script in SMALL:
+        checkpoints = {**checkpoints, "gpt2-small": checkpoints["small"]}
     theirs = run_script(DEMOS / script, "transformer_lens", checkpoints)
     ours = run_script(DEMOS / script, "hooked", checkpoints)
     problems = differences(ours, theirs)

@@ -7,8 +7,9 @@ it on `hooked` and on TransformerLens 3.9 and compares every number.
   the TransformerLens run puts back (`transformer_lens.patching` is `hooked.tl_patching`).
   `import plotly.express as px` is dropped (plotly is not installed).
 - Model construction: `HookedTransformer.from_pretrained("gpt2-small")` and `("attn-only-2l")` became
-  `demo_model(...)` of the same name: GPT-2 small's shape from the runner's random checkpoint, and
-  attn-only-2l's config (2 layers, 8 heads of 64, d_vocab 48262) with the same random weights in both
+  `demo_model(...)` of the same name: GPT-2 small's shape from the runner's random checkpoint (6 layers, and
+  a vocabulary of 10000 instead of 50257: tests/test_tl_demos.py says why), and attn-only-2l's config
+  (2 layers, 8 heads of 64; the same 10000 tokens, not 48262) with the same random weights in both
   libraries, but standard positional embeddings instead of its shortformer ones, which hooked does not
   implement (hooked.HookedTransformerConfig refuses them).
 - cell 4 (Colab set-up, `%pip`, IPython's `autoreload`) reduced to its `IN_COLAB = False` and `DEBUG_MODE`;
