@@ -75,3 +75,33 @@ def bf16_spread(directory, model_class, tokens, attention_mask=None) -> tuple[to
         with torch.no_grad():
             outputs[implementation] = model(tokens, attention_mask=attention_mask).logits.float()
     return outputs["sdpa"], (outputs["eager"] - outputs["sdpa"]).abs().max().item()
+
+
+# TransformerLens' switches for the points a default cache leaves out (split q/k/v inputs, per-head results,
+# hook_mlp_in): with all three on, a cache holds every hook point.
+SWITCHES = ("set_use_split_qkv_input", "set_use_attn_result", "set_use_hook_mlp_in")
+
+
+def cache_every_point(models, tokens) -> list:
+    """`run_with_cache(tokens)` of each model (hooked's or TransformerLens') with every switch on, then off
+    again whatever happens: [(logits, cache), ...] in the models' order, without gradients."""
+    for model in models:
+        for setting in SWITCHES:
+            getattr(model, setting)(True)
+    try:
+        with torch.no_grad():
+            return [model.run_with_cache(tokens) for model in models]
+    finally:
+        for model in models:
+            for setting in SWITCHES:
+                getattr(model, setting)(False)
+
+
+def check_hook_shapes(model, batch: int = 2, pos: int = 7) -> dict[str, tuple]:
+    """Every hook point fires once in a full cache with the shape `model.hook_shapes` declares; the shapes."""
+    (_, cache), = cache_every_point([model], random_tokens(batch, pos))
+    expected = model.hook_shapes(batch=batch, pos=pos)
+    assert set(cache.keys()) == set(model.hook_names)
+    for name in model.hook_names:
+        assert tuple(cache[name].shape) == expected[name], name
+    return expected

@@ -26,7 +26,9 @@ from hooked.models.gemma3 import Gemma3Config as HookedGemma3Config
 from hooked.rotary import LinearScaling
 
 import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import bf16_spread, build_checkpoint, hf_outputs, hf_reference, hooked_outputs, max_diffs, random_tokens
+from tests.parity import (bf16_spread, build_checkpoint, cache_every_point, check_hook_shapes, hf_outputs, hf_reference,
+                          hooked_outputs, max_diffs, random_tokens)
+from tests.test_gemma2_parity import rms
 from tests.test_llama_parity import (check_greedy_generation, check_left_padded_batch, check_sweep_equals_each_alone,
                                      edited_checkpoint)
 
@@ -225,7 +227,6 @@ def tl_gemma3(directory, **processing):
 
 ONLY_TRANSFORMER_LENS = {"unembed.hook_in", "unembed.hook_out"}  # hooked's unembedding has no hooks
 ONLY_HOOKED = {"hook_attn_out_pre_norm", "hook_mlp_out_pre_norm", "attn.hook_q_normed", "attn.hook_k_normed"}
-SWITCHES = ("set_use_split_qkv_input", "set_use_attn_result", "set_use_hook_mlp_in")
 
 
 def test_every_hook_equals_transformer_lens(models, dirs):
@@ -236,17 +237,7 @@ def test_every_hook_equals_transformer_lens(models, dirs):
     compared for ln1."""
     model, tl = models["linear_gqa"], tl_gemma3(dirs["linear_gqa"])
     tokens = random_tokens(2, 11)
-    for setting in SWITCHES:
-        for each in (model, tl):
-            getattr(each, setting)(True)
-    try:
-        with torch.no_grad():
-            tl_logits, tl_cache = tl.run_with_cache(tokens)
-            logits, cache = model.run_with_cache(tokens)
-    finally:
-        for setting in SWITCHES:
-            for each in (model, tl):
-                getattr(each, setting)(False)
+    (tl_logits, tl_cache), (logits, cache) = cache_every_point([tl, model], tokens)
     ours_only = {f"blocks.{i}.{name}" for i in range(model.cfg.n_layers) for name in ONLY_HOOKED}
     assert set(tl_cache.keys()) - set(model.hook_names) == ONLY_TRANSFORMER_LENS
     assert set(model.hook_names) - set(tl_cache.keys()) == ours_only
@@ -327,25 +318,9 @@ def test_golden_hook_names(models):
 
 def test_hook_shapes_match_declared_axes(models):
     model = models["pattern_mqa"]
-    for setting in SWITCHES:
-        getattr(model, setting)(True)
-    try:
-        _, cache = model.run_with_cache(random_tokens(2, 7))
-    finally:
-        for setting in SWITCHES:
-            getattr(model, setting)(False)
-    expected = model.hook_shapes(batch=2, pos=7)
-    assert set(cache.keys()) == set(model.hook_names)
-    for name in model.hook_names:
-        assert tuple(cache[name].shape) == expected[name], name
+    expected = check_hook_shapes(model)
     assert expected["blocks.0.attn.k_norm.hook_scale"] == (2, 7, 1, 1) and expected["blocks.0.attn.hook_q_normed"] == (2, 7, 4, 16)
     assert expected["blocks.0.ln1_post.hook_scale"] == (2, 7, 1) and expected["blocks.0.mlp.hook_post"] == (2, 7, 64)
-
-
-def rms(x, weight, eps):
-    """An independent Gemma RMSNorm over the last axis, float64: x / sqrt(mean(x^2) + eps) * (1 + weight)."""
-    x = x.double()
-    return (1 + weight.double()) * x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
 
 
 def test_q_and_k_norms_hold_what_the_docs_say(models):
