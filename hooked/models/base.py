@@ -173,6 +173,23 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
     # TransformerLens 3.9's `generate` does (hooked.models.transformer_lens.TRANSFORMER_LENS_GENERATE).
     generate_defaults: dict = {}
 
+    # The checkpoint's layout, read by hooked.weights: key pattern -> parameter name, without the unembedding,
+    # which `checkpoint_renames` adds when the config unties it; a tied checkpoint may still carry lm_head.weight
+    # (a copy of the embedding), ignored then, with `checkpoint_extra_ignored`. `checkpoint_stacked`: per-expert
+    # keys -> one stacked parameter (Qwen3-MoE, Mixtral). GPT-2 and GPT-NeoX declare their own renames.
+    checkpoint_table: ClassVar[tuple[tuple[str, str], ...]] = ()
+    checkpoint_extra_ignored: ClassVar[tuple[str, ...]] = ()
+    checkpoint_stacked: ClassVar[tuple[tuple, ...]] = ()
+
+    @property
+    def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
+        head = () if self.cfg.tie_word_embeddings else ((r"lm_head\.weight", r"lm_head.weight"),)
+        return self.checkpoint_table + head
+
+    @property
+    def checkpoint_ignored(self) -> tuple[str, ...]:
+        return self.checkpoint_extra_ignored + ((r"lm_head\.weight",) if self.cfg.tie_word_embeddings else ())
+
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg

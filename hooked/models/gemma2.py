@@ -288,6 +288,18 @@ class Gemma2Block(nn.Module):
         return self.hook_resid_post(resid_mid + mlp_out)
 
 
+_CHECKPOINT_RENAMES = (
+    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1_post.weight"),
+    (r"model\.layers\.(\d+)\.pre_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
+    (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2_post.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
+    (r"model\.norm\.weight", r"ln_final.weight"),
+)
+
+
 class Gemma2(HookedTransformer):
     """Gemma 2 with TransformerLens hook names. Load with `hooked.load("google/gemma-2-2b")`."""
 
@@ -395,26 +407,4 @@ class Gemma2(HookedTransformer):
     unembed_weight = Qwen3.unembed_weight
     embedding_writers = Qwen3.embedding_writers
 
-    @property
-    def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
-        """Checkpoint key -> parameter name; lm_head only when untied."""
-        head = () if self.cfg.tie_word_embeddings else ((r"lm_head\.weight", r"lm_head.weight"),)
-        return _CHECKPOINT_RENAMES + head
-
-    @property
-    def checkpoint_ignored(self) -> tuple[str, ...]:
-        return (r"lm_head\.weight",) if self.cfg.tie_word_embeddings else ()
-
-    checkpoint_stacked: tuple[tuple, ...] = ()
-
-
-_CHECKPOINT_RENAMES = (
-    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1_post.weight"),
-    (r"model\.layers\.(\d+)\.pre_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
-    (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2_post.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-    (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-    (r"model\.norm\.weight", r"ln_final.weight"),
-)
+    checkpoint_table = _CHECKPOINT_RENAMES

@@ -216,6 +216,16 @@ class LlamaBlock(Qwen3Block):
         super().__init__(cfg, LlamaMLP(cfg), Qwen3Attention(cfg, qk_norm=False))
 
 
+_CHECKPOINT_RENAMES = (
+    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+    (r"model\.norm\.weight", r"ln_final.weight"),
+)
+
+
 class Llama(HookedTransformer):
     """Llama 2 / 3 / 3.1 / 3.2 with TransformerLens hook names. Load with `hooked.load("meta-llama/Llama-3.2-1B")`."""
 
@@ -291,19 +301,10 @@ class Llama(HookedTransformer):
         cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head], once for all blocks
         return cos, sin, mask.windowed(self.cfg.sliding_window)  # every block: one (windowed) mask
 
-    @property
-    def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
-        """Checkpoint key -> parameter name; lm_head only when untied."""
-        head = () if self.cfg.tie_word_embeddings else ((r"lm_head\.weight", r"lm_head.weight"),)
-        return _CHECKPOINT_RENAMES + head
+    checkpoint_table = _CHECKPOINT_RENAMES
 
-    @property
-    def checkpoint_ignored(self) -> tuple[str, ...]:
-        # Older checkpoints saved RoPE's inv_freq (recomputed here); a tied one may carry lm_head.weight.
-        rotary = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
-        return rotary + ((r"lm_head\.weight",) if self.cfg.tie_word_embeddings else ())
-
-    checkpoint_stacked: tuple[tuple, ...] = ()
+    # Older checkpoints saved RoPE's inv_freq (recomputed here).
+    checkpoint_extra_ignored = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
 
 
 class Mistral(Llama):
@@ -334,13 +335,3 @@ class Mistral(Llama):
         sizes = super().draw_sizes(draw, st, n_layers, n_heads)
         sizes.update(attention_bias=False, mlp_bias=False, sliding_window=draw(st.sampled_from([None, 1, 2, 4])))
         return sizes
-
-
-_CHECKPOINT_RENAMES = (
-    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-    (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
-    (r"model\.norm\.weight", r"ln_final.weight"),
-)

@@ -101,6 +101,18 @@ class MixtralBlock(Qwen3Block):
         super().__init__(cfg, MixtralSparseMLP(cfg), Qwen3Attention(cfg, qk_norm=False))
 
 
+_CHECKPOINT_RENAMES = (
+    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.weight", r"blocks.\1.attn.\2.weight"),
+    (r"model\.norm\.weight", r"ln_final.weight"),
+    (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.gate\.weight", r"blocks.\1.mlp.gate.weight"),  # the router
+    # transformers' in-memory layout, already fused and stacked
+    (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(gate_up_proj|down_proj)", r"blocks.\1.mlp.experts.\2"),
+)
+
+
 class Mixtral(Mistral):
     """Mixtral with TransformerLens hook names plus Qwen3-MoE's router and per-slot expert hooks.
 
@@ -149,10 +161,7 @@ class Mixtral(Mistral):
         return {**super().axis_sizes(), "n_experts": self.cfg.n_experts, "top_k": self.cfg.top_k,
                 "d_expert_mlp": self.cfg.d_expert_mlp}
 
-    @property
-    def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
-        head = () if self.cfg.tie_word_embeddings else ((r"lm_head\.weight", r"lm_head.weight"),)
-        return _CHECKPOINT_RENAMES + head
+    checkpoint_table = _CHECKPOINT_RENAMES
 
     # Per-expert keys on disk -> one expert of a stacked parameter (`expert` indexes axis 0); (part, parts) places
     # w1 (gate) and w3 (up) in the two halves of gate_up_proj's axis 1, as transformers' MergeModulelist + Concatenate.
@@ -161,15 +170,3 @@ class Mixtral(Mistral):
         (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(?P<expert>\d+)\.w3\.weight", r"blocks.\1.mlp.experts.gate_up_proj", (1, 2)),
         (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(?P<expert>\d+)\.w2\.weight", r"blocks.\1.mlp.experts.down_proj"),
     )
-
-
-_CHECKPOINT_RENAMES = (
-    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.weight", r"blocks.\1.attn.\2.weight"),
-    (r"model\.norm\.weight", r"ln_final.weight"),
-    (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.gate\.weight", r"blocks.\1.mlp.gate.weight"),  # the router
-    # transformers' in-memory layout, already fused and stacked
-    (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(gate_up_proj|down_proj)", r"blocks.\1.mlp.experts.\2"),
-)

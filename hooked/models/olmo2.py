@@ -291,6 +291,16 @@ class Olmo2Block(nn.Module):
         return tuple(inputs)
 
 
+_CHECKPOINT_RENAMES = (
+    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1.weight"),
+    (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
+    (r"model\.norm\.weight", r"ln_final.weight"),
+)
+
+
 class Olmo2(HookedTransformer):
     """OLMo 2 with TransformerLens hook names. Load with `hooked.load("allenai/OLMo-2-0425-1B")`."""
 
@@ -363,26 +373,4 @@ class Olmo2(HookedTransformer):
         cos, sin = self.rotary(position_ids, torch.float32)
         return cos, sin, mask
 
-    @property
-    def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
-        """Checkpoint key -> parameter name; lm_head only when untied."""
-        head = () if self.cfg.tie_word_embeddings else ((r"lm_head\.weight", r"lm_head.weight"),)
-        return _CHECKPOINT_RENAMES + head
-
-    @property
-    def checkpoint_ignored(self) -> tuple[str, ...]:
-        # A tied checkpoint may still carry lm_head.weight (a copy of the embedding): not a parameter here.
-        return (r"lm_head\.weight",) if self.cfg.tie_word_embeddings else ()
-
-    checkpoint_stacked: tuple[tuple, ...] = ()
-
-
-
-_CHECKPOINT_RENAMES = (
-    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1.weight"),
-    (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-    (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-    (r"model\.norm\.weight", r"ln_final.weight"),
-)
+    checkpoint_table = _CHECKPOINT_RENAMES

@@ -372,6 +372,16 @@ class Qwen3Block(nn.Module):
         return self.hook_resid_post(resid_mid + mlp_out)
 
 
+_CHECKPOINT_RENAMES = (
+    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
+    (r"model\.norm\.weight", r"ln_final.weight"),
+)
+
+
 class Qwen3(HookedTransformer):
     """Qwen3 dense with TransformerLens hook names. Load with `hooked.load("Qwen/Qwen3-0.6B")`."""
 
@@ -446,25 +456,4 @@ class Qwen3(HookedTransformer):
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         return self.embed_tokens.weight
 
-    @property
-    def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
-        """Checkpoint key -> parameter name; lm_head only when untied."""
-        head = () if self.cfg.tie_word_embeddings else ((r"lm_head\.weight", r"lm_head.weight"),)
-        return _CHECKPOINT_RENAMES + head
-
-    @property
-    def checkpoint_ignored(self) -> tuple[str, ...]:
-        # A tied checkpoint may still carry lm_head.weight (a copy of the embedding): not a parameter here.
-        return (r"lm_head\.weight",) if self.cfg.tie_word_embeddings else ()
-
-    checkpoint_stacked: tuple[tuple, ...] = ()  # see hooked.weights._read_slice; Qwen3-MoE fills it
-
-
-_CHECKPOINT_RENAMES = (
-    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-    (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-    (r"model\.norm\.weight", r"ln_final.weight"),
-)
+    checkpoint_table = _CHECKPOINT_RENAMES
