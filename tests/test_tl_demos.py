@@ -54,10 +54,11 @@ SHAPES = {"gpt2-small": 12, "distilgpt2": 6}  # name -> n_layers; every other si
 # The activation patching demo runs a forward per layer x position and per layer x head for each of its
 # sweeps: with 12 layers the two libraries take about 4 minutes here (TransformerLens 60% of it), so its
 # "gpt2-small" has distilgpt2's 6 layers (the same loops, half the iterations). At width 96 the unembedding
-# into 50257 tokens is 7/8 of each forward, so that demo's models (its "gpt2-small" and attn-only-2l) have a
-# vocabulary of 10000, the least its induction cells need (random ids in 100..9999): the same cells and loops
-# in about a third of the time. Nothing in it reads the vocabulary's size.
-SMALL = {"activation_patching_demo.py"}
+# into 50257 tokens is 7/8 of each forward, so where a demo never reads the vocabulary's size its "gpt2-small"
+# (and the activation patching demo's attn-only-2l) has the least vocabulary its random token ids need: ids in
+# 100..9999 in the activation patching demo's induction cells, 100..19999 in the exploratory demo's. The same
+# cells and loops run in about a third of the time. The Main Demo keeps 50257 (it sorts the unembedding's biases).
+GPT2_SMALL_FOR = {"activation_patching_demo.py": (6, 10000), "exploratory_analysis_demo.py": (12, 20000)}
 CELL = re.compile(r"^# %% cell (\d+)\n", re.MULTILINE)
 TL_LINE = re.compile(r"^(\s*)(.*?)\s*# transformer_lens: (.*)$", re.MULTILINE)
 NUMBER = re.compile(r"-?\d+(?:\.(\d+))?(?:e[-+]?\d+)?")
@@ -79,9 +80,10 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
         built[name] = build_gpt2_checkpoint(
             tmp_path_factory.mktemp(name), n_layer=n_layer, n_embd=WIDTH, n_head=12, n_positions=1024,
             corpus=notebook_text(), vocab_size=4000, pad_vocab_to=50257, initializer_range=INIT)
-    built["small"] = build_gpt2_checkpoint(  # SMALL's "gpt2-small": 6 layers, 10000 tokens
-        tmp_path_factory.mktemp("small"), n_layer=SHAPES["distilgpt2"], n_embd=WIDTH, n_head=12, n_positions=1024,
-        corpus=notebook_text(), vocab_size=4000, pad_vocab_to=10000, initializer_range=INIT)
+    for n_layer, vocab in GPT2_SMALL_FOR.values():  # (layers, vocabulary) of a demo's own "gpt2-small"
+        built[n_layer, vocab] = build_gpt2_checkpoint(
+            tmp_path_factory.mktemp(f"small{n_layer}x{vocab}"), n_layer=n_layer, n_embd=WIDTH, n_head=12,
+            n_positions=1024, corpus=notebook_text(), vocab_size=4000, pad_vocab_to=vocab, initializer_range=INIT)
     return built
 
 
@@ -116,7 +118,7 @@ ATTN_ONLY_2L = dict(n_layers=2, d_model=512, d_head=64, n_heads=8, n_ctx=2048, d
 
 
 def attn_only_config(d_vocab: int) -> dict:
-    """ATTN_ONLY_2L with the vocabulary of the tokenizer it is given (10000 for SMALL)."""
+    """ATTN_ONLY_2L with the vocabulary of the tokenizer it is given (GPT2_SMALL_FOR)."""
     return dict(ATTN_ONLY_2L, d_vocab=d_vocab)
 
 
@@ -346,8 +348,8 @@ def tensorish(value):
 
 @pytest.mark.parametrize("script", ["main_demo.py", "exploratory_analysis_demo.py", "activation_patching_demo.py"])
 def test_a_transformer_lens_demo_gives_the_same_numbers_on_hooked(script, checkpoints, one_thread):
-    if script in SMALL:
-        checkpoints = {**checkpoints, "gpt2-small": checkpoints["small"]}
+    if script in GPT2_SMALL_FOR:
+        checkpoints = {**checkpoints, "gpt2-small": checkpoints[GPT2_SMALL_FOR[script]]}
     theirs = run_script(DEMOS / script, "transformer_lens", checkpoints)
     ours = run_script(DEMOS / script, "hooked", checkpoints)
     problems = differences(ours, theirs)

@@ -7,8 +7,9 @@ release whose demos build `HookedTransformer`), its code cells as a script; test
   the TransformerLens run puts back. `import plotly.express as px` and `import plotly.io as pio` are
   dropped (plotly is not installed).
 - Model construction: `HookedTransformer.from_pretrained("gpt2-small", ...)` became `demo_model("gpt2-small",
-  ...)` with the same keywords: the runner's random checkpoint of GPT-2 small's shape, loaded by each
-  library's `from_pretrained`.
+  ...)` with the same keywords: the runner's random checkpoint of GPT-2 small's shape (but a vocabulary of
+  20000, the least cell 98's random ids need: tests/test_tl_demos.py says why), loaded by each library's
+  `from_pretrained`.
 - cell 6 (Colab set-up, `%pip`, `%autoreload`) deleted: not Python outside a kernel.
 - cell 14's plotly helpers `imshow`, `line`, `scatter` deleted: the runner provides functions of those
   names that keep what would be plotted, to be compared.
