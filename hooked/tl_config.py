@@ -41,7 +41,7 @@ from torch import nn
 
 from hooked.models.transformer_lens import TRANSFORMER_LENS_GENERATE
 from hooked.layers import Conv1D
-from hooked.models.base import ModelConfig
+from hooked.models.config import ModelConfig
 
 # TransformerLens 3.9 fields that change the function, with the value every hooked family has (its default).
 _FIXED = {

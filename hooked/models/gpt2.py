@@ -28,7 +28,8 @@ from hooked.hooks import HookPoint
 from hooked.rows import current_rows
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, Conv1D, LayerNorm, Split, attend, attention_input, gelu_new, mlp_input, writable
-from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.models.base import HookedTransformer
+from hooked.models.config import ModelConfig
 from hooked.models.views import WeightView
 from hooked.processing import Projection
 

@@ -34,7 +34,8 @@ from hooked.layers import (
     AttentionMask, LayerNorm, Split, add_bias, attend, attention_input, gelu_new, mlp_input, writable,
 )
 from hooked.rotary import RotaryEmbedding, apply_rotary
-from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.models.base import HookedTransformer
+from hooked.models.config import ModelConfig
 from hooked.processing import Projection
 
 

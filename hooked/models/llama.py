@@ -29,7 +29,8 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm
 from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
-from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.models.base import HookedTransformer
+from hooked.models.config import ModelConfig
 from hooked.models.qwen3 import Qwen3, Qwen3Attention, Qwen3Block, RotaryRMSNames, rms_rotary_fields
 from hooked.processing import Projection
 

@@ -36,7 +36,8 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm, Split, mlp_input
-from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.models.base import HookedTransformer
+from hooked.models.config import ModelConfig
 from hooked.models.qwen3 import Qwen3, Qwen3Attention, RotaryRMSNames
 from hooked.processing import Projection
 from hooked.rotary import RotaryEmbedding

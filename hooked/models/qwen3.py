@@ -26,7 +26,8 @@ from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm, Split, add_bias, attend, attention_input, mlp_input, writable
 from hooked.rotary import RotaryEmbedding, YarnScaling, apply_rotary
-from hooked.models.base import HookedTransformer, ModelConfig
+from hooked.models.base import HookedTransformer
+from hooked.models.config import ModelConfig
 from hooked.processing import Projection
 
 
