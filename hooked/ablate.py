@@ -219,6 +219,21 @@ class Zero(Ablation):
             return torch.tensor(float("-inf"), dtype=activation.dtype, device=activation.device)
         return torch.zeros((), dtype=activation.dtype, device=activation.device)
 
+    def validate_hook_point(self, point: HookPoint, model: "HookedTransformer | None" = None) -> None:
+        super().validate_hook_point(point, model)
+        if model is not None and self.experts is not None and "n_experts" in point.axes:
+            n_experts = model.axis_sizes()["n_experts"]
+            if len({expert % n_experts for expert in self.experts}) == n_experts:
+                raise ValueError(all_experts_removed(point.name, n_experts))
+
+
+def all_experts_removed(point: str, n_experts: int) -> str:
+    """Why routing cannot run with every expert's router logit at -inf (the softmax would be 0 / 0)."""
+    layer = point.split(".")[1] if point.startswith("blocks.") else "{layer}"
+    return (f"{point}: every one of the layer's {n_experts} experts is ablated at the router (-inf), which leaves no"
+            " expert to route to (the softmax would be 0 / 0 and the MLP output NaN). To remove the whole MoE"
+            f" layer, zero its output instead: the address 'L{layer}.mlp', or blocks.{layer}.hook_mlp_out")
+
 
 def zero(heads: Selector = None, neurons: Selector = None, positions: Positions = None, experts: Selector = None) -> Zero:
     """Zero-ablate the selected part of a hook point (all of it with no selector).

@@ -339,6 +339,19 @@ def selectors(model, hook_name: str, positions: bool = True, max_pos: int = 8):
     return draw_selectors()
 
 
+def empties_a_router(model, fwd_hooks) -> bool:
+    """Whether zero ablations at one layer's router logits together select every expert: each is valid alone,
+    but together they leave no expert to route to, which the model refuses (hooked.ablate.all_experts_removed).
+    A drawn list of interventions is filtered with it: `hypothesis.assume(not empties_a_router(model, hooks))`."""
+    from hooked import ablate
+
+    picked: dict[str, set[int]] = {}
+    for name, fn in fwd_hooks:
+        if isinstance(fn, ablate.Zero) and fn.experts is not None and "n_experts" in model.hook_dict[name].axes:
+            picked.setdefault(name, set()).update(e % model.axis_sizes()["n_experts"] for e in fn.experts)
+    return any(len(experts) == model.axis_sizes()["n_experts"] for experts in picked.values())
+
+
 def interventions(model, cache=None, *, methods: Sequence[str] = ("zero", "mean", "resample"), within_batch: bool = True,
                   names: Sequence[str] | None = None, positions: bool = True, max_pos: int = 8):
     """Strategy: a `(hook_name, callback)` pair, an `ablate` zero / mean / resample with random selectors.

@@ -190,6 +190,33 @@ def test_masking_an_expert_at_router_logits_routes_over_the_others(moe_dirs, moe
     assert (masked["mlp_out", layer] - clean["mlp_out", layer]).abs().max() > 1e-2  # the mask did something
 
 
+def test_removing_every_expert_of_a_layer_is_refused_not_nan(moe_models):
+    """With every router logit at -inf the softmax is 0 / 0: refused, naming the way to remove the layer, both for
+    an ablation selecting every expert (at registration, before any forward) and for hooks that together mask
+    them all (at the router, for the rows they empty); nothing stays registered. One expert left routes as usual."""
+    model = moe_models["k1"]
+    layer, n_experts = sparse_layers(model)[-1], model.cfg.n_experts
+    tokens = random_tokens(2, 5, seed=3)
+    point = f"blocks.{layer}.mlp.hook_router_logits"
+    message = rf"{point}: every one of the layer's {n_experts} experts is ablated.*'L{layer}.mlp', or blocks.{layer}.hook_mlp_out"
+    with pytest.raises(ValueError, match=message):
+        hooked.ablate.hooks(model, [f"L{layer}.E{e}" for e in range(n_experts)], "zero")
+    with pytest.raises(ValueError, match=message):
+        model.run_with_hooks(tokens, fwd_hooks=[(point, hooked.ablate.zero(experts=list(range(n_experts))))])
+
+    def mask(expert):
+        def hook(logits, hook):
+            logits[1:, 2:, expert] = float("-inf")  # rows 1.., positions 2..: those rows end with no expert
+        return hook
+
+    with pytest.raises(ValueError, match=message):
+        model.run_with_hooks(tokens, fwd_hooks=[(point, mask(e)) for e in range(n_experts)])
+    assert not any(p.has_hooks() for p in model.hook_dict.values())  # the refused call left nothing registered
+    with torch.no_grad():
+        kept = model.run_with_hooks(tokens, fwd_hooks=[(point, mask(e)) for e in range(1, n_experts)])
+    assert torch.isfinite(kept).all()
+
+
 @pytest.mark.parametrize("case", ["k2_norm", "k3_step2"])
 def test_ablating_an_expert_neuron_equals_zeroing_its_down_proj_column(moe_dirs, moe_models, case):
     model, cfg = moe_models[case], moe_models[case].cfg

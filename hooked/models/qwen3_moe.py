@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from hooked.ablate import all_experts_removed
 from hooked.hooks import HookPoint
 from hooked.layers import GatedMLP, Split
 from hooked.models.qwen3 import Qwen3, Qwen3Block, Qwen3Config
@@ -120,6 +121,8 @@ class Qwen3MoeSparseMLP(nn.Module):
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         router_logits = self.hook_router_logits(self.gate(x))
+        if self.hook_router_logits.listening and bool(torch.isneginf(router_logits).all(-1).any()):  # no expert left
+            raise ValueError(all_experts_removed(self.hook_router_logits.name, self.n_experts))
         probs = F.softmax(router_logits, dim=-1, dtype=torch.float32)  # over ALL experts
         top_probs, top_indices = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
