@@ -105,3 +105,44 @@ def check_hook_shapes(model, batch: int = 2, pos: int = 7) -> dict[str, tuple]:
     for name in model.hook_names:
         assert tuple(cache[name].shape) == expected[name], name
     return expected
+
+
+def check_zero_heads_equals_zeroing_o_proj(model, heads: list[int], layer: int = 1) -> None:
+    """`ablate.zero(heads=...)` at `hook_z` equals the model with those heads' columns of o_proj zeroed (an
+    explicit edit of the weights), and changes the logits."""
+    import copy
+
+    from hooked import ablate
+
+    tokens, d_head = random_tokens(2, 8), model.cfg.d_head
+    with torch.no_grad():
+        ablated = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate.zero(heads=heads))])
+        edited = copy.deepcopy(model)
+        for head in heads:
+            edited.blocks[layer].attn.o_proj.weight[:, head * d_head:(head + 1) * d_head] = 0.0
+        torch.testing.assert_close(ablated, edited(tokens), rtol=0, atol=1e-6)
+        assert (ablated - model(tokens)).abs().max() > 1e-3
+
+
+def compare_with_transformer_lens(model, tl, tokens, only_hooked: set[str], only_transformer_lens: set[str],
+                                  adjust=None, atol=1e-5) -> dict:
+    """Every hook point both models have holds the same tensor (rtol 1e-5, `atol`: a number, or name -> number;
+    the logits are "logits"), after `adjust(name, ours, theirs) -> (ours, theirs)` reconciles a family's layouts;
+    masked scores compare where TransformerLens' are finite (it writes -inf, hooked the dtype's minimum).
+    `only_hooked` are per-block names; returns hooked's cache."""
+    tolerance = atol if callable(atol) else lambda name: atol
+    (tl_logits, tl_cache), (logits, cache) = cache_every_point([tl, model], tokens)
+    ours_only = {f"blocks.{i}.{name}" for i in range(model.cfg.n_layers) for name in only_hooked}
+    assert set(tl_cache.keys()) - set(model.hook_names) == only_transformer_lens
+    assert set(model.hook_names) - set(tl_cache.keys()) == ours_only
+    torch.testing.assert_close(logits, tl_logits, rtol=1e-5, atol=tolerance("logits"))
+    for name in set(model.hook_names) - ours_only:
+        ours, theirs = cache[name], tl_cache[name]
+        if adjust is not None:
+            ours, theirs = adjust(name, ours, theirs)
+        if name.endswith("hook_attn_scores"):
+            visible = torch.isfinite(theirs)
+            assert torch.equal(visible, ours > torch.finfo(ours.dtype).min), name
+            ours, theirs = ours[visible], theirs[visible]
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=tolerance(name), msg=name)
+    return cache

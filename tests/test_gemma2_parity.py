@@ -14,7 +14,6 @@ SDPA, which sums in another order: logits <= 1e-6, residual streams (magnitude ~
 
 from __future__ import annotations
 
-import copy
 import json
 import warnings
 
@@ -25,8 +24,9 @@ import hooked
 from hooked.models.gemma2 import Gemma2Config as HookedGemma2Config
 
 import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import (build_checkpoint, cache_every_point, check_hook_shapes, hf_outputs, hf_reference,
-                          hooked_outputs, max_diffs, random_tokens)
+from tests.parity import (build_checkpoint, check_hook_shapes, check_zero_heads_equals_zeroing_o_proj,
+                          compare_with_transformer_lens, hf_outputs, hf_reference, hooked_outputs, max_diffs,
+                          random_tokens)
 from tests.test_llama_parity import (check_greedy_generation, check_left_padded_batch, check_sweep_equals_each_alone,
                                      edited_checkpoint)
 
@@ -225,23 +225,12 @@ def test_every_hook_equals_transformer_lens(models, dirs):
     TransformerLens normalises each head's copy (its ln1 hooks are per head): head 0's is compared."""
     model, tl = models["mha"], tl_gemma2(dirs["mha"])
     tokens = random_tokens(2, 11)
-    (tl_logits, tl_cache), (logits, cache) = cache_every_point([tl, model], tokens)
-    ours_only = {f"blocks.{i}.{name}" for i in range(model.cfg.n_layers) for name in ONLY_HOOKED}
-    assert set(tl_cache.keys()) - set(model.hook_names) == ONLY_TRANSFORMER_LENS
-    assert set(model.hook_names) - set(tl_cache.keys()) == ours_only
-    torch.testing.assert_close(logits, tl_logits, rtol=1e-5, atol=1e-5)
-    for name in set(model.hook_names) - ours_only:
-        ours, theirs = cache[name], tl_cache[name]
-        if ".ln1." in name:
-            theirs = theirs[:, :, 0]
-        if name.endswith("hook_attn_scores"):
-            visible = torch.isfinite(theirs)
-            assert torch.equal(visible, ours > torch.finfo(ours.dtype).min), name
-            ours, theirs = ours[visible], theirs[visible]
-        # The scores before the cap are O(100) here (wide weights, so that the cap bites): their float32 rounding
-        # (the two sum q.k in other orders, and scale before / after) reaches 2e-5 after the cap; measured.
-        atol = 5e-5 if name.endswith("hook_attn_scores") else 1e-5
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=atol, msg=name)
+    head_zero = lambda name, ours, theirs: (ours, theirs[:, :, 0] if ".ln1." in name else theirs)  # noqa: E731
+    # The scores before the cap are O(100) here (wide weights, so that the cap bites): their float32 rounding
+    # (the two sum q.k in other orders, and scale before / after) reaches 2e-5 after the cap; measured.
+    scores_wider = lambda name: 5e-5 if name.endswith("hook_attn_scores") else 1e-5  # noqa: E731
+    compare_with_transformer_lens(model, tl, tokens, ONLY_HOOKED, ONLY_TRANSFORMER_LENS, adjust=head_zero,
+                                  atol=scores_wider)
     # TransformerLens' norm weights are the gains: its converter adds the one; hooked's `w` is the same.
     for name in ("ln1", "ln1_post", "ln2", "ln2_post"):
         torch.testing.assert_close(getattr(model.blocks[1], name).w, getattr(tl.blocks[1], name).w, rtol=0, atol=0)
@@ -378,16 +367,7 @@ def test_hooks_hold_what_the_docs_say(models):
 
 # ----------------------------------------------------------------------------- features on Gemma 2
 def test_zero_heads_at_z_equals_zeroing_o_proj_columns(models):
-    model = models["capped_gqa"]
-    tokens = random_tokens(2, 8)
-    layer, heads, d_head = 1, [0, 3], model.cfg.d_head
-    with torch.no_grad():
-        ablated = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hooked.ablate.zero(heads=heads))])
-        edited = copy.deepcopy(model)
-        for head in heads:
-            edited.blocks[layer].attn.o_proj.weight[:, head * d_head:(head + 1) * d_head] = 0.0
-        torch.testing.assert_close(ablated, edited(tokens), rtol=0, atol=1e-6)
-        assert (ablated - model(tokens)).abs().max() > 1e-3
+    check_zero_heads_equals_zeroing_o_proj(models["capped_gqa"], heads=[0, 3])
 
 
 def test_sweep_of_two_head_ablations_equals_each_alone(models):

@@ -14,7 +14,6 @@ equals the first and hooked's eager path the second, both bit for bit (0.0: the 
 
 from __future__ import annotations
 
-import copy
 import json
 import warnings
 
@@ -26,8 +25,9 @@ from hooked.models.gemma3 import Gemma3Config as HookedGemma3Config
 from hooked.rotary import LinearScaling
 
 import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import (bf16_spread, build_checkpoint, cache_every_point, check_hook_shapes, hf_outputs, hf_reference,
-                          hooked_outputs, max_diffs, random_tokens)
+from tests.parity import (bf16_spread, build_checkpoint, check_hook_shapes, check_zero_heads_equals_zeroing_o_proj,
+                          compare_with_transformer_lens, hf_outputs, hf_reference, hooked_outputs, max_diffs,
+                          random_tokens)
 from tests.test_gemma2_parity import rms
 from tests.test_llama_parity import (check_greedy_generation, check_left_padded_batch, check_sweep_equals_each_alone,
                                      edited_checkpoint)
@@ -237,26 +237,18 @@ def test_every_hook_equals_transformer_lens(models, dirs):
     compared for ln1."""
     model, tl = models["linear_gqa"], tl_gemma3(dirs["linear_gqa"])
     tokens = random_tokens(2, 11)
-    (tl_logits, tl_cache), (logits, cache) = cache_every_point([tl, model], tokens)
-    ours_only = {f"blocks.{i}.{name}" for i in range(model.cfg.n_layers) for name in ONLY_HOOKED}
-    assert set(tl_cache.keys()) - set(model.hook_names) == ONLY_TRANSFORMER_LENS
-    assert set(model.hook_names) - set(tl_cache.keys()) == ours_only
     # Wide weights (initializer_range 0.3, activations up to ~90) and TransformerLens' own operation order (rotary
     # angles as pos / (base ** (2i / d) * factor), not pos * inv_freq; einsum projections) differ from hooked's by
     # float32 rounding that grows through three layers: measured <= 2.1e-5 absolute (logits 1.96e-5, hook_pre 2.05e-5
     # near zero) and <= 1.5e-6 relative, so atol 5e-5 with rtol 1e-5.
-    torch.testing.assert_close(logits, tl_logits, rtol=1e-5, atol=5e-5)
-    for name in set(model.hook_names) - ours_only:
-        ours, theirs = cache[name], tl_cache[name]
+    def layouts(name, ours, theirs):
         if ".ln1." in name:
             theirs = theirs[:, :, 0]
         if "_norm." in name:  # [batch * pos * heads, ...] there
             theirs = theirs.reshape(ours.shape)
-        if name.endswith("hook_attn_scores"):
-            visible = torch.isfinite(theirs)
-            assert torch.equal(visible, ours > torch.finfo(ours.dtype).min), name
-            ours, theirs = ours[visible], theirs[visible]
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=5e-5, msg=name)
+        return ours, theirs
+
+    compare_with_transformer_lens(model, tl, tokens, ONLY_HOOKED, ONLY_TRANSFORMER_LENS, adjust=layouts, atol=5e-5)
     for name in ("q_norm", "k_norm"):  # TransformerLens' norm weights are the gains (its converter adds the one)
         torch.testing.assert_close(getattr(model.blocks[1].attn, name).w, getattr(tl.blocks[1].attn, name).w, rtol=0, atol=0)
     torch.testing.assert_close(model.W_E, tl.W_E, rtol=0, atol=0)
@@ -341,16 +333,7 @@ def test_q_and_k_norms_hold_what_the_docs_say(models):
 
 # ----------------------------------------------------------------------------- features on Gemma 3
 def test_zero_heads_at_z_equals_zeroing_o_proj_columns(models):
-    model = models["linear_gqa"]
-    tokens = random_tokens(2, 8)
-    layer, heads, d_head = 1, [0, 3], model.cfg.d_head
-    with torch.no_grad():
-        ablated = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hooked.ablate.zero(heads=heads))])
-        edited = copy.deepcopy(model)
-        for head in heads:
-            edited.blocks[layer].attn.o_proj.weight[:, head * d_head:(head + 1) * d_head] = 0.0
-        torch.testing.assert_close(ablated, edited(tokens), rtol=0, atol=1e-6)
-        assert (ablated - model(tokens)).abs().max() > 1e-3
+    check_zero_heads_equals_zeroing_o_proj(models["linear_gqa"], heads=[0, 3])
 
 
 def test_sweep_of_two_head_ablations_equals_each_alone(models):

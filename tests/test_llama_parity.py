@@ -11,7 +11,6 @@ difference of the logits, every resid_pre and the final norm's output is 0.0 in 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import shutil
@@ -26,7 +25,8 @@ from hooked.rotary import Llama3Scaling, LinearScaling
 from hooked.models.llama import LlamaConfig as HookedLlamaConfig
 
 import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import bf16_spread, build_checkpoint, hf_outputs, hf_reference, hooked_outputs, max_diffs, random_tokens
+from tests.parity import (bf16_spread, build_checkpoint, check_zero_heads_equals_zeroing_o_proj, hf_outputs,
+                          hf_reference, hooked_outputs, max_diffs, random_tokens)
 
 VOCAB = 96
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 6.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -273,16 +273,7 @@ def test_hooks_hold_what_the_docs_say(models):
 
 # ----------------------------------------------------------------------------- features on Llama
 def test_zero_heads_at_z_equals_zeroing_o_proj_columns(models):
-    model = models["gqa_llama3_tied"]
-    tokens = random_tokens(2, 8)
-    layer, heads, d_head = 1, [2, 5], model.cfg.d_head
-    with torch.no_grad():
-        ablated = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate.zero(heads=heads))])
-        edited = copy.deepcopy(model)
-        for head in heads:
-            edited.blocks[layer].attn.o_proj.weight[:, head * d_head:(head + 1) * d_head] = 0.0
-        torch.testing.assert_close(ablated, edited(tokens), rtol=0, atol=1e-6)
-        assert (ablated - model(tokens)).abs().max() > 1e-3
+    check_zero_heads_equals_zeroing_o_proj(models["gqa_llama3_tied"], heads=[2, 5])
 
 
 def last_token_kl(logits, base_logits=None, attention_mask=None):

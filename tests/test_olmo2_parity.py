@@ -10,7 +10,6 @@ logits, every resid_pre and the final norm's output is 0.0 in every case.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import warnings
@@ -19,12 +18,12 @@ import pytest
 import torch
 
 import hooked
-from hooked import ablate
 from hooked.models.olmo2 import Olmo2Config as HookedOlmo2Config
 
 import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import (bf16_spread, build_checkpoint, cache_every_point, check_hook_shapes, hf_outputs, hf_reference,
-                          hooked_outputs, max_diffs, random_tokens)
+from tests.parity import (bf16_spread, build_checkpoint, check_hook_shapes, check_zero_heads_equals_zeroing_o_proj,
+                          compare_with_transformer_lens, hf_outputs, hf_reference, hooked_outputs, max_diffs,
+                          random_tokens)
 from tests.test_llama_parity import (check_greedy_generation, check_left_padded_batch, check_sweep_equals_each_alone,
                                      edited_checkpoint)
 
@@ -155,20 +154,11 @@ def test_every_hook_equals_transformer_lens(dirs, models):
     q_norm / k_norm's hook_normalized flat [batch pos heads * d_head]; hooked splits it by head."""
     model, tl = models["mha"], tl_olmo2(dirs["mha"])
     tokens = random_tokens(2, 19)
-    (tl_logits, tl_cache), (logits, cache) = cache_every_point([tl, model], tokens)
-    ours_only = {f"blocks.{i}.{name}" for i in range(model.cfg.n_layers) for name in ONLY_HOOKED}
-    assert set(tl_cache.keys()) - set(model.hook_names) == ONLY_TRANSFORMER_LENS
-    assert set(model.hook_names) - set(tl_cache.keys()) == ours_only
-    torch.testing.assert_close(logits, tl_logits, rtol=1e-5, atol=1e-5)
-    for name in set(model.hook_names) - ours_only:
-        ours, theirs = cache[name], tl_cache[name]
-        if name.endswith("_norm.hook_normalized"):
-            ours = ours.flatten(-2)
-        if name.endswith("hook_attn_scores"):
-            visible = torch.isfinite(theirs)
-            assert torch.equal(visible, ours > torch.finfo(ours.dtype).min), name
-            ours, theirs = ours[visible], theirs[visible]
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5, msg=name)
+
+    def flat(name, ours, theirs):  # TransformerLens holds the norms' hook_normalized flat
+        return (ours.flatten(-2) if name.endswith("_norm.hook_normalized") else ours), theirs
+
+    compare_with_transformer_lens(model, tl, tokens, ONLY_HOOKED, ONLY_TRANSFORMER_LENS, adjust=flat)
 
 
 def test_transformer_lens_names_resolve():
@@ -253,16 +243,7 @@ def test_one_heads_query_input_moves_every_heads_normalised_query(models):
 
 # ----------------------------------------------------------------------------- features on OLMo 2
 def test_zero_heads_at_z_equals_zeroing_o_proj_columns(models):
-    model = models["gqa_bias_tied"]
-    tokens = random_tokens(2, 8)
-    layer, heads, d_head = 1, [2, 5], model.cfg.d_head
-    with torch.no_grad():
-        ablated = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate.zero(heads=heads))])
-        edited = copy.deepcopy(model)
-        for head in heads:
-            edited.blocks[layer].attn.o_proj.weight[:, head * d_head:(head + 1) * d_head] = 0.0
-        torch.testing.assert_close(ablated, edited(tokens), rtol=0, atol=1e-6)
-        assert (ablated - model(tokens)).abs().max() > 1e-3
+    check_zero_heads_equals_zeroing_o_proj(models["gqa_bias_tied"], heads=[2, 5])
 
 
 def test_sweep_of_two_head_ablations_equals_each_alone(models):
