@@ -646,7 +646,10 @@ def test_path_patching_direct_and_wang_equal_brute_force(arch):
 @settings(max_examples=10, **SETTINGS)
 @given(st.data())
 def test_path_patching_property(data):
-    model = data.draw(models(CIRCUIT_FAMILIES), label="model")
+    # float64: the brute-force references patch by hand in another order, and where an ablation leaves a residual
+    # stream near zero an RMSNorm amplifies float32 rounding past TOL (a zero-ablated input into a Qwen3-MoE: the
+    # reference 1e-4 off in float32, while both agree with the engine exactly in float64). A copy: drawn models are shared.
+    model = copy.deepcopy(data.draw(models(CIRCUIT_FAMILIES), label="model")).double()
     clean, corrupt, mask, metric = draw_prompts(data, model)
     n_layers, n_heads, n_kv = shape(model)
     nodes = [f"L{layer}H{h}" for layer in range(n_layers) for h in range(n_heads)] + [f"L{layer}.mlp" for layer in range(n_layers)]
