@@ -513,8 +513,8 @@ def _has_experts(mlp: torch.nn.Module) -> bool:
 def additive_writes(model: "HookedTransformer", layer: int, what: str) -> None:
     """Raise unless block `layer` adds its sublayers' outputs to the residual stream as they are: a block that
     declares `output_norms` (OLMo 2 normalises the attention and MLP outputs before the add) has no additive
-    per-head, per-neuron or per-expert writes, so `what` (a stack of them, or circuits over them) would be
-    silently wrong."""
+    per-head, per-neuron or per-expert writes, so `what` (a stack of them) would be silently wrong. (The
+    circuits graph reads the same declaration and takes such a layer's attention as one node.)"""
     norms = getattr(type(model.blocks[layer]), "output_norms", ())
     if norms:
         raise ValueError(

@@ -97,3 +97,22 @@ def test_grouped_query_ports_and_unsigned_acdc_scores(tmp_path):
         assert any(label.startswith("metric move") for label in legend)
     finally:
         plt.close(figure)
+
+
+def test_a_post_norm_layer_is_one_attention_node_joined_to_its_ports(tmp_path):
+    """Where a layer's attention is one node (OLMo 2, Gemma: `L{l}.attn`), the row holds it, not its heads; the
+    ports its edges feed are joined to it, and the layer's heads are not drawn even as outlines."""
+    g = graph_of_shape(2, 4, 2, whole_attention=(0, 1))
+    edges = [g.edge(e) for e in ("input->L0H1.q", "input->L0KV0.v", "L0.attn->L1KV1.k", "L0.attn->L1.mlp",
+                                 "L1.attn->logits", "L1.mlp->logits")]
+    scores = {str(e): 0.0 for e in g.edges} | {str(e): -1.0 - i for i, e in enumerate(edges)}
+    circuit = Circuit(g, edges, scores, "eap")
+    figure = circuit.plot(tmp_path / "post-norm.png")
+    try:
+        assert (tmp_path / "post-norm.png").stat().st_size > 10_000
+        assert circuit.nodes == ["input", "L0.attn", "L1.attn", "L1.mlp", "logits"]
+        texts, faint = _texts(figure), _texts(figure, faint=True)
+        assert {"L0.attn", "L1.attn", "L0 attn", "L1 attn"} <= set(texts) and "L0.mlp" in faint
+        assert not any(text.startswith(("L0H", "L1H")) for text in texts + faint)
+    finally:
+        plt.close(figure)

@@ -388,15 +388,22 @@ def test_run_with_cache_equals_the_forward(models):
                                    rtol=0, atol=1e-6)
 
 
-def test_per_head_writes_and_circuits_are_refused_naming_the_post_norms(models):
-    """A head's hook_result is not what a Gemma 2 block adds (ln1_post normalises the sum of all heads first)."""
+def test_per_head_writes_are_refused_and_circuits_take_each_layers_attention_whole(models):
+    """A head's hook_result is not what a Gemma 2 block adds (ln1_post normalises the sum of all heads first):
+    per-head stacks are refused, and the circuits graph's attention nodes are whole layers (tests/test_circuits.py
+    checks their edges against plain hooks)."""
     from hooked import circuits
 
     model = models["capped_gqa"]
     _, cache = model.run_with_cache(random_tokens(2, 5))
-    for call in (lambda: cache.stack_head_results(), lambda: cache.stack_neuron_results(1), lambda: circuits.graph(model)):
+    for call in (lambda: cache.stack_head_results(), lambda: cache.stack_neuron_results(1)):
         with pytest.raises(ValueError, match=r"normalises its sublayer outputs \(ln1_post, ln2_post\)"):
             call()
+    graph = circuits.graph(model)
+    assert [s.name for s in graph.sources[:3]] == ["input", "L0.attn", "L0.mlp"]
+    assert graph.sources[1].hook_name == "blocks.0.hook_attn_out" and graph.whole_attention == tuple(range(model.cfg.n_layers))
+    with pytest.raises(KeyError, match=r"'L0H1' is not a node.*'L0.attn'"):
+        graph.source_index("L0H1")
     parts = cache.decompose_resid(model.cfg.n_layers)
     torch.testing.assert_close(parts.sum(0), cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"], rtol=0, atol=1e-5)
 

@@ -357,8 +357,10 @@ def test_per_head_and_per_neuron_writes_and_circuits_are_refused_naming_the_post
     message = "normalises its sublayer outputs"
     for call in (lambda: cache.stack_head_results(), lambda: cache.get_full_resid_decomposition(),
                  lambda: cache.stack_neuron_results(1), lambda: cache.get_neuron_results(0),
-                 lambda: model.accumulated_bias(1), lambda: circuits.graph(model)):
+                 lambda: model.accumulated_bias(1)):
         with pytest.raises(ValueError, match=message):
             call()
+    graph = circuits.graph(model)  # each layer's attention is one node (tests/test_circuits.py checks its edges)
+    assert "L1.attn" in graph.nodes and "L1H0" not in graph.nodes and graph.sources[1].hook_name == "blocks.0.hook_attn_out"
     parts = cache.decompose_resid(model.cfg.n_layers)
     torch.testing.assert_close(parts.sum(0), cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"], rtol=0, atol=1e-5)

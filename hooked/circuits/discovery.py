@@ -150,7 +150,8 @@ class Circuit:
                 "nodes": self.nodes, "heads": self.heads, "scores": self.scores,
                 "shape": {"n_layers": self.graph.n_layers, "n_heads": self.graph.n_heads, "n_kv_heads": self.graph.n_kv_heads,
                           **({} if self.graph.mlp_layers is None else {"mlp_layers": list(self.graph.mlp_layers)}),
-                          **({"parallel_layers": list(self.graph.parallel_layers)} if self.graph.parallel_layers else {})},
+                          **({"parallel_layers": list(self.graph.parallel_layers)} if self.graph.parallel_layers else {}),
+                          **({"whole_attention": list(self.graph.whole_attention)} if self.graph.whole_attention else {})},
                 "provenance": self.provenance}
 
     def to_json(self, path: str | Path) -> Path:
@@ -163,10 +164,11 @@ class Circuit:
         shape = data["shape"]
         mlp_layers = None if shape.get("mlp_layers") is None else tuple(shape["mlp_layers"])  # absent: every layer
         parallel = tuple(shape.get("parallel_layers", ()))
+        whole = tuple(shape.get("whole_attention", ()))
         g = build_graph(model) if model is not None else graph_of_shape(shape["n_layers"], shape["n_heads"], shape["n_kv_heads"],
-                                                                          mlp_layers, parallel)
-        if model is not None and (g.n_layers, g.n_heads, g.n_kv_heads, g.mlp_layers, g.parallel_layers) != (
-                shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers, parallel):
+                                                                          mlp_layers, parallel, whole)
+        if model is not None and (g.n_layers, g.n_heads, g.n_kv_heads, g.mlp_layers, g.parallel_layers, g.whole_attention) != (
+                shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers, parallel, whole):
             raise ValueError(f"the circuit in {path} was found on a graph of shape {shape}, but this model's is {g!r}")
         return cls(g, [g.edge(e) for e in data["edges"]], dict(data["scores"]), data["method"],
                    data.get("ablation", "corrupt"), data.get("provenance", {}), model)

@@ -19,6 +19,12 @@ On grouped-query models the key and value inputs belong to key/value heads, shar
 heads: they are named `L{l}KV{g}.k` / `L{l}KV{g}.v`, so that `KV1` cannot be read as query head 1.
 On a mixture-of-experts layer the MLP node is the whole sparse block (router and experts).
 
+A block that normalises its sublayer outputs before the residual add (OLMo 2, Gemma 2 and Gemma 3 declare
+`output_norms`) adds `norm(sum over heads of z[h] @ W_O[h])`: no head's own term is in the residual stream,
+so its attention writes as one node, `L{l}.attn` (`blocks.{l}.hook_attn_out`, the post-norm output),
+fed by every q/k/v input of the layer. Its receivers stay per head: each head still reads its own copy
+of the stream (`graph.whole_attention` lists such layers; `L{l}H{h}` is not a node there).
+
 The order of `sources` and `receivers` is topological and fixed: edge masks and score matrices are
 [n_sources, n_receivers] in that order, and an edge's index is its place in `edges`.
 """
@@ -33,7 +39,6 @@ import torch
 from torch import Tensor
 
 from hooked.addresses import kv_head_name
-from hooked.decomposition import additive_writes
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -83,6 +88,7 @@ class Source:
     hook_name: str  # blocks.0.hook_resid_pre, blocks.2.attn.hook_result, blocks.3.hook_mlp_out
     head: int | None
     stage: int  # -1 the embedding, 2l the heads of layer l, 2l+1 its MLP
+    attention: bool = False  # a head, or a whole-attention node (L2.attn): what Wang et al.'s path patching freezes
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,7 @@ class Graph:
     _edge_index: dict = field(repr=False, compare=False)
     mlp_layers: tuple[int, ...] | None = None  # the layers with an MLP node; None: every layer (attn_only: ())
     parallel_layers: tuple[int, ...] = ()  # parallel-residual blocks: the MLP reads resid_pre, beside the heads
+    whole_attention: tuple[int, ...] = ()  # layers whose attention writes as one node L{l}.attn (a post-norm)
 
     def has_mlp(self, layer: int) -> bool:
         return self.mlp_layers is None or layer in self.mlp_layers
@@ -117,7 +124,18 @@ class Graph:
         try:
             return self._source_index[name]
         except KeyError:
-            raise KeyError(_unknown(name, "source node", [s.name for s in self.sources])) from None
+            hint = self.whole_attention_error(name)
+            raise KeyError(hint or _unknown(name, "source node", [s.name for s in self.sources])) from None
+
+    def whole_attention_error(self, name: object) -> str | None:
+        """Why a head node `L{l}H{h}` is not a node where layer l's attention writes as one (`L{l}.attn`)."""
+        match = re.fullmatch(r"L(\d+)H(\d+)", str(name))
+        if match is None or int(match[1]) not in self.whole_attention or int(match[2]) >= self.n_heads:
+            return None
+        layer = int(match[1])
+        return (f"{name!r} is not a node: block {layer} normalises its attention output before adding it to the residual"
+                f" stream, so no head's write is a term of it and the layer's attention writes as one node, 'L{layer}.attn';"
+                f" its heads' inputs are still receivers ('L{layer}H{match[2]}.q', ...)")
 
     def receiver_index(self, name: str) -> int:
         try:
@@ -217,8 +235,12 @@ class Graph:
         return sorted(found, key=self._edge_index.__getitem__)
 
     def receivers_of(self, node: str) -> list[str]:
-        """The inputs of a node: a head's q, k and v inputs (its key/value head's, on grouped models), or the
-        node itself for an MLP and `logits`."""
+        """The inputs of a node: a head's q, k and v inputs (its key/value head's, on grouped models), every
+        q/k/v input of the layer for a whole-attention node `L{l}.attn`, or the node itself for an MLP and `logits`."""
+        whole = re.fullmatch(r"L(\d+)\.attn", node)
+        if whole is not None:
+            self.source_index(node)
+            return [r.name for r in self.receivers if r.stage == 2 * int(whole[1]) and r.head is not None]
         match = re.fullmatch(r"L(\d+)H(\d+)", node)
         if match is None:
             self.receiver_index(node)
@@ -229,11 +251,14 @@ class Graph:
         return [f"{node}.q", f"{kv}.k", f"{kv}.v"]
 
     def heads_reading(self, receiver: str) -> list[str]:
-        """The head nodes a receiver feeds: one for a query input, the group for a key/value input."""
+        """The attention nodes a receiver feeds: one head for a query input, the group for a key/value input;
+        the layer's `L{l}.attn` on a whole-attention layer."""
         match = re.fullmatch(r"L(\d+)(H|KV)(\d+)\.[qkv]", receiver)
         if match is None:
             return []
         layer, kind, index = int(match[1]), match[2], int(match[3])
+        if layer in self.whole_attention:
+            return [f"L{layer}.attn"]
         if kind == "H":
             return [f"L{layer}H{index}"]
         group = self.n_heads // self.n_kv_heads
@@ -243,8 +268,10 @@ class Graph:
         return len(self.edges)
 
     def __repr__(self) -> str:
+        whole = len(self.whole_attention)
         return (f"Graph({self.n_layers} layers x {self.n_heads} heads"
-                + (f" ({self.n_kv_heads} key/value heads)" if self.grouped else "")
+                + (f" ({self.n_kv_heads} key/value head{'s' if self.n_kv_heads > 1 else ''})" if self.grouped else "")
+                + ("" if not whole else ", attention as one node" + ("" if whole == self.n_layers else f" in layers {list(self.whole_attention)}"))
                 + f": {len(self.sources)} sources, {len(self.receivers)} receivers, {len(self.edges)} edges)")
 
 
@@ -257,20 +284,26 @@ def graph(model: "HookedTransformer") -> Graph:
         model._check_name(f"blocks.0.{name}")  # an architecture without the split input points has no circuits
     for layer in mlp_layers[:1]:
         model._check_name(f"blocks.{layer}.hook_mlp_in")
-    for layer in range(model.cfg.n_layers):  # an edge's effect is a source's write added to a receiver's input
-        additive_writes(model, layer, "circuits.graph")
+    # An edge's effect is a source's write added to a receiver's input: where a norm sits between the heads' sum and
+    # the residual add (the block declares `output_norms`), the layer's attention is one source.
+    whole = tuple(layer for layer, block in enumerate(model.blocks) if getattr(type(block), "output_norms", ()))
+    for layer in whole[:1]:
+        model._check_name(f"blocks.{layer}.hook_attn_out")
     cfg = model.cfg
     return graph_of_shape(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
-                          None if len(mlp_layers) == cfg.n_layers else mlp_layers, parallel)
+                          None if len(mlp_layers) == cfg.n_layers else mlp_layers, parallel, whole)
 
 
 def graph_of_shape(n_layers: int, n_heads: int, n_kv_heads: int, mlp_layers: tuple[int, ...] | None = None,
-                   parallel_layers: tuple[int, ...] = ()) -> Graph:
+                   parallel_layers: tuple[int, ...] = (), whole_attention: tuple[int, ...] = ()) -> Graph:
     """The residual graph of a model with these shapes (the hook names are every architecture's); `mlp_layers`
     lists the layers with an MLP (None: all; `()` for an attention-only model, `cfg.attn_only`).
 
     `parallel_layers` are parallel-residual blocks (GPT-NeoX / Pythia): their MLP reads the block's resid_pre
-    as its heads do, so it receives no edge from them, and both run in the block's one stage."""
+    as its heads do, so it receives no edge from them, and both run in the block's one stage.
+
+    `whole_attention` are blocks that normalise their attention output before the residual add (OLMo 2, Gemma):
+    their attention is one source, `L{l}.attn` (`hook_attn_out`), in place of a source per head."""
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
     sources = [Source(INPUT, "blocks.0.hook_resid_pre", None, -1)]
@@ -282,7 +315,10 @@ def graph_of_shape(n_layers: int, n_heads: int, n_kv_heads: int, mlp_layers: tup
         kv_names = [kv_head_name(layer, g, n_heads, n_kv_heads) for g in range(n_kv_heads)]  # L0KV1 where grouped
         receivers += [Receiver(f"{kv}.k", block + "hook_k_input", g, 2 * layer, upstream) for g, kv in enumerate(kv_names)]
         receivers += [Receiver(f"{kv}.v", block + "hook_v_input", g, 2 * layer, upstream) for g, kv in enumerate(kv_names)]
-        sources += [Source(f"L{layer}H{h}", block + "attn.hook_result", h, 2 * layer) for h in range(n_heads)]
+        if layer in whole_attention:
+            sources.append(Source(f"L{layer}.attn", block + "hook_attn_out", None, 2 * layer, attention=True))
+        else:
+            sources += [Source(f"L{layer}H{h}", block + "attn.hook_result", h, 2 * layer, attention=True) for h in range(n_heads)]
         if mlp_layers is None or layer in mlp_layers:
             parallel = layer in parallel_layers
             stage, mlp_upstream = (2 * layer, upstream) if parallel else (2 * layer + 1, len(sources))
@@ -296,6 +332,7 @@ def graph_of_shape(n_layers: int, n_heads: int, n_kv_heads: int, mlp_layers: tup
         n_layers, n_heads, n_kv_heads, tuple(sources), tuple(receivers), edges,
         {s.name: i for i, s in enumerate(sources)}, {r.name: i for i, r in enumerate(receivers)},
         {e: i for i, e in enumerate(edges)}, None if mlp_layers is None else tuple(mlp_layers), tuple(parallel_layers),
+        tuple(sorted(whole_attention)),
     )
 
 

@@ -18,7 +18,8 @@ variants are in use, and they answer different questions:
   a first forward writes the senders' corrupt outputs, freezes every *other head* at its clean output
   and recomputes the MLPs, and records the receivers' inputs; a second, clean forward patches the
   receivers' inputs to those recorded values and recomputes everything after them. Paths
-  sender -> MLP -> ... -> receiver count; paths through other heads do not.
+  sender -> MLP -> ... -> receiver count; paths through other heads do not. Where a layer's attention is
+  one node (`L{l}.attn`, a post-norm block: `hooked.circuits.graph`), that node is frozen as a head is.
 
 The two agree when no MLP sits between senders and receivers; docs/circuits.md compares them on the
 bundled IOI model.
@@ -168,9 +169,11 @@ def _resolve_pair(g: Graph, name: str, pair) -> tuple[list[str], list[str]]:
             try:
                 inputs += g.receivers_of(receiver)
             except KeyError:
-                wrong_kind = g.head_kind_error(receiver)  # 'L2H2.k' where key/value heads are grouped
+                # 'L2H2.k' where key/value heads are grouped; 'L2H2' where layer 2's attention is one node
+                wrong_kind = g.head_kind_error(receiver) or g.whole_attention_error(receiver)
                 raise KeyError(f"pair {name!r}: " + (wrong_kind or f"{receiver!r} is neither a receiver ('L2H2.q', 'L3.mlp',"
-                                                     " 'logits') nor a head node ('L2H2')")) from None
+                                                     " 'logits') nor a head node ('L2H2', or 'L2.attn' where a layer's"
+                                                     " attention is one node)")) from None
     if not _direct_edges(g, senders, inputs):
         raise ValueError(f"pair {name!r}: no sender of {senders} writes before any receiver of {inputs} reads; a path runs"
                          " from an earlier layer to a later one")
@@ -194,15 +197,19 @@ def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]]) -> T
         for sender in senders:
             source = g.sources[g.source_index(sender)]
             senders_at.setdefault(source.hook_name, []).append((variant, source.head, g.source_index(sender)))
-    head_sources: dict[str, list[int]] = {}
+    head_sources: dict[str, list[int]] = {}  # attention sources: a layer's heads, or its whole-attention node
     for index, source in enumerate(g.sources):
-        if source.head is not None:
+        if source.attention:
             head_sources.setdefault(source.hook_name, []).append(index)
 
     def write(activation: Tensor, hook) -> Tensor:
-        if hook.name in head_sources:  # every head at its clean write
-            frozen = clean.outputs[head_sources[hook.name]].permute(1, 2, 0, 3)  # [B pos heads d_model]
-            new = frozen.repeat(copies, 1, 1, 1).to(activation.dtype)
+        if hook.name in head_sources:  # every head (whole-attention layer: the layer's output) at its clean write
+            indices = head_sources[hook.name]
+            if g.sources[indices[0]].head is None:
+                new = clean.outputs[indices[0]].repeat(copies, 1, 1).to(activation.dtype)
+            else:
+                frozen = clean.outputs[indices].permute(1, 2, 0, 3)  # [B pos heads d_model]
+                new = frozen.repeat(copies, 1, 1, 1).to(activation.dtype)
         else:
             new = activation.clone()
         blocks = new.view(copies, batch, *new.shape[1:])

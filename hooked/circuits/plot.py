@@ -26,6 +26,10 @@ heads (`L2KV0.k`). Its port sits under the middle of its group, a little lower t
 labelled `KV0`, and thin lines of the port's colour join it to each head of the group that the
 circuit holds. So one k/v edge is drawn once, not once per head it reaches.
 
+Post-norm layers (OLMo 2, Gemma: the layer's attention is one node `L{l}.attn`, see
+`hooked.circuits.graph`): the row holds that one node, centred, above its heads' input ports, and each
+port used is joined to it.
+
 matplotlib and networkx come with the `plot` extra (`pip install 'hooked[plot]'`). With a `path`,
 matplotlib is switched to the headless Agg backend (unless a backend is already in use) before
 pyplot is imported, and the figure is saved at 130 dpi; it is returned open either way, so a notebook
@@ -74,9 +78,12 @@ def _layout(graph) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
     group = n_heads // graph.n_kv_heads
     for layer in range(n_layers):
         heads_y, mlp_y = 1.0 + 2 * layer, 2.0 + 2 * layer
-        rows[f"L{layer} heads"], rows[f"L{layer} mlp"] = heads_y, mlp_y
+        rows[f"L{layer} {'attn' if layer in graph.whole_attention else 'heads'}"], rows[f"L{layer} mlp"] = heads_y, mlp_y
+        if layer in graph.whole_attention:  # one attention node, centred over its heads' input ports
+            pos[f"L{layer}.attn"] = (centre, heads_y)
         for head in range(n_heads):
-            pos[f"L{layer}H{head}"] = (float(head), heads_y)
+            if layer not in graph.whole_attention:
+                pos[f"L{layer}H{head}"] = (float(head), heads_y)
             pos[f"L{layer}H{head}.q"] = (head + PORT_OFFSET["q"], heads_y - PORT_DROP)
             if not graph.grouped:
                 pos[f"L{layer}H{head}.k"] = (head + PORT_OFFSET["k"], heads_y - PORT_DROP)
@@ -129,7 +136,7 @@ def plot_circuit(circuit: "Circuit", path: str | Path | None = None, title: str 
     node_size = 1100 if n_heads <= 16 else 700
 
     # The model's nodes outside the circuit: faint outlines.
-    every = [INPUT, LOGITS] + [f"L{l}H{h}" for l in range(n_layers) for h in range(n_heads)] + [f"L{l}.mlp" for l in range(n_layers) if graph.has_mlp(l)]
+    every = [INPUT, LOGITS] + [source.name for source in graph.sources[1:]]
     ghosts = [node for node in every if node not in nodes]
     nx.draw_networkx_nodes(g, pos, nodelist=ghosts, node_size=node_size * 0.6, node_color="white", edgecolors="#d0d0d0",
                            linewidths=0.8, ax=axes, hide_ticks=False)
