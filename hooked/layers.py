@@ -416,12 +416,17 @@ def attend(
         if n_kv_heads != n_heads:  # query head h reads kv head h // group
             k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)
             v = v.repeat_interleave(n_heads // n_kv_heads, dim=1)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * scaling
+        scores = torch.matmul(q, k.transpose(-1, -2))
+        # The same operations in place where autograd does not record them (the values are bit-identical):
+        # [batch head pos pos] is the largest tensor of the layer, and each copy costs an allocation and a pass.
+        in_place = not (torch.is_grad_enabled() and scores.requires_grad)
+        scores = scores.mul_(scaling) if in_place else scores * scaling
         if softcap is not None:  # transformers' order: divide, tanh, multiply
-            scores = torch.tanh(scores / softcap) * softcap
+            scores = scores.div_(softcap).tanh_().mul_(softcap) if in_place else torch.tanh(scores / softcap) * softcap
         if boolean_mask is None:
             boolean_mask = mask.causal(q.device)
-        scores = hook_attn_scores(scores.masked_fill(~boolean_mask, torch.finfo(scores.dtype).min))
+        fill = torch.finfo(scores.dtype).min
+        scores = hook_attn_scores(scores.masked_fill_(~boolean_mask, fill) if in_place else scores.masked_fill(~boolean_mask, fill))
         if softmax_in_float32:
             pattern = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         else:

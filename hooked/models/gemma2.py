@@ -179,9 +179,15 @@ class Gemma2Config(RotaryRMSNames, ModelConfig):
         )
 
 
-def softcap(x: Tensor, cap: float | None) -> Tensor:
-    """`cap * tanh(x / cap)` in transformers' order (divide, tanh, multiply); x itself when cap is None."""
-    return x if cap is None else torch.tanh(x / cap) * cap
+def softcap_(x: Tensor, cap: float | None) -> Tensor:
+    """`cap * tanh(x / cap)` in transformers' order (divide, tanh, multiply); x itself when cap is None. `x` is
+    a fresh tensor nothing else holds (the unembedding's output), capped in place where autograd does not
+    record it: the same values, without two more [batch pos d_vocab] tensors."""
+    if cap is None:
+        return x
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return x.div_(cap).tanh_().mul_(cap)
+    return torch.tanh(x / cap) * cap
 
 
 class Gemma2RMSNorm(RMSNorm):
@@ -393,7 +399,7 @@ class Gemma2(HookedTransformer):
 
     def logits_from_resid(self, resid: Float[Tensor, "batch pos d_model"], columns: Tensor | None = None) -> Tensor:
         """Final norm, unembedding, then `final_logit_softcapping` (every logit path of the library comes here)."""
-        return softcap(super().logits_from_resid(resid, columns), self.cfg.final_logit_softcapping)
+        return softcap_(super().logits_from_resid(resid, columns), self.cfg.final_logit_softcapping)
 
     @property
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
