@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from hooked.layers import RMSNorm
 from hooked.names import PosSlice, Slice, act_name, apply_pos_slice
 
 if TYPE_CHECKING:
@@ -140,8 +141,35 @@ class ResidualDecomposition:
             if name not in self.cache_dict:
                 self.cache_dict[name] = self._head_results(i)
 
-    def _head_results(self, layer: int) -> Tensor:
-        additive_writes(self.model, layer, "per-head results (stack_head_results, get_full_resid_decomposition)")
+    def _head_results(self, layer: int, through_post_norm: bool = False) -> Tensor:
+        """Block `layer`'s per-head writes [batch pos head_index d_model] (`hook_result`). With `through_post_norm`,
+        on a block that normalises its attention output before the add, each head's write carried through that
+        norm at the scale it had in this forward (see `stack_head_results`)."""
+        post_norm = self._post_norm(layer, "attn") if through_post_norm else None
+        if post_norm is None:
+            additive_writes(self.model, layer, "per-head results (stack_head_results, get_full_resid_decomposition)")
+        result = self._computed_head_results(layer)
+        return result if post_norm is None else _through(result, *post_norm, extra_axis=True)
+
+    def _post_norm(self, layer: int, sublayer: str) -> tuple[Tensor, Tensor] | None:
+        """(gain [d_model], cached scale [batch pos 1]) of the norm block `layer` applies to its `sublayer`'s output
+        ("attn" or "mlp") before the residual add; None where it adds the output as it is. A block's
+        `output_norms` names its attention's norm, then its MLP's."""
+        norms = getattr(type(self.model.blocks[layer]), "output_norms", ())
+        if not norms:
+            return None
+        name = norms[0 if sublayer == "attn" else 1]
+        norm = getattr(self.model.blocks[layer], name)
+        if not isinstance(norm, RMSNorm):
+            raise ValueError(f"blocks.{layer}.{name} is a {type(norm).__name__}, not an RMSNorm: through_post_norm"
+                             " divides by an RMS norm's cached scale only")
+        scale_name = f"blocks.{layer}.{name}.hook_scale"
+        if scale_name not in self.cache_dict:
+            raise KeyError(f"through_post_norm=True reads {scale_name} (the scale block {layer}'s post-norm divided by in"
+                           " this forward); this cache lacks it: cache it too (run_with_cache without a names_filter keeps it)")
+        return norm.gain.detach(), self.cache_dict[scale_name]
+
+    def _computed_head_results(self, layer: int) -> Tensor:
         name = act_name("result", layer)
         if name in self.cache_dict:
             return self.cache_dict[name]
@@ -162,17 +190,26 @@ class ResidualDecomposition:
         incl_remainder: bool = False,
         pos_slice: PosSlice = None,
         apply_ln: bool = False,
+        through_post_norm: bool = False,
     ):
         """Every head's write to the residual stream for blocks before `layer` (-1 or None: all blocks).
 
         Uses cached `hook_result` where present, else computes `z[..., h, :] @ W_O[h]` from the
         cached `hook_z` and the model's weights. Returns [component, batch, pos, d_model] with labels
         `L{layer}H{head}`; `incl_remainder` appends what is left of the residual stream.
+
+        A block that normalises its attention output before the add (OLMo 2, Gemma 2 and 3: a post-norm)
+        does not add any head's `hook_result`, so it is refused unless `through_post_norm=True`, which
+        gives each head's write carried through that RMS norm at the scale it had in this forward,
+        `gain * result[h] / scale` (`ln1_post.hook_scale` on Gemma, `ln1.hook_scale` on OLMo 2): the norm
+        is linear once its scale is fixed, so these sum to the block's `hook_attn_out` (what the residual
+        stream gains), as `apply_ln=True` fixes the final norm's scale. It is the head's share of this
+        forward's output, not what the head would add alone (that would change the scale).
         """
         upto = self._layers_upto(layer)
         components, labels = [], []
         for i in range(upto):
-            result = self._slice(self._head_results(i), pos_slice)
+            result = self._slice(self._head_results(i, through_post_norm), pos_slice)
             head_axis = result.ndim - 2
             for h in range(result.shape[head_axis]):
                 components.append(result.select(head_axis, h))
@@ -192,8 +229,23 @@ class ResidualDecomposition:
             stack = self.apply_ln_to_stack(stack, upto, pos_slice=pos_slice, has_batch_dim=self.has_batch_dim)
         return (stack, labels) if return_labels else stack
 
-    def _neuron_weights(self, layer: int) -> Tensor:
-        additive_writes(self.model, layer, "per-neuron results (get_neuron_results, stack_neuron_results)")
+    def _neuron_factors(self, layer: int, neuron_slice, pos_slice: PosSlice, through_post_norm: bool) -> tuple[Tensor, Tensor]:
+        """(activations [batch pos neurons], W_out rows [neurons d_model]) whose product is each neuron's write;
+        with `through_post_norm` on a post-norm block, the activations divided by the norm's cached scale and
+        W_out multiplied by its gain (`_through`, split across the two factors so no d_mlp x d_model stack forms)."""
+        post_norm = self._post_norm(layer, "mlp") if through_post_norm else None
+        w_out = Slice(neuron_slice).apply(self._neuron_weights(layer, post_norm is not None), 0)
+        acts = Slice(neuron_slice).apply(self._slice(self["post", layer], pos_slice), -1)
+        if post_norm is None:
+            return acts, w_out.to(acts.device, acts.dtype)
+        gain, scale = post_norm
+        scale = self._slice(scale, pos_slice).to(acts.device, torch.float32)  # [batch pos 1] (or pos dropped)
+        acts = (acts.float() / scale).to(acts.dtype)
+        return acts, (w_out.float() * gain.to(w_out.device, torch.float32)).to(acts.device, acts.dtype)
+
+    def _neuron_weights(self, layer: int, through_post_norm: bool = False) -> Tensor:
+        if not through_post_norm:
+            additive_writes(self.model, layer, "per-neuron results (get_neuron_results, stack_neuron_results)")
         mlp = self.model.blocks[layer].mlp
         if mlp is None:
             raise ValueError(f"block {layer} is attention-only (cfg.attn_only): it has no MLP, so no neurons")
@@ -214,18 +266,17 @@ class ResidualDecomposition:
         neuron_slice: PosSlice = None,
         pos_slice: PosSlice = None,
         project_output_onto: Tensor | None = None,
+        through_post_norm: bool = False,
     ) -> Tensor:
         """Each neuron's write to the residual stream in block `layer`: `post[..., n] * W_out[n]`.
 
         [batch pos d_mlp d_model] (neurons chosen by `neuron_slice`, an int or `Slice(int)` picks one
         and drops the axis, as TransformerLens). `project_output_onto` ([d_model] or [d_model k]) is
-        contracted with W_out first, so the d_mlp x d_model product is never built.
+        contracted with W_out first, so the d_mlp x d_model product is never built. `through_post_norm`:
+        on a block that normalises its MLP output before the add, each write carried through that norm at
+        its cached scale (see `stack_head_results`); they sum to `hook_mlp_out`.
         """
-        w_out = self._neuron_weights(layer)
-        neuron_slice = Slice(neuron_slice)
-        acts = self._slice(self["post", layer], pos_slice)
-        acts, w_out = neuron_slice.apply(acts, -1), neuron_slice.apply(w_out, 0)
-        w_out = w_out.to(acts.device, acts.dtype)
+        acts, w_out = self._neuron_factors(layer, neuron_slice, pos_slice, through_post_norm)
         if project_output_onto is None:
             return acts[..., None] * w_out
         projected = w_out @ project_output_onto.to(acts.device, acts.dtype)
@@ -240,12 +291,14 @@ class ResidualDecomposition:
         incl_remainder: bool = False,
         apply_ln: bool = False,
         project_output_onto: Tensor | None = None,
+        through_post_norm: bool = False,
     ):
         """Every neuron's write to the residual stream for blocks before `layer` (-1 or None: all).
 
         Returns [component, batch, pos, d_model] (or the projection's width) with labels `L{layer}N{neuron}`.
         Memory grows as layers x d_mlp x batch x pos x d_model: slice, or pass `project_output_onto`.
-        Attention-only blocks have no neurons: none are listed for them.
+        Attention-only blocks have no neurons: none are listed for them. `through_post_norm` as in
+        `get_neuron_results` (refused without it where a norm sits between the MLP and the residual add).
         """
         upto = self._layers_upto(layer)
         mlp_layers = [i for i in range(upto) if self._has_mlp(i)]
@@ -258,9 +311,10 @@ class ResidualDecomposition:
         if project is not None and project.ndim == 1:
             project, squeeze = project[:, None], True
         if apply_ln and project is not None:  # never builds the d_model stack
-            stack = self._neurons_normalized_and_projected(mlp_layers, upto, neuron_slice, pos_slice, project, incl_remainder)
+            stack = self._neurons_normalized_and_projected(mlp_layers, upto, neuron_slice, pos_slice, project, incl_remainder,
+                                                           through_post_norm)
         else:
-            per_layer = [self.get_neuron_results(i, neuron_slice, pos_slice, project) for i in mlp_layers]
+            per_layer = [self.get_neuron_results(i, neuron_slice, pos_slice, project, through_post_norm) for i in mlp_layers]
             if per_layer:
                 stack = torch.cat(per_layer, dim=-2).movedim(-2, 0)
             else:
@@ -279,7 +333,7 @@ class ResidualDecomposition:
         return (stack, labels) if return_labels else stack
 
     def _neurons_normalized_and_projected(self, mlp_layers: list[int], upto: int, neuron_slice, pos_slice,
-                                          project: Tensor, incl_remainder: bool) -> Tensor:
+                                          project: Tensor, incl_remainder: bool, through_post_norm: bool = False) -> Tensor:
         """`stack_neuron_results(apply_ln=True, project_output_onto=project)` without the [neurons batch pos
         d_model] stack: the norm is linear in each neuron's write once its scale is fixed, so
         `norm(a_n W_n) @ p = (a_n / s) (norm_1(W_n) @ p)`, where `norm_1` is the norm with scale 1 (centring
@@ -287,9 +341,8 @@ class ResidualDecomposition:
         norm, scale = self._norm_and_scale(upto, False, pos_slice)
         per_layer = []
         for i in mlp_layers:
-            w_out = Slice(neuron_slice).apply(self._neuron_weights(i), 0)
+            acts, w_out = self._neuron_factors(i, neuron_slice, pos_slice, through_post_norm)
             form = norm.normalize_with_scale(w_out, torch.ones((), dtype=w_out.dtype, device=w_out.device))
-            acts = Slice(neuron_slice).apply(self._slice(self["post", i], pos_slice), -1)
             form = (form @ project.to(form.device, form.dtype)).to(acts.device, acts.dtype)
             per_layer.append((acts / scale.to(acts.device))[..., None] * form)
         if per_layer:
@@ -365,6 +418,7 @@ class ResidualDecomposition:
         return_labels: bool = False,
         project_output_onto: Tensor | None = None,
         expand_experts: bool | None = None,
+        through_post_norm: bool = False,
     ):
         """The residual stream into `layer` split into every head, every neuron (or MLP), the
         embeddings and the accumulated output biases, in TransformerLens' order: heads, neurons,
@@ -373,14 +427,20 @@ class ResidualDecomposition:
         A mixture-of-experts block is split into its experts (`L{i}.E{e}`, see `get_expert_results`)
         when `expand_experts` (default: `expand_neurons`), else kept whole (`{i}_mlp_out`); the MLP rows
         come block by block, each block's dense neurons, experts or whole output in its place.
+
+        `through_post_norm=True` decomposes blocks that normalise their outputs before the add (OLMo 2,
+        Gemma 2 and 3; refused without it): heads, neurons and output biases carried through those norms at
+        their cached scales (see `stack_head_results`), so the rows still sum to the residual stream; the
+        `bias` row then varies by position.
         """
         upto = self._layers_upto(layer)
         if mlp_input and upto == self.model.cfg.n_layers:
             raise ValueError("mlp_input=True needs a block to feed; the final residual goes to the unembedding")
         self._check_mlp_input(upto, mlp_input)
         expand_experts = expand_neurons if expand_experts is None else expand_experts
+        through = through_post_norm
         heads, labels = self.stack_head_results(upto + int(self._mlp_after_attention(upto, mlp_input)), pos_slice=pos_slice,
-                                                return_labels=True)
+                                                return_labels=True, through_post_norm=through)
         components = [heads]
         sparse = [i for i in range(upto) if _has_experts(self.model.blocks[i].mlp)]
         if sparse:
@@ -389,14 +449,15 @@ class ResidualDecomposition:
                     components.append(self.get_expert_results(i, pos_slice).movedim(-2, 0))
                     labels += [f"L{i}.E{e}" for e in range(components[-1].shape[0])]
                 elif i not in sparse and expand_neurons:
-                    components.append(self.get_neuron_results(i, pos_slice=pos_slice).movedim(-2, 0))
+                    components.append(self.get_neuron_results(i, pos_slice=pos_slice, through_post_norm=through).movedim(-2, 0))
                     labels += [f"L{i}N{n}" for n in range(components[-1].shape[0])]
                 else:
                     components.append(self._slice(self["mlp_out", i], pos_slice)[None])
                     labels.append(f"{i}_mlp_out")
         elif any(self._has_mlp(i) for i in range(upto)):  # as TransformerLens: no MLP rows on an attn_only model
             if expand_neurons:
-                neurons, neuron_labels = self.stack_neuron_results(upto, pos_slice=pos_slice, return_labels=True)
+                neurons, neuron_labels = self.stack_neuron_results(upto, pos_slice=pos_slice, return_labels=True,
+                                                                   through_post_norm=through)
             else:
                 neurons, neuron_labels = self.decompose_resid(upto, mlp_input=mlp_input, mode="mlp", pos_slice=pos_slice,
                                                               incl_embeds=False, return_labels=True)
@@ -405,8 +466,12 @@ class ResidualDecomposition:
         for name in self.model.embedding_hook_names:
             components.append(self._slice(self[name], pos_slice)[None])
             labels.append(name.removeprefix("hook_"))
-        bias = accumulated_bias(self.model, upto, mlp_input, include_mlp_biases=expand_neurons)
-        components.append(bias.to(heads.device, heads.dtype).expand(1, *heads.shape[1:]))
+        written = range(upto + int(self._mlp_after_attention(upto, mlp_input)))  # the blocks whose biases are summed
+        if through and any(getattr(type(self.model.blocks[i]), "output_norms", ()) for i in written):
+            components.append(self._biases_through_post_norms(upto, mlp_input, expand_neurons, pos_slice).to(heads.dtype)[None])
+        else:
+            bias = accumulated_bias(self.model, upto, mlp_input, include_mlp_biases=expand_neurons)
+            components.append(bias.to(heads.device, heads.dtype).expand(1, *heads.shape[1:]))
         labels.append("bias")
         stack = torch.cat(components)
         if apply_ln:
@@ -414,6 +479,26 @@ class ResidualDecomposition:
         if project_output_onto is not None:
             stack = stack @ project_output_onto.to(stack.device, stack.dtype)
         return (stack, labels) if return_labels else stack
+
+    def _biases_through_post_norms(self, upto: int, mlp_input: bool, include_mlp_biases: bool, pos_slice: PosSlice) -> Tensor:
+        """`accumulated_bias` where some blocks normalise their outputs: each output bias (`b_O`, `b_out`) carried
+        through its block's post-norm at the cached scale ([batch pos d_model]; zeros where the family has none)."""
+        like = self._slice(self[self.model.embedding_hook_names[0]], pos_slice)
+        total = torch.zeros(like.shape, dtype=torch.float32, device=like.device)
+        for i in range(upto + int(self._mlp_after_attention(upto, mlp_input))):
+            block = self.model.blocks[i]
+            parts = [("attn", block.attn.b_O)]
+            if include_mlp_biases and i < upto and block.mlp is not None:
+                parts.append(("mlp", block.mlp.b_out))
+            for sublayer, bias in parts:
+                bias = bias.detach().to(like.device, torch.float32)
+                post_norm = self._post_norm(i, sublayer)
+                if post_norm is None:
+                    total = total + bias
+                else:
+                    gain, scale = post_norm
+                    total = total + _through(bias.expand_as(total), gain, self._slice(scale, pos_slice)).float()
+        return total
 
     def _final_or_pre(self, layer: int) -> Tensor:
         if layer >= self.model.cfg.n_layers:
@@ -520,7 +605,9 @@ def additive_writes(model: "HookedTransformer", layer: int, what: str) -> None:
         raise ValueError(
             f"{what}: block {layer} normalises its sublayer outputs ({', '.join(norms)}) before adding them to the residual"
             " stream, so a head's hook_result, a neuron's post * W_out or a bias is not what it adds and these terms do"
-            " not sum to the residual stream; use decompose_resid (hook_attn_out / hook_mlp_out are the added terms)"
+            " not sum to the residual stream; pass through_post_norm=True for each term carried through that norm at"
+            " its cached scale (stack_head_results, stack_neuron_results, get_neuron_results,"
+            " get_full_resid_decomposition), or use decompose_resid (hook_attn_out / hook_mlp_out are the added terms)"
         )
 
 
@@ -549,6 +636,15 @@ def accumulated_bias(model: "HookedTransformer", layer: int, mlp_input: bool = F
         if include_mlp_biases and i < layer and block.mlp is not None:  # an attention-only block has no MLP
             total = total + block.mlp.b_out.detach()
     return total
+
+
+def _through(write: Tensor, gain: Tensor, scale: Tensor, extra_axis: bool = False) -> Tensor:
+    """`write` [... d_model] carried through an RMS post-norm whose scale is fixed at `scale` [... 1] (the
+    one it had in the forward): `gain * write / scale`, in float32 as the norm computes, cast back.
+    `extra_axis`: `write` has a head or neuron axis before d_model that `scale` lacks."""
+    if extra_axis:
+        scale = scale[..., None, :]
+    return (write.float() / scale.to(write.device, torch.float32) * gain.to(write.device, torch.float32)).to(write.dtype)
 
 
 def _token_shape(tokens) -> tuple[int, ...]:

@@ -66,7 +66,7 @@ def ablation_hooks(cfg) -> dict[str, list]:
 
     hooks = {
         "zero_head_z": [(f"blocks.{last}.attn.hook_z", ablate.zero(heads=1))],
-        "resample_heads_pattern": [(f"blocks.0.attn.hook_pattern", ablate.resample(heads=[0, cfg.n_heads - 1], seed=3))],
+        "resample_heads_pattern": [("blocks.0.attn.hook_pattern", ablate.resample(heads=[0, cfg.n_heads - 1], seed=3))],
         "zero_q_position": [("blocks.0.attn.hook_q", ablate.zero(heads=cfg.n_heads - 1, positions=[2]))],
         "scale_v": [(f"blocks.{last}.attn.hook_v", scale_kv_head)],
         "zero_resid_mid": [(f"blocks.0.{mid_point(cfg)}", ablate.zero(positions=[-1]))],
@@ -173,11 +173,13 @@ def main_mode(checkpoints: dict[str, Path], rank: int) -> dict:
         result = {"logits": model(tokens), "logits_padded": model(padded, attention_mask=mask)}
         _, cache = model.run_with_cache(tokens)
         result["cache"] = dict(cache.items())
-        _, z_only = model.run_with_cache(tokens, names_filter=lambda hook: hook.endswith(("hook_z", "hook_resid_post")))
+        _, z_only = model.run_with_cache(tokens, names_filter=lambda hook: hook.endswith(("hook_z", "hook_resid_post", "hook_scale")))
         try:
             result["head_results"] = z_only.stack_head_results(layer=-1, pos_slice=-1)  # W_O is this rank's shard
         except ValueError as refused:  # post-norm blocks (OLMo 2): a head's write is not what it adds
             result["head_results"] = f"ValueError: {refused}"
+        # carried through the post-norms at their (replicated) cached scales; the same as above on pre-norm blocks
+        result["head_results_through"] = z_only.stack_head_results(layer=-1, pos_slice=-1, through_post_norm=True)
         if getattr(cfg, "n_experts", 0):  # each rank holds its experts' down_proj
             result["expert_results"] = cache.stack_expert_results(pos_slice=-1)
         result["ablations"] = {label: model.run_with_hooks(tokens, fwd_hooks=pairs)
@@ -187,7 +189,7 @@ def main_mode(checkpoints: dict[str, Path], rank: int) -> dict:
             return activation + float(rank)
 
         result["rank_dependent"] = model.run_with_hooks(
-            tokens, fwd_hooks=[(f"blocks.0.attn.hook_z", add_rank), (f"blocks.0.{mid_point(cfg)}", add_rank)])
+            tokens, fwd_hooks=[("blocks.0.attn.hook_z", add_rank), (f"blocks.0.{mid_point(cfg)}", add_rank)])
         with Collectives() as unhooked:
             model(tokens)
         with Collectives() as reading:

@@ -146,3 +146,43 @@ def compare_with_transformer_lens(model, tl, tokens, only_hooked: set[str], only
             ours, theirs = ours[visible], theirs[visible]
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=tolerance(name), msg=name)
     return cache
+
+
+def check_post_norm_decomposition(model, tokens, norms: tuple[str, str]) -> None:
+    """On a post-norm family: the per-head and per-neuron stacks are refused without `through_post_norm`, and
+    with it they sum to what the model itself added (its own `hook_attn_out` / `hook_mlp_out`, and the
+    residual stream for the full decomposition, whose bias row carries the output biases through the norms).
+    `norms` are the block's (attention, MLP) post-norms; their gains must not be 1, or a lost gain would pass."""
+    import pytest
+
+    for name in norms:
+        assert (getattr(model.blocks[0], name).gain - 1).abs().max() > 0.05
+    _, cache = model.run_with_cache(tokens)
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    for call in (lambda: cache.stack_head_results(), lambda: cache.get_neuron_results(0),
+                 lambda: cache.get_full_resid_decomposition()):
+        with pytest.raises(ValueError, match="pass through_post_norm=True"):
+            call()
+    for layer in range(n_layers):
+        heads = cache.stack_head_results(layer + 1, through_post_norm=True)[-n_heads:]
+        out = cache["attn_out", layer]
+        bias = (model.blocks[layer].attn.b_O.detach() * getattr(model.blocks[layer], norms[0]).gain.detach()
+                / cache[f"blocks.{layer}.{norms[0]}.hook_scale"])
+        torch.testing.assert_close(heads.sum(0) + bias, out, rtol=0, atol=1e-5 * float(out.abs().max()))
+        neurons = cache.get_neuron_results(layer, through_post_norm=True)
+        out = cache["mlp_out", layer]
+        torch.testing.assert_close(neurons.sum(-2), out, rtol=0, atol=1e-5 * float(out.abs().max()))
+    resid = cache["resid_post", n_layers - 1]
+    for kwargs in ({}, {"pos_slice": -1}, {"expand_neurons": False}, {"layer": 1, "mlp_input": True}):
+        full, labels = cache.get_full_resid_decomposition(through_post_norm=True, return_labels=True, **kwargs)
+        target = cache["resid_mid", 1] if kwargs.get("mlp_input") else resid
+        target = target[:, -1] if "pos_slice" in kwargs else target
+        assert labels[-1] == "bias" and full.shape[1:] == target.shape
+        torch.testing.assert_close(full.sum(0), target, rtol=0, atol=1e-5 * float(target.abs().max()))
+    direction = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(0))
+    projected = cache.stack_neuron_results(-1, through_post_norm=True, apply_ln=True, project_output_onto=direction)
+    full = cache.stack_neuron_results(-1, through_post_norm=True, apply_ln=True) @ direction
+    torch.testing.assert_close(projected, full, rtol=1e-5, atol=1e-5)
+    cache.cache_dict.pop(f"blocks.0.{norms[0]}.hook_scale")
+    with pytest.raises(KeyError, match=f"reads blocks.0.{norms[0]}.hook_scale"):
+        cache.stack_head_results(1, through_post_norm=True)

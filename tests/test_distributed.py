@@ -156,13 +156,18 @@ def test_every_cached_hook_is_whole_and_equal_on_every_rank(ranks, single, arch)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_head_results_from_a_cache_of_z_equal_tp1(ranks, single, arch):
     model = single[arch]
-    _, cache = model.run_with_cache(worker.prompt_tokens(model.cfg), names_filter=lambda hook: hook.endswith(("hook_z", "hook_resid_post")))
+    _, cache = model.run_with_cache(worker.prompt_tokens(model.cfg),
+                                    names_filter=lambda hook: hook.endswith(("hook_z", "hook_resid_post", "hook_scale")))
+    through = cache.stack_head_results(layer=-1, pos_slice=-1, through_post_norm=True)
+    for rank in ranks:
+        torch.testing.assert_close(rank[arch]["head_results_through"], through, rtol=1e-6, atol=ATOL)
     if any(getattr(block, "output_norms", ()) for block in model.blocks):  # post-norms: refused at tp=1, alike on every rank
         with pytest.raises(ValueError, match="normalises its sublayer outputs") as refused:
             cache.stack_head_results(layer=-1, pos_slice=-1)
         assert [rank[arch]["head_results"] for rank in ranks] == [f"ValueError: {refused.value}"] * len(ranks)
         return
     expected = cache.stack_head_results(layer=-1, pos_slice=-1)
+    torch.testing.assert_close(through, expected, rtol=0, atol=0)  # no post-norm: the flag changes nothing
     for rank in ranks:
         torch.testing.assert_close(rank[arch]["head_results"], expected, rtol=0, atol=ATOL)
 

@@ -24,7 +24,7 @@ import hooked
 from hooked.models.gemma2 import Gemma2Config as HookedGemma2Config
 
 import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import (build_checkpoint, check_hook_shapes, check_zero_heads_equals_zeroing_o_proj,
+from tests.parity import (build_checkpoint, check_hook_shapes, check_post_norm_decomposition, check_zero_heads_equals_zeroing_o_proj,
                           compare_with_transformer_lens, hf_outputs, hf_reference, hooked_outputs, max_diffs,
                           random_tokens)
 from tests.test_llama_parity import (check_greedy_generation, check_left_padded_batch, check_sweep_equals_each_alone,
@@ -386,6 +386,16 @@ def test_run_with_cache_equals_the_forward(models):
     with torch.no_grad():  # the logit lens: ln_final with the cached scale and the gain 1 + weight
         torch.testing.assert_close(cache.accumulated_resid(apply_ln=True)[-1], model.ln_final(cache["resid_post", 1]),
                                    rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_head_and_neuron_writes_through_the_post_norms_sum_to_what_the_block_added(family):
+    """`through_post_norm=True`: each head's and neuron's write carried through ln1_post / ln2_post at the cached
+    scale; with o_proj biases, so the bias row goes through the norm too (tests/parity.py)."""
+    from hooked.testing import random_model
+
+    model = random_model(family, seed=5, attention_bias=True)
+    check_post_norm_decomposition(model, random_tokens(2, 6, vocab=model.cfg.d_vocab), ("ln1_post", "ln2_post"))
 
 
 def test_per_head_writes_are_refused_and_circuits_take_each_layers_attention_whole(models):

@@ -21,7 +21,7 @@ import hooked
 from hooked.models.olmo2 import Olmo2Config as HookedOlmo2Config
 
 import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import (bf16_spread, build_checkpoint, check_hook_shapes, check_zero_heads_equals_zeroing_o_proj,
+from tests.parity import (bf16_spread, build_checkpoint, check_hook_shapes, check_post_norm_decomposition, check_zero_heads_equals_zeroing_o_proj,
                           compare_with_transformer_lens, hf_outputs, hf_reference, hooked_outputs, max_diffs,
                           random_tokens)
 from tests.test_llama_parity import (check_greedy_generation, check_left_padded_batch, check_sweep_equals_each_alone,
@@ -345,10 +345,12 @@ def test_config_reads_hub_layout(dirs):
     assert HookedOlmo2Config.from_hf(hub) == HookedOlmo2Config.from_hf(written)
 
 
-def test_per_head_and_per_neuron_writes_and_circuits_are_refused_naming_the_post_norm():
+def test_per_head_and_per_neuron_writes_go_through_the_post_norm_or_are_refused():
     """A head's hook_result is not what an OLMo 2 block adds (ln1 normalises the sum of all heads first): the
-    stacks that treat it as an additive write, and circuits, refuse instead of returning pre-norm numbers;
-    decompose_resid (post-norm, per sublayer) still sums to the residual stream."""
+    stacks that treat it as an additive write refuse instead of returning pre-norm numbers, unless asked for
+    the writes carried through the norm (`through_post_norm=True`, which then sum to what the block added);
+    decompose_resid (post-norm, per sublayer) sums to the residual stream; circuits take the layer's attention
+    as one node."""
     from hooked import circuits
     from hooked.testing import random_model
 
@@ -360,6 +362,9 @@ def test_per_head_and_per_neuron_writes_and_circuits_are_refused_naming_the_post
                  lambda: model.accumulated_bias(1)):
         with pytest.raises(ValueError, match=message):
             call()
+    check_post_norm_decomposition(random_model("olmo2", seed=5, attention_bias=True),
+                                  torch.randint(0, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(4)),
+                                  ("ln1", "ln2"))
     graph = circuits.graph(model)  # each layer's attention is one node (tests/test_circuits.py checks its edges)
     assert "L1.attn" in graph.nodes and "L1H0" not in graph.nodes and graph.sources[1].hook_name == "blocks.0.hook_attn_out"
     parts = cache.decompose_resid(model.cfg.n_layers)
