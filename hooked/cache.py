@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hooked.decomposition import ResidualDecomposition, accumulated_bias  # noqa: F401  (accumulated_bias re-exported)
+from hooked.components import accumulated_bias  # noqa: F401  (re-exported)
+from hooked.decomposition import ResidualDecomposition
 from hooked.hooks import HookPoint, NameFilter
 from hooked.rows import current_rows
 from hooked.names import PosSlice, Slice, act_name, apply_pos_slice, pos_axis  # noqa: F401  (Slice, act_name re-exported)

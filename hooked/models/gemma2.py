@@ -252,7 +252,7 @@ class Gemma2Block(nn.Module):
     mlp_stage: ClassVar[tuple[str, ...]] = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out_pre_norm", "ln2_post",
                                             "hook_mlp_out", "hook_resid_post")
     # Norms between a sublayer's output and the residual add: a head's or neuron's write is not additive
-    # (hooked.decomposition.additive_writes refuses the per-head / per-neuron stacks for this block; the circuits
+    # (hooked.components.additive_writes refuses the per-head / per-neuron stacks for this block; the circuits
     # graph takes its attention as one node, L{l}.attn).
     output_norms: ClassVar[tuple[str, ...]] = ("ln1_post", "ln2_post")
 

@@ -240,7 +240,7 @@ class Olmo2Block(nn.Module):
     mlp_stage: ClassVar[tuple[str, ...]] = ("hook_mlp_in", "mlp", "hook_mlp_out_pre_norm", "ln2", "hook_mlp_out",
                                             "hook_resid_post")
     # Norms between a sublayer's output and the residual add: a head's, neuron's or bias's write is not additive
-    # (hooked.decomposition.additive_writes refuses the per-head / per-neuron stacks for this block; the circuits
+    # (hooked.components.additive_writes refuses the per-head / per-neuron stacks for this block; the circuits
     # graph takes its attention as one node, L{l}.attn).
     output_norms: ClassVar[tuple[str, ...]] = ("ln1", "ln2")
 
