@@ -391,7 +391,7 @@ class ComponentWrites:
                     total = total + bias
                 else:
                     gain, scale = post_norm
-                    total = total + _through(bias.expand_as(total), gain, self._slice(scale, pos_slice)).float()
+                    total = total + _through(bias.expand_as(total), gain, self._slice(scale, pos_slice))  # float32 in, float32 out
         return total
 
 

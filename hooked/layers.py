@@ -377,6 +377,17 @@ def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, 
     return forced
 
 
+def softcap_(x: Tensor, cap: float | None) -> Tensor:
+    """`cap * tanh(x / cap)` in transformers' order (divide, tanh, multiply); x itself when cap is None. `x` is
+    a fresh tensor nothing else holds (attention scores, the unembedding's output), capped in place where
+    autograd does not record it: the same values, without two more tensors of its size."""
+    if cap is None:
+        return x
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return x.div_(cap).tanh_().mul_(cap)
+    return torch.tanh(x / cap) * cap
+
+
 def attend(
     q: Tensor,
     k: Tensor,
@@ -421,8 +432,7 @@ def attend(
         # [batch head pos pos] is the largest tensor of the layer, and each copy costs an allocation and a pass.
         in_place = not (torch.is_grad_enabled() and scores.requires_grad)
         scores = scores.mul_(scaling) if in_place else scores * scaling
-        if softcap is not None:  # transformers' order: divide, tanh, multiply
-            scores = scores.div_(softcap).tanh_().mul_(softcap) if in_place else torch.tanh(scores / softcap) * softcap
+        scores = softcap_(scores, softcap)
         if boolean_mask is None:
             boolean_mask = mask.causal(q.device)
         fill = torch.finfo(scores.dtype).min

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
-from hooked.layers import AttentionMask, GatedMLP, RMSNorm, attention_input, mlp_input
+from hooked.layers import AttentionMask, GatedMLP, RMSNorm, attention_input, mlp_input, softcap_
 from hooked.models.base import HookedTransformer
 from hooked.models.config import ModelConfig
 from hooked.models.qwen3 import Qwen3, Qwen3Attention, RotaryRMSNames
@@ -177,17 +177,6 @@ class Gemma2Config(RotaryRMSNames, ModelConfig):
             attn_logit_softcapping=config.get("attn_logit_softcapping", 50.0),
             final_logit_softcapping=config.get("final_logit_softcapping", 30.0),
         )
-
-
-def softcap_(x: Tensor, cap: float | None) -> Tensor:
-    """`cap * tanh(x / cap)` in transformers' order (divide, tanh, multiply); x itself when cap is None. `x` is
-    a fresh tensor nothing else holds (the unembedding's output), capped in place where autograd does not
-    record it: the same values, without two more [batch pos d_vocab] tensors."""
-    if cap is None:
-        return x
-    if not (torch.is_grad_enabled() and x.requires_grad):
-        return x.div_(cap).tanh_().mul_(cap)
-    return torch.tanh(x / cap) * cap
 
 
 class Gemma2RMSNorm(RMSNorm):
