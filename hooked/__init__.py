@@ -1,4 +1,5 @@
-"""hooked: GPT-2, Qwen3 and Qwen3-MoE reimplemented with a hook point on every activation.
+"""hooked: GPT-2, Qwen3, Qwen3-MoE, GPT-NeoX, Llama, Mistral, Mixtral, OLMo 2, Gemma 2 and Gemma 3 reimplemented
+with a hook point on every activation, loaded from Hugging Face safetensors.
 
     import hooked
     from hooked import ablate, metrics, tasks
@@ -7,29 +8,73 @@
     cache["pattern", 9].shape  # [batch head_index query_pos key_pos]
     model.run_with_hooks(tokens, fwd_hooks=[("blocks.9.attn.hook_z", ablate.zero(heads=9))])
     result = hooked.sweep(model, tokens, {"L9H9": ablate.hooks(model, "L9H9")}, metric)
+
+The package is folders by wing: the hook core and the shared layers at the top (`hooks`, `rows`, `names`,
+`layers`, `rotary`, `kv_cache`, `cache`, `generation`), `models/` (one file per family over a shared
+decoder), `weights/` (reading checkpoints), `kernels/`, `interventions/` (ablate, patch, sweeps,
+metrics, tasks), `circuits/`, and `transformer_lens/` (TransformerLens' API). The README's "What is
+where" table lists every public module.
 """
 
+import importlib
+import sys
 from pathlib import Path
 
 import torch
 
+from hooked.version import __version__
 from hooked.cache import ActivationCache, act_name
 from hooked.factored import FactoredMatrix
 from hooked.generation import generate_variants
 from hooked.hooks import HookedRootModule, HookPoint
 from hooked.kv_cache import KVCache
 from hooked.layers import attention_backend
-from hooked.models import GPT2, HookedTransformer, Qwen3, Qwen3Moe
-from hooked.results import SweepResult
-from hooked.sweeps import VariantError, sweep
+from hooked.models import (
+    GPT2, MODEL_CLASSES, Gemma2, Gemma3, GPTNeoX, HookedTransformer, Llama, Mistral, Mixtral, Olmo2, Qwen3, Qwen3Moe,
+)
+from hooked.interventions.results import SweepResult
+from hooked.interventions.row_blocks import VariantError
+from hooked.interventions.sweeps import sweep
 from hooked.weights import CheckpointError
-from hooked import ablate, circuits, metrics, patch, tasks, utils  # noqa: E402  (modules users import by name)
-from hooked import plot  # noqa: E402  (matplotlib and circuitsvis are imported by its functions only)
-from hooked.analysis import PositionAttention, attention_to_positions, logit_lens  # noqa: E402
-from hooked import evals, tl_patching  # noqa: E402  (TransformerLens' evals and patching modules)
-from hooked.tl_config import HookedTransformerConfig  # noqa: E402  (HookedTransformer(cfg) builds its family)
+from hooked.interventions import ablate, metrics, patch, tasks
+from hooked import circuits
+from hooked import plot  # matplotlib and circuitsvis are imported by its functions only
+from hooked.analysis import PositionAttention, attention_to_positions, logit_lens
+from hooked.transformer_lens import evals, patching, utils  # TransformerLens' evals, patching and utils modules
+from hooked.transformer_lens.config import HookedTransformerConfig  # HookedTransformer(cfg) builds its family
 
-__version__ = "0.1.0"
+# Short and earlier module paths, each the very module it names (not a copy): `import hooked.ablate`,
+# `from hooked.utils import get_act_name` and `from hooked import patching` (as TransformerLens users type
+# `from transformer_lens import patching`) keep working. The code lives in the wing folders.
+MODULE_PATHS = {
+    "ablate": "hooked.interventions.ablate",
+    "patch": "hooked.interventions.patch",
+    "sweeps": "hooked.interventions.sweeps",
+    "results": "hooked.interventions.results",
+    "metrics": "hooked.interventions.metrics",
+    "tasks": "hooked.interventions.tasks",
+    "addresses": "hooked.interventions.addresses",
+    "positions": "hooked.interventions.positions",
+    "patching": "hooked.transformer_lens.patching",
+    "tl_patching": "hooked.transformer_lens.patching",
+    "tl_config": "hooked.transformer_lens.config",
+    "evals": "hooked.transformer_lens.evals",
+    "utils": "hooked.transformer_lens.utils",
+    "aliases": "hooked.transformer_lens.aliases",
+    "processing": "hooked.transformer_lens.processing",
+    "models.transformer_lens": "hooked.transformer_lens.model",
+    "models.views": "hooked.transformer_lens.model",
+}
+for _short, _module in MODULE_PATHS.items():
+    _parent, _, _leaf = f"hooked.{_short}".rpartition(".")
+    sys.modules[f"hooked.{_short}"] = importlib.import_module(_module)
+    setattr(sys.modules[_parent], _leaf, sys.modules[_module])
+del _short, _module, _parent, _leaf
+# Names that moved to another module, kept at their earlier place too: (module, name) -> where it lives now.
+MOVED_NAMES = {("hooked.distributed", "shard_bytes"): "hooked.weights"}
+for (_module, _name), _home in MOVED_NAMES.items():
+    setattr(importlib.import_module(_module), _name, getattr(importlib.import_module(_home), _name))
+del _module, _name, _home
 
 
 def load(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu",
@@ -43,7 +88,7 @@ def load(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, dev
     The weights are the checkpoint's own unless a processing flag is set: `fold_ln`,
     `center_writing_weights`, `center_unembed`, `fold_value_biases`, `refactor_factored_attn_matrices`
     process them in place as TransformerLens does (`HookedTransformer.from_pretrained` sets its defaults;
-    `hooked.processing`, docs/transformer-lens.md).
+    `hooked.transformer_lens.processing`, docs/transformer-lens.md).
 
     `tp=N` (under `torchrun`, whose processes form groups of N consecutive ranks) splits the model over
     each group: heads, MLP columns, experts and the vocabulary, each rank reading only its slices of the
@@ -58,9 +103,16 @@ def load(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, dev
 
 
 __all__ = [
-    "ActivationCache", "CheckpointError", "GPT2", "HookPoint", "HookedRootModule", "HookedTransformer", "KVCache",
-    "Qwen3", "Qwen3Moe", "SweepResult", "VariantError", "ablate", "act_name", "attention_backend", "generate_variants", "load", "circuits",
-    "metrics", "patch", "sweep", "tasks", "utils",
+    # the model families (hooked.models.MODEL_CLASSES) and their base class
+    "GPT2", "Gemma2", "Gemma3", "GPTNeoX", "HookedTransformer", "Llama", "MODEL_CLASSES", "Mistral", "Mixtral", "Olmo2",
+    "Qwen3", "Qwen3Moe",
+    # loading, hooks, caches
+    "ActivationCache", "CheckpointError", "FactoredMatrix", "HookPoint", "HookedRootModule", "KVCache", "act_name",
+    "attention_backend", "load",
+    # interventions and circuits
+    "SweepResult", "VariantError", "ablate", "circuits", "generate_variants", "metrics", "patch", "sweep", "tasks",
+    # analysis and pictures
     "PositionAttention", "attention_to_positions", "logit_lens", "plot",
-    "FactoredMatrix", "HookedTransformerConfig", "evals", "tl_patching",
+    # TransformerLens' modules and config
+    "HookedTransformerConfig", "evals", "patching", "tl_patching", "utils",
 ]

@@ -11,8 +11,8 @@
     values, labels = hooked.logit_lens(cache, metrics.logit_diff(model, task.correct, task.incorrect))
 
 Positions are positions in each prompt (BOS included, as `task.positions` gives them), so a left-padded
-batch reads each prompt at its own columns: `hooked.positions` turns them into columns with the
-forward's position ids and mask, as `positions=` of `hooked.ablate` does. The pictures are drawn by
+batch reads each prompt at its own columns: `hooked.interventions.positions` turns them into columns with the
+forward's position ids and mask, as `positions=` of `hooked.interventions.ablate` does. The pictures are drawn by
 `hooked.plot`.
 """
 
@@ -26,13 +26,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from hooked.metrics import Metric
-from hooked.positions import last_real, per_prompt, positions_mask
+from hooked.interventions.metrics import Metric
+from hooked.interventions.positions import last_real, per_prompt, positions_mask
 
 if TYPE_CHECKING:
     from hooked.cache import ActivationCache
     from hooked.models.base import HookedTransformer
-    from hooked.tasks import Task
+    from hooked.interventions.tasks import Task
 
 
 @dataclass(frozen=True, eq=False)
@@ -190,7 +190,7 @@ def logit_lens(
         values[-1]     # the model's own logit difference; labels: "0_pre", "1_pre", ..., "final_post"
 
     Each point of `cache.accumulated_resid()` at each prompt's last token goes through the final norm (its
-    own statistics) and the unembedding, as the model's output does. A `hooked.metrics` metric reads only
+    own statistics) and the unembedding, as the model's output does. A `hooked.interventions.metrics` metric reads only
     its answer columns; one that compares with a base run (`metrics.kl_div()`) is given the model's own
     final logits. Any other callable gets the full logits of the last token, [batch 1 d_vocab], and must
     return [batch]. Returns ([point batch] float32, labels).

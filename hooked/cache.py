@@ -30,7 +30,7 @@ logits minus the constant `model.logit_bias_terms(tokens)` (norm bias and unembe
 
 Positions and batch rows are chosen by `pos_slice` / `batch_slice`: a `slice`, a (start, stop[, step])
 tuple, a list or tensor of indices, or an int, which here keeps a length-1 axis so shapes stay
-comparable. TransformerLens' `Slice` object (`hooked/names.py`, also `hooked.utils.Slice`) is taken
+comparable. TransformerLens' `Slice` object (`hooked/names.py`, also `hooked.transformer_lens.utils.Slice`) is taken
 everywhere too and keeps TransformerLens' meaning: `Slice(-1)` indexes, dropping the axis.
 """
 

@@ -142,7 +142,7 @@ def run_sweep(args: argparse.Namespace):
     is --components with its layer made non-negative (neurons:-1 -> neurons:11)."""
     import hooked
     from hooked import ablate, tasks
-    from hooked.addresses import parse_address
+    from hooked.interventions.addresses import parse_address
 
     model = hooked.load(args.model, dtype=_DTYPES[args.dtype], device=args.device)
     if model.tokenizer is None:

@@ -431,26 +431,3 @@ def _part_starts(size: int, parts: int) -> list[int]:
     if size % parts:
         raise ValueError(f"a dimension of {size} does not hold {parts} equal parts")
     return [part * (size // parts) for part in range(parts)]
-
-
-def shard_bytes(config: dict | str, tp: int, dtype: torch.dtype = torch.bfloat16) -> list[dict[str, int]]:
-    """The bytes of parameters each rank of a `tp` group would hold for a checkpoint (its config.json
-    dict, a directory or a hub id; only config.json is read): per rank, "split" (parameters cut by
-    the plan, including key/value heads held by several ranks), "replicated" (held whole by every
-    rank) and "total". Built on the meta device: no memory, no process group. docs/scaling.md uses it.
-    """
-    from hooked.weights import architecture_for, build_on_meta, read_config, resolve
-
-    if not isinstance(config, dict):
-        config = read_config(resolve(config, config_only=True))
-    model_class = architecture_for(config)
-    itemsize = dtype.itemsize
-    sizes = []
-    for rank in range(tp):
-        model = build_on_meta(model_class, config)
-        plan = parallelize(model, Parallel(tp, rank, list(range(tp)), None, 1, 0, None))
-        parameters = dict(model.named_parameters())
-        split = sum(parameters[name].numel() for name in plan) * itemsize
-        total = sum(p.numel() for p in parameters.values()) * itemsize
-        sizes.append({"split": split, "replicated": total - split, "total": total})
-    return sizes

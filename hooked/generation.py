@@ -47,6 +47,7 @@ from hooked.hooks import HookFn, HookPoint, NameFilter
 from hooked.kv_cache import KVCache
 from hooked.layers import position_ids_for
 from hooked.names import pos_axis
+from hooked.interventions.row_blocks import OnRows, registered_hooks
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -341,8 +342,6 @@ def generate_variants(
     alone: with `stop_at_eos`, a block is cut where all its own rows have finished, and sampling draws
     the same numbers for every block.
     """
-    from hooked.sweeps import OnRows, registered_hooks
-
     if not isinstance(variants, Mapping) or not variants:
         raise ValueError("variants must be a non-empty dict: {name: [(hook_name, callback), ...]}")
     for refused in ("return_cache", "fwd_hooks", "use_past_kv_cache"):

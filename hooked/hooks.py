@@ -371,12 +371,14 @@ class HookedRootModule(nn.Module):
         """TransformerLens' name for `setup_hooks`: call at the end of a HookedRootModule's `__init__`."""
         self.setup_hooks()
 
-    def run_with_cache(self, *model_args, names_filter: "NameFilter | None" = None, **model_kwargs):
+    def run_with_cache(self, *model_args, names_filter: "NameFilter | None" = None, **model_kwargs
+                       ) -> tuple[object, dict[str, Tensor]]:
         """Run a user's own HookedRootModule once and keep every hook point's activation (or those of
         `names_filter`), detached: `output, cache = module.run_with_cache(x)`, `cache["hook_pre"]`.
-        HookedTransformer has its own, with TransformerLens' other options."""
-        from hooked.cache import ActivationCache
 
+        The cache is a dict {hook name: activation}, as TransformerLens 3.9's `HookedRootModule.run_with_cache`
+        returns (`transformer_lens/HookedRootModule.py`). A model's own `run_with_cache` returns an
+        `ActivationCache`, whose analysis helpers need a transformer (hooked/cache.py)."""
         store: dict[str, Tensor] = {}
 
         def save(activation: Tensor, hook: HookPoint) -> None:
@@ -385,7 +387,7 @@ class HookedRootModule(nn.Module):
         names = self.default_cache_names() if names_filter is None else names_filter
         with self.hooks(fwd_hooks=[(names, save)]):
             output = self(*model_args, **model_kwargs)
-        return output, ActivationCache(store, self)
+        return output, store
 
     def hooks_attached(self) -> bool:
         """Whether a hook would run in this caller's forward now: on the model (`add_hook`; counted even when

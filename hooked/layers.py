@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
-from hooked.processing import Projection
 
 
 class HookedNorm(nn.Module):
@@ -521,6 +520,22 @@ class Split:
     reduce: bool = False
 
 
+@dataclass(frozen=True)
+class Projection:
+    """A weight that reads the residual stream (after a norm) or writes to it, as weight processing
+    (hooked/transformer_lens/processing.py) and the residual decomposition see it: each attention and MLP module
+    declares its `residual_readers()` and `residual_writers()`.
+
+    `axis` is the weight's d_model axis. `bias` is the output's bias, or None where there is none: for a
+    reader the weight's shape without that axis, for a writer [d_model].
+    """
+
+    weight: Tensor
+    axis: int
+    bias: Tensor | None = None
+
+
+
 # ----------------------------------------------------------------------------- gated MLP
 def add_bias(linear: nn.Linear, partial: Tensor) -> Tensor:
     """`linear`'s output from a sum of partial products (per head): its bias added, if any; a tensor-parallel
@@ -563,7 +578,7 @@ class GatedMLP(nn.Module):
         return plan
 
     def residual_readers(self) -> tuple[Projection, ...]:
-        """What reads the norm before it, for weight processing (hooked.processing): nn.Linear [out, in]."""
+        """What reads the norm before it, for weight processing (hooked.transformer_lens.processing): nn.Linear [out, in]."""
         return (Projection(self.gate_proj.weight, 1), Projection(self.up_proj.weight, 1))
 
     def residual_writers(self) -> tuple[Projection, ...]:
@@ -593,3 +608,12 @@ class GatedMLP(nn.Module):
     def b_out(self) -> Tensor:
         """[d_model] zeros: no biases."""
         return self.down_proj.weight.new_zeros(self.down_proj.weight.shape[0])
+
+
+# ----------------------------------------------------------------------------- routers
+def all_experts_removed(point: str, n_experts: int) -> str:
+    """Why routing cannot run with every expert's router logit at -inf (the softmax would be 0 / 0)."""
+    layer = point.split(".")[1] if point.startswith("blocks.") else "{layer}"
+    return (f"{point}: every one of the layer's {n_experts} experts is ablated at the router (-inf), which leaves no"
+            " expert to route to (the softmax would be 0 / 0 and the MLP output NaN). To remove the whole MoE"
+            f" layer, zero its output instead: the address 'L{layer}.mlp', or blocks.{layer}.hook_mlp_out")

@@ -2,7 +2,7 @@
 
 `act_name("z", 9)` -> `"blocks.9.attn.hook_z"`, also the compact keys (`"k6a"`, `"scale4ln1"`,
 `"resid_pre5"`); `Slice` and `apply_pos_slice` choose positions or batch rows. Shared by
-`run_with_cache`, `ActivationCache` (hooked/cache.py) and `hooked.utils`.
+`run_with_cache`, `ActivationCache` (hooked/cache.py) and `hooked.transformer_lens.utils`.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from torch import Tensor
 if TYPE_CHECKING:
     from hooked.analysis import PositionAttention
     from hooked.cache import ActivationCache
-    from hooked.metrics import Metric
+    from hooked.interventions.metrics import Metric
 
 GRID_ANNOTATE_MAX = 144  # a layer x head grid writes each cell's value when it has at most this many cells
 

@@ -252,7 +252,7 @@ def addresses(model, kinds: Sequence[str] = ("heads", "attn", "mlps", "neurons",
     """
     from hypothesis import strategies as st
 
-    from hooked.addresses import head_names
+    from hooked.interventions.addresses import head_names
 
     cfg = model.cfg
     sparse = _sparse_layers(model)
@@ -341,9 +341,9 @@ def selectors(model, hook_name: str, positions: bool = True, max_pos: int = 8):
 
 def empties_a_router(model, fwd_hooks) -> bool:
     """Whether zero ablations at one layer's router logits together select every expert: each is valid alone,
-    but together they leave no expert to route to, which the model refuses (hooked.ablate.all_experts_removed).
+    but together they leave no expert to route to, which the model refuses (hooked.layers.all_experts_removed).
     A drawn list of interventions is filtered with it: `hypothesis.assume(not empties_a_router(model, hooks))`."""
-    from hooked import ablate
+    from hooked.interventions import ablate
 
     picked: dict[str, set[int]] = {}
     for name, fn in fwd_hooks:
@@ -378,7 +378,7 @@ def interventions(model, cache=None, *, methods: Sequence[str] = ("zero", "mean"
     """
     from hypothesis import strategies as st
 
-    from hooked import ablate
+    from hooked.interventions import ablate
 
     unknown = set(methods) - {"zero", "mean", "resample"}
     if unknown or not methods:

@@ -188,7 +188,7 @@ def grouped():
 
 
 def test_head_addresses_name_query_heads_and_key_value_heads(gpt2, grouped):
-    from hooked.addresses import head_names
+    from hooked.interventions.addresses import head_names
 
     parse = lambda model, address: ablate.parse_address(model, address)  # noqa: E731
     component = parse(grouped, "L1KV1.v@-1")
@@ -223,7 +223,7 @@ def test_a_head_of_the_wrong_kind_is_refused_naming_the_right_one(request, model
 
 def test_a_sweep_over_key_value_heads_equals_zeroing_each_one_by_hand(grouped):
     """Each `L{l}KV{g}.v` variant is slot g of hook_v zeroed, run alone: it acts on both query heads of its group."""
-    from hooked.addresses import head_names
+    from hooked.interventions.addresses import head_names
 
     tokens = tokens_of(grouped, pos=6)
     names = [name for layer in range(2) for name in head_names(grouped, layer, "kv_head_index")]

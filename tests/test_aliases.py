@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import hooked
-from hooked.aliases import TRANSFORMER_LENS_NAMES, hub_id, nearest
+from hooked.transformer_lens.aliases import TRANSFORMER_LENS_NAMES, hub_id, nearest
 from hooked.weights import resolve
 from tests.tl_reference import save_grouped_qwen3
 

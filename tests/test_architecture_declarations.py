@@ -9,8 +9,19 @@ the package's re-exports; plus the docs' hook reference generator) are parsed, a
 3. reach for a submodule or parameter by a leaf name only some families have (`getattr(attn, "c_proj")`).
 
 The forbidden names are computed from the registered families themselves (hooked.models.MODEL_CLASSES), so
-a new family is covered the moment it is registered. Each rule is also run on a snippet that breaks it,
-so the checker is seen to catch what it claims to.
+a new family is covered the moment it is registered.
+
+The package's wings also import in one direction only (`import_violations`; imports under `if TYPE_CHECKING:`
+are annotations and do not count, imports inside functions do):
+
+4. no model file (hooked/models/) imports an intervention (hooked/interventions/), a circuit
+   (hooked/circuits/) or a compatibility module (hooked/transformer_lens/), except the one edge that gives
+   the model class its TransformerLens face: hooked/models/base.py -> hooked.transformer_lens.model;
+5. no low-floor module (the hook core and the layers models are built from) imports anything but another
+   low-floor module or a kernel;
+6. no intervention imports a circuit: circuits are built on the interventions, not the reverse.
+
+Each rule is also run on a snippet that breaks it, so the checker is seen to catch what it claims to.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+import hooked
 from hooked.models import MODEL_CLASSES
 from hooked.testing import ARCHITECTURES, random_model
 
@@ -125,6 +137,86 @@ def test_generic_modules_learn_architectures_only_from_declarations(rules):
 def test_the_checker_catches_each_kind_of_violation(rules, snippet, expected):
     found = violations(snippet, "snippet", **rules)
     assert any(expected in problem for problem in found), found
+
+
+# ----------------------------------------------------------------------------- which wing imports which
+# The low floor: hook points, rows, names and the layers every model is built from. They import each other
+# and the kernels, nothing higher.
+LOW_FLOOR = {"hooked.hooks", "hooked.rows", "hooked.names", "hooked.layers", "hooked.rotary", "hooked.kv_cache",
+             "hooked.factored", "hooked.tokenizer", "hooked.version"}
+# (importing module's prefix, imported module's prefix, except these (importer, imported) pairs, why)
+WING_RULES = [
+    ("hooked.models.", ("hooked.interventions", "hooked.circuits", "hooked.transformer_lens"),
+     {("hooked.models.base", "hooked.transformer_lens.model")},
+     "a model file imports an intervention, circuit or compatibility module"),
+    ("hooked.interventions.", ("hooked.circuits",), set(), "an intervention imports a circuit module"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) for every hooked module the code imports, outside `if TYPE_CHECKING:` blocks;
+    `from hooked import ablate` names the module `hooked.ablate` stands for (hooked.MODULE_PATHS)."""
+    annotation_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+                       for statement in block.body for node in ast.walk(statement)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in annotation_only:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                short = candidate.removeprefix("hooked.")
+                if node.module == "hooked" and short in hooked.MODULE_PATHS:
+                    candidate = hooked.MODULE_PATHS[short]
+                file = ROOT / candidate.replace(".", "/")
+                is_module = file.with_suffix(".py").is_file() or (file / "__init__.py").is_file()
+                found.append((node.lineno, candidate if is_module else node.module))
+    return [(line, name) for line, name in found if name == "hooked" or name.startswith("hooked.")]
+
+
+def import_violations(source: str, importer: str) -> list[str]:
+    found = []
+    for line, imported in imported_modules(ast.parse(source)):
+        where = f"{importer}:{line}"
+        if importer in LOW_FLOOR and imported not in LOW_FLOOR and not imported.startswith("hooked.kernels"):
+            found.append(f"{where} the low-floor module {importer} imports {imported}, a higher one")
+        for prefix, forbidden, allowed, what in WING_RULES:
+            if importer.startswith(prefix) and imported.startswith(forbidden) and (importer, imported) not in allowed:
+                found.append(f"{where} {what}: {imported}")
+    return found
+
+
+def test_wings_import_in_one_direction():
+    found = [problem for path in sorted(PACKAGE.rglob("*.py"))
+             for problem in import_violations(path.read_text(), module_name(path))]
+    assert not found, "an import against the package's layering (docs/adding-a-model.md):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("importer, snippet, expected", [
+    ("hooked.models.qwen3_moe", "from hooked.interventions.ablate import all_experts_removed", "a model file imports"),
+    ("hooked.models.gpt2", "def f():\n    from hooked.circuits import graph", "a model file imports"),
+    ("hooked.models.llama", "from hooked import utils", "compatibility module: hooked.transformer_lens.utils"),
+    ("hooked.models.base", "from hooked.transformer_lens.config import build_model", "a model file imports"),
+    ("hooked.hooks", "def f():\n    from hooked.cache import ActivationCache", "the low-floor module hooked.hooks imports"),
+    ("hooked.layers", "from hooked.transformer_lens.processing import Projection", "the low-floor module hooked.layers"),
+    ("hooked.interventions.sweeps", "import hooked.circuits.engine", "an intervention imports a circuit"),
+])
+def test_the_import_checker_catches_each_kind_of_violation(importer, snippet, expected):
+    assert any(expected in problem for problem in import_violations(snippet, importer)), import_violations(snippet, importer)
+
+
+def test_annotation_only_imports_and_the_allowed_edge_pass():
+    snippet = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hooked.interventions.ablate import Ablation\n"
+    assert import_violations(snippet, "hooked.models.gpt2") == []
+    assert import_violations("from hooked.transformer_lens.model import WeightStacks", "hooked.models.base") == []
 
 
 def test_every_family_declares_what_generic_code_reads():

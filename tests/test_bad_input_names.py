@@ -18,7 +18,7 @@ from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
 import hooked
 from hooked import ablate, circuits, patch
-from hooked.results import SweepResult
+from hooked.interventions.results import SweepResult
 from hooked.testing import random_model
 
 

@@ -15,7 +15,7 @@ import torch
 import hooked
 from hooked import ablate, metrics, tasks
 from hooked.cli import main
-from hooked.results import SweepResult
+from hooked.interventions.results import SweepResult
 
 
 def test_hooks_lists_every_name_with_its_shape(gpt2, gpt2_dir, capsys):

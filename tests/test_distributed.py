@@ -342,7 +342,7 @@ def test_a_stalled_rank_ends_in_an_error_after_the_timeout_not_a_hang(checkpoint
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_shard_bytes_predicts_what_each_rank_loaded(ranks, checkpoints, arch):
-    from hooked.distributed import shard_bytes
+    from hooked.weights import shard_bytes
 
     predicted = shard_bytes(str(checkpoints[arch]), 2, torch.float32)
     for index, rank in enumerate(ranks):
@@ -388,7 +388,7 @@ def test_tp_without_torchrun_says_how_to_launch(checkpoints, monkeypatch):
     (dict(num_attention_heads=6, num_key_value_heads=3), 2, "n_kv_heads \\(key/value heads\\) = 3 neither divides"),
 ])
 def test_a_tp_that_does_not_split_the_model_is_refused_before_reading(config, tp, message):
-    from hooked.distributed import shard_bytes
+    from hooked.weights import shard_bytes
 
     base = dict(architectures=["Qwen3ForCausalLM"], hidden_size=48, intermediate_size=64, num_hidden_layers=1,
                 head_dim=8, vocab_size=50)

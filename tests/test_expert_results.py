@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import hooked
-from hooked.addresses import parse_address
+from hooked.interventions.addresses import parse_address
 from hooked.testing import random_model
 
 ATOL = 1e-5

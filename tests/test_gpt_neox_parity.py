@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 import hooked
 from hooked import ablate
-from hooked.metrics import kl_div
+from hooked.interventions.metrics import kl_div
 from hooked.models.gpt_neox import ACTIVATIONS, GPTNeoXConfig as HookedGPTNeoXConfig
 
 import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip

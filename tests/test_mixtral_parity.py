@@ -416,7 +416,7 @@ def test_router_jitter_noise_is_ignored_as_transformers_does_at_inference(tmp_pa
 
 
 def test_transformer_lens_names_resolve_to_the_hub_ids():
-    from hooked.aliases import hub_id
+    from hooked.transformer_lens.aliases import hub_id
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

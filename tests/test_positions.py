@@ -16,7 +16,7 @@ import torch
 
 import hooked
 from hooked import ablate, metrics, patch, tasks
-from hooked.sweeps import VariantError
+from hooked.interventions.row_blocks import VariantError
 
 
 def padded_batch(model, lengths, pos, seed):

@@ -24,7 +24,7 @@ import transformers
 
 import hooked
 from hooked.cache import Slice
-from hooked.processing import FLAGS, process_weights
+from hooked.transformer_lens.processing import FLAGS, process_weights
 from hooked.testing import build_gpt2_checkpoint, random_model, randomize_norms
 from tests.tl_reference import tl_gpt2, tl_qwen3
 
@@ -124,7 +124,7 @@ def test_processing_is_recorded(defaults, gpt2_dir):
     assert ours.processing == TL_DEFAULTS
     assert ours.cfg.normalization_type == theirs.cfg.normalization_type == "LNPre"
     assert "normalization_type" not in vars(dataclasses.replace(ours.cfg))  # a copied config builds an unprocessed model
-    from hooked.sweeps import sweep_provenance
+    from hooked.interventions.sweeps import sweep_provenance
 
     provenance = sweep_provenance(ours, [], None, None, torch.zeros(1, 2, dtype=torch.long))
     assert provenance["processing"] == TL_DEFAULTS and provenance["config"]["normalization_type"] == "LNPre"

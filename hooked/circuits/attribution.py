@@ -35,7 +35,7 @@ from torch import Tensor
 from hooked.circuits.engine import Ablation, _stage_loop, rows_per_forward
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import Edge, Graph, graph as build_graph
-from hooked.sweeps import sweep_provenance
+from hooked.interventions.sweeps import sweep_provenance
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -122,7 +122,7 @@ def attribute(
 ) -> EdgeScores:
     """A score for every edge: EAP (`method="eap"`) or EAP-IG (`method="eap-ig"`, `steps` interpolations).
 
-    The metric is differentiated (a `hooked.metrics` metric such as `logit_diff`; a metric that compares
+    The metric is differentiated (a `hooked.interventions.metrics` metric such as `logit_diff`; a metric that compares
     with the base run, like KL divergence, has zero gradient at the clean run and is refused). The model's
     parameters' `.grad` are left alone; no hook stays registered. EAP-IG's steps run as row blocks of one
     forward, `steps_per_forward` at a time (default: what fits the memory budget of the batched edge forward).

@@ -47,8 +47,8 @@ from hooked.circuits.attribution import EdgeScores, interpolation_points, receiv
 from hooked.circuits.engine import Ablation
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import INPUT, LOGITS, Edge, Graph, graph as build_graph, graph_of_shape
-from hooked.results import write_json
-from hooked.sweeps import sweep_provenance
+from hooked.interventions.results import write_json
+from hooked.interventions.sweeps import sweep_provenance
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer

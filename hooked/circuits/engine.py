@@ -33,8 +33,9 @@ from torch import Tensor
 
 from hooked.circuits.graph import Graph
 from hooked.rows import running_rows
-from hooked.positions import positions_mask
-from hooked.sweeps import MetricReads, Prompts, run_stage
+from hooked.interventions.positions import positions_mask
+from hooked.interventions.row_blocks import Prompts
+from hooked.interventions.sweeps import MetricReads, run_stage
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -210,7 +211,7 @@ def run_masks(
 
 def _columns_at(prompts: Prompts, position: int) -> Tensor:
     """[B pos] True at the column holding `position` of each prompt (negative: from its end); every prompt
-    must have it (`hooked.positions`)."""
+    must have it (`hooked.interventions.positions`)."""
     lengths = prompts.position_ids[:, -1:] + 1  # the last column's position: a right pad repeats the prompt's last
     return positions_mask((position,), prompts.position_ids, prompts.key_valid, lengths, what=f"an edge at position {position}")
 

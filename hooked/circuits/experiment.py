@@ -18,7 +18,8 @@ from torch import Tensor
 from hooked.circuits.engine import Ablation, Run, patched_values, record, rows_per_forward, run_masks
 from hooked.circuits.graph import Graph, graph
 from hooked.layers import position_ids_for
-from hooked.sweeps import MetricReads, Prompts, registered_hooks
+from hooked.interventions.row_blocks import Prompts, registered_hooks
+from hooked.interventions.sweeps import MetricReads
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer

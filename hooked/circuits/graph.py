@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hooked.addresses import kv_head_name
+from hooked.interventions.addresses import kv_head_name
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer

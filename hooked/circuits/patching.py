@@ -36,8 +36,8 @@ from torch import Tensor
 from hooked.circuits.engine import Ablation, _stage_loop
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import Edge, Graph
-from hooked.results import SweepResult, variant_names
-from hooked.sweeps import sweep_provenance
+from hooked.interventions.results import SweepResult, variant_names
+from hooked.interventions.sweeps import sweep_provenance
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer

@@ -24,29 +24,15 @@ from hooked.hooks import EMBED_STAGE, HookedRootModule, HookPoint
 from hooked.rows import Rows, running_rows
 from hooked.kv_cache import KVCache
 from hooked.models.tokens import TokenMethods
-from hooked.models.transformer_lens import TransformerLensMethods
-from hooked.models.views import WeightStacks
 from hooked.layers import AttentionMask, position_ids_for
-from hooked.processing import unprocessed
+from hooked.transformer_lens.model import BuildsFromConfig, TransformerLensMethods, WeightStacks, unprocessed
 from hooked.tokenizer import HookedTokenizer
 
 ModelInput = Union[str, list[str], Int[Tensor, "batch pos"], Int[Tensor, " pos"]]
 ReturnType = Literal["logits", "loss", "both", None]
 
 
-class _BuildsFromConfig(type):
-    """`HookedTransformer(cfg)` as in TransformerLens: the base class called with a config builds the family
-    model it describes (hooked.tl_config); every subclass constructs as usual."""
-
-    def __call__(cls, *args, **kwargs):
-        if cls is HookedTransformer:
-            from hooked.tl_config import build_model
-
-            return build_model(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
-
-
-class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, HookedRootModule, metaclass=_BuildsFromConfig):
+class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, HookedRootModule, metaclass=BuildsFromConfig):
     """Base of every model. Subclasses set `config_class`, `architectures`, `embedding_hook_names`."""
 
     config_class: ClassVar[type]
@@ -67,7 +53,7 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
     # `model.generate`'s defaults where the caller leaves them out. hooked's own models (`hooked.load`) decode
     # greedily and quietly; a model built the TransformerLens way (`HookedTransformer.from_pretrained`,
     # `from_pretrained_no_processing`, `HookedTransformer(cfg)`) samples and shows a progress bar, as
-    # TransformerLens 3.9's `generate` does (hooked.models.transformer_lens.TRANSFORMER_LENS_GENERATE).
+    # TransformerLens 3.9's `generate` does (hooked.transformer_lens.model.TRANSFORMER_LENS_GENERATE).
     generate_defaults: dict = {}
 
     # The checkpoint's layout, read by hooked.weights: key pattern -> parameter name, without the unembedding,
@@ -99,7 +85,7 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
         # The unembedding's own weights when it is not the embedding (an untied checkpoint, or after weight
         # processing, which changes W_E and W_U differently); None while tied. Set by the architecture.
         self.lm_head: nn.Linear | None = None
-        # TransformerLens' weight processing applied to this model (hooked.processing): flag -> done.
+        # TransformerLens' weight processing applied to this model (hooked.transformer_lens.processing): flag -> done.
         self.processing: dict[str, bool] = unprocessed()
         if cfg.use_hook_tokens:  # declared first: it fires first (TransformerLens 3.9, HookedTransformer.input_to_embed)
             self.hook_tokens = HookPoint("batch pos")  # the token ids; a hook may replace them (token_ids)
@@ -356,8 +342,6 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
     def loss_fn(self, logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"],
                 attention_mask: Tensor | None = None, per_token: bool = False) -> Tensor:
         """TransformerLens' `model.loss_fn`: `utils.lm_cross_entropy_loss` of the logits against the ids."""
-        from hooked.utils import lm_cross_entropy_loss
-
         return lm_cross_entropy_loss(logits, tokens.to(logits.device), attention_mask, per_token)
 
     @staticmethod
@@ -506,3 +490,28 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
                 "d_head": cfg.d_head, "d_mlp": cfg.d_mlp, "d_vocab": cfg.d_vocab}
 
     # ----------------------------------------------------------------- tokenization
+
+
+def lm_cross_entropy_loss(
+    logits: Float[Tensor, "batch pos d_vocab"],
+    tokens: Int[Tensor, "batch pos"],
+    attention_mask: Tensor | None = None,
+    per_token: bool = False,
+) -> Tensor:
+    """Next-token cross-entropy: the mean over predicted positions, or [batch pos-1] with `per_token`.
+
+    With `attention_mask`, positions whose token or next token is padding count as 0 and are left
+    out of the mean, as TransformerLens does.
+    """
+    log_probs = F.log_softmax(logits, dim=-1)
+    predicted = log_probs[..., :-1, :].gather(-1, tokens[..., 1:, None])[..., 0]  # [batch pos-1]
+    if attention_mask is not None:
+        if attention_mask.shape != tokens.shape:
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the tokens have {tuple(tokens.shape)}")
+        attention_mask = attention_mask.bool()
+        next_token_mask = attention_mask[:, :-1] & attention_mask[:, 1:]
+        predicted = predicted.masked_fill(~next_token_mask, 0.0)
+        n_tokens = next_token_mask.sum().item()
+    else:
+        n_tokens = predicted.numel()
+    return -predicted if per_token else -predicted.sum() / n_tokens

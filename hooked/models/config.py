@@ -96,7 +96,7 @@ class ModelConfig:
 
     @classmethod
     def from_transformer_lens(cls, tl: dict) -> tuple["ModelConfig | None", list[str] | None]:
-        """This family's config from TransformerLens' `HookedTransformerConfig` fields (hooked.tl_config):
+        """This family's config from TransformerLens' `HookedTransformerConfig` fields (hooked.transformer_lens.config):
         (config, []) when `tl` describes this family; (None, problems) when it has this family's shape but
         fields it lacks, each named; (None, None) when it is not this family's shape."""
         return None, None

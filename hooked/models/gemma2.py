@@ -303,7 +303,7 @@ class Gemma2(HookedTransformer):
     config_class = Gemma2Config
     architectures = ("Gemma2ForCausalLM", "gemma2")
     family: ClassVar[str] = "gemma2"
-    # TransformerLens 3.9's official names (supported_models.py) of Gemma 2 checkpoints -> its aliases (hooked.aliases)
+    # TransformerLens 3.9's official names (supported_models.py) of Gemma 2 checkpoints -> its aliases (hooked.transformer_lens.aliases)
     transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
         f"google/gemma-2-{size}{tuned}": (f"gemma-2-{size}{tuned}",) for size in ("2b", "9b", "27b") for tuned in ("", "-it")
     }

@@ -155,7 +155,7 @@ class Gemma3(Gemma2):
     config_class = Gemma3Config
     architectures = ("Gemma3ForCausalLM", "gemma3_text", "Gemma3ForConditionalGeneration", "gemma3")
     family: ClassVar[str] = "gemma3"
-    # TransformerLens 3.9's official names (supported_models.py) of Gemma 3 checkpoints -> its aliases (hooked.aliases)
+    # TransformerLens 3.9's official names (supported_models.py) of Gemma 3 checkpoints -> its aliases (hooked.transformer_lens.aliases)
     transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
         **{f"google/gemma-3-{name}": (f"gemma-3-{name}",) for name in
            ("270m", "270m-it", "1b-pt", "1b-it", "4b-pt", "4b-it", "12b-pt", "12b-it", "27b-pt", "27b-it")},

@@ -27,11 +27,9 @@ from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookPoint
 from hooked.rows import current_rows
 from hooked.kv_cache import LayerKV
-from hooked.layers import AttentionMask, Conv1D, LayerNorm, Split, attend, attention_input, gelu_new, mlp_input, writable
+from hooked.layers import AttentionMask, Conv1D, LayerNorm, Projection, Split, attend, attention_input, gelu_new, mlp_input, writable
 from hooked.models.base import HookedTransformer
 from hooked.models.config import ModelConfig
-from hooked.models.views import WeightView
-from hooked.processing import Projection
 
 
 @dataclass
@@ -209,7 +207,7 @@ class GPT2Attention(nn.Module):
         return {"c_attn.weight": Split("heads", 1, self.d_head, parts=3), "c_attn.bias": Split("heads", 0, self.d_head, parts=3),
                 "c_proj.weight": Split("heads", 0, self.d_head, reduce=True)}
 
-    # For weight processing (hooked.processing): c_attn reads ln1's output along its rows (Conv1D [in, out]).
+    # For weight processing (hooked.transformer_lens.processing): c_attn reads ln1's output along its rows (Conv1D [in, out]).
     def residual_readers(self) -> tuple[Projection, ...]:
         return (Projection(self.c_attn.weight, 0, self.c_attn.bias),)
 
@@ -311,7 +309,7 @@ class GPT2(HookedTransformer):
     """GPT-2 with TransformerLens hook names. Load with `hooked.load("gpt2")`."""
 
     family = "gpt2"
-    # TransformerLens 3.9's official names (supported_models.py) of GPT-2 checkpoints -> its aliases (hooked.aliases)
+    # TransformerLens 3.9's official names (supported_models.py) of GPT-2 checkpoints -> its aliases (hooked.transformer_lens.aliases)
     transformer_lens_names = {"gpt2": ("gpt2-small",), "gpt2-medium": (), "gpt2-large": (), "gpt2-xl": (),
                               "distilgpt2": ("distillgpt2", "distill-gpt2", "distil-gpt2", "gpt2-xs")}
     random_sizes = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, d_vocab=64, n_ctx=32)
@@ -375,31 +373,6 @@ class GPT2(HookedTransformer):
     @property
     def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
         return self.wpe.weight
-
-    @property
-    def pos_embed(self) -> WeightView:
-        """TransformerLens' `model.pos_embed`: `.W_pos` [n_ctx d_model] (rotary models have none, as there).
-
-        Calling it is TransformerLens 3.9's `PosEmbed.forward(tokens, past_kv_pos_offset=0, attention_mask=None)`:
-        [batch pos d_model], `W_pos` at positions `past_kv_pos_offset + 0..pos-1`, or, with an attention mask
-        over the past and present columns, each token's position in its own prompt, 0 at padded positions (what
-        `hook_pos_embed` holds in the forward). No hook fires.
-        """
-        def call(tokens: Tensor, past_kv_pos_offset: int = 0, attention_mask: Tensor | None = None) -> Tensor:
-            batch, length = tokens.shape[0], tokens.shape[-1]
-            if attention_mask is None:
-                if past_kv_pos_offset + length > self.cfg.n_ctx:
-                    raise ValueError(f"positions {past_kv_pos_offset}..{past_kv_pos_offset + length - 1} are past this"
-                                     f" model's {self.cfg.n_ctx} positions")
-                return self.W_pos[past_kv_pos_offset:past_kv_pos_offset + length].expand(batch, -1, -1).clone()
-            mask = attention_mask.to(device=self.W_pos.device, dtype=torch.bool)
-            if mask.shape != (batch, past_kv_pos_offset + length):
-                raise ValueError(f"attention_mask has shape {tuple(mask.shape)}; it must cover the past and present"
-                                 f" columns, [batch past+pos] = {(batch, past_kv_pos_offset + length)}")
-            positions = (mask.long().cumsum(1) - 1).clamp(min=0)[:, past_kv_pos_offset:]
-            return self.W_pos[positions].masked_fill(~mask[:, past_kv_pos_offset:, None], 0.0)
-
-        return WeightView("pos_embed", call, W_pos=lambda: self.W_pos)
 
     @property
     def W_E_pos(self) -> Float[Tensor, "d_vocab+n_ctx d_model"]:

@@ -31,12 +31,12 @@ from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import (
+    Projection,
     AttentionMask, LayerNorm, Split, add_bias, attend, attention_input, gelu_new, mlp_input, writable,
 )
 from hooked.rotary import RotaryEmbedding, apply_rotary
 from hooked.models.base import HookedTransformer
 from hooked.models.config import ModelConfig
-from hooked.processing import Projection
 
 
 def gelu_fast(x: Tensor) -> Tensor:
@@ -292,7 +292,7 @@ class GPTNeoXAttention(nn.Module):
             plan["query_key_value.bias"] = Split("heads", 0, 3 * self.d_head)
         return plan
 
-    # For weight processing (hooked.processing): nn.Linear weights are [out, in].
+    # For weight processing (hooked.transformer_lens.processing): nn.Linear weights are [out, in].
     def residual_readers(self) -> tuple[Projection, ...]:
         return (Projection(self.query_key_value.weight, 1, self.query_key_value.bias),)
 
@@ -402,7 +402,7 @@ class GPTNeoX(HookedTransformer):
     config_class = GPTNeoXConfig
     architectures = ("GPTNeoXForCausalLM", "gpt_neox")
     family: ClassVar[str] = "gpt_neox"
-    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.aliases)
+    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.transformer_lens.aliases)
     transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
         "EleutherAI/gpt-neox-20b": ("gpt-neox-20b", "gpt-neox", "neox"),
         "EleutherAI/pythia-1.4b": ("pythia-1.4b", "EleutherAI/pythia-1.3b", "pythia-1.3b"),

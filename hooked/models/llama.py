@@ -27,12 +27,11 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
-from hooked.layers import AttentionMask, GatedMLP, RMSNorm
+from hooked.layers import AttentionMask, GatedMLP, Projection, RMSNorm
 from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
 from hooked.models.base import HookedTransformer
 from hooked.models.config import ModelConfig
 from hooked.models.qwen3 import Qwen3, Qwen3Attention, Qwen3Block, RotaryRMSNames, rms_rotary_fields
-from hooked.processing import Projection
 
 
 @dataclass
@@ -90,7 +89,7 @@ class LlamaConfig(RotaryRMSNames, ModelConfig):
 
     @classmethod
     def from_transformer_lens(cls, tl: dict) -> tuple["LlamaConfig | None", list[str] | None]:
-        """A Llama from TransformerLens' fields (hooked.tl_config); plain RoPE (TransformerLens' NTK-by-parts
+        """A Llama from TransformerLens' fields (hooked.transformer_lens.config); plain RoPE (TransformerLens' NTK-by-parts
         and sliding-window fields are refused there, so neither reaches here)."""
         if cls is not LlamaConfig or tl["use_qk_norm"]:
             return None, None  # Mistral without a window is this same Llama; with q/k norms it is Qwen3
@@ -233,7 +232,7 @@ class Llama(HookedTransformer):
     config_class = LlamaConfig
     architectures = ("LlamaForCausalLM", "llama")
     family: ClassVar[str] = "llama"
-    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.aliases); Llama 1's names are local paths there
+    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.transformer_lens.aliases); Llama 1's names are local paths there
     transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
         "codellama/CodeLlama-7b-hf": ("CodeLlamallama-2-7b",),
         "codellama/CodeLlama-7b-Instruct-hf": ("CodeLlama-7b-instruct",),
@@ -315,7 +314,7 @@ class Mistral(Llama):
     config_class = MistralConfig
     architectures = ("MistralForCausalLM", "mistral")
     family: ClassVar[str] = "mistral"
-    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.aliases)
+    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.transformer_lens.aliases)
     transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
         "mistralai/Mistral-7B-Instruct-v0.1": ("mistral-7b-instruct",),
         "mistralai/Mistral-7B-v0.1": ("mistral-7b",),

@@ -71,7 +71,7 @@ class MixtralConfig(MistralConfig):
     def is_sparse(self, layer: int) -> bool:
         return True  # every Mixtral block routes
 
-    # HookedTransformer(cfg) builds no Mixtral: hooked.tl_config refuses TransformerLens' num_experts, and the
+    # HookedTransformer(cfg) builds no Mixtral: hooked.transformer_lens.config refuses TransformerLens' num_experts, and the
     # inherited from_transformer_lens answers (None, None) for every subclass of LlamaConfig.
     transformer_lens_shape = None
 
@@ -122,7 +122,7 @@ class Mixtral(Mistral):
     config_class = MixtralConfig
     architectures = ("MixtralForCausalLM", "mixtral")
     family: ClassVar[str] = "mixtral"
-    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.aliases)
+    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.transformer_lens.aliases)
     transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
         "mistralai/Mixtral-8x7B-Instruct-v0.1": ("mixtral-instruct", "mixtral-8x7b-instruct"),
         "mistralai/Mixtral-8x7B-v0.1": ("mixtral", "mixtral-8x7b"),

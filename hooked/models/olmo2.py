@@ -35,11 +35,10 @@ from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
-from hooked.layers import AttentionMask, GatedMLP, RMSNorm, Split, mlp_input
+from hooked.layers import AttentionMask, GatedMLP, Projection, RMSNorm, Split, mlp_input
 from hooked.models.base import HookedTransformer
 from hooked.models.config import ModelConfig
 from hooked.models.qwen3 import Qwen3, Qwen3Attention, RotaryRMSNames
-from hooked.processing import Projection
 from hooked.rotary import RotaryEmbedding
 
 _NO_PRE_NORM = ("OLMo 2 has no norm before attention or the MLP: its ln1 / ln2 normalise each sublayer's output"
@@ -309,7 +308,7 @@ class Olmo2(HookedTransformer):
     config_class = Olmo2Config
     architectures = ("Olmo2ForCausalLM", "olmo2")
     family: ClassVar[str] = "olmo2"
-    # TransformerLens 3.9's official names (supported_models.py) of OLMo 2 checkpoints -> its aliases (hooked.aliases)
+    # TransformerLens 3.9's official names (supported_models.py) of OLMo 2 checkpoints -> its aliases (hooked.transformer_lens.aliases)
     transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
         "allenai/OLMo-2-0425-1B": ("olmo-2-1b",),
         "allenai/OLMo-2-1124-7B": ("olmo-2-7b",),

@@ -24,11 +24,10 @@ from torch import Tensor, nn
 from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
-from hooked.layers import AttentionMask, GatedMLP, RMSNorm, Split, add_bias, attend, attention_input, mlp_input, writable
+from hooked.layers import AttentionMask, GatedMLP, Projection, RMSNorm, Split, add_bias, attend, attention_input, mlp_input, writable
 from hooked.rotary import RotaryEmbedding, YarnScaling, apply_rotary
 from hooked.models.base import HookedTransformer
 from hooked.models.config import ModelConfig
-from hooked.processing import Projection
 
 
 class RotaryRMSNames:
@@ -122,7 +121,7 @@ class Qwen3Config(RotaryRMSNames, ModelConfig):
 def rms_rotary_fields(tl: dict, family: str, qk_norm: bool) -> tuple[dict | None, list[str] | None]:
     """TransformerLens' fields for an RMSNorm, rotary, SiLU-gated model (Qwen3 with per-head q/k norms, Llama
     without) as this module's config fields: (fields, []), (None, problems naming each field) when the shape is
-    RMS + rotary but something differs, (None, None) for another shape (hooked.tl_config)."""
+    RMS + rotary but something differs, (None, None) for another shape (hooked.transformer_lens.config)."""
     if (tl["normalization_type"], tl["positional_embedding_type"]) != ("RMS", "rotary"):
         return None, None
     d_head, rotary_dim = tl["d_head"], tl["rotary_dim"]
@@ -316,7 +315,7 @@ class Qwen3Attention(nn.Module):
         plan["o_proj.weight"] = Split("heads", 1, self.d_head, reduce=True)
         return plan
 
-    # For weight processing (hooked.processing): nn.Linear weights are [out, in], d_model the last axis of a reader.
+    # For weight processing (hooked.transformer_lens.processing): nn.Linear weights are [out, in], d_model the last axis of a reader.
     def residual_readers(self) -> tuple[Projection, ...]:
         return tuple(Projection(linear.weight, 1, linear.bias) for linear in (self.q_proj, self.k_proj, self.v_proj))
 
@@ -387,7 +386,7 @@ class Qwen3(HookedTransformer):
     """Qwen3 dense with TransformerLens hook names. Load with `hooked.load("Qwen/Qwen3-0.6B")`."""
 
     family = "qwen3"
-    # TransformerLens 3.9's official names (supported_models.py) of Qwen3 checkpoints -> its aliases (hooked.aliases)
+    # TransformerLens 3.9's official names (supported_models.py) of Qwen3 checkpoints -> its aliases (hooked.transformer_lens.aliases)
     transformer_lens_names = {f"Qwen/Qwen3-{size}": (f"qwen3-{size.lower()}",) for size in ("0.6B", "0.6B-Base", "1.7B", "4B", "8B", "14B")}
     random_sizes = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
 

@@ -34,11 +34,9 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from hooked.ablate import all_experts_removed
 from hooked.hooks import HookPoint
-from hooked.layers import GatedMLP, Split
+from hooked.layers import GatedMLP, Projection, Split, all_experts_removed
 from hooked.models.qwen3 import Qwen3, Qwen3Block, Qwen3Config
-from hooked.processing import Projection
 
 
 @dataclass(kw_only=True)
@@ -217,7 +215,7 @@ class Qwen3MoeSparseMLP(nn.Module):
             results = self.parallel.all_reduce(results)
         return results.view(*expert_indices.shape[:-1], self.n_experts, -1)
 
-    # For weight processing (hooked.processing): the router and every expert read ln2's output.
+    # For weight processing (hooked.transformer_lens.processing): the router and every expert read ln2's output.
     def residual_readers(self) -> tuple[Projection, ...]:
         return (Projection(self.gate.weight, 1), Projection(self.experts.gate_up_proj, 2))
 

@@ -31,8 +31,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from hooked import aliases
-from hooked.processing import FLAGS, check_flags, process_weights, unprocessed
+from hooked.transformer_lens import aliases
+from hooked.transformer_lens.processing import FLAGS, check_flags, process_weights, unprocessed
+from hooked.distributed import Parallel, parallelize
 from hooked.tokenizer import HookedTokenizer
 
 _HUB_PATTERNS = [
@@ -112,7 +113,7 @@ def resolve(name_or_path: str | Path, config_only: bool = False) -> Path:
 
 def hub_name_for(name_or_path: str | Path) -> str:
     """The hub id to download for a name that is not a local directory: TransformerLens' official name
-    for one of its names or aliases (`"gpt2-small"` -> `"gpt2"`; hooked.aliases), else the name itself."""
+    for one of its names or aliases (`"gpt2-small"` -> `"gpt2"`; hooked.transformer_lens.aliases), else the name itself."""
     return aliases.hub_id(str(name_or_path)) or str(name_or_path)
 
 
@@ -189,7 +190,7 @@ def load_model(name_or_path: str | Path, dtype: torch.dtype | str = torch.float3
                model_class=None, tp: int | None = None, timeout: float | None = None, processing: dict | None = None):
     """Build the model a checkpoint describes and fill it from its safetensors files.
 
-    `processing` (flag -> bool, `hooked.processing.FLAGS`) processes the weights in place once read, as
+    `processing` (flag -> bool, `hooked.transformer_lens.processing.FLAGS`) processes the weights in place once read, as
     TransformerLens' `from_pretrained` does; refused, before anything is read, under tensor parallelism.
     With `tp` (under torchrun), this process builds and reads only its shard (hooked.distributed);
     the ranks of a group agree at the end, so either every rank has its shard or every rank raises.
@@ -206,8 +207,6 @@ def load_model(name_or_path: str | Path, dtype: torch.dtype | str = torch.float3
         )
     if tp is None:
         return _load(name_or_path, dtype, device, model_class, processing=processing)
-    from hooked.distributed import Parallel
-
     parallel = Parallel.create(tp, timeout)
     model, error = None, None
     try:
@@ -231,8 +230,6 @@ def _load(name_or_path, dtype, device, model_class, parallel=None, processing=No
     check_flags(model, processing)  # a refused combination (a rotary model's refactoring) fails before any read
     plan = None
     if parallel is not None:
-        from hooked.distributed import parallelize
-
         model.parallel = parallel
         plan = parallelize(model, parallel) if parallel.tp_size > 1 else None
     state = read_state_dict(directory, model, dtype, torch.device(device), plan)
@@ -597,3 +594,24 @@ class SafetensorsFile:
             if self.file.readinto(view) != len(view):
                 raise self._error(f"tensor {key} ends early")
             flat[start:start + count].copy_(torch.frombuffer(buffer, dtype=source_dtype, count=count))
+
+
+def shard_bytes(config: dict | str, tp: int, dtype: torch.dtype = torch.bfloat16) -> list[dict[str, int]]:
+    """The bytes of parameters each rank of a `tp` group would hold for a checkpoint (its config.json
+    dict, a directory or a hub id; only config.json is read): per rank, "split" (parameters cut by
+    the plan, including key/value heads held by several ranks), "replicated" (held whole by every
+    rank) and "total". Built on the meta device: no memory, no process group. docs/scaling.md uses it.
+    """
+    if not isinstance(config, dict):
+        config = read_config(resolve(config, config_only=True))
+    model_class = architecture_for(config)
+    itemsize = dtype.itemsize
+    sizes = []
+    for rank in range(tp):
+        model = build_on_meta(model_class, config)
+        plan = parallelize(model, Parallel(tp, rank, list(range(tp)), None, 1, 0, None))
+        parameters = dict(model.named_parameters())
+        split = sum(parameters[name].numel() for name in plan) * itemsize
+        total = sum(p.numel() for p in parameters.values()) * itemsize
+        sizes.append({"split": split, "replicated": total - split, "total": total})
+    return sizes

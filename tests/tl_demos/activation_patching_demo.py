@@ -57,7 +57,7 @@ from hooked import HookedTransformer, HookedTransformerConfig, FactoredMatrix, A
 torch.set_grad_enabled(False)
 
 # %% cell 12
-from hooked import tl_patching as patching  # transformer_lens: import transformer_lens.patching as patching
+from hooked import patching  # transformer_lens: import transformer_lens.patching as patching
 
 # %% cell 14
 model = demo_model("gpt2-small")

@@ -37,20 +37,18 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from hooked.version import __version__
 from hooked.hooks import EMBED_STAGE, HookFn, HookPoint, NameFilter
 from hooked.rows import Rows, current_rows, running_rows
 from hooked.layers import AttentionMask, position_ids_for
-from hooked.positions import last_real
-from hooked.results import SweepResult, variant_names
+from hooked.interventions.positions import last_real
+from hooked.interventions.row_blocks import OnRows, Prompts, VariantError, registered_hooks  # noqa: F401  (VariantError: its old path)
+from hooked.interventions.results import SweepResult, variant_names
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
 Variants = Mapping[str, Sequence[tuple[NameFilter, HookFn]]]
-
-
-class VariantError(RuntimeError):
-    """A callback raised inside a sweep; the message names the variant and the hook."""
 
 
 # ----------------------------------------------------------------------------- stages
@@ -64,78 +62,6 @@ def run_stage(model: "HookedTransformer", stage: int, resid: Tensor, inputs: tup
     """Compute one stage (0 .. 2 * n_layers - 1) on the residual stream."""
     block = model.blocks[stage // 2]
     return block.attn_half(resid, *inputs) if stage % 2 == 0 else block.mlp_half(resid)
-
-
-@dataclass(frozen=True)
-class Prompts:
-    """The B prompts every variant runs on."""
-
-    tokens: Tensor  # [B pos]
-    position_ids: Tensor  # [B pos]
-    key_valid: Tensor | None  # [B pos] or None when unpadded
-
-    def repeated(self, copies: int) -> tuple[Tensor, Rows, AttentionMask]:
-        """Tokens, rows and mask of `copies` blocks of these prompts, one after another."""
-        position_ids = self.position_ids.repeat(copies, 1)
-        key_valid = None if self.key_valid is None else self.key_valid.repeat(copies, 1)
-        pos = self.tokens.shape[1]
-        return self.tokens.repeat(copies, 1), Rows(position_ids, key_valid), AttentionMask(key_valid, pos, pos)
-
-
-# ----------------------------------------------------------------------------- callbacks on rows
-class RowsView:
-    """What a callback inside a sweep receives as `hook`: the point, cut to the variant's rows."""
-
-    def __init__(self, point: HookPoint, rows: slice):
-        self._point, self._rows = point, rows
-
-    def __getattr__(self, name: str):  # name, axes, ctx, layer(), has_hooks ... as the point's
-        return getattr(self._point, name)
-
-    @property
-    def rows(self) -> Rows:
-        return current_rows().select(self._rows)
-
-    @property
-    def position_ids(self) -> Tensor:
-        return current_rows().position_ids[self._rows]
-
-    @property
-    def attention_mask(self) -> Tensor | None:
-        mask = current_rows().attention_mask
-        return None if mask is None else mask[self._rows]
-
-    @property
-    def slot_experts(self) -> Tensor | None:
-        slots = self._point.slot_experts
-        return None if slots is None else slots[self._rows]
-
-    def __repr__(self) -> str:
-        return f"RowsView({self._point.name!r}, rows {self._rows.start}:{self._rows.stop})"
-
-
-@dataclass
-class OnRows:
-    """A variant's callback, applied to its block of rows only."""
-
-    fn: HookFn
-    rows: slice
-    variant: str
-
-    def __call__(self, activation: Tensor, hook: HookPoint) -> None:
-        part = activation[self.rows]  # a view: in-place edits by fn land in these rows
-        try:
-            result = self.fn(part, RowsView(hook, self.rows))
-        except Exception as error:
-            raise VariantError(f"sweep variant {self.variant!r}, hook {hook.name}: {type(error).__name__}: {error}") from error
-        if result is not None and result is not part:
-            if not isinstance(result, Tensor) or result.shape != part.shape:
-                shape = tuple(result.shape) if isinstance(result, Tensor) else type(result).__name__
-                raise VariantError(
-                    f"sweep variant {self.variant!r}, hook {hook.name}: the callback returned {shape}, but its rows"
-                    f" have shape {tuple(part.shape)}; a replacement must keep the shape"
-                )
-            activation[self.rows] = result
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -161,7 +87,7 @@ def sweep(
 ) -> SweepResult:
     """Run every variant (a list of (hook name, callback) pairs) on the prompts; one number per prompt each.
 
-    `input` is token ids [batch pos] or prompts; `metric` a `hooked.metrics` metric (or any callable
+    `input` is token ids [batch pos] or prompts; `metric` a `hooked.interventions.metrics` metric (or any callable
     `metric(logits, base_logits=..., attention_mask=...) -> [batch]`). Rows are chunked to `max_rows`,
     or to `max_bytes` of activations (default: a quarter of the model's weights, at least 256 MiB).
     `progress` shows a bar over chunks (default: when there is more than one). `task` is recorded in the
@@ -262,16 +188,6 @@ def _sum_across(group, values: Tensor, device: torch.device) -> Tensor:
     on_device = values.to(device)  # NCCL reduces CUDA tensors only
     dist.all_reduce(on_device, group=group)
     return on_device.cpu()
-
-
-def registered_hooks(model: "HookedTransformer", caller: str) -> None:
-    """Refuse to run variants while outside hooks are registered: they would apply to every row."""
-    registered = [name for name, point in model.hook_dict.items() if point.listening]
-    if registered:
-        raise RuntimeError(
-            f"{caller} runs the model without outside hooks, but hooks are registered at {registered[:3]};"
-            " remove them (model.reset_hooks()) or add them to every variant"
-        )
 
 
 def plan_variants(model: "HookedTransformer", variants: Variants, shape: torch.Size) -> list[_Variant]:
@@ -454,21 +370,19 @@ def _progress(n_chunks: int, n_variants: int, progress: bool | None):
 
 
 def sweep_provenance(model, planned: list[_Variant], metric, task, tokens: Tensor) -> dict:
-    import hooked
-
     cfg = model.cfg
     task_info = task.to_dict() if hasattr(task, "to_dict") else (repr(task) if task is not None else None)
     return {
         "model": getattr(model, "name_or_path", None) or type(model).__name__,
         "architecture": type(model).__name__,
         "config": {k: v for k, v in vars(cfg).items() if isinstance(v, (int, float, str, bool, type(None)))},
-        "processing": dict(getattr(model, "processing", {})),  # TransformerLens' weight processing (hooked.processing)
+        "processing": dict(getattr(model, "processing", {})),  # TransformerLens' weight processing (hooked.transformer_lens.processing)
         "dtype": str(model.dtype).removeprefix("torch."),
         "device": str(model.device),
         "metric": repr(metric),
         "task": task_info,
         "prompts": list(tokens.shape),
-        "hooked_version": hooked.__version__,
+        "hooked_version": __version__,
         "torch_version": torch.__version__,
         "variants": {v.name: [f"{name}: {fn!r}" for name, fn in v.hooks] for v in planned},
     }

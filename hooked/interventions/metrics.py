@@ -34,7 +34,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from hooked.positions import last_real
+from hooked.interventions.positions import last_real
 
 Answers = Union[Sequence[str], Sequence[int], Int[Tensor, " batch"]]
 

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hooked.models.transformer_lens import TRANSFORMER_LENS_GENERATE
+from hooked.transformer_lens.model import TRANSFORMER_LENS_GENERATE
 from hooked.layers import Conv1D
 from hooked.models.config import ModelConfig
 

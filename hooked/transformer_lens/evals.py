@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hooked.utils import lm_cross_entropy_loss
+from hooked.models.base import lm_cross_entropy_loss
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -94,7 +94,7 @@ def evaluate(model: "HookedTransformer", truncate: int = 100, batch_size: int = 
     the Pile and a code set here; hooked does not: pass `data_loaders={"wiki": loader, ...}`."""
     if not data_loaders:
         raise ValueError(
-            "hooked.evals.evaluate does not download TransformerLens' evaluation sets (wikitext, OpenWebText,"
+            "hooked.transformer_lens.evals.evaluate does not download TransformerLens' evaluation sets (wikitext, OpenWebText,"
             " the Pile, code); pass data_loaders={'wiki': loader, ...}, each yielding {'tokens': [batch pos]}"
         )
     losses = {}
@@ -194,7 +194,7 @@ def mmlu_eval(model: "HookedTransformer", tokenizer=None, subjects: str | list[s
     here pass `data` (dicts with "question", "choices", "answer" (0-3), "subject"); `subjects` and
     `num_samples` then select from it (`split` is the caller's, when they built `data`)."""
     if data is None:
-        raise ValueError("hooked.evals.mmlu_eval does not download cais/mmlu; pass data=[{'question', 'choices',"
+        raise ValueError("hooked.transformer_lens.evals.mmlu_eval does not download cais/mmlu; pass data=[{'question', 'choices',"
                          " 'answer', 'subject'}, ...] (what TransformerLens' make_mmlu_data_loader returns)")
     tokenizer = model.tokenizer if tokenizer is None else tokenizer
     wanted = None if subjects is None else {subjects} if isinstance(subjects, str) else set(subjects)

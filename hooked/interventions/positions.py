@@ -8,7 +8,7 @@ A position counts a prompt's own tokens (BOS included) from 0, or back from its 
 so padding, left or right, never shifts it (`positions=-1` is each prompt's last real token, also in a
 right-padded batch, where the last column is padding for the shorter prompts). A position some prompt
 does not have raises, naming the prompt lengths.
-`hooked.ablate`, `hooked.patch` and the position-aware edges of `hooked.circuits` share these rules.
+`hooked.interventions.ablate`, `hooked.interventions.patch` and the position-aware edges of `hooked.circuits` share these rules.
 """
 
 from __future__ import annotations

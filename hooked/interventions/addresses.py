@@ -11,7 +11,7 @@
 | `L3.E5.N12` | `blocks.3.mlp.hook_expert_post` | `experts=5, neurons=12` |
 
 Each optionally ends in `@pos` (`L9H9@-1`: `positions=-1`); layers may be negative, letters any case.
-`hooked.ablate.hooks` and `hooked.patch.hooks` turn addresses into callbacks.
+`hooked.interventions.ablate.hooks` and `hooked.interventions.patch.hooks` turn addresses into callbacks.
 
 One name means one head. `H` is a query head; where key/value heads are grouped (fewer than the query
 heads, Qwen3's grouped-query attention) a key/value head is `KV`: `L3KV1` is shared by query heads

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from hooked.cache import Slice
 from hooked.cache import act_name as get_act_name
+from hooked.models.base import lm_cross_entropy_loss
 
 __all__ = ["Slice", "get_act_name", "get_attention_mask", "get_corner", "get_device", "lm_accuracy", "lm_cross_entropy_loss",
            "test_prompt", "to_numpy"]
@@ -56,31 +57,6 @@ def get_attention_mask(tokenizer, tokens: Int[Tensor, "batch pos"], prepend_bos:
     """
     mask = tokenizer.mask_for(tokens, prepend_bos, strict=False, padding_side=padding_side)
     return torch.ones_like(tokens) if mask is None else mask.to(tokens.dtype)
-
-
-def lm_cross_entropy_loss(
-    logits: Float[Tensor, "batch pos d_vocab"],
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Tensor | None = None,
-    per_token: bool = False,
-) -> Tensor:
-    """Next-token cross-entropy: the mean over predicted positions, or [batch pos-1] with `per_token`.
-
-    With `attention_mask`, positions whose token or next token is padding count as 0 and are left
-    out of the mean, as TransformerLens does.
-    """
-    log_probs = F.log_softmax(logits, dim=-1)
-    predicted = log_probs[..., :-1, :].gather(-1, tokens[..., 1:, None])[..., 0]  # [batch pos-1]
-    if attention_mask is not None:
-        if attention_mask.shape != tokens.shape:
-            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the tokens have {tuple(tokens.shape)}")
-        attention_mask = attention_mask.bool()
-        next_token_mask = attention_mask[:, :-1] & attention_mask[:, 1:]
-        predicted = predicted.masked_fill(~next_token_mask, 0.0)
-        n_tokens = next_token_mask.sum().item()
-    else:
-        n_tokens = predicted.numel()
-    return -predicted if per_token else -predicted.sum() / n_tokens
 
 
 def lm_accuracy(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], per_token: bool = False) -> Tensor:

@@ -24,7 +24,7 @@ Token positions depend on the tokenizer, so a task knows them only for a model:
 `ioi(8, model=model)` (or `task.with_positions(model)`) fills `task.positions["IO"]`, `["S1"]`,
 `["S2"]` and `["END"]`, each a LongTensor [batch] of positions in the clean prompt as that model
 tokenizes it (0 is the first token, BOS included when the model prepends one; END is the last
-token). They plug straight into `positions=` of `hooked.ablate` and `hooked.patch` (one position per
+token). They plug straight into `positions=` of `hooked.interventions.ablate` and `hooked.interventions.patch` (one position per
 prompt). They come from the character spans of the name slots, recorded at generation in
 `params["per_prompt"]["spans"]`: a name's position is its first token (the one holding its first
 character, e.g. " John" with its space). With the "swap" corruption the corrupt prompt has the same
@@ -195,7 +195,7 @@ class Task:
         Each recorded slot (`params["per_prompt"]["spans"]`: IO, S1, S2 for `ioi`) maps to the token
         holding its first character (a name of several tokens: its first token); END is each prompt's
         last token. Positions count from 0 and include the BOS token when the model prepends one
-        (`prepend_bos`, as in `model.to_tokens`), so they match the positions `hooked.ablate` uses.
+        (`prepend_bos`, as in `model.to_tokens`), so they match the positions `hooked.interventions.ablate` uses.
         """
         tokenizer = getattr(model, "tokenizer", None)
         if tokenizer is None:

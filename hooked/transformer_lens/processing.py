@@ -35,25 +35,13 @@ axis, its bias), an attention module its stored `value_bias`, and the model its 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from hooked.layers import Projection  # noqa: F401  (declared by the layers, read here)
+
 FLAGS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases", "refactor_factored_attn_matrices")
-
-
-@dataclass(frozen=True)
-class Projection:
-    """A weight that reads the residual stream (after a norm) or writes to it, as processing sees it.
-
-    `axis` is the weight's d_model axis. `bias` is the output's bias, or None where there is none: for a
-    reader the weight's shape without that axis, for a writer [d_model].
-    """
-
-    weight: Tensor
-    axis: int
-    bias: Tensor | None = None
 
 
 def unprocessed() -> dict[str, bool]:
@@ -77,7 +65,7 @@ def process_weights(
     `fold_ln`). Activations keep their meaning; see docs/transformer-lens.md for which hook values change.
 
         model = hooked.load("gpt2")
-        hooked.processing.process_weights(model)   # = HookedTransformer.from_pretrained("gpt2")
+        hooked.transformer_lens.processing.process_weights(model)   # = HookedTransformer.from_pretrained("gpt2")
     """
     flags = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
                  fold_value_biases=fold_value_biases, refactor_factored_attn_matrices=refactor_factored_attn_matrices)

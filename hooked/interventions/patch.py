@@ -9,7 +9,7 @@
 
 **Activation patching** (a sufficiency test) runs the *corrupt* input and writes the *clean* run's
 activation into one component: if the metric recovers, that component carries what the clean input
-changes. It is resampling from a paired source, so a patch is `hooked.ablate.Resample` under another
+changes. It is resampling from a paired source, so a patch is `hooked.interventions.ablate.Resample` under another
 name (`patch(source=<cache of 8 prompts>, heads=[9])`), with the same selectors, checks and padding
 rules. The sweeps run every layer x head (or layer x position) patch through `hooked.sweep`: the
 corrupt run is the base, computed once, and each patch joins the batch at its first block.
@@ -25,7 +25,7 @@ the sweep's patch of the same name (the same `Patch` object builds it), so the t
 name for name. Prompts are independent rows of the batch, so the gradient of the *sum* of the
 per-prompt metric gives each prompt its own gradient, and the estimate is per prompt.
 
-Positions are positions in each prompt (as everywhere in `hooked.ablate`), not padded columns. By
+Positions are positions in each prompt (as everywhere in `hooked.interventions.ablate`), not padded columns. By
 default a layer x position grid covers every position of an unpadded batch (0 .. pos-1), and, for a
 padded batch (left or right), the positions every prompt has, counted from the end (-n .. -1, n the
 shortest prompt's length), so the last one is always each prompt's last token. One position per prompt (a
@@ -50,14 +50,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from hooked import ablate
-from hooked.ablate import Reference, Resample, Selector, is_tokens
-from hooked.addresses import head_names
-from hooked.positions import PerPrompt, Positions, as_ints, as_positions, positions_record
+from hooked.interventions import ablate
+from hooked.interventions.ablate import Reference, Resample, Selector, is_tokens
+from hooked.interventions.addresses import head_names
+from hooked.interventions.positions import PerPrompt, Positions, as_ints, as_positions, positions_record
 from hooked.cache import ActivationCache, act_name
 from hooked.hooks import HookFn, HookPoint
-from hooked.results import SweepResult, variant_names
-from hooked.sweeps import metric_values, plan_variants, sweep, sweep_provenance
+from hooked.interventions.results import SweepResult, variant_names
+from hooked.interventions.sweeps import metric_values, plan_variants, sweep, sweep_provenance
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -96,7 +96,7 @@ def activation(
     `model.run_with_hooks(corrupt, fwd_hooks=[("blocks.9.attn.hook_z", patch.activation(clean_cache, heads=9))])`
 
     `source` is an ActivationCache of prompts of the same count and token lengths as the input (the
-    clean prompts of a task), or those prompts / tokens with `model=`. Selectors as in `hooked.ablate`.
+    clean prompts of a task), or those prompts / tokens with `model=`. Selectors as in `hooked.interventions.ablate`.
     """
     return Patch(heads=heads, neurons=neurons, experts=experts, positions=positions, reference=source, model=model)
 
@@ -132,7 +132,7 @@ def head_sweep(
     `patch.head_sweep(model, corrupt_tokens, clean_cache, metric).heatmap("heads.png")`
 
     `hook` is the point patched: z (default), q, k, v, pattern or result. On a grouped-query model k and
-    v have one slot per key/value head, and their variants are `L{layer}KV{g}` (see hooked/addresses.py):
+    v have one slot per key/value head, and their variants are `L{layer}KV{g}` (see hooked/interventions/addresses.py):
     `L0KV1` patches what query heads 2 and 3 of 4 share, never to be read as head 1. `positions`
     restricts each patch to those positions in the prompt (default: all; a 1-D tensor such as
     `task.positions["S2"]`: one position per prompt). `clean` is a cache of

@@ -1,6 +1,6 @@
 """TransformerLens 3.9's `patching` module under its names, run as `hooked.sweep`s.
 
-    from hooked import tl_patching as patching        # was: from transformer_lens import patching
+    from hooked import patching                       # was: from transformer_lens import patching
     _, clean_cache = model.run_with_cache(clean_tokens)
     def metric(logits):                                  # TransformerLens' contract: logits -> a scalar
         return (logits[:, -1, answer] - logits[:, -1, wrong]).mean()
@@ -36,7 +36,7 @@ from torch import Tensor
 
 from hooked.cache import ActivationCache, act_name
 from hooked.hooks import HookPoint
-from hooked.sweeps import sweep
+from hooked.interventions.sweeps import sweep
 
 if TYPE_CHECKING:
     import pandas as pd

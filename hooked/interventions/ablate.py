@@ -29,7 +29,7 @@ only, pooled over every prompt and position (default) or per position in the pro
 or tokens of the same shape), or, with `seed=`, the value of another row of the same batch, chosen by
 a seeded derangement (no row keeps its own). See docs/ablation.md for when each is the right question.
 
-Component addresses (`ablate.hooks`, `hooked.sweep`; parsed in `hooked/addresses.py`): `L9H9` (a
+Component addresses (`ablate.hooks`, `hooked.sweep`; parsed in `hooked/interventions/addresses.py`): `L9H9` (a
 head's z; `L9H9.q`, `.k`, `.v` its query, key, value), `L3KV1.k` / `.v` (the keys / values of a
 key/value head a group of query heads shares, on grouped-query models), `L9.attn` (the attention
 output), `L8.mlp` (the MLP output), `L8.N1234` (a neuron), `L3.E5` (an expert), `L3.E5.N12` (a neuron
@@ -46,10 +46,11 @@ from typing import TYPE_CHECKING, Literal, Union
 import torch
 from torch import Tensor
 
-from hooked.addresses import ADDRESS_FORMS, Component, components, parse_address  # noqa: F401  (part of hooked.ablate)
+from hooked.interventions.addresses import ADDRESS_FORMS, Component, components, parse_address  # noqa: F401  (part of hooked.interventions.ablate)
 from hooked.cache import ActivationCache
 from hooked.hooks import HookFn, HookPoint
-from hooked.positions import PerPrompt, Positions, as_ints, as_positions, per_prompt, positions_mask  # noqa: F401  (per_prompt, PerPrompt: part of hooked.ablate)
+from hooked.layers import all_experts_removed
+from hooked.interventions.positions import PerPrompt, Positions, as_ints, as_positions, per_prompt, positions_mask  # noqa: F401  (per_prompt, PerPrompt: part of hooked.interventions.ablate)
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -225,14 +226,6 @@ class Zero(Ablation):
             n_experts = model.axis_sizes()["n_experts"]
             if len({expert % n_experts for expert in self.experts}) == n_experts:
                 raise ValueError(all_experts_removed(point.name, n_experts))
-
-
-def all_experts_removed(point: str, n_experts: int) -> str:
-    """Why routing cannot run with every expert's router logit at -inf (the softmax would be 0 / 0)."""
-    layer = point.split(".")[1] if point.startswith("blocks.") else "{layer}"
-    return (f"{point}: every one of the layer's {n_experts} experts is ablated at the router (-inf), which leaves no"
-            " expert to route to (the softmax would be 0 / 0 and the MLP output NaN). To remove the whole MoE"
-            f" layer, zero its output instead: the address 'L{layer}.mlp', or blocks.{layer}.hook_mlp_out")
 
 
 def zero(heads: Selector = None, neurons: Selector = None, positions: Positions = None, experts: Selector = None) -> Zero:

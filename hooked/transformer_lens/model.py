@@ -1,0 +1,332 @@
+"""TransformerLens' `HookedTransformer` face of every hooked model, mixed into `hooked.models.base.HookedTransformer`.
+
+- `HookedTransformer(cfg)` with TransformerLens' config builds the family model it describes
+  (`BuildsFromConfig`, hooked/transformer_lens/config.py); every family class constructs as usual.
+- Loading and switches (`TransformerLensMethods`): `from_pretrained` (processed, as TransformerLens'
+  default), `from_pretrained_no_processing`, `process_weights_` and the `set_use_*` switches.
+- Weight views (`WeightStacks`): `model.embed.W_E`, `model.pos_embed.W_pos`, `model.unembed.W_U`, the
+  `[n_layers ...]` stacks (`model.W_Q`, ..., `model.OV`, `model.QK`) and the unembedding read-outs. Every
+  view is read from the model's own parameters on each access, so it shows the weights the model computes
+  with (processed only where the model was: hooked/transformer_lens/processing.py).
+
+hooked/models/base.py imports this module and no other of this folder: the model's TransformerLens face is
+written here, with the rest of the compatibility layer, and the models never reach further into it
+(tests/test_architecture_declarations.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+
+from hooked.factored import ov_circuit, qk_circuit
+from hooked.tokenizer import HookedTokenizer
+from hooked.transformer_lens.processing import process_weights, unprocessed  # noqa: F401  (unprocessed: the model's record)
+
+if TYPE_CHECKING:
+    from hooked.models.base import HookedTransformer
+
+
+class BuildsFromConfig(type):
+    """`HookedTransformer(cfg)` as in TransformerLens: the base class (no `config_class` of its own) called with a
+    config builds the family model it describes (hooked/transformer_lens/config.py); every family constructs
+    as usual."""
+
+    def __call__(cls, *args, **kwargs):
+        if getattr(cls, "config_class", None) is None:
+            from hooked.transformer_lens.config import build_model
+
+            return build_model(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+# TransformerLens 3.9's HookedTransformer.generate defaults, taken by a model built the TransformerLens way.
+TRANSFORMER_LENS_GENERATE = {"do_sample": True, "verbose": True}
+
+
+class TransformerLensMethods:
+    # ----------------------------------------------------------------- loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        fold_ln: bool = True,
+        center_writing_weights: bool = True,
+        center_unembed: bool = True,
+        refactor_factored_attn_matrices: bool = False,
+        checkpoint_index: int | None = None,
+        checkpoint_value: int | None = None,
+        hf_model=None,
+        device: torch.device | str | None = None,
+        n_devices: int = 1,
+        tokenizer=None,
+        move_to_device: bool = True,
+        fold_value_biases: bool = True,
+        default_prepend_bos: bool | None = None,
+        default_padding_side: str = "left",
+        dtype: torch.dtype | str = torch.float32,
+        first_n_layers: int | None = None,
+        **from_pretrained_kwargs,
+    ) -> "HookedTransformer":
+        """Load from a local directory, a hub id or a TransformerLens model name, processed as TransformerLens does.
+
+        Takes TransformerLens 3.9's keyword arguments with its defaults: the norms are folded into the
+        next weights, the writing weights and the unembedding centred, the value biases folded
+        (`hooked.transformer_lens.processing`; `from_pretrained_no_processing` or `hooked.load` keep the checkpoint's own
+        weights). Every other argument is either honoured or refused; none is ignored. On the base class
+        the architecture is read from config.json, as `hooked.load`.
+
+            model = hooked.HookedTransformer.from_pretrained("gpt2-small")   # hub id "gpt2"
+        """
+        from hooked.weights import load_model
+
+        refused = {"checkpoint_index": checkpoint_index, "checkpoint_value": checkpoint_value, "hf_model": hf_model,
+                   "tokenizer": tokenizer, "first_n_layers": first_n_layers}
+        refused = [name for name, value in refused.items() if value is not None]
+        if n_devices != 1:
+            refused.append("n_devices")
+        if not move_to_device:
+            refused.append("move_to_device=False")
+        refused += list(from_pretrained_kwargs)
+        if refused:
+            raise ValueError(
+                f"hooked.HookedTransformer.from_pretrained does not support {', '.join(refused)}; it reads the"
+                " checkpoint's own safetensors and tokenizer files onto one device (see docs/hooks.md)"
+                + ("; to split a model over several devices, run under torchrun and load it with hooked.load(path,"
+                   " tp=N) (docs/scaling.md)" if n_devices != 1 else "")
+            )
+        HookedTokenizer._check_padding_side(default_padding_side)
+        model_class = cls if getattr(cls, "config_class", None) is not None else None  # None: read config.json
+        processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                          fold_value_biases=fold_value_biases,
+                          refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+        model = load_model(name_or_path, dtype=dtype, device=device or "cpu", model_class=model_class, processing=processing)
+        if default_prepend_bos is not None:
+            model.cfg.default_prepend_bos = default_prepend_bos
+        if model.tokenizer is not None:
+            model.tokenizer.padding_side = default_padding_side
+        model.generate_defaults = dict(TRANSFORMER_LENS_GENERATE)
+        return model
+
+    @classmethod
+    def from_pretrained_no_processing(cls, name_or_path: str | Path, **kwargs) -> "HookedTransformer":
+        """TransformerLens' unprocessed load: `from_pretrained` with every processing flag False (the
+        checkpoint's own weights, as `hooked.load` gives them)."""
+        for name in ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
+                     "refactor_factored_attn_matrices"):
+            kwargs.setdefault(name, False)
+        return cls.from_pretrained(name_or_path, **kwargs)
+
+    def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
+                         refactor_factored_attn_matrices: bool = False, fold_value_biases: bool = True) -> None:
+        """Process this model's weights in place, as TransformerLens' `process_weights_` (its defaults; value
+        biases are folded there too). See `hooked.transformer_lens.processing.process_weights`; refused on a processed model."""
+        process_weights(self, fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                        fold_value_biases=fold_value_biases, refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+
+    # TransformerLens' switches. Each is answered: a no-op where hooked already behaves so, an error
+    # naming the hooked way where it has no such hook point.
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """TransformerLens' switch for `blocks.{i}.attn.hook_result` ([batch pos head_index d_model]).
+
+        The point always exists and is computed whenever a hook listens to it; the switch decides only
+        whether `run_with_cache()` without a names_filter keeps it (off by default, as TransformerLens':
+        it is n_heads copies of the residual stream per layer, and `cache.stack_head_results` computes
+        it from `hook_z` when it is absent)."""
+        for block in self.blocks:
+            block.attn.hook_result.cached_by_default = bool(use_attn_result)
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """TransformerLens' switch for `blocks.{i}.hook_q_input` / `hook_k_input` / `hook_v_input`.
+
+        Those points always exist here and are computed whenever a hook listens to them
+        (`hooked.layers.attention_input`); the switch decides only whether `run_with_cache()` without a
+        names_filter keeps them.
+        """
+        for block in self.blocks:
+            for point in (block.hook_q_input, block.hook_k_input, block.hook_v_input):
+                point.cached_by_default = bool(use_split_qkv_input)
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """TransformerLens' switch for `blocks.{i}.hook_mlp_in`: computed whenever a hook listens; on, a
+        `run_with_cache()` without a names_filter keeps it too."""
+        if use_hook_mlp_in and any(block.mlp is None for block in self.blocks):
+            raise ValueError("this model is attention-only (cfg.attn_only): its blocks have no MLP, so no hook_mlp_in")
+        for block in self.blocks:
+            if block.mlp is not None:
+                block.hook_mlp_in.cached_by_default = bool(use_hook_mlp_in)
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        if use_attn_in:
+            raise ValueError(
+                "hooked has no hook_attn_in: attention reads the normalised blocks.{i}.hook_resid_pre; hook"
+                " blocks.{i}.ln1.hook_normalized to change what attention alone sees"
+            )
+
+    def set_ungroup_grouped_query_attention(self, ungroup_grouped_query_attention: bool) -> None:
+        if ungroup_grouped_query_attention:
+            raise ValueError(
+                "hooked keeps grouped k/v heads (kv_head_index); head h reads k/v head h // (n_heads // n_kv_heads)"
+            )
+
+
+class WeightView:
+    """A TransformerLens module's weights under its attribute names (`model.embed.W_E`, `model.unembed.W_U`),
+    read from the model's own parameters on each access; calling it calls `call`.
+
+    Not an `nn.Module`: the parameters keep their checkpoint names (`wte.weight`, `lm_head.weight`) and
+    appear once in the state dict, and the weights stay those the model computes with, processed or not.
+    """
+
+    def __init__(self, name: str, call, **weights):
+        self._name, self._call, self._weights = name, call, weights  # weights: attribute -> zero-argument function
+
+    def __call__(self, *args, **kwargs):
+        if self._call is None:
+            raise TypeError(f"model.{self._name} is not callable in hooked; read its weights ({', '.join(self._weights)})")
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        weights = self.__dict__.get("_weights", {})
+        if name in weights:
+            return weights[name]()
+        raise AttributeError(f"model.{self.__dict__.get('_name')} has no attribute {name!r} (it has {', '.join(weights)})")
+
+    def __dir__(self):
+        return [*super().__dir__(), *self._weights]
+
+    def __repr__(self) -> str:
+        return f"WeightView(model.{self._name}: {', '.join(self._weights)})"
+
+
+class WeightStacks:
+    """TransformerLens' weight attributes of a model (a mixin: the weights are the model's)."""
+
+    @property
+    def embed(self) -> WeightView:
+        """TransformerLens' `model.embed`: `.W_E` [d_vocab d_model]; `model.embed(tokens)` is `W_E[tokens]`, as
+        there, and `model.embed(tokens, position_ids)` the model's first step (`resid_from_tokens`: the
+        embedding hooks fire, positions are added on GPT-2)."""
+        def call(tokens: Tensor, position_ids: Tensor | None = None) -> Tensor:
+            if position_ids is not None:
+                return self.resid_from_tokens(self.token_ids(tokens), position_ids)
+            if self.tensor_parallel:  # W_E holds this rank's vocabulary rows only
+                raise ValueError("model.embed(tokens) under tensor parallelism: pass position_ids (the model's first step)")
+            return self.W_E[tokens]
+
+        return WeightView("embed", call, W_E=lambda: self.W_E)
+
+    @property
+    def unembed(self) -> WeightView:
+        """TransformerLens' `model.unembed`: `.W_U` [d_model d_vocab], `.b_U` [d_vocab], as `model.W_U` / `b_U`.
+
+        Calling it is TransformerLens' step: `model.unembed(x)` is `x @ W_U + b_U`, without the final norm
+        (TransformerLens notebooks call `model.unembed(model.ln_final(resid))`). `logits_from_resid(resid)`
+        applies the final norm too.
+        """
+        def call(x: Float[Tensor, "... d_model"]) -> Tensor:
+            bias = self.unembed_bias
+            return F.linear(x, self.unembed_weight, bias)
+
+        return WeightView("unembed", call, W_U=lambda: self.W_U, b_U=lambda: self.b_U)
+
+    @property
+    def pos_embed(self) -> WeightView:
+        """TransformerLens' `model.pos_embed`: `.W_pos` [n_ctx d_model], on a model that declares `W_pos` (GPT-2);
+        rotary models have none, as there.
+
+        Calling it is TransformerLens 3.9's `PosEmbed.forward(tokens, past_kv_pos_offset=0, attention_mask=None)`:
+        [batch pos d_model], `W_pos` at positions `past_kv_pos_offset + 0..pos-1`, or, with an attention mask
+        over the past and present columns, each token's position in its own prompt, 0 at padded positions (what
+        `hook_pos_embed` holds in the forward). No hook fires.
+        """
+        if not hasattr(type(self), "W_pos"):
+            raise AttributeError(f"{type(self).__name__} has no pos_embed: its positions are rotary (no W_pos)")
+
+        def call(tokens: Tensor, past_kv_pos_offset: int = 0, attention_mask: Tensor | None = None) -> Tensor:
+            batch, length = tokens.shape[0], tokens.shape[-1]
+            if attention_mask is None:
+                if past_kv_pos_offset + length > self.cfg.n_ctx:
+                    raise ValueError(f"positions {past_kv_pos_offset}..{past_kv_pos_offset + length - 1} are past this"
+                                     f" model's {self.cfg.n_ctx} positions")
+                return self.W_pos[past_kv_pos_offset:past_kv_pos_offset + length].expand(batch, -1, -1).clone()
+            mask = attention_mask.to(device=self.W_pos.device, dtype=torch.bool)
+            if mask.shape != (batch, past_kv_pos_offset + length):
+                raise ValueError(f"attention_mask has shape {tuple(mask.shape)}; it must cover the past and present"
+                                 f" columns, [batch past+pos] = {(batch, past_kv_pos_offset + length)}")
+            positions = (mask.long().cumsum(1) - 1).clamp(min=0)[:, past_kv_pos_offset:]
+            return self.W_pos[positions].masked_fill(~mask[:, past_kv_pos_offset:, None], 0.0)
+
+        return WeightView("pos_embed", call, W_pos=lambda: self.W_pos)
+
+    # ----------------------------------------------------------------- unembedding helpers
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self.unembed_weight.T
+
+    @property
+    def b_U(self) -> Float[Tensor, " d_vocab"]:
+        """The unembedding bias: zeros, as in TransformerLens, unless weight processing folded the final
+        LayerNorm's bias into it (`unembed_bias`)."""
+        bias = self.unembed_bias
+        return self.unembed_weight.new_zeros(self.cfg.d_vocab) if bias is None else bias
+
+    # TransformerLens' stacked weights, [n_layers, ...]: copies, built on each access, of the model's own
+    # weights (processed only where the model was: hooked.transformer_lens.processing). Grouped-query key/value heads are repeated to one per query head, as
+    # TransformerLens does (blocks[i].attn.W_K_grouped keeps them grouped).
+    def _stack_blocks(self, module: str, name: str) -> Tensor:
+        if any(getattr(block, module) is None for block in self.blocks):  # cfg.attn_only: block.mlp is None
+            raise ValueError(f"model.{name}: this model's blocks have no {module} (attention-only, cfg.attn_only)")
+        parts = [getattr(getattr(block, module), name, None) for block in self.blocks]
+        shapes = [None if part is None else list(part.shape) for part in parts]
+        if None in shapes or any(shape != shapes[0] for shape in shapes):
+            listed = ", ".join(f"block {i}: {shape or 'none'}" for i, shape in enumerate(shapes))
+            raise ValueError(
+                f"model.{name} stacks blocks[i].{module}.{name} over the blocks, but they differ ({listed}; a"
+                f" mixture-of-experts MLP has one per expert): read blocks[i].{module}.{name}"
+            )
+        return torch.stack(parts)
+
+    W_Q = property(lambda self: self._stack_blocks("attn", "W_Q"), doc="[n_layers head_index d_model d_head]")
+    W_K = property(lambda self: self._stack_blocks("attn", "W_K"), doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)")
+    W_V = property(lambda self: self._stack_blocks("attn", "W_V"), doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)")
+    W_O = property(lambda self: self._stack_blocks("attn", "W_O"), doc="[n_layers head_index d_head d_model]")
+    b_Q = property(lambda self: self._stack_blocks("attn", "b_Q"), doc="[n_layers head_index d_head] (zeros without biases)")
+    b_K = property(lambda self: self._stack_blocks("attn", "b_K"), doc="[n_layers head_index d_head] (zeros without biases)")
+    b_V = property(lambda self: self._stack_blocks("attn", "b_V"), doc="[n_layers head_index d_head] (zeros without biases)")
+    b_O = property(lambda self: self._stack_blocks("attn", "b_O"), doc="[n_layers d_model] (zeros without biases)")
+    W_in = property(lambda self: self._stack_blocks("mlp", "W_in"), doc="[n_layers d_model d_mlp] (dense MLPs)")
+    W_out = property(lambda self: self._stack_blocks("mlp", "W_out"), doc="[n_layers d_mlp d_model] (dense MLPs)")
+    b_in = property(lambda self: self._stack_blocks("mlp", "b_in"), doc="[n_layers d_mlp] (dense MLPs; zeros without biases)")
+    b_out = property(lambda self: self._stack_blocks("mlp", "b_out"), doc="[n_layers d_model] (dense MLPs; zeros without biases)")
+    OV = property(ov_circuit, doc="Every head's OV circuit W_V @ W_O: FactoredMatrix [n_layers head_index d_model d_model]")
+    QK = property(qk_circuit, doc="Every head's QK circuit W_Q @ W_K^T: FactoredMatrix [n_layers head_index d_model d_model]")
+
+    def tokens_to_residual_directions(self, tokens) -> Tensor:
+        """The direction in the normalised residual stream that reads out each token's logit.
+
+        It includes the final norm's weight (1 once `fold_ln` has folded it into the unembedding): [d_model]
+        for one token (a str, an int or a one-element tensor of any rank, squeezed as TransformerLens does),
+        [..., d_model] for a tensor of several tokens.
+        """
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        tokens = torch.as_tensor(tokens, device=self.unembed_weight.device)
+        if tokens.numel() == 1:
+            tokens = tokens.reshape(())
+        return self._unembed_rows(tokens) * self.ln_final.gain
+
+    def logit_bias_terms(self, tokens) -> Tensor:
+        """The part of a token's logit no residual component writes: final-norm bias @ W_U (+ b_U)."""
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        tokens = torch.as_tensor(tokens, device=self.unembed_weight.device)
+        bias = getattr(self.ln_final, "bias", None)
+        terms = (torch.zeros(tokens.shape, dtype=self.dtype, device=tokens.device) if bias is None
+                 else self._unembed_rows(tokens) @ bias)
+        return terms if self.unembed_bias is None else terms + self.unembed_bias[tokens]
