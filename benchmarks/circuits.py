@@ -32,7 +32,17 @@ import sys
 import time
 
 import torch
-from common import compare, environment, gpt2_small_checkpoint, proc_status, random_tokens, reset_peak_rss, rss, table, timing_table
+from common import (
+    compare,
+    environment,
+    gpt2_small_checkpoint,
+    proc_status,
+    random_tokens,
+    reset_peak_rss,
+    rss,
+    table,
+    timing_table,
+)
 
 import hooked
 from hooked import circuits, metrics, tasks

@@ -252,7 +252,7 @@ class PeakSampler:
             self._sample()
             time.sleep(self.interval)
 
-    def __enter__(self) -> "PeakSampler":
+    def __enter__(self) -> PeakSampler:
         self._sample()
         self._thread.start()
         return self

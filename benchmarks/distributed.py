@@ -344,7 +344,7 @@ def forward_rows(name: str, result: dict) -> tuple[list[tuple], list[str]]:
     if "float32" in diffs["1"][0]:
         one_f, two_f = worst("1", "float32"), worst("2", "float32")
         ratio = two_f["relative"] / one_f["relative"]
-        rows.append((f"forward: logits max|diff|/max|logit|, vs float32 TP=1", name, f"{one_f['relative']:.1e}",
+        rows.append(("forward: logits max|diff|/max|logit|, vs float32 TP=1", name, f"{one_f['relative']:.1e}",
                      f"{two_f['relative']:.1e}", f"{ratio:.2f}", f"<= {BF16_SLACK} {'ok' if ratio <= BF16_SLACK else 'NOT MET'}"))
         for tp, found in (("1", one_f), ("2", two_f)):
             notes.append(f"{name}, TP={tp} vs the float32 load at TP=1: max |diff| {found['max_abs']:.3g}, mean |diff|"

@@ -25,8 +25,19 @@ import argparse
 import time
 
 import torch
-from common import (BENCH_DIR, FAMILY_COMMON, FAMILY_SHAPES, compare, environment, family_checkpoint, quiet_transformers,
-                    random_tokens, table, timing_table, transformers_checkpoint)
+from common import (
+    BENCH_DIR,
+    FAMILY_COMMON,
+    FAMILY_SHAPES,
+    compare,
+    environment,
+    family_checkpoint,
+    quiet_transformers,
+    random_tokens,
+    table,
+    timing_table,
+    transformers_checkpoint,
+)
 
 import hooked
 

@@ -31,7 +31,16 @@ import argparse
 import re
 
 import torch
-from common import BENCH_DIR, compare, environment, gpt2_small_checkpoint, quiet_transformers, random_tokens, table, transformers_checkpoint
+from common import (
+    BENCH_DIR,
+    compare,
+    environment,
+    gpt2_small_checkpoint,
+    quiet_transformers,
+    random_tokens,
+    table,
+    transformers_checkpoint,
+)
 
 import hooked
 

@@ -46,7 +46,15 @@ import re
 import time
 
 import torch
-from common import compare, environment, gpt2_small_checkpoint, random_tokens, table, timing_table, transformer_lens_gpt2
+from common import (
+    compare,
+    environment,
+    gpt2_small_checkpoint,
+    random_tokens,
+    table,
+    timing_table,
+    transformer_lens_gpt2,
+)
 from torch import nn
 
 import hooked

@@ -19,7 +19,15 @@ import argparse
 
 import torch
 from common import (
-    BENCH_DIR, QWEN3_COMMON, QWEN3_SHAPES, compare, environment, quiet_transformers, random_tokens, table, timing_table,
+    BENCH_DIR,
+    QWEN3_COMMON,
+    QWEN3_SHAPES,
+    compare,
+    environment,
+    quiet_transformers,
+    random_tokens,
+    table,
+    timing_table,
     transformers_checkpoint,
 )
 

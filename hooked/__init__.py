@@ -22,26 +22,39 @@ from pathlib import Path
 
 import torch
 
-from hooked.version import __version__
+from hooked import (
+    circuits,
+    plot,  # matplotlib and circuitsvis are imported by its functions only
+)
+from hooked.analysis import PositionAttention, attention_to_positions, logit_lens
 from hooked.cache import ActivationCache, act_name
 from hooked.factored import FactoredMatrix
 from hooked.generation import generate_variants
 from hooked.hooks import HookedRootModule, HookPoint
-from hooked.kv_cache import KVCache
-from hooked.layers import attention_backend
-from hooked.models import (
-    GPT2, MODEL_CLASSES, Gemma2, Gemma3, GPTNeoX, HookedTransformer, Llama, Mistral, Mixtral, Olmo2, Qwen3, Qwen3Moe,
-)
+from hooked.interventions import ablate, metrics, patch, tasks
 from hooked.interventions.results import SweepResult
 from hooked.interventions.row_blocks import VariantError
 from hooked.interventions.sweeps import sweep
-from hooked.weights import CheckpointError
-from hooked.interventions import ablate, metrics, patch, tasks
-from hooked import circuits
-from hooked import plot  # matplotlib and circuitsvis are imported by its functions only
-from hooked.analysis import PositionAttention, attention_to_positions, logit_lens
+from hooked.kv_cache import KVCache
+from hooked.layers import attention_backend
+from hooked.models import (
+    GPT2,
+    MODEL_CLASSES,
+    Gemma2,
+    Gemma3,
+    GPTNeoX,
+    HookedTransformer,
+    Llama,
+    Mistral,
+    Mixtral,
+    Olmo2,
+    Qwen3,
+    Qwen3Moe,
+)
 from hooked.transformer_lens import evals, patching, utils  # TransformerLens' evals, patching and utils modules
 from hooked.transformer_lens.config import HookedTransformerConfig  # HookedTransformer(cfg) builds its family
+from hooked.version import __version__  # noqa: F401  (hooked.__version__)
+from hooked.weights import CheckpointError
 
 # Short and earlier module paths, each the very module it names (not a copy): `import hooked.ablate`,
 # `from hooked.utils import get_act_name` and `from hooked import patching` (as TransformerLens users type

@@ -31,8 +31,8 @@ from hooked.interventions.positions import last_real, per_prompt, positions_mask
 
 if TYPE_CHECKING:
     from hooked.cache import ActivationCache
-    from hooked.models.base import HookedTransformer
     from hooked.interventions.tasks import Task
+    from hooked.models.base import HookedTransformer
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,8 +86,8 @@ class PositionAttention:
 
 
 def attention_to_positions(
-    model: "HookedTransformer",
-    task: "Task",
+    model: HookedTransformer,
+    task: Task,
     names: Sequence[str] | None = None,
     query: str = "END",
     prepend_bos: bool | None = None,
@@ -123,7 +123,7 @@ def attention_to_positions(
     return PositionAttention(torch.cat(chunks), names, query, provenance)
 
 
-def _task_positions(task: "Task") -> dict[str, Tensor]:
+def _task_positions(task: Task) -> dict[str, Tensor]:
     if task.token_positions is None:
         raise ValueError(
             f"task {task.name!r} has no token positions: they depend on the model's tokenizer; make the task with"
@@ -132,7 +132,7 @@ def _task_positions(task: "Task") -> dict[str, Tensor]:
     return task.token_positions
 
 
-def _check_tokenizer(model, task: "Task", used: tuple[str, ...], prepend_bos: bool | None) -> None:
+def _check_tokenizer(model, task: Task, used: tuple[str, ...], prepend_bos: bool | None) -> None:
     """Raise if the task's positions are not where this model's tokens put the recorded names."""
     if not task.per_prompt.get("spans") or model.tokenizer is None:
         return  # nothing to check them against: positions given by hand are taken as they are
@@ -151,7 +151,7 @@ def _check_tokenizer(model, task: "Task", used: tuple[str, ...], prepend_bos: bo
             )
 
 
-def _read_attention(model, task: "Task", names: tuple[str, ...], query: str, prepend_bos: bool | None) -> Tensor:
+def _read_attention(model, task: Task, names: tuple[str, ...], query: str, prepend_bos: bool | None) -> Tensor:
     """[prompt layer head_index name] for one forward over `task.clean`."""
     positions = task.token_positions
     columns: dict[str, Tensor] = {}
@@ -180,7 +180,7 @@ def _read_attention(model, task: "Task", names: tuple[str, ...], query: str, pre
 
 
 def logit_lens(
-    cache: "ActivationCache",
+    cache: ActivationCache,
     metric: Metric | Callable[[Tensor], Tensor],
 ) -> tuple[Float[Tensor, "point batch"], list[str]]:
     """The metric read off the residual stream before each block and after the last: the logit lens.

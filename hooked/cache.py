@@ -46,14 +46,14 @@ from torch import Tensor
 from hooked.components import accumulated_bias  # noqa: F401  (re-exported)
 from hooked.decomposition import ResidualDecomposition
 from hooked.hooks import HookPoint, NameFilter
-from hooked.rows import current_rows
 from hooked.names import PosSlice, Slice, act_name, apply_pos_slice, pos_axis  # noqa: F401  (Slice, act_name re-exported)
+from hooked.rows import current_rows
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
 def run_with_cache(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     *model_args,
     names_filter: NameFilter | None = None,
     device: torch.device | str | None = None,
@@ -61,7 +61,7 @@ def run_with_cache(
     incl_bwd: bool = False,
     pos_slice: PosSlice = None,
     **model_kwargs,
-) -> tuple[Tensor, "ActivationCache"]:
+) -> tuple[Tensor, ActivationCache]:
     # Resolved by model.hooks() (a bad name there raises on every rank of a tensor-parallel group).
     names = model.default_cache_names() if names_filter is None else names_filter
     by_reference = _by_reference(model)
@@ -114,7 +114,7 @@ def run_with_cache(
     return output, cache
 
 
-def _by_reference(model: "HookedTransformer") -> bool:
+def _by_reference(model: HookedTransformer) -> bool:
     """Whether the cache may keep the activations themselves: nothing but its own hooks runs in the call and the
     model's forward edits no hooked tensor in place (see the module docstring)."""
     return not (model.edits_hooked_tensors or getattr(model, "tensor_parallel", False) or model.hooks_attached())
@@ -140,7 +140,7 @@ class ActivationCache(ResidualDecomposition):
     def __init__(
         self,
         cache_dict: dict[str, Tensor],
-        model: "HookedTransformer",
+        model: HookedTransformer,
         has_batch_dim: bool = True,
         position_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
@@ -189,14 +189,14 @@ class ActivationCache(ResidualDecomposition):
     def __repr__(self) -> str:
         return f"ActivationCache with {len(self)} activations: {list(self.cache_dict)[:4]}..."
 
-    def to(self, device: torch.device | str) -> "ActivationCache":
+    def to(self, device: torch.device | str) -> ActivationCache:
         def move(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.to(device)
 
         return ActivationCache({k: v.to(device) for k, v in self.items()}, self.model, self.has_batch_dim,
                                move(self.position_ids), move(self.attention_mask))
 
-    def remove_batch_dim(self) -> "ActivationCache":
+    def remove_batch_dim(self) -> ActivationCache:
         if self.has_batch_dim:
             for name, tensor in self.cache_dict.items():
                 if tensor.shape[0] != 1:
@@ -214,7 +214,7 @@ class ActivationCache(ResidualDecomposition):
         return sum(storages.values())
 
     # ----------------------------------------------------------------- residual decompositions
-    def apply_slice_to_batch_dim(self, batch_slice: PosSlice) -> "ActivationCache":
+    def apply_slice_to_batch_dim(self, batch_slice: PosSlice) -> ActivationCache:
         """A new cache with every activation sliced on the batch axis, as TransformerLens: an int
         (or `Slice(int)`) picks one prompt and drops the batch axis (`has_batch_dim` becomes False)."""
         batch_slice = Slice(batch_slice)

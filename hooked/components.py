@@ -400,7 +400,7 @@ def _has_experts(mlp: torch.nn.Module) -> bool:
     return hasattr(mlp, "expert_results")
 
 
-def additive_writes(model: "HookedTransformer", layer: int, what: str) -> None:
+def additive_writes(model: HookedTransformer, layer: int, what: str) -> None:
     """Raise unless block `layer` adds its sublayers' outputs to the residual stream as they are: a block that
     declares `output_norms` (OLMo 2 normalises the attention and MLP outputs before the add) has no additive
     per-head, per-neuron or per-expert writes, so `what` (a stack of them) would be silently wrong. (The
@@ -416,14 +416,14 @@ def additive_writes(model: "HookedTransformer", layer: int, what: str) -> None:
         )
 
 
-def mlp_reads_attention(model: "HookedTransformer", layer: int) -> bool:
+def mlp_reads_attention(model: HookedTransformer, layer: int) -> bool:
     """Whether block `layer`'s MLP reads its attention's output (resid_mid): a sequential block declares the
     children its second half computes (`mlp_stage`); a parallel-residual one (GPT-NeoX) declares none, and
     its MLP reads resid_pre."""
     return bool(type(model.blocks[layer]).mlp_stage)
 
 
-def accumulated_bias(model: "HookedTransformer", layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
+def accumulated_bias(model: HookedTransformer, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
     """The output biases (attention `b_O`, MLP `b_out`) written to the residual stream before block `layer`
     ([d_model]); `mlp_input` adds block `layer`'s attention bias, which its MLP reads (not in a parallel-residual
     block, whose MLP reads resid_pre: TransformerLens 3.9 adds it there too). `model.accumulated_bias(...)` in

@@ -59,7 +59,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
 DEFAULT_TIMEOUT_S = float(os.environ.get("HOOKED_DIST_TIMEOUT", 300))
 
 
@@ -108,7 +107,7 @@ class Parallel:
     dp_group: object
 
     @classmethod
-    def create(cls, tp: int, timeout: float | timedelta | None = None) -> "Parallel":
+    def create(cls, tp: int, timeout: float | timedelta | None = None) -> Parallel:
         """Groups of `tp` consecutive ranks split a model; ranks with the same place in their groups
         form the data-parallel groups. Collective: every rank must call it."""
         init(timeout=timeout)

@@ -155,7 +155,7 @@ class FactoredMatrix:
             square = square.float()
         return torch.linalg.eigvals(square)
 
-    def norm(self) -> Float[Tensor, "..."]:
+    def norm(self) -> Float[Tensor, ...]:
         """The Frobenius norm, from the singular values: sqrt(sum S^2), one per leading index."""
         return self.S.pow(2).sum(-1).sqrt()
 

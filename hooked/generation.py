@@ -44,10 +44,10 @@ from torch import Tensor
 
 from hooked.cache import ActivationCache
 from hooked.hooks import HookFn, HookPoint, NameFilter
+from hooked.interventions.row_blocks import OnRows, registered_hooks
 from hooked.kv_cache import KVCache
 from hooked.layers import position_ids_for
 from hooked.names import pos_axis
-from hooked.interventions.row_blocks import OnRows, registered_hooks
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -95,7 +95,7 @@ class Sampler:
         return (logits.softmax(-1) / noise).argmax(-1)
 
 
-def _eos_ids(model: "HookedTransformer", eos_token_id, stop_at_eos: bool) -> list[int]:
+def _eos_ids(model: HookedTransformer, eos_token_id, stop_at_eos: bool) -> list[int]:
     if eos_token_id is None:
         if not stop_at_eos:
             return []
@@ -109,7 +109,7 @@ def _eos_ids(model: "HookedTransformer", eos_token_id, stop_at_eos: bool) -> lis
 
 
 def generate(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     input="",
     max_new_tokens: int = 10,
     *,
@@ -329,7 +329,7 @@ class _Recorder:
 
 
 def generate_variants(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     input,
     variants: Mapping[str, Sequence[tuple[NameFilter, HookFn]]],
     max_new_tokens: int = 10,

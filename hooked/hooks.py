@@ -40,12 +40,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal, Union
 
-import torch
 from torch import Tensor, nn
 
 from hooked.rows import Rows, current_rows
 
-HookFn = Callable[[Tensor, "HookPoint"], Union[Tensor, None]]
+HookFn = Callable[[Tensor, "HookPoint"], Tensor | None]
 NameFilter = Union[str, Sequence[str], Callable[[str], bool]]
 Direction = Literal["fwd", "bwd"]
 
@@ -84,7 +83,7 @@ class _Scope:
     points: dict = field(default_factory=dict)
     shared_from: int = 0
 
-    def child(self) -> "_Scope":
+    def child(self) -> _Scope:
         return _Scope({point: (list(fwd), list(bwd)) for point, (fwd, bwd) in self.points.items()}, self.shared_from)
 
 
@@ -371,7 +370,7 @@ class HookedRootModule(nn.Module):
         """TransformerLens' name for `setup_hooks`: call at the end of a HookedRootModule's `__init__`."""
         self.setup_hooks()
 
-    def run_with_cache(self, *model_args, names_filter: "NameFilter | None" = None, **model_kwargs
+    def run_with_cache(self, *model_args, names_filter: NameFilter | None = None, **model_kwargs
                        ) -> tuple[object, dict[str, Tensor]]:
         """Run a user's own HookedRootModule once and keep every hook point's activation (or those of
         `names_filter`), detached: `output, cache = module.run_with_cache(x)`, `cache["hook_pre"]`.
@@ -500,7 +499,7 @@ class HookedRootModule(nn.Module):
         self.reset_hooks(clear_contexts=False, direction=direction, including_permanent=including_permanent)
 
     @contextlib.contextmanager
-    def hooks_suspended(self) -> Iterator["HookedRootModule"]:
+    def hooks_suspended(self) -> Iterator[HookedRootModule]:
         """Run the body as if no hook were registered (hooks added inside are the body's own).
 
         Interventions use it to compute a reference (a mean, a resample source) from a clean forward
@@ -535,7 +534,7 @@ class HookedRootModule(nn.Module):
         fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
         bwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
         reset_hooks_end: bool = True,
-    ) -> Iterator["HookedRootModule"]:
+    ) -> Iterator[HookedRootModule]:
         """Attach hooks for the body of a `with` block; nestable, and leaves remove only their own.
 
         The hooks are this caller's: they run in the thread or asyncio task that entered the block (and

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hooked.rows import Rows
 from hooked.layers import AttentionMask
+from hooked.rows import Rows
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 class KVCache:
     """Keys and values of every layer for the columns seen so far (see the module docstring)."""
 
-    def __init__(self, model: "HookedTransformer", batch_size: int, max_len: int = 64,
+    def __init__(self, model: HookedTransformer, batch_size: int, max_len: int = 64,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -59,7 +59,7 @@ class KVCache:
         self._pending: tuple[int, int, Tensor] | None = None  # (start, n, valid) of the call running
 
     @classmethod
-    def init_cache(cls, cfg, device: torch.device | str | None = None, batch_size: int = 1) -> "KVCache":
+    def init_cache(cls, cfg, device: torch.device | str | None = None, batch_size: int = 1) -> KVCache:
         """TransformerLens' constructor: an empty cache for the model `cfg` belongs to (grows as needed)."""
         model = cfg._bound_model()
         return cls(model, batch_size, device=device)
@@ -74,7 +74,7 @@ class KVCache:
     def __repr__(self) -> str:
         return f"KVCache(batch_size={self.batch_size}, length={self.length}, capacity={self.capacity}, {len(self.keys)} layers)"
 
-    def layer(self, index: int) -> "LayerKV":
+    def layer(self, index: int) -> LayerKV:
         return LayerKV(self, index)
 
     # ----------------------------------------------------------------- one call

@@ -229,7 +229,7 @@ class AttentionMask:
     key_len: int
     window: int | None = None
 
-    def windowed(self, window: int | None) -> "AttentionMask":
+    def windowed(self, window: int | None) -> AttentionMask:
         """This mask with a sliding window; itself when the window cannot hide any key (window >= key_len),
         so short inputs keep the plain causal paths (`is_causal`, the Triton kernel)."""
         if window is None or window >= self.key_len:

@@ -16,7 +16,6 @@ from torch import Tensor
 
 from hooked.hooks import HookPoint
 
-
 SliceInput = Union[None, int, slice, tuple, Sequence[int], Tensor]
 
 
@@ -31,7 +30,7 @@ class Slice:
     torch.Size([2, 4])
     """
 
-    def __init__(self, input_slice: "SliceInput | Slice" = None):
+    def __init__(self, input_slice: SliceInput | Slice = None):
         if isinstance(input_slice, Slice):
             self.slice, self.mode = input_slice.slice, input_slice.mode
         elif isinstance(input_slice, tuple):
@@ -63,7 +62,7 @@ class Slice:
         return torch.arange(max_ctx)[self.slice]
 
     @classmethod
-    def unwrap(cls, slice_input: "SliceInput | Slice") -> "Slice":
+    def unwrap(cls, slice_input: SliceInput | Slice) -> Slice:
         """A `Slice` from any slice input; an int becomes `[int]`, keeping the axis (as TransformerLens)."""
         if isinstance(slice_input, Slice):
             return slice_input

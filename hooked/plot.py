@@ -88,7 +88,7 @@ def layer_head_grid(values, path: str | Path | None = None, title: str | None = 
     return _finish(figure, path)
 
 
-def attention_to_positions(table: "PositionAttention", path: str | Path | None = None, title: str | None = None):
+def attention_to_positions(table: PositionAttention, path: str | Path | None = None, title: str | None = None):
     """`hooked.attention_to_positions`' table as one layer x head grid per name, side by side, on one scale (0..max).
 
         plot.attention_to_positions(hooked.attention_to_positions(model, task), "end_attention.png")
@@ -110,7 +110,7 @@ def attention_to_positions(table: "PositionAttention", path: str | Path | None =
     return _finish(figure, path, tight=False)
 
 
-def logit_lens(cache: "ActivationCache", metric: "Metric | Callable[[Tensor], Tensor]", path: str | Path | None = None,
+def logit_lens(cache: ActivationCache, metric: Metric | Callable[[Tensor], Tensor], path: str | Path | None = None,
                title: str | None = None):
     """The metric read off the residual stream before each block and after the last (`hooked.logit_lens`),
     one faint line per prompt and their mean in bold.

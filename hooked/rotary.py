@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+
 def plain_frequencies(d_head: int, theta: float) -> Tensor:
     """1 / theta^(arange(0, d_head, 2) / d_head), float32 on the CPU (the model is built under
     torch.device("meta"), and these are real numbers)."""

@@ -27,7 +27,7 @@ class Rows:
     # -1 stays the prompt's last token on every decode step.
     lengths: Tensor | None = None
 
-    def select(self, rows: slice) -> "Rows":
+    def select(self, rows: slice) -> Rows:
         mask = None if self.attention_mask is None else self.attention_mask[rows]
         lengths = None if self.lengths is None else self.lengths[rows]
         return Rows(self.position_ids[rows], mask, self.start, lengths)

@@ -23,12 +23,12 @@ none): `check_known` refuses such text where one token must stand for it (an ans
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
-from torch import Tensor
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from torch import Tensor
 
 
 class HookedTokenizer:
@@ -49,7 +49,7 @@ class HookedTokenizer:
         self.unk_token_id = _unknown_id(tokenizer)
 
     @classmethod
-    def from_directory(cls, directory: Path, config: dict) -> "HookedTokenizer | None":
+    def from_directory(cls, directory: Path, config: dict) -> HookedTokenizer | None:
         """The checkpoint's tokenizer, or None when the directory has no tokenizer files."""
         if (directory / "tokenizer.json").exists():
             tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))

@@ -93,6 +93,7 @@ QWEN_CASES = ["gqa_tied", "yarn_bias", "moe_k2"]
 def qwen_models(tmp_path_factory):
     """Qwen3 with GQA 8->2 and with multi-query + YaRN, and a top-2 Qwen3-MoE, built as in their parity tests."""
     import transformers
+
     from tests.test_qwen3_moe import MOE_CASES
     from tests.test_qwen3_parity import DENSE_CASES, VOCAB, build_checkpoint
 

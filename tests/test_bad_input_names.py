@@ -12,9 +12,9 @@ import httpx
 import huggingface_hub
 import pytest
 import torch
+from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
 import hooked
 from hooked import ablate, circuits, patch

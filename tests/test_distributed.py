@@ -21,12 +21,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers  # builds the Qwen3 checkpoints (the dev extra)
 
 import hooked
 from hooked.testing import build_gpt2_checkpoint, randomize_norms
 from tests import distributed_worker as worker
-
-import transformers  # builds the Qwen3 checkpoints (the dev extra)
 
 pytestmark = pytest.mark.slow  # make test-fast leaves this file out
 

@@ -5,10 +5,10 @@ site's description, the README's and the docs home page's family sentence, and t
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import hooked
 import hooked.models

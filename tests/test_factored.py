@@ -16,7 +16,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import hooked
 from hooked.factored import FactoredMatrix
 from hooked.testing import random_model
 from tests.tl_reference import grouped_qwen3_pair, tl_gpt2

@@ -19,18 +19,30 @@ import warnings
 
 import pytest
 import torch
+import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 
 import hooked
 from hooked.models.gemma3 import Gemma3Config as HookedGemma3Config
 from hooked.rotary import LinearScaling
-
-import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import (bf16_spread, build_checkpoint, check_hook_shapes, check_zero_heads_equals_zeroing_o_proj,
-                          compare_with_transformer_lens, hf_outputs, hf_reference, hooked_outputs, max_diffs,
-                          random_tokens)
+from tests.parity import (
+    bf16_spread,
+    build_checkpoint,
+    check_hook_shapes,
+    check_zero_heads_equals_zeroing_o_proj,
+    compare_with_transformer_lens,
+    hf_outputs,
+    hf_reference,
+    hooked_outputs,
+    max_diffs,
+    random_tokens,
+)
 from tests.test_gemma2_parity import rms
-from tests.test_llama_parity import (check_greedy_generation, check_left_padded_batch, check_sweep_equals_each_alone,
-                                     edited_checkpoint)
+from tests.test_llama_parity import (
+    check_greedy_generation,
+    check_left_padded_batch,
+    check_sweep_equals_each_alone,
+    edited_checkpoint,
+)
 
 VOCAB = 96
 HF = transformers.Gemma3ForCausalLM

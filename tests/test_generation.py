@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import hooked
 from hooked import ablate
-from hooked.testing import ablatable_hook_names, empties_a_router, interventions, models, random_model, tokens as token_strategy
+from hooked.testing import ablatable_hook_names, empties_a_router, interventions, models, random_model
+from hooked.testing import tokens as token_strategy
 from tests.test_qwen3_parity import build_checkpoint
-
-import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 
 VOCAB = 96
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

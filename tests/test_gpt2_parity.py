@@ -8,12 +8,11 @@ import json
 
 import pytest
 import torch
+import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 from safetensors.torch import load_file, save_file
 
 import hooked
 from hooked.testing import build_gpt2_checkpoint
-
-import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 
 
 def hf_model(directory, attn_implementation, dtype=torch.float32):

@@ -18,15 +18,23 @@ import warnings
 
 import pytest
 import torch
+import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 from safetensors.torch import load_file, save_file
 
 import hooked
 from hooked import ablate
 from hooked.interventions.metrics import kl_div
-from hooked.models.gpt_neox import ACTIVATIONS, GPTNeoXConfig as HookedGPTNeoXConfig
-
-import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import bf16_spread, build_checkpoint, hf_outputs, hf_reference, hooked_outputs, max_diffs, random_tokens
+from hooked.models.gpt_neox import ACTIVATIONS
+from hooked.models.gpt_neox import GPTNeoXConfig as HookedGPTNeoXConfig
+from tests.parity import (
+    bf16_spread,
+    build_checkpoint,
+    hf_outputs,
+    hf_reference,
+    hooked_outputs,
+    max_diffs,
+    random_tokens,
+)
 
 VOCAB = 96
 HF = transformers.GPTNeoXForCausalLM

@@ -18,15 +18,22 @@ import warnings
 
 import pytest
 import torch
+import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 
 import hooked
 from hooked import ablate
-from hooked.rotary import Llama3Scaling, LinearScaling
 from hooked.models.llama import LlamaConfig as HookedLlamaConfig
-
-import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import (bf16_spread, build_checkpoint, check_zero_heads_equals_zeroing_o_proj, hf_outputs,
-                          hf_reference, hooked_outputs, max_diffs, random_tokens)
+from hooked.rotary import LinearScaling, Llama3Scaling
+from tests.parity import (
+    bf16_spread,
+    build_checkpoint,
+    check_zero_heads_equals_zeroing_o_proj,
+    hf_outputs,
+    hf_reference,
+    hooked_outputs,
+    max_diffs,
+    random_tokens,
+)
 
 VOCAB = 96
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 6.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -15,16 +15,28 @@ import json
 
 import pytest
 import torch
+import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 
 import hooked
 from hooked import layers
 from hooked.models.llama import MistralConfig as HookedMistralConfig
-
-import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import bf16_spread, build_checkpoint, hf_outputs, hf_reference, hooked_outputs, max_diffs, random_tokens
+from tests.parity import (
+    bf16_spread,
+    build_checkpoint,
+    hf_outputs,
+    hf_reference,
+    hooked_outputs,
+    max_diffs,
+    random_tokens,
+)
 from tests.test_llama_parity import (
-    GOLDEN_HOOK_NAMES, check_against_transformer_lens, check_greedy_generation, check_left_padded_batch,
-    check_sweep_equals_each_alone, edited_checkpoint, tl_model,
+    GOLDEN_HOOK_NAMES,
+    check_against_transformer_lens,
+    check_greedy_generation,
+    check_left_padded_batch,
+    check_sweep_equals_each_alone,
+    edited_checkpoint,
+    tl_model,
 )
 
 VOCAB = 96

@@ -20,14 +20,22 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 from safetensors.torch import load_file, save_file
 
 import hooked
 from hooked import ablate
 from hooked.models.mixtral import MixtralConfig as HookedMixtralConfig
-
-import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import bf16_spread, build_checkpoint, hf_outputs, hf_reference, hooked_outputs, max_diffs, random_tokens, read_pattern
+from tests.parity import (
+    bf16_spread,
+    build_checkpoint,
+    hf_outputs,
+    hf_reference,
+    hooked_outputs,
+    max_diffs,
+    random_tokens,
+    read_pattern,
+)
 from tests.test_llama_parity import check_greedy_generation, check_left_padded_batch, edited_checkpoint
 
 VOCAB = 96

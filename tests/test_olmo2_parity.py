@@ -16,16 +16,29 @@ import warnings
 
 import pytest
 import torch
+import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 
 import hooked
 from hooked.models.olmo2 import Olmo2Config as HookedOlmo2Config
-
-import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import (bf16_spread, build_checkpoint, check_hook_shapes, check_post_norm_decomposition, check_zero_heads_equals_zeroing_o_proj,
-                          compare_with_transformer_lens, hf_outputs, hf_reference, hooked_outputs, max_diffs,
-                          random_tokens)
-from tests.test_llama_parity import (check_greedy_generation, check_left_padded_batch, check_sweep_equals_each_alone,
-                                     edited_checkpoint)
+from tests.parity import (
+    bf16_spread,
+    build_checkpoint,
+    check_hook_shapes,
+    check_post_norm_decomposition,
+    check_zero_heads_equals_zeroing_o_proj,
+    compare_with_transformer_lens,
+    hf_outputs,
+    hf_reference,
+    hooked_outputs,
+    max_diffs,
+    random_tokens,
+)
+from tests.test_llama_parity import (
+    check_greedy_generation,
+    check_left_padded_batch,
+    check_sweep_equals_each_alone,
+    edited_checkpoint,
+)
 
 VOCAB = 96
 HF = transformers.Olmo2ForCausalLM

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-import torch
 
 import hooked
 from hooked import ablate, metrics, patch, tasks

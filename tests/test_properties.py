@@ -26,7 +26,16 @@ from hypothesis import strategies as st
 import hooked
 from hooked import ablate, metrics
 from hooked.models import Qwen3Moe
-from hooked.testing import ablatable_hook_names, addresses, empties_a_router, interventions, models, random_model, selectors, tokens
+from hooked.testing import (
+    ablatable_hook_names,
+    addresses,
+    empties_a_router,
+    interventions,
+    models,
+    random_model,
+    selectors,
+    tokens,
+)
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

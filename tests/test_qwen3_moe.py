@@ -19,6 +19,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 from safetensors.torch import load_file, save_file
 
 import hooked
@@ -34,8 +35,6 @@ from tests.test_qwen3_parity import (
     random_tokens,
     read_pattern,
 )
-
-import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 
 COMMON = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
               initializer_range=0.1)  # a wider init than HF's 0.02 makes routing decisive on a tiny model

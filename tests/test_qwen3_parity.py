@@ -14,13 +14,20 @@ import shutil
 
 import pytest
 import torch
+import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 from safetensors.torch import load_file, save_file
 
 import hooked
 from hooked.models.qwen3 import Qwen3Config as HookedQwen3Config
-
-import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
-from tests.parity import build_checkpoint, hf_outputs, hf_reference, hooked_outputs, max_diffs, random_tokens, read_pattern  # noqa: F401
+from tests.parity import (  # noqa: F401
+    build_checkpoint,
+    hf_outputs,
+    hf_reference,
+    hooked_outputs,
+    max_diffs,
+    random_tokens,
+    read_pattern,
+)
 
 VOCAB = 96
 

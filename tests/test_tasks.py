@@ -12,7 +12,16 @@ import torch
 
 import hooked
 from hooked import tasks
-from hooked.interventions.tasks import ABBA_TEMPLATES, BABA_TEMPLATES, FACTS, NAMES, OBJECTS, PLACES, STORE_TEMPLATE, Task
+from hooked.interventions.tasks import (
+    ABBA_TEMPLATES,
+    BABA_TEMPLATES,
+    FACTS,
+    NAMES,
+    OBJECTS,
+    PLACES,
+    STORE_TEMPLATE,
+    Task,
+)
 
 
 def names_in(prompt: str) -> list[str]:

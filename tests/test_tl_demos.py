@@ -143,7 +143,6 @@ def attn_only_weights(d_vocab: int) -> dict[str, torch.Tensor]:
 def hooked_attn_only(weights: dict[str, torch.Tensor], tokenizer_dir: Path, **processing):
     """ATTN_ONLY_2L in hooked with `weights` (TransformerLens' names and layout), processed as from_pretrained does."""
     import hooked
-
     from tests.tl_reference import tl_tokenizer
 
     model = hooked.HookedTransformer(hooked.HookedTransformerConfig(**attn_only_config(weights["embed.W_E"].shape[0])))

@@ -34,7 +34,8 @@ from torch import Tensor
 
 from hooked.circuits.engine import Ablation, _stage_loop, rows_per_forward
 from hooked.circuits.experiment import Experiment
-from hooked.circuits.graph import Edge, Graph, graph as build_graph
+from hooked.circuits.graph import Edge, Graph
+from hooked.circuits.graph import graph as build_graph
 from hooked.interventions.sweeps import sweep_provenance
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class EdgeScores:
 
 
 def attribute(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     clean,
     corrupt,
     metric: Callable,
@@ -231,7 +232,7 @@ def scores_from_gradients(experiment: Experiment, gradients: dict[str, Tensor]) 
     return matrix.float()
 
 
-def scores_for(model: "HookedTransformer", values: dict[str, float], method: str, provenance: dict | None = None) -> EdgeScores:
+def scores_for(model: HookedTransformer, values: dict[str, float], method: str, provenance: dict | None = None) -> EdgeScores:
     """EdgeScores from {edge: score} (e.g. read back from JSON)."""
     g = build_graph(model) if not isinstance(model, Graph) else model
     matrix = torch.zeros(len(g.sources), len(g.receivers))

@@ -46,7 +46,8 @@ from torch import Tensor
 from hooked.circuits.attribution import EdgeScores, interpolation_points, receiver_gradients, scores_from_gradients
 from hooked.circuits.engine import Ablation
 from hooked.circuits.experiment import Experiment
-from hooked.circuits.graph import INPUT, LOGITS, Edge, Graph, graph as build_graph, graph_of_shape
+from hooked.circuits.graph import INPUT, LOGITS, Edge, Graph, graph_of_shape
+from hooked.circuits.graph import graph as build_graph
 from hooked.interventions.results import write_json
 from hooked.interventions.sweeps import sweep_provenance
 
@@ -70,7 +71,7 @@ class Circuit:
     method: str
     ablation: Ablation = "corrupt"
     provenance: dict = field(default_factory=dict)
-    model: "HookedTransformer | None" = field(default=None, repr=False, compare=False)
+    model: HookedTransformer | None = field(default=None, repr=False, compare=False)
     _prompts: tuple | None = field(default=None, repr=False, compare=False)  # (clean, corrupt, metric, mask) it was found on
 
     # ----------------------------------------------------------------- what it holds
@@ -158,7 +159,7 @@ class Circuit:
         return write_json(path, self.to_dict())
 
     @classmethod
-    def from_json(cls, path: str | Path, model: "HookedTransformer | None" = None) -> "Circuit":
+    def from_json(cls, path: str | Path, model: HookedTransformer | None = None) -> Circuit:
         """The circuit `to_json` wrote; with `model=`, bound to it (so `faithfulness` and `curve` run)."""
         data = json.loads(Path(path).read_text())
         shape = data["shape"]
@@ -185,7 +186,7 @@ class Circuit:
 
 # ----------------------------------------------------------------------------- discovery
 def discover(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     clean,
     corrupt,
     metric: Callable,

@@ -32,10 +32,10 @@ import torch
 from torch import Tensor
 
 from hooked.circuits.graph import Graph
-from hooked.rows import running_rows
 from hooked.interventions.positions import positions_mask
 from hooked.interventions.row_blocks import Prompts
 from hooked.interventions.sweeps import MetricReads, run_stage
+from hooked.rows import running_rows
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -53,7 +53,7 @@ class Run:
     reduced: Tensor  # the logits the metric reads ([B, 1 or pos, columns])
 
 
-def _stage_loop(model: "HookedTransformer", prompts: Prompts, copies: int, start: int, start_resid: Tensor | None,
+def _stage_loop(model: HookedTransformer, prompts: Prompts, copies: int, start: int, start_resid: Tensor | None,
                 keep: dict[int, Tensor] | None = None) -> Tensor:
     """Run the stages from `start` (-1: the embedding) to the end on `copies` blocks of the prompts; the
     final residual stream. `keep` collects the residual entering each stage."""
@@ -74,7 +74,7 @@ def _stage_loop(model: "HookedTransformer", prompts: Prompts, copies: int, start
         return resid
 
 
-def record(model: "HookedTransformer", graph: Graph, prompts: Prompts, reads: MetricReads) -> Run:
+def record(model: HookedTransformer, graph: Graph, prompts: Prompts, reads: MetricReads) -> Run:
     """The unpatched forward, keeping every source's write and every stage's residual stream."""
     outputs: list[Tensor | None] = [None] * len(graph.sources)
     by_point: dict[str, list[tuple[int, int | None]]] = {}
@@ -121,7 +121,7 @@ def first_stage(graph: Graph, masks: Tensor) -> int:
 
 
 def run_masks(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     graph: Graph,
     prompts: Prompts,
     masks: Tensor,
@@ -216,7 +216,7 @@ def _columns_at(prompts: Prompts, position: int) -> Tensor:
     return positions_mask((position,), prompts.position_ids, prompts.key_valid, lengths, what=f"an edge at position {position}")
 
 
-def rows_per_forward(model: "HookedTransformer", graph: Graph, prompts: Prompts, max_bytes: int | None) -> int:
+def rows_per_forward(model: HookedTransformer, graph: Graph, prompts: Prompts, max_bytes: int | None) -> int:
     """How many variants one forward takes: the deltas and activations of a variant, within `max_bytes`
     (default: a quarter of the model's weights, at least 512 MiB)."""
     batch, pos = prompts.tokens.shape

@@ -17,9 +17,9 @@ from torch import Tensor
 
 from hooked.circuits.engine import Ablation, Run, patched_values, record, rows_per_forward, run_masks
 from hooked.circuits.graph import Graph, graph
-from hooked.layers import position_ids_for
 from hooked.interventions.row_blocks import Prompts, registered_hooks
 from hooked.interventions.sweeps import MetricReads
+from hooked.layers import position_ids_for
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Experiment:
-    model: "HookedTransformer"
+    model: HookedTransformer
     graph: Graph
     prompts: Prompts
     corrupt_tokens: Tensor | None
@@ -40,8 +40,8 @@ class Experiment:
     max_bytes: int | None = None
 
     @classmethod
-    def of(cls, model: "HookedTransformer", clean, corrupt, metric: Callable, ablation: Ablation = "corrupt",
-           attention_mask: Tensor | None = None, max_bytes: int | None = None, caller: str = "hooked.circuits") -> "Experiment":
+    def of(cls, model: HookedTransformer, clean, corrupt, metric: Callable, ablation: Ablation = "corrupt",
+           attention_mask: Tensor | None = None, max_bytes: int | None = None, caller: str = "hooked.circuits") -> Experiment:
         if getattr(model, "tensor_parallel", False):
             raise RuntimeError(f"{caller} runs on one process; load the model without tp= (docs/scaling.md)")
         registered_hooks(model, caller)

@@ -166,7 +166,7 @@ class Graph:
             return f"{name!r} is not a receiver: query heads {sharing} share key/value head {kv}, whose {what} input is 'L{layer}KV{kv}.{part}'"
         return None
 
-    def edge(self, edge: "str | Edge | tuple[str, str]") -> Edge:
+    def edge(self, edge: str | Edge | tuple[str, str]) -> Edge:
         """An edge from `'S->R'`, `(S, R)` or an `Edge`, checked to exist."""
         if isinstance(edge, str):
             if edge.count("->") != 1:
@@ -185,7 +185,7 @@ class Graph:
             )
         return edge
 
-    def edge_index(self, edge: "str | Edge | tuple[str, str]") -> int:
+    def edge_index(self, edge: str | Edge | tuple[str, str]) -> int:
         return self._edge_index[self.edge(edge)]
 
     def mask(self, edges) -> Tensor:
@@ -275,7 +275,7 @@ class Graph:
                 + f": {len(self.sources)} sources, {len(self.receivers)} receivers, {len(self.edges)} edges)")
 
 
-def graph(model: "HookedTransformer") -> Graph:
+def graph(model: HookedTransformer) -> Graph:
     """The residual graph of `model`: `len(circuits.graph(model).edges)` is 32,491 for GPT-2 small's shapes."""
     mlp_layers = tuple(layer for layer, block in enumerate(model.blocks) if block.mlp is not None)  # attn_only: none
     # A block that declares no MLP stage computes attention and MLP from the same resid_pre (GPT-NeoX's parallel residual).

@@ -47,7 +47,7 @@ EdgeLike = "str | Edge | tuple[str, str]"
 
 
 def patch_edges(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     clean,
     corrupt,
     variants: Mapping[str, Iterable] | Iterable,
@@ -87,7 +87,7 @@ def patch_edges(
 
 
 def path_patch(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     clean,
     corrupt,
     senders: Sequence[str],
@@ -110,7 +110,7 @@ def path_patch(
 
 
 def path_patch_sweep(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     clean,
     corrupt,
     pairs: Mapping[str, tuple[Sequence[str], Sequence[str]]],

@@ -105,7 +105,7 @@ def _width(score: float, largest: float) -> float:
     return low + (high - low) * math.sqrt(abs(score) / largest) if largest > 0 else low
 
 
-def plot_circuit(circuit: "Circuit", path: str | Path | None = None, title: str | None = None):
+def plot_circuit(circuit: Circuit, path: str | Path | None = None, title: str | None = None):
     """Draw `circuit` layered by depth (see the module docstring); save a PNG to `path` if given.
 
     Returns the matplotlib Figure.

@@ -46,11 +46,11 @@ from typing import TYPE_CHECKING, Literal, Union
 import torch
 from torch import Tensor
 
-from hooked.interventions.addresses import ADDRESS_FORMS, Component, components, parse_address  # noqa: F401  (part of hooked.interventions.ablate)
 from hooked.cache import ActivationCache
 from hooked.hooks import HookFn, HookPoint
-from hooked.layers import all_experts_removed
+from hooked.interventions.addresses import ADDRESS_FORMS, Component, components, parse_address  # noqa: F401  (part of hooked.interventions.ablate)
 from hooked.interventions.positions import PerPrompt, Positions, as_ints, as_positions, per_prompt, positions_mask  # noqa: F401  (per_prompt, PerPrompt: part of hooked.interventions.ablate)
+from hooked.layers import all_experts_removed
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -74,7 +74,7 @@ class Ablation(abc.ABC):
     heads: tuple[int, ...] | None = None
     neurons: tuple[int, ...] | None = None
     experts: tuple[int, ...] | None = None
-    positions: "tuple[int, ...] | PerPrompt | None" = None  # a set for every prompt, or one per prompt
+    positions: tuple[int, ...] | PerPrompt | None = None  # a set for every prompt, or one per prompt
 
     def __post_init__(self):
         for name in ("heads", "neurons", "experts"):
@@ -125,7 +125,7 @@ class Ablation(abc.ABC):
             )
         return found
 
-    def validate_hook_point(self, point: HookPoint, model: "HookedTransformer | None" = None) -> None:
+    def validate_hook_point(self, point: HookPoint, model: HookedTransformer | None = None) -> None:
         """Check the selectors against `point` (and index ranges against `model`); called at registration."""
         found = self.selected_axes(point)
         if model is None:
@@ -140,7 +140,7 @@ class Ablation(abc.ABC):
                 raise IndexError(f"{self!r} at {point.name}: {name} {bad} out of range; this model has {size} ({axis}: 0..{size - 1})")
         self.validate_source(point, model)
 
-    def validate_source(self, point: HookPoint, model: "HookedTransformer") -> None:
+    def validate_source(self, point: HookPoint, model: HookedTransformer) -> None:
         """Check a reference or source against the point (mean / resample override it)."""
 
     def selection(self, activation: Tensor, hook: HookPoint) -> Tensor | None:
@@ -220,7 +220,7 @@ class Zero(Ablation):
             return torch.tensor(float("-inf"), dtype=activation.dtype, device=activation.device)
         return torch.zeros((), dtype=activation.dtype, device=activation.device)
 
-    def validate_hook_point(self, point: HookPoint, model: "HookedTransformer | None" = None) -> None:
+    def validate_hook_point(self, point: HookPoint, model: HookedTransformer | None = None) -> None:
         super().validate_hook_point(point, model)
         if model is not None and self.experts is not None and "n_experts" in point.axes:
             n_experts = model.axis_sizes()["n_experts"]
@@ -290,7 +290,7 @@ class _FromReference(Ablation):
             _, cache = model.run_with_cache(self.reference, names_filter=[point.name])
         return cache.cache_dict[point.name], cache.position_ids, cache.attention_mask
 
-    def validate_source(self, point: HookPoint, model: "HookedTransformer") -> None:
+    def validate_source(self, point: HookPoint, model: HookedTransformer) -> None:
         reference = self.reference
         if isinstance(reference, ActivationCache) and point.name in reference.cache_dict:
             sizes = model.axis_sizes()
@@ -380,7 +380,7 @@ def mean(
     experts: Selector = None,
     *,
     per_position: bool = False,
-    model: "HookedTransformer | None" = None,
+    model: HookedTransformer | None = None,
 ) -> Mean:
     """Mean-ablate: write the reference set's mean activation (over real tokens) at the selection.
 
@@ -498,7 +498,7 @@ def resample(
     experts: Selector = None,
     *,
     seed: int | None = None,
-    model: "HookedTransformer | None" = None,
+    model: HookedTransformer | None = None,
 ) -> Resample:
     """Resample-ablate: write a paired source's activation at the same place, or (with `seed=`) another row's.
 
@@ -524,7 +524,7 @@ def _describe(reference) -> str:
 
 
 def hooks(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     addresses: str | Sequence[str],
     method: Method = "zero",
     *,

@@ -52,7 +52,7 @@ class Component:
     selectors: dict  # heads / neurons / experts / positions -> tuple
 
 
-def parse_address(model: "HookedTransformer", address: str) -> Component:
+def parse_address(model: HookedTransformer, address: str) -> Component:
     """`"L9H9@-1"` -> Component(hook_name="blocks.9.attn.hook_z", selectors={"heads": (9,), "positions": (-1,)})."""
     if not isinstance(address, str):
         raise TypeError(f"a component address is a str such as 'L9H9', not {type(address).__name__}")
@@ -103,7 +103,7 @@ def parse_address(model: "HookedTransformer", address: str) -> Component:
     return Component(address, model._check_name(name), selectors)
 
 
-def _nearest(model: "HookedTransformer", address: str) -> str:
+def _nearest(model: HookedTransformer, address: str) -> str:
     candidates = components(model, "heads") + components(model, "layers")
     sparse = [i for i in range(model.cfg.n_layers) if model.cfg.is_sparse(i)]
     candidates += [f"L{i}.E0" for i in sparse] + [f"L{i}.N0" for i in _mlp_layers(model) if i not in sparse]
@@ -120,7 +120,7 @@ def kv_head_name(layer: int, kv_head: int, n_heads: int, n_kv_heads: int) -> str
     return f"L{layer}KV{kv_head}" if n_kv_heads != n_heads else f"L{layer}H{kv_head}"
 
 
-def head_names(model: "HookedTransformer", layer: int, axis: str = "head_index") -> list[str]:
+def head_names(model: HookedTransformer, layer: int, axis: str = "head_index") -> list[str]:
     """The names of layer `layer`'s heads along a point's head axis, in axis order.
 
     `head_names(qwen3, 0, "kv_head_index")` -> `["L0KV0", "L0KV1"]` (4 query heads, 2 key/value heads);
@@ -134,12 +134,12 @@ def head_names(model: "HookedTransformer", layer: int, axis: str = "head_index")
     return [kv_head_name(layer, g, sizes["head_index"], sizes["kv_head_index"]) for g in range(sizes["kv_head_index"])]
 
 
-def _grouped(model: "HookedTransformer") -> bool:
+def _grouped(model: HookedTransformer) -> bool:
     sizes = model.axis_sizes()
     return sizes["kv_head_index"] != sizes["head_index"]
 
 
-def _head_index(model: "HookedTransformer", address: str, layer: int, name: str, key_value: bool, index: int) -> int:
+def _head_index(model: HookedTransformer, address: str, layer: int, name: str, key_value: bool, index: int) -> int:
     """`index`, checked to be in range for its kind (`H` query head, `KV` key/value head) and to be the
     kind of head point `name` holds (its axis: `head_index` or `kv_head_index`)."""
     sizes = model.axis_sizes()
@@ -173,7 +173,7 @@ def _head_index(model: "HookedTransformer", address: str, layer: int, name: str,
     return index
 
 
-def components(model: "HookedTransformer", kind: str) -> list[str]:
+def components(model: HookedTransformer, kind: str) -> list[str]:
     """Addresses of every component of a kind: "heads", "attn", "mlps", "layers" (attn and mlp),
     "neurons:L" (every neuron of layer L), "experts:L" (every expert of layer L)."""
     cfg = model.cfg
@@ -195,12 +195,12 @@ def components(model: "HookedTransformer", kind: str) -> list[str]:
     raise ValueError(f"unknown component kind {kind!r}: heads, attn, mlps, layers, neurons:LAYER, experts:LAYER")
 
 
-def _mlp_layers(model: "HookedTransformer") -> list[int]:
+def _mlp_layers(model: HookedTransformer) -> list[int]:
     """The layers whose block has an MLP: all but attention-only blocks (`block.mlp is None`)."""
     return [layer for layer, block in enumerate(model.blocks) if block.mlp is not None]
 
 
-def _kind_layer(model: "HookedTransformer", kind: str, layer_text: str) -> int:
+def _kind_layer(model: HookedTransformer, kind: str, layer_text: str) -> int:
     """The layer of "neurons:L" / "experts:L", made non-negative, checked to exist and to have that kind."""
     n_layers = model.cfg.n_layers
     given = f"{kind}:{layer_text}"

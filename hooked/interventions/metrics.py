@@ -27,8 +27,9 @@ be 0. An int is taken as the id it is, the unknown token's included.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, Sequence, Union, runtime_checkable
+from typing import ClassVar, Protocol, Union, runtime_checkable
 
 import torch
 from jaxtyping import Bool, Float, Int

@@ -50,12 +50,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from hooked.cache import ActivationCache, act_name
+from hooked.hooks import HookFn, HookPoint
 from hooked.interventions import ablate
 from hooked.interventions.ablate import Reference, Resample, Selector, is_tokens
 from hooked.interventions.addresses import head_names
 from hooked.interventions.positions import PerPrompt, Positions, as_ints, as_positions, positions_record
-from hooked.cache import ActivationCache, act_name
-from hooked.hooks import HookFn, HookPoint
 from hooked.interventions.results import SweepResult, variant_names
 from hooked.interventions.sweeps import metric_values, plan_variants, sweep, sweep_provenance
 
@@ -89,7 +89,7 @@ def activation(
     positions: Positions = None,
     experts: Selector = None,
     *,
-    model: "HookedTransformer | None" = None,
+    model: HookedTransformer | None = None,
 ) -> Patch:
     """Patch: write `source`'s activation (same prompt, same place) over the running one, at the selection.
 
@@ -101,7 +101,7 @@ def activation(
     return Patch(heads=heads, neurons=neurons, experts=experts, positions=positions, reference=source, model=model)
 
 
-def hooks(model: "HookedTransformer", addresses: str | Sequence[str], source: Reference, *,
+def hooks(model: HookedTransformer, addresses: str | Sequence[str], source: Reference, *,
           positions: Positions = None) -> list[tuple[str, HookFn]]:
     """(hook name, patch) pairs that patch the components at `addresses` (`ablate.hooks`' forms) from `source`.
 
@@ -117,7 +117,7 @@ def hooks(model: "HookedTransformer", addresses: str | Sequence[str], source: Re
 
 # ----------------------------------------------------------------------------- sweeps
 def head_sweep(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     corrupt,
     clean: Reference,
     metric: Callable,
@@ -149,7 +149,7 @@ def head_sweep(
 
 
 def resid_sweep(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     corrupt,
     clean: Reference,
     metric: Callable,
@@ -180,7 +180,7 @@ def resid_sweep(
 
 # ----------------------------------------------------------------------------- attribution
 def attribution(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     corrupt,
     clean: Reference,
     metric: Callable,
@@ -285,14 +285,14 @@ def attribution(
 
 
 # ----------------------------------------------------------------------------- shared pieces
-def _names(model: "HookedTransformer", hook: str, allowed: tuple[str, ...]) -> list[str]:
+def _names(model: HookedTransformer, hook: str, allowed: tuple[str, ...]) -> list[str]:
     """The hook name of `hook` in every block."""
     if hook not in allowed:
         raise ValueError(f"hook must be one of {', '.join(allowed)}, not {hook!r}")
     return [model._check_name(act_name(hook, layer)) for layer in range(model.cfg.n_layers)]
 
 
-def _head_variants(model: "HookedTransformer", hook: str, source: ActivationCache, positions: Positions) -> Variants:
+def _head_variants(model: HookedTransformer, hook: str, source: ActivationCache, positions: Positions) -> Variants:
     variants: Variants = {}
     positions = as_positions(positions)
     for layer, name in enumerate(_names(model, hook, HEAD_HOOKS)):
@@ -302,7 +302,7 @@ def _head_variants(model: "HookedTransformer", hook: str, source: ActivationCach
     return variants
 
 
-def _resid_variants(model: "HookedTransformer", hook: str, source: ActivationCache, positions: dict[str, Positions]) -> Variants:
+def _resid_variants(model: HookedTransformer, hook: str, source: ActivationCache, positions: dict[str, Positions]) -> Variants:
     return {
         f"L{layer}@{label}": [(name, Patch(positions=position, reference=source, model=model))]
         for layer, name in enumerate(_names(model, hook, RESID_HOOKS))
@@ -338,7 +338,7 @@ def _grid_record(positions: dict[str, Positions]) -> list[int] | dict:
     return {label: positions_record(value) for label, value in positions.items()}
 
 
-def _prompts(model: "HookedTransformer", corrupt, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+def _prompts(model: HookedTransformer, corrupt, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
     if isinstance(corrupt, ActivationCache):
         raise TypeError("the corrupt input is run, so it must be prompts or token ids, not a cache")
     return model.tokens_and_mask(corrupt, attention_mask, prepend_bos=None)
@@ -349,7 +349,7 @@ def _explicit_mask(tokens: Tensor, key_valid: Tensor | None) -> Tensor:
     return torch.ones_like(tokens, dtype=torch.bool) if key_valid is None else key_valid
 
 
-def _source(model: "HookedTransformer", clean: Reference, names: list[str], tokens: Tensor, key_valid: Tensor | None) -> ActivationCache:
+def _source(model: HookedTransformer, clean: Reference, names: list[str], tokens: Tensor, key_valid: Tensor | None) -> ActivationCache:
     """The clean run's activations at `names` (prompts are run once), checked against the corrupt prompts."""
     if is_tokens(clean):
         with torch.no_grad(), model.hooks_suspended():

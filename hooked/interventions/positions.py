@@ -89,7 +89,7 @@ def per_prompt(positions: Sequence[int] | Tensor) -> PerPrompt:
     return PerPrompt(tuple(positions))
 
 
-def as_positions(positions) -> "tuple[int, ...] | PerPrompt | None":
+def as_positions(positions) -> tuple[int, ...] | PerPrompt | None:
     """positions= as given -> a set of positions for every prompt (tuple) or one per prompt (PerPrompt)."""
     if positions is None or isinstance(positions, PerPrompt):
         return positions
@@ -108,7 +108,7 @@ def as_positions(positions) -> "tuple[int, ...] | PerPrompt | None":
     return as_ints(positions, "positions")  # an int or a list (a 0-d tensor: one position for every prompt)
 
 
-def positions_record(positions) -> "list[int] | dict | None":
+def positions_record(positions) -> list[int] | dict | None:
     """positions= as plain data for a result's provenance."""
     positions = as_positions(positions)
     if positions is None:
@@ -116,7 +116,7 @@ def positions_record(positions) -> "list[int] | dict | None":
     return positions.to_json() if isinstance(positions, PerPrompt) else list(positions)
 
 
-def positions_mask(positions: "tuple[int, ...] | PerPrompt", position_ids: Tensor, attention_mask: Tensor | None,
+def positions_mask(positions: tuple[int, ...] | PerPrompt, position_ids: Tensor, attention_mask: Tensor | None,
                    lengths: Tensor, generating: bool = False, what: str = "positions=") -> Tensor:
     """[batch pos] True at the real tokens whose position in their prompt is selected: a set of positions for
     every row, or one per row (`PerPrompt`). `lengths` [batch 1] is what negative positions count back from

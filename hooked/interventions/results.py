@@ -138,7 +138,7 @@ class SweepResult:
         return write_json(path, self.to_dict())
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "SweepResult":
+    def from_json(cls, path: str | Path) -> SweepResult:
         data = json.loads(Path(path).read_text())
         return cls(data["variants"], torch.tensor(data["values"], dtype=torch.float32),
                    torch.tensor(data["base"], dtype=torch.float32), data["metric"], data["provenance"])

@@ -98,7 +98,7 @@ class OnRows:
             activation[self.rows] = result
 
 
-def registered_hooks(model: "HookedTransformer", caller: str) -> None:
+def registered_hooks(model: HookedTransformer, caller: str) -> None:
     """Refuse to run variants while outside hooks are registered: they would apply to every row."""
     registered = [name for name, point in model.hook_dict.items() if point.listening]
     if registered:

@@ -37,13 +37,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from hooked.version import __version__
-from hooked.hooks import EMBED_STAGE, HookFn, HookPoint, NameFilter
-from hooked.rows import Rows, current_rows, running_rows
-from hooked.layers import AttentionMask, position_ids_for
+from hooked.hooks import EMBED_STAGE, HookFn, NameFilter
 from hooked.interventions.positions import last_real
-from hooked.interventions.row_blocks import OnRows, Prompts, VariantError, registered_hooks  # noqa: F401  (VariantError: its old path)
 from hooked.interventions.results import SweepResult, variant_names
+from hooked.interventions.row_blocks import OnRows, Prompts, VariantError, registered_hooks  # noqa: F401  (VariantError: its old path)
+from hooked.layers import position_ids_for
+from hooked.rows import running_rows
+from hooked.version import __version__
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -52,13 +52,13 @@ Variants = Mapping[str, Sequence[tuple[NameFilter, HookFn]]]
 
 
 # ----------------------------------------------------------------------------- stages
-def stage_of(model: "HookedTransformer", hook_name: str) -> int:
+def stage_of(model: HookedTransformer, hook_name: str) -> int:
     """The first stage whose computation fires `hook_name`: -1 embedding, 2L / 2L+1 the halves of
     block L, 2 * n_layers the final norm (recorded on the point by the model, from its blocks' `mlp_stage`)."""
     return model.hook_dict[hook_name].stage
 
 
-def run_stage(model: "HookedTransformer", stage: int, resid: Tensor, inputs: tuple) -> Tensor:
+def run_stage(model: HookedTransformer, stage: int, resid: Tensor, inputs: tuple) -> Tensor:
     """Compute one stage (0 .. 2 * n_layers - 1) on the residual stream."""
     block = model.blocks[stage // 2]
     return block.attn_half(resid, *inputs) if stage % 2 == 0 else block.mlp_half(resid)
@@ -73,7 +73,7 @@ class _Variant:
 
 
 def sweep(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     input,
     variants: Variants,
     metric: Callable,
@@ -168,7 +168,7 @@ def sweep(
     )
 
 
-def _data_parallel_group(model: "HookedTransformer", data_parallel: bool | None):
+def _data_parallel_group(model: HookedTransformer, data_parallel: bool | None):
     """The process group whose ranks share the variants, or None to run them all here."""
     parallel = getattr(model, "parallel", None)
     if data_parallel is False or (data_parallel is None and (parallel is None or parallel.dp_size == 1)):
@@ -190,7 +190,7 @@ def _sum_across(group, values: Tensor, device: torch.device) -> Tensor:
     return on_device.cpu()
 
 
-def plan_variants(model: "HookedTransformer", variants: Variants, shape: torch.Size) -> list[_Variant]:
+def plan_variants(model: HookedTransformer, variants: Variants, shape: torch.Size) -> list[_Variant]:
     """Resolve every variant's hook names, check its callbacks, and find its first stage."""
     planned = []
     no_hooks = 2 * model.cfg.n_layers  # a variant with no hook joins at the final norm: the base run's logits
@@ -215,7 +215,7 @@ def plan_variants(model: "HookedTransformer", variants: Variants, shape: torch.S
     return planned
 
 
-def _base_run(model, prompts: Prompts, starts: set[int], reads: "MetricReads") -> tuple[dict[int, Tensor], Tensor]:
+def _base_run(model, prompts: Prompts, starts: set[int], reads: MetricReads) -> tuple[dict[int, Tensor], Tensor]:
     """The unhooked forward once: the residual entering each needed stage, and the reduced logits."""
     tokens, rows, mask = prompts.repeated(1)
     kept: dict[int, Tensor] = {}
@@ -230,7 +230,7 @@ def _base_run(model, prompts: Prompts, starts: set[int], reads: "MetricReads") -
         return kept, reads.logits(model, resid, prompts.key_valid)
 
 
-def _run_chunk(model, prompts: Prompts, chunk: list[_Variant], base_resid: dict[int, Tensor], reads: "MetricReads") -> Tensor:
+def _run_chunk(model, prompts: Prompts, chunk: list[_Variant], base_resid: dict[int, Tensor], reads: MetricReads) -> Tensor:
     """Forward the chunk's variants, rows joining at their first stage; the reduced logits of all rows."""
     batch = prompts.tokens.shape[0]
     n_stages = 2 * model.cfg.n_layers
@@ -289,7 +289,7 @@ class MetricReads:
     needs_base: bool
 
     @classmethod
-    def of(cls, metric: Callable, model: "HookedTransformer") -> "MetricReads":
+    def of(cls, metric: Callable, model: HookedTransformer) -> MetricReads:
         if not callable(metric):
             raise TypeError(f"metric must be callable on logits, got {type(metric).__name__}")
         declares = hasattr(metric, "compute")
@@ -301,7 +301,7 @@ class MetricReads:
             columns = torch.as_tensor(list(columns), dtype=torch.long, device=model.device)
         return cls(metric, position, columns, bool(getattr(metric, "needs_base", True)))
 
-    def logits(self, model: "HookedTransformer", resid: Tensor, key_valid: Tensor | None = None) -> Tensor:
+    def logits(self, model: HookedTransformer, resid: Tensor, key_valid: Tensor | None = None) -> Tensor:
         """The logits the metric reads from the final residual stream; position -1 is each prompt's last
         real token (`key_valid` [B pos], for `resid` holding one or more blocks of the B prompts)."""
         final_norm_hooked = model.ln_final.hook_scale.listening or model.ln_final.hook_normalized.listening

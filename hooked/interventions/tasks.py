@@ -37,8 +37,9 @@ from __future__ import annotations
 import copy
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -189,7 +190,7 @@ class Task:
             )
         return self.token_positions
 
-    def with_positions(self, model, prepend_bos: bool | None = None) -> "Task":
+    def with_positions(self, model, prepend_bos: bool | None = None) -> Task:
         """A copy whose `positions` are token positions in the clean prompts as `model` tokenizes them.
 
         Each recorded slot (`params["per_prompt"]["spans"]`: IO, S1, S2 for `ioi`) maps to the token
@@ -222,7 +223,7 @@ class Task:
     def __len__(self) -> int:
         return len(self.clean)
 
-    def __getitem__(self, rows: slice) -> "Task":
+    def __getitem__(self, rows: slice) -> Task:
         """A sub-task of the rows `rows` selects: `task[:4]`."""
         if not isinstance(rows, slice):
             raise TypeError(f"index a task with a slice (task[{rows}:{rows}+1] for one prompt), not {type(rows).__name__}")
@@ -247,7 +248,7 @@ class Task:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Task":
+    def from_dict(cls, data: dict[str, Any]) -> Task:
         """The task `to_dict` described."""
         return cls(**copy.deepcopy(data))
 

@@ -5,13 +5,13 @@ Generic code reaches a family only through `MODEL_CLASSES` and what each class d
 """
 
 from hooked.models.base import HookedTransformer
+from hooked.models.gemma2 import Gemma2, Gemma2Config
+from hooked.models.gemma3 import Gemma3, Gemma3Config
 from hooked.models.gpt2 import GPT2, GPT2Config
 from hooked.models.gpt_neox import GPTNeoX, GPTNeoXConfig
 from hooked.models.llama import Llama, LlamaConfig, Mistral, MistralConfig
 from hooked.models.mixtral import Mixtral, MixtralConfig
 from hooked.models.olmo2 import Olmo2, Olmo2Config
-from hooked.models.gemma2 import Gemma2, Gemma2Config
-from hooked.models.gemma3 import Gemma3, Gemma3Config
 from hooked.models.qwen3 import Qwen3, Qwen3Config
 from hooked.models.qwen3_moe import Qwen3Moe, Qwen3MoeConfig
 

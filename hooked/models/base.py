@@ -21,12 +21,12 @@ from torch import Tensor, nn
 
 from hooked.cache import ActivationCache, accumulated_bias, run_with_cache
 from hooked.hooks import EMBED_STAGE, HookedRootModule, HookPoint
-from hooked.rows import Rows, running_rows
 from hooked.kv_cache import KVCache
-from hooked.models.tokens import TokenMethods
 from hooked.layers import AttentionMask, position_ids_for
-from hooked.transformer_lens.model import BuildsFromConfig, TransformerLensMethods, WeightStacks, unprocessed
+from hooked.models.tokens import TokenMethods
+from hooked.rows import Rows, running_rows
 from hooked.tokenizer import HookedTokenizer
+from hooked.transformer_lens.model import BuildsFromConfig, TransformerLensMethods, WeightStacks, unprocessed
 
 ModelInput = Union[str, list[str], Int[Tensor, "batch pos"], Int[Tensor, " pos"]]
 ReturnType = Literal["logits", "loss", "both", None]

@@ -43,7 +43,7 @@ class ModelConfig:
     def __getstate__(self) -> dict:  # the model link is a weakref, which cannot be pickled; the model rebinds
         return {k: v for k, v in self.__dict__.items() if k != "_model"}
 
-    def _bind(self, model: "HookedTransformer") -> None:
+    def _bind(self, model: HookedTransformer) -> None:
         object.__setattr__(self, "_model", weakref.ref(model))
 
     def _set_normalization_type(self, normalization_type: str) -> None:
@@ -56,7 +56,7 @@ class ModelConfig:
         `hook_tokens` only when True); set by `HookedTransformerConfig(use_hook_tokens=True)`."""
         object.__setattr__(self, "use_hook_tokens", bool(use_hook_tokens))
 
-    def _bound_model(self) -> "HookedTransformer":
+    def _bound_model(self) -> HookedTransformer:
         model = self.__dict__.get("_model")
         model = model() if model is not None else None
         if model is None:
@@ -95,7 +95,7 @@ class ModelConfig:
     transformer_lens_shape: ClassVar[str | None] = None  # the TransformerLens fields that pick this family, for errors
 
     @classmethod
-    def from_transformer_lens(cls, tl: dict) -> tuple["ModelConfig | None", list[str] | None]:
+    def from_transformer_lens(cls, tl: dict) -> tuple[ModelConfig | None, list[str] | None]:
         """This family's config from TransformerLens' `HookedTransformerConfig` fields (hooked.transformer_lens.config):
         (config, []) when `tl` describes this family; (None, problems) when it has this family's shape but
         fields it lacks, each named; (None, None) when it is not this family's shape."""

@@ -139,7 +139,7 @@ class Gemma2Config(RotaryRMSNames, ModelConfig):
         return self.layer_types[layer] == "sliding_attention"
 
     @classmethod
-    def from_hf(cls, config: dict) -> "Gemma2Config":
+    def from_hf(cls, config: dict) -> Gemma2Config:
         return cls(**cls._fields_from_hf(config))
 
     @classmethod

@@ -85,7 +85,7 @@ class Gemma3Config(Gemma2Config):
         return 1.0 if self.rope_scaling is None else self.rope_scaling.factor
 
     @classmethod
-    def from_hf(cls, config: dict) -> "Gemma3Config":
+    def from_hf(cls, config: dict) -> Gemma3Config:
         """A `gemma3_text` config.json, or a `Gemma3ForConditionalGeneration` one (the 4B+ models), whose `text_config`
         describes the language model (the vision tower is not loaded)."""
         if "text_config" not in config:

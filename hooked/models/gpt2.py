@@ -25,11 +25,22 @@ from torch import Tensor, nn
 
 from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookPoint
-from hooked.rows import current_rows
 from hooked.kv_cache import LayerKV
-from hooked.layers import AttentionMask, Conv1D, LayerNorm, Projection, Split, attend, attention_input, gelu_new, mlp_input, writable
+from hooked.layers import (
+    AttentionMask,
+    Conv1D,
+    LayerNorm,
+    Projection,
+    Split,
+    attend,
+    attention_input,
+    gelu_new,
+    mlp_input,
+    writable,
+)
 from hooked.models.base import HookedTransformer
 from hooked.models.config import ModelConfig
+from hooked.rows import current_rows
 
 
 @dataclass
@@ -77,7 +88,7 @@ class GPT2Config(ModelConfig):
     transformer_lens_shape = "normalization_type='LN', positional_embedding_type='standard', act_fn gelu_new or gelu"
 
     @classmethod
-    def from_transformer_lens(cls, tl: dict) -> tuple["GPT2Config | None", list[str] | None]:
+    def from_transformer_lens(cls, tl: dict) -> tuple[GPT2Config | None, list[str] | None]:
         if (tl["normalization_type"], tl["positional_embedding_type"]) != ("LN", "standard"):
             return None, None
         n_heads, d_head, d_model, act_fn = tl["n_heads"], tl["d_head"], tl["d_model"], tl["act_fn"]
@@ -95,7 +106,7 @@ class GPT2Config(ModelConfig):
                    scale_attn_by_inverse_layer_idx=tl["scale_attn_by_inverse_layer_idx"]), []
 
     @classmethod
-    def from_hf(cls, config: dict) -> "GPT2Config":
+    def from_hf(cls, config: dict) -> GPT2Config:
         unsupported = {
             "add_cross_attention": True,
             "reorder_and_upcast_attn": True,

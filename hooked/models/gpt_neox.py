@@ -31,12 +31,20 @@ from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import (
+    AttentionMask,
+    LayerNorm,
     Projection,
-    AttentionMask, LayerNorm, Split, add_bias, attend, attention_input, gelu_new, mlp_input, writable,
+    Split,
+    add_bias,
+    attend,
+    attention_input,
+    gelu_new,
+    mlp_input,
+    writable,
 )
-from hooked.rotary import RotaryEmbedding, apply_rotary
 from hooked.models.base import HookedTransformer
 from hooked.models.config import ModelConfig
+from hooked.rotary import RotaryEmbedding, apply_rotary
 
 
 def gelu_fast(x: Tensor) -> Tensor:
@@ -124,7 +132,7 @@ class GPTNeoXConfig(ModelConfig):
                                              f" act_fn one of {', '.join(ACTIVATIONS)}")
 
     @classmethod
-    def from_transformer_lens(cls, tl: dict) -> tuple["GPTNeoXConfig | None", list[str] | None]:
+    def from_transformer_lens(cls, tl: dict) -> tuple[GPTNeoXConfig | None, list[str] | None]:
         """TransformerLens' fields for GPTNeoXForCausalLM (loading_from_pretrained.convert_hf_model_config): LayerNorm,
         rotary over `rotary_dim` dims in half-split pairs, biases everywhere; `parallel_attn_mlp` picks the block."""
         if (tl["normalization_type"], tl["positional_embedding_type"]) != ("LN", "rotary"):
@@ -149,7 +157,7 @@ class GPTNeoXConfig(ModelConfig):
                    tie_word_embeddings=tl["tie_word_embeddings"], max_position_embeddings=tl["n_ctx"]), []
 
     @classmethod
-    def from_hf(cls, config: dict) -> "GPTNeoXConfig":
+    def from_hf(cls, config: dict) -> GPTNeoXConfig:
         """Read a config.json: hub layout (`rotary_pct`, `rotary_emb_base`) or transformers 5's `rope_parameters`."""
         hidden_act = config.get("hidden_act", "gelu")
         if hidden_act not in ACTIVATIONS:

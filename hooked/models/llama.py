@@ -28,10 +28,10 @@ from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
 from hooked.layers import AttentionMask, GatedMLP, Projection, RMSNorm
-from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
 from hooked.models.base import HookedTransformer
 from hooked.models.config import ModelConfig
 from hooked.models.qwen3 import Qwen3, Qwen3Attention, Qwen3Block, RotaryRMSNames, rms_rotary_fields
+from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
 
 
 @dataclass
@@ -88,7 +88,7 @@ class LlamaConfig(RotaryRMSNames, ModelConfig):
                               " use_qk_norm=False, final_rms=True")
 
     @classmethod
-    def from_transformer_lens(cls, tl: dict) -> tuple["LlamaConfig | None", list[str] | None]:
+    def from_transformer_lens(cls, tl: dict) -> tuple[LlamaConfig | None, list[str] | None]:
         """A Llama from TransformerLens' fields (hooked.transformer_lens.config); plain RoPE (TransformerLens' NTK-by-parts
         and sliding-window fields are refused there, so neither reaches here)."""
         if cls is not LlamaConfig or tl["use_qk_norm"]:
@@ -97,7 +97,7 @@ class LlamaConfig(RotaryRMSNames, ModelConfig):
         return (None, problems) if fields is None else (LlamaConfig(**fields), [])
 
     @classmethod
-    def from_hf(cls, config: dict) -> "LlamaConfig":
+    def from_hf(cls, config: dict) -> LlamaConfig:
         return cls(**cls._fields_from_hf(config))
 
     @classmethod

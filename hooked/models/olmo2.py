@@ -78,7 +78,7 @@ class Olmo2Config(RotaryRMSNames, ModelConfig):
             raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
 
     @classmethod
-    def from_hf(cls, config: dict) -> "Olmo2Config":
+    def from_hf(cls, config: dict) -> Olmo2Config:
         if config.get("hidden_act", "silu") != "silu":
             raise ValueError(f"Olmo2ForCausalLM with hidden_act {config['hidden_act']!r} is not supported by hooked (silu only)")
         rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})

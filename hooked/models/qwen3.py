@@ -24,10 +24,21 @@ from torch import Tensor, nn
 from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
-from hooked.layers import AttentionMask, GatedMLP, Projection, RMSNorm, Split, add_bias, attend, attention_input, mlp_input, writable
-from hooked.rotary import RotaryEmbedding, YarnScaling, apply_rotary
+from hooked.layers import (
+    AttentionMask,
+    GatedMLP,
+    Projection,
+    RMSNorm,
+    Split,
+    add_bias,
+    attend,
+    attention_input,
+    mlp_input,
+    writable,
+)
 from hooked.models.base import HookedTransformer
 from hooked.models.config import ModelConfig
+from hooked.rotary import RotaryEmbedding, YarnScaling, apply_rotary
 
 
 class RotaryRMSNames:
@@ -85,12 +96,12 @@ class Qwen3Config(RotaryRMSNames, ModelConfig):
                               " use_qk_norm=True, final_rms=True")
 
     @classmethod
-    def from_transformer_lens(cls, tl: dict) -> tuple["Qwen3Config | None", list[str] | None]:
+    def from_transformer_lens(cls, tl: dict) -> tuple[Qwen3Config | None, list[str] | None]:
         fields, problems = rms_rotary_fields(tl, "Qwen3", qk_norm=True)
         return (None, problems) if fields is None else (Qwen3Config(**fields), [])
 
     @classmethod
-    def from_hf(cls, config: dict) -> "Qwen3Config":
+    def from_hf(cls, config: dict) -> Qwen3Config:
         return cls(**cls._fields_from_hf(config))
 
     @classmethod

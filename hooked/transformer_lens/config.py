@@ -39,9 +39,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hooked.transformer_lens.model import TRANSFORMER_LENS_GENERATE
 from hooked.layers import Conv1D
 from hooked.models.config import ModelConfig
+from hooked.transformer_lens.model import TRANSFORMER_LENS_GENERATE
 
 # TransformerLens 3.9 fields that change the function, with the value every hooked family has (its default).
 _FIXED = {

@@ -45,13 +45,13 @@ IOI_TEMPLATES = [
 IOI_NOUNS = {"LOCATION": ["store", "market"], "OBJECT": ["milk", "eggs", "bread"]}
 
 
-def sanity_check(model: "HookedTransformer") -> Tensor:
+def sanity_check(model: HookedTransformer) -> Tensor:
     """The model's mean next-token loss on `SANITY_TEXT`: below 5 the model is probably fine, above 7 broken."""
     return model(SANITY_TEXT, return_type="loss")
 
 
 @torch.inference_mode()
-def induction_loss(model: "HookedTransformer", tokenizer=None, batch_size: int = 4, subseq_len: int = 384,
+def induction_loss(model: HookedTransformer, tokenizer=None, batch_size: int = 4, subseq_len: int = 384,
                    prepend_bos: bool | None = None, device=None) -> Tensor:
     """Mean loss on the second half of `batch_size` random sequences of `subseq_len` tokens repeated twice
     (low when the model has induction heads). Tokens are drawn from torch's global generator in
@@ -72,7 +72,7 @@ def induction_loss(model: "HookedTransformer", tokenizer=None, batch_size: int =
 
 
 @torch.inference_mode()
-def evaluate_on_dataset(model: "HookedTransformer", data_loader: Iterable, truncate: int = 100, device=None) -> float:
+def evaluate_on_dataset(model: HookedTransformer, data_loader: Iterable, truncate: int = 100, device=None) -> float:
     """Mean loss over the batches of `data_loader` (`{"tokens": [batch pos]}` each), stopping after
     `truncate` + 1 batches as TransformerLens does."""
     device = model.cfg.device if device is None else device
@@ -88,7 +88,7 @@ def evaluate_on_dataset(model: "HookedTransformer", data_loader: Iterable, trunc
 
 
 @torch.inference_mode()
-def evaluate(model: "HookedTransformer", truncate: int = 100, batch_size: int = 8, tokenizer=None,
+def evaluate(model: HookedTransformer, truncate: int = 100, batch_size: int = 8, tokenizer=None,
              data_loaders: Mapping[str, Iterable] | None = None) -> dict[str, float]:
     """`{"<name>_loss": mean loss}` for each data loader. TransformerLens downloads wikitext, OpenWebText,
     the Pile and a code set here; hooked does not: pass `data_loaders={"wiki": loader, ...}`."""
@@ -157,7 +157,7 @@ class IOIDataset(torch.utils.data.Dataset):
 
 
 @torch.inference_mode()
-def ioi_eval(model: "HookedTransformer", dataset=None, batch_size: int = 8, num_samples: int = 1000, tokenizer=None,
+def ioi_eval(model: HookedTransformer, dataset=None, batch_size: int = 8, num_samples: int = 1000, tokenizer=None,
              symmetric: bool = False) -> dict[str, float]:
     """`{"Logit Difference", "Accuracy"}`: the mean logit of the indirect object minus the subject's at the
     token before the answer (at the first token where the two names differ), and how often it is > 0.
@@ -187,7 +187,7 @@ def ioi_eval(model: "HookedTransformer", dataset=None, batch_size: int = 8, num_
 
 
 @torch.inference_mode()
-def mmlu_eval(model: "HookedTransformer", tokenizer=None, subjects: str | list[str] | None = None, split: str = "test",
+def mmlu_eval(model: HookedTransformer, tokenizer=None, subjects: str | list[str] | None = None, split: str = "test",
               num_samples: int | None = None, *, data: list[dict] | None = None) -> dict:
     """Zero-shot MMLU as TransformerLens scores it: each question with its four choices, then "Answer:", and
     the answer letter (" A" .. " D") with the highest log-probability. TransformerLens downloads cais/mmlu;

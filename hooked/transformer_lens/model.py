@@ -72,7 +72,7 @@ class TransformerLensMethods:
         dtype: torch.dtype | str = torch.float32,
         first_n_layers: int | None = None,
         **from_pretrained_kwargs,
-    ) -> "HookedTransformer":
+    ) -> HookedTransformer:
         """Load from a local directory, a hub id or a TransformerLens model name, processed as TransformerLens does.
 
         Takes TransformerLens 3.9's keyword arguments with its defaults: the norms are folded into the
@@ -114,7 +114,7 @@ class TransformerLensMethods:
         return model
 
     @classmethod
-    def from_pretrained_no_processing(cls, name_or_path: str | Path, **kwargs) -> "HookedTransformer":
+    def from_pretrained_no_processing(cls, name_or_path: str | Path, **kwargs) -> HookedTransformer:
         """TransformerLens' unprocessed load: `from_pretrained` with every processing flag False (the
         checkpoint's own weights, as `hooked.load` gives them)."""
         for name in ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",

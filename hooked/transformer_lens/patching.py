@@ -129,7 +129,7 @@ class ScalarMetric:
 
 
 # ----------------------------------------------------------------------------- the generic patch
-def make_df_from_ranges(column_max_ranges: Sequence[int], column_names: Sequence[str]) -> "pd.DataFrame":
+def make_df_from_ranges(column_max_ranges: Sequence[int], column_names: Sequence[str]) -> pd.DataFrame:
     """A dataframe with every combination of `range(n)` for each n, one column per name (needs pandas)."""
     import pandas as pd
 
@@ -137,7 +137,7 @@ def make_df_from_ranges(column_max_ranges: Sequence[int], column_names: Sequence
     return pd.DataFrame(rows, columns=list(column_names))
 
 
-def _axis_ranges(model: "HookedTransformer", corrupted_tokens: Tensor, activation_name: str) -> dict[str, int]:
+def _axis_ranges(model: HookedTransformer, corrupted_tokens: Tensor, activation_name: str) -> dict[str, int]:
     n_heads = model.cfg.n_heads
     if activation_name in ("k", "v") and getattr(model.cfg, "n_key_value_heads", None) is not None:
         n_heads = model.cfg.n_key_value_heads
@@ -146,16 +146,16 @@ def _axis_ranges(model: "HookedTransformer", corrupted_tokens: Tensor, activatio
 
 
 def generic_activation_patch(
-    model: "HookedTransformer",
+    model: HookedTransformer,
     corrupted_tokens: Int[Tensor, "batch pos"],
     clean_cache: ActivationCache,
     patching_metric: Callable[[Float[Tensor, "batch pos d_vocab"]], Float[Tensor, ""]],
     patch_setter: PatchSetter,
     activation_name: str,
     index_axis_names: Sequence[str] | None = None,
-    index_df: "pd.DataFrame | None" = None,
+    index_df: pd.DataFrame | None = None,
     return_index_df: bool = False,
-) -> Tensor | tuple[Tensor, "pd.DataFrame"]:
+) -> Tensor | tuple[Tensor, pd.DataFrame]:
     """The metric after each patch of `activation_name` (`"z"`, `"resid_pre"`, ...) at every index.
 
     With `index_axis_names` (the first one "layer") every combination is patched and the result has one
@@ -185,7 +185,7 @@ def generic_activation_patch(
 
 
 def _specialise(name: str, setter: PatchSetter, activation_name: str, axes: tuple[str, ...], shape: str):
-    def patch(model: "HookedTransformer", corrupted_tokens: Int[Tensor, "batch pos"], clean_cache: ActivationCache,
+    def patch(model: HookedTransformer, corrupted_tokens: Int[Tensor, "batch pos"], clean_cache: ActivationCache,
               patching_metric: Callable[[Tensor], Tensor], index_axis_names=axes, index_df=None,
               return_index_df: bool = False):
         return generic_activation_patch(model, corrupted_tokens, clean_cache, patching_metric, setter, activation_name,

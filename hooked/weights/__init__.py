@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from hooked.transformer_lens import aliases
-from hooked.transformer_lens.processing import FLAGS, check_flags, process_weights, unprocessed
 from hooked.distributed import Parallel, parallelize
 from hooked.tokenizer import HookedTokenizer
+from hooked.transformer_lens import aliases
+from hooked.transformer_lens.processing import FLAGS, check_flags, process_weights, unprocessed
 
 _HUB_PATTERNS = [
     "config.json",
@@ -92,7 +92,12 @@ def resolve(name_or_path: str | Path, config_only: bool = False) -> Path:
             f" are: {', '.join(bundled)}"
         )
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import GatedRepoError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     hub_name = hub_name_for(name_or_path)
     named = repr(str(name_or_path)) + (f" (TransformerLens' name for hub id {hub_name!r})" if hub_name != str(name_or_path) else "")
@@ -531,7 +536,7 @@ class SafetensorsFile:
     def _error(self, problem: str) -> CheckpointError:
         return CheckpointError(f"{self.path} is not a readable safetensors file: {problem}; is it truncated?")
 
-    def __enter__(self) -> "SafetensorsFile":
+    def __enter__(self) -> SafetensorsFile:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -12,7 +12,7 @@ Changes to the upstream file:
   see DIFFERENCES.
 """
 
-from functools import lru_cache
+from functools import cache
 
 import pytest
 import torch
@@ -81,7 +81,7 @@ def get_ioi_tokens_and_answer_tokens(model):
     return tokens, answer_tokens
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_model(name):
     # Cached so each model loads once for the whole module instead of per-test.
     # Read-only: tests here only run forward/run_with_cache and read cfg — never mutate the model.

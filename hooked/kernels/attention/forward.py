@@ -25,7 +25,15 @@ import triton
 import triton.language as tl
 
 from hooked.kernels.attention.common import (
-    _autotune, _configs, _dot, _key_blocks, _load, _packed_rows, _scores, _store, _visible,
+    _autotune,
+    _configs,
+    _dot,
+    _key_blocks,
+    _load,
+    _packed_rows,
+    _scores,
+    _store,
+    _visible,
 )
 
 
