@@ -47,21 +47,52 @@ REPO_ROOT = os.path.dirname(BENCH_FOLDER)
 
 # (config class, model class, config kwargs) of transformers, per end-to-end model.
 E2E_MODELS = {
-    "gpt2-small": ("GPT2Config", "GPT2LMHeadModel",
-                   dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=4096)),
-    "qwen3-0.6b": ("Qwen3Config", "Qwen3ForCausalLM",
-                   dict(num_hidden_layers=28, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8,
-                        head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True,
-                        max_position_embeddings=40960, rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "gpt2-small": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=4096),
+    ),
+    "qwen3-0.6b": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            num_hidden_layers=28,
+            hidden_size=1024,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=3072,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+            max_position_embeddings=40960,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        ),
+    ),
 }
 E2E_SHAPES = [(8, 1024), (1, 4096)]
 # --dry-run: the same architectures, tiny.
 DRY_RUN_MODELS = {
-    "gpt2-tiny": ("GPT2Config", "GPT2LMHeadModel", dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128, bos_token_id=0, eos_token_id=0)),
-    "qwen3-tiny": ("Qwen3Config", "Qwen3ForCausalLM",
-                   dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                        intermediate_size=128, vocab_size=512, tie_word_embeddings=True, max_position_embeddings=128,
-                        rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "gpt2-tiny": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128, bos_token_id=0, eos_token_id=0),
+    ),
+    "qwen3-tiny": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            intermediate_size=128,
+            vocab_size=512,
+            tie_word_embeddings=True,
+            max_position_embeddings=128,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        ),
+    ),
 }
 DRY_RUN_SHAPES = [(2, 32), (1, 64)]
 FWD_TARGET, DECODE_TARGET = 0.9, 1.2  # forward >= 0.9x SDPA TFLOP/s; decode time <= 1.2x SDPA's
@@ -94,8 +125,10 @@ def kernel_section(args) -> list[dict]:
 
     dtype, dev, H = torch.bfloat16, "cuda", args.heads
     print(f"device: {torch.cuda.get_device_name()}  dtype: bf16  heads: {H}  causal")
-    header = (f"{'d':>4} {'seq':>6} {'batch':>5} | {'fwd TF/s':>9} {'sdpa':>7} {'ratio':>6} | "
-              f"{'f+b TF/s':>9} {'sdpa':>7} {'ratio':>6} | {'decode us':>9} {'sdpa':>7} {'t ratio':>7} | {'max|diff|':>9}")
+    header = (
+        f"{'d':>4} {'seq':>6} {'batch':>5} | {'fwd TF/s':>9} {'sdpa':>7} {'ratio':>6} | "
+        f"{'f+b TF/s':>9} {'sdpa':>7} {'ratio':>6} | {'decode us':>9} {'sdpa':>7} {'t ratio':>7} | {'max|diff|':>9}"
+    )
     print(header)
     print("-" * len(header))
     rows = []
@@ -151,16 +184,31 @@ def kernel_section(args) -> list[dict]:
             fwd = causal_fwd_flops(b, H, s, d)
             fb = 3.5 * fwd  # forward + backward (backward = 2.5 x forward)
             tf = lambda flops, ms: flops / (ms * 1e-3) / 1e12  # noqa: E731
-            print(f"{d:>4} {s:>6} {b:>5} | {tf(fwd, t_f):>9.1f} {tf(fwd, t_f_ref):>7.1f} {t_f_ref / t_f:>6.2f} | "
-                  f"{tf(fb, t_fb):>9.1f} {tf(fb, t_fb_ref):>7.1f} {t_fb_ref / t_fb:>6.2f} | "
-                  f"{t_d * 1e3:>9.1f} {t_d_ref * 1e3:>7.1f} {t_d / t_d_ref:>7.2f} | {diff:>9.2e}")
-            rows.append(dict(d=d, seq=s, batch=b, fwd_tflops=tf(fwd, t_f), fwd_tflops_ref=tf(fwd, t_f_ref),
-                             fb_tflops=tf(fb, t_fb), fb_tflops_ref=tf(fb, t_fb_ref), decode_us=t_d * 1e3,
-                             decode_us_ref=t_d_ref * 1e3, diff=diff))
+            print(
+                f"{d:>4} {s:>6} {b:>5} | {tf(fwd, t_f):>9.1f} {tf(fwd, t_f_ref):>7.1f} {t_f_ref / t_f:>6.2f} | "
+                f"{tf(fb, t_fb):>9.1f} {tf(fb, t_fb_ref):>7.1f} {t_fb_ref / t_fb:>6.2f} | "
+                f"{t_d * 1e3:>9.1f} {t_d_ref * 1e3:>7.1f} {t_d / t_d_ref:>7.2f} | {diff:>9.2e}"
+            )
+            rows.append(
+                dict(
+                    d=d,
+                    seq=s,
+                    batch=b,
+                    fwd_tflops=tf(fwd, t_f),
+                    fwd_tflops_ref=tf(fwd, t_f_ref),
+                    fb_tflops=tf(fb, t_fb),
+                    fb_tflops_ref=tf(fb, t_fb_ref),
+                    decode_us=t_d * 1e3,
+                    decode_us_ref=t_d_ref * 1e3,
+                    diff=diff,
+                )
+            )
             del q, k, v, qt, kt, vt, dout, dout_t
             torch.cuda.empty_cache()
-    print("ratio = SDPA time / our time (>1: we are faster); t ratio = our decode time / SDPA decode time;"
-          " max|diff| = forward difference to SDPA")
+    print(
+        "ratio = SDPA time / our time (>1: we are faster); t ratio = our decode time / SDPA decode time;"
+        " max|diff| = forward difference to SDPA"
+    )
     return rows
 
 
@@ -187,7 +235,9 @@ def max_abs_diff(a, b) -> float:
     return max((a[i].float() - b[i].float()).abs().max().item() for i in range(a.shape[0]))
 
 
-def end_to_end(models: dict, shapes, device: str, backends: tuple[str, ...], timer, checkpoint_dir, rounds: int = 3) -> list[dict]:
+def end_to_end(
+    models: dict, shapes, device: str, backends: tuple[str, ...], timer, checkpoint_dir, rounds: int = 3
+) -> list[dict]:
     """Forward of each model at each [batch pos] under each attention backend: times, ratio, logit diff.
 
     A failure in one (model, shape) is recorded in its row (and printed) and the others still run.
@@ -200,13 +250,16 @@ def end_to_end(models: dict, shapes, device: str, backends: tuple[str, ...], tim
     common.quiet_transformers()
     rows = []
     for name, (config_name, model_name, kwargs) in models.items():
-        directory = common.transformers_checkpoint(checkpoint_dir / f"e2e-{name}-bf16", config_name, model_name, kwargs,
-                                                   dtype=torch.bfloat16)
+        directory = common.transformers_checkpoint(
+            checkpoint_dir / f"e2e-{name}-bf16", config_name, model_name, kwargs, dtype=torch.bfloat16
+        )
         model = hooked.load(directory, dtype=torch.bfloat16, device=device)
         n_params = sum(p.numel() for p in {p.data_ptr(): p for p in model.parameters()}.values())
         print(f"\n{name}: {type(model).__name__}, {n_params / 1e6:.3g}M parameters, bfloat16 on {device} ({directory})")
         for batch, pos in shapes:
-            row = dict(model=name, d_head=model.cfg.d_head, batch=batch, pos=pos, ms={}, diff=None, max_logit=None, error=None)
+            row = dict(
+                model=name, d_head=model.cfg.d_head, batch=batch, pos=pos, ms={}, diff=None, max_logit=None, error=None
+            )
             rows.append(row)
             try:
                 generator = torch.Generator().manual_seed(0)
@@ -232,8 +285,11 @@ def end_to_end(models: dict, shapes, device: str, backends: tuple[str, ...], tim
             if device == "cuda":
                 torch.cuda.empty_cache()
             times = "  ".join(f"{backend} {ms:.2f} ms" for backend, ms in row["ms"].items())
-            ratio = (f"  SDPA / Triton time {row['ms']['sdpa'] / row['ms']['triton']:.3f}"
-                     if {"sdpa", "triton"} <= row["ms"].keys() else "")
+            ratio = (
+                f"  SDPA / Triton time {row['ms']['sdpa'] / row['ms']['triton']:.3f}"
+                if {"sdpa", "triton"} <= row["ms"].keys()
+                else ""
+            )
             diff = f"  max|logits triton - logits sdpa| {row['diff']:.3g}" if row["diff"] is not None else ""
             scale = f"  (max |logit| {row['max_logit']:.3g})" if row["max_logit"] is not None else ""
             print(f"  forward {batch} x {pos}: {row['error'] or times + ratio + diff + scale}")
@@ -243,7 +299,10 @@ def end_to_end(models: dict, shapes, device: str, backends: tuple[str, ...], tim
 
 # ----------------------------------------------------------------------------- summary
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" if i else "---" for i in range(len(headers))) + "|"]
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---:" if i else "---" for i in range(len(headers))) + "|",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -254,30 +313,80 @@ def summary(kernel_rows: list[dict], e2e_rows: list[dict], dtype: str = "bf16") 
     "SDPA time / Triton time" > 1 means Triton is faster; the decode target (time <= 1.2x SDPA's)
     is a ratio >= 1 / 1.2 = 0.83 in this column.
     """
-    headers = ["benchmark", "d_head", "batch x seq", "Triton", "SDPA", "SDPA time / Triton time", "target", "met",
-               "max abs diff"]
+    headers = [
+        "benchmark",
+        "d_head",
+        "batch x seq",
+        "Triton",
+        "SDPA",
+        "SDPA time / Triton time",
+        "target",
+        "met",
+        "max abs diff",
+    ]
     rows = []
     for r in kernel_rows:
         shape = f"{r['batch']} x {r['seq']}"
         fwd_ratio = r["fwd_tflops"] / r["fwd_tflops_ref"]
         decode_ratio = r["decode_us_ref"] / r["decode_us"]
-        rows.append([f"kernel forward, {dtype}", str(r["d"]), shape, f"{r['fwd_tflops']:.1f} TFLOP/s",
-                     f"{r['fwd_tflops_ref']:.1f} TFLOP/s", f"{fwd_ratio:.2f}", f">= {FWD_TARGET}",
-                     "yes" if fwd_ratio >= FWD_TARGET else "**no**", f"{r['diff']:.2e}"])
-        rows.append([f"kernel forward+backward, {dtype}", str(r["d"]), shape, f"{r['fb_tflops']:.1f} TFLOP/s",
-                     f"{r['fb_tflops_ref']:.1f} TFLOP/s", f"{r['fb_tflops'] / r['fb_tflops_ref']:.2f}", "-", "-", "-"])
-        rows.append([f"kernel decode (1 query), {dtype}", str(r["d"]), f"{r['batch']} x 1 over {r['seq']} keys",
-                     f"{r['decode_us']:.1f} us", f"{r['decode_us_ref']:.1f} us", f"{decode_ratio:.2f}",
-                     f">= {1 / DECODE_TARGET:.2f} (time <= {DECODE_TARGET}x)",
-                     "yes" if r["decode_us"] <= DECODE_TARGET * r["decode_us_ref"] else "**no**", "-"])
+        rows.append(
+            [
+                f"kernel forward, {dtype}",
+                str(r["d"]),
+                shape,
+                f"{r['fwd_tflops']:.1f} TFLOP/s",
+                f"{r['fwd_tflops_ref']:.1f} TFLOP/s",
+                f"{fwd_ratio:.2f}",
+                f">= {FWD_TARGET}",
+                "yes" if fwd_ratio >= FWD_TARGET else "**no**",
+                f"{r['diff']:.2e}",
+            ]
+        )
+        rows.append(
+            [
+                f"kernel forward+backward, {dtype}",
+                str(r["d"]),
+                shape,
+                f"{r['fb_tflops']:.1f} TFLOP/s",
+                f"{r['fb_tflops_ref']:.1f} TFLOP/s",
+                f"{r['fb_tflops'] / r['fb_tflops_ref']:.2f}",
+                "-",
+                "-",
+                "-",
+            ]
+        )
+        rows.append(
+            [
+                f"kernel decode (1 query), {dtype}",
+                str(r["d"]),
+                f"{r['batch']} x 1 over {r['seq']} keys",
+                f"{r['decode_us']:.1f} us",
+                f"{r['decode_us_ref']:.1f} us",
+                f"{decode_ratio:.2f}",
+                f">= {1 / DECODE_TARGET:.2f} (time <= {DECODE_TARGET}x)",
+                "yes" if r["decode_us"] <= DECODE_TARGET * r["decode_us_ref"] else "**no**",
+                "-",
+            ]
+        )
     for r in e2e_rows:
         ms = r["ms"]
         triton = f"{ms['triton']:.2f} ms" if "triton" in ms else ("error" if r["error"] else "not run")
         sdpa = f"{ms['sdpa']:.2f} ms" if "sdpa" in ms else ("error" if r["error"] else "not run")
         ratio = f"{ms['sdpa'] / ms['triton']:.3f}" if {"sdpa", "triton"} <= ms.keys() else "-"
         diff = f"{r['diff']:.3g} logits (max abs logit {r['max_logit']:.3g})" if r["diff"] is not None else "-"
-        rows.append([f"model forward {r['model']}, {dtype}", str(r["d_head"]), f"{r['batch']} x {r['pos']}", triton, sdpa, ratio, "-", "-",
-                     r["error"] or diff])
+        rows.append(
+            [
+                f"model forward {r['model']}, {dtype}",
+                str(r["d_head"]),
+                f"{r['batch']} x {r['pos']}",
+                triton,
+                sdpa,
+                ratio,
+                "-",
+                "-",
+                r["error"] or diff,
+            ]
+        )
     return markdown_table(headers, rows)
 
 
@@ -308,8 +417,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seqs", type=int, nargs="*", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--head-dims", type=int, nargs="*", default=[64, 128])
     parser.add_argument("--sections", nargs="+", choices=("kernels", "e2e"), default=["kernels", "e2e"])
-    parser.add_argument("--dry-run", action="store_true",
-                        help="run the end-to-end code on the CPU with tiny models and the sdpa backend (no GPU needed)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run the end-to-end code on the CPU with tiny models and the sdpa backend (no GPU needed)",
+    )
     args = parser.parse_args(argv)
 
     if args.dry_run:
@@ -324,8 +436,12 @@ def main(argv=None) -> int:
     kernel_rows = kernel_section(args) if "kernels" in args.sections else []
     e2e_rows = []
     if "e2e" in args.sections:
-        print(f"\nend to end: hooked forward, bf16, attention_backend('triton') vs ('sdpa'), {torch.cuda.get_device_name()}")
-        e2e_rows = end_to_end(E2E_MODELS, E2E_SHAPES, "cuda", ("triton", "sdpa"), cuda_timer, _import_common().BENCH_DIR)
+        print(
+            f"\nend to end: hooked forward, bf16, attention_backend('triton') vs ('sdpa'), {torch.cuda.get_device_name()}"
+        )
+        e2e_rows = end_to_end(
+            E2E_MODELS, E2E_SHAPES, "cuda", ("triton", "sdpa"), cuda_timer, _import_common().BENCH_DIR
+        )
     print(f"\nsummary (markdown; {torch.cuda.get_device_name()}, torch {torch.__version__})\n")
     print(summary(kernel_rows, e2e_rows))
     return 1 if any(r["error"] for r in e2e_rows) else 0

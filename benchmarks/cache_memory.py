@@ -81,7 +81,9 @@ def worker(library: str, batch: int, pos: int) -> dict:
         "wrong_shapes": wrong_shapes,
         "payload": distinct_bytes([logits, *tensors.values()]),
         "names": list(tensors),
-        "storage": {name: [t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()] for name, t in tensors.items()},
+        "storage": {
+            name: [t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()] for name, t in tensors.items()
+        },
         "needed": {name: t.numel() * t.element_size() for name, t in tensors.items()},
         "logits": logits_bytes,
         "forward": [forward_peak, forward_held],
@@ -116,7 +118,9 @@ def main() -> None:
     libraries = LIBRARIES[:1] if args.no_transformer_lens else LIBRARIES
     results = {library: run_worker(library, args) for library in libraries}
     ours = results["hooked"]
-    wrong_shapes = ours["wrong_shapes"]  # the values are compared with TransformerLens' in tests/test_cache_transformer_lens.py
+    wrong_shapes = ours[
+        "wrong_shapes"
+    ]  # the values are compared with TransformerLens' in tests/test_cache_transformer_lens.py
 
     rows = []
     for library, result in results.items():
@@ -124,9 +128,19 @@ def main() -> None:
         needed = sum(result["needed"].values())
         shared = len(result["names"]) - len({ptr for ptr, _ in result["storage"].values()})
         rows.append((library, str(len(result["names"])), str(shared), f"{held / GiB:.3f}", f"{needed / GiB:.3f}"))
-    print(table(["default run_with_cache()", "tensors", "names sharing a buffer", "GiB held (distinct storages)",
-                 "GiB sum of numel * element_size"], rows,
-                title=f"\nrun_with_cache, default points, float32, batch {args.batch} x {args.pos}"))
+    print(
+        table(
+            [
+                "default run_with_cache()",
+                "tensors",
+                "names sharing a buffer",
+                "GiB held (distinct storages)",
+                "GiB sum of numel * element_size",
+            ],
+            rows,
+            title=f"\nrun_with_cache, default points, float32, batch {args.batch} x {args.pos}",
+        )
+    )
     if wrong_shapes:
         print("hooked's cached shapes differing from model.hook_shapes():", wrong_shapes[:10])
 
@@ -135,20 +149,45 @@ def main() -> None:
         common = [name for name in ours["names"] if name in set(theirs["names"])]
         ours_held, theirs_held = held_bytes(ours, common), held_bytes(theirs, common)
         print()
-        print(table(["", "names", "hooked GiB", "TransformerLens GiB", "ratio hooked / TransformerLens"], [
-            ("names both cache", str(len(common)), f"{ours_held / GiB:.3f}", f"{theirs_held / GiB:.3f}",
-             f"{ours_held / theirs_held:.3f}"),
-            ("each library's default set", f"{len(ours['names'])} / {len(theirs['names'])}",
-             f"{held_bytes(ours, ours['names']) / GiB:.3f}", f"{held_bytes(theirs, theirs['names']) / GiB:.3f}",
-             f"{held_bytes(ours, ours['names']) / held_bytes(theirs, theirs['names']):.3f}"),
-        ], title="cache bytes held (distinct storages), target: names both cache <= 1.00"))
-        only_ours = sorted({re.sub(r"^blocks\.\d+\.", "blocks.{i}.", n) for n in ours["names"] if n not in set(theirs["names"])})
-        only_theirs = sorted({re.sub(r"^blocks\.\d+\.", "blocks.{i}.", n) for n in theirs["names"] if n not in set(ours["names"])})
+        print(
+            table(
+                ["", "names", "hooked GiB", "TransformerLens GiB", "ratio hooked / TransformerLens"],
+                [
+                    (
+                        "names both cache",
+                        str(len(common)),
+                        f"{ours_held / GiB:.3f}",
+                        f"{theirs_held / GiB:.3f}",
+                        f"{ours_held / theirs_held:.3f}",
+                    ),
+                    (
+                        "each library's default set",
+                        f"{len(ours['names'])} / {len(theirs['names'])}",
+                        f"{held_bytes(ours, ours['names']) / GiB:.3f}",
+                        f"{held_bytes(theirs, theirs['names']) / GiB:.3f}",
+                        f"{held_bytes(ours, ours['names']) / held_bytes(theirs, theirs['names']):.3f}",
+                    ),
+                ],
+                title="cache bytes held (distinct storages), target: names both cache <= 1.00",
+            )
+        )
+        only_ours = sorted(
+            {re.sub(r"^blocks\.\d+\.", "blocks.{i}.", n) for n in ours["names"] if n not in set(theirs["names"])}
+        )
+        only_theirs = sorted(
+            {re.sub(r"^blocks\.\d+\.", "blocks.{i}.", n) for n in theirs["names"] if n not in set(ours["names"])}
+        )
         print(f"only hooked caches: {only_ours}; only TransformerLens caches: {only_theirs}")
 
     def row(name, peak, held, payload):
-        return (name, f"{peak['VmRSS'] / GiB:.3f}", f"{peak['RssAnon'] / GiB:.3f}", f"{held['RssAnon'] / GiB:.3f}",
-                f"{payload / GiB:.3f}", f"{peak['RssAnon'] / payload:.2f}")
+        return (
+            name,
+            f"{peak['VmRSS'] / GiB:.3f}",
+            f"{peak['RssAnon'] / GiB:.3f}",
+            f"{held['RssAnon'] / GiB:.3f}",
+            f"{payload / GiB:.3f}",
+            f"{peak['RssAnon'] / payload:.2f}",
+        )
 
     rows = []
     for library, result in results.items():
@@ -156,10 +195,20 @@ def main() -> None:
         rows.append(row(f"{library}: forward (output: logits)", *result["forward"], result["logits"]))
         rows.append(row(f"{library}: run_with_cache (output: logits + cache)", *result["cache"], payload))
     print()
-    print(table(
-        ["", "peak RSS growth GiB", "peak RssAnon growth GiB", "RssAnon held after GiB", "output GiB", "peak anon / output"],
-        rows, title="resident memory, each library in its own process, sampled every 2 ms (growth over the RSS before the call)",
-    ))
+    print(
+        table(
+            [
+                "",
+                "peak RSS growth GiB",
+                "peak RssAnon growth GiB",
+                "RssAnon held after GiB",
+                "output GiB",
+                "peak anon / output",
+            ],
+            rows,
+            title="resident memory, each library in its own process, sampled every 2 ms (growth over the RSS before the call)",
+        )
+    )
 
 
 if __name__ == "__main__":

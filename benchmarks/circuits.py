@@ -88,16 +88,28 @@ def memory_worker(name: str) -> None:
 def eap_section(repeats: int) -> None:
     model, fns = _gpt2_small_setup()
     timings = compare(fns, repeats=repeats, warmup=1)
-    print(timing_table(timings, unit="ms", title=f"EAP over {len(circuits.graph(model).edges):,} edges, GPT-2 small shape,"
-                                                    " 8 x 15 tokens, float32"))
+    print(
+        timing_table(
+            timings,
+            unit="ms",
+            title=f"EAP over {len(circuits.graph(model).edges):,} edges, GPT-2 small shape, 8 x 15 tokens, float32",
+        )
+    )
     rows, base = [], None
     for name in fns:  # each in a process of its own: an earlier run's freed heap would hide a later one's peak
-        done = subprocess.run([sys.executable, __file__, "--memory-worker", name], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--memory-worker", name], capture_output=True, text=True, check=True
+        )
         extra = json.loads(done.stdout.strip().splitlines()[-1])["extra_mib"]
         base = extra if base is None else base
         rows.append((name, f"{extra:.0f}", f"{extra / base:.2f}"))
-    print(table(["", "peak above the loaded model's RSS, MiB", "ratio vs forward + backward"], rows,
-                "memory (each in a fresh process)"))
+    print(
+        table(
+            ["", "peak above the loaded model's RSS, MiB", "ratio vs forward + backward"],
+            rows,
+            "memory (each in a fresh process)",
+        )
+    )
     print(f"(weights: {sum(p.numel() * p.element_size() for p in model.parameters()) / MiB:.0f} MiB)\n")
 
 
@@ -124,8 +136,14 @@ def faithfulness_section(repeats: int) -> None:
         fns[f"  its patched forward alone, {n:,} edges"] = lambda m=complement: experiment.values(m)
     with torch.no_grad():
         timings = compare(fns, repeats=repeats, warmup=1)
-    print(timing_table(timings, unit="ms", title="Circuit.faithfulness (records the clean and corrupt runs, then one"
-                                                    " patched forward) vs one forward, GPT-2 small shape, 8 x 15"))
+    print(
+        timing_table(
+            timings,
+            unit="ms",
+            title="Circuit.faithfulness (records the clean and corrupt runs, then one"
+            " patched forward) vs one forward, GPT-2 small shape, 8 x 15",
+        )
+    )
     print()
 
 
@@ -138,10 +156,24 @@ def acdc_section() -> None:
     found = circuits.discover(model, clean, corrupt, metric, method="acdc", threshold=0.1)
     elapsed = time.perf_counter() - start
     stats = found.provenance["circuits"]
-    rows = [("hooked/ioi-gpt2, 32 prompts, threshold 0.1", f"{elapsed:.1f}", stats["forwards"], stats["trials"],
-             f"{stats['trials'] / stats['forwards']:.1f}", len(found.edges), f"{found.faithfulness():.3f}")]
-    print(table(["", "wall s", "forwards", "trials (sequential forwards)", "fewer forwards", "edges kept", "faithfulness"],
-                rows, "ACDC, speculative batches of 32 trials"))
+    rows = [
+        (
+            "hooked/ioi-gpt2, 32 prompts, threshold 0.1",
+            f"{elapsed:.1f}",
+            stats["forwards"],
+            stats["trials"],
+            f"{stats['trials'] / stats['forwards']:.1f}",
+            len(found.edges),
+            f"{found.faithfulness():.3f}",
+        )
+    ]
+    print(
+        table(
+            ["", "wall s", "forwards", "trials (sequential forwards)", "fewer forwards", "edges kept", "faithfulness"],
+            rows,
+            "ACDC, speculative batches of 32 trials",
+        )
+    )
     print()
 
 
@@ -156,7 +188,9 @@ def path_section(repeats: int) -> None:
     def by_hand() -> list[float]:
         values = []
         with torch.no_grad():
-            _, corrupt_cache = model.run_with_cache(corrupt, names_filter=lambda name: name.endswith("attn.hook_result"))
+            _, corrupt_cache = model.run_with_cache(
+                corrupt, names_filter=lambda name: name.endswith("attn.hook_result")
+            )
             for address in heads:
                 layer, head = (int(x) for x in address[1:].split("H"))
                 name = f"blocks.{layer}.attn.hook_result"
@@ -178,8 +212,14 @@ def path_section(repeats: int) -> None:
 
     difference = max(abs(a - b) for a, b in zip(by_hand(), batched()))
     timings = compare({"hand-written loop": by_hand, "path_patch_sweep": batched}, repeats=repeats, warmup=1)
-    print(timing_table(timings, unit="ms", title=f"path patching {len(heads)} heads -> logits, hooked/ioi-gpt2, 32 prompts"
-                                                    f" (max difference {difference:.2e})"))
+    print(
+        timing_table(
+            timings,
+            unit="ms",
+            title=f"path patching {len(heads)} heads -> logits, hooked/ioi-gpt2, 32 prompts"
+            f" (max difference {difference:.2e})",
+        )
+    )
     print()
 
 

@@ -56,7 +56,9 @@ MiB = 1024**2
 # ----------------------------------------------------------------------------- checkpoint
 def gpt2_small_checkpoint(directory: Path | None = None, seed: int = 0) -> Path:
     """A random GPT-2-small-shaped checkpoint directory (config.json + model.safetensors), float32."""
-    return transformers_checkpoint(directory or BENCH_DIR / "gpt2-small", "GPT2Config", "GPT2LMHeadModel", GPT2_SMALL, seed=seed)
+    return transformers_checkpoint(
+        directory or BENCH_DIR / "gpt2-small", "GPT2Config", "GPT2LMHeadModel", GPT2_SMALL, seed=seed
+    )
 
 
 def transformer_lens_gpt2(directory: Path):
@@ -79,15 +81,30 @@ def transformer_lens_gpt2(directory: Path):
     hf = GPT2LMHeadModel.from_pretrained(directory).eval()
     c = hf.config
     cfg = HookedTransformerConfig(
-        n_layers=c.n_layer, d_model=c.n_embd, n_heads=c.n_head, d_head=c.n_embd // c.n_head, d_mlp=c.n_inner or 4 * c.n_embd,
-        d_vocab=c.vocab_size, n_ctx=c.n_positions, act_fn="gelu_new", normalization_type="LN",
-        positional_embedding_type="standard", eps=c.layer_norm_epsilon, device="cpu", dtype=torch.float32,
+        n_layers=c.n_layer,
+        d_model=c.n_embd,
+        n_heads=c.n_head,
+        d_head=c.n_embd // c.n_head,
+        d_mlp=c.n_inner or 4 * c.n_embd,
+        d_vocab=c.vocab_size,
+        n_ctx=c.n_positions,
+        act_fn="gelu_new",
+        normalization_type="LN",
+        positional_embedding_type="standard",
+        eps=c.layer_norm_epsilon,
+        device="cpu",
+        dtype=torch.float32,
         original_architecture="GPT2LMHeadModel",
     )
     model = HookedTransformer(cfg)
     with torch.no_grad():
-        model.load_and_process_state_dict(convert_gpt2_weights(hf, cfg), fold_ln=False, center_writing_weights=False,
-                                          center_unembed=False, fold_value_biases=False)
+        model.load_and_process_state_dict(
+            convert_gpt2_weights(hf, cfg),
+            fold_ln=False,
+            center_writing_weights=False,
+            center_unembed=False,
+            fold_value_biases=False,
+        )
     del hf
     return model.eval()
 
@@ -124,8 +141,12 @@ def quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
-def compare(fns: dict[str, Callable[[], object]], repeats: int = 10, warmup: int = 2,
-            clock: Callable[[], float] = time.perf_counter) -> list[Timing]:
+def compare(
+    fns: dict[str, Callable[[], object]],
+    repeats: int = 10,
+    warmup: int = 2,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[Timing]:
     """Time each callable `repeats` times, interleaved round-robin (A B A B ...), after `warmup` rounds.
 
     Interleaving spreads the machine's slow phases over every candidate instead of charging one of
@@ -158,7 +179,14 @@ def timing_table(timings: list[Timing], unit: str = "ms", baseline: int = 0, tit
     base = timings[baseline].median
     base_min = min(timings[baseline].samples)
     rows = [
-        (t.name, f"{t.median * scale:.2f}", f"{t.spread:.0%}", f"{t.median / base:.3f}", f"{min(t.samples) * scale:.2f}", f"{min(t.samples) / base_min:.3f}")
+        (
+            t.name,
+            f"{t.median * scale:.2f}",
+            f"{t.spread:.0%}",
+            f"{t.median / base:.3f}",
+            f"{min(t.samples) * scale:.2f}",
+            f"{min(t.samples) / base_min:.3f}",
+        )
         for t in timings
     ]
     headers = ["", f"median {unit}", "IQR/median", f"ratio vs {timings[baseline].name}", f"min {unit}", "ratio of mins"]
@@ -269,30 +297,72 @@ def tensor_bytes(tensors) -> int:
 
 # ----------------------------------------------------------------------------- Qwen3 checkpoints
 # The shapes of benchmarks/qwen3_forward.py: a slice of Qwen3-0.6B (dense) and of Qwen3-30B-A3B (MoE).
-QWEN3_COMMON = dict(vocab_size=32000, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                    max_position_embeddings=4096, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+QWEN3_COMMON = dict(
+    vocab_size=32000,
+    hidden_size=1024,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=4096,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+)
 QWEN3_SHAPES = {
     "dense": ("Qwen3Config", "Qwen3ForCausalLM", dict(QWEN3_COMMON, num_hidden_layers=8, intermediate_size=3072)),
-    "moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(QWEN3_COMMON, num_hidden_layers=4, intermediate_size=3072,
-                                                         num_experts=16, num_experts_per_tok=4, moe_intermediate_size=768,
-                                                         norm_topk_prob=True, initializer_range=0.05)),
+    "moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            QWEN3_COMMON,
+            num_hidden_layers=4,
+            intermediate_size=3072,
+            num_experts=16,
+            num_experts_per_tok=4,
+            moe_intermediate_size=768,
+            norm_topk_prob=True,
+            initializer_range=0.05,
+        ),
+    ),
 }
 
 
 # The shapes of benchmarks/families_forward.py and the families section of benchmarks/loading.py: one
 # small slice of each family, d_model 1024, 4 layers, vocab 32000 (family -> config, model class, kwargs).
-FAMILY_COMMON = dict(vocab_size=32000, hidden_size=1024, num_attention_heads=16, num_hidden_layers=4, max_position_embeddings=4096)
+FAMILY_COMMON = dict(
+    vocab_size=32000, hidden_size=1024, num_attention_heads=16, num_hidden_layers=4, max_position_embeddings=4096
+)
 FAMILY_SHAPES = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
-        FAMILY_COMMON, num_key_value_heads=8, intermediate_size=2816,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 1024})),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(
-        FAMILY_COMMON, num_key_value_heads=8, intermediate_size=2816, sliding_window=4096)),
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
-        FAMILY_COMMON, intermediate_size=4096, rotary_pct=0.25, use_parallel_residual=True)),
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
-        FAMILY_COMMON, num_key_value_heads=8, intermediate_size=1024, num_local_experts=8, num_experts_per_tok=2)),
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            FAMILY_COMMON,
+            num_key_value_heads=8,
+            intermediate_size=2816,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 1024,
+            },
+        ),
+    ),
+    "mistral": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(FAMILY_COMMON, num_key_value_heads=8, intermediate_size=2816, sliding_window=4096),
+    ),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(FAMILY_COMMON, intermediate_size=4096, rotary_pct=0.25, use_parallel_residual=True),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(FAMILY_COMMON, num_key_value_heads=8, intermediate_size=1024, num_local_experts=8, num_experts_per_tok=2),
+    ),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(FAMILY_COMMON, num_key_value_heads=8, intermediate_size=2816)),
 }
 
@@ -351,5 +421,6 @@ def qwen3_sharded_checkpoint(kind: str, directory: Path | None = None, seed: int
     """
     config_name, model_name, kwargs = QWEN3_SHAPES[kind]
     directory = Path(directory or BENCH_DIR / f"qwen3-{kind}-bf16-sharded")
-    return transformers_checkpoint(directory, config_name, model_name, kwargs, dtype=torch.bfloat16,
-                                   max_shard_size="200MB", seed=seed)
+    return transformers_checkpoint(
+        directory, config_name, model_name, kwargs, dtype=torch.bfloat16, max_shard_size="200MB", seed=seed
+    )

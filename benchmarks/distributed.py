@@ -139,9 +139,16 @@ def model_worker(args) -> dict:
             times.append(time.perf_counter() - start)
     torch.save(logits, Path(args.out) / f"logits-rank{dist.get_rank()}.pt")
     return {
-        "tp": model.parallel.tp_size, "threads": torch.get_num_threads(), "peak_reset": reset,
-        "baseline_rss": baseline["VmRSS"], "load_hwm": loaded["VmHWM"], "forward_hwm": forwarded["VmHWM"],
-        "load_rss": loaded["VmRSS"], "param_bytes": sum(storages.values()), "load_s": load_s, "forward_s": times,
+        "tp": model.parallel.tp_size,
+        "threads": torch.get_num_threads(),
+        "peak_reset": reset,
+        "baseline_rss": baseline["VmRSS"],
+        "load_hwm": loaded["VmHWM"],
+        "forward_hwm": forwarded["VmHWM"],
+        "load_rss": loaded["VmRSS"],
+        "param_bytes": sum(storages.values()),
+        "load_s": load_s,
+        "forward_s": times,
     }
 
 
@@ -165,8 +172,13 @@ def sweep_worker(args) -> dict:
     result = hooked.sweep(model, tokens, variants(every_head), metric, progress=False)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     return {
-        "dp": model.parallel.dp_size, "threads": torch.get_num_threads(), "seconds": seconds, "cpu_seconds": cpu_seconds,
-        "variants": result.variants, "values": result.values.tolist(), "base": result.base.tolist(),
+        "dp": model.parallel.dp_size,
+        "threads": torch.get_num_threads(),
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "variants": result.variants,
+        "values": result.values.tolist(),
+        "base": result.base.tolist(),
     }
 
 
@@ -187,13 +199,29 @@ def launch(kind: str, ranks: int, out: Path, extra: list[str]) -> list[dict]:
 
     out.mkdir(parents=True, exist_ok=True)
     threads = str(max(1, (os.cpu_count() or 1) // ranks))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-               str(Path(__file__).resolve()), "--worker", kind, "--ranks", str(ranks), "--out", str(out), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
+        str(Path(__file__).resolve()),
+        "--worker",
+        kind,
+        "--ranks",
+        str(ranks),
+        "--out",
+        str(out),
+        *extra,
+    ]
     pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=pythonpath, OMP_NUM_THREADS=threads)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     if done.returncode != 0:
-        raise SystemExit(f"{kind} on {ranks} rank(s) failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-6000:]}")
+        raise SystemExit(
+            f"{kind} on {ranks} rank(s) failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-6000:]}"
+        )
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(ranks)]
 
 
@@ -237,18 +265,25 @@ def run_models(cases: dict[str, dict], args, scratch: Path) -> dict[str, dict]:
             for ranks in (1, 2):
                 out = scratch / f"model-{index}-{round_index}-{ranks}"
                 start = time.perf_counter()
-                ranks_out = launch("model", ranks, out, ["--dir", case["dir"], "--dtype", case["dtype"],
-                                                         "--repeats", str(args.repeats)])
+                ranks_out = launch(
+                    "model",
+                    ranks,
+                    out,
+                    ["--dir", case["dir"], "--dtype", case["dtype"], "--repeats", str(args.repeats)],
+                )
                 if "tp1" not in references:  # the first TP=1 launch
                     references["tp1"] = torch.load(out / "logits-rank0.pt").float()
                 diffs[ranks].append(compare_logits(references, out, ranks))
                 runs[ranks].append(ranks_out)
                 growth = max(r["load_hwm"] - r["baseline_rss"] for r in ranks_out)
-                print(f"  {name}, TP={ranks}, round {round_index + 1}: load growth {growth / 2**20:.0f} MiB/rank,"
-                      f" forward {median_of(ranks_out, 'forward_s') * 1e3:.0f} ms, launch {time.perf_counter() - start:.1f} s",
-                      flush=True)
-        results[name] = dict(case, runs={str(k): v for k, v in runs.items()},
-                             logits_diff={str(k): v for k, v in diffs.items()})
+                print(
+                    f"  {name}, TP={ranks}, round {round_index + 1}: load growth {growth / 2**20:.0f} MiB/rank,"
+                    f" forward {median_of(ranks_out, 'forward_s') * 1e3:.0f} ms, launch {time.perf_counter() - start:.1f} s",
+                    flush=True,
+                )
+        results[name] = dict(
+            case, runs={str(k): v for k, v in runs.items()}, logits_diff={str(k): v for k, v in diffs.items()}
+        )
     return results
 
 
@@ -262,9 +297,12 @@ def run_sweeps(directory: str, args, scratch: Path) -> dict:
             ranks_out = launch("sweep", ranks, scratch / f"sweep-{round_index}-{ranks}", ["--dir", directory])
             runs[ranks].append(ranks_out)
             cpu = ", ".join(f"{r['cpu_seconds']:.1f}" for r in ranks_out)
-            print(f"  sweep, {ranks} rank(s), round {round_index + 1}: {max(r['seconds'] for r in ranks_out):.1f} s"
-                  f" (CPU s per rank: {cpu}),"
-                  f" launch {time.perf_counter() - start:.1f} s", flush=True)
+            print(
+                f"  sweep, {ranks} rank(s), round {round_index + 1}: {max(r['seconds'] for r in ranks_out):.1f} s"
+                f" (CPU s per rank: {cpu}),"
+                f" launch {time.perf_counter() - start:.1f} s",
+                flush=True,
+            )
     reference = runs[1][0][0]
     worst = 0.0
     for ranks_out in runs[1] + runs[2]:
@@ -306,12 +344,19 @@ def memory_rows(name: str, result: dict) -> tuple[list[tuple], list[tuple]]:
     detail = []
     for tp in ("1", "2"):
         for rank in range(int(tp)):
+
             def med(value):
                 return statistics.median(value(ranks_out[rank]) for ranks_out in runs[tp]) / MiB
-            detail.append((f"{name}, TP={tp}, rank {rank}", f"{med(lambda r: r['baseline_rss']):.0f}",
-                           f"{med(lambda r: r['load_rss'] - r['baseline_rss']):.0f}",
-                           *(f"{med(value):.0f}" for value in figures.values()),
-                           f"{statistics.median(ranks_out[rank]['load_s'] for ranks_out in runs[tp]):.2f}"))
+
+            detail.append(
+                (
+                    f"{name}, TP={tp}, rank {rank}",
+                    f"{med(lambda r: r['baseline_rss']):.0f}",
+                    f"{med(lambda r: r['load_rss'] - r['baseline_rss']):.0f}",
+                    *(f"{med(value):.0f}" for value in figures.values()),
+                    f"{statistics.median(ranks_out[rank]['load_s'] for ranks_out in runs[tp]):.2f}",
+                )
+            )
     return summary, detail
 
 
@@ -328,27 +373,56 @@ def forward_rows(name: str, result: dict) -> tuple[list[tuple], list[str]]:
     tp2 = worst("2", "tp1")
     # float32: TP=2 must equal TP=1 within rounding. bfloat16: splitting rounds partial sums, which can tip
     # router near-ties, so the yardstick is the float32 model: TP=2 may not be further from it than TP=1.
-    check = (f"<= {tolerance:.0e} {'ok' if tp2['relative'] <= tolerance else 'NOT MET'}" if tolerance is not None
-             else "see vs float32")
+    check = (
+        f"<= {tolerance:.0e} {'ok' if tp2['relative'] <= tolerance else 'NOT MET'}"
+        if tolerance is not None
+        else "see vs float32"
+    )
     rows = [
-        ("forward: [4,128] median ms", name, f"{one * 1e3:.0f}", f"{two * 1e3:.0f}", f"{two / one:.2f}", "none (2 cores)"),
-        ("forward: logits max|diff|/max|logit|, vs TP=1", name, f"{worst('1', 'tp1')['relative']:.1e}",
-         f"{tp2['relative']:.1e}", "-", check),
+        (
+            "forward: [4,128] median ms",
+            name,
+            f"{one * 1e3:.0f}",
+            f"{two * 1e3:.0f}",
+            f"{two / one:.2f}",
+            "none (2 cores)",
+        ),
+        (
+            "forward: logits max|diff|/max|logit|, vs TP=1",
+            name,
+            f"{worst('1', 'tp1')['relative']:.1e}",
+            f"{tp2['relative']:.1e}",
+            "-",
+            check,
+        ),
     ]
-    fastest = [statistics.median(max(min(r["forward_s"]) for r in ranks_out) for ranks_out in runs[tp])
-               for tp in ("1", "2")]
-    notes = [f"{name}, fastest forwards (median over launches): TP=1 {fastest[0] * 1e3:.0f} ms, TP=2 {fastest[1] * 1e3:.0f} ms,"
-             f" ratio {fastest[1] / fastest[0]:.2f}",
-             f"{name}, TP=2 vs TP=1 logits: max |diff| {tp2['max_abs']:.3g}, mean |diff| {tp2['mean_abs']:.3g},"
-             f" argmax agrees at {tp2['argmax_agree']:.1%} of positions"]
+    fastest = [
+        statistics.median(max(min(r["forward_s"]) for r in ranks_out) for ranks_out in runs[tp]) for tp in ("1", "2")
+    ]
+    notes = [
+        f"{name}, fastest forwards (median over launches): TP=1 {fastest[0] * 1e3:.0f} ms, TP=2 {fastest[1] * 1e3:.0f} ms,"
+        f" ratio {fastest[1] / fastest[0]:.2f}",
+        f"{name}, TP=2 vs TP=1 logits: max |diff| {tp2['max_abs']:.3g}, mean |diff| {tp2['mean_abs']:.3g},"
+        f" argmax agrees at {tp2['argmax_agree']:.1%} of positions",
+    ]
     if "float32" in diffs["1"][0]:
         one_f, two_f = worst("1", "float32"), worst("2", "float32")
         ratio = two_f["relative"] / one_f["relative"]
-        rows.append(("forward: logits max|diff|/max|logit|, vs float32 TP=1", name, f"{one_f['relative']:.1e}",
-                     f"{two_f['relative']:.1e}", f"{ratio:.2f}", f"<= {BF16_SLACK} {'ok' if ratio <= BF16_SLACK else 'NOT MET'}"))
+        rows.append(
+            (
+                "forward: logits max|diff|/max|logit|, vs float32 TP=1",
+                name,
+                f"{one_f['relative']:.1e}",
+                f"{two_f['relative']:.1e}",
+                f"{ratio:.2f}",
+                f"<= {BF16_SLACK} {'ok' if ratio <= BF16_SLACK else 'NOT MET'}",
+            )
+        )
         for tp, found in (("1", one_f), ("2", two_f)):
-            notes.append(f"{name}, TP={tp} vs the float32 load at TP=1: max |diff| {found['max_abs']:.3g}, mean |diff|"
-                         f" {found['mean_abs']:.3g}, argmax agrees at {found['argmax_agree']:.1%} of positions")
+            notes.append(
+                f"{name}, TP={tp} vs the float32 load at TP=1: max |diff| {found['max_abs']:.3g}, mean |diff|"
+                f" {found['mean_abs']:.3g}, argmax agrees at {found['argmax_agree']:.1%} of positions"
+            )
     return rows, notes
 
 
@@ -357,10 +431,22 @@ def sweep_rows(result: dict) -> list[tuple]:
     two = statistics.median(max(r["seconds"] for r in ranks_out) for ranks_out in result["runs"]["2"])
     diff = result["max_abs_diff"]
     return [
-        ("sweep: 144 heads, 4x16, wall s", "GPT-2 small f32", f"{one:.2f}", f"{two:.2f}", f"{two / one:.2f}",
-         f"speedup {one / two:.2f}x"),
-        ("sweep: table max|diff| vs 1 rank", "GPT-2 small f32", "0", f"{diff:.1e}", "-",
-         f"<= {SWEEP_TOLERANCE:.0e} {'ok' if diff <= SWEEP_TOLERANCE else 'FAILED'}"),
+        (
+            "sweep: 144 heads, 4x16, wall s",
+            "GPT-2 small f32",
+            f"{one:.2f}",
+            f"{two:.2f}",
+            f"{two / one:.2f}",
+            f"speedup {one / two:.2f}x",
+        ),
+        (
+            "sweep: table max|diff| vs 1 rank",
+            "GPT-2 small f32",
+            "0",
+            f"{diff:.1e}",
+            "-",
+            f"<= {SWEEP_TOLERANCE:.0e} {'ok' if diff <= SWEEP_TOLERANCE else 'FAILED'}",
+        ),
     ]
 
 
@@ -371,9 +457,11 @@ def sweep_split(result: dict) -> str:
     # A variant ablating a head of layer L re-runs blocks L..11; sorted by layer, they are dealt out in turn.
     cost = [(N_LAYERS - layer) for layer in range(N_LAYERS) for _ in range(N_HEADS)]
     shares = [sum(cost[0::2]), sum(cost[1::2])]
-    return (f"sweep split over 2 ranks: CPU s per rank {cpu[0]:.1f} / {cpu[1]:.1f} (1 rank: {one_cpu:.1f});"
-            f" work model (blocks re-run per variant, dealt out in turn): {shares[0]} / {shares[1]} blocks,"
-            f" the busier rank has {max(shares) / sum(shares):.0%} of the work")
+    return (
+        f"sweep split over 2 ranks: CPU s per rank {cpu[0]:.1f} / {cpu[1]:.1f} (1 rank: {one_cpu:.1f});"
+        f" work model (blocks re-run per variant, dealt out in turn): {shares[0]} / {shares[1]} blocks,"
+        f" the busier rank has {max(shares) / sum(shares):.0%} of the work"
+    )
 
 
 def main() -> None:
@@ -399,8 +487,11 @@ def main() -> None:
     began, load_before = time.perf_counter(), os.getloadavg()
     cases = model_cases() if {"memory", "forward"} & set(sections) else {}
     print(environment())
-    print(f"cpus {os.cpu_count()}: 1 rank x {os.cpu_count()} threads vs 2 ranks x {max(1, os.cpu_count() // 2)} thread(s);"
-          f" {args.rounds} launches of each, alternating\n", flush=True)
+    print(
+        f"cpus {os.cpu_count()}: 1 rank x {os.cpu_count()} threads vs 2 ranks x {max(1, os.cpu_count() // 2)} thread(s);"
+        f" {args.rounds} launches of each, alternating\n",
+        flush=True,
+    )
     scratch = Path(tempfile.mkdtemp(prefix="hooked-bench-distributed-"))
     try:
         models = run_models(cases, args, scratch) if cases else {}
@@ -424,27 +515,59 @@ def main() -> None:
         rows += sweep_rows(sweep)
     if detail:
         print()
-        print(table(["", "baseline", "held after load", "load growth", "forward growth", "load VmHWM", "forward VmHWM", "parameters",
-                     "load s"], detail, title="per rank, MiB, medians over launches (growth = VmHWM - baseline VmRSS; held = VmRSS after the load - baseline)"))
+        print(
+            table(
+                [
+                    "",
+                    "baseline",
+                    "held after load",
+                    "load growth",
+                    "forward growth",
+                    "load VmHWM",
+                    "forward VmHWM",
+                    "parameters",
+                    "load s",
+                ],
+                detail,
+                title="per rank, MiB, medians over launches (growth = VmHWM - baseline VmRSS; held = VmRSS after the load - baseline)",
+            )
+        )
     print()
-    print(table(["section", "model", "TP=1 / 1 rank", "TP=2 / 2 ranks", "ratio", "target"], rows,
-                title=f"Summary (medians over {args.rounds} launches of each; a TP=2 figure is its larger rank's;"
-                      " the sweep rows are tp=1 on 1 vs 2 data-parallel ranks)"))
+    print(
+        table(
+            ["section", "model", "TP=1 / 1 rank", "TP=2 / 2 ranks", "ratio", "target"],
+            rows,
+            title=f"Summary (medians over {args.rounds} launches of each; a TP=2 figure is its larger rank's;"
+            " the sweep rows are tp=1 on 1 vs 2 data-parallel ranks)",
+        )
+    )
     if sweep is not None:
         notes.append(sweep_split(sweep))
     if notes:
         print("\n".join(notes))
     seconds = time.perf_counter() - began
     load = {"before": load_before, "after": os.getloadavg()}
-    print(f"\nwall time {seconds:.0f} s; load average (1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in load['before'])},"
-          f" after {', '.join(f'{x:.2f}' for x in load['after'])} (before: other jobs; this run alone keeps it near 2)")
+    print(
+        f"\nwall time {seconds:.0f} s; load average (1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in load['before'])},"
+        f" after {', '.join(f'{x:.2f}' for x in load['after'])} (before: other jobs; this run alone keeps it near 2)"
+    )
 
     out = REPO_ROOT / OUT_JSON
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({
-        "environment": environment(), "args": vars(args), "wall_s": seconds, "load_average": load, "summary": rows,
-        "models": models, "sweep": sweep,
-    }, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "environment": environment(),
+                "args": vars(args),
+                "wall_s": seconds,
+                "load_average": load,
+                "summary": rows,
+                "models": models,
+                "sweep": sweep,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
 
 

@@ -43,32 +43,63 @@ import hooked
 
 # family -> (transformers config class, model class, config kwargs, attention implementation of the reference)
 SHAPES = {name: (*shape, "sdpa") for name, shape in FAMILY_SHAPES.items()}
-SHAPES["gemma2"] = ("Gemma2Config", "Gemma2ForCausalLM", dict(
-    FAMILY_COMMON, num_key_value_heads=8, head_dim=64, intermediate_size=2816, query_pre_attn_scalar=64,
-    sliding_window=4096), "eager")
-SHAPES["gemma3"] = ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
-    FAMILY_COMMON, num_key_value_heads=8, head_dim=64, intermediate_size=2816, query_pre_attn_scalar=64,
-    sliding_window=64, sliding_window_pattern=2,
-    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}), "sdpa")
+SHAPES["gemma2"] = (
+    "Gemma2Config",
+    "Gemma2ForCausalLM",
+    dict(
+        FAMILY_COMMON,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=2816,
+        query_pre_attn_scalar=64,
+        sliding_window=4096,
+    ),
+    "eager",
+)
+SHAPES["gemma3"] = (
+    "Gemma3TextConfig",
+    "Gemma3ForCausalLM",
+    dict(
+        FAMILY_COMMON,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=2816,
+        query_pre_attn_scalar=64,
+        sliding_window=64,
+        sliding_window_pattern=2,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    ),
+    "sdpa",
+)
 
 
 def run(family: str, args) -> tuple[list, float, bool]:
     import transformers
 
     config_name, model_name, config_kwargs, implementation = SHAPES[family]
-    directory = (family_checkpoint(family) if family in FAMILY_SHAPES
-                 else transformers_checkpoint(BENCH_DIR / f"{family}-float32", config_name, model_name, config_kwargs))
+    directory = (
+        family_checkpoint(family)
+        if family in FAMILY_SHAPES
+        else transformers_checkpoint(BENCH_DIR / f"{family}-float32", config_name, model_name, config_kwargs)
+    )
     model = hooked.load(directory, dtype=torch.float32, device="cpu")
     reference_class = getattr(transformers, model_name)
-    reference = reference_class.from_pretrained(directory, attn_implementation=implementation, dtype=torch.float32).eval()
+    reference = reference_class.from_pretrained(
+        directory, attn_implementation=implementation, dtype=torch.float32
+    ).eval()
     tokens = random_tokens(args.batch, args.pos, vocab=FAMILY_COMMON["vocab_size"])
     with torch.inference_mode():
         ours = model(tokens)
         theirs = reference(tokens, use_cache=False).logits
         diff, identical = (ours - theirs).abs().max().item(), torch.equal(ours, theirs)
         timings = compare(
-            {f"transformers ({implementation})": lambda: reference(tokens, use_cache=False), "hooked": lambda: model(tokens)},
+            {
+                f"transformers ({implementation})": lambda: reference(tokens, use_cache=False),
+                "hooked": lambda: model(tokens),
+            },
             repeats=args.repeats,
             warmup=args.warmup,
             clock=time.process_time if args.cpu_time else time.perf_counter,
@@ -84,7 +115,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--pos", type=int, default=128)
     parser.add_argument("--only", choices=list(SHAPES), default=None)
-    parser.add_argument("--cpu-time", action="store_true", help="one torch thread, process CPU time instead of wall time")
+    parser.add_argument(
+        "--cpu-time", action="store_true", help="one torch thread, process CPU time instead of wall time"
+    )
     args = parser.parse_args()
     quiet_transformers()
     if args.cpu_time:
@@ -93,10 +126,17 @@ def main() -> None:
     for family in [args.only] if args.only else list(SHAPES):
         timings, diff, identical = run(family, args)
         clock = "process CPU time, 1 thread" if args.cpu_time else "wall time"
-        title = (f"\n{family}, forward, float32, batch {args.batch} x {args.pos} tokens, {args.repeats} runs each, {clock}"
-                 " (target: hooked <= 1.0)")
+        title = (
+            f"\n{family}, forward, float32, batch {args.batch} x {args.pos} tokens, {args.repeats} runs each, {clock}"
+            " (target: hooked <= 1.0)"
+        )
         print(timing_table(timings, unit="ms", title=title))
-        print(table(["", "value"], [("max |logits hooked - logits transformers|", f"{diff:.3g}"), ("bit-identical", str(identical))]))
+        print(
+            table(
+                ["", "value"],
+                [("max |logits hooked - logits transformers|", f"{diff:.3g}"), ("bit-identical", str(identical))],
+            )
+        )
 
 
 if __name__ == "__main__":

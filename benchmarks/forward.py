@@ -49,13 +49,23 @@ def main() -> None:
         )
 
     print(environment())
-    print(timing_table(timings, title=f"\nforward, float32, batch {args.batch} x {args.pos} tokens, {args.repeats} runs each (target: hooked <= 1.05)"))
+    print(
+        timing_table(
+            timings,
+            title=f"\nforward, float32, batch {args.batch} x {args.pos} tokens, {args.repeats} runs each (target: hooked <= 1.05)",
+        )
+    )
     print()
-    print(table(["", "value"], [
-        ("max |logits hooked - logits transformers|", f"{diff:.3g}"),
-        ("max |logits|", f"{theirs.abs().max().item():.3g}"),
-        ("bit-identical", str(torch.equal(ours, theirs))),
-    ]))
+    print(
+        table(
+            ["", "value"],
+            [
+                ("max |logits hooked - logits transformers|", f"{diff:.3g}"),
+                ("max |logits|", f"{theirs.abs().max().item():.3g}"),
+                ("bit-identical", str(torch.equal(ours, theirs))),
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,17 @@ import hooked
 
 EAGER_PATH = re.compile(r"(?:^|\.)(?:attn\.hook_(?:attn_scores|pattern|result)|ln\w*\.hook_(?:scale|normalized))$")
 
-QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                 intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960)
+QWEN3_06B = dict(
+    hidden_size=1024,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    intermediate_size=3072,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    max_position_embeddings=40960,
+)
 
 
 def noop(activation, hook):
@@ -58,7 +67,9 @@ def checkpoint(name: str):
     if name == "gpt2":
         return gpt2_small_checkpoint(), "GPT2LMHeadModel"
     if name == "qwen3-0.6b":
-        return transformers_checkpoint(BENCH_DIR / "qwen3-0.6b-shaped", "Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B), "Qwen3ForCausalLM"
+        return transformers_checkpoint(
+            BENCH_DIR / "qwen3-0.6b-shaped", "Qwen3Config", "Qwen3ForCausalLM", QWEN3_06B
+        ), "Qwen3ForCausalLM"
     raise SystemExit(f"unknown model {name!r}: gpt2, qwen3-0.6b")
 
 
@@ -106,9 +117,11 @@ def main() -> None:
                 "hooked, no-op hook on every point but the eager-path ones": ours(fwd_hooks=[(mechanism, noop)]),
             }
             if args.device.startswith("cuda") and hooked.layers.triton_compiles_on(torch.device(args.device)):
+
                 def forced():
                     with hooked.attention_backend("triton"):
                         return model.generate(tokens, args.new, stop_at_eos=False)
+
                 fns["hooked, Triton on every call (decode included)"] = forced
             timings = compare(fns, repeats=args.repeats, warmup=1)
             if args.device.startswith("cuda"):
@@ -117,16 +130,48 @@ def main() -> None:
             rows = []
             for t in timings:
                 rate = batch * args.new / t.median
-                rows.append((t.name, f"{t.median:.3f}", f"{t.spread:.2f}", f"{rate:.1f}",
-                             f"{base['transformers generate'] / t.median:.2f}x", f"{t.median / base['hooked generate']:.3f}"))
-            print(table(["", "median s", "IQR/median", "tokens/s", "vs transformers", "vs hooked unhooked"], rows,
-                        title=f"\n{model_name}, {dtype}, {args.device}: batch {batch}, prompt {args.prompt}, {args.new} new tokens,"
-                              f" greedy, {args.repeats} runs each (same tokens as transformers: {same})"))
-            summary.append((model_name, batch, f"{base['transformers generate'] / base['hooked generate']:.2f}x",
-                            f"{base['hooked, no-op hook on every point'] / base['hooked generate']:.3f}",
-                            f"{base['hooked, no-op hook on every point but the eager-path ones'] / base['hooked generate']:.3f}", same))
-    print(table(["model", "batch", "tokens/s vs transformers (target >= 1.0)", "every point hooked / unhooked (<= 1.10)",
-                 "all but eager-path points / unhooked", "same tokens"], summary, title="\nsummary"))
+                rows.append(
+                    (
+                        t.name,
+                        f"{t.median:.3f}",
+                        f"{t.spread:.2f}",
+                        f"{rate:.1f}",
+                        f"{base['transformers generate'] / t.median:.2f}x",
+                        f"{t.median / base['hooked generate']:.3f}",
+                    )
+                )
+            print(
+                table(
+                    ["", "median s", "IQR/median", "tokens/s", "vs transformers", "vs hooked unhooked"],
+                    rows,
+                    title=f"\n{model_name}, {dtype}, {args.device}: batch {batch}, prompt {args.prompt}, {args.new} new tokens,"
+                    f" greedy, {args.repeats} runs each (same tokens as transformers: {same})",
+                )
+            )
+            summary.append(
+                (
+                    model_name,
+                    batch,
+                    f"{base['transformers generate'] / base['hooked generate']:.2f}x",
+                    f"{base['hooked, no-op hook on every point'] / base['hooked generate']:.3f}",
+                    f"{base['hooked, no-op hook on every point but the eager-path ones'] / base['hooked generate']:.3f}",
+                    same,
+                )
+            )
+    print(
+        table(
+            [
+                "model",
+                "batch",
+                "tokens/s vs transformers (target >= 1.0)",
+                "every point hooked / unhooked (<= 1.10)",
+                "all but eager-path points / unhooked",
+                "same tokens",
+            ],
+            summary,
+            title="\nsummary",
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -60,7 +60,9 @@ from torch import nn
 import hooked
 from hooked import HookPoint
 
-EAGER_PATH = re.compile(r"(?:^|\.)(?:attn\.hook_(?:attn_scores|pattern|result)|ln\w*\.hook_(?:scale|normalized)|hook_[qkv]_input)$")
+EAGER_PATH = re.compile(
+    r"(?:^|\.)(?:attn\.hook_(?:attn_scores|pattern|result)|ln\w*\.hook_(?:scale|normalized)|hook_[qkv]_input)$"
+)
 
 
 def noop(activation, hook):
@@ -81,21 +83,36 @@ def cache_with_another_hook(model, tokens):
         return model.run_with_cache(tokens)
 
 
-def forward_rows(model, tokens, repeats: int, warmup: int, held_model=None, cache_rows: bool = False, tl_model=None,
-                 clock=time.perf_counter):
+def forward_rows(
+    model,
+    tokens,
+    repeats: int,
+    warmup: int,
+    held_model=None,
+    cache_rows: bool = False,
+    tl_model=None,
+    clock=time.perf_counter,
+):
     fns = {
         "no hooks": lambda: model(tokens),
-        "every hook point except eager-path ones": lambda: model.run_with_hooks(tokens, fwd_hooks=[(not_eager_path, noop)]),
-        "every hook point incl. eager-path ones": lambda: model.run_with_hooks(tokens, fwd_hooks=[(lambda name: True, noop)]),
+        "every hook point except eager-path ones": lambda: model.run_with_hooks(
+            tokens, fwd_hooks=[(not_eager_path, noop)]
+        ),
+        "every hook point incl. eager-path ones": lambda: model.run_with_hooks(
+            tokens, fwd_hooks=[(lambda name: True, noop)]
+        ),
     }
     if cache_rows:
         # TransformerLens' point set: the split q/k/v inputs and hook_mlp_in exist there only behind flags, and
         # a cache without a filter leaves them out here too (model.default_cache_names()).
         default = set(model.default_cache_names())
-        fns["every point a default cache keeps (TransformerLens' set)"] = (
-            lambda: model.run_with_hooks(tokens, fwd_hooks=[(lambda name: name in default, noop)]))
+        fns["every point a default cache keeps (TransformerLens' set)"] = lambda: model.run_with_hooks(
+            tokens, fwd_hooks=[(lambda name: name in default, noop)]
+        )
         fns[RUN_WITH_CACHE] = lambda: model.run_with_cache(tokens)
-        fns["run_with_cache() with one other hook (copies every activation)"] = lambda: cache_with_another_hook(model, tokens)
+        fns["run_with_cache() with one other hook (copies every activation)"] = lambda: cache_with_another_hook(
+            model, tokens
+        )
     if tl_model is not None:
         fns["TransformerLens 3.9 forward"] = lambda: tl_model(tokens)
         fns[TL_RUN_WITH_CACHE] = lambda: tl_model.run_with_cache(tokens)
@@ -120,6 +137,7 @@ def micro_rows(calls: int, repeats: int):
         def run():
             for _ in range(calls):
                 fn(x)
+
         return run
 
     return compare(
@@ -142,8 +160,11 @@ def main() -> None:
     parser.add_argument("--pos", type=int, default=128)
     parser.add_argument("--decode-repeats", type=int, default=20)
     parser.add_argument("--no-transformer-lens", action="store_true", help="leave out TransformerLens' rows")
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="section 1 only, on one torch thread, timed in process CPU time (steadier on a busy machine)")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="section 1 only, on one torch thread, timed in process CPU time (steadier on a busy machine)",
+    )
     args = parser.parse_args()
 
     model = hooked.load(gpt2_small_checkpoint(), dtype=torch.float32, device="cpu")
@@ -158,51 +179,102 @@ def main() -> None:
         if args.cpu_time:
             torch.set_num_threads(1)
         clock = time.process_time if args.cpu_time else time.perf_counter
-        timings = forward_rows(model, tokens, args.repeats, args.warmup, cache_rows=True, tl_model=tl_model, clock=clock)
+        timings = forward_rows(
+            model, tokens, args.repeats, args.warmup, cache_rows=True, tl_model=tl_model, clock=clock
+        )
         unit = "process CPU time, 1 thread" if args.cpu_time else "wall time"
-        print(timing_table(timings, title=f"\n1. forward with no-op hooks, float32, batch {args.batch} x {args.pos}, {args.repeats} runs each,"
-                                         f" {unit} (target: first hooked row <= 1.15)"))
+        print(
+            timing_table(
+                timings,
+                title=f"\n1. forward with no-op hooks, float32, batch {args.batch} x {args.pos}, {args.repeats} runs each,"
+                f" {unit} (target: first hooked row <= 1.15)",
+            )
+        )
         if tl_model is not None:
             by_name = {t.name: t for t in timings}
             ours, theirs = by_name[RUN_WITH_CACHE], by_name[TL_RUN_WITH_CACHE]
             print()
-            print(table(["", "hooked ms", "TransformerLens ms", "ratio hooked / TransformerLens"], [
-                ("median", f"{ours.median * 1e3:.2f}", f"{theirs.median * 1e3:.2f}", f"{ours.median / theirs.median:.3f}"),
-                ("min", f"{min(ours.samples) * 1e3:.2f}", f"{min(theirs.samples) * 1e3:.2f}",
-                 f"{min(ours.samples) / min(theirs.samples):.3f}"),
-            ], title="   run_with_cache(), default points, hooked vs TransformerLens 3.9 (target <= 0.7)"))
+            print(
+                table(
+                    ["", "hooked ms", "TransformerLens ms", "ratio hooked / TransformerLens"],
+                    [
+                        (
+                            "median",
+                            f"{ours.median * 1e3:.2f}",
+                            f"{theirs.median * 1e3:.2f}",
+                            f"{ours.median / theirs.median:.3f}",
+                        ),
+                        (
+                            "min",
+                            f"{min(ours.samples) * 1e3:.2f}",
+                            f"{min(theirs.samples) * 1e3:.2f}",
+                            f"{min(ours.samples) / min(theirs.samples):.3f}",
+                        ),
+                    ],
+                    title="   run_with_cache(), default points, hooked vs TransformerLens 3.9 (target <= 0.7)",
+                )
+            )
             del tl_model
         if args.cpu_time:
             return
 
         calls = 200_000
         micro = micro_rows(calls, repeats=7)
-        rows = [(t.name, f"{t.median / calls * 1e9:.0f}", f"{min(t.samples) / calls * 1e9:.0f}", f"{t.median / micro[0].median:.2f}") for t in micro]
+        rows = [
+            (
+                t.name,
+                f"{t.median / calls * 1e9:.0f}",
+                f"{min(t.samples) / calls * 1e9:.0f}",
+                f"{t.median / micro[0].median:.2f}",
+            )
+            for t in micro
+        ]
         print()
-        print(table(["", "median ns/call", "min ns/call", "ratio vs bare function"], rows,
-                    title=f"2. one call on an 8-float tensor, loops of {calls:,} calls, 7 loops each"))
+        print(
+            table(
+                ["", "median ns/call", "min ns/call", "ratio vs bare function"],
+                rows,
+                title=f"2. one call on an 8-float tensor, loops of {calls:,} calls, 7 loops each",
+            )
+        )
 
         contexts = 200
+
         def register(fwd_hooks):
             def run():
                 for _ in range(contexts):
                     with model.hooks(fwd_hooks=fwd_hooks):
                         pass
+
             return run
-        reg = compare({
-            f"{len(cheap)} points (all except eager-path)": register([(not_eager_path, noop)]),
-            f"{len(names)} points (all)": register([(lambda name: True, noop)]),
-        }, repeats=7, warmup=1)
+
+        reg = compare(
+            {
+                f"{len(cheap)} points (all except eager-path)": register([(not_eager_path, noop)]),
+                f"{len(names)} points (all)": register([(lambda name: True, noop)]),
+            },
+            repeats=7,
+            warmup=1,
+        )
         rows = [(t.name, f"{t.median / contexts * 1e6:.0f}", f"{min(t.samples) / contexts * 1e6:.0f}") for t in reg]
         print()
-        print(table(["register + remove a no-op hook on", "median us", "min us"], rows,
-                    title="   what run_with_hooks adds per call besides the hook calls (model.hooks context, no forward)"))
+        print(
+            table(
+                ["register + remove a no-op hook on", "median us", "min us"],
+                rows,
+                title="   what run_with_hooks adds per call besides the hook calls (model.hooks context, no forward)",
+            )
+        )
 
         tokens = random_tokens(1, 8)
         held_model = hooked.load(gpt2_small_checkpoint(), dtype=torch.float32, device="cpu")
         held_model.add_hook(not_eager_path, noop)
         timings = forward_rows(model, tokens, args.decode_repeats, 5, held_model=held_model)
-        print(timing_table(timings, title=f"\n3. decode-like forward (no KV cache): batch 1 x 8, {args.decode_repeats} runs each"))
+        print(
+            timing_table(
+                timings, title=f"\n3. decode-like forward (no KV cache): batch 1 x 8, {args.decode_repeats} runs each"
+            )
+        )
 
 
 if __name__ == "__main__":

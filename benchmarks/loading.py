@@ -104,12 +104,22 @@ def worker(lib: str, dtype_name: str, directory: str) -> None:
     def grown(status):
         return {k: status.get(k, 0) - baseline.get(k, 0) for k in ("VmRSS", "RssAnon", "RssFile")}
 
-    print(json.dumps({
-        "lib": lib, "dtype": dtype_name, "seconds": seconds, "weights": weights,
-        "peak": peak - baseline["VmRSS"],
-        "sampled_peak": {k: sampler.peak.get(k, 0) - baseline.get(k, 0) for k in ("VmRSS", "RssAnon", "RssFile")},
-        "held": grown(held), "touched": grown(touched),
-    }))
+    print(
+        json.dumps(
+            {
+                "lib": lib,
+                "dtype": dtype_name,
+                "seconds": seconds,
+                "weights": weights,
+                "peak": peak - baseline["VmRSS"],
+                "sampled_peak": {
+                    k: sampler.peak.get(k, 0) - baseline.get(k, 0) for k in ("VmRSS", "RssAnon", "RssFile")
+                },
+                "held": grown(held),
+                "touched": grown(touched),
+            }
+        )
+    )
 
 
 def describe(name: str, directory: Path) -> str:
@@ -189,33 +199,57 @@ def main() -> None:
         for case in section:
             for lib in case.libs:
                 weights = median(case, lib, "weights")
-                rows.append((
-                    f"{lib}, {case.label}",
-                    f"{weights / GiB:.3f}",
-                    f"{median(case, lib, 'peak') / GiB:.3f}",
-                    f"{median(case, lib, 'peak') / weights:.2f}",
-                    f"{median(case, lib, 'sampled_peak', 'RssAnon') / GiB:.3f}",
-                    f"{median(case, lib, 'sampled_peak', 'RssFile') / GiB:.3f}",
-                    f"{median(case, lib, 'held', 'VmRSS') / GiB:.3f}",
-                    f"{median(case, lib, 'touched', 'VmRSS') / GiB:.3f}",
-                ))
-        print(table(
-            ["", "weights GiB", "peak growth GiB", "peak / weights", "peak RssAnon", "peak RssFile", "held", "touched"],
-            rows,
-            title=f"\n{title}\nresident memory of one load, fresh subprocess, median of {args.rounds} (GiB over the"
-                  " post-import RSS; target hooked peak / weights <= 1.3)",
-        ))
+                rows.append(
+                    (
+                        f"{lib}, {case.label}",
+                        f"{weights / GiB:.3f}",
+                        f"{median(case, lib, 'peak') / GiB:.3f}",
+                        f"{median(case, lib, 'peak') / weights:.2f}",
+                        f"{median(case, lib, 'sampled_peak', 'RssAnon') / GiB:.3f}",
+                        f"{median(case, lib, 'sampled_peak', 'RssFile') / GiB:.3f}",
+                        f"{median(case, lib, 'held', 'VmRSS') / GiB:.3f}",
+                        f"{median(case, lib, 'touched', 'VmRSS') / GiB:.3f}",
+                    )
+                )
+        print(
+            table(
+                [
+                    "",
+                    "weights GiB",
+                    "peak growth GiB",
+                    "peak / weights",
+                    "peak RssAnon",
+                    "peak RssFile",
+                    "held",
+                    "touched",
+                ],
+                rows,
+                title=f"\n{title}\nresident memory of one load, fresh subprocess, median of {args.rounds} (GiB over the"
+                " post-import RSS; target hooked peak / weights <= 1.3)",
+            )
+        )
 
         rows = []
         for case in section:
             reference = median(case, "transformers", "seconds")
             for lib in case.libs:
                 seconds = [r["seconds"] for r in results[(case, lib)]]
-                rows.append((f"{lib}, {case.label}", f"{statistics.median(seconds):.2f}", f"{min(seconds):.2f}",
-                             f"{statistics.median(seconds) / reference:.2f}"))
+                rows.append(
+                    (
+                        f"{lib}, {case.label}",
+                        f"{statistics.median(seconds):.2f}",
+                        f"{min(seconds):.2f}",
+                        f"{statistics.median(seconds) / reference:.2f}",
+                    )
+                )
         print()
-        print(table(["", "median s", "min s", "ratio vs transformers"], rows,
-                    title=f"load time, median of {args.rounds} fresh subprocesses"))
+        print(
+            table(
+                ["", "median s", "min s", "ratio vs transformers"],
+                rows,
+                title=f"load time, median of {args.rounds} fresh subprocesses",
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -46,7 +46,11 @@ def run(kind: str, args) -> tuple[list, float, bool]:
 
     directory = checkpoint(kind)
     model = hooked.load(directory, dtype=torch.float32, device="cpu")
-    reference = getattr(transformers, SHAPES[kind][1]).from_pretrained(directory, attn_implementation="sdpa", dtype=torch.float32).eval()
+    reference = (
+        getattr(transformers, SHAPES[kind][1])
+        .from_pretrained(directory, attn_implementation="sdpa", dtype=torch.float32)
+        .eval()
+    )
     tokens = random_tokens(args.batch, args.pos, vocab=QWEN3_COMMON["vocab_size"])
     with torch.inference_mode():
         ours = model(tokens)
@@ -74,10 +78,17 @@ def main() -> None:
     targets = {"dense": 1.05, "moe": 1.10}
     for kind in [args.only] if args.only else list(SHAPES):
         timings, diff, identical = run(kind, args)
-        title = (f"\nQwen3 {kind}, forward, float32, batch {args.batch} x {args.pos} tokens, {args.repeats} runs each"
-                 f" (target: hooked <= {targets[kind]:.2f})")
+        title = (
+            f"\nQwen3 {kind}, forward, float32, batch {args.batch} x {args.pos} tokens, {args.repeats} runs each"
+            f" (target: hooked <= {targets[kind]:.2f})"
+        )
         print(timing_table(timings, unit="ms", title=title))
-        print(table(["", "value"], [("max |logits hooked - logits transformers|", f"{diff:.3g}"), ("bit-identical", str(identical))]))
+        print(
+            table(
+                ["", "value"],
+                [("max |logits hooked - logits transformers|", f"{diff:.3g}"), ("bit-identical", str(identical))],
+            )
+        )
 
 
 if __name__ == "__main__":

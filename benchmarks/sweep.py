@@ -134,16 +134,19 @@ def prepare(section: str, method: str, args) -> tuple[Callable, Callable]:
             single = [(f"blocks.{NEURON_LAYER}.mlp.hook_post", lambda n=n: ablate.zero(neurons=n)) for n in neurons]
 
         if method == "loop":
+
             def run():
                 values = [metric(model(tokens))]
                 for name, make in single:
                     values.append(metric(model.run_with_hooks(tokens, fwd_hooks=[(name, make())])))
                 return ["clean", *labels], torch.stack(values)
         else:
+
             def run():
                 variants = {label: ablate.hooks(model, label, "zero") for label in labels}
                 result = hooked.sweep(model, tokens, variants, metric, progress=False)
                 return ["clean", *result.variants], torch.cat([result.base[None], result.values])
+
         return lambda: model(tokens), run
 
     import transformers
@@ -156,7 +159,8 @@ def prepare(section: str, method: str, args) -> tuple[Callable, Callable]:
 
         def zero_head(head):
             def pre_hook(module, inputs):  # c_proj's input: [batch pos n_heads*d_head], heads side by side
-                inputs[0][..., head * D_HEAD:(head + 1) * D_HEAD] = 0
+                inputs[0][..., head * D_HEAD : (head + 1) * D_HEAD] = 0
+
             return pre_hook
 
         def run():
@@ -168,6 +172,7 @@ def prepare(section: str, method: str, args) -> tuple[Callable, Callable]:
                 finally:
                     handle.remove()
             return ["clean", *(f"L{l}H{h}" for l, h in heads)], torch.stack(values)
+
         return lambda: model(tokens, use_cache=False), run
 
     if method == "nnsight":
@@ -180,7 +185,9 @@ def prepare(section: str, method: str, args) -> tuple[Callable, Callable]:
 
         folder = Path(tempfile.mkdtemp())
         build_tokenizer(folder)  # the pipeline insists on a tokenizer; token ids never reach it
-        tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token="<|endoftext|>")
+        tokenizer = transformers.PreTrainedTokenizerFast(
+            tokenizer_file=str(folder / "tokenizer.json"), eos_token="<|endoftext|>"
+        )
         hf_model = transformers.GPT2LMHeadModel.from_pretrained(checkpoint).eval()
         model = TransformersModel(hf_model, tokenizer=tokenizer)
         a, b = ANSWERS
@@ -193,7 +200,7 @@ def prepare(section: str, method: str, args) -> tuple[Callable, Callable]:
                     values.append(logits[:, -1, a] - logits[:, -1, b])
                 for layer, head in heads:
                     with tracer.invoke(tokens):
-                        model.transformer.h[layer].attn.c_proj.input[:, :, head * D_HEAD:(head + 1) * D_HEAD] = 0
+                        model.transformer.h[layer].attn.c_proj.input[:, :, head * D_HEAD : (head + 1) * D_HEAD] = 0
                         logits = model.lm_head.output
                         values.append(logits[:, -1, a] - logits[:, -1, b])
             return ["clean", *(f"L{l}H{h}" for l, h in heads)], torch.stack([v.float() for v in values])
@@ -201,6 +208,7 @@ def prepare(section: str, method: str, args) -> tuple[Callable, Callable]:
         def warmup():
             with model.trace(tokens):
                 model.lm_head.output.save()
+
         return warmup, run
 
     if method == "transformer_lens":
@@ -214,12 +222,14 @@ def prepare(section: str, method: str, args) -> tuple[Callable, Callable]:
         config = json.loads((checkpoint / "config.json").read_text())
         config["n_ctx"] = config["n_positions"]  # transformers 5 dropped it; TransformerLens 3.9 reads it
         (folder / "config.json").write_text(json.dumps(config))
-        cfg = loading.get_pretrained_model_config(str(folder), hf_cfg=hf_model.config.to_dict(), fold_ln=False,
-                                                  device="cpu", dtype=torch.float32)
+        cfg = loading.get_pretrained_model_config(
+            str(folder), hf_cfg=hf_model.config.to_dict(), fold_ln=False, device="cpu", dtype=torch.float32
+        )
         state_dict = loading.get_pretrained_state_dict(str(folder), cfg, hf_model, dtype=torch.float32)
         model = transformer_lens.HookedTransformer(cfg, tokenizer=None, move_to_device=False)
-        model.load_and_process_state_dict(state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False,
-                                          fold_value_biases=False)
+        model.load_and_process_state_dict(
+            state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False
+        )
         model.eval()
         del hf_model, state_dict
 
@@ -227,6 +237,7 @@ def prepare(section: str, method: str, args) -> tuple[Callable, Callable]:
             def hook(z, hook):  # [batch pos head_index d_head]
                 z[:, :, head] = 0
                 return z
+
             return hook
 
         def run():
@@ -235,6 +246,7 @@ def prepare(section: str, method: str, args) -> tuple[Callable, Callable]:
                 logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head(head))])
                 values.append(logit_diff(logits))
             return ["clean", *(f"L{l}H{h}" for l, h in heads)], torch.stack(values)
+
         return lambda: model(tokens), run
 
     raise ValueError(f"unknown method {method!r}")
@@ -269,10 +281,20 @@ def worker(args) -> None:
         labels, values = run()
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         peak = proc_status().get("VmHWM", 0)
-    Path(args.out).write_text(json.dumps({
-        "seconds": seconds, "cpu_seconds": cpu_seconds, "labels": labels, "values": values.tolist(), "rss_before": before, "peak": peak,
-        "peak_reset": reset, "versions": versions(),
-    }))
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "cpu_seconds": cpu_seconds,
+                "labels": labels,
+                "values": values.tolist(),
+                "rss_before": before,
+                "peak": peak,
+                "peak_reset": reset,
+                "versions": versions(),
+            }
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -280,8 +302,20 @@ def spawn(section: str, method: str, args) -> dict:
     python = args.peer_python if method in PEERS else args.python
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as file:
         out = file.name
-    command = [python, __file__, "--worker", f"{section}:{method}", "--out", out, "--neuron-sample", str(args.neuron_sample),
-               "--neurons", str(args.neurons), "--layers", ",".join(map(str, args.layers))]
+    command = [
+        python,
+        __file__,
+        "--worker",
+        f"{section}:{method}",
+        "--out",
+        out,
+        "--neuron-sample",
+        str(args.neuron_sample),
+        "--neurons",
+        str(args.neurons),
+        "--layers",
+        ",".join(map(str, args.layers)),
+    ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     completed = subprocess.run(command, env=env, capture_output=True, text=True)
     try:
@@ -303,18 +337,25 @@ def run_section(section: str, args) -> dict[str, dict]:
     for round_index in range(rounds):
         for method in methods:
             state = results[method]
-            wanted = args.peer_repeats if method in PEERS else args.neuron_repeats if section == "neurons" else args.repeats
+            wanted = (
+                args.peer_repeats if method in PEERS else args.neuron_repeats if section == "neurons" else args.repeats
+            )
             if "missing" in state or "error" in state or round_index >= wanted:
                 continue
             out = spawn(section, method, args)
             if "missing" in out or "error" in out:
                 state.update(out)
-                print(f"  {section} {method}: {out.get('error') or 'not installed (' + INSTALL[method] + ')'}", flush=True)
+                print(
+                    f"  {section} {method}: {out.get('error') or 'not installed (' + INSTALL[method] + ')'}", flush=True
+                )
                 continue
             state["runs"].append(out)
             state.setdefault("values", torch.tensor(out["values"]))
             state.setdefault("labels", out["labels"])
-            print(f"  {section} {method}: round {round_index + 1}, {out['seconds']:.1f} s, peak {out['peak'] / MiB:.0f} MiB", flush=True)
+            print(
+                f"  {section} {method}: round {round_index + 1}, {out['seconds']:.1f} s, peak {out['peak'] / MiB:.0f} MiB",
+                flush=True,
+            )
     return results
 
 
@@ -343,13 +384,26 @@ def summarise(section: str, results: dict[str, dict]) -> list[tuple]:
         peak = min(r["peak"] for r in state["runs"])
         extra = min(r["peak"] - r["rss_before"] for r in state["runs"])
         index = {label: i for i, label in enumerate(state["labels"])}
-        diff = max((state["values"][index[label]] - by_label[label]).abs().max().item() for label in state["labels"] if label in by_label)
-        rows.append((
-            name, len(state["runs"]), f"{seconds(method):.1f}", f"{seconds('loop') / seconds(method):.2f}",
-            f"{seconds('loop', pick=min) / seconds(method, pick=min):.2f}", f"{seconds(method, 'cpu_seconds'):.1f}",
-            f"{seconds('loop', 'cpu_seconds') / seconds(method, 'cpu_seconds'):.2f}", f"{peak / MiB:.0f}",
-            f"{peak / loop_peak:.2f}", f"{extra / MiB:.0f}", f"{diff:.1e}",
-        ))
+        diff = max(
+            (state["values"][index[label]] - by_label[label]).abs().max().item()
+            for label in state["labels"]
+            if label in by_label
+        )
+        rows.append(
+            (
+                name,
+                len(state["runs"]),
+                f"{seconds(method):.1f}",
+                f"{seconds('loop') / seconds(method):.2f}",
+                f"{seconds('loop', pick=min) / seconds(method, pick=min):.2f}",
+                f"{seconds(method, 'cpu_seconds'):.1f}",
+                f"{seconds('loop', 'cpu_seconds') / seconds(method, 'cpu_seconds'):.2f}",
+                f"{peak / MiB:.0f}",
+                f"{peak / loop_peak:.2f}",
+                f"{extra / MiB:.0f}",
+                f"{diff:.1e}",
+            )
+        )
     return rows
 
 
@@ -365,9 +419,11 @@ def work_model(layers) -> str:
     # The base run computes every block; a variant ablating layer L joins at block L (its attention half).
     # Both read only 2 logits at the last position.
     sweep = block_flops + sum((N_LAYERS - layer) * per_token_block * tokens for layer, _ in heads)
-    return (f"work model of the head section (matmul FLOPs; attention scores, norms and GELU left out): the loop"
-            f" {loop / 1e12:.2f} TFLOP ({(1 + len(heads)) * unembed / loop:.0%} of it the unembedding), the sweep"
-            f" {sweep / 1e12:.2f} TFLOP, {loop / sweep:.2f}x less; a larger speed-up comes from larger matmuls")
+    return (
+        f"work model of the head section (matmul FLOPs; attention scores, norms and GELU left out): the loop"
+        f" {loop / 1e12:.2f} TFLOP ({(1 + len(heads)) * unembed / loop:.0%} of it the unembedding), the sweep"
+        f" {sweep / 1e12:.2f} TFLOP, {loop / sweep:.2f}x less; a larger speed-up comes from larger matmuls"
+    )
 
 
 def profile(args) -> None:
@@ -405,9 +461,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="rounds of hooked's loop and sweep (and transformers)")
     parser.add_argument("--peer-repeats", type=int, default=1, help="rounds of nnsight and TransformerLens")
     parser.add_argument("--sections", default="heads,mlps,neurons")
-    parser.add_argument("--layers", default=",".join(map(str, range(N_LAYERS))),
-                        help="the heads and MLPs of these layers only (e.g. 0,11 for a quick check)")
-    parser.add_argument("--neurons", type=int, default=512, help="neurons the sweep runs in the neuron section (all: 3072)")
+    parser.add_argument(
+        "--layers",
+        default=",".join(map(str, range(N_LAYERS))),
+        help="the heads and MLPs of these layers only (e.g. 0,11 for a quick check)",
+    )
+    parser.add_argument(
+        "--neurons", type=int, default=512, help="neurons the sweep runs in the neuron section (all: 3072)"
+    )
     parser.add_argument("--neuron-sample", type=int, default=64, help="neurons the loop runs in the neuron section")
     parser.add_argument("--neuron-repeats", type=int, default=2, help="rounds of the neuron section")
     parser.add_argument("--python", default=sys.executable, help="interpreter of the hooked workers")
@@ -426,8 +487,10 @@ def main() -> None:
 
     gpt2_small_checkpoint()  # built once, before any worker needs it
     print(environment())
-    print(f"GPT-2 small shape, random weights, float32, CPU; {BATCH} prompts x {POS} tokens; metric logit[{ANSWERS[0]}]"
-          f" - logit[{ANSWERS[1]}] at the last position; every method in a fresh process, rounds interleaved\n")
+    print(
+        f"GPT-2 small shape, random weights, float32, CPU; {BATCH} prompts x {POS} tokens; metric logit[{ANSWERS[0]}]"
+        f" - logit[{ANSWERS[1]}] at the last position; every method in a fresh process, rounds interleaved\n"
+    )
     rows = []
     summaries = {}
     for section in args.sections.split(","):
@@ -440,10 +503,26 @@ def main() -> None:
         if peers:
             print(f"\n{section} peer versions: " + "; ".join(f"{m}: {v}" for m, v in peers.items()))
     print()
-    print(table(["method", "runs", "seconds", "x faster than loop", "same, of mins", "CPU s", "x less CPU", "peak MiB",
-                 "peak / loop's", "extra MiB", "max |diff| vs loop"], rows,
-                title="Summary (times: medians over runs, 'of mins' the ratio of the fastest runs, CPU s the worker's"
-                      " user+system time; peak: the lowest over runs, extra: peak minus the RSS before the run)"))
+    print(
+        table(
+            [
+                "method",
+                "runs",
+                "seconds",
+                "x faster than loop",
+                "same, of mins",
+                "CPU s",
+                "x less CPU",
+                "peak MiB",
+                "peak / loop's",
+                "extra MiB",
+                "max |diff| vs loop",
+            ],
+            rows,
+            title="Summary (times: medians over runs, 'of mins' the ratio of the fastest runs, CPU s the worker's"
+            " user+system time; peak: the lowest over runs, extra: peak minus the RSS before the run)",
+        )
+    )
     print()
     if "heads" in summaries:
         print(work_model(args.layers))
@@ -451,7 +530,10 @@ def main() -> None:
 
 
 def targets(summaries: dict) -> str:
-    lines = ["", "targets: head sweep >= 3x faster than the loop and >= 4x faster than nnsight; sweep peak <= 1.5x the loop's"]
+    lines = [
+        "",
+        "targets: head sweep >= 3x faster than the loop and >= 4x faster than nnsight; sweep peak <= 1.5x the loop's",
+    ]
     heads = summaries.get("heads")
 
     def ratio(results, slower, faster, key="seconds", pick=statistics.median):
@@ -460,14 +542,18 @@ def targets(summaries: dict) -> str:
     if heads and heads["sweep"]["runs"]:
         for peer, label in (("loop", "the run_with_hooks loop"), ("nnsight", "nnsight's trace")):
             if heads.get(peer, {}).get("runs"):
-                lines.append(f"  heads: sweep vs {label}: {ratio(heads, peer, 'sweep'):.2f}x faster (medians),"
-                             f" {ratio(heads, peer, 'sweep', pick=min):.2f}x (fastest runs),"
-                             f" {ratio(heads, peer, 'sweep', 'cpu_seconds'):.2f}x less CPU time")
+                lines.append(
+                    f"  heads: sweep vs {label}: {ratio(heads, peer, 'sweep'):.2f}x faster (medians),"
+                    f" {ratio(heads, peer, 'sweep', pick=min):.2f}x (fastest runs),"
+                    f" {ratio(heads, peer, 'sweep', 'cpu_seconds'):.2f}x less CPU time"
+                )
             else:
                 lines.append(f"  heads: {peer} not measured")
     for section, results in summaries.items():
         if results["sweep"]["runs"] and results["loop"]["runs"]:
-            lines.append(f"  {section}: sweep peak / loop peak = {1 / ratio(results, 'loop', 'sweep', 'peak', pick=min):.2f}")
+            lines.append(
+                f"  {section}: sweep peak / loop peak = {1 / ratio(results, 'loop', 'sweep', 'peak', pick=min):.2f}"
+            )
     return "\n".join(lines)
 
 

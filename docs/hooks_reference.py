@@ -26,8 +26,14 @@ PAGE = "hooks-reference.md"
 # random_model(family, **docs_sizes) (Qwen3-MoE's has a dense and a sparse layer, so both MLP kinds appear).
 FAMILIES = {model_class.family: model_class for model_class in MODEL_CLASSES}
 MODELS: dict[str, dict] = {family: dict(model_class.docs_sizes) for family, model_class in FAMILIES.items()}
-TITLES = {family: (model_class.title or model_class.__name__, f"hooked.models.{model_class.__name__}", model_class.__module__.replace(".", "/") + ".py")
-          for family, model_class in FAMILIES.items()}
+TITLES = {
+    family: (
+        model_class.title or model_class.__name__,
+        f"hooked.models.{model_class.__name__}",
+        model_class.__module__.replace(".", "/") + ".py",
+    )
+    for family, model_class in FAMILIES.items()
+}
 
 # Axis names HookPoint declarations may use, and what sets their size.
 AXES: dict[str, str] = {
@@ -50,39 +56,39 @@ AXES: dict[str, str] = {
 # What each hook point holds, keyed by generalised name, where every family means the same; a family's own
 # text (its model class's `hook_docs`, next to the model) wins.
 MEANINGS: dict[str, str] = {
-    'hook_embed': 'token embeddings',
-    'blocks.{i}.ln1.hook_scale': "the norm's scale before attention (LayerNorm `sqrt(var(x) + eps)`, RMSNorm `sqrt(mean(x^2) + eps)`)",
-    'blocks.{i}.ln1.hook_normalized': "the normalised input, before the norm's weight (and bias)",
-    'blocks.{i}.attn.hook_q': 'queries, split by head',
-    'blocks.{i}.attn.hook_k': 'keys, split by key/value head',
-    'blocks.{i}.attn.hook_v': 'values, split by key/value head',
-    'blocks.{i}.attn.hook_attn_scores': "scaled `q @ k^T`, masked entries set to the dtype's minimum; listening switches the layer to the eager attention path",
-    'blocks.{i}.attn.hook_pattern': 'softmax of the scores',
-    'blocks.{i}.attn.hook_z': "per-head attention output; a view of the output projection's input, so an in-place edit changes what the projection reads",
-    'blocks.{i}.mlp.hook_pre': "the MLP's pre-activation",
-    'blocks.{i}.mlp.hook_post': "the neurons: the down projection's input",
-    'blocks.{i}.hook_mlp_out': 'MLP output',
-    'blocks.{i}.hook_resid_pre': 'residual stream entering block i',
-    'blocks.{i}.hook_q_input': "one copy of `resid_pre` per query head, each normalised by `ln1` on its own before the head's query projection (TransformerLens' split inputs); computed only when a hook listens; the receiver of circuit edges into `L{i}H{h}.q`",
-    'blocks.{i}.hook_k_input': 'as `hook_q_input`, one copy per key/value head, read by its key projection',
-    'blocks.{i}.hook_v_input': 'as `hook_q_input`, one copy per key/value head, read by its value projection',
-    'blocks.{i}.attn.hook_rot_q': "q after RoPE: `x * cos + rotate_half(x) * sin` (cos/sin include YaRN's attention factor)",
-    'blocks.{i}.attn.hook_rot_k': 'k after RoPE, as for q',
-    'blocks.{i}.attn.hook_result': "each head's write `z[..., h, :] @ W_O[h]`, before the output projection's bias; computed only when something listens",
-    'blocks.{i}.hook_attn_out': 'attention output, as added to the residual stream',
-    'blocks.{i}.hook_resid_mid': '`resid_pre + attn_out`',
-    'blocks.{i}.hook_mlp_in': "what the MLP half reads before `ln2` (`resid_mid`; a copy when hooked, so an edit changes the MLP's input only); the receiver of circuit edges into `L{i}.mlp`",
-    'blocks.{i}.ln2.hook_scale': 'as `ln1.hook_scale`, for the norm before the MLP',
-    'blocks.{i}.ln2.hook_normalized': 'as `ln1.hook_normalized`, for the norm before the MLP',
-    'blocks.{i}.mlp.hook_pre_linear': 'the up projection `up_proj(x)`',
-    'blocks.{i}.mlp.hook_router_logits': 'raw router logits `x @ gate.weight^T`, in the model dtype, before softmax and top-k',
-    'blocks.{i}.mlp.hook_expert_weights': "the slots' weights: top-k of the softmax over all experts (float32), divided by their sum if `norm_topk_prob`, cast to the model dtype; slot j is the j-th largest",
-    'blocks.{i}.mlp.hook_expert_indices': 'the expert each slot holds (int64); a returned tensor re-routes the token',
-    'blocks.{i}.mlp.hook_expert_pre': 'for each token and slot, the gate pre-activation of the expert in that slot',
-    'blocks.{i}.mlp.hook_expert_post': "for each token and slot, that expert's neurons, `silu(pre) * up` = its `down_proj` input",
-    'blocks.{i}.hook_resid_post': '`resid_mid + mlp_out`',
-    'ln_final.hook_scale': "the final norm's scale, as `ln1.hook_scale`",
-    'ln_final.hook_normalized': "the final norm's normalised input, as `ln1.hook_normalized`; the unembedding reads the norm's output",
+    "hook_embed": "token embeddings",
+    "blocks.{i}.ln1.hook_scale": "the norm's scale before attention (LayerNorm `sqrt(var(x) + eps)`, RMSNorm `sqrt(mean(x^2) + eps)`)",
+    "blocks.{i}.ln1.hook_normalized": "the normalised input, before the norm's weight (and bias)",
+    "blocks.{i}.attn.hook_q": "queries, split by head",
+    "blocks.{i}.attn.hook_k": "keys, split by key/value head",
+    "blocks.{i}.attn.hook_v": "values, split by key/value head",
+    "blocks.{i}.attn.hook_attn_scores": "scaled `q @ k^T`, masked entries set to the dtype's minimum; listening switches the layer to the eager attention path",
+    "blocks.{i}.attn.hook_pattern": "softmax of the scores",
+    "blocks.{i}.attn.hook_z": "per-head attention output; a view of the output projection's input, so an in-place edit changes what the projection reads",
+    "blocks.{i}.mlp.hook_pre": "the MLP's pre-activation",
+    "blocks.{i}.mlp.hook_post": "the neurons: the down projection's input",
+    "blocks.{i}.hook_mlp_out": "MLP output",
+    "blocks.{i}.hook_resid_pre": "residual stream entering block i",
+    "blocks.{i}.hook_q_input": "one copy of `resid_pre` per query head, each normalised by `ln1` on its own before the head's query projection (TransformerLens' split inputs); computed only when a hook listens; the receiver of circuit edges into `L{i}H{h}.q`",
+    "blocks.{i}.hook_k_input": "as `hook_q_input`, one copy per key/value head, read by its key projection",
+    "blocks.{i}.hook_v_input": "as `hook_q_input`, one copy per key/value head, read by its value projection",
+    "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin` (cos/sin include YaRN's attention factor)",
+    "blocks.{i}.attn.hook_rot_k": "k after RoPE, as for q",
+    "blocks.{i}.attn.hook_result": "each head's write `z[..., h, :] @ W_O[h]`, before the output projection's bias; computed only when something listens",
+    "blocks.{i}.hook_attn_out": "attention output, as added to the residual stream",
+    "blocks.{i}.hook_resid_mid": "`resid_pre + attn_out`",
+    "blocks.{i}.hook_mlp_in": "what the MLP half reads before `ln2` (`resid_mid`; a copy when hooked, so an edit changes the MLP's input only); the receiver of circuit edges into `L{i}.mlp`",
+    "blocks.{i}.ln2.hook_scale": "as `ln1.hook_scale`, for the norm before the MLP",
+    "blocks.{i}.ln2.hook_normalized": "as `ln1.hook_normalized`, for the norm before the MLP",
+    "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(x)`",
+    "blocks.{i}.mlp.hook_router_logits": "raw router logits `x @ gate.weight^T`, in the model dtype, before softmax and top-k",
+    "blocks.{i}.mlp.hook_expert_weights": "the slots' weights: top-k of the softmax over all experts (float32), divided by their sum if `norm_topk_prob`, cast to the model dtype; slot j is the j-th largest",
+    "blocks.{i}.mlp.hook_expert_indices": "the expert each slot holds (int64); a returned tensor re-routes the token",
+    "blocks.{i}.mlp.hook_expert_pre": "for each token and slot, the gate pre-activation of the expert in that slot",
+    "blocks.{i}.mlp.hook_expert_post": "for each token and slot, that expert's neurons, `silu(pre) * up` = its `down_proj` input",
+    "blocks.{i}.hook_resid_post": "`resid_mid + mlp_out`",
+    "ln_final.hook_scale": "the final norm's scale, as `ln1.hook_scale`",
+    "ln_final.hook_normalized": "the final norm's normalised input, as `ln1.hook_normalized`; the unembedding reads the norm's output",
 }
 
 
@@ -98,7 +104,7 @@ def generalise(name: str) -> tuple[str, int | None]:
     match = _BLOCK.match(name)
     if match is None:
         return name, None
-    return "blocks.{i}." + name[match.end():], int(match.group(1))
+    return "blocks.{i}." + name[match.end() :], int(match.group(1))
 
 
 def meaning(generalised: str, architecture: str) -> str:
@@ -126,10 +132,14 @@ def rows(model, architecture: str) -> list[dict]:
             layers_of.setdefault(general, set()).add(layer)
         previous = axes_of.setdefault(general, tuple(point.axes))
         if previous != tuple(point.axes):
-            raise UndocumentedHookError(f"{general} has axes {previous} in one block and {tuple(point.axes)} in another")
+            raise UndocumentedHookError(
+                f"{general} has axes {previous} in one block and {tuple(point.axes)} in another"
+            )
         unknown = [axis for axis in point.axes if axis not in AXES]
         if unknown:
-            raise UndocumentedHookError(f"hook {name!r} declares axes {unknown} that docs/hooks_reference.py's AXES does not name")
+            raise UndocumentedHookError(
+                f"hook {name!r} declares axes {unknown} that docs/hooks_reference.py's AXES does not name"
+            )
     order = _merge_orders(model.hook_dict, per_layer)
     n_layers = model.cfg.n_layers
     result = []
@@ -141,7 +151,14 @@ def rows(model, architecture: str) -> list[dict]:
             note = "every"
         else:
             note = _layer_kind(model, layers)
-        result.append({"name": general, "axes": " ".join(axes_of[general]), "layers": note, "meaning": meaning(general, architecture)})
+        result.append(
+            {
+                "name": general,
+                "axes": " ".join(axes_of[general]),
+                "layers": note,
+                "meaning": meaning(general, architecture),
+            }
+        )
     return result
 
 
@@ -160,7 +177,9 @@ def _merge_orders(hook_dict: dict, per_layer: dict[int | None, list[str]]) -> li
             order.append(general)
         else:
             position = order.index(anchor) + 1
-            while position < len(order) and order[position] not in sequence and order[position].startswith("blocks.{i}."):
+            while (
+                position < len(order) and order[position] not in sequence and order[position].startswith("blocks.{i}.")
+            ):
                 position += 1  # keep names of other block kinds that were already placed there
             order.insert(position, general)
     return order
@@ -191,12 +210,16 @@ def markdown(models: dict | None = None) -> str:
         used = {row["name"] for table in tables.values() for row in table}
         stale = sorted(set(MEANINGS) - used)
         if stale:
-            raise UndocumentedHookError(f"MEANINGS describes hooks no model has: {stale}; remove them from docs/hooks_reference.py")
+            raise UndocumentedHookError(
+                f"MEANINGS describes hooks no model has: {stale}; remove them from docs/hooks_reference.py"
+            )
         for architecture, table in tables.items():
             own = {row["name"] for row in table}
             stale = sorted(set(FAMILIES[architecture].hook_docs) - own)
             if stale:
-                raise UndocumentedHookError(f"{TITLES[architecture][1]}.hook_docs describes hooks it does not have: {stale}")
+                raise UndocumentedHookError(
+                    f"{TITLES[architecture][1]}.hook_docs describes hooks it does not have: {stale}"
+                )
     used_axes = {axis for table in tables.values() for row in table for axis in row["axes"].split()}
     lines = [
         "# Hook reference",
@@ -230,7 +253,11 @@ def markdown(models: dict | None = None) -> str:
         header = "| name | axes | layers | holds |" if with_layers else "| name | axes | holds |"
         lines += [header, "|---|---|---|---|" if with_layers else "|---|---|---|"]
         for row in table:
-            cells = [f"`{row['name']}`", row["axes"]] + ([row["layers"] or "-"] if with_layers else []) + [_cell(row["meaning"])]
+            cells = (
+                [f"`{row['name']}`", row["axes"]]
+                + ([row["layers"] or "-"] if with_layers else [])
+                + [_cell(row["meaning"])]
+            )
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -90,10 +90,19 @@ for (_module, _name), _home in MOVED_NAMES.items():
 del _module, _name, _home
 
 
-def load(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu",
-         *, tp: int | None = None, timeout: float | None = None, fold_ln: bool = False,
-         center_writing_weights: bool = False, center_unembed: bool = False, fold_value_biases: bool = False,
-         refactor_factored_attn_matrices: bool = False) -> HookedTransformer:
+def load(
+    name_or_path: str | Path,
+    dtype: torch.dtype | str = torch.float32,
+    device: torch.device | str = "cpu",
+    *,
+    tp: int | None = None,
+    timeout: float | None = None,
+    fold_ln: bool = False,
+    center_writing_weights: bool = False,
+    center_unembed: bool = False,
+    fold_value_biases: bool = False,
+    refactor_factored_attn_matrices: bool = False,
+) -> HookedTransformer:
     """Load a model from a local directory, a hub id or a TransformerLens model name (`"gpt2-small"`); the
     class is chosen from config.json.
 
@@ -110,22 +119,59 @@ def load(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, dev
     """
     from hooked.weights import load_model
 
-    processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
-                      fold_value_biases=fold_value_biases, refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+    processing = dict(
+        fold_ln=fold_ln,
+        center_writing_weights=center_writing_weights,
+        center_unembed=center_unembed,
+        fold_value_biases=fold_value_biases,
+        refactor_factored_attn_matrices=refactor_factored_attn_matrices,
+    )
     return load_model(name_or_path, dtype=dtype, device=device, tp=tp, timeout=timeout, processing=processing)
 
 
 __all__ = [
     # the model families (hooked.models.MODEL_CLASSES) and their base class
-    "GPT2", "Gemma2", "Gemma3", "GPTNeoX", "HookedTransformer", "Llama", "MODEL_CLASSES", "Mistral", "Mixtral", "Olmo2",
-    "Qwen3", "Qwen3Moe",
+    "GPT2",
+    "Gemma2",
+    "Gemma3",
+    "GPTNeoX",
+    "HookedTransformer",
+    "Llama",
+    "MODEL_CLASSES",
+    "Mistral",
+    "Mixtral",
+    "Olmo2",
+    "Qwen3",
+    "Qwen3Moe",
     # loading, hooks, caches
-    "ActivationCache", "CheckpointError", "FactoredMatrix", "HookPoint", "HookedRootModule", "KVCache", "act_name",
-    "attention_backend", "load",
+    "ActivationCache",
+    "CheckpointError",
+    "FactoredMatrix",
+    "HookPoint",
+    "HookedRootModule",
+    "KVCache",
+    "act_name",
+    "attention_backend",
+    "load",
     # interventions and circuits
-    "SweepResult", "VariantError", "ablate", "circuits", "generate_variants", "metrics", "patch", "sweep", "tasks",
+    "SweepResult",
+    "VariantError",
+    "ablate",
+    "circuits",
+    "generate_variants",
+    "metrics",
+    "patch",
+    "sweep",
+    "tasks",
     # analysis and pictures
-    "PositionAttention", "attention_to_positions", "logit_lens", "plot",
+    "PositionAttention",
+    "attention_to_positions",
+    "logit_lens",
+    "plot",
     # TransformerLens' modules and config
-    "HookedTransformerConfig", "evals", "patching", "tl_patching", "utils",
+    "HookedTransformerConfig",
+    "evals",
+    "patching",
+    "tl_patching",
+    "utils",
 ]

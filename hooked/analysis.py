@@ -62,8 +62,11 @@ class PositionAttention:
     def rows(self) -> list[dict]:
         """One dict per head: layer, head, then the mean attention to each name."""
         mean = self.mean.tolist()
-        return [{"layer": layer, "head": head, **dict(zip(self.names, values))}
-                for layer, heads in enumerate(mean) for head, values in enumerate(heads)]
+        return [
+            {"layer": layer, "head": head, **dict(zip(self.names, values))}
+            for layer, heads in enumerate(mean)
+            for head, values in enumerate(heads)
+        ]
 
     def table(self):
         """A pandas DataFrame indexed by (layer, head), one column per name; a list of dict rows without pandas."""
@@ -81,8 +84,10 @@ class PositionAttention:
 
     def __repr__(self) -> str:
         prompts, layers, heads, _ = self.values.shape
-        return (f"PositionAttention({self.query} -> {', '.join(self.names)}: {prompts} prompts x {layers} layers"
-                f" x {heads} heads)")
+        return (
+            f"PositionAttention({self.query} -> {', '.join(self.names)}: {prompts} prompts x {layers} layers"
+            f" x {heads} heads)"
+        )
 
 
 def attention_to_positions(
@@ -110,16 +115,24 @@ def attention_to_positions(
         raise ValueError(f"names= takes a non-empty list of position names, e.g. {sorted(positions)}")
     for name in (query, *names):
         if name not in positions:
-            raise ValueError(f"task {task.name!r} has no position {name!r}; its positions are {list(positions)}"
-                             " (task.positions, filled by task.with_positions(model))")
+            raise ValueError(
+                f"task {task.name!r} has no position {name!r}; its positions are {list(positions)}"
+                " (task.positions, filled by task.with_positions(model))"
+            )
     _check_tokenizer(model, task, (query, *names), prepend_bos)
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int or None, not {batch_size!r}")
     step = batch_size or len(task)
-    chunks = [_read_attention(model, task[start:start + step], names, query, prepend_bos)
-              for start in range(0, len(task), step)]
-    provenance = {"model": getattr(model, "name_or_path", None), "task": repr(task), "prompts": len(task),
-                  "hook": "blocks.{l}.attn.hook_pattern"}
+    chunks = [
+        _read_attention(model, task[start : start + step], names, query, prepend_bos)
+        for start in range(0, len(task), step)
+    ]
+    provenance = {
+        "model": getattr(model, "name_or_path", None),
+        "task": repr(task),
+        "prompts": len(task),
+        "hook": "blocks.{l}.attn.hook_pattern",
+    }
     return PositionAttention(torch.cat(chunks), names, query, provenance)
 
 
@@ -159,8 +172,13 @@ def _read_attention(model, task: Task, names: tuple[str, ...], query: str, prepe
 
     def column_of(name: str, hook) -> Tensor:
         """[batch] the column holding each prompt's `name` position (the padding-aware rule of positions=)."""
-        at = positions_mask(per_prompt(positions[name]), hook.position_ids, hook.attention_mask,
-                            hook.rows.prompt_lengths(), what=f"task.positions[{name!r}]")  # [batch pos]
+        at = positions_mask(
+            per_prompt(positions[name]),
+            hook.position_ids,
+            hook.attention_mask,
+            hook.rows.prompt_lengths(),
+            what=f"task.positions[{name!r}]",
+        )  # [batch pos]
         return at.int().argmax(-1)
 
     def read(pattern: Float[Tensor, "batch head_index query_pos key_pos"], hook) -> None:
@@ -168,14 +186,17 @@ def _read_attention(model, task: Task, names: tuple[str, ...], query: str, prepe
             columns["query"] = column_of(query, hook)
             columns["keys"] = torch.stack([column_of(name, hook) for name in names], -1)  # [batch name]
         batch, n_heads = pattern.shape[:2]
-        from_query = pattern[torch.arange(batch, device=pattern.device), :, columns["query"]]  # [batch head_index key_pos]
+        from_query = pattern[
+            torch.arange(batch, device=pattern.device), :, columns["query"]
+        ]  # [batch head_index key_pos]
         keys = columns["keys"][:, None, :].expand(batch, n_heads, len(names))
         per_layer[hook.layer()] = from_query.gather(-1, keys).float().cpu()  # [batch head_index name]
 
     hook_names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
     with torch.no_grad():
-        model.run_with_hooks(task.clean, prepend_bos=prepend_bos, return_type=None,
-                             fwd_hooks=[(name, read) for name in hook_names])
+        model.run_with_hooks(
+            task.clean, prepend_bos=prepend_bos, return_type=None, fwd_hooks=[(name, read) for name in hook_names]
+        )
     return torch.stack([per_layer[layer] for layer in range(model.cfg.n_layers)], 1)
 
 
@@ -197,7 +218,9 @@ def logit_lens(
     """
     model = cache.model
     if isinstance(metric, Metric) and metric.position != -1:
-        raise ValueError(f"the logit lens reads each prompt's last token; make {metric!r} with position=-1 (the default)")
+        raise ValueError(
+            f"the logit lens reads each prompt's last token; make {metric!r} with position=-1 (the default)"
+        )
     mask = cache.attention_mask if cache.has_batch_dim else None
     if mask is not None and not bool(mask[:, -1].all()):  # right padding: each prompt's last real token
         every, labels = cache.accumulated_resid(return_labels=True)  # [point batch pos d_model]
@@ -220,8 +243,9 @@ def logit_lens(
                 value = metric(logits)
             if not isinstance(value, Tensor) or value.shape != (resid.shape[1],):
                 shape = list(value.shape) if isinstance(value, Tensor) else type(value).__name__
-                raise ValueError(f"a metric must return one value per prompt, a [batch] tensor of {resid.shape[1]};"
-                                 f" got {shape}")
+                raise ValueError(
+                    f"a metric must return one value per prompt, a [batch] tensor of {resid.shape[1]}; got {shape}"
+                )
             values.append(value.float())
     return torch.stack(values).cpu(), labels
 

@@ -52,6 +52,7 @@ from hooked.rows import current_rows
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
+
 def run_with_cache(
     model: HookedTransformer,
     *model_args,
@@ -74,10 +75,14 @@ def run_with_cache(
             rows["position_ids"], rows["attention_mask"] = current.position_ids, current.attention_mask
 
     def keep(tensor: Tensor, point: HookPoint, copy: bool) -> Tensor:
-        tensor = apply_pos_slice(tensor.detach(), pos_slice, pos_axis(point)) if pos_slice is not None else tensor.detach()
+        tensor = (
+            apply_pos_slice(tensor.detach(), pos_slice, pos_axis(point)) if pos_slice is not None else tensor.detach()
+        )
         if remove_batch_dim:
             if tensor.shape[0] != 1:
-                raise ValueError(f"remove_batch_dim=True needs a batch of 1, but {point.name} has batch {tensor.shape[0]}")
+                raise ValueError(
+                    f"remove_batch_dim=True needs a batch of 1, but {point.name} has batch {tensor.shape[0]}"
+                )
             tensor = tensor[0]
         moved = tensor.to(device) if device is not None else tensor
         if moved.data_ptr() != tensor.data_ptr():
@@ -109,8 +114,9 @@ def run_with_cache(
     if remove_batch_dim and position_ids is not None:
         position_ids = position_ids[0]
         attention_mask = None if attention_mask is None else attention_mask[0]
-    cache = ActivationCache(store, model, has_batch_dim=not remove_batch_dim,
-                            position_ids=position_ids, attention_mask=attention_mask)
+    cache = ActivationCache(
+        store, model, has_batch_dim=not remove_batch_dim, position_ids=position_ids, attention_mask=attention_mask
+    )
     return output, cache
 
 
@@ -193,8 +199,13 @@ class ActivationCache(ResidualDecomposition):
         def move(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.to(device)
 
-        return ActivationCache({k: v.to(device) for k, v in self.items()}, self.model, self.has_batch_dim,
-                               move(self.position_ids), move(self.attention_mask))
+        return ActivationCache(
+            {k: v.to(device) for k, v in self.items()},
+            self.model,
+            self.has_batch_dim,
+            move(self.position_ids),
+            move(self.attention_mask),
+        )
 
     def remove_batch_dim(self) -> ActivationCache:
         if self.has_batch_dim:
@@ -224,9 +235,13 @@ class ActivationCache(ResidualDecomposition):
         def cut(t: Tensor | None) -> Tensor | None:
             return None if t is None else batch_slice.apply(t, 0)
 
-        return ActivationCache({name: cut(t) for name, t in self.items()}, self.model,
-                               has_batch_dim=self.has_batch_dim and batch_slice.mode != "int",
-                               position_ids=cut(self.position_ids), attention_mask=cut(self.attention_mask))
+        return ActivationCache(
+            {name: cut(t) for name, t in self.items()},
+            self.model,
+            has_batch_dim=self.has_batch_dim and batch_slice.mode != "int",
+            position_ids=cut(self.position_ids),
+            attention_mask=cut(self.attention_mask),
+        )
 
     def toggle_autodiff(self, mode: bool = False) -> None:
         """`torch.set_grad_enabled(mode)`, global state, as TransformerLens (prefer `torch.inference_mode()`)."""

@@ -107,12 +107,18 @@ def sweep_addresses(model, kind: str) -> tuple[str, list[str]]:
         n_layers = model.cfg.n_layers
         layer = int(layer_text)
         if not -n_layers <= layer < n_layers:
-            raise _UsageError(f"--components {kind}: layer {layer} is out of range; this model has {n_layers} layers (0..{n_layers - 1})")
+            raise _UsageError(
+                f"--components {kind}: layer {layer} is out of range; this model has {n_layers} layers (0..{n_layers - 1})"
+            )
         sparse = model.cfg.is_sparse(layer % n_layers)
         if name == "neurons" and sparse:
-            raise _UsageError(f"--components {kind}: layer {layer % n_layers} is a mixture of experts; use experts:{layer_text}")
+            raise _UsageError(
+                f"--components {kind}: layer {layer % n_layers} is a mixture of experts; use experts:{layer_text}"
+            )
         if name == "experts" and not sparse:
-            raise _UsageError(f"--components {kind}: layer {layer % n_layers} has no experts (a dense MLP); use neurons:{layer_text}")
+            raise _UsageError(
+                f"--components {kind}: layer {layer % n_layers} has no experts (a dense MLP); use neurons:{layer_text}"
+            )
         kind = f"{name}:{layer % n_layers}"
     return kind, ablate.components(model, kind)
 
@@ -146,15 +152,19 @@ def run_sweep(args: argparse.Namespace):
 
     model = hooked.load(args.model, dtype=_DTYPES[args.dtype], device=args.device)
     if model.tokenizer is None:
-        raise _UsageError(f"{args.model} has no tokenizer (tokenizer.json, or vocab.json and merges.txt); a task's prompts need one")
+        raise _UsageError(
+            f"{args.model} has no tokenizer (tokenizer.json, or vocab.json and merges.txt); a task's prompts need one"
+        )
     kind, addresses = sweep_addresses(model, args.components)
     task = build_task(args.task, args.n, args.seed, args.names)
     try:
         tasks.check_single_tokens(model, task)
     except ValueError as error:
-        hint = {"ioi": "; pass --names with names that are one token each for this tokenizer",
-                "facts": f"; --task facts needs its English answers (' Paris', ' yen', ...) to be single tokens of"
-                         f" {args.model}'s tokenizer: use a model with a full English vocabulary (gpt2), or --task ioi"}[args.task]
+        hint = {
+            "ioi": "; pass --names with names that are one token each for this tokenizer",
+            "facts": f"; --task facts needs its English answers (' Paris', ' yen', ...) to be single tokens of"
+            f" {args.model}'s tokenizer: use a model with a full English vocabulary (gpt2), or --task ioi",
+        }[args.task]
         raise _UsageError(f"{error}{hint}") from None
     metric = build_metric(model, args.metric, task)
 
@@ -213,7 +223,12 @@ def plot_components(result, kind: str, path: Path) -> None:
     image = axes.imshow(grid.numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto", interpolation="nearest")
     columns = grid.shape[1]
     step = 1 if columns <= 32 else 8
-    axes.set_xticks(range(0, columns, step), [str(c) for c in range(0, columns, step)] if name == "neurons" else [str(layers[c]) for c in range(0, columns, step)])
+    axes.set_xticks(
+        range(0, columns, step),
+        [str(c) for c in range(0, columns, step)]
+        if name == "neurons"
+        else [str(layers[c]) for c in range(0, columns, step)],
+    )
     row_step = 1 if len(rows) <= 32 else math.ceil(len(rows) / 32)
     axes.set_yticks(range(0, len(rows), row_step), rows[::row_step])
     axes.set_ylabel(labels[0])
@@ -263,10 +278,14 @@ def sweep_command(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise _UsageError(f"--n must be at least 1, got {args.n}")
     kind, task, result = run_sweep(args)
-    stem = args.name or f"{kind.replace(':', '-L')}-{args.method}" + ("" if args.metric == "logit_diff" else f"-{args.metric}")
+    stem = args.name or f"{kind.replace(':', '-L')}-{args.method}" + (
+        "" if args.metric == "logit_diff" else f"-{args.metric}"
+    )
     written, note = write_sweep(result, kind, out, stem)
-    print(f"{args.method}-ablated {len(result)} components ({kind}) on {len(task)} {task.name} prompts; "
-          f"base {result.metric} {result.base_score:+.4f}")
+    print(
+        f"{args.method}-ablated {len(result)} components ({kind}) on {len(task)} {task.name} prompts; "
+        f"base {result.metric} {result.base_score:+.4f}"
+    )
     print("largest changes:")
     width = max(len(name) for name, _ in result.top(5))
     for name, change in result.top(5):
@@ -309,9 +328,13 @@ def check_circuit_args(args: argparse.Namespace) -> None:
         raise _UsageError(f"--out {out} exists and is not a directory")
     if args.method == "acdc":
         if args.threshold is None:
-            raise _UsageError("--method acdc needs --threshold T (an edge is removed when removing it moves the metric by less than T)")
+            raise _UsageError(
+                "--method acdc needs --threshold T (an edge is removed when removing it moves the metric by less than T)"
+            )
         if args.edges is not None:
-            raise _UsageError("--edges belongs to --method eap / eap-ig (the top N edges); acdc's circuit size follows from --threshold")
+            raise _UsageError(
+                "--edges belongs to --method eap / eap-ig (the top N edges); acdc's circuit size follows from --threshold"
+            )
     else:
         if args.edges is None:
             raise _UsageError(f"--method {args.method} needs --edges N (how many of the top-scored edges to keep)")
@@ -339,11 +362,17 @@ def run_circuit(args: argparse.Namespace):
 
     model = hooked.load(args.model, dtype=_DTYPES[args.dtype], device=args.device)
     if model.tokenizer is None:
-        raise _UsageError(f"{args.model} has no tokenizer (tokenizer.json, or vocab.json and merges.txt); a task's prompts need one")
+        raise _UsageError(
+            f"{args.model} has no tokenizer (tokenizer.json, or vocab.json and merges.txt); a task's prompts need one"
+        )
     held_out_seed = 12345 if args.held_out_seed is None else args.held_out_seed
     task = build_task(args.task, args.n, args.seed, args.names)
     # Held-out names in held-out templates (the bundled IOI models' test split), unless --names picks the names.
-    held = build_task(args.task, args.n, held_out_seed, args.names) if args.names else tasks.ioi_heldout(args.n, held_out_seed)
+    held = (
+        build_task(args.task, args.n, held_out_seed, args.names)
+        if args.names
+        else tasks.ioi_heldout(args.n, held_out_seed)
+    )
     for which in (task, held):
         try:
             tasks.check_single_tokens(model, which)
@@ -358,8 +387,12 @@ def run_circuit(args: argparse.Namespace):
         options["steps"] = args.steps or 5
     circuit = circuits.discover(model, task.clean, task.corrupt, metric, method=args.method, task=task, **options)
     circuit.provenance["command"] = ["hooked", *args.argv]
-    circuit.provenance["held_out"] = {"name": held.name, "n": len(held), "seed": held_out_seed,
-                                      "split": held.params.get("split", "names from --names")}
+    circuit.provenance["held_out"] = {
+        "name": held.name,
+        "n": len(held),
+        "seed": held_out_seed,
+        "split": held.params.get("split", "names from --names"),
+    }
     sizes = curve_sizes(len(graph.edges), [*(args.sizes or CURVE_SIZES), *([args.edges] if args.edges else [])])
     report = measure_circuit(circuit, sizes, (held.clean, held.corrupt, build_metric(model, args.metric, held)))
     return task, circuit, report
@@ -385,9 +418,15 @@ def circuit_command(args: argparse.Namespace) -> int:
 
     graph = circuit.graph
     held = report["held_out_faithfulness"]
-    print(f"{args.method} circuit on {len(task)} {task.name} prompts: {len(circuit.edges)} of {len(graph.edges)} edges,"
-          f" {len(circuit.nodes)} nodes; faithfulness {report['faithfulness']:.3f}"
-          + (f" (held-out prompts, seed {circuit.provenance['held_out']['seed']}: {held:.3f})" if held is not None else ""))
+    print(
+        f"{args.method} circuit on {len(task)} {task.name} prompts: {len(circuit.edges)} of {len(graph.edges)} edges,"
+        f" {len(circuit.nodes)} nodes; faithfulness {report['faithfulness']:.3f}"
+        + (
+            f" (held-out prompts, seed {circuit.provenance['held_out']['seed']}: {held:.3f})"
+            if held is not None
+            else ""
+        )
+    )
     print("heads (the inputs circuit edges feed):")
     for head, inputs in circuit.heads.items():
         print(f"  {head:<8} {','.join(inputs) or '-'}")
@@ -397,9 +436,14 @@ def circuit_command(args: argparse.Namespace) -> int:
     for row in rows[:10]:
         print(f"  {row['edge']:<{width}}  {row['score']:+.4f}")
     print("faithfulness curve (edges kept: discovery, held-out):")
-    print("  " + "  ".join(f"{row['edges']}: {row['faithfulness']:.2f}"
-                           + (f"/{row['held_out_faithfulness']:.2f}" if "held_out_faithfulness" in row else "")
-                           for row in report["curve"]))
+    print(
+        "  "
+        + "  ".join(
+            f"{row['edges']}: {row['faithfulness']:.2f}"
+            + (f"/{row['held_out_faithfulness']:.2f}" if "held_out_faithfulness" in row else "")
+            for row in report["curve"]
+        )
+    )
     _print_written(written, note)
     return 0
 
@@ -434,55 +478,118 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", default="cpu")
     run.add_argument("--no-bos", dest="prepend_bos", action="store_false", default=None, help="do not prepend BOS")
 
-    sweep = commands.add_parser("sweep", help="ablate every component of a kind on a task; table and heatmap",
-                                description=_SWEEP_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sweep = commands.add_parser(
+        "sweep",
+        help="ablate every component of a kind on a task; table and heatmap",
+        description=_SWEEP_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sweep.add_argument("model", help="hub id or checkpoint directory")
-    sweep.add_argument("--task", choices=_TASKS, default="ioi",
-                       help="ioi: Wang et al. 2022 indirect-object prompts (default); facts: factual recall")
-    sweep.add_argument("--components", type=component_kind, required=True, metavar="KIND",
-                       help="heads, attn, mlps, layers, neurons:LAYER (every neuron of that MLP) or experts:LAYER")
-    sweep.add_argument("--method", choices=_METHODS, default="zero",
-                       help="zero; mean (average over the task's clean prompts); resample (from the paired corrupt"
-                            " prompts). Default zero")
+    sweep.add_argument(
+        "--task",
+        choices=_TASKS,
+        default="ioi",
+        help="ioi: Wang et al. 2022 indirect-object prompts (default); facts: factual recall",
+    )
+    sweep.add_argument(
+        "--components",
+        type=component_kind,
+        required=True,
+        metavar="KIND",
+        help="heads, attn, mlps, layers, neurons:LAYER (every neuron of that MLP) or experts:LAYER",
+    )
+    sweep.add_argument(
+        "--method",
+        choices=_METHODS,
+        default="zero",
+        help="zero; mean (average over the task's clean prompts); resample (from the paired corrupt"
+        " prompts). Default zero",
+    )
     sweep.add_argument("--out", required=True, metavar="DIR", help="folder for the CSV, JSON and PNG")
     sweep.add_argument("--n", type=int, default=16, help="number of prompts (default 16)")
     sweep.add_argument("--seed", type=int, default=0, help="the task's seed (default 0)")
-    sweep.add_argument("--metric", choices=_METRICS, default="logit_diff",
-                       help="logit_diff (correct - incorrect answer, default); log_prob, probability or rank of the"
-                            " correct answer; kl_div from the clean run")
-    sweep.add_argument("--names", nargs="+", metavar="NAME",
-                       help="ioi only: the names to draw from (default: the paper's, single GPT-2 tokens)")
+    sweep.add_argument(
+        "--metric",
+        choices=_METRICS,
+        default="logit_diff",
+        help="logit_diff (correct - incorrect answer, default); log_prob, probability or rank of the"
+        " correct answer; kl_div from the clean run",
+    )
+    sweep.add_argument(
+        "--names",
+        nargs="+",
+        metavar="NAME",
+        help="ioi only: the names to draw from (default: the paper's, single GPT-2 tokens)",
+    )
     sweep.add_argument("--dtype", choices=list(_DTYPES), default="float32")
     sweep.add_argument("--device", default="cpu")
     sweep.add_argument("--max-rows", type=int, default=None, help="rows per batched forward (default: a memory budget)")
-    sweep.add_argument("--name", default=None,
-                       help="file name stem (default KIND-METHOD[-METRIC], e.g. heads-zero, neurons-L5-mean, mlps-zero-kl_div)")
+    sweep.add_argument(
+        "--name",
+        default=None,
+        help="file name stem (default KIND-METHOD[-METRIC], e.g. heads-zero, neurons-L5-mean, mlps-zero-kl_div)",
+    )
 
-    circuit = commands.add_parser("circuit", help="find a task's circuit (EAP, EAP-IG or ACDC); edges, faithfulness, picture",
-                                  description=_CIRCUIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    circuit = commands.add_parser(
+        "circuit",
+        help="find a task's circuit (EAP, EAP-IG or ACDC); edges, faithfulness, picture",
+        description=_CIRCUIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     circuit.add_argument("model", help="hub id or checkpoint directory")
-    circuit.add_argument("--task", choices=("ioi",), default="ioi",
-                         help="ioi: Wang et al. 2022 indirect-object prompts, the corrupt one with the other name as"
-                              " giver (token for token the same length, as edge patching needs). Default ioi")
-    circuit.add_argument("--method", choices=_CIRCUIT_METHODS, default="eap-ig",
-                         help="eap-ig (default) or eap: the top --edges N by attribution; acdc: with --threshold")
-    circuit.add_argument("--edges", type=int, default=None, metavar="N", help="eap / eap-ig: how many edges to keep (before pruning)")
-    circuit.add_argument("--threshold", type=float, default=None, metavar="T",
-                         help="acdc: remove an edge when removing it moves the metric (mean over prompts) by less than T")
+    circuit.add_argument(
+        "--task",
+        choices=("ioi",),
+        default="ioi",
+        help="ioi: Wang et al. 2022 indirect-object prompts, the corrupt one with the other name as"
+        " giver (token for token the same length, as edge patching needs). Default ioi",
+    )
+    circuit.add_argument(
+        "--method",
+        choices=_CIRCUIT_METHODS,
+        default="eap-ig",
+        help="eap-ig (default) or eap: the top --edges N by attribution; acdc: with --threshold",
+    )
+    circuit.add_argument(
+        "--edges", type=int, default=None, metavar="N", help="eap / eap-ig: how many edges to keep (before pruning)"
+    )
+    circuit.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        metavar="T",
+        help="acdc: remove an edge when removing it moves the metric (mean over prompts) by less than T",
+    )
     circuit.add_argument("--steps", type=int, default=None, help="eap-ig: interpolation steps (default 5)")
     circuit.add_argument("--out", required=True, metavar="DIR", help="folder for the JSON, CSVs and PNGs")
     circuit.add_argument("--n", type=int, default=32, help="number of prompts (default 32)")
     circuit.add_argument("--seed", type=int, default=0, help="the task's seed (default 0)")
-    circuit.add_argument("--held-out-seed", type=int, default=None, metavar="SEED",
-                         help="seed of the held-out prompts faithfulness is measured on too: tasks.ioi_heldout, held-out"
-                              " names in held-out templates (default 12345; with --names, the task with those names)")
-    circuit.add_argument("--metric", choices=_CIRCUIT_METRICS, default="logit_diff",
-                         help="logit_diff (correct - incorrect answer, default); log_prob or probability of the correct answer")
-    circuit.add_argument("--sizes", type=int, nargs="+", default=None, metavar="K",
-                         help="circuit sizes of the faithfulness curve (default 5 10 20 50 100 200, capped at the graph's"
-                              " edges; the whole graph is always added)")
-    circuit.add_argument("--names", nargs="+", metavar="NAME",
-                         help="the names to draw from (default: the paper's, single GPT-2 tokens)")
+    circuit.add_argument(
+        "--held-out-seed",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="seed of the held-out prompts faithfulness is measured on too: tasks.ioi_heldout, held-out"
+        " names in held-out templates (default 12345; with --names, the task with those names)",
+    )
+    circuit.add_argument(
+        "--metric",
+        choices=_CIRCUIT_METRICS,
+        default="logit_diff",
+        help="logit_diff (correct - incorrect answer, default); log_prob or probability of the correct answer",
+    )
+    circuit.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="K",
+        help="circuit sizes of the faithfulness curve (default 5 10 20 50 100 200, capped at the graph's"
+        " edges; the whole graph is always added)",
+    )
+    circuit.add_argument(
+        "--names", nargs="+", metavar="NAME", help="the names to draw from (default: the paper's, single GPT-2 tokens)"
+    )
     circuit.add_argument("--dtype", choices=list(_DTYPES), default="float32")
     circuit.add_argument("--device", default="cpu")
 
@@ -501,13 +608,20 @@ def _print_hooks(args: argparse.Namespace) -> int:
 
 
 def _print_run(args: argparse.Namespace) -> int:
-    for text, token_id, prob in top_next_tokens(args.model, args.prompt, args.top, args.dtype, args.device, args.prepend_bos):
+    for text, token_id, prob in top_next_tokens(
+        args.model, args.prompt, args.top, args.dtype, args.device, args.prepend_bos
+    ):
         print(f"{prob:8.4f}  {token_id:>7}  {text!r}")
     return 0
 
 
-_COMMANDS = {"hooks": _print_hooks, "run": _print_run, "sweep": sweep_command, "circuit": circuit_command,
-             "demo": demo_command}
+_COMMANDS = {
+    "hooks": _print_hooks,
+    "run": _print_run,
+    "sweep": sweep_command,
+    "circuit": circuit_command,
+    "demo": demo_command,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,12 +55,16 @@ class ComponentWrites:
         name = norms[0 if sublayer == "attn" else 1]
         norm = getattr(self.model.blocks[layer], name)
         if not isinstance(norm, RMSNorm):
-            raise ValueError(f"blocks.{layer}.{name} is a {type(norm).__name__}, not an RMSNorm: through_post_norm"
-                             " divides by an RMS norm's cached scale only")
+            raise ValueError(
+                f"blocks.{layer}.{name} is a {type(norm).__name__}, not an RMSNorm: through_post_norm"
+                " divides by an RMS norm's cached scale only"
+            )
         scale_name = f"blocks.{layer}.{name}.hook_scale"
         if scale_name not in self.cache_dict:
-            raise KeyError(f"through_post_norm=True reads {scale_name} (the scale block {layer}'s post-norm divided by in"
-                           " this forward); this cache lacks it: cache it too (run_with_cache without a names_filter keeps it)")
+            raise KeyError(
+                f"through_post_norm=True reads {scale_name} (the scale block {layer}'s post-norm divided by in"
+                " this forward); this cache lacks it: cache it too (run_with_cache without a names_filter keeps it)"
+            )
         return norm.gain.detach(), self.cache_dict[scale_name]
 
     def _computed_head_results(self, layer: int) -> Tensor:
@@ -111,8 +115,16 @@ class ComponentWrites:
         stack = torch.stack(components) if components else self._empty_stack(pos_slice)
         return self._finish_stack(stack, labels, upto, pos_slice, incl_remainder, apply_ln, return_labels)
 
-    def _finish_stack(self, stack: Tensor, labels: list[str], upto: int, pos_slice, incl_remainder: bool, apply_ln: bool,
-                      return_labels: bool):
+    def _finish_stack(
+        self,
+        stack: Tensor,
+        labels: list[str],
+        upto: int,
+        pos_slice,
+        incl_remainder: bool,
+        apply_ln: bool,
+        return_labels: bool,
+    ):
         """A stack of per-component writes, with the rest of the residual as a last `remainder` row and the
         final norm's scale applied when asked: what every `stack_*_results` returns."""
         if incl_remainder:
@@ -123,7 +135,9 @@ class ComponentWrites:
             stack = self.apply_ln_to_stack(stack, upto, pos_slice=pos_slice, has_batch_dim=self.has_batch_dim)
         return (stack, labels) if return_labels else stack
 
-    def _neuron_factors(self, layer: int, neuron_slice, pos_slice: PosSlice, through_post_norm: bool) -> tuple[Tensor, Tensor]:
+    def _neuron_factors(
+        self, layer: int, neuron_slice, pos_slice: PosSlice, through_post_norm: bool
+    ) -> tuple[Tensor, Tensor]:
         """(activations [batch pos neurons], W_out rows [neurons d_model]) whose product is each neuron's write;
         with `through_post_norm` on a post-norm block, the activations divided by the norm's cached scale and
         W_out multiplied by its gain (`_through`, split across the two factors so no d_mlp x d_model stack forms)."""
@@ -205,10 +219,13 @@ class ComponentWrites:
         if project is not None and project.ndim == 1:
             project, squeeze = project[:, None], True
         if apply_ln and project is not None:  # never builds the d_model stack
-            stack = self._neurons_normalized_and_projected(mlp_layers, upto, neuron_slice, pos_slice, project, incl_remainder,
-                                                           through_post_norm)
+            stack = self._neurons_normalized_and_projected(
+                mlp_layers, upto, neuron_slice, pos_slice, project, incl_remainder, through_post_norm
+            )
         else:
-            per_layer = [self.get_neuron_results(i, neuron_slice, pos_slice, project, through_post_norm) for i in mlp_layers]
+            per_layer = [
+                self.get_neuron_results(i, neuron_slice, pos_slice, project, through_post_norm) for i in mlp_layers
+            ]
             if per_layer:
                 stack = torch.cat(per_layer, dim=-2).movedim(-2, 0)
             else:
@@ -226,8 +243,16 @@ class ComponentWrites:
             stack = stack.squeeze(-1)
         return (stack, labels) if return_labels else stack
 
-    def _neurons_normalized_and_projected(self, mlp_layers: list[int], upto: int, neuron_slice, pos_slice,
-                                          project: Tensor, incl_remainder: bool, through_post_norm: bool = False) -> Tensor:
+    def _neurons_normalized_and_projected(
+        self,
+        mlp_layers: list[int],
+        upto: int,
+        neuron_slice,
+        pos_slice,
+        project: Tensor,
+        incl_remainder: bool,
+        through_post_norm: bool = False,
+    ) -> Tensor:
         """`stack_neuron_results(apply_ln=True, project_output_onto=project)` without the [neurons batch pos
         d_model] stack: the norm is linear in each neuron's write once its scale is fixed, so
         `norm(a_n W_n) @ p = (a_n / s) (norm_1(W_n) @ p)`, where `norm_1` is the norm with scale 1 (centring
@@ -262,7 +287,9 @@ class ComponentWrites:
         additive_writes(self.model, layer, "per-expert results (get_expert_results)")
         mlp = self.model.blocks[layer].mlp
         if not _has_experts(mlp):
-            raise ValueError(f"blocks.{layer}.mlp is dense, with no experts: its neurons are cache.get_neuron_results({layer})")
+            raise ValueError(
+                f"blocks.{layer}.mlp is dense, with no experts: its neurons are cache.get_neuron_results({layer})"
+            )
         needed = [f"blocks.{layer}.mlp.{hook}" for hook in mlp.expert_result_hooks]
         missing = [name for name in needed if name not in self.cache_dict]
         if missing:
@@ -290,7 +317,9 @@ class ComponentWrites:
         stream. Memory grows as sparse layers x n_experts x batch x pos x d_model: slice positions.
         """
         if not any(_has_experts(block.mlp) for block in self.model.blocks):
-            raise ValueError(f"{type(self.model).__name__} has no mixture-of-experts block: split its MLPs with stack_neuron_results")
+            raise ValueError(
+                f"{type(self.model).__name__} has no mixture-of-experts block: split its MLPs with stack_neuron_results"
+            )
         upto = self._layers_upto(layer)
         components, labels = [], []
         for i in range(upto):
@@ -333,8 +362,12 @@ class ComponentWrites:
         self._check_mlp_input(upto, mlp_input)
         expand_experts = expand_neurons if expand_experts is None else expand_experts
         through = through_post_norm
-        heads, labels = self.stack_head_results(upto + int(self._mlp_after_attention(upto, mlp_input)), pos_slice=pos_slice,
-                                                return_labels=True, through_post_norm=through)
+        heads, labels = self.stack_head_results(
+            upto + int(self._mlp_after_attention(upto, mlp_input)),
+            pos_slice=pos_slice,
+            return_labels=True,
+            through_post_norm=through,
+        )
         components = [heads]
         sparse = [i for i in range(upto) if _has_experts(self.model.blocks[i].mlp)]
         if sparse:
@@ -343,18 +376,22 @@ class ComponentWrites:
                     components.append(self.get_expert_results(i, pos_slice).movedim(-2, 0))
                     labels += [f"L{i}.E{e}" for e in range(components[-1].shape[0])]
                 elif i not in sparse and expand_neurons:
-                    components.append(self.get_neuron_results(i, pos_slice=pos_slice, through_post_norm=through).movedim(-2, 0))
+                    components.append(
+                        self.get_neuron_results(i, pos_slice=pos_slice, through_post_norm=through).movedim(-2, 0)
+                    )
                     labels += [f"L{i}N{n}" for n in range(components[-1].shape[0])]
                 else:
                     components.append(self._slice(self["mlp_out", i], pos_slice)[None])
                     labels.append(f"{i}_mlp_out")
         elif any(self._has_mlp(i) for i in range(upto)):  # as TransformerLens: no MLP rows on an attn_only model
             if expand_neurons:
-                neurons, neuron_labels = self.stack_neuron_results(upto, pos_slice=pos_slice, return_labels=True,
-                                                                   through_post_norm=through)
+                neurons, neuron_labels = self.stack_neuron_results(
+                    upto, pos_slice=pos_slice, return_labels=True, through_post_norm=through
+                )
             else:
-                neurons, neuron_labels = self.decompose_resid(upto, mlp_input=mlp_input, mode="mlp", pos_slice=pos_slice,
-                                                              incl_embeds=False, return_labels=True)
+                neurons, neuron_labels = self.decompose_resid(
+                    upto, mlp_input=mlp_input, mode="mlp", pos_slice=pos_slice, incl_embeds=False, return_labels=True
+                )
             components.append(neurons)
             labels += neuron_labels
         for name in self.model.embedding_hook_names:
@@ -362,19 +399,25 @@ class ComponentWrites:
             labels.append(name.removeprefix("hook_"))
         written = range(upto + int(self._mlp_after_attention(upto, mlp_input)))  # the blocks whose biases are summed
         if through and any(getattr(type(self.model.blocks[i]), "output_norms", ()) for i in written):
-            components.append(self._biases_through_post_norms(upto, mlp_input, expand_neurons, pos_slice).to(heads.dtype)[None])
+            components.append(
+                self._biases_through_post_norms(upto, mlp_input, expand_neurons, pos_slice).to(heads.dtype)[None]
+            )
         else:
             bias = accumulated_bias(self.model, upto, mlp_input, include_mlp_biases=expand_neurons)
             components.append(bias.to(heads.device, heads.dtype).expand(1, *heads.shape[1:]))
         labels.append("bias")
         stack = torch.cat(components)
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, upto, mlp_input=mlp_input, pos_slice=pos_slice, has_batch_dim=self.has_batch_dim)
+            stack = self.apply_ln_to_stack(
+                stack, upto, mlp_input=mlp_input, pos_slice=pos_slice, has_batch_dim=self.has_batch_dim
+            )
         if project_output_onto is not None:
             stack = stack @ project_output_onto.to(stack.device, stack.dtype)
         return (stack, labels) if return_labels else stack
 
-    def _biases_through_post_norms(self, upto: int, mlp_input: bool, include_mlp_biases: bool, pos_slice: PosSlice) -> Tensor:
+    def _biases_through_post_norms(
+        self, upto: int, mlp_input: bool, include_mlp_biases: bool, pos_slice: PosSlice
+    ) -> Tensor:
         """`accumulated_bias` where some blocks normalise their outputs: each output bias (`b_O`, `b_out`) carried
         through its block's post-norm at the cached scale ([batch pos d_model]; zeros where the family has none)."""
         like = self._slice(self[self.model.embedding_hook_names[0]], pos_slice)
@@ -391,7 +434,9 @@ class ComponentWrites:
                     total = total + bias
                 else:
                     gain, scale = post_norm
-                    total = total + _through(bias.expand_as(total), gain, self._slice(scale, pos_slice))  # float32 in, float32 out
+                    total = total + _through(
+                        bias.expand_as(total), gain, self._slice(scale, pos_slice)
+                    )  # float32 in, float32 out
         return total
 
 
@@ -423,7 +468,9 @@ def mlp_reads_attention(model: HookedTransformer, layer: int) -> bool:
     return bool(type(model.blocks[layer]).mlp_stage)
 
 
-def accumulated_bias(model: HookedTransformer, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
+def accumulated_bias(
+    model: HookedTransformer, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
+) -> Tensor:
     """The output biases (attention `b_O`, MLP `b_out`) written to the residual stream before block `layer`
     ([d_model]); `mlp_input` adds block `layer`'s attention bias, which its MLP reads (not in a parallel-residual
     block, whose MLP reads resid_pre: TransformerLens 3.9 adds it there too). `model.accumulated_bias(...)` in
@@ -449,4 +496,6 @@ def _through(write: Tensor, gain: Tensor, scale: Tensor, extra_axis: bool = Fals
     `extra_axis`: `write` has a head or neuron axis before d_model that `scale` lacks."""
     if extra_axis:
         scale = scale[..., None, :]
-    return (write.float() / scale.to(write.device, torch.float32) * gain.to(write.device, torch.float32)).to(write.dtype)
+    return (write.float() / scale.to(write.device, torch.float32) * gain.to(write.device, torch.float32)).to(
+        write.dtype
+    )

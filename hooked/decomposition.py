@@ -43,8 +43,10 @@ class ResidualDecomposition(ComponentWrites):
 
     def _check_mlp_input(self, upto: int, mlp_input: bool) -> None:
         if mlp_input and upto < self.model.cfg.n_layers and not self._has_mlp(upto):
-            raise ValueError(f"mlp_input=True: block {upto} is attention-only (no MLP, no ln2), so it has no MLP input;"
-                             " pass mlp_input=False")
+            raise ValueError(
+                f"mlp_input=True: block {upto} is attention-only (no MLP, no ln2), so it has no MLP input;"
+                " pass mlp_input=False"
+            )
 
     def accumulated_resid(
         self,
@@ -78,8 +80,9 @@ class ResidualDecomposition(ComponentWrites):
             if ((incl_mid and i < upto) or (mlp_input and i == upto)) and has_mid:
                 components.append(self["resid_mid", i])
                 labels.append(f"{i}_mid")
-        return self._stack(components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels,
-                           recompute_ln=upto == n_layers)
+        return self._stack(
+            components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels, recompute_ln=upto == n_layers
+        )
 
     def decompose_resid(
         self,
@@ -119,8 +122,14 @@ class ResidualDecomposition(ComponentWrites):
     def _stack(self, components, labels, layer, mlp_input, apply_ln, pos_slice, return_labels, recompute_ln=False):
         stack = torch.stack([self._slice(t, pos_slice) for t in components])
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer, mlp_input=mlp_input, pos_slice=pos_slice,
-                                           has_batch_dim=self.has_batch_dim, recompute_ln=recompute_ln)
+            stack = self.apply_ln_to_stack(
+                stack,
+                layer,
+                mlp_input=mlp_input,
+                pos_slice=pos_slice,
+                has_batch_dim=self.has_batch_dim,
+                recompute_ln=recompute_ln,
+            )
         return (stack, labels) if return_labels else stack
 
     def _empty_stack(self, pos_slice: PosSlice, width: int | None = None) -> Tensor:
@@ -173,9 +182,15 @@ class ResidualDecomposition(ComponentWrites):
         else:
             block = self.model.blocks[upto]
             self._check_mlp_input(upto, mlp_input)
-            norm, scale_name = (block.ln2, act_name("scale", upto, "ln2")) if mlp_input else (block.ln1, act_name("scale", upto, "ln1"))
+            norm, scale_name = (
+                (block.ln2, act_name("scale", upto, "ln2"))
+                if mlp_input
+                else (block.ln1, act_name("scale", upto, "ln1"))
+            )
         if scale_name not in self.cache_dict:
-            raise KeyError(f"apply_ln needs {scale_name} in the cache; run run_with_cache without a names_filter that drops it")
+            raise KeyError(
+                f"apply_ln needs {scale_name} in the cache; run run_with_cache without a names_filter that drops it"
+            )
         return norm, self._slice(self.cache_dict[scale_name], pos_slice)
 
     def logit_attrs(
@@ -196,15 +211,23 @@ class ResidualDecomposition(ComponentWrites):
         (`decompose_resid(pos_slice=-1)` here) or not.
         """
         if incorrect_tokens is not None and _token_shape(tokens) != _token_shape(incorrect_tokens):
-            raise ValueError(f"tokens and incorrect_tokens must have the same shape! "
-                             f"(tokens.shape={_token_shape(tokens)}, incorrect_tokens.shape={_token_shape(incorrect_tokens)})")
-        normalized = self.apply_ln_to_stack(residual_stack, None, pos_slice=pos_slice, batch_slice=batch_slice, has_batch_dim=has_batch_dim)
+            raise ValueError(
+                f"tokens and incorrect_tokens must have the same shape! "
+                f"(tokens.shape={_token_shape(tokens)}, incorrect_tokens.shape={_token_shape(incorrect_tokens)})"
+            )
+        normalized = self.apply_ln_to_stack(
+            residual_stack, None, pos_slice=pos_slice, batch_slice=batch_slice, has_batch_dim=has_batch_dim
+        )
         direction = self.model.tokens_to_residual_directions(tokens)
         if incorrect_tokens is not None:
             direction = direction - self.model.tokens_to_residual_directions(incorrect_tokens)
         direction = direction.to(normalized.device, normalized.dtype)
-        one_position = isinstance(pos_slice, int) and has_batch_dim and normalized.ndim == 4 and normalized.shape[2] == 1
-        if one_position and len(_token_shape(tokens)) <= 1:  # answers [batch] or one token, stack [component batch 1 d_model]
+        one_position = (
+            isinstance(pos_slice, int) and has_batch_dim and normalized.ndim == 4 and normalized.shape[2] == 1
+        )
+        if (
+            one_position and len(_token_shape(tokens)) <= 1
+        ):  # answers [batch] or one token, stack [component batch 1 d_model]
             normalized = normalized[:, :, 0]
         return (normalized * direction).sum(-1)
 
@@ -212,7 +235,9 @@ class ResidualDecomposition(ComponentWrites):
         # The analysis methods read pos_slice as TransformerLens does: an int indexes, dropping the axis.
         return Slice(pos_slice).apply(tensor, 1 if self.has_batch_dim else 0)
 
-    def stack_activation(self, activation_name: str, layer: int | None = -1, sublayer_type: str | None = None) -> Tensor:
+    def stack_activation(
+        self, activation_name: str, layer: int | None = -1, sublayer_type: str | None = None
+    ) -> Tensor:
         """`cache[activation_name, i, sublayer_type]` for every block before `layer` (-1 or None: all),
         stacked on a new leading axis: `cache.stack_activation("scale", sublayer_type="ln2")`."""
         upto = self.model.cfg.n_layers if layer is None or layer == -1 else layer

@@ -46,8 +46,12 @@ def _scores(model, tokens, hooks, metric, kl, clean_logits) -> tuple[float, floa
 @torch.no_grad()  # not torch.set_grad_enabled(False): the caller's grad mode is left as it was
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"hub id, checkpoint directory or bundled name (default {DEFAULT_MODEL})")
-    parser.add_argument("--out", default="runs/demo", help="run directory for the tables and the heatmap (default runs/demo)")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"hub id, checkpoint directory or bundled name (default {DEFAULT_MODEL})"
+    )
+    parser.add_argument(
+        "--out", default="runs/demo", help="run directory for the tables and the heatmap (default runs/demo)"
+    )
     parser.add_argument("--n", type=int, default=16, help="prompt pairs (default 16)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the prompts (default 1)")
     args = parser.parse_args(argv)
@@ -57,8 +61,10 @@ def main(argv: list[str] | None = None) -> Path:
 
     model = hooked.load(args.model)
     cfg = model.cfg
-    print(f"1. {args.model}: {cfg.n_layers} layers x {cfg.n_heads} heads, d_model {cfg.d_model},"
-          f" {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {len(model.hook_names)} hook points")
+    print(
+        f"1. {args.model}: {cfg.n_layers} layers x {cfg.n_heads} heads, d_model {cfg.d_model},"
+        f" {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {len(model.hook_names)} hook points"
+    )
     # One template, both name orders: every prompt has the same length, so a batch needs no padding and
     # "resample within the batch" is defined.
     task = tasks.ioi(n=args.n, seed=args.seed, template="store")
@@ -72,17 +78,22 @@ def main(argv: list[str] | None = None) -> Path:
     _, corrupt = model.run_with_cache(corrupt_tokens)
     per_prompt = metric(clean_logits)
     clean_score = per_prompt.mean().item()
-    print(f"   clean logit difference {clean_score:+.3f}; right name on top in {int((per_prompt > 0).sum())}/{len(per_prompt)} prompts")
+    print(
+        f"   clean logit difference {clean_score:+.3f}; right name on top in {int((per_prompt > 0).sum())}/{len(per_prompt)} prompts"
+    )
 
     # 2. Every head resampled from the corrupt prompts, as one sweep.
     heads = ablate.components(model, "heads")
-    sweep = hooked.sweep(model, clean, {a: ablate.hooks(model, a, "resample", source=corrupt) for a in heads}, metric,
-                         task=task)
+    sweep = hooked.sweep(
+        model, clean, {a: ablate.hooks(model, a, "resample", source=corrupt) for a in heads}, metric, task=task
+    )
     sweep.save(out, name="head-sweep-resample")
     ranked = sorted(sweep.change.items(), key=lambda item: item[1])
     top = ranked[0][0]
-    print(f"\n2. every head resampled from the corrupt prompts ({len(heads)} variants, one batched sweep):"
-          " the largest drops")
+    print(
+        f"\n2. every head resampled from the corrupt prompts ({len(heads)} variants, one batched sweep):"
+        " the largest drops"
+    )
     for name, change in ranked[:5]:
         print(f"   {name:<7} {sweep.scores[name]:+.3f}  ({change:+.3f})")
     print(f"   heatmap and table: {out}/head-sweep-resample.*")
@@ -100,12 +111,14 @@ def main(argv: list[str] | None = None) -> Path:
         score, divergence = _scores(model, clean, hooks, metric, kl, clean_logits)
         rows.append({"method": name, "logit_diff": score, "change": score - clean_score, "kl": divergence})
         print(f"   {name:<30} {score:+.3f}  ({score - clean_score:+.3f})  KL {divergence:.4f}")
-    print("   Zero asks 'what if the head were absent?'; resampling from corrupt asks 'what if it believed the"
-          " other prompt?'. Only the second is a question about the circuit.")
+    print(
+        "   Zero asks 'what if the head were absent?'; resampling from corrupt asks 'what if it believed the"
+        " other prompt?'. Only the second is a question about the circuit."
+    )
 
     # 4. Whole components.
     second = ranked[1][0]
-    layer = int(top[1:top.index("H")])
+    layer = int(top[1 : top.index("H")])
     components = {
         f"{top}": [top],
         f"{top} + {second}": [top, second],
@@ -114,7 +127,9 @@ def main(argv: list[str] | None = None) -> Path:
     }
     print("\n4. whole components, resampled from corrupt:")
     for name, addresses in components.items():
-        score, _ = _scores(model, clean, ablate.hooks(model, addresses, "resample", source=corrupt), metric, kl, clean_logits)
+        score, _ = _scores(
+            model, clean, ablate.hooks(model, addresses, "resample", source=corrupt), metric, kl, clean_logits
+        )
         rows.append({"method": f"resample {name}", "logit_diff": score, "change": score - clean_score, "kl": None})
         print(f"   {name:<22} {score:+.3f}  ({score - clean_score:+.3f})")
 
@@ -124,26 +139,52 @@ def main(argv: list[str] | None = None) -> Path:
     patched_score = metric(patched).mean().item()
     recovered = (patched_score - corrupt_score) / (clean_score - corrupt_score)
     print(f"\n5. ablation asks whether {top} is necessary, patching whether it is sufficient:")
-    print(f"   corrupt run {corrupt_score:+.3f}; with the clean {top} patched in {patched_score:+.3f}"
-          f" ({recovered:.0%} of the way back to clean {clean_score:+.3f})")
-    rows.append({"method": f"patch clean {top} into corrupt", "logit_diff": patched_score,
-                 "change": patched_score - corrupt_score, "kl": None})
+    print(
+        f"   corrupt run {corrupt_score:+.3f}; with the clean {top} patched in {patched_score:+.3f}"
+        f" ({recovered:.0%} of the way back to clean {clean_score:+.3f})"
+    )
+    rows.append(
+        {
+            "method": f"patch clean {top} into corrupt",
+            "logit_diff": patched_score,
+            "change": patched_score - corrupt_score,
+            "kl": None,
+        }
+    )
 
     # 6. The circuit: EAP-IG scores every edge of the residual graph, the top ~10% are kept.
     circuit, report = _circuit_chapter(model, task, metric, args, out)
 
     # 7. Save.
-    (out / "story.json").write_text(json.dumps({
-        "model": args.model, "task": {"name": "ioi", "n": args.n, "seed": args.seed, "template": "store"}, "clean_logit_diff": clean_score,
-        "corrupt_logit_diff": corrupt_score, "top_head": top, "rows": rows,
-        "circuit": {"method": circuit.method, "edges": len(circuit.edges), "graph_edges": len(circuit.graph.edges),
-                    "heads": circuit.heads, "faithfulness": report["faithfulness"],
-                    "held_out_faithfulness": report["held_out_faithfulness"], "held_out_seed": args.seed + 1},
-        "hooked_version": hooked.__version__, "torch_version": torch.__version__,
-        "command": "python -m hooked.demo " + " ".join(argv if argv is not None else []),
-    }, indent=2))
-    print(f"\n7. saved to {out}/: head-sweep-resample.csv/.json/.png (layer x head), circuit.png, circuit.json,"
-          f" circuit-edges.csv, circuit-faithfulness.csv/.json/.png, story.json; {time.perf_counter() - started:.1f}s in all")
+    (out / "story.json").write_text(
+        json.dumps(
+            {
+                "model": args.model,
+                "task": {"name": "ioi", "n": args.n, "seed": args.seed, "template": "store"},
+                "clean_logit_diff": clean_score,
+                "corrupt_logit_diff": corrupt_score,
+                "top_head": top,
+                "rows": rows,
+                "circuit": {
+                    "method": circuit.method,
+                    "edges": len(circuit.edges),
+                    "graph_edges": len(circuit.graph.edges),
+                    "heads": circuit.heads,
+                    "faithfulness": report["faithfulness"],
+                    "held_out_faithfulness": report["held_out_faithfulness"],
+                    "held_out_seed": args.seed + 1,
+                },
+                "hooked_version": hooked.__version__,
+                "torch_version": torch.__version__,
+                "command": "python -m hooked.demo " + " ".join(argv if argv is not None else []),
+            },
+            indent=2,
+        )
+    )
+    print(
+        f"\n7. saved to {out}/: head-sweep-resample.csv/.json/.png (layer x head), circuit.png, circuit.json,"
+        f" circuit-edges.csv, circuit-faithfulness.csv/.json/.png, story.json; {time.perf_counter() - started:.1f}s in all"
+    )
     return out
 
 
@@ -156,30 +197,53 @@ def _circuit_chapter(model, task, metric, args, out: Path):
     graph = circuits.graph(model)
     n_edges = max(1, len(graph.edges) // 10)
     with torch.enable_grad():  # attribution differentiates the metric; main runs under no_grad
-        circuit = circuits.discover(model, task.clean, task.corrupt, metric, method="eap-ig", n_edges=n_edges, task=task)
+        circuit = circuits.discover(
+            model, task.clean, task.corrupt, metric, method="eap-ig", n_edges=n_edges, task=task
+        )
     held = tasks.ioi_heldout(n=args.n)  # held-out names in held-out templates (docs/ioi-models.md)
     held_metric = metrics.logit_diff(model, held.correct, held.incorrect)
-    circuit.provenance["held_out"] = {"name": held.name, "n": len(held), "seed": held.seed, "split": held.params["split"]}
-    report = measure_circuit(circuit, curve_sizes(len(graph.edges), [5, 10, 20, 50, n_edges, 100, 200]),
-                             (held.clean, held.corrupt, held_metric))
+    circuit.provenance["held_out"] = {
+        "name": held.name,
+        "n": len(held),
+        "seed": held.seed,
+        "split": held.params["split"],
+    }
+    report = measure_circuit(
+        circuit,
+        curve_sizes(len(graph.edges), [5, 10, 20, 50, n_edges, 100, 200]),
+        (held.clean, held.corrupt, held_metric),
+    )
     _, note = write_circuit(circuit, report, out, f"EAP-IG circuit of {args.model} (IOI)")
 
-    print(f"\n6. circuit discovery: EAP-IG scores all {len(graph.edges)} edges of the residual graph (a writer -> an"
-          f" input that reads it);\n   the top {n_edges} (10%), pruned to the {len(circuit.edges)} on paths from input"
-          f" to logits, join {len(circuit.nodes)} nodes.\n   Its heads, the inputs its edges feed, and the strongest edge in:")
+    print(
+        f"\n6. circuit discovery: EAP-IG scores all {len(graph.edges)} edges of the residual graph (a writer -> an"
+        f" input that reads it);\n   the top {n_edges} (10%), pruned to the {len(circuit.edges)} on paths from input"
+        f" to logits, join {len(circuit.nodes)} nodes.\n   Its heads, the inputs its edges feed, and the strongest edge in:"
+    )
     for head, inputs in circuit.heads.items():
         feeding = [edge for edge in circuit.edges if head in circuit.graph.heads_reading(edge.receiver)]
         strongest = max(feeding, key=lambda edge: abs(circuit.scores[str(edge)]), default=None)
-        print(f"   {head:<7} {','.join(inputs):<6}" + (f" {strongest} ({circuit.scores[str(strongest)]:+.2f})" if strongest else ""))
+        print(
+            f"   {head:<7} {','.join(inputs):<6}"
+            + (f" {strongest} ({circuit.scores[str(strongest)]:+.2f})" if strongest else "")
+        )
     strongest = ", ".join(f"{edge} {circuit.scores[str(edge)]:+.2f}" for edge in circuit.edges[:4])
     print(f"   strongest edges: {strongest}")
-    print(f"   faithfulness (1: the circuit alone, every other edge patched to corrupt, keeps the clean logit"
-          f" difference):\n   {report['faithfulness']:.3f} on the {len(task)} discovery prompts,"
-          f" {report['held_out_faithfulness']:.3f} on {len(held)} held-out prompts (held-out names in held-out templates)")
-    print("   curve, edges kept: discovery / held-out  " + "  ".join(
-        f"{row['edges']}: {row['faithfulness']:.2f}/{row['held_out_faithfulness']:.2f}" for row in report["curve"]))
-    print(f"   picture {out}/circuit.png; edges {out}/circuit-edges.csv; curve {out}/circuit-faithfulness.*"
-          + (f" ({note})" if note else ""))
+    print(
+        f"   faithfulness (1: the circuit alone, every other edge patched to corrupt, keeps the clean logit"
+        f" difference):\n   {report['faithfulness']:.3f} on the {len(task)} discovery prompts,"
+        f" {report['held_out_faithfulness']:.3f} on {len(held)} held-out prompts (held-out names in held-out templates)"
+    )
+    print(
+        "   curve, edges kept: discovery / held-out  "
+        + "  ".join(
+            f"{row['edges']}: {row['faithfulness']:.2f}/{row['held_out_faithfulness']:.2f}" for row in report["curve"]
+        )
+    )
+    print(
+        f"   picture {out}/circuit.png; edges {out}/circuit-edges.csv; curve {out}/circuit-faithfulness.*"
+        + (f" ({note})" if note else "")
+    )
     return circuit, report
 
 

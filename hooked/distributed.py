@@ -113,7 +113,9 @@ class Parallel:
         init(timeout=timeout)
         world, rank = dist.get_world_size(), dist.get_rank()
         if not isinstance(tp, int) or tp < 1 or world % tp:
-            raise ValueError(f"tp={tp!r} must be a positive divisor of the world size {world} (torchrun --nproc-per-node)")
+            raise ValueError(
+                f"tp={tp!r} must be a positive divisor of the world size {world} (torchrun --nproc-per-node)"
+            )
         timeout = _as_timedelta(timeout)
         tp_group = dp_group = None
         tp_ranks: list[int] = []
@@ -201,7 +203,9 @@ def agree(group, error: BaseException | None, payload=None, what: str = "", same
     own error, the others `RankFailedError` naming it), or all go on with every rank's `payload`. With
     `same`, the payloads must be equal (the same call with the same input), else all raise. Collective."""
     statuses: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(statuses, (None if error is None else f"{type(error).__name__}: {error}", payload), group=group)
+    dist.all_gather_object(
+        statuses, (None if error is None else f"{type(error).__name__}: {error}", payload), group=group
+    )
     if error is not None:
         raise error
     failed = [(index, message) for index, (message, _) in enumerate(statuses) if message is not None]
@@ -238,8 +242,13 @@ class HookShard:
     whole tensor: `axis` and each rank's [start, stop) along it; `summed`: each rank holds its own
     entries and zeros elsewhere (the per-slot expert points); neither: replicated."""
 
-    def __init__(self, parallel: Parallel, axis: int | None = None, ranges: list[tuple[int, int]] | None = None,
-                 summed: bool = False):
+    def __init__(
+        self,
+        parallel: Parallel,
+        axis: int | None = None,
+        ranges: list[tuple[int, int]] | None = None,
+        summed: bool = False,
+    ):
         self.parallel, self.axis, self.ranges, self.summed = parallel, axis, ranges, summed
 
     def gather(self, local: Tensor) -> Tensor:
@@ -336,7 +345,9 @@ class VocabParallelEmbedding(nn.Embedding):
         return vocab_rows(self.parallel, self.weight, self.start, ids)
 
 
-def vocab_parallel_logits(parallel: Parallel, normed: Tensor, weight: Tensor, vocab: int, columns: Tensor | None) -> Tensor:
+def vocab_parallel_logits(
+    parallel: Parallel, normed: Tensor, weight: Tensor, vocab: int, columns: Tensor | None
+) -> Tensor:
     """Logits from a vocab-parallel unembedding: all columns (gathered), or just `columns` (token ids)."""
     start = parallel.vocab_start(vocab)
     if columns is None:
@@ -372,7 +383,9 @@ def parallelize(model, parallel: Parallel) -> ReadPlan:
         shape = list(parameter.shape)
         plan[f"{prefix}{name}"] = (dim, spans, parameter.shape)
         shape[dim] = sum(stop - start for start, stop in spans)
-        setattr(module, name, nn.Parameter(torch.empty(shape, dtype=parameter.dtype, device="meta"), requires_grad=False))
+        setattr(
+            module, name, nn.Parameter(torch.empty(shape, dtype=parameter.dtype, device="meta"), requires_grad=False)
+        )
 
     def row_parallel(module: nn.Module, child: str, cls: type | None = None) -> None:
         old = getattr(module, child)
@@ -390,16 +403,20 @@ def parallelize(model, parallel: Parallel) -> ReadPlan:
     for name, module, module_plan in cuts:
         for path, how in module_plan.items():
             if ranges.get(how.axis) is None:
-                raise ValueError(f"{name}.{path}: the tensor-parallel plan cuts by {how.axis!r}, which this model has no "
-                                 f"count for (heads, kv_heads, d_mlp, experts)")
+                raise ValueError(
+                    f"{name}.{path}: the tensor-parallel plan cuts by {how.axis!r}, which this model has no "
+                    f"count for (heads, kv_heads, d_mlp, experts)"
+                )
     for name, module, module_plan in cuts:
         for path, how in module_plan.items():
             owner_path, _, leaf = path.rpartition(".")
             owner = module.get_submodule(owner_path) if owner_path else module
             start, stop = ranges[how.axis][rank]
-            spans = [(part_start + start * how.unit, part_start + stop * how.unit)
-                     for part_start in _part_starts(getattr(owner, leaf).shape[how.dim], how.parts)]
-            split(owner, leaf, how.dim, spans, f"{name}.{path[:-len(leaf)]}")
+            spans = [
+                (part_start + start * how.unit, part_start + stop * how.unit)
+                for part_start in _part_starts(getattr(owner, leaf).shape[how.dim], how.parts)
+            ]
+            split(owner, leaf, how.dim, spans, f"{name}.{path[: -len(leaf)]}")
             if how.reduce:  # the layer owning this weight reads a cut input
                 parent_path, _, child = owner_path.rpartition(".")
                 row_parallel(module.get_submodule(parent_path) if parent_path else module, child)
@@ -409,8 +426,12 @@ def parallelize(model, parallel: Parallel) -> ReadPlan:
         if hasattr(module, "tp_applied"):
             module.tp_applied(parallel, local)
     # The embedding and the unembedding (one module when tied), found by their weights.
-    tables = [name for name, child in model.named_children()
-              if getattr(child, "weight", None) is not None and any(child.weight is w for w in (model.token_embedding_weight, model.unembed_weight))]
+    tables = [
+        name
+        for name, child in model.named_children()
+        if getattr(child, "weight", None) is not None
+        and any(child.weight is w for w in (model.token_embedding_weight, model.unembed_weight))
+    ]
     for child in tables:
         table = getattr(model, child)
         split(table, "weight", 0, [vocab[rank]], f"{child}.")

@@ -28,23 +28,29 @@ from torch import Tensor
 class FactoredMatrix:
     """The matrix A @ B without forming it: A [... ldim mdim], B [... mdim rdim], leading axes broadcast.
 
-        m = FactoredMatrix(W_V, W_O)   # [head_index d_model d_model] through d_head
-        m.AB                           # the product, [head_index d_model d_model]
-        m.S, m.norm()                  # singular values [head_index d_head], Frobenius norms [head_index]
-        m[0] @ unembed                 # still factored: FactoredMatrix [d_model d_vocab]
+    m = FactoredMatrix(W_V, W_O)   # [head_index d_model d_model] through d_head
+    m.AB                           # the product, [head_index d_model d_model]
+    m.S, m.norm()                  # singular values [head_index d_head], Frobenius norms [head_index]
+    m[0] @ unembed                 # still factored: FactoredMatrix [d_model d_vocab]
     """
 
     def __init__(self, A: Float[Tensor, "... ldim mdim"], B: Float[Tensor, "... mdim rdim"]):
         if A.ndim < 2 or B.ndim < 2:
-            raise ValueError(f"FactoredMatrix takes two factors of at least two axes, got shapes {tuple(A.shape)} and {tuple(B.shape)}")
+            raise ValueError(
+                f"FactoredMatrix takes two factors of at least two axes, got shapes {tuple(A.shape)} and {tuple(B.shape)}"
+            )
         if A.shape[-1] != B.shape[-2]:
-            raise ValueError(f"FactoredMatrix factors must match on the inner axis: A {tuple(A.shape)}, B {tuple(B.shape)}")
+            raise ValueError(
+                f"FactoredMatrix factors must match on the inner axis: A {tuple(A.shape)}, B {tuple(B.shape)}"
+            )
         self.ldim, self.mdim, self.rdim = A.shape[-2], A.shape[-1], B.shape[-1]
         self.has_leading_dims = A.ndim > 2 or B.ndim > 2
         try:
             leading = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
         except RuntimeError as error:
-            raise ValueError(f"FactoredMatrix factors' leading axes do not broadcast: A {tuple(A.shape)}, B {tuple(B.shape)}") from error
+            raise ValueError(
+                f"FactoredMatrix factors' leading axes do not broadcast: A {tuple(A.shape)}, B {tuple(B.shape)}"
+            ) from error
         self.shape = torch.Size((*leading, self.ldim, self.rdim))
         # Views, not copies: a factor shared by every head stays one tensor in memory.
         self.A = A.broadcast_to((*leading, self.ldim, self.mdim))
@@ -58,7 +64,9 @@ class FactoredMatrix:
         if other.ndim < 2:  # a vector: the result is a vector, nothing left to factor
             return (self.A @ (self.B @ other.unsqueeze(-1))).squeeze(-1)
         if other.shape[-2] != self.rdim:
-            raise ValueError(f"cannot multiply a FactoredMatrix of shape {tuple(self.shape)} by a matrix of shape {tuple(other.shape)}")
+            raise ValueError(
+                f"cannot multiply a FactoredMatrix of shape {tuple(self.shape)} by a matrix of shape {tuple(other.shape)}"
+            )
         # Keep the narrower of the two middles: mdim, or rdim when that is already narrower.
         if self.rdim > self.mdim:
             return FactoredMatrix(self.A, self.B @ other)
@@ -67,7 +75,9 @@ class FactoredMatrix:
     def __rmatmul__(self, other: Tensor) -> FactoredMatrix | Tensor:
         """`other @ self`: a FactoredMatrix for a matrix, a tensor [... rdim] for a vector."""
         if other.shape[-1] != self.ldim:
-            raise ValueError(f"cannot multiply a matrix of shape {tuple(other.shape)} by a FactoredMatrix of shape {tuple(self.shape)}")
+            raise ValueError(
+                f"cannot multiply a matrix of shape {tuple(other.shape)} by a FactoredMatrix of shape {tuple(self.shape)}"
+            )
         if other.ndim < 2:
             return ((other.unsqueeze(-2) @ self.A) @ self.B).squeeze(-2)
         if self.ldim > self.mdim:
@@ -77,7 +87,9 @@ class FactoredMatrix:
     def __mul__(self, scalar: int | float | Tensor) -> FactoredMatrix:
         """Scaled by a number (or a one-element tensor): A is scaled, B is kept."""
         if isinstance(scalar, Tensor) and scalar.numel() != 1:
-            raise ValueError(f"a FactoredMatrix is multiplied by a scalar, not a tensor of shape {tuple(scalar.shape)}; use @ for matrices")
+            raise ValueError(
+                f"a FactoredMatrix is multiplied by a scalar, not a tensor of shape {tuple(scalar.shape)}; use @ for matrices"
+            )
         return FactoredMatrix(self.A * scalar, self.B)
 
     def __rmul__(self, scalar: int | float | Tensor) -> FactoredMatrix:
@@ -139,8 +151,11 @@ class FactoredMatrix:
     @property
     def Vh(self) -> Float[Tensor, "... rdim k"]:
         """V, under TransformerLens' old name (deprecated there too: it never was V^H)."""
-        warnings.warn("FactoredMatrix.Vh returns V (right singular vectors), as TransformerLens 3.9; use .V",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "FactoredMatrix.Vh returns V (right singular vectors), as TransformerLens 3.9; use .V",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.svd()[2]
 
     @property

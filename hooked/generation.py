@@ -68,12 +68,20 @@ class Sampler:
     def __post_init__(self):
         for name in ("temperature", "freq_penalty"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not value >= 0
+                or value == float("inf")
+            ):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1):
+        if self.top_k is not None and (
+            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
+        ):
             raise ValueError(f"top_k must be an int >= 1 (or None), got {self.top_k!r}")
-        if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
-                                       or not 0 < self.top_p <= 1):
+        if self.top_p is not None and (
+            isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1
+        ):
             raise ValueError(f"top_p must be in (0, 1] (or None), got {self.top_p!r}")
 
     def pick(self, logits: Tensor, counts: Tensor | None, noise: Tensor | None) -> Tensor:
@@ -104,7 +112,9 @@ def _eos_ids(model: HookedTransformer, eos_token_id, stop_at_eos: bool) -> list[
         return [] if eos is None else [int(eos)]
     ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < model.cfg.d_vocab for i in ids):
-        raise ValueError(f"eos_token_id must be a token id (or a list of them) in 0..{model.cfg.d_vocab - 1}, got {eos_token_id!r}")
+        raise ValueError(
+            f"eos_token_id must be a token id (or a list of them) in 0..{model.cfg.d_vocab - 1}, got {eos_token_id!r}"
+        )
     return ids
 
 
@@ -140,7 +150,12 @@ def generate(
     if return_type not in ("input", "tokens", "str"):
         raise ValueError(f"return_type must be 'input', 'tokens' or 'str', not {return_type!r}")
     if not do_sample:
-        asked = {"temperature": temperature != 1.0, "top_k": top_k is not None, "top_p": top_p is not None, "seed": seed is not None}
+        asked = {
+            "temperature": temperature != 1.0,
+            "top_k": top_k is not None,
+            "top_p": top_p is not None,
+            "seed": seed is not None,
+        }
         asked = [name for name, given in asked.items() if given]
         if asked:
             raise ValueError(
@@ -173,7 +188,7 @@ def generate(
     hooks = list(fwd_hooks) + ([] if recorder is None else [(recorder.names, recorder)])
     # Inference mode skips autograd's bookkeeping on every op (about 2% of a CPU decode step). A cache
     # is recorded under no_grad instead: its tensors may then be used in a backward pass later.
-    with (torch.no_grad() if return_cache else torch.inference_mode()), model.hooks(fwd_hooks=hooks):
+    with torch.no_grad() if return_cache else torch.inference_mode(), model.hooks(fwd_hooks=hooks):
         run = _Run(model, tokens, key_valid, lengths, use_past_kv_cache, max_new_tokens + int(return_cache))
         out = run.loop(max_new_tokens, sampler, eos_ids, seed, _copies, verbose, recorder is not None)
     out = out.clone()  # a normal tensor (not an inference one): the tokens may go into a forward with gradients
@@ -201,7 +216,9 @@ class _Run:
     def key_valid_full(self, length: int) -> Tensor | None:
         if self.prompt_valid is None:
             return None
-        new = torch.ones(self.prompt.shape[0], length - self.prompt.shape[1], dtype=torch.bool, device=self.prompt.device)
+        new = torch.ones(
+            self.prompt.shape[0], length - self.prompt.shape[1], dtype=torch.bool, device=self.prompt.device
+        )
         return torch.cat([self.prompt_valid, new], dim=1)
 
     def step(self, sequence: Tensor, new: int) -> Tensor:
@@ -213,8 +230,16 @@ class _Run:
         key_valid = self.key_valid_full(sequence.shape[1])
         return self.model._forward_whole(sequence, key_valid, self.lengths, last_only=True)[:, -1]
 
-    def loop(self, max_new_tokens: int, sampler: Sampler, eos_ids: list[int], seed: int | None, copies: int,
-             verbose: bool, final_step: bool) -> Tensor:
+    def loop(
+        self,
+        max_new_tokens: int,
+        sampler: Sampler,
+        eos_ids: list[int],
+        seed: int | None,
+        copies: int,
+        verbose: bool,
+        final_step: bool,
+    ) -> Tensor:
         prompt = self.prompt
         batch, prompt_len = prompt.shape
         out = torch.empty(batch, prompt_len + max_new_tokens, dtype=torch.long, device=prompt.device)
@@ -247,13 +272,13 @@ class _Run:
                 done = eos is not None and bool(finished.all())
                 if done or step == max_new_tokens - 1:
                     break
-                logits = self._call(out[:, :prompt_len + n_new], 1, f"decode step {step + 1}")
+                logits = self._call(out[:, : prompt_len + n_new], 1, f"decode step {step + 1}")
             if final_step and n_new:  # the last token's activations, for the cache (its logits are not used)
-                self._call(out[:, :prompt_len + n_new], 1, "the last token")
+                self._call(out[:, : prompt_len + n_new], 1, "the last token")
         finally:
             if bar is not None:
                 bar.close()
-        return out[:, :prompt_len + n_new]
+        return out[:, : prompt_len + n_new]
 
     def _call(self, sequence: Tensor, new: int, what: str) -> Tensor:
         try:
@@ -269,7 +294,11 @@ class _Run:
             return None
         prompt = self.prompt
         counts = torch.zeros(prompt.shape[0], self.model.cfg.d_vocab, device=prompt.device)
-        weights = torch.ones_like(prompt, dtype=counts.dtype) if self.prompt_valid is None else self.prompt_valid.to(counts.dtype)
+        weights = (
+            torch.ones_like(prompt, dtype=counts.dtype)
+            if self.prompt_valid is None
+            else self.prompt_valid.to(counts.dtype)
+        )
         return counts.scatter_add_(1, prompt, weights)
 
 
@@ -281,8 +310,17 @@ def _progress(total: int, verbose: bool):
     return tqdm(total=total, desc="generating", unit="tok")
 
 
-def _format(model, out: Tensor, tokens: Tensor, key_valid: Tensor | None, eos_ids: list[int], input, text_input: bool,
-            prepend_bos: bool | None, return_type: GenerateReturn):
+def _format(
+    model,
+    out: Tensor,
+    tokens: Tensor,
+    key_valid: Tensor | None,
+    eos_ids: list[int],
+    input,
+    text_input: bool,
+    prepend_bos: bool | None,
+    return_type: GenerateReturn,
+):
     if return_type == "tokens" or (return_type == "input" and not text_input):
         return out
     prepend = model.default_prepend_bos if prepend_bos is None else prepend_bos
@@ -306,7 +344,7 @@ class _Recorder:
 
     def __init__(self, model, names_filter: NameFilter | None):
         self.model = model
-        self.names = (model.default_cache_names() if names_filter is None else model.resolve_hook_names(names_filter))
+        self.names = model.default_cache_names() if names_filter is None else model.resolve_hook_names(names_filter)
         self.calls: dict[str, list[Tensor]] = {name: [] for name in self.names}
 
     def __call__(self, activation: Tensor, hook: HookPoint) -> None:
@@ -325,7 +363,9 @@ class _Recorder:
                 fill = torch.finfo(parts[0].dtype).min if name.endswith("hook_attn_scores") else 0.0
                 parts = [torch.nn.functional.pad(p, (0, length - p.shape[-1]), value=fill) for p in parts]
             store[name] = torch.cat(parts, dim=pos_axis(point))
-        return ActivationCache(store, self.model, position_ids=position_ids_for(sequence, key_valid), attention_mask=key_valid)
+        return ActivationCache(
+            store, self.model, position_ids=position_ids_for(sequence, key_valid), attention_mask=key_valid
+        )
 
 
 def generate_variants(
@@ -346,12 +386,15 @@ def generate_variants(
         raise ValueError("variants must be a non-empty dict: {name: [(hook_name, callback), ...]}")
     for refused in ("return_cache", "fwd_hooks", "use_past_kv_cache"):
         if refused in kwargs:
-            raise ValueError(f"generate_variants does not take {refused}=; generate the variant alone with model.generate")
+            raise ValueError(
+                f"generate_variants does not take {refused}=; generate the variant alone with model.generate"
+            )
     registered_hooks(model, "generate_variants")
     return_type = kwargs.pop("return_type", "input")
     text_input = _is_text(input)
-    tokens, key_valid, right_padded = _prompts_on_the_left(model, input, kwargs.get("attention_mask"),
-                                                           kwargs.get("prepend_bos"), kwargs.pop("padding_side", None))
+    tokens, key_valid, right_padded = _prompts_on_the_left(
+        model, input, kwargs.get("attention_mask"), kwargs.get("prepend_bos"), kwargs.pop("padding_side", None)
+    )
     batch, copies = tokens.shape[0], len(variants)
     fwd_hooks = []
     for block, (name, pairs) in enumerate(variants.items()):
@@ -362,25 +405,36 @@ def generate_variants(
     repeated = tokens.repeat(copies, 1)
     mask = None if key_valid is None else key_valid.repeat(copies, 1)
     kwargs.pop("attention_mask", None)
-    out, _, _, eos_ids = generate(model, repeated, max_new_tokens, attention_mask=mask, fwd_hooks=fwd_hooks,
-                                  _copies=copies, **{**kwargs, "prepend_bos": False})
+    out, _, _, eos_ids = generate(
+        model,
+        repeated,
+        max_new_tokens,
+        attention_mask=mask,
+        fwd_hooks=fwd_hooks,
+        _copies=copies,
+        **{**kwargs, "prepend_bos": False},
+    )
     results = {}
     for block, name in enumerate(variants):
-        part = out[block * batch:(block + 1) * batch]
+        part = out[block * batch : (block + 1) * batch]
         if eos_ids:
-            is_eos = torch.isin(part[:, tokens.shape[1]:], torch.tensor(eos_ids, device=part.device))
+            is_eos = torch.isin(part[:, tokens.shape[1] :], torch.tensor(eos_ids, device=part.device))
             finished_at = torch.where(is_eos.any(1), is_eos.float().argmax(1), is_eos.shape[1] - 1)
-            part = part[:, :tokens.shape[1] + int(finished_at.max()) + 1]
+            part = part[:, : tokens.shape[1] + int(finished_at.max()) + 1]
         if right_padded and return_type != "str":
             valid = torch.cat([key_valid, key_valid.new_ones(batch, part.shape[1] - tokens.shape[1])], dim=1)
             results[name] = move_padding(part, valid, "right")[0]
         else:
-            results[name] = _format(model, part, tokens, key_valid, eos_ids, input, text_input, kwargs.get("prepend_bos"), return_type)
+            results[name] = _format(
+                model, part, tokens, key_valid, eos_ids, input, text_input, kwargs.get("prepend_bos"), return_type
+            )
     return results
 
 
 def _is_text(input) -> bool:
-    return isinstance(input, str) or (isinstance(input, list) and bool(input) and all(isinstance(s, str) for s in input))
+    return isinstance(input, str) or (
+        isinstance(input, list) and bool(input) and all(isinstance(s, str) for s in input)
+    )
 
 
 def _prompts_on_the_left(model, input, attention_mask, prepend_bos, padding_side) -> tuple[Tensor, Tensor | None, bool]:
@@ -388,7 +442,9 @@ def _prompts_on_the_left(model, input, attention_mask, prepend_bos, padding_side
 
     Text is padded on the left, as TransformerLens does for generation; ids are read on their side and, if
     right-padded, rolled to the left, so each prompt continues from its own last token as it would alone."""
-    tokens, key_valid = model.tokens_and_mask(input, attention_mask, prepend_bos, "left" if _is_text(input) else padding_side)
+    tokens, key_valid = model.tokens_and_mask(
+        input, attention_mask, prepend_bos, "left" if _is_text(input) else padding_side
+    )
     right_padded = padded_side(key_valid) == "right"
     if right_padded:
         tokens, key_valid = move_padding(tokens, key_valid, "left")
@@ -396,7 +452,7 @@ def _prompts_on_the_left(model, input, attention_mask, prepend_bos, padding_side
 
 
 def padded_side(key_valid: Tensor | None) -> str | None:
-    """"left" or "right" when every row's padding is one run on that side (left first), else None."""
+    """ "left" or "right" when every row's padding is one run on that side (left first), else None."""
     if key_valid is None:
         return None
     real = key_valid.sum(-1, keepdim=True)  # [batch 1]

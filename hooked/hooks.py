@@ -106,6 +106,7 @@ def _order_of(registration: _Registration) -> int:
 
 EMBED_STAGE = -1  # HookPoint.stage of the points before block 0 (the embedding)
 
+
 class HookPoint(nn.Module):
     """An identity point on one activation, where hooks can read or replace it.
 
@@ -176,20 +177,28 @@ class HookPoint(nn.Module):
     def bwd_hooks(self) -> list[_Registration]:
         return [r for r in self._active()[1] if r.live]
 
-    def add_hook(self, hook: HookFn, dir: Direction = "fwd", is_permanent: bool = False, level=None, prepend: bool = False) -> None:
+    def add_hook(
+        self, hook: HookFn, dir: Direction = "fwd", is_permanent: bool = False, level=None, prepend: bool = False
+    ) -> None:
         """TransformerLens' `HookPoint.add_hook`: attach `hook` here until removed."""
         if level is not None:
-            raise ValueError("hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks")
+            raise ValueError(
+                "hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks"
+            )
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"dir must be 'fwd' or 'bwd', not {dir!r}")
         registrations = self._fwd if dir == "fwd" else self._bwd
         registration = _registration(hook, next(_owner_ids), is_permanent, prepend)
         registrations.insert(0, registration) if prepend else registrations.append(registration)
 
-    def remove_hooks(self, dir: Literal["fwd", "bwd", "both"] = "fwd", including_permanent: bool = False, level=None) -> None:
+    def remove_hooks(
+        self, dir: Literal["fwd", "bwd", "both"] = "fwd", including_permanent: bool = False, level=None
+    ) -> None:
         """TransformerLens' `HookPoint.remove_hooks`: drop this point's hooks of one direction (or both)."""
         if level is not None:
-            raise ValueError("hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks")
+            raise ValueError(
+                "hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks"
+            )
         if dir not in ("fwd", "bwd", "both"):
             raise ValueError(f"dir must be 'fwd', 'bwd' or 'both', not {dir!r}")
         kept_fwd, kept_bwd = list(self._fwd), list(self._bwd)
@@ -210,14 +219,21 @@ class HookPoint(nn.Module):
         fwd, bwd = self._active()
         return any(r.live for r in fwd) or any(r.live for r in bwd)
 
-    def has_hooks(self, dir: Literal["fwd", "bwd", "both"] = "both", including_permanent: bool = True, level=None) -> bool:
+    def has_hooks(
+        self, dir: Literal["fwd", "bwd", "both"] = "both", including_permanent: bool = True, level=None
+    ) -> bool:
         """TransformerLens 3.9's `HookPoint.has_hooks`: whether a hook of direction `dir` runs here for this
         caller, counting permanent ones unless `including_permanent=False`."""
         if level is not None:
-            raise ValueError("hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks")
+            raise ValueError(
+                "hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks"
+            )
         if dir not in ("fwd", "bwd", "both"):
             raise ValueError(f"dir must be 'fwd', 'bwd' or 'both', not {dir!r}")
-        chosen = [*(self.fwd_hooks if dir in ("fwd", "both") else ()), *(self.bwd_hooks if dir in ("bwd", "both") else ())]
+        chosen = [
+            *(self.fwd_hooks if dir in ("fwd", "both") else ()),
+            *(self.bwd_hooks if dir in ("bwd", "both") else ()),
+        ]
         return any(including_permanent or not r.permanent for r in chosen)
 
     @property
@@ -243,7 +259,9 @@ class HookPoint(nn.Module):
             raise ValueError(f"hook point {self.name!r} is not inside a block, so it has no layer")
         return int(match.group(1))
 
-    def _run(self, activation: Tensor, fwd: list[_Registration] | None = None, bwd: list[_Registration] | None = None) -> Tensor:
+    def _run(
+        self, activation: Tensor, fwd: list[_Registration] | None = None, bwd: list[_Registration] | None = None
+    ) -> Tensor:
         if fwd is None:
             fwd, bwd = self._active()
         for registration in list(fwd):
@@ -292,6 +310,7 @@ class HookPoint(nn.Module):
 
     def _remove_shared(self, including_permanent: bool) -> None:
         """Drop the hooks added to the model here (permanent ones only with `including_permanent`)."""
+
         def keep(r: _Registration) -> bool:
             return r.permanent and not including_permanent
 
@@ -337,7 +356,7 @@ def _end_scoped(point: HookPoint, direction: str = "both") -> None:
     if scope is None or point not in scope.points:
         return
     fwd, bwd = scope.points[point]
-    for registrations in ((fwd,) if direction == "fwd" else (bwd,) if direction == "bwd" else (fwd, bwd)):
+    for registrations in (fwd,) if direction == "fwd" else (bwd,) if direction == "bwd" else (fwd, bwd):
         for registration in registrations:
             registration.live = False
         registrations.clear()
@@ -370,8 +389,9 @@ class HookedRootModule(nn.Module):
         """TransformerLens' name for `setup_hooks`: call at the end of a HookedRootModule's `__init__`."""
         self.setup_hooks()
 
-    def run_with_cache(self, *model_args, names_filter: NameFilter | None = None, **model_kwargs
-                       ) -> tuple[object, dict[str, Tensor]]:
+    def run_with_cache(
+        self, *model_args, names_filter: NameFilter | None = None, **model_kwargs
+    ) -> tuple[object, dict[str, Tensor]]:
         """Run a user's own HookedRootModule once and keep every hook point's activation (or those of
         `names_filter`), detached: `output, cache = module.run_with_cache(x)`, `cache["hook_pre"]`.
 
@@ -491,11 +511,14 @@ class HookedRootModule(nn.Module):
         """Attach `hook` for good: only `reset_hooks(including_permanent=True)` removes it."""
         self.add_hook(name, hook, dir=dir, is_permanent=True)
 
-    def remove_all_hook_fns(self, direction: Literal["fwd", "bwd", "both"] = "both", including_permanent: bool = False,
-                            level=None) -> None:
+    def remove_all_hook_fns(
+        self, direction: Literal["fwd", "bwd", "both"] = "both", including_permanent: bool = False, level=None
+    ) -> None:
         """TransformerLens' `remove_all_hook_fns`: `reset_hooks` without emptying `hook.ctx`."""
         if level is not None:
-            raise ValueError("hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks")
+            raise ValueError(
+                "hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks"
+            )
         self.reset_hooks(clear_contexts=False, direction=direction, including_permanent=including_permanent)
 
     @contextlib.contextmanager
@@ -511,8 +534,12 @@ class HookedRootModule(nn.Module):
         finally:
             _scope.reset(token)
 
-    def reset_hooks(self, clear_contexts: bool = True, direction: Literal["fwd", "bwd", "both"] = "both",
-                    including_permanent: bool = False) -> None:
+    def reset_hooks(
+        self,
+        clear_contexts: bool = True,
+        direction: Literal["fwd", "bwd", "both"] = "both",
+        including_permanent: bool = False,
+    ) -> None:
         """Remove every hook (permanent ones only with `including_permanent=True`) and, as TransformerLens
         does, empty every `hook.ctx` (unless `clear_contexts=False`). `direction` keeps the other kind."""
         if direction not in ("fwd", "bwd", "both"):

@@ -35,8 +35,14 @@ if TYPE_CHECKING:
 class KVCache:
     """Keys and values of every layer for the columns seen so far (see the module docstring)."""
 
-    def __init__(self, model: HookedTransformer, batch_size: int, max_len: int = 64,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model: HookedTransformer,
+        batch_size: int,
+        max_len: int = 64,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if not isinstance(max_len, int) or max_len < 1:
@@ -82,19 +88,21 @@ class KVCache:
         """Reserve columns for `tokens` [batch n]: their position ids, the attention mask and the hooks' rows."""
         batch, n = tokens.shape
         if batch != self.batch_size:
-            raise ValueError(f"this KV cache holds {self.batch_size} rows, but the input has {batch}; use a cache per batch")
+            raise ValueError(
+                f"this KV cache holds {self.batch_size} rows, but the input has {batch}; use a cache per batch"
+            )
         start = self.length
         self._reserve(start + n)
         if valid is None:
             position_ids = self.next_position[:, None] + torch.arange(n, device=self.device)
-            self.key_valid[:, start:start + n] = True
+            self.key_valid[:, start : start + n] = True
         else:
             valid = valid.to(self.device)
             position_ids = self.next_position[:, None] + (valid.long().cumsum(-1) - 1).clamp(min=0)
-            self.key_valid[:, start:start + n] = valid
+            self.key_valid[:, start : start + n] = valid
         self._pending = (start, n, valid)
         padded = self.padded or valid is not None
-        mask = AttentionMask(self.key_valid[:, :start + n] if padded else None, n, start + n)
+        mask = AttentionMask(self.key_valid[:, : start + n] if padded else None, n, start + n)
         return position_ids, mask, Rows(position_ids, valid, start, self.prompt_lengths)
 
     def commit(self) -> None:
@@ -121,10 +129,10 @@ class KVCache:
         for buffers in (self.keys, self.values):
             for i, old in enumerate(buffers):
                 new = torch.empty(self._shape, device=self.device, dtype=self.dtype)
-                new[:, :, :self.length] = old[:, :, :self.length]
+                new[:, :, : self.length] = old[:, :, : self.length]
                 buffers[i] = new
         key_valid = torch.ones(batch, capacity, dtype=torch.bool, device=self.device)
-        key_valid[:, :self.length] = self.key_valid[:, :self.length]
+        key_valid[:, : self.length] = self.key_valid[:, : self.length]
         self.key_valid = key_valid
 
 
@@ -141,6 +149,6 @@ class LayerKV:
         cache = self.cache
         start, n, _ = cache._pending
         keys, values = cache.keys[self.index], cache.values[self.index]
-        keys[:, :, start:start + n] = k.transpose(1, 2)
-        values[:, :, start:start + n] = v.transpose(1, 2)
-        return keys[:, :, :start + n].transpose(1, 2), values[:, :, :start + n].transpose(1, 2)
+        keys[:, :, start : start + n] = k.transpose(1, 2)
+        values[:, :, start : start + n] = v.transpose(1, 2)
+        return keys[:, :, : start + n].transpose(1, 2), values[:, :, : start + n].transpose(1, 2)

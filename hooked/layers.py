@@ -55,8 +55,13 @@ class HookedNorm(nn.Module):
         normalized = self.normalize(x, hooked_scale)
         normalized_version = normalized._version if tracked else None
         hooked_normalized = self.hook_normalized(normalized)
-        untouched = (tracked and hooked_scale is scale and hooked_normalized is normalized
-                     and scale._version == scale_version and normalized._version == normalized_version)
+        untouched = (
+            tracked
+            and hooked_scale is scale
+            and hooked_normalized is normalized
+            and scale._version == scale_version
+            and normalized._version == normalized_version
+        )
         if not untouched:
             return self.affine(hooked_normalized), self.stepwise(x)
         exact = self.unhooked(x)
@@ -154,7 +159,9 @@ class RMSNorm(HookedNorm):
     w = property(lambda self: self.weight, doc="The weight, as TransformerLens names it (RMSNorm has no bias)")
 
 
-def attention_input(block: nn.Module, resid_pre: Tensor, n_heads: int, n_kv_heads: int) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+def attention_input(
+    block: nn.Module, resid_pre: Tensor, n_heads: int, n_kv_heads: int
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """What a block's attention reads: `ln1(resid_pre)`, or, when a hook listens at the split inputs, each
     head's own normalised copy of the residual stream.
 
@@ -178,8 +185,10 @@ def attention_input(block: nn.Module, resid_pre: Tensor, n_heads: int, n_kv_head
     if any(point.shard is not None for point in points):
         raise RuntimeError("the split q/k/v inputs are not supported under tensor parallelism (hooked.load(..., tp=N))")
     heads = (n_heads, n_kv_heads, n_kv_heads)
-    copies = [point(resid_pre[:, :, None].expand(-1, -1, count, -1).clone()) if point.listening else None
-              for point, count in zip(points, heads)]
+    copies = [
+        point(resid_pre[:, :, None].expand(-1, -1, count, -1).clone()) if point.listening else None
+        for point, count in zip(points, heads)
+    ]
     edit = None
     if block.ln1.hook_scale.listening or block.ln1.hook_normalized.listening:  # ln1's hooks fire here, once
         # What they changed: against the same arithmetic, so rows they left alone get exactly 0.
@@ -338,8 +347,9 @@ def triton_compiles_on(device: torch.device) -> bool:
     return triton_available(device) and torch.cuda.get_device_capability(device) >= MIN_TRITON_CAPABILITY
 
 
-def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, hook_pattern: HookPoint,
-                   softcap: float | None = None) -> str:
+def choose_backend(
+    q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, hook_pattern: HookPoint, softcap: float | None = None
+) -> str:
     """The attention path for one forward (see `attention_backend`); `softcap` as in `attend`."""
     pattern_hooked = hook_attn_scores.listening or hook_pattern.listening
     forced = _forced_backend.get()
@@ -350,8 +360,12 @@ def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, 
         # does not split the key range across programs (docs/generation.md; benchmarks/generate.py
         # measures both where a GPU is present).
         # The kernel skips key tiles outside a sliding window (Mistral) and applies a softcap (Gemma 2).
-        if (q.is_cuda and mask.query_len > 1 and triton_compiles_on(q.device)
-                and (mask.key_valid is None or mask.left_padding_starts is not None)):
+        if (
+            q.is_cuda
+            and mask.query_len > 1
+            and triton_compiles_on(q.device)
+            and (mask.key_valid is None or mask.left_padding_starts is not None)
+        ):
             return "triton"
         return "sdpa" if softcap is None else "eager"  # SDPA has no softcap
     if pattern_hooked and forced != "eager":
@@ -361,18 +375,24 @@ def choose_backend(q: Tensor, mask: AttentionMask, hook_attn_scores: HookPoint, 
             " scores and the pattern; remove that hook or use attention_backend('eager')"
         )
     if forced == "sdpa" and softcap is not None:
-        raise RuntimeError(f"attention_backend('sdpa') cannot apply this model's attention logit softcap ({softcap}):"
-                           " use attention_backend('eager') or 'triton'")
+        raise RuntimeError(
+            f"attention_backend('sdpa') cannot apply this model's attention logit softcap ({softcap}):"
+            " use attention_backend('eager') or 'triton'"
+        )
     if forced == "triton":
         if not triton_available(q.device):
-            raise RuntimeError(f"attention_backend('triton') cannot run on {q.device}: it needs CUDA, or TRITON_INTERPRET=1 for CPU")
+            raise RuntimeError(
+                f"attention_backend('triton') cannot run on {q.device}: it needs CUDA, or TRITON_INTERPRET=1 for CPU"
+            )
         if not triton_compiles_on(q.device):
             raise RuntimeError(
                 f"attention_backend('triton') needs a GPU of compute capability >= 8.0; {q.device} has"
                 f" {torch.cuda.get_device_capability(q.device)}: use attention_backend('sdpa')"
             )
         if mask.key_valid is not None and mask.left_padding_starts is None:
-            raise RuntimeError("attention_backend('triton') serves causal attention with left padding only; this mask has holes")
+            raise RuntimeError(
+                "attention_backend('triton') serves causal attention with left padding only; this mask has holes"
+            )
     return forced
 
 
@@ -415,8 +435,9 @@ def attend(
     if backend == "triton":
         from hooked.kernels import flash_attention
 
-        out = flash_attention(q, k, v, key_start=mask.left_padding_starts, sm_scale=scaling, softcap=softcap,
-                              window=mask.window)
+        out = flash_attention(
+            q, k, v, key_start=mask.left_padding_starts, sm_scale=scaling, softcap=softcap, window=mask.window
+        )
         return out.view(batch, pos, n_heads, d_head)  # the kernel wrote [batch pos head*d_head]
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch head pos d_head]
     boolean_mask = mask.boolean
@@ -435,7 +456,9 @@ def attend(
         if boolean_mask is None:
             boolean_mask = mask.causal(q.device)
         fill = torch.finfo(scores.dtype).min
-        scores = hook_attn_scores(scores.masked_fill_(~boolean_mask, fill) if in_place else scores.masked_fill(~boolean_mask, fill))
+        scores = hook_attn_scores(
+            scores.masked_fill_(~boolean_mask, fill) if in_place else scores.masked_fill(~boolean_mask, fill)
+        )
         if softmax_in_float32:
             pattern = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         else:
@@ -535,7 +558,6 @@ class Projection:
     bias: Tensor | None = None
 
 
-
 # ----------------------------------------------------------------------------- gated MLP
 def add_bias(linear: nn.Linear, partial: Tensor) -> Tensor:
     """`linear`'s output from a sum of partial products (per head): its bias added, if any; a tensor-parallel
@@ -614,6 +636,8 @@ class GatedMLP(nn.Module):
 def all_experts_removed(point: str, n_experts: int) -> str:
     """Why routing cannot run with every expert's router logit at -inf (the softmax would be 0 / 0)."""
     layer = point.split(".")[1] if point.startswith("blocks.") else "{layer}"
-    return (f"{point}: every one of the layer's {n_experts} experts is ablated at the router (-inf), which leaves no"
-            " expert to route to (the softmax would be 0 / 0 and the MLP output NaN). To remove the whole MoE"
-            f" layer, zero its output instead: the address 'L{layer}.mlp', or blocks.{layer}.hook_mlp_out")
+    return (
+        f"{point}: every one of the layer's {n_experts} experts is ablated at the router (-inf), which leaves no"
+        " expert to route to (the softmax would be 0 / 0 and the MLP output NaN). To remove the whole MoE"
+        f" layer, zero its output instead: the address 'L{layer}.mlp', or blocks.{layer}.hook_mlp_out"
+    )

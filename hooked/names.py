@@ -76,10 +76,24 @@ PosSlice = Union[SliceInput, Slice]
 
 _ATTN_NAMES = {"q", "k", "v", "z", "rot_q", "rot_k", "q_normed", "k_normed", "result", "pattern", "attn_scores"}
 _MLP_NAMES = {
-    "pre", "pre_linear", "post", "router_logits", "expert_weights", "expert_indices", "expert_pre", "expert_post",
+    "pre",
+    "pre_linear",
+    "post",
+    "router_logits",
+    "expert_weights",
+    "expert_indices",
+    "expert_pre",
+    "expert_post",
 }
-_NAME_ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q", "value": "v",
-                 "mlp_pre": "pre", "mlp_post": "post"}
+_NAME_ALIASES = {
+    "attn": "pattern",
+    "attn_logits": "attn_scores",
+    "key": "k",
+    "query": "q",
+    "value": "v",
+    "mlp_pre": "pre",
+    "mlp_post": "post",
+}
 _LAYER_TYPE_ALIASES = {"a": "attn", "attention": "attn", "m": "mlp", "b": "", "block": "", "blocks": ""}
 
 

@@ -44,8 +44,10 @@ def attention_pattern(pattern, tokens: Sequence[str], path: str | Path | None = 
     pattern = _as_tensor(pattern, "pattern")
     tokens = list(tokens)
     if pattern.ndim != 2:
-        raise ValueError(f"attention_pattern draws one head's pattern [query_pos key_pos], got shape {list(pattern.shape)};"
-                         " pick a prompt and a head: cache['pattern', layer][prompt, head]")
+        raise ValueError(
+            f"attention_pattern draws one head's pattern [query_pos key_pos], got shape {list(pattern.shape)};"
+            " pick a prompt and a head: cache['pattern', layer][prompt, head]"
+        )
     n_queries, n_keys = pattern.shape
     if len(tokens) != n_keys or n_queries > n_keys:
         raise ValueError(
@@ -59,7 +61,7 @@ def attention_pattern(pattern, tokens: Sequence[str], path: str | Path | None = 
     image = axes.imshow(pattern.numpy(), cmap="Blues", vmin=0.0, vmax=max(float(pattern.max()), 1e-9))
     labels = [_label(token) for token in tokens]
     axes.set_xticks(range(n_keys), labels, rotation=90, fontsize=8)
-    axes.set_yticks(range(n_queries), labels[n_keys - n_queries:], fontsize=8)
+    axes.set_yticks(range(n_queries), labels[n_keys - n_queries :], fontsize=8)
     axes.set_xlabel("key: the token attended to")
     axes.set_ylabel("query: the attending token")
     axes.set_title(title or "attention pattern")
@@ -67,8 +69,9 @@ def attention_pattern(pattern, tokens: Sequence[str], path: str | Path | None = 
     return _finish(figure, path)
 
 
-def layer_head_grid(values, path: str | Path | None = None, title: str | None = None, label: str | None = None,
-                    model=None):
+def layer_head_grid(
+    values, path: str | Path | None = None, title: str | None = None, label: str | None = None, model=None
+):
     """Any [n_layers n_heads] tensor (sweep results, attention to a position, head scores) as a grid of cells.
 
         plot.layer_head_grid(att["IO"], "end_to_io.png", title="END -> IO", model=model)
@@ -91,14 +94,15 @@ def layer_head_grid(values, path: str | Path | None = None, title: str | None = 
 def attention_to_positions(table: PositionAttention, path: str | Path | None = None, title: str | None = None):
     """`hooked.attention_to_positions`' table as one layer x head grid per name, side by side, on one scale (0..max).
 
-        plot.attention_to_positions(hooked.attention_to_positions(model, task), "end_attention.png")
+    plot.attention_to_positions(hooked.attention_to_positions(model, task), "end_attention.png")
     """
     plt = _pyplot(path)
     mean = table.mean  # [layer head_index name]
     n_layers, n_heads, n_names = mean.shape
     width = min(30.0, max(3.0, 0.5 * n_heads + 1.5))
-    figure, grid_axes = plt.subplots(1, n_names, figsize=(width * n_names + 1.5, min(30.0, max(3.0, 0.45 * n_layers + 1.8))),
-                                     squeeze=False)
+    figure, grid_axes = plt.subplots(
+        1, n_names, figsize=(width * n_names + 1.5, min(30.0, max(3.0, 0.45 * n_layers + 1.8))), squeeze=False
+    )
     high = max(float(mean.max()), 1e-9)
     for index, (axes, name) in enumerate(zip(grid_axes[0], table.names)):
         image = _draw_grid(axes, mean[..., index], "Blues", 0.0, high)
@@ -110,8 +114,12 @@ def attention_to_positions(table: PositionAttention, path: str | Path | None = N
     return _finish(figure, path, tight=False)
 
 
-def logit_lens(cache: ActivationCache, metric: Metric | Callable[[Tensor], Tensor], path: str | Path | None = None,
-               title: str | None = None):
+def logit_lens(
+    cache: ActivationCache,
+    metric: Metric | Callable[[Tensor], Tensor],
+    path: str | Path | None = None,
+    title: str | None = None,
+):
     """The metric read off the residual stream before each block and after the last (`hooked.logit_lens`),
     one faint line per prompt and their mean in bold.
 
@@ -127,8 +135,14 @@ def logit_lens(cache: ActivationCache, metric: Metric | Callable[[Tensor], Tenso
     points = range(len(labels))
     if values.shape[1] > 1:
         axes.plot(points, values.numpy(), color="#9fb8d0", linewidth=0.8, alpha=0.6)
-    axes.plot(points, values.mean(1).numpy(), color="#1f4e79", linewidth=2.2, marker="o",
-              label=f"mean over {values.shape[1]} prompts")
+    axes.plot(
+        points,
+        values.mean(1).numpy(),
+        color="#1f4e79",
+        linewidth=2.2,
+        marker="o",
+        label=f"mean over {values.shape[1]} prompts",
+    )
     axes.axhline(0.0, color="#888888", linewidth=0.6)
     axes.set_xticks(list(points), labels, rotation=45, ha="right")
     axes.set_xlabel("residual stream read (before each block, then the final one)")
@@ -149,8 +163,10 @@ def attention_heads(patterns, tokens: Sequence[str], layer: int | None = None, h
     try:
         from circuitsvis.attention import attention_heads as view
     except ImportError as error:
-        raise ImportError("hooked.plot.attention_heads draws with circuitsvis, which is not installed:"
-                          " pip install 'hooked[notebooks]' (or pip install circuitsvis)") from error
+        raise ImportError(
+            "hooked.plot.attention_heads draws with circuitsvis, which is not installed:"
+            " pip install 'hooked[notebooks]' (or pip install circuitsvis)"
+        ) from error
     patterns = _as_tensor(patterns, "patterns")
     if patterns.ndim == 2:
         patterns = patterns[None]
@@ -195,8 +211,9 @@ def _as_tensor(values, what: str) -> Tensor:
     try:
         tensor = torch.as_tensor(values.detach() if isinstance(values, Tensor) else values)
     except (TypeError, ValueError, RuntimeError) as error:
-        raise TypeError(f"{what} must be a tensor, an array or a nested list of numbers,"
-                        f" not {type(values).__name__}") from error
+        raise TypeError(
+            f"{what} must be a tensor, an array or a nested list of numbers, not {type(values).__name__}"
+        ) from error
     return tensor.float().cpu()
 
 
@@ -245,8 +262,15 @@ def _draw_grid(axes, values: Tensor, cmap: str, low: float, high: float):
                 if value != value:  # NaN: a cell with no value stays blank
                     continue
                 dark = value > middle if cmap == "Blues" else abs(value) > 0.6 * max(abs(low), abs(high))
-                axes.text(head, layer, f"{value:.2g}", ha="center", va="center", fontsize=7,
-                          color="white" if dark else "black")
+                axes.text(
+                    head,
+                    layer,
+                    f"{value:.2g}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if dark else "black",
+                )
     return image
 
 

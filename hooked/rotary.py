@@ -41,7 +41,9 @@ class YarnScaling:
         attention_factor = self.attention_factor
         if attention_factor is None:
             if self.mscale and self.mscale_all_dim:
-                attention_factor = float(get_mscale(self.factor, self.mscale) / get_mscale(self.factor, self.mscale_all_dim))
+                attention_factor = float(
+                    get_mscale(self.factor, self.mscale) / get_mscale(self.factor, self.mscale_all_dim)
+                )
             else:
                 attention_factor = get_mscale(self.factor)
 
@@ -93,7 +95,8 @@ class Llama3Scaling:
         wavelen = 2 * math.pi / inv_freq
         inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / self.factor, inv_freq)
         smooth_factor = (self.original_max_positions / wavelen - self.low_freq_factor) / (
-            self.high_freq_factor - self.low_freq_factor)
+            self.high_freq_factor - self.low_freq_factor
+        )
         smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / self.factor + smooth_factor * inv_freq_llama
         is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
         return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama), 1.0

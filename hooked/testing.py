@@ -40,8 +40,9 @@ CORPUS = [
 END_OF_TEXT = "<|endoftext|>"
 
 
-def build_tokenizer(directory: Path, vocab_size: int = 320, corpus: Sequence[str] = CORPUS,
-                    pad_to: int | None = None) -> tuple[int, int]:
+def build_tokenizer(
+    directory: Path, vocab_size: int = 320, corpus: Sequence[str] = CORPUS, pad_to: int | None = None
+) -> tuple[int, int]:
     """Train a byte-level BPE tokenizer like GPT-2's on `corpus`: (<|endoftext|> id, vocab size).
 
     `pad_to` fills the vocabulary up to that size with tokens no text encodes to (`[filler1234]`, no
@@ -85,9 +86,16 @@ def randomize_norms(model: torch.nn.Module, seed: int = 0) -> None:
 
 
 def build_gpt2_checkpoint(
-    directory: Path, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_positions: int = 64,
-    corpus: Sequence[str] = CORPUS, vocab_size: int = 320, pad_vocab_to: int | None = None,
-    initializer_range: float = 0.02, **save_kwargs
+    directory: Path,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_positions: int = 64,
+    corpus: Sequence[str] = CORPUS,
+    vocab_size: int = 320,
+    pad_vocab_to: int | None = None,
+    initializer_range: float = 0.02,
+    **save_kwargs,
 ) -> Path:
     """A random GPT2LMHeadModel with randomised norms, saved with its tokenizer into `directory`.
 
@@ -101,8 +109,14 @@ def build_gpt2_checkpoint(
     eos, vocab_size = build_tokenizer(directory, vocab_size, corpus, pad_vocab_to)
     torch.manual_seed(0)
     config = GPT2Config(
-        n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_positions=n_positions,
-        vocab_size=vocab_size, bos_token_id=eos, eos_token_id=eos, initializer_range=initializer_range,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_positions=n_positions,
+        vocab_size=vocab_size,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        initializer_range=initializer_range,
     )
     model = GPT2LMHeadModel(config).eval()
     randomize_norms(model)
@@ -239,8 +253,12 @@ def _sparse_layers(model) -> list[int]:
     return [i for i in range(model.cfg.n_layers) if model.cfg.is_sparse(i)]
 
 
-def addresses(model, kinds: Sequence[str] = ("heads", "attn", "mlps", "neurons", "experts"), positions: bool = True,
-              max_pos: int = 8):
+def addresses(
+    model,
+    kinds: Sequence[str] = ("heads", "attn", "mlps", "neurons", "experts"),
+    positions: bool = True,
+    max_pos: int = 8,
+):
     """Strategy: a component address of `model` (`ablate.parse_address` accepts it).
 
     Kinds: "heads" (`L1H2`, `L1H2.q`, `.k`, `.v`, or a grouped key/value head's `L1KV0.k`, `.v`), "attn"
@@ -258,22 +276,33 @@ def addresses(model, kinds: Sequence[str] = ("heads", "attn", "mlps", "neurons",
     sparse = _sparse_layers(model)
     mlp_layers = [i for i, block in enumerate(model.blocks) if block.mlp is not None]  # none when cfg.attn_only
     dense = [i for i in mlp_layers if i not in sparse]
-    available = [kind for kind in kinds if (kind != "experts" or sparse) and (kind not in ("mlps", "neurons") or mlp_layers)]
+    available = [
+        kind for kind in kinds if (kind != "experts" or sparse) and (kind not in ("mlps", "neurons") or mlp_layers)
+    ]
     unknown = set(kinds) - {"heads", "attn", "mlps", "neurons", "experts"}
     if unknown or not available:
-        raise ValueError(f"kinds {list(kinds)}: this model offers heads, attn" + (", mlps, neurons" if mlp_layers else "")
-                         + (", experts" if sparse else "") + (f"; unknown {sorted(unknown)}" if unknown else ""))
+        raise ValueError(
+            f"kinds {list(kinds)}: this model offers heads, attn"
+            + (", mlps, neurons" if mlp_layers else "")
+            + (", experts" if sparse else "")
+            + (f"; unknown {sorted(unknown)}" if unknown else "")
+        )
 
     @st.composite
     def draw_address(draw):
         kind = draw(st.sampled_from(available))
-        layer = draw(st.sampled_from(sparse if kind == "experts" else mlp_layers if kind in ("mlps", "neurons")
-                                     else range(cfg.n_layers)))
+        layer = draw(
+            st.sampled_from(
+                sparse if kind == "experts" else mlp_layers if kind in ("mlps", "neurons") else range(cfg.n_layers)
+            )
+        )
         shown = layer - cfg.n_layers if draw(st.booleans()) and draw(st.booleans()) else layer  # now and then L-1
         if kind == "heads":
             part = draw(st.sampled_from(["", ".q", ".k", ".v"]))
             axes = model.hook_dict[f"blocks.{layer}.attn.hook_{part[1:] or 'z'}"].axes
-            head = draw(st.sampled_from(head_names(model, layer, "kv_head_index" if "kv_head_index" in axes else "head_index")))
+            head = draw(
+                st.sampled_from(head_names(model, layer, "kv_head_index" if "kv_head_index" in axes else "head_index"))
+            )
             address = f"L{shown}{head.removeprefix(f'L{layer}')}{part}"  # L1KV0.v for a grouped key/value head
         elif kind in ("attn", "mlps"):
             address = f"L{shown}.{kind.removesuffix('s')}"
@@ -318,7 +347,9 @@ def selectors(model, hook_name: str, positions: bool = True, max_pos: int = 8):
 
     def some(size: int, most: int = 2):
         most = max(1, min(most, size))
-        return st.lists(st.integers(-size, size - 1), min_size=1, max_size=most, unique_by=lambda i: i % size).map(tuple)
+        return st.lists(st.integers(-size, size - 1), min_size=1, max_size=most, unique_by=lambda i: i % size).map(
+            tuple
+        )
 
     @st.composite
     def draw_selectors(draw):
@@ -328,12 +359,16 @@ def selectors(model, hook_name: str, positions: bool = True, max_pos: int = 8):
             chosen["heads"] = draw(some(sizes[head_axis]))
         per_expert = "d_expert_mlp" in axes  # the slots' experts are known here (hook.slot_experts)
         if ("n_experts" in axes or per_expert) and draw(st.booleans()):
-            chosen["experts"] = tuple(e % sizes["n_experts"] for e in draw(some(sizes["n_experts"], sizes["n_experts"] - 1)))
+            chosen["experts"] = tuple(
+                e % sizes["n_experts"] for e in draw(some(sizes["n_experts"], sizes["n_experts"] - 1))
+            )
         neuron_axis = "d_mlp" if "d_mlp" in axes else "d_expert_mlp" if per_expert and "experts" in chosen else None
         if neuron_axis and draw(st.booleans()):
             chosen["neurons"] = draw(some(sizes[neuron_axis], 3))
         if positions and any(a in axes for a in ("pos", "query_pos")) and draw(st.booleans()):
-            chosen["positions"] = draw(st.lists(st.integers(-max_pos, max_pos - 1), min_size=1, max_size=2, unique=True).map(tuple))
+            chosen["positions"] = draw(
+                st.lists(st.integers(-max_pos, max_pos - 1), min_size=1, max_size=2, unique=True).map(tuple)
+            )
         return chosen
 
     return draw_selectors()
@@ -352,8 +387,16 @@ def empties_a_router(model, fwd_hooks) -> bool:
     return any(len(experts) == model.axis_sizes()["n_experts"] for experts in picked.values())
 
 
-def interventions(model, cache=None, *, methods: Sequence[str] = ("zero", "mean", "resample"), within_batch: bool = True,
-                  names: Sequence[str] | None = None, positions: bool = True, max_pos: int = 8):
+def interventions(
+    model,
+    cache=None,
+    *,
+    methods: Sequence[str] = ("zero", "mean", "resample"),
+    within_batch: bool = True,
+    names: Sequence[str] | None = None,
+    positions: bool = True,
+    max_pos: int = 8,
+):
     """Strategy: a `(hook_name, callback)` pair, an `ablate` zero / mean / resample with random selectors.
 
     `cache` is an ActivationCache of prompts with the same shape and padding as the input the hook
@@ -389,15 +432,23 @@ def interventions(model, cache=None, *, methods: Sequence[str] = ("zero", "mean"
         if cache is not None and name not in cache.cache_dict:
             possible = ["zero", "resample"] if within_batch else ["zero"]
         else:
-            possible = ["zero", "mean", "resample"] if cache is not None else ["zero", "resample"] if within_batch else ["zero"]
+            possible = (
+                ["zero", "mean", "resample"]
+                if cache is not None
+                else ["zero", "resample"]
+                if within_batch
+                else ["zero"]
+            )
         if padded_reference and "key_pos" in model.hook_dict[name].axes:
             possible.remove("mean")
         return [method for method in methods if method in possible]
 
     candidates = [name for name in (names if names is not None else ablatable_hook_names(model)) if usable(name)]
     if not candidates:
-        raise ValueError(f"no hook point can take {list(methods)} here (cache={'given' if cache is not None else None},"
-                         f" within_batch={within_batch})")
+        raise ValueError(
+            f"no hook point can take {list(methods)} here (cache={'given' if cache is not None else None},"
+            f" within_batch={within_batch})"
+        )
     # The kind of point first (hook_z, ln2.hook_normalized, ...), then its layer: every kind is drawn
     # as often, however many layers have it.
     kinds: dict[str, list[str]] = {}

@@ -36,8 +36,15 @@ class HookedTokenizer:
 
     _padding_side = "left"  # a tokenizer pickled before it had a padding side pads on the left
 
-    def __init__(self, tokenizer: Tokenizer, bos_token_id: int | None, eos_token_id: int | None, pad_token_id: int | None,
-                 name_or_path: str = "", padding_side: str = "left"):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        bos_token_id: int | None,
+        eos_token_id: int | None,
+        pad_token_id: int | None,
+        name_or_path: str = "",
+        padding_side: str = "left",
+    ):
         self.tokenizer = tokenizer
         self._check_padding_side(padding_side)
         self._padding_side = padding_side  # where a batch is padded, and where `mask_for` reads padding
@@ -45,7 +52,9 @@ class HookedTokenizer:
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         # GPT-2 and Qwen3 base models have no pad token; padded positions are masked anyway.
-        self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0)
+        self.pad_token_id = (
+            pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0)
+        )
         self.unk_token_id = _unknown_id(tokenizer)
 
     @classmethod
@@ -72,8 +81,9 @@ class HookedTokenizer:
             ids[role] = token_id
         return cls(tokenizer, ids["bos"], ids["eos"], ids["pad"], str(directory))
 
-    def encode_batch(self, texts: list[str], prepend_bos: bool, max_length: int | None = None,
-                     padding_side: str | None = None) -> tuple[Tensor, Tensor]:
+    def encode_batch(
+        self, texts: list[str], prepend_bos: bool, max_length: int | None = None, padding_side: str | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Token ids [batch pos] padded on `padding_side` (default: the tokenizer's), and the attention mask
         (True = real token).
 
@@ -100,7 +110,9 @@ class HookedTokenizer:
                 mask[i, columns] = True
         return tokens, mask
 
-    def mask_for(self, tokens: Tensor, prepend_bos: bool, strict: bool = True, padding_side: str | None = None) -> Tensor | None:
+    def mask_for(
+        self, tokens: Tensor, prepend_bos: bool, strict: bool = True, padding_side: str | None = None
+    ) -> Tensor | None:
         """The attention mask of padded token ids, read from the ids themselves (None: no padding).
 
         Left padding (the default) is each row's leading run of pad ids; right padding (`padding_side="right"`,
@@ -129,7 +141,7 @@ class HookedTokenizer:
         least_real = 0 if right else bos_run
         if strict and int(runs.min()) > least_real:
             shown = f"{runs.tolist()[:8]}{'...' if len(runs) > 8 else ''}"
-            where = ("ends with" if right else "begins with" + (" a BOS and more" if bos_run else ""))
+            where = "ends with" if right else "begins with" + (" a BOS and more" if bos_run else "")
             raise ValueError(
                 f"these token ids come without an attention_mask, and every row {where} {self.pad_token!r} (the"
                 f" pad id {self.pad_token_id}; {'trailing' if right else 'leading'} runs of {shown}), so no row is"
@@ -146,7 +158,9 @@ class HookedTokenizer:
             mask = columns >= padding[:, None]
         return None if bool(mask.all()) else mask
 
-    def check_mask_readable(self, tokens: Tensor, mask: Tensor, prepend_bos: bool, padding_side: str | None = None) -> None:
+    def check_mask_readable(
+        self, tokens: Tensor, mask: Tensor, prepend_bos: bool, padding_side: str | None = None
+    ) -> None:
         """Raise when ids handed out without their mask (`to_tokens`) would be read by `mask_for` otherwise.
 
         Only a batch with a prompt that begins (left padding) or ends (right padding) with the pad token
@@ -164,8 +178,11 @@ class HookedTokenizer:
         else:
             bos_run = 1 if prepend_bos and self.bos_token_id == self.pad_token_id else 0
             edge = (~mask).sum(-1) + bos_run  # [batch]: where each prompt's own text begins
-        rows = [i for i, (row, at) in enumerate(zip(tokens.tolist(), edge.tolist()))
-                if 0 <= at < len(row) and row[at] == self.pad_token_id]
+        rows = [
+            i
+            for i, (row, at) in enumerate(zip(tokens.tolist(), edge.tolist()))
+            if 0 <= at < len(row) and row[at] == self.pad_token_id
+        ]
         which = "prompt " + ", ".join(map(str, rows)) if rows else "a prompt"
         raise ValueError(
             f"{which} of this batch {'ends' if side == 'right' else 'begins'} with {self.pad_token!r}, the pad token,"
@@ -217,15 +234,23 @@ class HookedTokenizer:
     def batch_decode(self, rows, skip_special_tokens: bool = False, **kwargs) -> list[str]:
         return [self.decode(row, skip_special_tokens) for row in rows]
 
-    def __call__(self, text, return_tensors: str | None = None, padding: bool | str = True,
-                 add_special_tokens: bool = True, truncation: bool = False, max_length: int | None = None,
-                 padding_side: str | None = None) -> dict:
+    def __call__(
+        self,
+        text,
+        return_tensors: str | None = None,
+        padding: bool | str = True,
+        add_special_tokens: bool = True,
+        truncation: bool = False,
+        max_length: int | None = None,
+        padding_side: str | None = None,
+    ) -> dict:
         """`tokenizer(texts, return_tensors="pt")`: {"input_ids", "attention_mask"}, padded on `padding_side`
         (default: the tokenizer's own, `self.padding_side`)."""
         side = self._side(padding_side)
         texts = [text] if isinstance(text, str) else list(text)
-        tokens, mask = self.encode_batch(texts, add_special_tokens and self.bos_token_id is not None,
-                                         max_length if truncation else None, side)
+        tokens, mask = self.encode_batch(
+            texts, add_special_tokens and self.bos_token_id is not None, max_length if truncation else None, side
+        )
         if padding in (False, "do_not_pad") and len(texts) > 1 and not bool(mask.all()):
             raise ValueError(f"prompts of different lengths need padding=True (this call pads on the {side})")
         mask = mask.long()
@@ -234,7 +259,11 @@ class HookedTokenizer:
         if return_tensors is not None:
             raise ValueError(f"return_tensors={return_tensors!r} is not supported; use 'pt' or None")
         tokens, mask = tokens.tolist(), mask.tolist()
-        return {"input_ids": tokens[0], "attention_mask": mask[0]} if isinstance(text, str) else {"input_ids": tokens, "attention_mask": mask}
+        return (
+            {"input_ids": tokens[0], "attention_mask": mask[0]}
+            if isinstance(text, str)
+            else {"input_ids": tokens, "attention_mask": mask}
+        )
 
     @property
     def padding_side(self) -> str:

@@ -21,7 +21,11 @@ from hooked import circuits, metrics, tasks
 
 
 def prompts(model, task):
-    return model.to_tokens(task.clean), model.to_tokens(task.corrupt), metrics.logit_diff(model, task.correct, task.incorrect)
+    return (
+        model.to_tokens(task.clean),
+        model.to_tokens(task.corrupt),
+        metrics.logit_diff(model, task.correct, task.incorrect),
+    )
 
 
 def main() -> None:
@@ -34,25 +38,43 @@ def main() -> None:
     graph = circuits.graph(model)
     tenth = len(graph.edges) // 10
     with torch.no_grad():
-        print(graph, f"clean {float(metric(model(clean)).mean()):.3f} corrupt {float(metric(model(corrupt)).mean()):.3f}")
+        print(
+            graph, f"clean {float(metric(model(clean)).mean()):.3f} corrupt {float(metric(model(corrupt)).mean()):.3f}"
+        )
     for method in ("eap", "eap-ig"):
         scores = circuits.attribute(model, clean, corrupt, metric, method=method, steps=5)
         print(method, "top 8:", [(edge, round(value, 2)) for edge, value in scores.top(8)])
     for method in ("eap", "eap-ig"):
         c = circuits.discover(model, clean, corrupt, metric, method=method, n_edges=tenth)
-        print(f"{method}, top {tenth}: {c}; faithfulness {c.faithfulness():.3f}, held-out {c.faithfulness(*held):.3f}; {c.heads}")
+        print(
+            f"{method}, top {tenth}: {c}; faithfulness {c.faithfulness():.3f}, held-out {c.faithfulness(*held):.3f}; {c.heads}"
+        )
         print("  edges:", [(str(edge), round(c.scores[str(edge)], 2)) for edge in c.edges])
         curve = c.curve([5, 10, 20, tenth, 100, 200], *held)
-        print("  held-out curve (asked, kept, faithfulness):", [(r["size"], r["edges"], round(r["faithfulness"], 3)) for r in curve])
+        print(
+            "  held-out curve (asked, kept, faithfulness):",
+            [(r["size"], r["edges"], round(r["faithfulness"], 3)) for r in curve],
+        )
     acdc = circuits.discover(model, clean, corrupt, metric, method="acdc", threshold=0.1)
-    print(f"acdc, threshold 0.1: {acdc}; {acdc.provenance['circuits']}; faithfulness {acdc.faithfulness():.3f},"
-          f" held-out {acdc.faithfulness(*held):.3f}; {acdc.heads}")
+    print(
+        f"acdc, threshold 0.1: {acdc}; {acdc.provenance['circuits']}; faithfulness {acdc.faithfulness():.3f},"
+        f" held-out {acdc.faithfulness(*held):.3f}; {acdc.heads}"
+    )
     if args.model == "gpt2":
-        for senders, receivers in [(["L2H2"], ["logits"]), (["L0H0"], ["L2H2"]), (["L1H3"], ["logits"]), (["L0.mlp"], ["L2H2.v"])]:
+        for senders, receivers in [
+            (["L2H2"], ["logits"]),
+            (["L0H0"], ["L2H2"]),
+            (["L1H3"], ["logits"]),
+            (["L0.mlp"], ["L2H2.v"]),
+        ]:
             direct = circuits.path_patch(model, clean, corrupt, senders=senders, receivers=receivers, metric=metric)
-            wang = circuits.path_patch(model, clean, corrupt, senders=senders, receivers=receivers, metric=metric, method="wang")
-            print(f"path {senders} -> {receivers}: direct {list(direct.scores.values())[0]:.3f},"
-                  f" wang {list(wang.scores.values())[0]:.3f}, clean {direct.base_score:.3f}")
+            wang = circuits.path_patch(
+                model, clean, corrupt, senders=senders, receivers=receivers, metric=metric, method="wang"
+            )
+            print(
+                f"path {senders} -> {receivers}: direct {list(direct.scores.values())[0]:.3f},"
+                f" wang {list(wang.scores.values())[0]:.3f}, clean {direct.base_score:.3f}"
+            )
         exact = circuits.patch_edges(model, clean, corrupt, ["input->L0.mlp"], metric)
         print("patching input->L0.mlp alone changes the metric by", round(exact.change["edges"], 2))
 

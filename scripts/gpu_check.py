@@ -167,19 +167,62 @@ def random_model(architecture: str, device: str, dtype, seed: int = 0, **sizes):
 QWEN3_ROPE = dict(rope_theta=1e6)
 REAL_MODELS = {
     "gpt2-small": ("gpt2", dict(n_layers=12, d_model=768, n_heads=12, d_mlp=3072, d_vocab=50257, n_ctx=1024)),
-    "qwen3-0.6b": ("qwen3", dict(n_layers=28, d_model=1024, n_heads=16, n_kv_heads=8, d_head=128, d_mlp=3072,
-                                 d_vocab=151936, tie_word_embeddings=True, **QWEN3_ROPE)),
-    "qwen3-8b": ("qwen3", dict(n_layers=36, d_model=4096, n_heads=32, n_kv_heads=8, d_head=128, d_mlp=12288,
-                               d_vocab=151936, **QWEN3_ROPE)),
-    "qwen3-moe-128e-4l": ("qwen3_moe", dict(n_layers=4, d_model=2048, n_heads=32, n_kv_heads=4, d_head=128, d_mlp=6144,
-                                            d_vocab=151936, n_experts=128, top_k=8, d_expert_mlp=768, **QWEN3_ROPE)),
+    "qwen3-0.6b": (
+        "qwen3",
+        dict(
+            n_layers=28,
+            d_model=1024,
+            n_heads=16,
+            n_kv_heads=8,
+            d_head=128,
+            d_mlp=3072,
+            d_vocab=151936,
+            tie_word_embeddings=True,
+            **QWEN3_ROPE,
+        ),
+    ),
+    "qwen3-8b": (
+        "qwen3",
+        dict(
+            n_layers=36, d_model=4096, n_heads=32, n_kv_heads=8, d_head=128, d_mlp=12288, d_vocab=151936, **QWEN3_ROPE
+        ),
+    ),
+    "qwen3-moe-128e-4l": (
+        "qwen3_moe",
+        dict(
+            n_layers=4,
+            d_model=2048,
+            n_heads=32,
+            n_kv_heads=4,
+            d_head=128,
+            d_mlp=6144,
+            d_vocab=151936,
+            n_experts=128,
+            top_k=8,
+            d_expert_mlp=768,
+            **QWEN3_ROPE,
+        ),
+    ),
 }
 TINY_MODELS = {
     "gpt2-tiny": ("gpt2", dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, d_vocab=64, n_ctx=64)),
     "qwen3-tiny": ("qwen3", dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)),
     "qwen3-8b-tiny": ("qwen3", dict(n_layers=3, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)),
-    "qwen3-moe-tiny": ("qwen3_moe", dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48,
-                                         d_vocab=64, n_experts=8, top_k=2, d_expert_mlp=16)),
+    "qwen3-moe-tiny": (
+        "qwen3_moe",
+        dict(
+            n_layers=2,
+            d_model=32,
+            n_heads=4,
+            n_kv_heads=2,
+            d_head=8,
+            d_mlp=48,
+            d_vocab=64,
+            n_experts=8,
+            top_k=2,
+            d_expert_mlp=16,
+        ),
+    ),
 }
 
 
@@ -204,7 +247,16 @@ def step_correctness(args, record: Recorder) -> None:
     # so the explicit 0 here wins. The dry run runs two fast tests under the interpreter.
     env = dict(os.environ, TRITON_INTERPRET="1" if args.dry_run else "0")
     selection = ["-k", "padded_rows_are_exactly_zero or input_validation"] if args.dry_run else []
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_attention_kernel.py", *selection]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_attention_kernel.py",
+        *selection,
+    ]
     budget = max(10, int(record.deadline - time.time() - 20))  # leave ~20 s for the parity checks
     try:
         result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=budget)
@@ -214,8 +266,13 @@ def step_correctness(args, record: Recorder) -> None:
         if result.returncode == 0:
             record("kernel tests (pytest)", "ok", interpret=env["TRITON_INTERPRET"], summary=summary)
         else:
-            record("kernel tests (pytest)", "error", interpret=env["TRITON_INTERPRET"], summary=summary,
-                   log="kernel-tests.log")
+            record(
+                "kernel tests (pytest)",
+                "error",
+                interpret=env["TRITON_INTERPRET"],
+                summary=summary,
+                log="kernel-tests.log",
+            )
     except subprocess.TimeoutExpired:
         record("kernel tests (pytest)", "skipped", reason=f"time limit {budget} s")
 
@@ -228,14 +285,43 @@ def step_correctness(args, record: Recorder) -> None:
 
     common.quiet_transformers()
     checkpoints = {
-        "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128)),
-        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
-                  dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                       intermediate_size=128, vocab_size=512, max_position_embeddings=128)),
-        "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-                      dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=64, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
-                           num_experts_per_tok=2, norm_topk_prob=True, vocab_size=512, max_position_embeddings=128)),
+        "gpt2": (
+            "GPT2Config",
+            "GPT2LMHeadModel",
+            dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128),
+        ),
+        "qwen3": (
+            "Qwen3Config",
+            "Qwen3ForCausalLM",
+            dict(
+                num_hidden_layers=2,
+                hidden_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=64,
+                intermediate_size=128,
+                vocab_size=512,
+                max_position_embeddings=128,
+            ),
+        ),
+        "qwen3_moe": (
+            "Qwen3MoeConfig",
+            "Qwen3MoeForCausalLM",
+            dict(
+                num_hidden_layers=2,
+                hidden_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=64,
+                intermediate_size=128,
+                moe_intermediate_size=32,
+                num_experts=8,
+                num_experts_per_tok=2,
+                norm_topk_prob=True,
+                vocab_size=512,
+                max_position_embeddings=128,
+            ),
+        ),
     }
     # max |hooked - transformers| / max(max |logit|, 1): float32 allows TF32-level dot products in the
     # kernel; bfloat16 allows a few bf16 ulps of the logits.
@@ -249,7 +335,9 @@ def step_correctness(args, record: Recorder) -> None:
                 def check(directory=directory, dtype=dtype, what=what):
                     ours = hooked.load(directory, dtype=dtype, device=device)
                     theirs = getattr(transformers, model_name).from_pretrained(directory, dtype=dtype).to(device).eval()
-                    tokens = torch.randint(0, 512, (2, 48 if args.dry_run else 128), generator=torch.Generator().manual_seed(0))
+                    tokens = torch.randint(
+                        0, 512, (2, 48 if args.dry_run else 128), generator=torch.Generator().manual_seed(0)
+                    )
                     tokens = tokens.to(device)
                     with torch.inference_mode():
                         a = ours(tokens).float()
@@ -257,7 +345,9 @@ def step_correctness(args, record: Recorder) -> None:
                     diff = (a - b).abs().max().item()
                     relative = diff / max(b.abs().max().item(), 1.0)
                     ok = relative <= tolerance[dtype]
-                    record(what, "ok" if ok else "error", max_abs_diff=diff, relative=relative, tolerance=tolerance[dtype])
+                    record(
+                        what, "ok" if ok else "error", max_abs_diff=diff, relative=relative, tolerance=tolerance[dtype]
+                    )
 
                 record.guarded(what, check)
 
@@ -298,8 +388,10 @@ def step_kernel_bench(args, record: Recorder) -> None:
 
             def inputs():
                 gen = torch.Generator(device).manual_seed(0)
-                q, k, v = (torch.randn(b, s, heads, d, device=device, dtype=dtype, generator=gen).requires_grad_()
-                           for _ in range(3))
+                q, k, v = (
+                    torch.randn(b, s, heads, d, device=device, dtype=dtype, generator=gen).requires_grad_()
+                    for _ in range(3)
+                )
                 return q, k, v
 
             def ours(q, k, v):
@@ -374,15 +466,23 @@ def step_end_to_end(args, record: Recorder) -> None:
         if "model" not in holder:
             continue
         model = holder["model"]
-        tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=torch.Generator().manual_seed(0)).to(device)
+        tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=torch.Generator().manual_seed(0)).to(
+            device
+        )
 
         def forward(model=model, tokens=tokens, name=name):
             hooks = [(hook, lambda z, hook: z) for hook in z_hook_names(model)]
             with torch.inference_mode():
                 plain = time_ms(lambda: model(tokens))
                 hooked_ms = time_ms(lambda: model.run_with_hooks(tokens, fwd_hooks=hooks))
-            record(f"{name} forward {batch}x{pos}", "ok", ms=plain, ms_hook_every_z=hooked_ms,
-                   overhead=hooked_ms / plain - 1, n_z_hooks=len(hooks))
+            record(
+                f"{name} forward {batch}x{pos}",
+                "ok",
+                ms=plain,
+                ms_hook_every_z=hooked_ms,
+                overhead=hooked_ms / plain - 1,
+                n_z_hooks=len(hooks),
+            )
 
         record.guarded(f"{name} forward {batch}x{pos}", forward)
 
@@ -393,15 +493,23 @@ def step_end_to_end(args, record: Recorder) -> None:
             _sync(device)
             ours = batch * new_tokens / (time.perf_counter() - start)
             theirs = _transformers_generate(arch, sizes, device, dtype, prompt, new_tokens)
-            record(f"{name} generate {batch}x{new_tokens} greedy", "ok", tokens_per_s=ours,
-                   transformers_tokens_per_s=theirs, ratio=ours / theirs if theirs else None)
+            record(
+                f"{name} generate {batch}x{new_tokens} greedy",
+                "ok",
+                tokens_per_s=ours,
+                transformers_tokens_per_s=theirs,
+                ratio=ours / theirs if theirs else None,
+            )
 
         if name in ("gpt2-small", "qwen3-0.6b", "gpt2-tiny", "qwen3-tiny"):
             record.guarded(f"{name} generate", generate)
 
         if name == eight_b(args):
+
             def head_sweep(model=model, name=name):
-                prompt = torch.randint(0, model.cfg.d_vocab, (1, 15), generator=torch.Generator().manual_seed(1)).to(device)
+                prompt = torch.randint(0, model.cfg.d_vocab, (1, 15), generator=torch.Generator().manual_seed(1)).to(
+                    device
+                )
                 metric = metrics.logit_diff(model, [1], [2])
                 variants = {a: ablate.hooks(model, a, "zero") for a in ablate.components(model, "heads")}
                 with torch.inference_mode():
@@ -418,9 +526,18 @@ def step_end_to_end(args, record: Recorder) -> None:
                         metric(model.run_with_hooks(prompt, fwd_hooks=fwd_hooks))
                     _sync(device)
                     loop_s = (time.perf_counter() - start) * len(variants) / n_loop
-                record(f"{name} head sweep", "ok", n_variants=len(variants), rows=len(result.table()),
-                       sweep_s=sweep_s, loop_s_extrapolated=loop_s, loop_variants_timed=n_loop,
-                       speedup=loop_s / sweep_s, target_s=2.0, met=sweep_s < 2.0)
+                record(
+                    f"{name} head sweep",
+                    "ok",
+                    n_variants=len(variants),
+                    rows=len(result.table()),
+                    sweep_s=sweep_s,
+                    loop_s_extrapolated=loop_s,
+                    loop_variants_timed=n_loop,
+                    speedup=loop_s / sweep_s,
+                    target_s=2.0,
+                    met=sweep_s < 2.0,
+                )
 
             record.guarded(f"{name} head sweep", head_sweep)
         del model, holder
@@ -442,14 +559,26 @@ def _transformers_generate(arch: str, sizes: dict, device: str, dtype, prompt, n
     import transformers
 
     if arch == "gpt2":
-        config = transformers.GPT2Config(n_layer=sizes["n_layers"], n_embd=sizes["d_model"], n_head=sizes["n_heads"],
-                                         n_inner=sizes["d_mlp"], vocab_size=sizes["d_vocab"], n_positions=sizes["n_ctx"])
+        config = transformers.GPT2Config(
+            n_layer=sizes["n_layers"],
+            n_embd=sizes["d_model"],
+            n_head=sizes["n_heads"],
+            n_inner=sizes["d_mlp"],
+            vocab_size=sizes["d_vocab"],
+            n_positions=sizes["n_ctx"],
+        )
         model_class = transformers.GPT2LMHeadModel
     else:
-        config = transformers.Qwen3Config(num_hidden_layers=sizes["n_layers"], hidden_size=sizes["d_model"],
-                                          num_attention_heads=sizes["n_heads"], num_key_value_heads=sizes["n_kv_heads"],
-                                          head_dim=sizes["d_head"], intermediate_size=sizes["d_mlp"],
-                                          vocab_size=sizes["d_vocab"], tie_word_embeddings=sizes.get("tie_word_embeddings", False))
+        config = transformers.Qwen3Config(
+            num_hidden_layers=sizes["n_layers"],
+            hidden_size=sizes["d_model"],
+            num_attention_heads=sizes["n_heads"],
+            num_key_value_heads=sizes["n_kv_heads"],
+            head_dim=sizes["d_head"],
+            intermediate_size=sizes["d_mlp"],
+            vocab_size=sizes["d_vocab"],
+            tie_word_embeddings=sizes.get("tie_word_embeddings", False),
+        )
         model_class = transformers.Qwen3ForCausalLM
     with torch.device(device):
         model = model_class(config).to(dtype).eval()
@@ -481,7 +610,9 @@ def step_compile(args, record: Recorder) -> None:
     def run():
         arch, sizes = models_for(args)[name]
         model = holder["model"] = random_model(arch, device, dtype, **sizes)
-        tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=torch.Generator().manual_seed(0)).to(device)
+        tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=torch.Generator().manual_seed(0)).to(
+            device
+        )
 
         def zero_head_0(z, hook):  # an in-place edit, the common case a compiled forward must honour
             z[:, :, 0] = 0.0
@@ -504,9 +635,16 @@ def step_compile(args, record: Recorder) -> None:
         finally:
             model.reset_hooks(including_permanent=True)
         ok = relative <= (3e-2 if dtype == torch.bfloat16 else 1e-4)
-        record(f"{name} compile ({backend}) with hooks on every z", "ok" if ok else "error", compile_s=compile_s,
-               max_abs_diff=diff, relative=relative, eager_ms=eager_ms, compiled_ms=compiled_ms,
-               speedup=eager_ms / compiled_ms)
+        record(
+            f"{name} compile ({backend}) with hooks on every z",
+            "ok" if ok else "error",
+            compile_s=compile_s,
+            max_abs_diff=diff,
+            relative=relative,
+            eager_ms=eager_ms,
+            compiled_ms=compiled_ms,
+            speedup=eager_ms / compiled_ms,
+        )
 
     record.guarded(f"{name} compile", run)
 
@@ -554,8 +692,16 @@ def nvidia_smi() -> dict:
     if shutil.which("nvidia-smi") is None:
         return {}
     try:
-        line = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+        line = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
         name, driver, memory = (part.strip() for part in line.split(","))
         return dict(gpu=name, driver=driver, gpu_memory=memory)
     except (OSError, subprocess.SubprocessError, IndexError, ValueError) as error:
@@ -572,9 +718,17 @@ def environment() -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    env = dict(python=platform.python_version(), platform=platform.platform(), torch=torch.__version__,
-               torch_cuda=torch.version.cuda, cuda_available=torch.cuda.is_available(), triton=triton_version,
-               transformers=transformers.__version__, cpu_count=os.cpu_count(), **nvidia_smi())
+    env = dict(
+        python=platform.python_version(),
+        platform=platform.platform(),
+        torch=torch.__version__,
+        torch_cuda=torch.version.cuda,
+        cuda_available=torch.cuda.is_available(),
+        triton=triton_version,
+        transformers=transformers.__version__,
+        cpu_count=os.cpu_count(),
+        **nvidia_smi(),
+    )
     if torch.cuda.is_available():
         env["torch_device"] = torch.cuda.get_device_name()
         env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
@@ -595,14 +749,26 @@ def ensure_cuda_build(log) -> None:
     """
     if os.environ.get("GPU_CHECK_REEXEC") or shutil.which("nvidia-smi") is None:
         return
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.version.cuda)"], capture_output=True, text=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.version.cuda)"], capture_output=True, text=True
+    )
     if probe.stdout.strip() != "None":
         return
     version = pinned_torch()
     # With its dependencies (the nvidia-* libraries come from the same index); constraints.txt keeps
     # triton and the rest at their pins.
-    command = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-c", str(REPO_ROOT / "constraints.txt"),
-               f"torch=={version}+{CUDA_TAG}", "--index-url", CUDA_INDEX]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "-c",
+        str(REPO_ROOT / "constraints.txt"),
+        f"torch=={version}+{CUDA_TAG}",
+        "--index-url",
+        CUDA_INDEX,
+    ]
     if os.environ.get("GPU_CHECK_WHEELS"):  # a folder of wheels carried to a machine without network
         command += ["--find-links", os.environ["GPU_CHECK_WHEELS"]]
     log(f"[0 cuda-build] torch is the CPU build and nvidia-smi is present: {' '.join(command)}")
@@ -611,7 +777,9 @@ def ensure_cuda_build(log) -> None:
         result = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_LIMIT)
         tail = (result.stdout + result.stderr).strip().splitlines()[-3:]
         if result.returncode != 0:
-            log(f"[0 cuda-build] install: error rc={result.returncode} after {time.time() - start:.0f} s: {' | '.join(tail)}")
+            log(
+                f"[0 cuda-build] install: error rc={result.returncode} after {time.time() - start:.0f} s: {' | '.join(tail)}"
+            )
             return
     except subprocess.TimeoutExpired:
         log(f"[0 cuda-build] install: stopped after the {INSTALL_LIMIT} s limit; going on with the CPU build")
@@ -635,8 +803,15 @@ def run_step(step: int, args, log) -> dict:
     else:
         env.pop("TRITON_INTERPRET", None)
     start = time.time()
-    child = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True)
+    child = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
 
     def echo_and_log():
@@ -696,17 +871,27 @@ def main() -> int:
     if not args.dry_run and not env["cuda_available"]:
         # Real shapes on the CPU would only burn every step's limit (an 8B model in float32 is 32 GB).
         log("[env] no CUDA device: nothing run; `--dry-run` (GPU_CHECK_ARGS=--dry-run) checks the script on the CPU")
-        steps = [dict(step=step, name=STEP_NAMES[step], status="skipped: no CUDA", exit_code=None) for step in args.steps]
+        steps = [
+            dict(step=step, name=STEP_NAMES[step], status="skipped: no CUDA", exit_code=None) for step in args.steps
+        ]
     else:
         steps = [run_step(step, args, log) for step in args.steps]
     results_path = args.out / "results.jsonl"
     results = [json.loads(line) for line in results_path.read_text().splitlines()] if results_path.exists() else []
-    report = dict(date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), dry_run=args.dry_run,
-                  h200_bf16_dense_tflops=H200_BF16_DENSE_TFLOPS, environment=env, steps=steps, results=results,
-                  seconds=time.time() - start)
+    report = dict(
+        date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        dry_run=args.dry_run,
+        h200_bf16_dense_tflops=H200_BF16_DENSE_TFLOPS,
+        environment=env,
+        steps=steps,
+        results=results,
+        seconds=time.time() - start,
+    )
     (args.out / "gpu-check.json").write_text(json.dumps(report, indent=1, default=str))
     failed = [s["step"] for s in steps if s["exit_code"] not in (0, None)]
-    log(f"[done] {len(steps)} steps in {time.time() - start:.0f} s; failed: {failed or 'none'}; wrote {args.out}/gpu-check.json")
+    log(
+        f"[done] {len(steps)} steps in {time.time() - start:.0f} s; failed: {failed or 'none'}; wrote {args.out}/gpu-check.json"
+    )
     if not args.dry_run and not env["cuda_available"]:
         return 2
     return 1 if failed else 0

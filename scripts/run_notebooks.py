@@ -71,8 +71,12 @@ def strip_volatile(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
         for output in cell.outputs:
             output.get("metadata", {}).pop("execution", None)
             previous = merged[-1] if merged else None
-            if (output.output_type == "stream" and previous is not None and previous.output_type == "stream"
-                    and previous.name == output.name):
+            if (
+                output.output_type == "stream"
+                and previous is not None
+                and previous.output_type == "stream"
+                and previous.name == output.name
+            ):
                 previous.text += output.text
             else:
                 merged.append(output)

@@ -95,7 +95,13 @@ def vocabulary() -> list[str]:
     """Every word of the templates (IOI, store, filler), names, places and objects; specials first."""
     pre = _pre_tokenizer()
     words = set(tasks.NAMES) | set(tasks.PLACES) | set(tasks.OBJECTS)
-    for template in (*tasks.BABA_TEMPLATES, *tasks.ABBA_TEMPLATES, tasks.STORE_TEMPLATE, *FILLER_TEMPLATES, *PREFIX_TEMPLATES):
+    for template in (
+        *tasks.BABA_TEMPLATES,
+        *tasks.ABBA_TEMPLATES,
+        tasks.STORE_TEMPLATE,
+        *FILLER_TEMPLATES,
+        *PREFIX_TEMPLATES,
+    ):
         for slot in ("[A]", "[B]", "[C]", "[PLACE]", "[OBJECT]"):
             template = template.replace(slot, " ")
         words |= {word for word, _ in pre.pre_tokenize_str(template)}
@@ -129,7 +135,7 @@ def ioi_sentence(rng: random.Random, names, template_ids, drop_opening: float = 
     template_id = rng.choice(template_ids)
     template = (tasks.ABBA_TEMPLATES if rng.random() < 0.5 else tasks.BABA_TEMPLATES)[template_id]
     if rng.random() < drop_opening:
-        template = template[min(template.index("[A]"), template.index("[B]")):]
+        template = template[min(template.index("[A]"), template.index("[B]")) :]
     io, s = rng.sample(list(names), 2)
     text = template.replace("[PLACE]", rng.choice(tasks.PLACES)).replace("[OBJECT]", rng.choice(tasks.OBJECTS))
     return text.replace("[A]", io).replace("[B]", s)
@@ -147,8 +153,9 @@ def filler_sentence(rng: random.Random) -> str:
     return _fill_nouns(rng, rng.choice(FILLER_TEMPLATES).replace("[C]", rng.choice(tasks.NAMES)))
 
 
-def training_batch(rng: random.Random, batch_size: int, filler_fraction: float, prefix_fraction: float,
-                   drop_opening: float) -> tuple[list[str], list[bool]]:
+def training_batch(
+    rng: random.Random, batch_size: int, filler_fraction: float, prefix_fraction: float, drop_opening: float
+) -> tuple[list[str], list[bool]]:
     """Sentences, and which are IOI (they end with the IO). A sentence may follow 1-2 name-free ones."""
     texts, is_ioi = [], []
     for _ in range(batch_size):
@@ -169,12 +176,14 @@ def eval_sets(n: int) -> dict[str, tasks.Task]:
     tasks.STORE_TEMPLATE (never trained); "heldout_names", "heldout_templates": one of the two held
     out; "train": the training distribution (fresh draws).
     """
+
     def rows(task: tasks.Task, keep) -> tasks.Task:
         picked = [i for i, template_id in enumerate(task.per_prompt["template_id"]) if keep(template_id)][:n]
         pick = lambda values: [values[i] for i in picked]  # noqa: E731
         params = dict(task.params, per_prompt={key: pick(value) for key, value in task.per_prompt.items()})
-        return tasks.Task(task.name, pick(task.clean), pick(task.corrupt), pick(task.correct), pick(task.incorrect),
-                          task.seed, params)
+        return tasks.Task(
+            task.name, pick(task.clean), pick(task.corrupt), pick(task.correct), pick(task.incorrect), task.seed, params
+        )
 
     held = lambda t: t in HELDOUT_TEMPLATES  # noqa: E731
     trained = lambda t: t not in HELDOUT_TEMPLATES  # noqa: E731
@@ -204,9 +213,19 @@ def make_config(architecture: str, d_vocab: int):
     if architecture == "gpt2":
         return GPT2Config(n_layers=4, d_model=128, n_heads=4, d_mlp=512, d_vocab=d_vocab, n_ctx=64)
     return Qwen3MoeConfig(
-        n_layers=4, d_model=128, n_heads=4, n_kv_heads=2, d_head=32, d_mlp=512, d_vocab=d_vocab,
-        tie_word_embeddings=True, max_position_embeddings=64,
-        n_experts=8, top_k=2, d_expert_mlp=128, norm_topk_prob=True,
+        n_layers=4,
+        d_model=128,
+        n_heads=4,
+        n_kv_heads=2,
+        d_head=32,
+        d_mlp=512,
+        d_vocab=d_vocab,
+        tie_word_embeddings=True,
+        max_position_embeddings=64,
+        n_experts=8,
+        top_k=2,
+        d_expert_mlp=128,
+        norm_topk_prob=True,
     )
 
 
@@ -228,7 +247,9 @@ def init_weights(model, seed: int, name_ids: torch.Tensor, name_std: float, name
                 parameter.copy_(std * torch.randn(parameter.shape, generator=generator))
         embedding = model.W_E
         d_model = embedding.shape[1]
-        basis = torch.linalg.qr(torch.randn((d_model, name_dims), generator=generator)).Q.T  # [name_dims d_model], orthonormal rows
+        basis = torch.linalg.qr(
+            torch.randn((d_model, name_dims), generator=generator)
+        ).Q.T  # [name_dims d_model], orthonormal rows
         scale = name_std * math.sqrt(d_model / name_dims)
         embedding[name_ids] = scale * torch.randn((len(name_ids), name_dims), generator=generator) @ basis
     return lambda n, generator: scale * torch.randn((n, name_dims), generator=generator) @ basis
@@ -240,26 +261,58 @@ def hf_config(model, tokenizer, extra: dict) -> dict:
     special = {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot}
     if isinstance(model, GPT2):
         config = {
-            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-            "n_layer": cfg.n_layers, "n_embd": cfg.d_model, "n_head": cfg.n_heads, "n_inner": cfg.d_mlp,
-            "n_positions": cfg.n_ctx, "n_ctx": cfg.n_ctx, "vocab_size": cfg.d_vocab,
-            "activation_function": cfg.activation, "layer_norm_epsilon": cfg.layer_norm_eps,
-            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "scale_attn_weights": True,
-            "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-            "tie_word_embeddings": True, "initializer_range": 0.02, "use_cache": True, **special,
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "n_layer": cfg.n_layers,
+            "n_embd": cfg.d_model,
+            "n_head": cfg.n_heads,
+            "n_inner": cfg.d_mlp,
+            "n_positions": cfg.n_ctx,
+            "n_ctx": cfg.n_ctx,
+            "vocab_size": cfg.d_vocab,
+            "activation_function": cfg.activation,
+            "layer_norm_epsilon": cfg.layer_norm_eps,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "scale_attn_weights": True,
+            "scale_attn_by_inverse_layer_idx": False,
+            "reorder_and_upcast_attn": False,
+            "tie_word_embeddings": True,
+            "initializer_range": 0.02,
+            "use_cache": True,
+            **special,
         }
     else:
         config = {
-            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-            "num_hidden_layers": cfg.n_layers, "hidden_size": cfg.d_model, "num_attention_heads": cfg.n_heads,
-            "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.d_head, "intermediate_size": cfg.d_mlp,
-            "vocab_size": cfg.d_vocab, "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
-            "max_position_embeddings": cfg.max_position_embeddings, "tie_word_embeddings": cfg.tie_word_embeddings,
-            "attention_bias": cfg.attention_bias, "hidden_act": "silu", "attention_dropout": 0.0,
-            "num_experts": cfg.n_experts, "num_experts_per_tok": cfg.top_k, "moe_intermediate_size": cfg.d_expert_mlp,
-            "decoder_sparse_step": cfg.decoder_sparse_step, "mlp_only_layers": list(cfg.mlp_only_layers),
-            "norm_topk_prob": cfg.norm_topk_prob, "output_router_logits": False, "router_aux_loss_coef": 0.001,
-            "use_sliding_window": False, "initializer_range": 0.02, "use_cache": True, **special,
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "num_hidden_layers": cfg.n_layers,
+            "hidden_size": cfg.d_model,
+            "num_attention_heads": cfg.n_heads,
+            "num_key_value_heads": cfg.n_kv_heads,
+            "head_dim": cfg.d_head,
+            "intermediate_size": cfg.d_mlp,
+            "vocab_size": cfg.d_vocab,
+            "rms_norm_eps": cfg.rms_norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "tie_word_embeddings": cfg.tie_word_embeddings,
+            "attention_bias": cfg.attention_bias,
+            "hidden_act": "silu",
+            "attention_dropout": 0.0,
+            "num_experts": cfg.n_experts,
+            "num_experts_per_tok": cfg.top_k,
+            "moe_intermediate_size": cfg.d_expert_mlp,
+            "decoder_sparse_step": cfg.decoder_sparse_step,
+            "mlp_only_layers": list(cfg.mlp_only_layers),
+            "norm_topk_prob": cfg.norm_topk_prob,
+            "output_router_logits": False,
+            "router_aux_loss_coef": 0.001,
+            "use_sliding_window": False,
+            "initializer_range": 0.02,
+            "use_cache": True,
+            **special,
         }
     return {**config, "torch_dtype": "float32", "hooked_ioi": extra}
 
@@ -270,8 +323,12 @@ def checkpoint_tensors(model) -> dict[str, torch.Tensor]:
     for name, tensor in model.state_dict().items():
         tensor = tensor.detach().contiguous().clone()
         if isinstance(model, GPT2):
-            key = (name.replace("blocks.", "transformer.h.").replace(".ln1.", ".ln_1.").replace(".ln2.", ".ln_2.")
-                   .replace("ln_final.", "transformer.ln_f."))
+            key = (
+                name.replace("blocks.", "transformer.h.")
+                .replace(".ln1.", ".ln_1.")
+                .replace(".ln2.", ".ln_2.")
+                .replace("ln_final.", "transformer.ln_f.")
+            )
             out["transformer." + key if key.startswith(("wte.", "wpe.")) else key] = tensor
             continue
         parts = name.split(".")
@@ -372,8 +429,11 @@ def train(args) -> dict:
     # No weight decay on the embedding, the norms and the biases (as GPT-2 / minGPT).
     decay = [p for p in model.parameters() if p.ndim >= 2 and p is not model.W_E]
     no_decay = [p for p in model.parameters() if p.ndim < 2 or p is model.W_E]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=args.lr, betas=(0.9, 0.98))
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.98),
+    )
     warmup = min(100, args.steps // 10)
 
     def lr_at(step: int) -> float:  # linear warm-up, then cosine down to a tenth
@@ -391,13 +451,18 @@ def train(args) -> dict:
             model.eval()
             figures = {name: evaluate(model, task) for name, task in curve_sets.items()}
             model.train()
-            print(f"step {step:5d}  loss {running if running is not None else float('nan'):.4f}  "
-                  f"heldout logit_diff {figures['heldout']['logit_diff']:6.2f} acc {figures['heldout']['accuracy']:.3f}  "
-                  f"train logit_diff {figures['train']['logit_diff']:6.2f} acc {figures['train']['accuracy']:.3f}  "
-                  f"lr {lr_at(min(step, args.steps - 1)):.2e}  {time.perf_counter() - start:6.1f}s", flush=True)
+            print(
+                f"step {step:5d}  loss {running if running is not None else float('nan'):.4f}  "
+                f"heldout logit_diff {figures['heldout']['logit_diff']:6.2f} acc {figures['heldout']['accuracy']:.3f}  "
+                f"train logit_diff {figures['train']['logit_diff']:6.2f} acc {figures['train']['accuracy']:.3f}  "
+                f"lr {lr_at(min(step, args.steps - 1)):.2e}  {time.perf_counter() - start:6.1f}s",
+                flush=True,
+            )
         if step == args.steps:
             break
-        texts, is_ioi = training_batch(rng, args.batch_size, args.filler_fraction, args.prefix_fraction, args.drop_opening)
+        texts, is_ioi = training_batch(
+            rng, args.batch_size, args.filler_fraction, args.prefix_fraction, args.drop_opening
+        )
         tokens, mask = model.tokenizer.encode_batch(texts, prepend_bos)
         # Every sentence ends with <|endoftext|>, so that generation stops after the answer.
         tokens = torch.cat([tokens, torch.full((len(texts), 1), eot)], dim=1)
@@ -429,22 +494,38 @@ def train(args) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", choices=ARCHITECTURES, required=True)
-    parser.add_argument("--out", type=Path, default=BUNDLED, help="parent directory; writes OUT/ioi-<model>/ (default: %(default)s)")
+    parser.add_argument(
+        "--out", type=Path, default=BUNDLED, help="parent directory; writes OUT/ioi-<model>/ (default: %(default)s)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--answer-weight", type=float, default=5.0, help="loss weight of the IO answer position (others: 1)")
+    parser.add_argument(
+        "--answer-weight", type=float, default=5.0, help="loss weight of the IO answer position (others: 1)"
+    )
     parser.add_argument("--filler-fraction", type=float, default=0.2, help="share of single-name filler sentences")
     parser.add_argument("--name-init-std", type=float, default=0.1, help="std of the names' initial embedding rows")
-    parser.add_argument("--prefix-fraction", type=float, default=0.5, help="share of sentences after 1-2 name-free ones")
-    parser.add_argument("--drop-opening", type=float, default=0.3, help="share of IOI sentences without the words before the first name")
-    parser.add_argument("--name-dims", type=int, default=32, help="the names' initial rows span a random subspace of this size")
-    parser.add_argument("--fresh-names", type=float, default=0.5,
-                        help="share of steps that draw new embedding rows for the training names (see NameRows)")
+    parser.add_argument(
+        "--prefix-fraction", type=float, default=0.5, help="share of sentences after 1-2 name-free ones"
+    )
+    parser.add_argument(
+        "--drop-opening", type=float, default=0.3, help="share of IOI sentences without the words before the first name"
+    )
+    parser.add_argument(
+        "--name-dims", type=int, default=32, help="the names' initial rows span a random subspace of this size"
+    )
+    parser.add_argument(
+        "--fresh-names",
+        type=float,
+        default=0.5,
+        help="share of steps that draw new embedding rows for the training names (see NameRows)",
+    )
     parser.add_argument("--fresh-names-from", type=float, default=0.4, help="... from this fraction of the steps on")
     parser.add_argument("--aux-weight", type=float, default=0.01, help="MoE load-balancing loss weight")
     parser.add_argument("--eval-every", type=int, default=100)
@@ -456,11 +537,19 @@ def main(argv=None) -> int:
 
     result = train(args)
     model, tokenizer = result["model"], result["tokenizer"]
-    settings = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items() if key not in ("out", "no_save")}
+    settings = {
+        key: (str(value) if isinstance(value, Path) else value)
+        for key, value in vars(args).items()
+        if key not in ("out", "no_save")
+    }
     extra = {
-        "trained_by": "scripts/train_ioi.py", "settings": settings, "eval_seed": EVAL_SEED,
-        "heldout_names": list(HELDOUT_NAMES), "heldout_templates": list(HELDOUT_TEMPLATES),
-        "filler_templates": list(FILLER_TEMPLATES), "train_seconds": round(result["train_seconds"], 1),
+        "trained_by": "scripts/train_ioi.py",
+        "settings": settings,
+        "eval_seed": EVAL_SEED,
+        "heldout_names": list(HELDOUT_NAMES),
+        "heldout_templates": list(HELDOUT_TEMPLATES),
+        "filler_templates": list(FILLER_TEMPLATES),
+        "train_seconds": round(result["train_seconds"], 1),
     }
     if args.no_save:
         final_model, where = model, "in memory (--no-save)"
@@ -474,11 +563,15 @@ def main(argv=None) -> int:
     final = {name: evaluate(final_model, task) for name, task in eval_sets(args.final_n).items()}
     if not args.no_save:  # the figures, for provenance (the tests compute their own)
         config = json.loads((directory / "config.json").read_text())
-        config["hooked_ioi"]["final_figures"] = {name: {k: round(v, 4) for k, v in f.items()} for name, f in final.items()}
+        config["hooked_ioi"]["final_figures"] = {
+            name: {k: round(v, 4) for k, v in f.items()} for name, f in final.items()
+        }
         (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     print(f"\nfinal figures of the model loaded from {where} (training took {result['train_seconds']:.0f}s):")
     for name, figures in final.items():
-        print(f"  {name:18s} n={figures['n']:4d}  logit_diff {figures['logit_diff']:6.2f}  accuracy {figures['accuracy']:.3f}")
+        print(
+            f"  {name:18s} n={figures['n']:4d}  logit_diff {figures['logit_diff']:6.2f}  accuracy {figures['accuracy']:.3f}"
+        )
     if not args.no_save:
         size = (directory / "model.safetensors").stat().st_size
         print(f"  model.safetensors: {size / 1e6:.2f} MB")

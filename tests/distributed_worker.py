@@ -74,7 +74,9 @@ def ablation_hooks(cfg) -> dict[str, list]:
     dense = [layer for layer in range(cfg.n_layers) if not cfg.is_sparse(layer)]
     if dense:  # a dense MLP's neurons (Mixtral has none)
         hooks["double_neurons"] = [(f"blocks.{dense[0]}.mlp.hook_post", double_neurons)]
-        hooks["mean_neurons"] = [(f"blocks.{dense[0]}.mlp.hook_pre", ablate.mean(reference, neurons=[0, 5], model=None))]
+        hooks["mean_neurons"] = [
+            (f"blocks.{dense[0]}.mlp.hook_pre", ablate.mean(reference, neurons=[0, 5], model=None))
+        ]
     if cfg.original_architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Olmo2ForCausalLM"):  # q/k norms
         hooks["zero_q_normed"] = [("blocks.0.attn.q_norm.hook_normalized", ablate.zero(heads=0))]
     if cfg.original_architecture == "Olmo2ForCausalLM":  # norms over every head: one replicated scale per position
@@ -83,7 +85,9 @@ def ablation_hooks(cfg) -> dict[str, list]:
     if getattr(cfg, "n_experts", 0):
         sparse = [layer for layer in range(cfg.n_layers) if cfg.is_sparse(layer)][-1]
         hooks["mask_expert"] = [(f"blocks.{sparse}.mlp.hook_router_logits", ablate.zero(experts=1))]
-        hooks["zero_expert_neurons"] = [(f"blocks.{sparse}.mlp.hook_expert_post", ablate.zero(experts=2, neurons=[0, 3]))]
+        hooks["zero_expert_neurons"] = [
+            (f"blocks.{sparse}.mlp.hook_expert_post", ablate.zero(experts=2, neurons=[0, 3]))
+        ]
         hooks["mean_expert_pre"] = [(f"blocks.{sparse}.mlp.hook_expert_pre", ablate.mean(reference, model=None))]
     return hooks
 
@@ -95,15 +99,24 @@ def with_model(hooks: dict[str, list], model) -> dict[str, list]:
         bound[name] = []
         for hook_name, fn in pairs:
             if isinstance(fn, ablate.Mean) and fn.model is None:
-                fn = ablate.mean(fn.reference, heads=fn.heads, neurons=fn.neurons, positions=fn.positions,
-                                 experts=fn.experts, model=model)
+                fn = ablate.mean(
+                    fn.reference,
+                    heads=fn.heads,
+                    neurons=fn.neurons,
+                    positions=fn.positions,
+                    experts=fn.experts,
+                    model=model,
+                )
             bound[name].append((hook_name, fn))
     return bound
 
 
 def sweep_variants(cfg) -> dict[str, list]:
-    variants = {f"L{layer}H{head}": [(f"blocks.{layer}.attn.hook_z", ablate.zero(heads=head))]
-                for layer in range(cfg.n_layers) for head in range(cfg.n_heads)}
+    variants = {
+        f"L{layer}H{head}": [(f"blocks.{layer}.attn.hook_z", ablate.zero(heads=head))]
+        for layer in range(cfg.n_layers)
+        for head in range(cfg.n_heads)
+    }
     variants |= {f"L{layer}.mlp": [(f"blocks.{layer}.hook_mlp_out", ablate.zero())] for layer in range(cfg.n_layers)}
     dense = [layer for layer in range(cfg.n_layers) if not cfg.is_sparse(layer)]
     if dense:
@@ -173,7 +186,9 @@ def main_mode(checkpoints: dict[str, Path], rank: int) -> dict:
         result = {"logits": model(tokens), "logits_padded": model(padded, attention_mask=mask)}
         _, cache = model.run_with_cache(tokens)
         result["cache"] = dict(cache.items())
-        _, z_only = model.run_with_cache(tokens, names_filter=lambda hook: hook.endswith(("hook_z", "hook_resid_post", "hook_scale")))
+        _, z_only = model.run_with_cache(
+            tokens, names_filter=lambda hook: hook.endswith(("hook_z", "hook_resid_post", "hook_scale"))
+        )
         try:
             result["head_results"] = z_only.stack_head_results(layer=-1, pos_slice=-1)  # W_O is this rank's shard
         except ValueError as refused:  # post-norm blocks (OLMo 2): a head's write is not what it adds
@@ -182,14 +197,17 @@ def main_mode(checkpoints: dict[str, Path], rank: int) -> dict:
         result["head_results_through"] = z_only.stack_head_results(layer=-1, pos_slice=-1, through_post_norm=True)
         if getattr(cfg, "n_experts", 0):  # each rank holds its experts' down_proj
             result["expert_results"] = cache.stack_expert_results(pos_slice=-1)
-        result["ablations"] = {label: model.run_with_hooks(tokens, fwd_hooks=pairs)
-                               for label, pairs in with_model(ablation_hooks(cfg), model).items()}
+        result["ablations"] = {
+            label: model.run_with_hooks(tokens, fwd_hooks=pairs)
+            for label, pairs in with_model(ablation_hooks(cfg), model).items()
+        }
 
         def add_rank(activation, hook):  # differs between ranks: the first rank's result must count
             return activation + float(rank)
 
         result["rank_dependent"] = model.run_with_hooks(
-            tokens, fwd_hooks=[("blocks.0.attn.hook_z", add_rank), (f"blocks.0.{mid_point(cfg)}", add_rank)])
+            tokens, fwd_hooks=[("blocks.0.attn.hook_z", add_rank), (f"blocks.0.{mid_point(cfg)}", add_rank)]
+        )
         with Collectives() as unhooked:
             model(tokens)
         with Collectives() as reading:
@@ -197,10 +215,16 @@ def main_mode(checkpoints: dict[str, Path], rank: int) -> dict:
         with Collectives() as writing:
             model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", ablate.zero(heads=0))])
         result["collectives"] = {"unhooked": unhooked.counts, "reading": reading.counts, "writing": writing.counts}
-        norm_points = ["blocks.0.attn.q_norm.hook_scale", "blocks.0.attn.q_norm.hook_normalized", "blocks.0.attn.k_norm.hook_normalized"]
+        norm_points = [
+            "blocks.0.attn.q_norm.hook_scale",
+            "blocks.0.attn.q_norm.hook_normalized",
+            "blocks.0.attn.k_norm.hook_normalized",
+        ]
         if all(point in model.hook_dict for point in norm_points):
             with Collectives() as qk_norms:
-                model.run_with_hooks(tokens, fwd_hooks=[(point, lambda activation, hook: None) for point in norm_points])
+                model.run_with_hooks(
+                    tokens, fwd_hooks=[(point, lambda activation, hook: None) for point in norm_points]
+                )
             result["collectives"]["qk_norms"] = qk_norms.counts
         sweep = hooked.sweep(model, tokens, sweep_variants(cfg), sweep_metric(model))
         result["sweep"] = {"values": sweep.values, "base": sweep.base, "variants": sweep.variants}
@@ -228,8 +252,15 @@ def hybrid_mode(checkpoints: dict[str, Path], rank: int) -> dict:
         tokens = prompt_tokens(model.cfg)
         Counted.ran = set()
         result = hooked.sweep(model, tokens, counted(sweep_variants(model.cfg)), sweep_metric(model))
-        out[name] = cpu({"logits": model(tokens), "values": result.values, "ran": sorted(Counted.ran),
-                         "tp_rank": model.parallel.tp_rank, "dp_rank": model.parallel.dp_rank})
+        out[name] = cpu(
+            {
+                "logits": model(tokens),
+                "values": result.values,
+                "ran": sorted(Counted.ran),
+                "tp_rank": model.parallel.tp_rank,
+                "dp_rank": model.parallel.dp_rank,
+            }
+        )
     return out
 
 
@@ -262,19 +293,30 @@ def failures_mode(checkpoints: dict[str, Path], rank: int) -> dict:
     different = tokens.clone()
     if rank == 1:
         different[1, 2] = (different[1, 2] + 1) % cfg.d_vocab
-    variants = {"fine": [("blocks.0.hook_mlp_out", ablate.zero())],
-                "broken": [("blocks.0.attn.hook_z", raise_on_rank_1)]}
+    variants = {
+        "fine": [("blocks.0.hook_mlp_out", ablate.zero())],
+        "broken": [("blocks.0.attn.hook_z", raise_on_rank_1)],
+    }
     replicas = hooked.load(directory, tp=1, timeout=TIMEOUT_S)
     dp_variants = {f"v{index}": [("blocks.0.hook_mlp_out", ablate.zero())] for index in range(3)}
     # Variants run in order of the stage they start at: the final norm's is last, so in rank 1's share.
     dp_variants["v3"] = [("ln_final.hook_normalized", raise_on_rank_1)]
     result = {
-        "hook_raises_on_one_rank": outcome(lambda: model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", raise_on_rank_1)])),
+        "hook_raises_on_one_rank": outcome(
+            lambda: model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", raise_on_rank_1)])
+        ),
         "bad_input_on_one_rank": outcome(lambda: model(bad)),
         "different_inputs": outcome(lambda: model(different)),
-        "wrong_shape_everywhere": outcome(lambda: model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_q", wrong_shape)])),
-        "cache_with_failing_hook": outcome(lambda: model.run_with_cache(tokens, names_filter="blocks.0.mlp.hook_post")
-                                           if rank == 0 else model.run_with_cache(tokens, names_filter="blocks.0.mlp.hook_nope")),
+        "wrong_shape_everywhere": outcome(
+            lambda: model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_q", wrong_shape)])
+        ),
+        "cache_with_failing_hook": outcome(
+            lambda: (
+                model.run_with_cache(tokens, names_filter="blocks.0.mlp.hook_post")
+                if rank == 0
+                else model.run_with_cache(tokens, names_filter="blocks.0.mlp.hook_nope")
+            )
+        ),
         "sweep_variant_fails_on_one_rank": outcome(lambda: hooked.sweep(model, tokens, variants, sweep_metric(model))),
         "dp_sweep_share_fails": outcome(lambda: hooked.sweep(replicas, tokens, dp_variants, sweep_metric(replicas))),
         "hooks_left": sum(len(point.fwd_hooks) for point in model.hook_dict.values()),

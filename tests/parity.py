@@ -56,7 +56,10 @@ def hooked_outputs(model, tokens, eager: bool):
 def max_diffs(hooked_result, reference) -> dict[str, float]:
     logits, resid_pre, final = hooked_result
     ref_logits, ref_hidden = reference
-    diffs = {"logits": (logits - ref_logits).abs().max().item(), "final_norm": (final - ref_hidden[-1]).abs().max().item()}
+    diffs = {
+        "logits": (logits - ref_logits).abs().max().item(),
+        "final_norm": (final - ref_hidden[-1]).abs().max().item(),
+    }
     for i, resid in enumerate(resid_pre):
         diffs[f"resid_pre.{i}"] = (resid - ref_hidden[i]).abs().max().item()
     return diffs
@@ -99,7 +102,7 @@ def cache_every_point(models, tokens) -> list:
 
 def check_hook_shapes(model, batch: int = 2, pos: int = 7) -> dict[str, tuple]:
     """Every hook point fires once in a full cache with the shape `model.hook_shapes` declares; the shapes."""
-    (_, cache), = cache_every_point([model], random_tokens(batch, pos))
+    ((_, cache),) = cache_every_point([model], random_tokens(batch, pos))
     expected = model.hook_shapes(batch=batch, pos=pos)
     assert set(cache.keys()) == set(model.hook_names)
     for name in model.hook_names:
@@ -119,13 +122,14 @@ def check_zero_heads_equals_zeroing_o_proj(model, heads: list[int], layer: int =
         ablated = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate.zero(heads=heads))])
         edited = copy.deepcopy(model)
         for head in heads:
-            edited.blocks[layer].attn.o_proj.weight[:, head * d_head:(head + 1) * d_head] = 0.0
+            edited.blocks[layer].attn.o_proj.weight[:, head * d_head : (head + 1) * d_head] = 0.0
         torch.testing.assert_close(ablated, edited(tokens), rtol=0, atol=1e-6)
         assert (ablated - model(tokens)).abs().max() > 1e-3
 
 
-def compare_with_transformer_lens(model, tl, tokens, only_hooked: set[str], only_transformer_lens: set[str],
-                                  adjust=None, atol=1e-5) -> dict:
+def compare_with_transformer_lens(
+    model, tl, tokens, only_hooked: set[str], only_transformer_lens: set[str], adjust=None, atol=1e-5
+) -> dict:
     """Every hook point both models have holds the same tensor (rtol 1e-5, `atol`: a number, or name -> number;
     the logits are "logits"), after `adjust(name, ours, theirs) -> (ours, theirs)` reconciles a family's layouts;
     masked scores compare where TransformerLens' are finite (it writes -inf, hooked the dtype's minimum).
@@ -159,15 +163,21 @@ def check_post_norm_decomposition(model, tokens, norms: tuple[str, str]) -> None
         assert (getattr(model.blocks[0], name).gain - 1).abs().max() > 0.05
     _, cache = model.run_with_cache(tokens)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    for call in (lambda: cache.stack_head_results(), lambda: cache.get_neuron_results(0),
-                 lambda: cache.get_full_resid_decomposition()):
+    for call in (
+        lambda: cache.stack_head_results(),
+        lambda: cache.get_neuron_results(0),
+        lambda: cache.get_full_resid_decomposition(),
+    ):
         with pytest.raises(ValueError, match="pass through_post_norm=True"):
             call()
     for layer in range(n_layers):
         heads = cache.stack_head_results(layer + 1, through_post_norm=True)[-n_heads:]
         out = cache["attn_out", layer]
-        bias = (model.blocks[layer].attn.b_O.detach() * getattr(model.blocks[layer], norms[0]).gain.detach()
-                / cache[f"blocks.{layer}.{norms[0]}.hook_scale"])
+        bias = (
+            model.blocks[layer].attn.b_O.detach()
+            * getattr(model.blocks[layer], norms[0]).gain.detach()
+            / cache[f"blocks.{layer}.{norms[0]}.hook_scale"]
+        )
         torch.testing.assert_close(heads.sum(0) + bias, out, rtol=0, atol=1e-5 * float(out.abs().max()))
         neurons = cache.get_neuron_results(layer, through_post_norm=True)
         out = cache["mlp_out", layer]

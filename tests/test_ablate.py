@@ -34,7 +34,7 @@ def test_zero_head_equals_zeroing_its_rows_of_the_output_projection(gpt2):
     with torch.no_grad():
         ablated = gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", ablate.zero(heads=2))])
         edited = copy.deepcopy(gpt2)
-        edited.blocks[1].attn.c_proj.weight[2 * d_head:3 * d_head] = 0  # Conv1D: [in, out]
+        edited.blocks[1].attn.c_proj.weight[2 * d_head : 3 * d_head] = 0  # Conv1D: [in, out]
         expected = edited(tokens)
         assert torch.allclose(ablated, expected, atol=1e-5)
         assert not torch.allclose(ablated, gpt2(tokens), atol=1e-3)  # the head mattered
@@ -99,7 +99,12 @@ def test_mean_per_position_averages_each_prompt_position(gpt2):
     tokens = tokens_of(gpt2, 2, 4)
     value = after_hook(gpt2, tokens, "blocks.0.hook_mlp_out", ablate.mean(cache, per_position=True))
     for position in range(4):
-        rows = [mlp_out[b, c] for b in range(2) for c in range(reference.shape[1]) if real[b, c] and positions[b, c] == position]
+        rows = [
+            mlp_out[b, c]
+            for b in range(2)
+            for c in range(reference.shape[1])
+            if real[b, c] and positions[b, c] == position
+        ]
         expected = torch.stack(rows).mean(0)
         assert torch.allclose(value[:, position], expected.expand(2, -1), atol=1e-6)
 
@@ -148,7 +153,9 @@ def test_resample_by_seed_is_a_seeded_derangement(gpt2):
 def test_addresses_map_to_points_and_selectors(gpt2):
     parse = lambda address: ablate.parse_address(gpt2, address)  # noqa: E731
     assert (parse("L1H2").hook_name, parse("L1H2").selectors) == ("blocks.1.attn.hook_z", {"heads": (2,)})
-    assert parse("L-1H0@-1").selectors == {"heads": (0,), "positions": (-1,)} and parse("L-1H0").hook_name.startswith("blocks.1.")
+    assert parse("L-1H0@-1").selectors == {"heads": (0,), "positions": (-1,)} and parse("L-1H0").hook_name.startswith(
+        "blocks.1."
+    )
     assert parse("L0.attn").hook_name == "blocks.0.hook_attn_out"
     assert parse("L0.mlp@3").hook_name == "blocks.0.hook_mlp_out"
     assert parse("L1.N7") == ablate.Component("L1.N7", "blocks.1.mlp.hook_post", {"neurons": (7,)})
@@ -193,10 +200,19 @@ def test_head_addresses_name_query_heads_and_key_value_heads(gpt2, grouped):
     parse = lambda model, address: ablate.parse_address(model, address)  # noqa: E731
     component = parse(grouped, "L1KV1.v@-1")
     assert (component.hook_name, component.selectors) == ("blocks.1.attn.hook_v", {"heads": (1,), "positions": (-1,)})
-    assert (parse(grouped, "l0kv0.K").hook_name, parse(grouped, "l0kv0.K").selectors) == ("blocks.0.attn.hook_k", {"heads": (0,)})
-    assert (parse(grouped, "L0H3.q").hook_name, parse(grouped, "L0H3").hook_name) == ("blocks.0.attn.hook_q", "blocks.0.attn.hook_z")
+    assert (parse(grouped, "l0kv0.K").hook_name, parse(grouped, "l0kv0.K").selectors) == (
+        "blocks.0.attn.hook_k",
+        {"heads": (0,)},
+    )
+    assert (parse(grouped, "L0H3.q").hook_name, parse(grouped, "L0H3").hook_name) == (
+        "blocks.0.attn.hook_q",
+        "blocks.0.attn.hook_z",
+    )
     # GPT-2's key/value head h is head h's own: named like it, as TransformerLens' head_index axis
-    assert (parse(gpt2, "L1H3.v").hook_name, parse(gpt2, "L1H3.v").selectors) == ("blocks.1.attn.hook_v", {"heads": (3,)})
+    assert (parse(gpt2, "L1H3.v").hook_name, parse(gpt2, "L1H3.v").selectors) == (
+        "blocks.1.attn.hook_v",
+        {"heads": (3,)},
+    )
     assert head_names(grouped, 1, "kv_head_index") == ["L1KV0", "L1KV1"]
     assert head_names(grouped, 1) == ["L1H0", "L1H1", "L1H2", "L1H3"]
     assert head_names(gpt2, 0, "kv_head_index") == head_names(gpt2, 0, "head_index") == ["L0H0", "L0H1", "L0H2", "L0H3"]
@@ -240,7 +256,9 @@ def test_a_sweep_over_key_value_heads_equals_zeroing_each_one_by_hand(grouped):
             return v
 
         with torch.no_grad():
-            alone = grouped.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_v", zero_slot)])[:, -1, :4].sum(-1)
+            alone = grouped.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_v", zero_slot)])[
+                :, -1, :4
+            ].sum(-1)
         torch.testing.assert_close(result[name], alone, rtol=0, atol=1e-5)
     assert min(abs(change) for change in result.change.values()) > 1e-3  # each key/value head mattered
 
@@ -278,9 +296,13 @@ def test_a_reference_from_another_model_is_refused(gpt2, tmp_path):
 
 def test_a_resample_source_of_another_shape_is_a_clear_error(gpt2):
     _, cache = gpt2.run_with_cache(tokens_of(gpt2, batch=2))
-    with pytest.raises(ValueError, match="the source holds 2 prompts of 7 tokens, but this run has 3 prompts of 7 tokens"):
+    with pytest.raises(
+        ValueError, match="the source holds 2 prompts of 7 tokens, but this run has 3 prompts of 7 tokens"
+    ):
         with torch.no_grad():
-            gpt2.run_with_hooks(tokens_of(gpt2, batch=3), fwd_hooks=ablate.hooks(gpt2, "L0H0", "resample", source=cache))
+            gpt2.run_with_hooks(
+                tokens_of(gpt2, batch=3), fwd_hooks=ablate.hooks(gpt2, "L0H0", "resample", source=cache)
+            )
     with pytest.raises(ValueError, match="at least 2 prompts"):
         with torch.no_grad():
             gpt2.run_with_hooks(tokens_of(gpt2, batch=1), fwd_hooks=ablate.hooks(gpt2, "L0H0", "resample", seed=0))
@@ -305,7 +327,10 @@ def test_expert_slots_against_the_expert_weights():
     layer = model.blocks[0].mlp
     with torch.no_grad():
         routed = torch.zeros(4, dtype=torch.bool)
-        model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.mlp.hook_expert_indices", lambda x, hook: routed.__setitem__(x.unique(), True))])
+        model.run_with_hooks(
+            tokens,
+            fwd_hooks=[("blocks.0.mlp.hook_expert_indices", lambda x, hook: routed.__setitem__(x.unique(), True))],
+        )
         expert = int(routed.nonzero()[0])
         removed = copy.deepcopy(model)
         removed.blocks[0].mlp.experts.down_proj[expert] = 0
@@ -319,7 +344,10 @@ def test_expert_slots_against_the_expert_weights():
             ablated = model.run_with_hooks(tokens, fwd_hooks=[(name, callback)])
             assert torch.allclose(ablated, reference(tokens), atol=1e-5), (name, callback)
             assert not torch.allclose(ablated, model(tokens), atol=1e-6), (name, callback)
-        assert ablate.hooks(model, f"L0.E{expert}.N5")[0] == ("blocks.0.mlp.hook_expert_post", ablate.zero(experts=expert, neurons=5))
+        assert ablate.hooks(model, f"L0.E{expert}.N5")[0] == (
+            "blocks.0.mlp.hook_expert_post",
+            ablate.zero(experts=expert, neurons=5),
+        )
     with pytest.raises(ValueError, match="does not know which expert each slot holds"):
         model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.mlp.hook_expert_indices", ablate.zero(experts=0))])
     assert layer.hook_expert_weights.slot_experts is None  # not left behind after the forward

@@ -75,7 +75,9 @@ def test_a_local_directory_of_that_name_wins(hub_cache, qwen3_dir):
 
 
 def test_an_unknown_name_suggests_the_nearest_transformer_lens_names(hub_cache):
-    with pytest.raises(hooked.CheckpointError, match=r"'gpt2-smal' is not a local directory.*did you mean 'gpt2-small'"):
+    with pytest.raises(
+        hooked.CheckpointError, match=r"'gpt2-smal' is not a local directory.*did you mean 'gpt2-small'"
+    ):
         hooked.load("gpt2-smal")
     with pytest.raises(hooked.CheckpointError, match=r"did you mean 'qwen3-0\.6b'"):
         hooked.load("qwen3-0.6")
@@ -85,8 +87,11 @@ def test_an_unknown_name_suggests_the_nearest_transformer_lens_names(hub_cache):
 
 
 def test_an_alias_not_in_the_cache_names_its_hub_id(hub_cache):
-    with pytest.raises(hooked.CheckpointError, match=r"'distil-gpt2' \(TransformerLens' name for hub id 'distilgpt2'\)"
-                                                      r" is not a local directory and is not in the Hugging Face cache"):
+    with pytest.raises(
+        hooked.CheckpointError,
+        match=r"'distil-gpt2' \(TransformerLens' name for hub id 'distilgpt2'\)"
+        r" is not a local directory and is not in the Hugging Face cache",
+    ):
         hooked.load("distil-gpt2")
 
 
@@ -98,10 +103,22 @@ def test_names_are_transformer_lens_3_9s():
         assert list(aliases) == MODEL_ALIASES.get(official, [])
         for name in (official, *aliases):
             assert hub_id(name) == hub_id(name.upper()) == official
-    prefixes = ("meta-llama/", "codellama/", "mistralai/mistral-", "mistralai/mixtral-", "eleutherai/pythia", "eleutherai/gpt-neox")
-    families = [name for name in OFFICIAL_MODEL_NAMES if "gpt2" in name.lower() or "qwen3" in name.lower()
-                or name.lower().startswith(prefixes)]
-    missing = [name for name in families if name not in TRANSFORMER_LENS_NAMES and not name.startswith("stanford-crfm/")]
+    prefixes = (
+        "meta-llama/",
+        "codellama/",
+        "mistralai/mistral-",
+        "mistralai/mixtral-",
+        "eleutherai/pythia",
+        "eleutherai/gpt-neox",
+    )
+    families = [
+        name
+        for name in OFFICIAL_MODEL_NAMES
+        if "gpt2" in name.lower() or "qwen3" in name.lower() or name.lower().startswith(prefixes)
+    ]
+    missing = [
+        name for name in families if name not in TRANSFORMER_LENS_NAMES and not name.startswith("stanford-crfm/")
+    ]
     assert missing == []
     assert hub_id("openai-community/gpt2") is None  # a hub id of its own, downloaded as given
     assert nearest("gpt-2-small")[0] == "gpt2-small" and nearest("falcon-7b") == []

@@ -45,8 +45,12 @@ VOCABULARY = {"bias", "lm_head", "experts"}
 
 def family_modules() -> set[str]:
     shared = {"hooked.models.base", "hooked.models.views", "hooked.models.tokens", "hooked.models.transformer_lens"}
-    return {klass.__module__ for model_class in MODEL_CLASSES for klass in model_class.__mro__
-            if klass.__module__.startswith("hooked.models.") and klass.__module__ not in shared}
+    return {
+        klass.__module__
+        for model_class in MODEL_CLASSES
+        for klass in model_class.__mro__
+        if klass.__module__.startswith("hooked.models.") and klass.__module__ not in shared
+    }
 
 
 def family_class_names() -> set[str]:
@@ -68,7 +72,11 @@ def family_leaf_names() -> set[str]:
 
 
 def generic_files() -> list[Path]:
-    files = [path for path in PACKAGE.rglob("*.py") if path.relative_to(PACKAGE).parts[0] != "models" and path not in BUILDING]
+    files = [
+        path
+        for path in PACKAGE.rglob("*.py")
+        if path.relative_to(PACKAGE).parts[0] != "models" and path not in BUILDING
+    ]
     return sorted(files) + [ROOT / "docs" / "hooks_reference.py"]
 
 
@@ -82,11 +90,17 @@ def _strings(node: ast.AST) -> list[str]:
     return []
 
 
-def violations(source: str, where: str, classes: set[str], modules: set[str], leaves: set[str], families: set[str]) -> list[str]:
+def violations(
+    source: str, where: str, classes: set[str], modules: set[str], leaves: set[str], families: set[str]
+) -> list[str]:
     tree = ast.parse(source)
     # A name this file imports from outside hooked (transformers' GPT2Config) is not ours.
-    foreign = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-               and not (node.module or "").startswith("hooked") for alias in node.names}
+    foreign = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and not (node.module or "").startswith("hooked")
+        for alias in node.names
+    }
     found = []
     for node in ast.walk(tree):
         line = f"{where}:{getattr(node, 'lineno', '?')}"
@@ -100,40 +114,59 @@ def violations(source: str, where: str, classes: set[str], modules: set[str], le
             found.append(f"{line} names the model class {node.attr}")
         elif isinstance(node, ast.Attribute) and node.attr in leaves:
             found.append(f"{line} reaches for .{node.attr}, which only some families have")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
-                and len(node.args) > 1 and any(text in leaves for text in _strings(node.args[1])):
-            found.append(f"{line} {node.func.id}(..., {_strings(node.args[1])[0]!r}): a leaf name only some families have")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) > 1
+            and any(text in leaves for text in _strings(node.args[1]))
+        ):
+            found.append(
+                f"{line} {node.func.id}(..., {_strings(node.args[1])[0]!r}): a leaf name only some families have"
+            )
         elif isinstance(node, ast.Compare):
             for operator, right in zip(node.ops, node.comparators):
                 left_texts = _strings(node.left)
                 if isinstance(operator, (ast.In, ast.NotIn)) and any("hook_" in text for text in left_texts):
                     found.append(f"{line} probes for the hook {left_texts[0]!r}")
-                if isinstance(operator, (ast.Eq, ast.NotEq)) and any(text in families for text in left_texts + _strings(right)):
+                if isinstance(operator, (ast.Eq, ast.NotEq)) and any(
+                    text in families for text in left_texts + _strings(right)
+                ):
                     found.append(f"{line} compares against a family name")
     return found
 
 
 @pytest.fixture(scope="module")
 def rules():
-    return dict(classes=family_class_names(), modules=family_modules(), leaves=family_leaf_names(),
-                families={model_class.family for model_class in MODEL_CLASSES})
+    return dict(
+        classes=family_class_names(),
+        modules=family_modules(),
+        leaves=family_leaf_names(),
+        families={model_class.family for model_class in MODEL_CLASSES},
+    )
 
 
 def test_generic_modules_learn_architectures_only_from_declarations(rules):
-    found = [problem for path in generic_files()
-             for problem in violations(path.read_text(), str(path.relative_to(ROOT)), **rules)]
+    found = [
+        problem
+        for path in generic_files()
+        for problem in violations(path.read_text(), str(path.relative_to(ROOT)), **rules)
+    ]
     assert not found, "generic code recognises architectures by hand; read a declaration instead:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("snippet, expected", [
-    ("from hooked.models.gpt2 import GPT2Attention", "imports the model module"),
-    ("from hooked.models import Qwen3Attention", "imports the model class"),
-    ("ok = isinstance(module, GPT2Attention)", "names the model class GPT2Attention"),
-    ("sparse = f'blocks.{i}.mlp.hook_router_logits' in model.hook_dict", "probes for the hook"),
-    ("bias = getattr(block.attn, 'c_proj').bias", "a leaf name only some families have"),
-    ("bias = block.attn.o_proj.bias", "reaches for .o_proj"),
-    ("if architecture == 'qwen3_moe': pass", "compares against a family name"),
-])
+@pytest.mark.parametrize(
+    "snippet, expected",
+    [
+        ("from hooked.models.gpt2 import GPT2Attention", "imports the model module"),
+        ("from hooked.models import Qwen3Attention", "imports the model class"),
+        ("ok = isinstance(module, GPT2Attention)", "names the model class GPT2Attention"),
+        ("sparse = f'blocks.{i}.mlp.hook_router_logits' in model.hook_dict", "probes for the hook"),
+        ("bias = getattr(block.attn, 'c_proj').bias", "a leaf name only some families have"),
+        ("bias = block.attn.o_proj.bias", "reaches for .o_proj"),
+        ("if architecture == 'qwen3_moe': pass", "compares against a family name"),
+    ],
+)
 def test_the_checker_catches_each_kind_of_violation(rules, snippet, expected):
     found = violations(snippet, "snippet", **rules)
     assert any(expected in problem for problem in found), found
@@ -142,13 +175,25 @@ def test_the_checker_catches_each_kind_of_violation(rules, snippet, expected):
 # ----------------------------------------------------------------------------- which wing imports which
 # The low floor: hook points, rows, names and the layers every model is built from. They import each other
 # and the kernels, nothing higher.
-LOW_FLOOR = {"hooked.hooks", "hooked.rows", "hooked.names", "hooked.layers", "hooked.rotary", "hooked.kv_cache",
-             "hooked.factored", "hooked.tokenizer", "hooked.version"}
+LOW_FLOOR = {
+    "hooked.hooks",
+    "hooked.rows",
+    "hooked.names",
+    "hooked.layers",
+    "hooked.rotary",
+    "hooked.kv_cache",
+    "hooked.factored",
+    "hooked.tokenizer",
+    "hooked.version",
+}
 # (importing module's prefix, imported module's prefix, except these (importer, imported) pairs, why)
 WING_RULES = [
-    ("hooked.models.", ("hooked.interventions", "hooked.circuits", "hooked.transformer_lens"),
-     {("hooked.models.base", "hooked.transformer_lens.model")},
-     "a model file imports an intervention, circuit or compatibility module"),
+    (
+        "hooked.models.",
+        ("hooked.interventions", "hooked.circuits", "hooked.transformer_lens"),
+        {("hooked.models.base", "hooked.transformer_lens.model")},
+        "a model file imports an intervention, circuit or compatibility module",
+    ),
     ("hooked.interventions.", ("hooked.circuits",), set(), "an intervention imports a circuit module"),
 ]
 
@@ -161,9 +206,13 @@ def module_name(path: Path) -> str:
 def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, module) for every hooked module the code imports, outside `if TYPE_CHECKING:` blocks;
     `from hooked import ablate` names the module `hooked.ablate` stands for (hooked.MODULE_PATHS)."""
-    annotation_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
-                       and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
-                       for statement in block.body for node in ast.walk(statement)}
+    annotation_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for statement in block.body
+        for node in ast.walk(statement)
+    }
     found = []
     for node in ast.walk(tree):
         if id(node) in annotation_only:
@@ -195,26 +244,48 @@ def import_violations(source: str, importer: str) -> list[str]:
 
 
 def test_wings_import_in_one_direction():
-    found = [problem for path in sorted(PACKAGE.rglob("*.py"))
-             for problem in import_violations(path.read_text(), module_name(path))]
+    found = [
+        problem
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for problem in import_violations(path.read_text(), module_name(path))
+    ]
     assert not found, "an import against the package's layering (docs/adding-a-model.md):\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("importer, snippet, expected", [
-    ("hooked.models.qwen3_moe", "from hooked.interventions.ablate import all_experts_removed", "a model file imports"),
-    ("hooked.models.gpt2", "def f():\n    from hooked.circuits import graph", "a model file imports"),
-    ("hooked.models.llama", "from hooked import utils", "compatibility module: hooked.transformer_lens.utils"),
-    ("hooked.models.base", "from hooked.transformer_lens.config import build_model", "a model file imports"),
-    ("hooked.hooks", "def f():\n    from hooked.cache import ActivationCache", "the low-floor module hooked.hooks imports"),
-    ("hooked.layers", "from hooked.transformer_lens.processing import Projection", "the low-floor module hooked.layers"),
-    ("hooked.interventions.sweeps", "import hooked.circuits.engine", "an intervention imports a circuit"),
-])
+@pytest.mark.parametrize(
+    "importer, snippet, expected",
+    [
+        (
+            "hooked.models.qwen3_moe",
+            "from hooked.interventions.ablate import all_experts_removed",
+            "a model file imports",
+        ),
+        ("hooked.models.gpt2", "def f():\n    from hooked.circuits import graph", "a model file imports"),
+        ("hooked.models.llama", "from hooked import utils", "compatibility module: hooked.transformer_lens.utils"),
+        ("hooked.models.base", "from hooked.transformer_lens.config import build_model", "a model file imports"),
+        (
+            "hooked.hooks",
+            "def f():\n    from hooked.cache import ActivationCache",
+            "the low-floor module hooked.hooks imports",
+        ),
+        (
+            "hooked.layers",
+            "from hooked.transformer_lens.processing import Projection",
+            "the low-floor module hooked.layers",
+        ),
+        ("hooked.interventions.sweeps", "import hooked.circuits.engine", "an intervention imports a circuit"),
+    ],
+)
 def test_the_import_checker_catches_each_kind_of_violation(importer, snippet, expected):
-    assert any(expected in problem for problem in import_violations(snippet, importer)), import_violations(snippet, importer)
+    assert any(expected in problem for problem in import_violations(snippet, importer)), import_violations(
+        snippet, importer
+    )
 
 
 def test_annotation_only_imports_and_the_allowed_edge_pass():
-    snippet = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hooked.interventions.ablate import Ablation\n"
+    snippet = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hooked.interventions.ablate import Ablation\n"
+    )
     assert import_violations(snippet, "hooked.models.gpt2") == []
     assert import_violations("from hooked.transformer_lens.model import WeightStacks", "hooked.models.base") == []
 
@@ -227,7 +298,11 @@ def test_every_family_declares_what_generic_code_reads():
             assert isinstance(type(block).mlp_stage, tuple), type(block).__name__
         stages = {point.stage for point in model.hook_dict.values()}
         assert stages <= set(range(-1, 2 * model.cfg.n_layers + 1)), (model_class.family, stages)
-        assert all(model.hook_dict[name].stage == 2 * model.cfg.n_layers for name in model.hook_dict if name.startswith("ln_final."))
+        assert all(
+            model.hook_dict[name].stage == 2 * model.cfg.n_layers
+            for name in model.hook_dict
+            if name.startswith("ln_final.")
+        )
         planned = [module for module in model.modules() if hasattr(module, "tp_plan")]
         assert planned, f"{model_class.__name__} declares no tensor-parallel plan on any module"
         for module in planned:

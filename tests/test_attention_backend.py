@@ -76,13 +76,16 @@ def test_triton_path_under_the_interpreter_matches_sdpa(gpt2):
 def test_triton_z_is_a_view_of_the_output_projection_input(gpt2):
     """In-place edits of z reach c_proj on the Triton path too: zeroing a head == zeroing its weight rows."""
     tokens = torch.randint(0, gpt2.cfg.d_vocab, (1, 7), generator=torch.Generator().manual_seed(4))
+
     def zero_head(z, hook):
         z[:, :, 2] = 0.0
 
     with torch.no_grad(), hooked.attention_backend("triton"):
         ablated = gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", zero_head)])
     with torch.no_grad():
-        clean = gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", lambda z, h: z.index_fill(2, torch.tensor([2]), 0.0))])
+        clean = gpt2.run_with_hooks(
+            tokens, fwd_hooks=[("blocks.1.attn.hook_z", lambda z, h: z.index_fill(2, torch.tensor([2]), 0.0))]
+        )
     torch.testing.assert_close(ablated, clean, rtol=0, atol=2e-5)
 
 
@@ -100,9 +103,13 @@ def qwen_models(tmp_path_factory):
     models = {}
     for name in QWEN_CASES[:2]:
         config = transformers.Qwen3Config(vocab_size=VOCAB, **DENSE_CASES[name])
-        models[name] = hooked.load(build_checkpoint(tmp_path_factory.mktemp(name), config, transformers.Qwen3ForCausalLM))
+        models[name] = hooked.load(
+            build_checkpoint(tmp_path_factory.mktemp(name), config, transformers.Qwen3ForCausalLM)
+        )
     config = transformers.Qwen3MoeConfig(vocab_size=VOCAB, **MOE_CASES["k2_norm"])
-    models["moe_k2"] = hooked.load(build_checkpoint(tmp_path_factory.mktemp("moe"), config, transformers.Qwen3MoeForCausalLM))
+    models["moe_k2"] = hooked.load(
+        build_checkpoint(tmp_path_factory.mktemp("moe"), config, transformers.Qwen3MoeForCausalLM)
+    )
     return models
 
 
@@ -119,7 +126,9 @@ def test_qwen_models_with_the_triton_kernel_forced(qwen_models, case):
         grads = {}
         with torch.enable_grad():
             logits = model.run_with_hooks(
-                tokens, attention_mask=mask, bwd_hooks=[("blocks.0.attn.hook_z", lambda g, hook: grads.__setitem__("z", g))]
+                tokens,
+                attention_mask=mask,
+                bwd_hooks=[("blocks.0.attn.hook_z", lambda g, hook: grads.__setitem__("z", g))],
             )
             logits[real].logsumexp(-1).sum().backward()
         return logits.detach(), grads["z"]
@@ -142,7 +151,9 @@ def test_automatic_triton_only_where_the_kernel_compiles(monkeypatch):
     asked = []
     capability = {"cuda:0": (9, 0), "cuda:1": (7, 5)}
     monkeypatch.setattr(layers, "triton_available", lambda device=None: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: asked.append(str(device)) or capability[str(device)])
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda device: asked.append(str(device)) or capability[str(device)]
+    )
     point = hooked.HookPoint("batch head_index query_pos key_pos")
     mask = layers.AttentionMask(None, 4, 4)
     for device, expected in (("cuda:0", "triton"), ("cuda:1", "sdpa")):
@@ -165,10 +176,16 @@ def test_the_kernel_launches_under_a_guard_for_its_inputs_device(monkeypatch):
     assert guarded == [q.device] * 3  # forward without grad, forward and backward with it
 
 
-@pytest.mark.parametrize("family, sizes", [
-    ("llama", dict(n_heads=4, n_kv_heads=2, rope_scaling=None)),  # grouped queries
-    ("gpt_neox", dict(rotary_dim=2, use_parallel_residual=True)),  # partial rotary (outside the kernel), parallel block
-])
+@pytest.mark.parametrize(
+    "family, sizes",
+    [
+        ("llama", dict(n_heads=4, n_kv_heads=2, rope_scaling=None)),  # grouped queries
+        (
+            "gpt_neox",
+            dict(rotary_dim=2, use_parallel_residual=True),
+        ),  # partial rotary (outside the kernel), parallel block
+    ],
+)
 def test_other_families_with_the_triton_kernel_forced(family, sizes):
     """Llama's grouped queries and GPT-NeoX's partial rotary run through the kernel (interpreter): logits and
     z gradients match SDPA on a left-padded batch."""
@@ -184,7 +201,9 @@ def test_other_families_with_the_triton_kernel_forced(family, sizes):
         grads = {}
         with torch.enable_grad():
             logits = model.run_with_hooks(
-                tokens, attention_mask=mask, bwd_hooks=[("blocks.1.attn.hook_z", lambda g, hook: grads.__setitem__("z", g))]
+                tokens,
+                attention_mask=mask,
+                bwd_hooks=[("blocks.1.attn.hook_z", lambda g, hook: grads.__setitem__("z", g))],
             )
             logits[real].logsumexp(-1).sum().backward()
         return logits.detach(), grads["z"]

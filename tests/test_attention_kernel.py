@@ -74,8 +74,11 @@ def make_inputs(batch, q_pos, k_pos, n_heads, n_kv_heads, d_head, dtype, layout,
         return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype).to(DEVICE)
 
     if layout == "contiguous":
-        leaves = [randn(batch, q_pos, n_heads, d_head), randn(batch, k_pos, n_kv_heads, d_head),
-                  randn(batch, k_pos, n_kv_heads, d_head)]
+        leaves = [
+            randn(batch, q_pos, n_heads, d_head),
+            randn(batch, k_pos, n_kv_heads, d_head),
+            randn(batch, k_pos, n_kv_heads, d_head),
+        ]
 
         def build(ls):
             return ls[0], ls[1], ls[2]
@@ -84,11 +87,17 @@ def make_inputs(batch, q_pos, k_pos, n_heads, n_kv_heads, d_head, dtype, layout,
 
         def build(ls):
             buf = ls[0]
-            return (buf[:, k_pos - q_pos:, :n_heads], buf[:, :, n_heads:n_heads + n_kv_heads],
-                    buf[:, :, n_heads + n_kv_heads:])
+            return (
+                buf[:, k_pos - q_pos :, :n_heads],
+                buf[:, :, n_heads : n_heads + n_kv_heads],
+                buf[:, :, n_heads + n_kv_heads :],
+            )
     elif layout == "heads_first":  # [b, H, p, d] storage seen as [b, p, H, d]
-        leaves = [randn(batch, n_heads, q_pos, d_head), randn(batch, n_kv_heads, k_pos, d_head),
-                  randn(batch, n_kv_heads, k_pos, d_head)]
+        leaves = [
+            randn(batch, n_heads, q_pos, d_head),
+            randn(batch, n_kv_heads, k_pos, d_head),
+            randn(batch, n_kv_heads, k_pos, d_head),
+        ]
 
         def build(ls):
             return ls[0].transpose(1, 2), ls[1].transpose(1, 2), ls[2].transpose(1, 2)
@@ -102,8 +111,21 @@ def make_inputs(batch, q_pos, k_pos, n_heads, n_kv_heads, d_head, dtype, layout,
     return leaves, build
 
 
-def run_case(batch, q_pos, k_pos, n_heads, n_kv_heads, d_head, dtype, layout, key_start, strided_grad, seed,
-             softcap=None, window=None):
+def run_case(
+    batch,
+    q_pos,
+    k_pos,
+    n_heads,
+    n_kv_heads,
+    d_head,
+    dtype,
+    layout,
+    key_start,
+    strided_grad,
+    seed,
+    softcap=None,
+    window=None,
+):
     """Kernel (with NaN-poisoned buffers) vs reference: forward and gradients. Returns the errors."""
     gen = torch.Generator().manual_seed(seed)
     leaves, build = make_inputs(batch, q_pos, k_pos, n_heads, n_kv_heads, d_head, dtype, layout, gen)
@@ -142,12 +164,24 @@ def run_case(batch, q_pos, k_pos, n_heads, n_kv_heads, d_head, dtype, layout, ke
     return errs
 
 
-
-@pytest.mark.parametrize("d_head, dtype", [(64, torch.float32), (128, torch.float32), (64, torch.bfloat16), (128, torch.float16)])
+@pytest.mark.parametrize(
+    "d_head, dtype", [(64, torch.float32), (128, torch.float32), (64, torch.bfloat16), (128, torch.float16)]
+)
 def test_model_head_dims_64_and_128(d_head, dtype):
     """The head sizes of GPT-2 (64) and Qwen3 (128), forward and gradients, GQA and left padding."""
-    run_case(batch=2, q_pos=19, k_pos=19, n_heads=4, n_kv_heads=2, d_head=d_head, dtype=dtype, layout="fused",
-             key_start=[0, 5], strided_grad=False, seed=d_head)
+    run_case(
+        batch=2,
+        q_pos=19,
+        k_pos=19,
+        n_heads=4,
+        n_kv_heads=2,
+        d_head=d_head,
+        dtype=dtype,
+        layout="fused",
+        key_start=[0, 5],
+        strided_grad=False,
+        seed=d_head,
+    )
 
 
 @st.composite
@@ -160,11 +194,17 @@ def attention_cases(draw):
     padded = draw(st.booleans())
     key_start = [draw(st.integers(0, k_pos)) for _ in range(batch)] if padded else None
     return dict(
-        batch=batch, q_pos=q_pos, k_pos=k_pos, n_heads=n_kv_heads * group, n_kv_heads=n_kv_heads,
+        batch=batch,
+        q_pos=q_pos,
+        k_pos=k_pos,
+        n_heads=n_kv_heads * group,
+        n_kv_heads=n_kv_heads,
         d_head=draw(st.sampled_from([16, 32])),
         dtype=draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16])),
         layout=draw(st.sampled_from(["contiguous", "fused", "heads_first", "cache"])),
-        key_start=key_start, strided_grad=draw(st.booleans()), seed=draw(st.integers(0, 2**16)),
+        key_start=key_start,
+        strided_grad=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
         softcap=draw(st.sampled_from([None, None, 0.5, 2.0])),  # scores are O(1): a cap of 0.5 bites hard
         window=draw(st.one_of(st.none(), st.integers(1, 20))),
     )
@@ -179,13 +219,35 @@ def test_matches_reference(case):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_gqa_padded_fused_per_dtype(dtype):
     # every dtype sees GQA + left padding + odd lengths + a fused-qkv layout at least once
-    run_case(batch=2, q_pos=29, k_pos=35, n_heads=4, n_kv_heads=1, d_head=32, dtype=dtype, layout="fused",
-             key_start=[0, 19], strided_grad=True, seed=1)  # batch 1: a whole 16-key block is padding
+    run_case(
+        batch=2,
+        q_pos=29,
+        k_pos=35,
+        n_heads=4,
+        n_kv_heads=1,
+        d_head=32,
+        dtype=dtype,
+        layout="fused",
+        key_start=[0, 19],
+        strided_grad=True,
+        seed=1,
+    )  # batch 1: a whole 16-key block is padding
 
 
 def test_non_power_of_two_head_dim():
-    run_case(batch=1, q_pos=19, k_pos=23, n_heads=3, n_kv_heads=1, d_head=24, dtype=torch.float32,
-             layout="heads_first", key_start=[4], strided_grad=False, seed=2)
+    run_case(
+        batch=1,
+        q_pos=19,
+        k_pos=23,
+        n_heads=3,
+        n_kv_heads=1,
+        d_head=24,
+        dtype=torch.float32,
+        layout="heads_first",
+        key_start=[4],
+        strided_grad=False,
+        seed=2,
+    )
 
 
 def test_padded_rows_are_exactly_zero():
@@ -209,7 +271,7 @@ def test_output_storage_is_one_flat_buffer():
     gen = torch.Generator().manual_seed(4)
     b, p, H, Hkv, d = 2, 17, 4, 2, 16
     qkv = torch.randn(b, p, H + 2 * Hkv, d, generator=gen).to(DEVICE)
-    q, k, v = qkv[:, :, :H], qkv[:, :, H:H + Hkv], qkv[:, :, H + Hkv:]
+    q, k, v = qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :]
     with poisoned_allocations() as allocated:
         out = flash_attention(q, k, v)
     assert out.shape == (b, p, H * d)
@@ -272,8 +334,19 @@ def test_decode_and_chunked_prefill_match_full_prefill():
 
 
 def test_decode_gradients():
-    run_case(batch=2, q_pos=1, k_pos=37, n_heads=4, n_kv_heads=2, d_head=16, dtype=torch.float32,
-             layout="cache", key_start=[3, 0], strided_grad=False, seed=7)
+    run_case(
+        batch=2,
+        q_pos=1,
+        k_pos=37,
+        n_heads=4,
+        n_kv_heads=2,
+        d_head=16,
+        dtype=torch.float32,
+        layout="cache",
+        key_start=[3, 0],
+        strided_grad=False,
+        seed=7,
+    )
 
 
 def test_custom_sm_scale_and_lse():
@@ -294,16 +367,41 @@ def test_custom_sm_scale_and_lse():
 def test_window_and_softcap_per_dtype(dtype):
     # the window's edge crosses 16-key tiles at different columns per row block; GQA, left padding, a
     # chunked-prefill offset (k_pos > q_pos) and a whole padded key tile (batch 1)
-    run_case(batch=2, q_pos=33, k_pos=45, n_heads=4, n_kv_heads=2, d_head=32, dtype=dtype, layout="fused",
-             key_start=[0, 19], strided_grad=True, seed=11, softcap=1.5, window=7)
+    run_case(
+        batch=2,
+        q_pos=33,
+        k_pos=45,
+        n_heads=4,
+        n_kv_heads=2,
+        d_head=32,
+        dtype=dtype,
+        layout="fused",
+        key_start=[0, 19],
+        strided_grad=True,
+        seed=11,
+        softcap=1.5,
+        window=7,
+    )
 
 
 @pytest.mark.parametrize("window", [1, 16, 17, 40])
 def test_window_sizes_around_the_tile(window):
     # 1: each row sees only its own key; 16 / 17: the window exactly a tile / one key more; 40 >= k_pos - 1
     # hides nothing on the first rows but bites on the last
-    run_case(batch=1, q_pos=41, k_pos=41, n_heads=2, n_kv_heads=1, d_head=16, dtype=torch.float32,
-             layout="contiguous", key_start=[2], strided_grad=False, seed=window, window=window)
+    run_case(
+        batch=1,
+        q_pos=41,
+        k_pos=41,
+        n_heads=2,
+        n_kv_heads=1,
+        d_head=16,
+        dtype=torch.float32,
+        layout="contiguous",
+        key_start=[2],
+        strided_grad=False,
+        seed=window,
+        window=window,
+    )
 
 
 def test_window_one_returns_each_rows_own_value():
@@ -313,7 +411,7 @@ def test_window_one_returns_each_rows_own_value():
     b, qp, kp, H, Hkv, d = 2, 20, 26, 4, 2, 16
     q, k, v = (torch.randn(b, n, h, d, generator=gen).to(DEVICE) for n, h in ((qp, H), (kp, Hkv), (kp, Hkv)))
     out = flash_attention(q, k, v, key_start=torch.tensor([0, 9], device=DEVICE), window=1).view(b, qp, H, d)
-    expected = v[:, kp - qp:].repeat_interleave(H // Hkv, dim=2).clone()
+    expected = v[:, kp - qp :].repeat_interleave(H // Hkv, dim=2).clone()
     expected[1, : 9 - (kp - qp)] = 0
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
 
@@ -367,7 +465,9 @@ def test_softcap_bounds_the_scores_and_matches_the_reference():
     assert (kernel_lse[finite] <= (cap + n_visible.log()).expand_as(kernel_lse)[finite] + 1e-5).all()
     assert rel_err(flash_attention(q, k, v, key_start=ks), ref) > 1e-2  # the cap matters here
     # a cap far above every score changes nothing but rounding
-    assert rel_err(flash_attention(q, k, v, key_start=ks, softcap=1e4), attention_reference(q, k, v, key_start=ks)) < 1e-5
+    assert (
+        rel_err(flash_attention(q, k, v, key_start=ks, softcap=1e4), attention_reference(q, k, v, key_start=ks)) < 1e-5
+    )
 
 
 def test_input_validation():
@@ -440,8 +540,9 @@ def _run_without_interpreter(script: str, timeout: int):
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_kernels_compile_for_sm90_without_a_gpu():

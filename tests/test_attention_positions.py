@@ -66,7 +66,7 @@ def test_a_prompt_reads_the_same_alone_and_in_a_padded_batch(model, task):
     longest = max(range(len(task)), key=lambda b: len(model.to_str_tokens(task.clean[b])))
     shortest = min(range(len(task)), key=lambda b: len(model.to_str_tokens(task.clean[b])))
     for row in (shortest, longest):
-        alone = hooked.attention_to_positions(model, task[row:row + 1])
+        alone = hooked.attention_to_positions(model, task[row : row + 1])
         torch.testing.assert_close(alone.values[0], batch.values[row], rtol=1e-4, atol=1e-6)
     chunked = hooked.attention_to_positions(model, task, batch_size=5)  # 5 + 5 + 2, each padded its own way
     torch.testing.assert_close(chunked.values, batch.values, rtol=1e-4, atol=1e-6)
@@ -101,7 +101,9 @@ def test_bad_input_names_the_fix(model, task):
         hooked.attention_to_positions(model, task, names=["IO", "S3"])
     with pytest.raises(ValueError, match=r"no position 'START'"):
         hooked.attention_to_positions(model, task, query="START")
-    with pytest.raises(ValueError, match=r"no token positions.*tasks.ioi\(\.\.\., model=model\).*with_positions\(model\)"):
+    with pytest.raises(
+        ValueError, match=r"no token positions.*tasks.ioi\(\.\.\., model=model\).*with_positions\(model\)"
+    ):
         hooked.attention_to_positions(model, tasks.ioi(4, seed=0))
     with pytest.raises(ValueError, match=r"batch_size must be a positive int"):
         hooked.attention_to_positions(model, task, batch_size=0)
@@ -121,12 +123,21 @@ def test_positions_given_by_hand_are_range_checked(gpt2):
     """A task without recorded name spans: its positions are read as given, and one past a prompt raises."""
     prompts = ["a b c", "a b c d e f"]
     lengths = [len(gpt2.to_str_tokens(prompt)) for prompt in prompts]
-    task = tasks.Task("hand", prompts, ["x", "y"], [" a", " b"], [" b", " a"], seed=0,
-                      token_positions={"END": [n - 1 for n in lengths], "FIRST": [0, 0], "FAR": [lengths[0], 1]})
+    task = tasks.Task(
+        "hand",
+        prompts,
+        ["x", "y"],
+        [" a", " b"],
+        [" b", " a"],
+        seed=0,
+        token_positions={"END": [n - 1 for n in lengths], "FIRST": [0, 0], "FAR": [lengths[0], 1]},
+    )
     att = hooked.attention_to_positions(gpt2, task, names=["FIRST"])
     expected = _by_hand(gpt2, task, "END", ["FIRST"])
     torch.testing.assert_close(att.values, expected, rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match=rf"position {lengths[0]} does not exist in prompt 0, which has {lengths[0]} tokens"):
+    with pytest.raises(
+        ValueError, match=rf"position {lengths[0]} does not exist in prompt 0, which has {lengths[0]} tokens"
+    ):
         hooked.attention_to_positions(gpt2, task, names=["FAR"])
 
 
@@ -137,8 +148,12 @@ def test_the_figures_quoted_in_the_docs():
     model = hooked.load("hooked/ioi-gpt2")
     task = tasks.ioi(32, seed=0, model=model)
     table = hooked.attention_to_positions(model, task).table()
-    quoted = {(1, 1): (0.555, 0.374, 0.052), (2, 2): (0.000, 0.000, 1.000), (2, 3): (0.497, 0.500, 0.000),
-              (3, 3): (0.001, 0.000, 0.966)}
+    quoted = {
+        (1, 1): (0.555, 0.374, 0.052),
+        (2, 2): (0.000, 0.000, 1.000),
+        (2, 3): (0.497, 0.500, 0.000),
+        (3, 3): (0.001, 0.000, 0.966),
+    }
     for head, values in quoted.items():
         assert table.loc[head, ["IO", "S1", "S2"]].tolist() == pytest.approx(values, abs=6e-4), head
     assert min(table.loc[(2, h), "S2"] for h in (0, 1, 2)) >= 0.997

@@ -38,7 +38,10 @@ def test_softcap_through_attend_matches_the_reference(backend, window):
     """The automatic path on CPU is eager (SDPA cannot cap); eager and the kernel equal the spec on every
     real row, with and without a window; the cap changes the result."""
     q, k, v, mask = qkv_and_mask(window)
-    scores, pattern = hooked.HookPoint("batch head_index query_pos key_pos"), hooked.HookPoint("batch head_index query_pos key_pos")
+    scores, pattern = (
+        hooked.HookPoint("batch head_index query_pos key_pos"),
+        hooked.HookPoint("batch head_index query_pos key_pos"),
+    )
     scaling = q.shape[-1] ** -0.5
     if backend is None:
         assert choose_backend(q, mask, scores, pattern, softcap=CAP) == "eager"
@@ -58,7 +61,10 @@ def test_hook_attn_scores_sees_the_capped_scores():
     """TransformerLens 3.9 (components/abstract_attention.py) caps before the mask and `hook_attn_scores`:
     the hooked scores are softcap * tanh(q.k * scale / softcap) on visible keys, computed here by hand."""
     q, k, v, mask = qkv_and_mask(window=6)
-    scores_point, pattern_point = hooked.HookPoint("batch head_index query_pos key_pos"), hooked.HookPoint("batch head_index query_pos key_pos")
+    scores_point, pattern_point = (
+        hooked.HookPoint("batch head_index query_pos key_pos"),
+        hooked.HookPoint("batch head_index query_pos key_pos"),
+    )
     seen = {}
     scores_point.add_hook(lambda scores, hook: seen.__setitem__("scores", scores.clone()))
     scaling = q.shape[-1] ** -0.5
@@ -75,7 +81,12 @@ def test_hook_attn_scores_sees_the_capped_scores():
 def test_softcap_refuses_sdpa_and_the_kernel_serves_windows_on_a_gpu(monkeypatch):
     q, k, v, mask = qkv_and_mask(window=6)
     point = hooked.HookPoint("batch head_index query_pos key_pos")
-    with hooked.attention_backend("sdpa"), pytest.raises(RuntimeError, match=r"cannot apply .* softcap \(2.0\): use attention_backend\('eager'\) or 'triton'"):
+    with (
+        hooked.attention_backend("sdpa"),
+        pytest.raises(
+            RuntimeError, match=r"cannot apply .* softcap \(2.0\): use attention_backend\('eager'\) or 'triton'"
+        ),
+    ):
         attend(q, k, v, mask, 0.25, point, point, softmax_in_float32=True, softcap=CAP)
     # pretending a GPU: windows and softcaps go to the kernel; a softcapped decode step goes to eager
     monkeypatch.setattr(layers, "triton_compiles_on", lambda device: True)
@@ -99,8 +110,11 @@ def test_mistral_with_the_kernel_forced_matches_sdpa():
     def run(model):
         grads = {}
         with torch.enable_grad():
-            logits = model.run_with_hooks(tokens, attention_mask=attention_mask,
-                                          bwd_hooks=[("blocks.0.attn.hook_z", lambda g, hook: grads.__setitem__("z", g))])
+            logits = model.run_with_hooks(
+                tokens,
+                attention_mask=attention_mask,
+                bwd_hooks=[("blocks.0.attn.hook_z", lambda g, hook: grads.__setitem__("z", g))],
+            )
             logits[real].logsumexp(-1).sum().backward()
         return logits.detach(), grads["z"]
 

@@ -19,8 +19,18 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     import transformer_lens
 
-FIELDS = dict(n_layers=2, d_model=64, n_ctx=32, d_head=16, n_heads=4, d_vocab=50, attn_only=True, act_fn=None,
-              normalization_type="LN", positional_embedding_type="standard")
+FIELDS = dict(
+    n_layers=2,
+    d_model=64,
+    n_ctx=32,
+    d_head=16,
+    n_heads=4,
+    d_vocab=50,
+    attn_only=True,
+    act_fn=None,
+    normalization_type="LN",
+    positional_embedding_type="standard",
+)
 
 
 def tl_state_dict(model: hooked.GPT2) -> dict[str, torch.Tensor]:
@@ -28,18 +38,22 @@ def tl_state_dict(model: hooked.GPT2) -> dict[str, torch.Tensor]:
     parameters (Conv1D [in, out]; c_attn's columns are q | k | v, each heads x d_head)."""
     cfg, state = model.cfg, {k: v.detach().clone() for k, v in model.state_dict().items()}
     n_heads, d_head, d_model = cfg.n_heads, cfg.d_head, cfg.d_model
-    out = {"embed.W_E": state["wte.weight"], "pos_embed.W_pos": state["wpe.weight"],
-           "ln_final.w": state["ln_final.weight"], "ln_final.b": state["ln_final.bias"],
-           "unembed.W_U": state["lm_head.weight"].T.contiguous(),
-           "unembed.b_U": state.get("lm_head.bias", torch.zeros(cfg.d_vocab))}
+    out = {
+        "embed.W_E": state["wte.weight"],
+        "pos_embed.W_pos": state["wpe.weight"],
+        "ln_final.w": state["ln_final.weight"],
+        "ln_final.b": state["ln_final.bias"],
+        "unembed.W_U": state["lm_head.weight"].T.contiguous(),
+        "unembed.b_U": state.get("lm_head.bias", torch.zeros(cfg.d_vocab)),
+    }
     for i in range(cfg.n_layers):
         block = f"blocks.{i}."
         out[block + "ln1.w"], out[block + "ln1.b"] = state[block + "ln1.weight"], state[block + "ln1.bias"]
         weight, bias = state[block + "attn.c_attn.weight"], state[block + "attn.c_attn.bias"]
         for index, part in enumerate("QKV"):
-            columns = weight[:, index * d_model:(index + 1) * d_model]  # [d_model, heads * d_head]
+            columns = weight[:, index * d_model : (index + 1) * d_model]  # [d_model, heads * d_head]
             out[block + f"attn.W_{part}"] = columns.reshape(d_model, n_heads, d_head).permute(1, 0, 2).contiguous()
-            out[block + f"attn.b_{part}"] = bias[index * d_model:(index + 1) * d_model].reshape(n_heads, d_head)
+            out[block + f"attn.b_{part}"] = bias[index * d_model : (index + 1) * d_model].reshape(n_heads, d_head)
         out[block + "attn.W_O"] = state[block + "attn.c_proj.weight"].reshape(n_heads, d_head, d_model)
         out[block + "attn.b_O"] = state[block + "attn.c_proj.bias"]
     return out
@@ -80,8 +94,17 @@ def models():
 def test_config_and_blocks_are_transformer_lens_attn_only(models):
     ours, theirs = models
     assert type(ours) is hooked.GPT2 and ours.cfg.attn_only and theirs.cfg.attn_only
-    for name in ("n_layers", "d_model", "n_heads", "d_head", "d_vocab", "n_ctx", "normalization_type",
-                 "positional_embedding_type", "attn_only"):
+    for name in (
+        "n_layers",
+        "d_model",
+        "n_heads",
+        "d_head",
+        "d_vocab",
+        "n_ctx",
+        "normalization_type",
+        "positional_embedding_type",
+        "attn_only",
+    ):
         assert getattr(ours.cfg, name) == getattr(theirs.cfg, name), name
     for block in ours.blocks:
         assert block.mlp is None and block.ln2 is None
@@ -123,7 +146,9 @@ def test_logits_and_loss_equal_transformer_lens(models):
     ours, theirs = models
     tokens = tokens_of(3, 11, seed=1)
     torch.testing.assert_close(ours(tokens), theirs(tokens), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ours(tokens, return_type="loss"), theirs(tokens, return_type="loss"), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ours(tokens, return_type="loss"), theirs(tokens, return_type="loss"), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_act_fn_is_kept_but_unused():
@@ -149,8 +174,13 @@ def test_every_hook_zeroed_equals_transformer_lens(models):
     try:
         for name in names:
             zero = [(name, lambda activation, hook: torch.zeros_like(activation))]
-            torch.testing.assert_close(ours.run_with_hooks(tokens, fwd_hooks=zero), theirs.run_with_hooks(tokens, fwd_hooks=zero),
-                                       atol=1e-5, rtol=1e-5, msg=name)
+            torch.testing.assert_close(
+                ours.run_with_hooks(tokens, fwd_hooks=zero),
+                theirs.run_with_hooks(tokens, fwd_hooks=zero),
+                atol=1e-5,
+                rtol=1e-5,
+                msg=name,
+            )
     finally:
         theirs.cfg.use_attn_result = theirs.cfg.use_split_qkv_input = False
 
@@ -213,9 +243,12 @@ def test_head_ablation_and_sweep(models):
 
     with torch.no_grad():
         expected = theirs.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", zero_head)])
-        torch.testing.assert_close(ours.run_with_hooks(tokens, fwd_hooks=ablate.hooks(ours, "L1H2")), expected,
-                                   atol=1e-5, rtol=1e-5)
-    variants = {address: ablate.hooks(ours, address) for address in ablate.components(ours, "heads") + ["L0.attn", "L1.attn"]}
+        torch.testing.assert_close(
+            ours.run_with_hooks(tokens, fwd_hooks=ablate.hooks(ours, "L1H2")), expected, atol=1e-5, rtol=1e-5
+        )
+    variants = {
+        address: ablate.hooks(ours, address) for address in ablate.components(ours, "heads") + ["L0.attn", "L1.attn"]
+    }
     variants["resid_post"] = [("blocks.1.hook_resid_post", ablate.zero(positions=-1))]
 
     def metric(logits, base_logits=None, attention_mask=None):
@@ -224,8 +257,9 @@ def test_head_ablation_and_sweep(models):
     result = hooked.sweep(ours, tokens, variants, metric, progress=False)
     with torch.no_grad():
         for name, pairs in variants.items():
-            torch.testing.assert_close(result[name], metric(ours.run_with_hooks(tokens, fwd_hooks=pairs)), atol=2e-6, rtol=0,
-                                       msg=name)
+            torch.testing.assert_close(
+                result[name], metric(ours.run_with_hooks(tokens, fwd_hooks=pairs)), atol=2e-6, rtol=0, msg=name
+            )
     for address in ("L0.mlp", "L1.N3"):
         with pytest.raises(ValueError, match="attention-only"):
             ablate.hooks(ours, address)
@@ -240,8 +274,9 @@ def test_generation_with_and_without_kv_cache(models):
     # The reference is TransformerLens' full forward at every step (use_past_kv_cache=False): its KV-cache path
     # on a model without a tokenizer continues differently from its own full forward (measured; a direct
     # forward with a cache there raises "Cannot compute attention mask without a tokenizer")
-    theirs_out = theirs.generate(prompt, max_new_tokens=6, do_sample=False, verbose=False, stop_at_eos=False,
-                                 use_past_kv_cache=False)
+    theirs_out = theirs.generate(
+        prompt, max_new_tokens=6, do_sample=False, verbose=False, stop_at_eos=False, use_past_kv_cache=False
+    )
     assert torch.equal(cached, theirs_out)
 
 
@@ -254,9 +289,20 @@ def test_what_an_attention_only_model_has_not_is_refused(models):
     with pytest.raises(ValueError, match="model.W_in: this model's blocks have no mlp"):
         ours.W_in
     with pytest.raises(ValueError, match="attn_only=True"):
-        hooked.HookedTransformerConfig(n_layers=1, d_model=32, d_head=8, n_ctx=16, d_vocab=50, attn_only=True,
-                                       normalization_type="RMS", positional_embedding_type="rotary", act_fn="silu",
-                                       gated_mlp=True, use_qk_norm=True, final_rms=True)
+        hooked.HookedTransformerConfig(
+            n_layers=1,
+            d_model=32,
+            d_head=8,
+            n_ctx=16,
+            d_vocab=50,
+            attn_only=True,
+            normalization_type="RMS",
+            positional_embedding_type="rotary",
+            act_fn="silu",
+            gated_mlp=True,
+            use_qk_norm=True,
+            final_rms=True,
+        )
 
 
 def test_tl_patching_equals_transformer_lens(models):
@@ -275,8 +321,9 @@ def test_tl_patching_equals_transformer_lens(models):
 
     for name in ("get_act_patch_attn_head_all_pos_every", "get_act_patch_resid_pre", "get_act_patch_attn_out"):
         expected = getattr(tl_patching, name)(theirs, corrupt, their_cache, metric)
-        torch.testing.assert_close(getattr(patching, name)(ours, corrupt, ours_cache, metric), expected,
-                                   atol=1e-5, rtol=1e-5, msg=name)
+        torch.testing.assert_close(
+            getattr(patching, name)(ours, corrupt, ours_cache, metric), expected, atol=1e-5, rtol=1e-5, msg=name
+        )
 
 
 def test_circuits_graph_has_no_mlp_nodes_and_edges_patch_as_brute_force(models, tmp_path):

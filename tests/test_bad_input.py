@@ -84,7 +84,9 @@ def test_unexpected_tensor(broken_dir):
 
 def test_mis_shaped_tensor(broken_dir):
     rewrite(broken_dir, lambda state: state.__setitem__("transformer.wpe.weight", torch.zeros(32, 64)))
-    with pytest.raises(hooked.CheckpointError, match=r"transformer.wpe.weight: \(32, 64\) in the file, \(64, 64\) expected"):
+    with pytest.raises(
+        hooked.CheckpointError, match=r"transformer.wpe.weight: \(32, 64\) in the file, \(64, 64\) expected"
+    ):
         hooked.load(broken_dir)
 
 
@@ -99,7 +101,9 @@ def test_truncated_safetensors_file(broken_dir):
 def test_missing_shard(gpt2_dir, tmp_path):
     directory = tmp_path / "no-shard"
     shutil.copytree(gpt2_dir, directory)
-    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"transformer.wte.weight": "model-00001-of-00002.safetensors"}}))
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"transformer.wte.weight": "model-00001-of-00002.safetensors"}})
+    )
     with pytest.raises(hooked.CheckpointError, match="missing"):
         hooked.load(directory)
 

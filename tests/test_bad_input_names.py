@@ -100,7 +100,9 @@ def test_a_resample_source_of_other_prompts_says_how_they_differ(gpt2):
         (tokens[:2], "the source holds 2 prompts of 11 tokens, but this run has 3 prompts of 11 tokens"),
     ]:
         _, cache = gpt2.run_with_cache(source, names_filter="blocks.0.attn.hook_z")
-        with pytest.raises(ValueError, match=differs + ".*as many prompts as the run, each as long as the prompt it replaces"):
+        with pytest.raises(
+            ValueError, match=differs + ".*as many prompts as the run, each as long as the prompt it replaces"
+        ):
             gpt2.run_with_hooks(tokens, fwd_hooks=ablate.hooks(gpt2, "L0H0", "resample", source=cache))
         assert no_hook_left(gpt2)
 
@@ -109,9 +111,12 @@ def test_a_resample_source_padded_otherwise_names_each_prompts_length(gpt2):
     tokens = tokens_of(gpt2, batch=2, pos=7)
     short_first = torch.tensor([[0, 1, 1, 1, 1, 1, 1], [1] * 7], dtype=torch.bool)
     _, cache = gpt2.run_with_cache(tokens, attention_mask=short_first.flip(0), names_filter="blocks.0.attn.hook_z")
-    with pytest.raises(ValueError, match=r"the source holds 2 prompts of \[7, 6\] tokens, but this run has 2 prompts of \[6, 7\]"):
-        gpt2.run_with_hooks(tokens, attention_mask=short_first,
-                            fwd_hooks=ablate.hooks(gpt2, "L0H0", "resample", source=cache))
+    with pytest.raises(
+        ValueError, match=r"the source holds 2 prompts of \[7, 6\] tokens, but this run has 2 prompts of \[6, 7\]"
+    ):
+        gpt2.run_with_hooks(
+            tokens, attention_mask=short_first, fwd_hooks=ablate.hooks(gpt2, "L0H0", "resample", source=cache)
+        )
     assert no_hook_left(gpt2)
 
 
@@ -158,7 +163,9 @@ def test_components_names_its_argument():
     moe = random_model("qwen3_moe", decoder_sparse_step=2)  # layer 0 dense, layer 1 sparse
     with pytest.raises(ValueError, match="layer 0 has no experts"):
         ablate.components(moe, "experts:0")
-    with pytest.raises(ValueError, match=r"components\(model, 'neurons:1'\): layer 1 is a mixture of experts.*'experts:1'"):
+    with pytest.raises(
+        ValueError, match=r"components\(model, 'neurons:1'\): layer 1 is a mixture of experts.*'experts:1'"
+    ):
         ablate.components(moe, "neurons:1")
     assert ablate.components(moe, "experts:1") == [f"L1.E{i}" for i in range(moe.cfg.n_experts)]
 
@@ -190,8 +197,10 @@ def test_an_invalid_shard_index_names_its_path(copied_dir):
 
 def test_a_cuda_device_without_cuda_names_the_argument_and_the_fix(gpt2_dir, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for load in (lambda: hooked.load(gpt2_dir, device="cuda"),
-                 lambda: hooked.HookedTransformer.from_pretrained(gpt2_dir, device="cuda:0")):
+    for load in (
+        lambda: hooked.load(gpt2_dir, device="cuda"),
+        lambda: hooked.HookedTransformer.from_pretrained(gpt2_dir, device="cuda:0"),
+    ):
         with pytest.raises(RuntimeError, match=r"device='cuda(:0)?', but .*; load with device='cpu'"):
             load()
     with pytest.raises(ValueError, match="device='gpu' is not a torch device"):
@@ -201,6 +210,7 @@ def test_a_cuda_device_without_cuda_names_the_argument_and_the_fix(gpt2_dir, mon
 def raise_from(cause):
     def snapshot_download(*args, **kwargs):
         raise LocalEntryNotFoundError("not cached") from cause
+
     return snapshot_download
 
 
@@ -208,7 +218,9 @@ def test_the_hub_message_states_the_actual_reason(monkeypatch):
     # HF_HUB_OFFLINE=0 is set, but does not make the hub offline: the request itself failed
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", raise_from(httpx.ConnectError("Name or service not known")))
+    monkeypatch.setattr(
+        huggingface_hub, "snapshot_download", raise_from(httpx.ConnectError("Name or service not known"))
+    )
     with pytest.raises(hooked.CheckpointError) as caught:
         hooked.load("someone/not-a-model")
     message = str(caught.value)
@@ -218,7 +230,9 @@ def test_the_hub_message_states_the_actual_reason(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub, "snapshot_download", raise_from(OfflineModeIsEnabled("offline")))
-    with pytest.raises(hooked.CheckpointError, match=r"offline mode \(TRANSFORMERS_OFFLINE=1\), so the hub was not asked"):
+    with pytest.raises(
+        hooked.CheckpointError, match=r"offline mode \(TRANSFORMERS_OFFLINE=1\), so the hub was not asked"
+    ):
         hooked.load("someone/not-a-model")
 
 
@@ -241,8 +255,14 @@ def test_selectors_of_every_entry_point_name_the_argument(gpt2):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(keys=st.lists(st.one_of(st.integers(-3, 12), st.sampled_from(["0", "1", "10", "base", "L0H0", "a"])),
-                     min_size=1, max_size=5, unique=True))
+@given(
+    keys=st.lists(
+        st.one_of(st.integers(-3, 12), st.sampled_from(["0", "1", "10", "base", "L0H0", "a"])),
+        min_size=1,
+        max_size=5,
+        unique=True,
+    )
+)
 def test_any_variant_names_either_keep_every_variant_or_raise(gpt2, keys):
     """Whatever the keys: each variant keeps a row of its own under str(key), in order, with its own values
     (variant i zeroes head i % n_heads, so rows are told apart), or the sweep raises before any forward."""

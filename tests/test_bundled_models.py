@@ -18,8 +18,27 @@ from hooked.weights import BUNDLED_MODELS, bundled_models, resolve
 # The held-out split of scripts/train_ioi.py, written out: these names were never the IO or S of a
 # training sentence (tasks.NAMES[4::5]), and these BABA/ABBA template ids never occurred in training.
 HELDOUT_NAMES = (
-    "Alice", "Andy", "Blake", "Charlie", "Collins", "David", "Eric", "Georgia", "Jack", "Jane", "Jessica",
-    "Joshua", "Kyle", "Louis", "Maria", "Max", "Paul", "River", "Russell", "Simon", "Thomas",
+    "Alice",
+    "Andy",
+    "Blake",
+    "Charlie",
+    "Collins",
+    "David",
+    "Eric",
+    "Georgia",
+    "Jack",
+    "Jane",
+    "Jessica",
+    "Joshua",
+    "Kyle",
+    "Louis",
+    "Maria",
+    "Max",
+    "Paul",
+    "River",
+    "Russell",
+    "Simon",
+    "Thomas",
 )
 HELDOUT_TEMPLATES = (5, 8, 12, 13)
 SEED = 2024  # not the script's evaluation seed: other prompts than the ones it reported on
@@ -53,7 +72,9 @@ def test_bundled_names_load_from_the_package_without_the_hub(monkeypatch):
 
 
 def test_an_unknown_bundled_name_lists_the_bundled_ones():
-    with pytest.raises(hooked.CheckpointError, match=r"'hooked/ioi-gpt3' is not a bundled model.*hooked/ioi-gpt2, hooked/ioi-qwen3moe"):
+    with pytest.raises(
+        hooked.CheckpointError, match=r"'hooked/ioi-gpt3' is not a bundled model.*hooked/ioi-gpt2, hooked/ioi-qwen3moe"
+    ):
         hooked.load("hooked/ioi-gpt3")
 
 
@@ -116,4 +137,6 @@ def test_the_moe_model_routes_by_token():
         assert used.max() <= 0.5 * used.sum(), f"{name}: one expert takes {used.max() / used.sum():.0%} of the slots"
         final_sets[name] = len({tuple(sorted(row)) for row in indices[:, -1].tolist()})
     # Every prompt ends with " to": layer 0 routes it alike, later layers by what the prompt holds.
-    assert max(final_sets.values()) >= 4, f"distinct expert pairs of the last token across prompts, by layer: {final_sets}"
+    assert max(final_sets.values()) >= 4, (
+        f"distinct expert pairs of the last token across prompts, by layer: {final_sets}"
+    )

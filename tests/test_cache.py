@@ -87,7 +87,9 @@ def test_the_forward_never_edits_a_cached_activation_afterwards(architecture, mo
         _, cache = model.run_with_cache(tokens, names_filter=names)
         expected = _cloned_at_hook_time(model, tokens, names)
     assert list(cache) == list(expected)
-    assert len({_storage(t) for t in cache.values()}) < len(cache)  # references were kept (resid_post i is resid_pre i+1)
+    assert len({_storage(t) for t in cache.values()}) < len(
+        cache
+    )  # references were kept (resid_post i is resid_pre i+1)
     for name in cache:
         assert torch.equal(cache[name], expected[name]), f"{name} changed after its hook fired"
 
@@ -120,7 +122,9 @@ def test_the_callers_tensors_are_copied(gpt2, tokens):
     must not change the cache, even when the cache otherwise keeps references."""
     _, full = gpt2.run_with_cache(tokens)
     resid = full["resid_pre", 1].clone()
-    out, cache = gpt2.run_with_cache(resid, start_at_layer=1, names_filter=["blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"])
+    out, cache = gpt2.run_with_cache(
+        resid, start_at_layer=1, names_filter=["blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"]
+    )
     resid.zero_()
     assert torch.equal(cache["resid_pre", 1], full["resid_pre", 1])
     resid_mid, cache = gpt2.run_with_cache(tokens, stop_at_layer=1, names_filter="blocks.0.hook_resid_post")
@@ -183,7 +187,7 @@ def test_stack_head_results_sum_to_attention_output(gpt2, tokens):
     stack, labels = cache.stack_head_results(return_labels=True)
     assert labels[:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L1H0"]
     for layer in range(2):
-        heads = stack[layer * 4:(layer + 1) * 4].sum(0) + gpt2.blocks[layer].attn.c_proj.bias
+        heads = stack[layer * 4 : (layer + 1) * 4].sum(0) + gpt2.blocks[layer].attn.c_proj.bias
         torch.testing.assert_close(heads, cache["attn_out", layer], rtol=0, atol=1e-5)
 
 
@@ -215,7 +219,9 @@ def test_apply_ln_to_stack_matches_the_norm_of_the_real_residual(gpt2, tokens):
     resid = cache["resid_post", -1][None]
     torch.testing.assert_close(cache.apply_ln_to_stack(resid)[0], cache["ln_final.hook_normalized"], rtol=0, atol=1e-5)
     mid = cache["resid_mid", 0][None]
-    torch.testing.assert_close(cache.apply_ln_to_stack(mid, layer=0, mlp_input=True)[0], cache["normalized", 0, "ln2"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        cache.apply_ln_to_stack(mid, layer=0, mlp_input=True)[0], cache["normalized", 0, "ln2"], rtol=0, atol=1e-5
+    )
 
 
 def test_cache_to_device_and_remove_batch_dim(gpt2, tokens):
@@ -237,7 +243,9 @@ def test_layer_minus_one_means_every_layer_and_the_final_residual(gpt2, tokens):
         assert torch.equal(method(layer=-2), last_block)
     assert cache.accumulated_resid(layer=-1, return_labels=True)[1][-1] == "final_post"
     resid = cache["resid_post", -1][None]
-    torch.testing.assert_close(cache.apply_ln_to_stack(resid, layer=-1)[0], cache["ln_final.hook_normalized"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        cache.apply_ln_to_stack(resid, layer=-1)[0], cache["ln_final.hook_normalized"], rtol=0, atol=1e-5
+    )
     with pytest.raises(IndexError, match="out of range"):
         cache.accumulated_resid(layer=n_layers + 1)
 

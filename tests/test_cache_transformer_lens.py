@@ -60,8 +60,22 @@ def padded_caches(gpt2, tl):
 
 
 # ----------------------------------------------------------------------------- Slice
-SLICE_INPUTS = [None, 0, 3, -1, (4,), (1, 5), (1, 9, 3), (-3, None), slice(2, None), [0, 4, 4], [],
-                torch.tensor([2, 1]), np.array([5, 0]), torch.tensor([True, False] * 5 + [True])]
+SLICE_INPUTS = [
+    None,
+    0,
+    3,
+    -1,
+    (4,),
+    (1, 5),
+    (1, 9, 3),
+    (-3, None),
+    slice(2, None),
+    [0, 4, 4],
+    [],
+    torch.tensor([2, 1]),
+    np.array([5, 0]),
+    torch.tensor([True, False] * 5 + [True]),
+]
 
 
 @pytest.mark.parametrize("input_slice", SLICE_INPUTS, ids=repr)
@@ -98,9 +112,26 @@ def test_a_plain_int_pos_slice_indexes_as_a_slice_does(caches):
 
 
 # ----------------------------------------------------------------------------- keys
-@pytest.mark.parametrize("key", ["k1a", "k0", "scale1ln1", "scale0ln2", "normalized1ln2", "pre1", "post0", "q0",
-                                 "pattern1", "z1", "v0a", "embed", "pos_embed", "scale",
-                                 "blocks.0.hook_resid_pre"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "k1a",
+        "k0",
+        "scale1ln1",
+        "scale0ln2",
+        "normalized1ln2",
+        "pre1",
+        "post0",
+        "q0",
+        "pattern1",
+        "z1",
+        "v0a",
+        "embed",
+        "pos_embed",
+        "scale",
+        "blocks.0.hook_resid_pre",
+    ],
+)
 def test_compact_keys_parse_as_transformer_lens(caches, key):
     ours, theirs = caches
     assert act_name(key) == tl_act_name(key)
@@ -149,13 +180,20 @@ def test_residual_stacks_match_with_every_pos_slice(caches, pos_slice):
             assert labels == tl_labels
             close(a, b)
     for layer in (-1, 1):
-        a, labels = ours.stack_head_results(layer, pos_slice=pos_slice, incl_remainder=True, apply_ln=True, return_labels=True)
-        b, tl_labels = theirs.stack_head_results(layer, pos_slice=theirs_slice, incl_remainder=True, apply_ln=True, return_labels=True)
+        a, labels = ours.stack_head_results(
+            layer, pos_slice=pos_slice, incl_remainder=True, apply_ln=True, return_labels=True
+        )
+        b, tl_labels = theirs.stack_head_results(
+            layer, pos_slice=theirs_slice, incl_remainder=True, apply_ln=True, return_labels=True
+        )
         assert labels == tl_labels
         close(a, b)
     close(ours.stack_head_results(0, pos_slice=pos_slice), theirs.stack_head_results(0, pos_slice=theirs_slice))
     # Into block 0 nothing but the embeddings: TransformerLens' remainder reads resid_post of layer -1, the last block.
-    close(ours.stack_head_results(0, pos_slice=pos_slice, incl_remainder=True)[0], ours._slice(ours["resid_pre", 0], pos_slice))
+    close(
+        ours.stack_head_results(0, pos_slice=pos_slice, incl_remainder=True)[0],
+        ours._slice(ours["resid_pre", 0], pos_slice),
+    )
 
 
 # ----------------------------------------------------------------------------- logit attributions
@@ -176,9 +214,11 @@ def test_logit_attrs_with_a_batch_of_answers_and_an_int_pos_slice(caches, tl_fol
     expected = folded.logit_attrs(stack, answers, pos_slice=-1)
     expected_diff = folded.logit_attrs(stack, answers, incorrect_tokens=wrong, pos_slice=-1)
     assert expected.shape == (stack.shape[0], 3)
-    for our_stack, our_slice in ((ours.decompose_resid(pos_slice=-1), -1),  # [component batch d_model]
-                                 (ours.decompose_resid(pos_slice=Slice(-1)), Slice(-1)),
-                                 (ours.decompose_resid(pos_slice=Slice(-1)), -1)):
+    for our_stack, our_slice in (
+        (ours.decompose_resid(pos_slice=-1), -1),  # [component batch d_model]
+        (ours.decompose_resid(pos_slice=Slice(-1)), Slice(-1)),
+        (ours.decompose_resid(pos_slice=Slice(-1)), -1),
+    ):
         close(ours.logit_attrs(our_stack, answers, pos_slice=our_slice), expected)
         close(ours.logit_attrs(our_stack, answers, incorrect_tokens=wrong, pos_slice=our_slice), expected_diff)
     for answer, batch_slice in ((7, None), ("a", None), (answers[:1], (0, 1))):  # one token; a batch of one
@@ -218,8 +258,10 @@ def test_recompute_ln_is_the_final_norm_itself(caches, gpt2):
 
 
 # ----------------------------------------------------------------------------- stacks
-@pytest.mark.parametrize("name, layer, sublayer_type", [("scale", -1, "ln2"), ("pattern", None, None), ("z", 1, None),
-                                                        ("resid_pre", 2, None), ("normalized", -1, "ln1")])
+@pytest.mark.parametrize(
+    "name, layer, sublayer_type",
+    [("scale", -1, "ln2"), ("pattern", None, None), ("z", 1, None), ("resid_pre", 2, None), ("normalized", -1, "ln1")],
+)
 def test_stack_activation(caches, name, layer, sublayer_type):
     ours, theirs = caches
     close(ours.stack_activation(name, layer, sublayer_type), theirs.stack_activation(name, layer, sublayer_type))
@@ -256,20 +298,26 @@ def test_get_neuron_results(caches, neuron_slice, pos_slice):
 def test_stack_neuron_results(caches, layer):
     ours, theirs = caches
     direction = torch.randn(64, generator=torch.Generator().manual_seed(3))
-    for kwargs in (dict(), dict(incl_remainder=True, apply_ln=True), dict(pos_slice=Slice(-1), neuron_slice=Slice((0, 7))),
-                   dict(project_output_onto=direction, incl_remainder=True),
-                   dict(project_output_onto=direction[:, None].repeat(1, 2), apply_ln=True, pos_slice=(2, 5))):
+    for kwargs in (
+        dict(),
+        dict(incl_remainder=True, apply_ln=True),
+        dict(pos_slice=Slice(-1), neuron_slice=Slice((0, 7))),
+        dict(project_output_onto=direction, incl_remainder=True),
+        dict(project_output_onto=direction[:, None].repeat(1, 2), apply_ln=True, pos_slice=(2, 5)),
+    ):
         if layer == 0 and kwargs.get("incl_remainder"):  # TransformerLens' remainder into block 0 reads the last block
             kwargs.pop("incl_remainder")
         a, labels = ours.stack_neuron_results(layer, return_labels=True, **kwargs)
-        b, tl_labels = theirs.stack_neuron_results(layer, return_labels=True, **{k: tl_slice(v) for k, v in kwargs.items()})
+        b, tl_labels = theirs.stack_neuron_results(
+            layer, return_labels=True, **{k: tl_slice(v) for k, v in kwargs.items()}
+        )
         assert labels == tl_labels
         close(a, b)
 
 
 def test_stack_neuron_results_sum_to_the_mlp_output(caches, gpt2):
     ours, _ = caches
-    neurons = ours.stack_neuron_results(2)[gpt2.cfg.d_mlp:]
+    neurons = ours.stack_neuron_results(2)[gpt2.cfg.d_mlp :]
     close(neurons.sum(0) + gpt2.blocks[1].mlp.c_proj.bias, ours["mlp_out", 1], atol=1e-4)
 
 
@@ -277,10 +325,17 @@ def test_stack_neuron_results_sum_to_the_mlp_output(caches, gpt2):
 def test_get_full_resid_decomposition(caches, layer, mlp_input):
     ours, theirs = caches
     direction = torch.randn(64, generator=torch.Generator().manual_seed(4))
-    for kwargs in (dict(), dict(expand_neurons=False), dict(apply_ln=True, pos_slice=Slice(-1)),
-                   dict(project_output_onto=direction, apply_ln=True), dict(pos_slice=(3, 6), expand_neurons=False, apply_ln=True)):
+    for kwargs in (
+        dict(),
+        dict(expand_neurons=False),
+        dict(apply_ln=True, pos_slice=Slice(-1)),
+        dict(project_output_onto=direction, apply_ln=True),
+        dict(pos_slice=(3, 6), expand_neurons=False, apply_ln=True),
+    ):
         a, labels = ours.get_full_resid_decomposition(layer, mlp_input, return_labels=True, **kwargs)
-        b, tl_labels = theirs.get_full_resid_decomposition(layer, mlp_input, return_labels=True, **{k: tl_slice(v) for k, v in kwargs.items()})
+        b, tl_labels = theirs.get_full_resid_decomposition(
+            layer, mlp_input, return_labels=True, **{k: tl_slice(v) for k, v in kwargs.items()}
+        )
         if mlp_input and "project_output_onto" in kwargs:
             # TransformerLens normalises the neurons (only) by ln1's scale on this path; every row here uses ln2's,
             # as TransformerLens does without a projection.
@@ -297,8 +352,10 @@ def test_accumulated_bias(gpt2, tl):
     for layer in range(gpt2.cfg.n_layers + 1):
         for mlp_input in (False, True) if layer < gpt2.cfg.n_layers else (False,):
             for include_mlp_biases in (True, False):
-                close(accumulated_bias(gpt2, layer, mlp_input, include_mlp_biases),
-                      tl.accumulated_bias(layer, mlp_input, include_mlp_biases).detach())
+                close(
+                    accumulated_bias(gpt2, layer, mlp_input, include_mlp_biases),
+                    tl.accumulated_bias(layer, mlp_input, include_mlp_biases).detach(),
+                )
     with pytest.raises(ValueError, match="beyond the final layer"):
         accumulated_bias(gpt2, gpt2.cfg.n_layers, mlp_input=True)
 
@@ -333,10 +390,17 @@ def test_padded_batch_matches_transformer_lens(padded_caches, tl_folded):
     real = tokens[1] != 0
     real[torch.argmax(real.int())] = True
     close(ours.decompose_resid(apply_ln=True)[:, 1][:, real], theirs.decompose_resid(apply_ln=True)[:, 1][:, real])
-    close(ours.accumulated_resid(apply_ln=True, pos_slice=Slice(-1)), theirs.accumulated_resid(apply_ln=True, pos_slice=-1))
-    close(ours.get_full_resid_decomposition(apply_ln=True, pos_slice=Slice(-1)),
-          theirs.get_full_resid_decomposition(apply_ln=True, pos_slice=-1))
+    close(
+        ours.accumulated_resid(apply_ln=True, pos_slice=Slice(-1)),
+        theirs.accumulated_resid(apply_ln=True, pos_slice=-1),
+    )
+    close(
+        ours.get_full_resid_decomposition(apply_ln=True, pos_slice=Slice(-1)),
+        theirs.get_full_resid_decomposition(apply_ln=True, pos_slice=-1),
+    )
     _, folded = tl_folded.run_with_cache(tokens)
     answers = tokens[:, -2]
-    close(ours.logit_attrs(ours.get_full_resid_decomposition(pos_slice=-1), answers, pos_slice=-1),
-          folded.logit_attrs(folded.get_full_resid_decomposition(pos_slice=-1), answers, pos_slice=-1))
+    close(
+        ours.logit_attrs(ours.get_full_resid_decomposition(pos_slice=-1), answers, pos_slice=-1),
+        folded.logit_attrs(folded.get_full_resid_decomposition(pos_slice=-1), answers, pos_slice=-1),
+    )

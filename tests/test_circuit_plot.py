@@ -21,8 +21,11 @@ def _legend(figure) -> list[str]:
 def _texts(figure, faint: bool = False) -> list[str]:
     """The figure's texts: the dark ones (labels of circuit nodes, rows, ports), or the faint ones (the
     labels of the model's nodes outside the circuit)."""
-    return [text.get_text() for text in figure.axes[0].texts
-            if (matplotlib.colors.to_hex(text.get_color()) == GHOST_LABEL) == faint]
+    return [
+        text.get_text()
+        for text in figure.axes[0].texts
+        if (matplotlib.colors.to_hex(text.get_color()) == GHOST_LABEL) == faint
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +71,9 @@ def test_edges_are_coloured_by_the_input_they_feed(ioi_circuit):
         assert figure.axes[0].get_title() == "custom title"
         patches = figure.axes[0].patches  # networkx draws each arrow as a FancyArrowPatch
         colours = {matplotlib.colors.to_hex(patch.get_edgecolor()) for patch in patches}
-        kinds = {edge.receiver.rsplit(".", 1)[-1] if edge.receiver != "logits" else "logits" for edge in ioi_circuit.edges}
+        kinds = {
+            edge.receiver.rsplit(".", 1)[-1] if edge.receiver != "logits" else "logits" for edge in ioi_circuit.edges
+        }
         for kind in kinds:
             assert COLOURS["mlp" if kind == "mlp" else kind] in colours, kind
         assert len(patches) >= len(ioi_circuit.edges)
@@ -80,8 +85,18 @@ def test_grouped_query_ports_and_unsigned_acdc_scores(tmp_path):
     """A grouped-query graph (4 heads, 2 key/value heads): a k/v edge ends on its group's port, labelled KV0;
     an ACDC circuit has no sign legend. No model needed: a circuit is a graph and some edges."""
     g = graph_of_shape(2, 4, 2)
-    edges = [g.edge(e) for e in ("input->L0KV0.v", "input->L0H1.q", "L0H1->L1KV1.k", "L0H0->L1.mlp", "L1H3->logits",
-                                 "L1.mlp->logits", "L0H1->logits")]
+    edges = [
+        g.edge(e)
+        for e in (
+            "input->L0KV0.v",
+            "input->L0H1.q",
+            "L0H1->L1KV1.k",
+            "L0H0->L1.mlp",
+            "L1H3->logits",
+            "L1.mlp->logits",
+            "L0H1->logits",
+        )
+    ]
     scores = {str(e): 0.0 for e in g.edges} | {str(e): 1.0 + i for i, e in enumerate(edges)}
     circuit = Circuit(g, edges, scores, "acdc")
     figure = circuit.plot(tmp_path / "gqa.png")
@@ -103,8 +118,17 @@ def test_a_post_norm_layer_is_one_attention_node_joined_to_its_ports(tmp_path):
     """Where a layer's attention is one node (OLMo 2, Gemma: `L{l}.attn`), the row holds it, not its heads; the
     ports its edges feed are joined to it, and the layer's heads are not drawn even as outlines."""
     g = graph_of_shape(2, 4, 2, whole_attention=(0, 1))
-    edges = [g.edge(e) for e in ("input->L0H1.q", "input->L0KV0.v", "L0.attn->L1KV1.k", "L0.attn->L1.mlp",
-                                 "L1.attn->logits", "L1.mlp->logits")]
+    edges = [
+        g.edge(e)
+        for e in (
+            "input->L0H1.q",
+            "input->L0KV0.v",
+            "L0.attn->L1KV1.k",
+            "L0.attn->L1.mlp",
+            "L1.attn->logits",
+            "L1.mlp->logits",
+        )
+    ]
     scores = {str(e): 0.0 for e in g.edges} | {str(e): -1.0 - i for i, e in enumerate(edges)}
     circuit = Circuit(g, edges, scores, "eap")
     figure = circuit.plot(tmp_path / "post-norm.png")

@@ -73,7 +73,9 @@ def ref_sources(n_layers: int, n_heads: int, parallel: bool = False, whole: bool
     node), then its MLP (in a parallel-residual block, when its heads write)."""
     out = [("input", -1)]
     for layer in range(n_layers):
-        out += [(f"L{layer}.attn", 4 * layer + 1)] if whole else [(f"L{layer}H{h}", 4 * layer + 1) for h in range(n_heads)]
+        out += (
+            [(f"L{layer}.attn", 4 * layer + 1)] if whole else [(f"L{layer}H{h}", 4 * layer + 1) for h in range(n_heads)]
+        )
         out.append((f"L{layer}.mlp", 4 * layer + (1 if parallel else 3)))
     return out
 
@@ -91,11 +93,17 @@ def ref_receivers(n_layers: int, n_heads: int, n_kv: int, parallel: bool = False
 
 
 def ref_edges(n_layers: int, n_heads: int, n_kv: int, parallel: bool = False, whole: bool = False) -> list[str]:
-    return [f"{s}->{r}" for r, read in ref_receivers(n_layers, n_heads, n_kv, parallel)
-            for s, write in ref_sources(n_layers, n_heads, parallel, whole) if write < read]
+    return [
+        f"{s}->{r}"
+        for r, read in ref_receivers(n_layers, n_heads, n_kv, parallel)
+        for s, write in ref_sources(n_layers, n_heads, parallel, whole)
+        if write < read
+    ]
 
 
-def edges_into(receiver: str, n_layers: int, n_heads: int, n_kv: int, parallel: bool = False, whole: bool = False) -> list[str]:
+def edges_into(
+    receiver: str, n_layers: int, n_heads: int, n_kv: int, parallel: bool = False, whole: bool = False
+) -> list[str]:
     return [e for e in ref_edges(n_layers, n_heads, n_kv, parallel, whole) if e.split("->")[1] == receiver]
 
 
@@ -258,8 +266,9 @@ def brute_patch(model, clean, corrupt, edges, metric, mask=None, ablation="corru
         return activation
 
     with torch.no_grad():
-        logits = model.run_with_hooks(clean, attention_mask=mask,
-                                      fwd_hooks=[(n, capture) for n in names] + [(n, receive) for n in at])
+        logits = model.run_with_hooks(
+            clean, attention_mask=mask, fwd_hooks=[(n, capture) for n in names] + [(n, receive) for n in at]
+        )
     return score(model, metric, logits, mask)
 
 
@@ -275,7 +284,9 @@ def brute_receiver_corrupt(model, clean, corrupt, receiver, metric, mask=None):
         return activation
 
     with torch.no_grad():
-        return score(model, metric, model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=[(point, replace)]), mask)
+        return score(
+            model, metric, model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=[(point, replace)]), mask
+        )
 
 
 def ref_inputs_of(node: str, n_heads: int, n_kv: int) -> list[str]:
@@ -305,11 +316,15 @@ def brute_wang(model, clean, corrupt, senders, receivers, metric, mask=None, abl
     its clean write, MLPs recomputed, receivers' inputs recorded; (2) the clean run reading those. A post-norm
     layer's attention output (hook_attn_out) is frozen as its heads are elsewhere."""
     n_layers, n_heads, n_kv = shape(model)
-    head_points = [f"blocks.{layer}.{'hook_attn_out' if is_whole(model) else 'attn.hook_result'}" for layer in range(n_layers)]
+    head_points = [
+        f"blocks.{layer}.{'hook_attn_out' if is_whole(model) else 'attn.hook_result'}" for layer in range(n_layers)
+    ]
     sender_points = [source_point(n_layers, s) for s in senders]
     with torch.no_grad():
         _, clean_cache = model.run_with_cache(clean, attention_mask=mask, names_filter=head_points)
-        _, corrupt_cache = model.run_with_cache(corrupt, attention_mask=mask, names_filter=[p for p, _ in sender_points])
+        _, corrupt_cache = model.run_with_cache(
+            corrupt, attention_mask=mask, names_filter=[p for p, _ in sender_points]
+        )
 
     def write(activation, hook):
         new = clean_cache[hook.name].clone() if hook.name in head_points else activation.clone()
@@ -330,7 +345,9 @@ def brute_wang(model, clean, corrupt, senders, receivers, metric, mask=None, abl
 
     written = set(head_points) | {p for p, _ in sender_points}
     with torch.no_grad():
-        model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=[(n, write) for n in written] + [(n, keep) for n in at])
+        model.run_with_hooks(
+            clean, attention_mask=mask, fwd_hooks=[(n, write) for n in written] + [(n, keep) for n in at]
+        )
 
     def replace(activation, hook):
         new = activation.clone()
@@ -347,13 +364,34 @@ def brute_wang(model, clean, corrupt, senders, receivers, metric, mask=None, abl
 ARCHS = {
     "gpt2": dict(n_layers=2, d_model=16, n_heads=2, d_mlp=32, d_vocab=32, n_ctx=16),
     "qwen3": dict(n_layers=2, d_model=16, n_heads=4, n_kv_heads=2, d_head=4, d_mlp=32, d_vocab=32, attention_bias=True),
-    "qwen3_moe": dict(n_layers=2, d_model=16, n_heads=2, n_kv_heads=1, d_head=8, d_mlp=32, d_vocab=32, n_experts=4,
-                      top_k=2, d_expert_mlp=8),
+    "qwen3_moe": dict(
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        n_kv_heads=1,
+        d_head=8,
+        d_mlp=32,
+        d_vocab=32,
+        n_experts=4,
+        top_k=2,
+        d_expert_mlp=8,
+    ),
     "gpt_neox": dict(n_layers=2, d_model=16, n_heads=2, d_mlp=32, d_vocab=32, rotary_dim=4, use_parallel_residual=True),
     # post-norm blocks: each layer's attention is one node, L{l}.attn
     "olmo2": dict(n_layers=2, d_model=16, n_heads=4, n_kv_heads=2, d_head=4, d_mlp=32, d_vocab=32),
-    "gemma2": dict(n_layers=2, d_model=16, n_heads=2, n_kv_heads=1, d_head=8, d_mlp=32, d_vocab=32, sliding_window=3,
-                   query_pre_attn_scalar=8.0, attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
+    "gemma2": dict(
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        n_kv_heads=1,
+        d_head=8,
+        d_mlp=32,
+        d_vocab=32,
+        sliding_window=3,
+        query_pre_attn_scalar=8.0,
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=3.0,
+    ),
 }
 
 
@@ -375,7 +413,9 @@ def paired_prompts(model, batch: int, pos: int, seed: int = 0, padded: bool = Fa
 
 
 def answers_metric(model, batch: int, position: int | None = -1):
-    return metrics.logit_diff(None, [3 + i % 2 for i in range(batch)], [5 + (i % 3) for i in range(batch)], position=position)
+    return metrics.logit_diff(
+        None, [3 + i % 2 for i in range(batch)], [5 + (i % 3) for i in range(batch)], position=position
+    )
 
 
 # ============================================================================= edge patching
@@ -386,15 +426,24 @@ def test_every_single_edge_equals_brute_force(arch, padded):
     clean, corrupt, mask = paired_prompts(model, 3, 6, seed=2, padded=padded)
     metric = answers_metric(model, 3)
     edges = ref_edges(*shape(model), **layout(model))  # gpt_neox: a parallel residual
-    assert [str(e) for e in circuits.graph(model).edges] == edges or sorted(map(str, circuits.graph(model).edges)) == sorted(edges)
+    assert [str(e) for e in circuits.graph(model).edges] == edges or sorted(
+        map(str, circuits.graph(model).edges)
+    ) == sorted(edges)
     result = circuits.patch_edges(model, clean, corrupt, {e: [e] for e in edges}, metric, attention_mask=mask)
     assert result.variants == edges and result.values.shape == (len(edges), 3)
     expected = torch.stack([brute_patch(model, clean, corrupt, [e], metric, mask) for e in edges])
     assert_close_to_scale(result.base, run_metric(model, clean, metric, mask))
     assert_close_to_scale(result.values, expected)
     moved = (expected - result.base).abs().amax(1)
-    kinds = {"q": r"\.q$", "k": r"\.k$", "v": r"\.v$", "mlp": r"->L\d\.mlp$", "from mlp": r"^L\d\.mlp->",
-             "input": r"^input->", "logits": r"->logits$"}
+    kinds = {
+        "q": r"\.q$",
+        "k": r"\.k$",
+        "v": r"\.v$",
+        "mlp": r"->L\d\.mlp$",
+        "from mlp": r"^L\d\.mlp->",
+        "input": r"^input->",
+        "logits": r"->logits$",
+    }
     for kind, pattern in kinds.items():  # each kind of edge was really exercised: some edge of it moves the metric
         assert any(m > 1e-3 for e, m in zip(edges, moved.tolist()) if re.search(pattern, e)), kind
 
@@ -413,15 +462,21 @@ def test_random_edge_sets_equal_brute_force(arch):
     for size in (2, 5, 12, 30, len(edges) // 2, len(edges) - 3):
         chosen = torch.randperm(len(edges), generator=generator)[:size].tolist()
         variants[f"{size} edges"] = [edges[i] for i in sorted(chosen)]
-    for ablation, metric in (("corrupt", answers_metric(model, 4)), ("mean", answers_metric(model, 4, position=None)),
-                             ("zero", answers_metric(model, 4))):
+    for ablation, metric in (
+        ("corrupt", answers_metric(model, 4)),
+        ("mean", answers_metric(model, 4, position=None)),
+        ("zero", answers_metric(model, 4)),
+    ):
         result = circuits.patch_edges(model, clean, corrupt, variants, metric, ablation=ablation, attention_mask=mask)
-        expected = torch.stack([brute_patch(model, clean, corrupt, v, metric, mask, ablation) for v in variants.values()])
+        expected = torch.stack(
+            [brute_patch(model, clean, corrupt, v, metric, mask, ablation) for v in variants.values()]
+        )
         assert_close_to_scale(result.values, expected)
         assert (expected - result.base).abs().max() > 1e-2  # the sets do move the metric
         # one variant per forward (max_bytes tiny) gives the same numbers as all in one forward
-        one_by_one = circuits.patch_edges(model, clean, corrupt, variants, metric, ablation=ablation,
-                                          attention_mask=mask, max_bytes=1)
+        one_by_one = circuits.patch_edges(
+            model, clean, corrupt, variants, metric, ablation=ablation, attention_mask=mask, max_bytes=1
+        )
         assert_close_to_scale(one_by_one.values, expected)
     assert no_hooks(model)
 
@@ -434,10 +489,22 @@ def test_bundled_ioi_models_edges_equal_brute_force(name):
     n_layers, n_heads, n_kv = shape(model)
     kv = kv_name(2, 1, n_heads, n_kv)
     variants = {
-        "head->q": ["L1H2->L3H0.q"], "head->k": [f"L0H1->{kv}.k"], "head->v": [f"L0H3->{kv}.v"],
-        "head->mlp": ["L2H0->L2.mlp"], "mlp->head": ["L1.mlp->L3H1.q"], "input->head": [f"input->{kv_name(0, 0, n_heads, n_kv)}.v"],
-        "mlp->logits": ["L3.mlp->logits"], "head->logits": ["L3H1->logits"], "input->logits": ["input->logits"],
-        "set": [f"L0H0->{kv_name(1, 1, n_heads, n_kv)}.k", "L1H1->L2.mlp", "L2.mlp->L3H3.q", "L3H3->logits", "input->L2.mlp"],
+        "head->q": ["L1H2->L3H0.q"],
+        "head->k": [f"L0H1->{kv}.k"],
+        "head->v": [f"L0H3->{kv}.v"],
+        "head->mlp": ["L2H0->L2.mlp"],
+        "mlp->head": ["L1.mlp->L3H1.q"],
+        "input->head": [f"input->{kv_name(0, 0, n_heads, n_kv)}.v"],
+        "mlp->logits": ["L3.mlp->logits"],
+        "head->logits": ["L3H1->logits"],
+        "input->logits": ["input->logits"],
+        "set": [
+            f"L0H0->{kv_name(1, 1, n_heads, n_kv)}.k",
+            "L1H1->L2.mlp",
+            "L2.mlp->L3H3.q",
+            "L3H3->logits",
+            "input->L2.mlp",
+        ],
         "into logits": edges_into("logits", n_layers, n_heads, n_kv),
     }
     result = circuits.patch_edges(model, task.clean, task.corrupt, variants, metric)
@@ -468,10 +535,15 @@ def test_all_none_and_one_receivers_edges(data):
     model = data.draw(models(CIRCUIT_FAMILIES), label="model")
     clean, corrupt, mask, metric = draw_prompts(data, model)
     n_layers, n_heads, n_kv = shape(model)
-    receiver = data.draw(st.sampled_from([name for name, _ in ref_receivers(n_layers, n_heads, n_kv, is_parallel(model))]),
-                         label="receiver")
-    variants = {"all": ref_edges(n_layers, n_heads, n_kv, **layout(model)), "none": [],
-                "into": edges_into(receiver, n_layers, n_heads, n_kv, **layout(model))}
+    receiver = data.draw(
+        st.sampled_from([name for name, _ in ref_receivers(n_layers, n_heads, n_kv, is_parallel(model))]),
+        label="receiver",
+    )
+    variants = {
+        "all": ref_edges(n_layers, n_heads, n_kv, **layout(model)),
+        "none": [],
+        "into": edges_into(receiver, n_layers, n_heads, n_kv, **layout(model)),
+    }
     result = circuits.patch_edges(model, clean, corrupt, variants, metric, attention_mask=mask)
     assert_close_to_scale(result["all"], run_metric(model, corrupt, metric, mask))
     assert_close_to_scale(result["none"], run_metric(model, clean, metric, mask))
@@ -487,11 +559,14 @@ def test_random_edge_sets_and_ablations_property(data):
     model = copy.deepcopy(data.draw(models(CIRCUIT_FAMILIES), label="model")).double()
     clean, corrupt, mask, metric = draw_prompts(data, model)
     edges = ref_edges(*shape(model), **layout(model))
-    sets = data.draw(st.lists(st.lists(st.sampled_from(edges), unique=True, max_size=len(edges)), min_size=1, max_size=4),
-                     label="edge sets")
+    sets = data.draw(
+        st.lists(st.lists(st.sampled_from(edges), unique=True, max_size=len(edges)), min_size=1, max_size=4),
+        label="edge sets",
+    )
     ablation = data.draw(st.sampled_from(["corrupt", "mean", "zero"]), label="ablation")
-    result = circuits.patch_edges(model, clean, corrupt, {f"v{i}": s for i, s in enumerate(sets)}, metric,
-                                  ablation=ablation, attention_mask=mask)
+    result = circuits.patch_edges(
+        model, clean, corrupt, {f"v{i}": s for i, s in enumerate(sets)}, metric, ablation=ablation, attention_mask=mask
+    )
     expected = torch.stack([brute_patch(model, clean, corrupt, s, metric, mask, ablation) for s in sets])
     assert_close_to_scale(result.values, expected)
 
@@ -601,8 +676,16 @@ def test_attribution_property(data):
     clean, corrupt, mask, metric = draw_prompts(data, model)
     ablation = data.draw(st.sampled_from(["corrupt", "mean", "zero"]), label="ablation")
     steps = data.draw(st.sampled_from([None, 1, 3]), label="steps (None: EAP)")
-    scores = circuits.attribute(model, clean, corrupt, metric, method="eap" if steps is None else "eap-ig",
-                                steps=steps or 5, ablation=ablation, attention_mask=mask)
+    scores = circuits.attribute(
+        model,
+        clean,
+        corrupt,
+        metric,
+        method="eap" if steps is None else "eap-ig",
+        steps=steps or 5,
+        ablation=ablation,
+        attention_mask=mask,
+    )
     alphas = None if steps is None else [(k + 0.5) / steps for k in range(steps)]
     expected = hand_scores(model, clean, corrupt, metric, mask, alphas, ablation)
     largest = max(1.0, max(abs(v) for v in expected.values()))
@@ -619,12 +702,16 @@ def test_eap_ig_converges_to_the_exact_effect_where_blocks_write_nothing():
                 linear.bias.zero_()
     clean, corrupt, _ = paired_prompts(model, 4, 5, seed=9)
     metric = metrics.logit_diff(None, [3] * 4, [5] * 4)
-    exact = float((brute_patch(model, clean, corrupt, ["input->logits"], metric) - run_metric(model, clean, metric)).mean())
+    exact = float(
+        (brute_patch(model, clean, corrupt, ["input->logits"], metric) - run_metric(model, clean, metric)).mean()
+    )
     # the model is a function of its input alone: the edge input->logits carries every difference
     assert abs(exact - float((run_metric(model, corrupt, metric) - run_metric(model, clean, metric)).mean())) < 1e-5
     eap = circuits.attribute(model, clean, corrupt, metric, method="eap")["input->logits"]
-    ig8, ig64 = (circuits.attribute(model, clean, corrupt, metric, method="eap-ig", steps=steps)["input->logits"]
-                 for steps in (8, 64))
+    ig8, ig64 = (
+        circuits.attribute(model, clean, corrupt, metric, method="eap-ig", steps=steps)["input->logits"]
+        for steps in (8, 64)
+    )
     assert abs(exact) > 0.1 and abs(eap - exact) > 0.3 * abs(exact)  # the single gradient is far off (the final norm)
     assert abs(ig64 - exact) < 0.01 * abs(eap - exact)
     assert abs(ig64 - exact) < 1e-4 * max(1.0, abs(exact))
@@ -657,6 +744,7 @@ def pairs_for(model):
     """PAIRS, with each head node L{l}H{h} read as its layer's attention node L{l}.attn on a post-norm model."""
     if not is_whole(model):
         return PAIRS
+
     def whole(nodes):
         return list(dict.fromkeys(re.sub(r"^L(\d+)H\d+$", r"L\1.attn", n) for n in nodes))
 
@@ -670,7 +758,9 @@ def test_path_patching_direct_and_wang_equal_brute_force(arch):
     metric = answers_metric(model, 3)
     for senders, receivers, agree in pairs_for(model):
         direct = circuits.path_patch(model, clean, corrupt, senders, receivers, metric, attention_mask=mask)
-        wang = circuits.path_patch(model, clean, corrupt, senders, receivers, metric, method="wang", attention_mask=mask)
+        wang = circuits.path_patch(
+            model, clean, corrupt, senders, receivers, metric, method="wang", attention_mask=mask
+        )
         expected_direct = brute_patch(model, clean, corrupt, direct_edges(model, senders, receivers), metric, mask)
         expected_wang = brute_wang(model, clean, corrupt, senders, receivers, metric, mask)
         assert_close_to_scale(direct.values[0], expected_direct)
@@ -698,17 +788,23 @@ def test_path_patching_property(data):
     clean, corrupt, mask, metric = draw_prompts(data, model)
     n_layers, n_heads, n_kv = shape(model)
     nodes = [s for s, _ in ref_sources(n_layers, n_heads, **layout(model))][1:]
-    senders = data.draw(st.lists(st.sampled_from(["input"] + nodes), min_size=1, max_size=3, unique=True), label="senders")
+    senders = data.draw(
+        st.lists(st.sampled_from(["input"] + nodes), min_size=1, max_size=3, unique=True), label="senders"
+    )
     inputs = [r for r, _ in ref_receivers(n_layers, n_heads, n_kv)]
-    receivers = data.draw(st.lists(st.sampled_from(nodes + inputs + ["logits"]), min_size=1, max_size=3, unique=True),
-                          label="receivers")
+    receivers = data.draw(
+        st.lists(st.sampled_from(nodes + inputs + ["logits"]), min_size=1, max_size=3, unique=True), label="receivers"
+    )
     edges = direct_edges(model, senders, receivers)
     assume(edges)
     ablation = data.draw(st.sampled_from(["corrupt", "mean", "zero"]), label="ablation")
-    direct = circuits.path_patch(model, clean, corrupt, senders, receivers, metric, ablation=ablation, attention_mask=mask)
+    direct = circuits.path_patch(
+        model, clean, corrupt, senders, receivers, metric, ablation=ablation, attention_mask=mask
+    )
     assert_close_to_scale(direct.values[0], brute_patch(model, clean, corrupt, edges, metric, mask, ablation))
-    wang = circuits.path_patch(model, clean, corrupt, senders, receivers, metric, method="wang", ablation=ablation,
-                               attention_mask=mask)
+    wang = circuits.path_patch(
+        model, clean, corrupt, senders, receivers, metric, method="wang", ablation=ablation, attention_mask=mask
+    )
     assert_close_to_scale(wang.values[0], brute_wang(model, clean, corrupt, senders, receivers, metric, mask, ablation))
 
 
@@ -771,10 +867,12 @@ def test_acdc_equals_a_plain_sequential_acdc(arch):
         for edge, move in moves.items():
             assert abs(scores[edge] - move) < 1e-4 * max(1.0, move)
     g = circuits.graph(model)
-    sequential = circuits.discover(model, clean, corrupt, metric, method="acdc", threshold=threshold, batch_edges=1,
-                                   attention_mask=mask)
-    speculative = circuits.discover(model, clean, corrupt, metric, method="acdc", threshold=threshold, batch_edges=16,
-                                    attention_mask=mask)
+    sequential = circuits.discover(
+        model, clean, corrupt, metric, method="acdc", threshold=threshold, batch_edges=1, attention_mask=mask
+    )
+    speculative = circuits.discover(
+        model, clean, corrupt, metric, method="acdc", threshold=threshold, batch_edges=16, attention_mask=mask
+    )
     assert set(sequential.edges) == set(speculative.edges) == set(circuits.prune(g, kept))
     assert sequential.provenance["circuits"]["forwards"] == n_edges  # one forward per trial
     assert speculative.provenance["circuits"]["forwards"] < n_edges
@@ -785,7 +883,9 @@ def test_acdc_equals_a_plain_sequential_acdc(arch):
 def reference_faithfulness(model, clean, corrupt, kept, metric, mask=None, ablation="corrupt"):
     """(m(kept) - m(empty)) / (m(full) - m(empty)), every edge outside `kept` patched by `brute_patch`."""
     every, kept = ref_edges(*shape(model), **layout(model)), set(map(str, kept))
-    value = float(brute_patch(model, clean, corrupt, [e for e in every if e not in kept], metric, mask, ablation).mean())
+    value = float(
+        brute_patch(model, clean, corrupt, [e for e in every if e not in kept], metric, mask, ablation).mean()
+    )
     full = float(run_metric(model, clean, metric, mask).mean())
     empty = float(brute_patch(model, clean, corrupt, every, metric, mask, ablation).mean())
     return (value - empty) / (full - empty)
@@ -860,6 +960,7 @@ def test_errors_and_no_hook_left(three_layers):
     with pytest.raises(ValueError):
         circuits.path_patch(model, clean, corrupt, ["L0H0"], ["logits"], wrong, method="wang")
     assert no_hooks(model)
+
     def detached(logits, *, base_logits=None, attention_mask=None):
         return (logits[:, -1, 3] - logits[:, -1, 5]).detach()
 
@@ -895,7 +996,9 @@ def test_attribute_under_no_grad_and_differently_padded_pairs():
     assert lengths[0] != lengths[1]
     swapped = [task.corrupt[1], task.corrupt[0]]  # the same [2, 20] tensor, padded in the other row
     with pytest.raises(ValueError, match="padded differently"):
-        circuits.patch_edges(ioi, task.clean, swapped, ["L0H0->logits"], metrics.logit_diff(ioi, task.correct, task.incorrect))
+        circuits.patch_edges(
+            ioi, task.clean, swapped, ["L0H0->logits"], metrics.logit_diff(ioi, task.correct, task.incorrect)
+        )
     assert no_hooks(ioi)
 
 
@@ -920,13 +1023,17 @@ def test_norm_hooks_and_split_inputs_compose_and_sweep(arch):
         activation[:, :, 1] += shift
         return activation
 
-    q_name, hooks = "blocks.1.attn.hook_q", {"scale": [("blocks.1.ln1.hook_scale", scale)],
-                                             "query": [("blocks.1.hook_q_input", one_query)]}
+    q_name, hooks = (
+        "blocks.1.attn.hook_q",
+        {"scale": [("blocks.1.ln1.hook_scale", scale)], "query": [("blocks.1.hook_q_input", one_query)]},
+    )
     hooks["both"] = hooks["scale"] + hooks["query"]
     q, logits = {}, {}
     for name, fwd_hooks in [("neither", [])] + list(hooks.items()):
+
         def keep(activation, hook, name=name):
             q[name] = activation.clone()
+
         with torch.no_grad():
             logits[name] = model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=fwd_hooks + [(q_name, keep)])
     assert scale_shape == [(2, 5, 1)] * 2  # fired once per forward, with its declared shape
@@ -951,9 +1058,15 @@ def test_split_input_points_hold_the_residual_stream_per_head(arch):
     layer = 1
     names = [f"blocks.{layer}.hook_{kind}_input" for kind in "qkv"] + [f"blocks.{layer}.hook_mlp_in"]
     with torch.no_grad():
-        plain, base = model.run_with_cache(clean, attention_mask=mask,
-                                           names_filter=[f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_resid_mid",
-                                                         f"blocks.{layer}.attn.hook_q"])
+        plain, base = model.run_with_cache(
+            clean,
+            attention_mask=mask,
+            names_filter=[
+                f"blocks.{layer}.hook_resid_pre",
+                f"blocks.{layer}.hook_resid_mid",
+                f"blocks.{layer}.attn.hook_q",
+            ],
+        )
         split, cache = model.run_with_cache(clean, attention_mask=mask, names_filter=names)
     resid = base[f"blocks.{layer}.hook_resid_pre"]
     for name, heads in zip(names[:3], (n_heads, n_kv, n_kv)):
@@ -971,9 +1084,14 @@ def test_split_input_points_hold_the_residual_stream_per_head(arch):
 
     q = {}
     with torch.no_grad():
-        model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=[
-            (names[0], shift_one_query),
-            (f"blocks.{layer}.attn.hook_q", lambda activation, hook: q.__setitem__("q", activation.clone()))])
+        model.run_with_hooks(
+            clean,
+            attention_mask=mask,
+            fwd_hooks=[
+                (names[0], shift_one_query),
+                (f"blocks.{layer}.attn.hook_q", lambda activation, hook: q.__setitem__("q", activation.clone())),
+            ],
+        )
     before = base[f"blocks.{layer}.attn.hook_q"]
     others = [h for h in range(n_heads) if h != 1]
     torch.testing.assert_close(q["q"][:, :, others], before[:, :, others], rtol=0, atol=1e-5)
@@ -986,7 +1104,9 @@ def test_acdc_batch_edges_must_be_a_positive_int(batch_edges):
     model = small_model("gpt2", seed=14)
     clean, corrupt, mask = paired_prompts(model, 2, 4, seed=15, padded=False)
     with pytest.raises(ValueError, match="batch_edges"):
-        circuits.discover(model, clean, corrupt, answers_metric(model, 2), method="acdc", threshold=0.1, batch_edges=batch_edges)
+        circuits.discover(
+            model, clean, corrupt, answers_metric(model, 2), method="acdc", threshold=0.1, batch_edges=batch_edges
+        )
     assert not any(point.listening for point in model.hook_dict.values())
 
 
@@ -1016,6 +1136,7 @@ def test_eap_scores_are_the_derivative_of_patching_a_little_of_the_edge(arch):
                 activation = activation.clone()
                 slot(activation, at_head)[...] += sign * eps * direction
                 return activation
+
             with torch.no_grad():  # the logit difference in float64 (metrics compute in float32)
                 logits = model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=[(at, add)])[:, -1]
             rows = torch.arange(3)
@@ -1046,8 +1167,11 @@ def test_the_documented_workflow_runs_as_written(tmp_path):
     assert scores.to_csv(tmp_path / "edges.csv").read_text().count("\n") == 480
     c = circuits.discover(model, clean, corrupt, metric, method="eap-ig", n_edges=47, steps=3)
     held = tasks.ioi_heldout(8)
-    faithfulness = c.faithfulness(model.to_tokens(held.clean), model.to_tokens(held.corrupt),
-                                  metrics.logit_diff(model, held.correct, held.incorrect))
+    faithfulness = c.faithfulness(
+        model.to_tokens(held.clean),
+        model.to_tokens(held.corrupt),
+        metrics.logit_diff(model, held.correct, held.incorrect),
+    )
     assert len(c.edges) <= 47 and "input" in c.nodes and "logits" in c.nodes and faithfulness > 0.85
     assert [row["size"] for row in c.curve(sizes=[10, 20, 50, 100, 200])] == [10, 20, 50, 100, 200]
     c.plot(tmp_path / "circuit.png")
@@ -1072,11 +1196,16 @@ def test_post_norm_models_take_each_layers_attention_as_one_node(arch, tmp_path)
     assert [s.name for s in g.sources] == [name for name, _ in ref_sources(n_layers, n_heads, whole=True)]
     assert g.receivers_of("L1.attn") == ref_inputs_of("L1.attn", n_heads, n_kv)
     assert g.heads_reading(f"{kv_name(1, 0, n_heads, n_kv)}.k") == ["L1.attn"]
-    for call in (lambda: g.source_index("L1H0"), lambda: g.receivers_of("L1H0"),
-                 lambda: circuits.patch_edges(model, clean, corrupt, {"v": ["L0H1->L1.mlp"]}, metric),
-                 lambda: circuits.path_patch(model, clean, corrupt, ["L0H1"], ["logits"], metric),
-                 lambda: circuits.path_patch(model, clean, corrupt, ["input"], ["L1H0"], metric)):
-        with pytest.raises(KeyError, match=r"'L[01]H[01]' is not a node: block [01] normalises its attention output.*'L[01]\.attn'"):
+    for call in (
+        lambda: g.source_index("L1H0"),
+        lambda: g.receivers_of("L1H0"),
+        lambda: circuits.patch_edges(model, clean, corrupt, {"v": ["L0H1->L1.mlp"]}, metric),
+        lambda: circuits.path_patch(model, clean, corrupt, ["L0H1"], ["logits"], metric),
+        lambda: circuits.path_patch(model, clean, corrupt, ["input"], ["L1H0"], metric),
+    ):
+        with pytest.raises(
+            KeyError, match=r"'L[01]H[01]' is not a node: block [01] normalises its attention output.*'L[01]\.attn'"
+        ):
             call()
     assert no_hooks(model)
     c = circuits.discover(model, clean, corrupt, metric, method="eap-ig", n_edges=12, steps=3, attention_mask=mask)
@@ -1084,7 +1213,9 @@ def test_post_norm_models_take_each_layers_attention_as_one_node(arch, tmp_path)
     assert c.heads == {}  # no head nodes here: the layer's attention is the node
     expected = reference_faithfulness(model, clean, corrupt, c.edges, metric, mask)
     assert abs(c.faithfulness(clean, corrupt, metric, attention_mask=mask) - expected) < 1e-3
-    back = circuits.Circuit.from_json(c.to_json(tmp_path / "circuit.json"))  # without the model: the shape rebuilds the graph
+    back = circuits.Circuit.from_json(
+        c.to_json(tmp_path / "circuit.json")
+    )  # without the model: the shape rebuilds the graph
     assert back.graph == g and back.edges == c.edges and back.nodes == c.nodes
     assert circuits.Circuit.from_json(tmp_path / "circuit.json", model=model).graph == g
     with pytest.raises(ValueError, match="found on a graph of shape"):
@@ -1102,8 +1233,12 @@ def test_an_edge_at_one_position_patches_that_position_only(arch):
     n_layers = model.cfg.n_layers
     pads = (~mask).sum(-1)
     shortest = int(mask.sum(-1).min())
-    picks = [("input", "L1H1.q" if arch == "gpt2" else "L1H1.q", -1), ("L0H0", "L1.mlp", 0), ("L0.mlp", "logits", shortest - 1),
-             ("L0H1", receiver_name_kv(model), -2)]
+    picks = [
+        ("input", "L1H1.q" if arch == "gpt2" else "L1H1.q", -1),
+        ("L0H0", "L1.mlp", 0),
+        ("L0.mlp", "logits", shortest - 1),
+        ("L0H1", receiver_name_kv(model), -2),
+    ]
     names = {source_point(n_layers, s)[0] for s, _, _ in picks}
     with torch.no_grad():
         _, cache = model.run_with_cache(corrupt, attention_mask=mask, names_filter=lambda n: n in names)
@@ -1128,8 +1263,14 @@ def test_an_edge_at_one_position_patches_that_position_only(arch):
             logits = model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=[(point, capture), (at, add)])
         expected = score(model, metric, logits, mask)
         edge = f"{source}->{receiver}"
-        result = circuits.patch_edges(model, clean, corrupt, {"at": [f"{edge}@{position}"], "tuple": [(source, receiver, position)],
-                                                              "everywhere": [edge]}, metric, attention_mask=mask)
+        result = circuits.patch_edges(
+            model,
+            clean,
+            corrupt,
+            {"at": [f"{edge}@{position}"], "tuple": [(source, receiver, position)], "everywhere": [edge]},
+            metric,
+            attention_mask=mask,
+        )
         assert_close_to_scale(result["at"], expected)
         assert_close_to_scale(result["tuple"], expected)
         assert not torch.allclose(result["at"], result["everywhere"], atol=1e-5)  # one position is not all of them
@@ -1145,10 +1286,13 @@ def test_eap_ig_in_chunks_of_steps_equals_one_batch():
     model = small_model("gpt2", seed=41)
     clean, corrupt, mask = paired_prompts(model, 3, 5, seed=42, padded=True)
     metric = answers_metric(model, 3)
-    together = circuits.attribute(model, clean, corrupt, metric, method="eap-ig", steps=6, attention_mask=mask, steps_per_forward=6)
+    together = circuits.attribute(
+        model, clean, corrupt, metric, method="eap-ig", steps=6, attention_mask=mask, steps_per_forward=6
+    )
     for per in (1, 4):
-        chunked = circuits.attribute(model, clean, corrupt, metric, method="eap-ig", steps=6, attention_mask=mask,
-                                     steps_per_forward=per)
+        chunked = circuits.attribute(
+            model, clean, corrupt, metric, method="eap-ig", steps=6, attention_mask=mask, steps_per_forward=per
+        )
         torch.testing.assert_close(chunked.matrix, together.matrix, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="steps_per_forward"):
         circuits.attribute(model, clean, corrupt, metric, method="eap-ig", steps_per_forward=0, attention_mask=mask)
@@ -1158,8 +1302,12 @@ def test_eap_ig_in_chunks_of_steps_equals_one_batch():
 def test_eap_ig_steps_must_be_a_positive_int_before_anything_runs(steps):
     model = small_model("gpt2", seed=14)
     clean, corrupt, _ = paired_prompts(model, 2, 4, seed=15)
-    for call in (lambda: circuits.attribute(model, clean, corrupt, answers_metric(model, 2), method="eap-ig", steps=steps),
-                 lambda: circuits.discover(model, clean, corrupt, answers_metric(model, 2), method="eap-ig", n_edges=5, steps=steps)):
+    for call in (
+        lambda: circuits.attribute(model, clean, corrupt, answers_metric(model, 2), method="eap-ig", steps=steps),
+        lambda: circuits.discover(
+            model, clean, corrupt, answers_metric(model, 2), method="eap-ig", n_edges=5, steps=steps
+        ),
+    ):
         with pytest.raises(ValueError, match="steps must be a positive int"):
             call()
     assert no_hooks(model)

@@ -27,18 +27,65 @@ def test_hooks_lists_every_name_with_its_shape(gpt2, gpt2_dir, capsys):
     assert listed["blocks.0.mlp.hook_post"] == "[1, 5, 256]"
 
 
-@pytest.mark.parametrize("config", [
-    dict(model_type="llama", architectures=["LlamaForCausalLM"], num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-         num_key_value_heads=2, intermediate_size=48, vocab_size=64),
-    dict(model_type="mistral", architectures=["MistralForCausalLM"], num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-         num_key_value_heads=2, intermediate_size=48, vocab_size=64, sliding_window=4),
-    dict(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"], num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-         intermediate_size=48, vocab_size=64, rotary_pct=0.25, use_parallel_residual=True),
-    dict(model_type="mixtral", architectures=["MixtralForCausalLM"], num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-         num_key_value_heads=2, intermediate_size=16, vocab_size=64, num_local_experts=4, num_experts_per_tok=2),
-    dict(model_type="olmo2", architectures=["Olmo2ForCausalLM"], num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-         num_key_value_heads=2, intermediate_size=48, vocab_size=64),
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(
+            model_type="llama",
+            architectures=["LlamaForCausalLM"],
+            num_hidden_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            vocab_size=64,
+        ),
+        dict(
+            model_type="mistral",
+            architectures=["MistralForCausalLM"],
+            num_hidden_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            vocab_size=64,
+            sliding_window=4,
+        ),
+        dict(
+            model_type="gpt_neox",
+            architectures=["GPTNeoXForCausalLM"],
+            num_hidden_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            intermediate_size=48,
+            vocab_size=64,
+            rotary_pct=0.25,
+            use_parallel_residual=True,
+        ),
+        dict(
+            model_type="mixtral",
+            architectures=["MixtralForCausalLM"],
+            num_hidden_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=16,
+            vocab_size=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        ),
+        dict(
+            model_type="olmo2",
+            architectures=["Olmo2ForCausalLM"],
+            num_hidden_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            vocab_size=64,
+        ),
+    ],
+)
 def test_hooks_lists_every_family_from_its_config_json(tmp_path, config, capsys):
     """`hooked hooks DIR` on a config.json alone (no weights): every hook point of the family, with its shape."""
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -93,8 +140,25 @@ N_PROMPTS = 4
 
 
 def sweep_argv(gpt2_dir, out, components, method, *extra):
-    return ["sweep", str(gpt2_dir), "--task", "ioi", "--components", components, "--method", method,
-            "--out", str(out), "--n", str(N_PROMPTS), "--seed", "1", "--names", *ONE_TOKEN_NAMES, *extra]
+    return [
+        "sweep",
+        str(gpt2_dir),
+        "--task",
+        "ioi",
+        "--components",
+        components,
+        "--method",
+        method,
+        "--out",
+        str(out),
+        "--n",
+        str(N_PROMPTS),
+        "--seed",
+        "1",
+        "--names",
+        *ONE_TOKEN_NAMES,
+        *extra,
+    ]
 
 
 def exit_code(argv) -> int:
@@ -105,16 +169,21 @@ def exit_code(argv) -> int:
         return stop.code
 
 
-@pytest.mark.parametrize("components, method, stem", [
-    ("heads", "zero", "heads-zero"),
-    ("heads", "resample", "heads-resample"),
-    ("heads", "mean", "heads-mean"),
-    ("mlps", "zero", "mlps-zero"),
-    ("mlps", "resample", "mlps-resample"),
-    ("neurons:1", "zero", "neurons-L1-zero"),
-    ("neurons:-1", "resample", "neurons-L1-resample"),
-])
-def test_sweep_writes_the_table_json_and_heatmap_of_a_direct_sweep(gpt2, gpt2_dir, tmp_path, capsys, components, method, stem):
+@pytest.mark.parametrize(
+    "components, method, stem",
+    [
+        ("heads", "zero", "heads-zero"),
+        ("heads", "resample", "heads-resample"),
+        ("heads", "mean", "heads-mean"),
+        ("mlps", "zero", "mlps-zero"),
+        ("mlps", "resample", "mlps-resample"),
+        ("neurons:1", "zero", "neurons-L1-zero"),
+        ("neurons:-1", "resample", "neurons-L1-resample"),
+    ],
+)
+def test_sweep_writes_the_table_json_and_heatmap_of_a_direct_sweep(
+    gpt2, gpt2_dir, tmp_path, capsys, components, method, stem
+):
     out = tmp_path / "runs" / "sweep"
     assert main(sweep_argv(gpt2_dir, out, components, method)) == 0
     assert sorted(path.name for path in out.iterdir()) == [f"{stem}.csv", f"{stem}.json", f"{stem}.png"]
@@ -167,17 +236,20 @@ def test_sweep_without_one_token_answers_names_them(gpt2_dir, tmp_path, capsys):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("change, message", [
-    (["--components", "neurons"], "neurons needs a layer number"),
-    (["--components", "tails"], "unknown component kind 'tails'"),
-    (["--components", "neurons:7"], "layer 7 is out of range; this model has 2 layers"),
-    (["--components", "neurons:-3"], "layer -3 is out of range"),
-    (["--components", "experts:0"], "layer 0 has no experts"),
-    (["--method", "median"], "invalid choice: 'median'"),
-    (["--task", "sst2"], "invalid choice: 'sst2'"),
-    (["--n", "0"], "--n must be at least 1"),
-    (["--max-rows", "1"], "max_rows=1 is smaller than one variant's 4 rows"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (["--components", "neurons"], "neurons needs a layer number"),
+        (["--components", "tails"], "unknown component kind 'tails'"),
+        (["--components", "neurons:7"], "layer 7 is out of range; this model has 2 layers"),
+        (["--components", "neurons:-3"], "layer -3 is out of range"),
+        (["--components", "experts:0"], "layer 0 has no experts"),
+        (["--method", "median"], "invalid choice: 'median'"),
+        (["--task", "sst2"], "invalid choice: 'sst2'"),
+        (["--n", "0"], "--n must be at least 1"),
+        (["--max-rows", "1"], "max_rows=1 is smaller than one variant's 4 rows"),
+    ],
+)
 def test_sweep_refuses_bad_input_in_one_line_and_writes_nothing(gpt2_dir, tmp_path, capsys, change, message):
     out = tmp_path / "out"
     argv = sweep_argv(gpt2_dir, out, "heads", "zero", *change)  # a repeated option: the last one counts
@@ -205,14 +277,22 @@ def test_sweep_leaves_an_existing_folder_as_it_was_on_error(gpt2_dir, tmp_path, 
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     assert exit_code(sweep_argv(gpt2_dir, out, "neurons:9", "zero")) == 2
-    assert [path.name for path in tmp_path.iterdir()] == ["out"] and [path.name for path in out.iterdir()] == ["keep.txt"]
+    assert [path.name for path in tmp_path.iterdir()] == ["out"] and [path.name for path in out.iterdir()] == [
+        "keep.txt"
+    ]
 
 
 # ----------------------------------------------------------------------------- hooked circuit
 # On the bundled IOI model (its tokenizer has the paper's names as single tokens), with few prompts.
 IOI_MODEL = "hooked/ioi-gpt2"
-CIRCUIT_FILES = ["circuit-edges.csv", "circuit-faithfulness.csv", "circuit-faithfulness.json",
-                 "circuit-faithfulness.png", "circuit.json", "circuit.png"]
+CIRCUIT_FILES = [
+    "circuit-edges.csv",
+    "circuit-faithfulness.csv",
+    "circuit-faithfulness.json",
+    "circuit-faithfulness.png",
+    "circuit.json",
+    "circuit.png",
+]
 
 
 def circuit_argv(out, *extra):
@@ -241,18 +321,26 @@ def test_circuit_writes_the_edges_faithfulness_and_picture(tmp_path, capsys):
     assert provenance["model"] == IOI_MODEL and provenance["command"] == ["hooked", *argv]
     assert provenance["task"]["clean"] == task.clean and provenance["metric"].startswith("logit_diff")
     assert provenance["circuits"]["method"] == "eap-ig" and provenance["circuits"]["steps"] == 3
-    assert provenance["held_out"] == {"name": "ioi", "n": 6, "seed": 12345, "split": "heldout names in heldout templates"}
+    assert provenance["held_out"] == {
+        "name": "ioi",
+        "n": 6,
+        "seed": 12345,
+        "split": "heldout names in heldout templates",
+    }
     held = tasks.ioi_heldout(6)
     held_metric = metrics.logit_diff(model, held.correct, held.incorrect)
     assert provenance["faithfulness"]["discovery_prompts"] == pytest.approx(expected.faithfulness(), abs=1e-4)
     assert provenance["faithfulness"]["held_out_prompts"] == pytest.approx(
-        expected.faithfulness(held.clean, held.corrupt, held_metric), abs=1e-4)
+        expected.faithfulness(held.clean, held.corrupt, held_metric), abs=1e-4
+    )
 
     with (out / "circuit-edges.csv").open() as file:
         rows = list(csv.DictReader(file))
     assert [row["edge"] for row in rows] == [str(edge) for edge in expected.edges]
     assert [row["source"] + "->" + row["receiver"] for row in rows] == [row["edge"] for row in rows]
-    assert [float(row["score"]) for row in rows] == pytest.approx([expected.scores[str(e)] for e in expected.edges], abs=1e-5)
+    assert [float(row["score"]) for row in rows] == pytest.approx(
+        [expected.scores[str(e)] for e in expected.edges], abs=1e-5
+    )
     ranks = [int(row["rank"]) for row in rows]
     assert ranks == sorted(ranks) and ranks[0] == 1 and ranks[-1] <= 30  # pruning drops edges from the top 30
 
@@ -266,7 +354,8 @@ def test_circuit_writes_the_edges_faithfulness_and_picture(tmp_path, capsys):
         curve = list(csv.DictReader(file))
     assert [int(row["size"]) for row in curve] == sizes
     assert [float(row["held_out_faithfulness"]) for row in curve] == pytest.approx(
-        [row["held_out_faithfulness"] for row in report["curve"]])
+        [row["held_out_faithfulness"] for row in report["curve"]]
+    )
     for png in ("circuit.png", "circuit-faithfulness.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / png).stat().st_size > 10_000
 
@@ -280,8 +369,26 @@ def test_circuit_writes_the_edges_faithfulness_and_picture(tmp_path, capsys):
 
 def test_circuit_with_acdc(tmp_path, capsys):
     out = tmp_path / "acdc"
-    assert main(["circuit", IOI_MODEL, "--method", "acdc", "--threshold", "1.0", "--n", "2", "--out", str(out),
-                 "--sizes", "4", "8"]) == 0
+    assert (
+        main(
+            [
+                "circuit",
+                IOI_MODEL,
+                "--method",
+                "acdc",
+                "--threshold",
+                "1.0",
+                "--n",
+                "2",
+                "--out",
+                str(out),
+                "--sizes",
+                "4",
+                "8",
+            ]
+        )
+        == 0
+    )
     assert sorted(path.name for path in out.iterdir()) == CIRCUIT_FILES
     data = json.loads((out / "circuit.json").read_text())
     assert data["method"] == "acdc" and data["provenance"]["circuits"]["threshold"] == 1.0
@@ -289,21 +396,24 @@ def test_circuit_with_acdc(tmp_path, capsys):
     assert "acdc circuit on 2 ioi prompts" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("change, message", [
-    (["--method", "acdc"], "--method acdc needs --threshold"),
-    (["--method", "acdc", "--threshold", "0.1", "--edges", "5"], "--edges belongs to --method eap / eap-ig"),
-    (["--method", "eap"], "--method eap needs --edges N"),
-    (["--method", "eap-ig", "--edges", "5", "--threshold", "0.1"], "--threshold belongs to --method acdc"),
-    (["--method", "eap", "--edges", "5", "--steps", "3"], "--steps belongs to --method eap-ig"),
-    (["--edges", "0"], "--edges must be at least 1"),
-    (["--edges", "5", "--steps", "0"], "--steps must be at least 1"),
-    (["--method", "acdc", "--threshold", "-1"], "--threshold must be a non-negative number"),
-    (["--edges", "5", "--n", "0"], "--n must be at least 1"),
-    (["--edges", "5", "--sizes", "0", "10"], "--sizes must be positive"),
-    (["--method", "path"], "invalid choice: 'path'"),
-    (["--task", "facts"], "invalid choice: 'facts'"),
-    (["--edges", "5000"], "--edges 5000: this model's graph has only 479 edges"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (["--method", "acdc"], "--method acdc needs --threshold"),
+        (["--method", "acdc", "--threshold", "0.1", "--edges", "5"], "--edges belongs to --method eap / eap-ig"),
+        (["--method", "eap"], "--method eap needs --edges N"),
+        (["--method", "eap-ig", "--edges", "5", "--threshold", "0.1"], "--threshold belongs to --method acdc"),
+        (["--method", "eap", "--edges", "5", "--steps", "3"], "--steps belongs to --method eap-ig"),
+        (["--edges", "0"], "--edges must be at least 1"),
+        (["--edges", "5", "--steps", "0"], "--steps must be at least 1"),
+        (["--method", "acdc", "--threshold", "-1"], "--threshold must be a non-negative number"),
+        (["--edges", "5", "--n", "0"], "--n must be at least 1"),
+        (["--edges", "5", "--sizes", "0", "10"], "--sizes must be positive"),
+        (["--method", "path"], "invalid choice: 'path'"),
+        (["--task", "facts"], "invalid choice: 'facts'"),
+        (["--edges", "5000"], "--edges 5000: this model's graph has only 479 edges"),
+    ],
+)
 def test_circuit_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, capsys, change, message):
     out = tmp_path / "out"
     assert exit_code(circuit_argv(out, *change)) == 2
@@ -318,7 +428,9 @@ def test_circuit_leaves_an_existing_folder_as_it_was_on_error(tmp_path, capsys):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     assert exit_code(circuit_argv(out, "--edges", "5000")) == 2
-    assert [path.name for path in tmp_path.iterdir()] == ["out"] and [path.name for path in out.iterdir()] == ["keep.txt"]
+    assert [path.name for path in tmp_path.iterdir()] == ["out"] and [path.name for path in out.iterdir()] == [
+        "keep.txt"
+    ]
     (tmp_path / "file").write_text("")
     assert exit_code(circuit_argv(tmp_path / "file", "--edges", "5")) == 2
     assert "exists and is not a directory" in capsys.readouterr().err
@@ -341,7 +453,9 @@ def test_demo_calls_the_demo_entry_point(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- closed pipes
-@pytest.mark.parametrize("reader, n_layer, unbuffered", [("head -1", 300, False), ("true", 2, False), ("true", 2, True)])
+@pytest.mark.parametrize(
+    "reader, n_layer, unbuffered", [("head -1", 300, False), ("true", 2, False), ("true", 2, True)]
+)
 def test_hooks_into_a_pipe_closed_early_exits_quietly(gpt2_dir, tmp_path, reader, n_layer, unbuffered):
     """`hooked hooks MODEL | head`: no BrokenPipeError traceback or message. With 300 layers the listing
     (about 250 kB) outgrows a pipe's buffer, so `head -1` closes the pipe while hooked is still printing.
@@ -355,7 +469,9 @@ def test_hooks_into_a_pipe_closed_early_exits_quietly(gpt2_dir, tmp_path, reader
     if unbuffered:
         env["PYTHONUNBUFFERED"] = "1"
     command = f"{shlex.quote(sys.executable)} -m hooked.cli hooks {shlex.quote(str(tmp_path))} | {reader}"
-    result = subprocess.run(["bash", "-c", f"set -o pipefail; {command}"], capture_output=True, text=True, timeout=300, env=env)
+    result = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command}"], capture_output=True, text=True, timeout=300, env=env
+    )
     assert result.stderr == ""
     assert result.stdout == ("" if reader == "true" else result.stdout.splitlines()[0] + "\n")
     assert result.returncode in (0, 1)  # 1: the pipe closed early (Python docs, "Note on SIGPIPE")

@@ -35,12 +35,14 @@ def tokens(model):
 def zero_head(head: int):
     def fn(z, hook):
         z[:, :, head] = 0.0
+
     return fn
 
 
 def scale_resid(factor: float):
     def fn(resid, hook):
         return resid * factor
+
     return fn
 
 
@@ -57,15 +59,23 @@ def work(model, tokens, worker: int, call: int):
         return torch.cat([logits.flatten(), cache[name].flatten(), cache["blocks.1.hook_resid_post"].flatten()])
     if kind == 2:  # a sweep refuses outside hooks: another thread's must not count as outside
         metric = metrics.logit_diff(model, [1, 2], [3, 4])
-        variants = {f"L{l}H{h}": [(f"blocks.{l}.attn.hook_z", ablate.zero(heads=h))]
-                    for l in range(model.cfg.n_layers) for h in (head, (head + 1) % model.cfg.n_heads)}
+        variants = {
+            f"L{l}H{h}": [(f"blocks.{l}.attn.hook_z", ablate.zero(heads=h))]
+            for l in range(model.cfg.n_layers)
+            for h in (head, (head + 1) % model.cfg.n_heads)
+        }
         return hooked.sweep(model, tokens, variants, metric).values
     if kind == 3:  # nested contexts, and a mean reference computed from a clean forward inside a hooked one
         mean = ablate.mean(tokens[:, :5], heads=head, model=model)
         with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", scale_resid(1.0 + worker / 10))]):
             return model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", mean)])
-    return model.generate(tokens, max_new_tokens=3, stop_at_eos=False, verbose=False,
-                          fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head(head))])
+    return model.generate(
+        tokens,
+        max_new_tokens=3,
+        stop_at_eos=False,
+        verbose=False,
+        fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head(head))],
+    )
 
 
 def sequential(model, tokens, workers: int, calls: int) -> dict:
@@ -92,7 +102,9 @@ def test_threads_see_only_their_own_hooks(model, tokens):
     for t in threads:
         t.join()
     assert not errors, errors[:3]
-    assert not wrong, f"{len(wrong)} of {N_THREADS * N_CALLS} concurrent calls differ from the same call alone: {wrong[:5]}"
+    assert not wrong, (
+        f"{len(wrong)} of {N_THREADS * N_CALLS} concurrent calls differ from the same call alone: {wrong[:5]}"
+    )
 
 
 def test_hooks_on_the_model_are_shared_by_every_thread(model, tokens):
@@ -125,7 +137,9 @@ def test_asyncio_tasks_see_only_their_own_hooks(model, tokens):
     outcomes = asyncio.run(main())
     for worker, results in enumerate(outcomes):
         for call, logits in results.items():
-            alone = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{call % 2}.attn.hook_z", zero_head((worker + call) % 4))])
+            alone = model.run_with_hooks(
+                tokens, fwd_hooks=[(f"blocks.{call % 2}.attn.hook_z", zero_head((worker + call) % 4))]
+            )
             assert torch.equal(logits, alone), (worker, call)
 
 
@@ -136,7 +150,9 @@ def test_asyncio_mixed_calls_equal_sequential(model, tokens):
         out = {}
         for call in range(10):
             await asyncio.sleep(0)
-            out[call] = await asyncio.to_thread(work, model, tokens, worker, call)  # a pool thread, in a copy of this task's context
+            out[call] = await asyncio.to_thread(
+                work, model, tokens, worker, call
+            )  # a pool thread, in a copy of this task's context
         return out
 
     async def main():

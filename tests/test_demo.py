@@ -15,9 +15,17 @@ def test_the_demo_tells_the_ablation_story_on_the_bundled_model(tmp_path, capsys
     out = main(["--out", str(tmp_path / "demo"), "--n", "8"])
     printed = capsys.readouterr().out
     story = json.loads((out / "story.json").read_text())
-    for file in ("head-sweep-resample.csv", "head-sweep-resample.json", "head-sweep-resample.png", "circuit.png",
-                 "circuit.json", "circuit-edges.csv", "circuit-faithfulness.csv", "circuit-faithfulness.json",
-                 "circuit-faithfulness.png"):
+    for file in (
+        "head-sweep-resample.csv",
+        "head-sweep-resample.json",
+        "head-sweep-resample.png",
+        "circuit.png",
+        "circuit.json",
+        "circuit-edges.csv",
+        "circuit-faithfulness.csv",
+        "circuit-faithfulness.json",
+        "circuit-faithfulness.png",
+    ):
         assert (out / file).stat().st_size > 0, file
     for section in ("1. ", "2. ", "3. ", "4. ", "5. ", "6. circuit discovery", "7. saved"):
         assert section in printed
@@ -30,8 +38,16 @@ def test_the_demo_tells_the_ablation_story_on_the_bundled_model(tmp_path, capsys
     with torch.no_grad():
         clean = metric(model(model.to_tokens(task.clean))).mean().item()
         _, corrupt = model.run_with_cache(task.corrupt)
-        resampled = metric(model.run_with_hooks(model.to_tokens(task.clean),
-                                                fwd_hooks=ablate.hooks(model, story["top_head"], "resample", source=corrupt))).mean().item()
+        resampled = (
+            metric(
+                model.run_with_hooks(
+                    model.to_tokens(task.clean),
+                    fwd_hooks=ablate.hooks(model, story["top_head"], "resample", source=corrupt),
+                )
+            )
+            .mean()
+            .item()
+        )
     assert abs(story["clean_logit_diff"] - clean) < 1e-4 and clean >= 3.0
     row = next(r for r in story["rows"] if r["method"] == "resample (from corrupt)")
     assert abs(row["logit_diff"] - resampled) < 1e-4
@@ -49,7 +65,10 @@ def test_the_demo_tells_the_ablation_story_on_the_bundled_model(tmp_path, capsys
     held_metric = metrics.logit_diff(model, held.correct, held.incorrect)
     assert abs(circuit.faithfulness(held.clean, held.corrupt, held_metric) - summary["held_out_faithfulness"]) < 1e-4
     assert summary["faithfulness"] > 0.8 and summary["held_out_faithfulness"] > 0.8
-    assert f"{summary['held_out_faithfulness']:.3f} on 8 held-out prompts (held-out names in held-out templates)" in printed
+    assert (
+        f"{summary['held_out_faithfulness']:.3f} on 8 held-out prompts (held-out names in held-out templates)"
+        in printed
+    )
     curve = json.loads((out / "circuit-faithfulness.json").read_text())["curve"]
     assert curve[-1]["edges"] == 479 and abs(curve[-1]["held_out_faithfulness"] - 1) < 1e-4
     with (out / "circuit-edges.csv").open() as file:

@@ -46,61 +46,184 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("distributed")
     return {
         "gpt2": build_gpt2_checkpoint(root / "gpt2", n_layer=2, n_embd=64, n_head=4),
-        "qwen3": build(root / "qwen3", transformers.Qwen3Config(
-            vocab_size=97, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            intermediate_size=96, num_hidden_layers=2, attention_bias=True), transformers.Qwen3ForCausalLM),
-        "qwen3_moe": build(root / "qwen3_moe", transformers.Qwen3MoeConfig(
-            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
-            intermediate_size=80, moe_intermediate_size=32, num_experts=6, num_experts_per_tok=2, num_hidden_layers=3,
-            mlp_only_layers=[0], tie_word_embeddings=True), transformers.Qwen3MoeForCausalLM),
+        "qwen3": build(
+            root / "qwen3",
+            transformers.Qwen3Config(
+                vocab_size=97,
+                hidden_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                attention_bias=True,
+            ),
+            transformers.Qwen3ForCausalLM,
+        ),
+        "qwen3_moe": build(
+            root / "qwen3_moe",
+            transformers.Qwen3MoeConfig(
+                vocab_size=96,
+                hidden_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                head_dim=16,
+                intermediate_size=80,
+                moe_intermediate_size=32,
+                num_experts=6,
+                num_experts_per_tok=2,
+                num_hidden_layers=3,
+                mlp_only_layers=[0],
+                tie_word_embeddings=True,
+            ),
+            transformers.Qwen3MoeForCausalLM,
+        ),
         # Biases on every projection: the cut ones are cut with their rows, the row-parallel ones stay whole.
-        "llama": build(root / "llama", transformers.LlamaConfig(
-            vocab_size=97, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-            num_hidden_layers=2, attention_bias=True, mlp_bias=True), transformers.LlamaForCausalLM),
+        "llama": build(
+            root / "llama",
+            transformers.LlamaConfig(
+                vocab_size=97,
+                hidden_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                attention_bias=True,
+                mlp_bias=True,
+            ),
+            transformers.LlamaForCausalLM,
+        ),
         # A window shorter than the prompts (9 tokens, 4 generated): every rank must apply it.
-        "mistral": build(root / "mistral", transformers.MistralConfig(
-            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-            num_hidden_layers=2, sliding_window=4), transformers.MistralForCausalLM),
+        "mistral": build(
+            root / "mistral",
+            transformers.MistralConfig(
+                vocab_size=96,
+                hidden_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                sliding_window=4,
+            ),
+            transformers.MistralForCausalLM,
+        ),
         # The fused per-head q|k|v layout, partial rotary, and a parallel residual.
-        "gpt_neox": build(root / "gpt_neox", transformers.GPTNeoXConfig(
-            vocab_size=96, hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2,
-            rotary_pct=0.5, use_parallel_residual=True), transformers.GPTNeoXForCausalLM),
+        "gpt_neox": build(
+            root / "gpt_neox",
+            transformers.GPTNeoXConfig(
+                vocab_size=96,
+                hidden_size=64,
+                num_attention_heads=4,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                rotary_pct=0.5,
+                use_parallel_residual=True,
+            ),
+            transformers.GPTNeoXForCausalLM,
+        ),
         # Experts split over ranks (4 experts, top-2) under Mistral's attention.
-        "mixtral": build(root / "mixtral", transformers.MixtralConfig(
-            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
-            num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2), transformers.MixtralForCausalLM),
+        "mixtral": build(
+            root / "mixtral",
+            transformers.MixtralConfig(
+                vocab_size=96,
+                hidden_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=32,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                num_hidden_layers=2,
+            ),
+            transformers.MixtralForCausalLM,
+        ),
         # OLMo 2's q_norm / k_norm span every head: each rank holds two heads of both and their weights' slices.
-        "olmo2": build(root / "olmo2", transformers.Olmo2Config(
-            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=96,
-            num_hidden_layers=2), transformers.Olmo2ForCausalLM),
+        "olmo2": build(
+            root / "olmo2",
+            transformers.Olmo2Config(
+                vocab_size=96,
+                hidden_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                intermediate_size=96,
+                num_hidden_layers=2,
+            ),
+            transformers.Olmo2ForCausalLM,
+        ),
         # k_norm over one kv head that both ranks hold (counted once in the all-reduced sum); biases; tied.
-        "olmo2_mqa": build(root / "olmo2_mqa", transformers.Olmo2Config(
-            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
-            intermediate_size=96, num_hidden_layers=2, attention_bias=True, tie_word_embeddings=True),
-            transformers.Olmo2ForCausalLM),
+        "olmo2_mqa": build(
+            root / "olmo2_mqa",
+            transformers.Olmo2Config(
+                vocab_size=96,
+                hidden_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                head_dim=16,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                attention_bias=True,
+                tie_word_embeddings=True,
+            ),
+            transformers.Olmo2ForCausalLM,
+        ),
         # Gemma 2: untied (its W_E is the table scaled, so the table is found by its declaration), a window on
         # alternate layers shorter than the prompts, both softcaps, pre- and post-norms.
-        "gemma2": build(root / "gemma2", transformers.Gemma2Config(
-            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            intermediate_size=96, num_hidden_layers=2, sliding_window=4, query_pre_attn_scalar=16,
-            attn_logit_softcapping=5.0, final_logit_softcapping=3.0, tie_word_embeddings=False),
-            transformers.Gemma2ForCausalLM),
+        "gemma2": build(
+            root / "gemma2",
+            transformers.Gemma2Config(
+                vocab_size=96,
+                hidden_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                sliding_window=4,
+                query_pre_attn_scalar=16,
+                attn_logit_softcapping=5.0,
+                final_logit_softcapping=3.0,
+                tie_word_embeddings=False,
+            ),
+            transformers.Gemma2ForCausalLM,
+        ),
         # Gemma 3: per-head q/k norms, a local and a global rotary table (linear scaling on the global one), a
         # window on alternate layers shorter than the prompts.
-        "gemma3": build(root / "gemma3", transformers.Gemma3TextConfig(
-            vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            intermediate_size=96, num_hidden_layers=2, sliding_window=4, sliding_window_pattern=2, query_pre_attn_scalar=16,
-            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
-            transformers.Gemma3ForCausalLM),
+        "gemma3": build(
+            root / "gemma3",
+            transformers.Gemma3TextConfig(
+                vocab_size=96,
+                hidden_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                sliding_window=4,
+                sliding_window_pattern=2,
+                query_pre_attn_scalar=16,
+                rope_parameters={
+                    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                },
+            ),
+            transformers.Gemma3ForCausalLM,
+        ),
     }
 
 
 def launch(mode: str, checkpoints: dict[str, Path], out: Path, processes: int = 2) -> list[dict]:
     """Run the worker on `processes` ranks; a hang fails the test at the subprocess timeout."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
-               str(REPO / "tests" / "distributed_worker.py"), mode, str(out),
-               *(f"{name}={directory}" for name, directory in checkpoints.items())]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(processes),
+        str(REPO / "tests" / "distributed_worker.py"),
+        mode,
+        str(out),
+        *(f"{name}={directory}" for name, directory in checkpoints.items()),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
@@ -117,7 +240,19 @@ def single(checkpoints) -> dict[str, hooked.HookedTransformer]:
     return {name: hooked.load(directory) for name, directory in checkpoints.items()}
 
 
-ARCHS = ["gpt2", "qwen3", "qwen3_moe", "llama", "mistral", "gpt_neox", "mixtral", "olmo2", "olmo2_mqa", "gemma2", "gemma3"]
+ARCHS = [
+    "gpt2",
+    "qwen3",
+    "qwen3_moe",
+    "llama",
+    "mistral",
+    "gpt_neox",
+    "mixtral",
+    "olmo2",
+    "olmo2_mqa",
+    "gemma2",
+    "gemma3",
+]
 # All-reduces per layer beyond the two sublayers': OLMo 2's q_norm and k_norm share one (their sums of squares).
 EXTRA_ALL_REDUCES_PER_LAYER = {"olmo2": 1, "olmo2_mqa": 1}
 
@@ -155,12 +290,16 @@ def test_every_cached_hook_is_whole_and_equal_on_every_rank(ranks, single, arch)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_head_results_from_a_cache_of_z_equal_tp1(ranks, single, arch):
     model = single[arch]
-    _, cache = model.run_with_cache(worker.prompt_tokens(model.cfg),
-                                    names_filter=lambda hook: hook.endswith(("hook_z", "hook_resid_post", "hook_scale")))
+    _, cache = model.run_with_cache(
+        worker.prompt_tokens(model.cfg),
+        names_filter=lambda hook: hook.endswith(("hook_z", "hook_resid_post", "hook_scale")),
+    )
     through = cache.stack_head_results(layer=-1, pos_slice=-1, through_post_norm=True)
     for rank in ranks:
         torch.testing.assert_close(rank[arch]["head_results_through"], through, rtol=1e-6, atol=ATOL)
-    if any(getattr(block, "output_norms", ()) for block in model.blocks):  # post-norms: refused at tp=1, alike on every rank
+    if any(
+        getattr(block, "output_norms", ()) for block in model.blocks
+    ):  # post-norms: refused at tp=1, alike on every rank
         with pytest.raises(ValueError, match="normalises its sublayer outputs") as refused:
             cache.stack_head_results(layer=-1, pos_slice=-1)
         assert [rank[arch]["head_results"] for rank in ranks] == [f"ValueError: {refused.value}"] * len(ranks)
@@ -190,7 +329,9 @@ def test_ablations_at_tp2_equal_tp1(ranks, single, arch):
         clean = model(tokens)
         for label, pairs in hooks.items():
             expected = model.run_with_hooks(tokens, fwd_hooks=pairs)
-            assert (expected - clean).abs().max() > 10 * ATOL, f"{label} does not change the logits: the check would be empty"
+            assert (expected - clean).abs().max() > 10 * ATOL, (
+                f"{label} does not change the logits: the check would be empty"
+            )
             for rank in ranks:
                 torch.testing.assert_close(rank[arch]["ablations"][label], expected, rtol=0, atol=ATOL, msg=label)
 
@@ -211,7 +352,12 @@ def test_collectives_only_where_a_hook_listens(ranks, single, arch):
     counts = ranks[0][arch]["collectives"]
     all_reduces = 1 + (2 + EXTRA_ALL_REDUCES_PER_LAYER.get(arch, 0)) * n_layers
     # Unhooked: the embedding and one all-reduce per sublayer, the logits gathered, the inputs compared once.
-    assert counts["unhooked"] == {"all_reduce": all_reduces, "all_gather_single": 1, "broadcast": 0, "all_gather_object": 1}
+    assert counts["unhooked"] == {
+        "all_reduce": all_reduces,
+        "all_gather_single": 1,
+        "broadcast": 0,
+        "all_gather_object": 1,
+    }
     # A hook that reads z: z gathered once more, the outcome of its hooks compared, nothing broadcast.
     assert counts["reading"]["all_gather_single"] == 2 and counts["reading"]["broadcast"] == 0
     # A hook that writes z: the first rank's result is broadcast once.
@@ -228,7 +374,9 @@ def test_collectives_only_where_a_hook_listens(ranks, single, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_sweep_at_tp2_equals_the_single_process_sweep(ranks, single, arch):
     model = single[arch]
-    expected = hooked.sweep(model, worker.prompt_tokens(model.cfg), worker.sweep_variants(model.cfg), worker.sweep_metric(model))
+    expected = hooked.sweep(
+        model, worker.prompt_tokens(model.cfg), worker.sweep_variants(model.cfg), worker.sweep_metric(model)
+    )
     for rank in ranks:
         result = rank[arch]["sweep"]
         assert result["variants"] == expected.variants
@@ -246,7 +394,9 @@ def test_data_parallel_sweep_splits_the_variants_and_equals_one_process(ranks, s
     assert ran[0] and ran[1] and not ran[0] & ran[1], "each rank runs its own share of the variants"
     assert ran[0] | ran[1] == set(variants)
     for rank in ranks:
-        torch.testing.assert_close(rank[arch][how]["values"], expected.values, rtol=0, atol=ATOL)  # MoE: rows batched differently
+        torch.testing.assert_close(
+            rank[arch][how]["values"], expected.values, rtol=0, atol=ATOL
+        )  # MoE: rows batched differently
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -266,13 +416,26 @@ def test_each_rank_holds_its_shard(ranks, single, arch):
     output biases, and key/value projections when there are fewer kv heads than ranks) whole."""
     model = single[arch]
     total = sum(p.numel() for p in model.parameters())
-    whole = ["ln", "norm", "wpe", "mlp.gate.", "attn.c_proj.bias", "mlp.c_proj.bias", "o_proj.bias", "down_proj.bias",
-             "attn.dense.bias", "dense_4h_to_h.bias"]
+    whole = [
+        "ln",
+        "norm",
+        "wpe",
+        "mlp.gate.",
+        "attn.c_proj.bias",
+        "mlp.c_proj.bias",
+        "o_proj.bias",
+        "down_proj.bias",
+        "attn.dense.bias",
+        "dense_4h_to_h.bias",
+    ]
     whole += ["k_proj", "v_proj"] if model.cfg.n_kv_heads < 2 else []
     # OLMo 2's q/k norms span every head: their weights are cut with the heads (k_norm's is whole with one kv head).
     cut = ["q_norm"] + (["k_norm"] if model.cfg.n_kv_heads >= 2 else []) if arch.startswith("olmo2") else []
-    replicated = sum(p.numel() for name, p in model.named_parameters()
-                     if any(part in name for part in whole) and not any(part in name for part in cut))
+    replicated = sum(
+        p.numel()
+        for name, p in model.named_parameters()
+        if any(part in name for part in whole) and not any(part in name for part in cut)
+    )
     for rank in ranks:
         assert rank[arch]["local_parameters"] == pytest.approx((total - replicated) / 2 + replicated, rel=0.01)
 
@@ -294,7 +457,9 @@ def test_sweep_over_data_parallel_groups_of_tensor_parallel_ranks(hybrid, single
         logits = model(tokens)
     results = [rank[arch] for rank in hybrid]
     assert [(r["dp_rank"], r["tp_rank"]) for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert results[0]["ran"] == results[1]["ran"] and results[2]["ran"] == results[3]["ran"]  # a copy's ranks run together
+    assert (
+        results[0]["ran"] == results[1]["ran"] and results[2]["ran"] == results[3]["ran"]
+    )  # a copy's ranks run together
     first, second = set(results[0]["ran"]), set(results[2]["ran"])
     assert first and second and not first & second and first | second == set(variants)
     for result in results:
@@ -308,15 +473,18 @@ def failures(checkpoints, tmp_path_factory) -> list[dict]:
     return launch("failures", {"gpt2": checkpoints["gpt2"]}, tmp_path_factory.mktemp("failures"))
 
 
-@pytest.mark.parametrize("case, on_rank_1, on_rank_0, text", [
-    ("hook_raises_on_one_rank", "ValueError", "RankFailedError", "a mistake in this hook on rank 1"),
-    ("bad_input_on_one_rank", "ValueError", "RankFailedError", "out of range"),
-    ("cache_with_failing_hook", "KeyError", "RankFailedError", "hook_nope"),
-    ("sweep_variant_fails_on_one_rank", "VariantError", "RankFailedError", "a mistake in this hook on rank 1"),
-    ("dp_sweep_share_fails", "VariantError", "RankFailedError", "a mistake in this hook on rank 1"),
-    ("different_inputs", "RankFailedError", "RankFailedError", "different"),
-    ("wrong_shape_everywhere", "ValueError", "ValueError", "must keep the shape"),
-])
+@pytest.mark.parametrize(
+    "case, on_rank_1, on_rank_0, text",
+    [
+        ("hook_raises_on_one_rank", "ValueError", "RankFailedError", "a mistake in this hook on rank 1"),
+        ("bad_input_on_one_rank", "ValueError", "RankFailedError", "out of range"),
+        ("cache_with_failing_hook", "KeyError", "RankFailedError", "hook_nope"),
+        ("sweep_variant_fails_on_one_rank", "VariantError", "RankFailedError", "a mistake in this hook on rank 1"),
+        ("dp_sweep_share_fails", "VariantError", "RankFailedError", "a mistake in this hook on rank 1"),
+        ("different_inputs", "RankFailedError", "RankFailedError", "different"),
+        ("wrong_shape_everywhere", "ValueError", "ValueError", "must keep the shape"),
+    ],
+)
 def test_a_failing_rank_makes_every_rank_raise(failures, case, on_rank_1, on_rank_0, text):
     first, second = failures[0][case], failures[1][case]
     assert (first["raised"], second["raised"]) == (on_rank_0, on_rank_1), (first, second)
@@ -357,8 +525,10 @@ def test_read_part_into_reads_exactly_the_slice(tmp_path, dtype):
 
     from hooked.weights import SafetensorsFile
 
-    tensors = {"a": torch.randn(4, 6, 5, generator=torch.Generator().manual_seed(0)).to(dtype),
-               "b": torch.randn(7, generator=torch.Generator().manual_seed(1)).to(dtype)}
+    tensors = {
+        "a": torch.randn(4, 6, 5, generator=torch.Generator().manual_seed(0)).to(dtype),
+        "b": torch.randn(7, generator=torch.Generator().manual_seed(1)).to(dtype),
+    }
     save_file(tensors, tmp_path / "t.safetensors")
     with SafetensorsFile(tmp_path / "t.safetensors") as file:
         for key, tensor in tensors.items():
@@ -382,14 +552,27 @@ def test_tp_without_torchrun_says_how_to_launch(checkpoints, monkeypatch):
         hooked.load(checkpoints["gpt2"], tp=2)
 
 
-@pytest.mark.parametrize("config, tp, message", [
-    (dict(num_attention_heads=4, num_key_value_heads=2), 3, "n_heads \\(attention heads\\) = 4 is not divisible by tp=3"),
-    (dict(num_attention_heads=6, num_key_value_heads=3), 2, "n_kv_heads \\(key/value heads\\) = 3 neither divides"),
-])
+@pytest.mark.parametrize(
+    "config, tp, message",
+    [
+        (
+            dict(num_attention_heads=4, num_key_value_heads=2),
+            3,
+            "n_heads \\(attention heads\\) = 4 is not divisible by tp=3",
+        ),
+        (dict(num_attention_heads=6, num_key_value_heads=3), 2, "n_kv_heads \\(key/value heads\\) = 3 neither divides"),
+    ],
+)
 def test_a_tp_that_does_not_split_the_model_is_refused_before_reading(config, tp, message):
     from hooked.weights import shard_bytes
 
-    base = dict(architectures=["Qwen3ForCausalLM"], hidden_size=48, intermediate_size=64, num_hidden_layers=1,
-                head_dim=8, vocab_size=50)
+    base = dict(
+        architectures=["Qwen3ForCausalLM"],
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        head_dim=8,
+        vocab_size=50,
+    )
     with pytest.raises(ValueError, match=message):
         shard_bytes({**base, **config}, tp)

@@ -32,22 +32,49 @@ def test_mkdocs_build_strict_has_no_warning(tmp_path):
     site = tmp_path / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1", HF_HUB_OFFLINE="1")
     run = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(site),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
     warnings = [line for line in output.splitlines() if "WARNING" in line or "ERROR" in line]
     assert not warnings, output
     page = (site / "hooks-reference" / "index.html").read_text()
-    for name in ("blocks.{i}.attn.hook_z", "hook_pos_embed", "blocks.{i}.mlp.hook_router_logits", "blocks.{i}.mlp.hook_pre_linear"):
+    for name in (
+        "blocks.{i}.attn.hook_z",
+        "hook_pos_embed",
+        "blocks.{i}.mlp.hook_router_logits",
+        "blocks.{i}.mlp.hook_pre_linear",
+    ):
         assert name in page
     for page in ("index.html", "transformer-lens/index.html", "api/hooked/index.html", "api/ablate/index.html"):
         assert (site / page).is_file(), page
     api = (site / "api" / "hooked" / "index.html").read_text()
-    for identifier in ("hooked.load", "hooked.HookedTransformer.generate", "hooked.HookedTransformer.run_with_cache",
-                       "hooked.HookedTransformer.run_with_hooks", "hooked.KVCache", "hooked.generate_variants",
-                       "hooked.sweep", "hooked.SweepResult", "hooked.ActivationCache"):
+    for identifier in (
+        "hooked.load",
+        "hooked.HookedTransformer.generate",
+        "hooked.HookedTransformer.run_with_cache",
+        "hooked.HookedTransformer.run_with_hooks",
+        "hooked.KVCache",
+        "hooked.generate_variants",
+        "hooked.sweep",
+        "hooked.SweepResult",
+        "hooked.ActivationCache",
+    ):
         assert f'id="{identifier}"' in api, identifier
 
 

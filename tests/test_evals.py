@@ -38,20 +38,38 @@ def test_sanity_check(long_pair):
     got = evals.sanity_check(model)
     torch.testing.assert_close(got, tl_evals.sanity_check(reference), atol=1e-5, rtol=1e-5)
     tokens = model.to_tokens(evals.SANITY_TEXT)
-    torch.testing.assert_close(got, torch.nn.functional.cross_entropy(model(tokens)[0, :-1], tokens[0, 1:]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        got, torch.nn.functional.cross_entropy(model(tokens)[0, :-1], tokens[0, 1:]), atol=1e-5, rtol=1e-5
+    )
 
 
-MMLU = [{"question": f"What is {a} + {b}?", "choices": [str(a + b + d) for d in (-1, 0, 1, 2)], "answer": 1,
-         "subject": subject} for a, b, subject in [(1, 2, "math"), (3, 4, "math"), (2, 2, "math"), (5, 1, "arith"), (7, 2, "arith")]]
+MMLU = [
+    {
+        "question": f"What is {a} + {b}?",
+        "choices": [str(a + b + d) for d in (-1, 0, 1, 2)],
+        "answer": 1,
+        "subject": subject,
+    }
+    for a, b, subject in [(1, 2, "math"), (3, 4, "math"), (2, 2, "math"), (5, 1, "arith"), (7, 2, "arith")]
+]
 
 
 def test_mmlu_eval_on_given_examples(long_pair, monkeypatch):
     model, reference = long_pair
-    monkeypatch.setattr(tl_evals, "make_mmlu_data_loader", lambda subjects=None, split="test", num_samples=None: [
-        e for e in MMLU if subjects in (None, e["subject"])][:num_samples])
+    monkeypatch.setattr(
+        tl_evals,
+        "make_mmlu_data_loader",
+        lambda subjects=None, split="test", num_samples=None: [e for e in MMLU if subjects in (None, e["subject"])][
+            :num_samples
+        ],
+    )
     seen = {"ours": [], "theirs": []}  # the prompts each model is run on, token for token
-    handles = [m.register_forward_pre_hook(lambda module, args, kwargs, key=key: seen[key].append(args[0].tolist()),
-                                           with_kwargs=True) for m, key in ((model, "ours"), (reference, "theirs"))]
+    handles = [
+        m.register_forward_pre_hook(
+            lambda module, args, kwargs, key=key: seen[key].append(args[0].tolist()), with_kwargs=True
+        )
+        for m, key in ((model, "ours"), (reference, "theirs"))
+    ]
     try:
         got = evals.mmlu_eval(model, data=MMLU)
         assert got == tl_evals.mmlu_eval(reference)
@@ -61,7 +79,8 @@ def test_mmlu_eval_on_given_examples(long_pair, monkeypatch):
     assert seen["ours"] == seen["theirs"] and len(seen["ours"]) == 5
     assert got["num_total"] == 5 and set(got["subject_scores"]) == {"math", "arith"}
     assert evals.mmlu_eval(model, subjects="math", num_samples=2, data=MMLU) == tl_evals.mmlu_eval(
-        reference, subjects="math", num_samples=2)
+        reference, subjects="math", num_samples=2
+    )
     with pytest.raises(ValueError, match="does not download"):
         evals.mmlu_eval(model)
 
@@ -113,5 +132,5 @@ def test_evaluate_needs_data_loaders(gpt2, tl):
     want = sum(gpt2(b["tokens"], return_type="loss").item() for b in batches[:2]) / 2
     assert losses == {"mine_loss": pytest.approx(want, abs=1e-6)}
     assert evals.evaluate_on_dataset(gpt2, batches, truncate=1) == pytest.approx(
-        tl_evals.evaluate_on_dataset(tl, batches, truncate=1, device="cpu"), abs=1e-6)
-
+        tl_evals.evaluate_on_dataset(tl, batches, truncate=1, device="cpu"), abs=1e-6
+    )

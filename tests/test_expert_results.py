@@ -108,15 +108,29 @@ def test_stack_expert_results_slices_positions_and_applies_the_norm(run):
     close(single.get_expert_results(layer).sum(-2), single["mlp_out", layer])  # [pos n_experts d_model]
 
 
-@pytest.mark.parametrize("expand", [dict(), dict(expand_neurons=False), dict(expand_experts=False),
-                                    dict(expand_neurons=False, expand_experts=True)])
+@pytest.mark.parametrize(
+    "expand",
+    [dict(), dict(expand_neurons=False), dict(expand_experts=False), dict(expand_neurons=False, expand_experts=True)],
+)
 def test_full_decomposition_with_experts_sums_to_the_residual_stream(run, expand):
     model, cache = run
     n_layers = model.cfg.n_layers
-    for layer, mlp_input in [(None, False), (-1, False), (0, False), (0, True), (1, False), (1, True), (n_layers - 1, True)]:
+    for layer, mlp_input in [
+        (None, False),
+        (-1, False),
+        (0, False),
+        (0, True),
+        (1, False),
+        (1, True),
+        (n_layers - 1, True),
+    ]:
         full, labels = cache.get_full_resid_decomposition(layer, mlp_input, return_labels=True, **expand)
         upto = n_layers if layer in (None, -1) else layer
-        resid = cache["resid_mid", upto] if mlp_input else (cache["resid_post", -1] if upto == n_layers else cache["resid_pre", upto])
+        resid = (
+            cache["resid_mid", upto]
+            if mlp_input
+            else (cache["resid_post", -1] if upto == n_layers else cache["resid_pre", upto])
+        )
         close(full.sum(0), resid)
         assert len(labels) == full.shape[0] and labels[-2:] == ["embed", "bias"]
         experts = expand.get("expand_experts", expand.get("expand_neurons", True))
@@ -162,7 +176,10 @@ def test_experts_in_two_slots_of_a_token_accumulate():
 def test_neuron_stacks_of_a_sparse_block_point_to_the_expert_results(run):
     model, cache = run
     layer = sparse_layers(model)[0]
-    with pytest.raises(ValueError, match=rf"blocks.{layer}.mlp is a mixture of experts.*get_expert_results\({layer}\).*stack_expert_results"):
+    with pytest.raises(
+        ValueError,
+        match=rf"blocks.{layer}.mlp is a mixture of experts.*get_expert_results\({layer}\).*stack_expert_results",
+    ):
         cache.get_neuron_results(layer)
     with pytest.raises(ValueError, match="mixture of experts.*stack_expert_results"):
         cache.stack_neuron_results(-1)
@@ -173,8 +190,11 @@ def test_missing_hooks_and_dense_blocks_are_named(run):
     layer = sparse_layers(model)[0]
     tokens = torch.randint(0, model.cfg.d_vocab, (1, 4))
     _, partial = model.run_with_cache(tokens, names_filter=lambda name: not name.endswith("hook_expert_weights"))
-    with pytest.raises(KeyError, match=rf"blocks.{layer}.mlp.hook_expert_post, blocks.{layer}.mlp.hook_expert_weights,"
-                                       rf" blocks.{layer}.mlp.hook_expert_indices; this cache lacks blocks.{layer}.mlp.hook_expert_weights:"):
+    with pytest.raises(
+        KeyError,
+        match=rf"blocks.{layer}.mlp.hook_expert_post, blocks.{layer}.mlp.hook_expert_weights,"
+        rf" blocks.{layer}.mlp.hook_expert_indices; this cache lacks blocks.{layer}.mlp.hook_expert_weights:",
+    ):
         partial.get_expert_results(layer)
     dense = [i for i in range(model.cfg.n_layers) if not model.cfg.is_sparse(i)]
     if dense:

@@ -31,11 +31,17 @@ def paragraph(path: Path, opening: str) -> str:
 
 FACES = {
     "the package docstring": lambda: hooked.__doc__.split("\n\n")[0],
-    "pyproject.toml's description": lambda: tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"],
-    "mkdocs.yml's site_description": lambda: re.search(r"^site_description: (.*)$", (ROOT / "mkdocs.yml").read_text(), re.M)[1],
+    "pyproject.toml's description": lambda: tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "description"
+    ],
+    "mkdocs.yml's site_description": lambda: re.search(
+        r"^site_description: (.*)$", (ROOT / "mkdocs.yml").read_text(), re.M
+    )[1],
     "the README's family paragraph": lambda: paragraph(ROOT / "README.md", "`hooked` reimplements"),
     "the docs home page's family paragraph": lambda: paragraph(ROOT / "docs" / "index.md", "`hooked` reimplements"),
-    "the TransformerLens guide's family paragraph": lambda: paragraph(ROOT / "docs" / "transformer-lens.md", "`hooked` implements"),
+    "the TransformerLens guide's family paragraph": lambda: paragraph(
+        ROOT / "docs" / "transformer-lens.md", "`hooked` implements"
+    ),
 }
 
 

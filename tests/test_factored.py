@@ -126,7 +126,9 @@ def index_into(draw, shape: torch.Size):
         size, keep_axis = shape[axis], axis >= n_leading
         # At most one list (torch would pair several up), never on the column axis (torch then moves the
         # paired axes of B to the front: TransformerLens' indexing has the same limit).
-        kinds = ["int", "slice"] + (["list"] if axis <= n_leading and not any(isinstance(e, list) for e in ours) else [])
+        kinds = ["int", "slice"] + (
+            ["list"] if axis <= n_leading and not any(isinstance(e, list) for e in ours) else []
+        )
         kind = draw(st.sampled_from(kinds))
         if kind == "int":
             i = draw(st.integers(-size, size - 1))
@@ -174,8 +176,10 @@ def test_matmul_with_tensors_and_factored_matrices_on_both_sides(pair, width, se
     vector_l = torch.randn(m.ldim, generator=generator, dtype=torch.float64)
     close(m @ vector_r, dense @ vector_r)
     close(vector_l @ m, vector_l @ dense)
-    other = FactoredMatrix(torch.randn(m.rdim, 2, generator=generator, dtype=torch.float64),
-                           torch.randn(2, width, generator=generator, dtype=torch.float64))
+    other = FactoredMatrix(
+        torch.randn(m.rdim, 2, generator=generator, dtype=torch.float64),
+        torch.randn(2, width, generator=generator, dtype=torch.float64),
+    )
     close((m @ other).AB, dense @ other.AB)
     close((other.T @ m.T).AB, (dense @ other.AB).transpose(-2, -1))
 
@@ -197,8 +201,12 @@ def test_every_method_equals_transformer_lens(pair):
         close(mine.A, reference.A, atol=1e-8)
         close(mine.B, reference.B, atol=1e-8)
     right = torch.ones(ours.rdim, 3, dtype=torch.float64)
-    for mine, reference in ((ours @ right, theirs @ right), (right.T @ ours, right.T @ theirs), (ours * 3, theirs * 3),
-                            (ours.unsqueeze(0), theirs.unsqueeze(0))):
+    for mine, reference in (
+        (ours @ right, theirs @ right),
+        (right.T @ ours, right.T @ theirs),
+        (ours * 3, theirs * 3),
+        (ours.unsqueeze(0), theirs.unsqueeze(0)),
+    ):
         close(mine.A, reference.A)
         close(mine.B, reference.B)
 
@@ -241,7 +249,23 @@ def qwen3_pair(tmp_path_factory):
     return grouped_qwen3_pair(tmp_path_factory.mktemp("qwen3-gqa"))
 
 
-WEIGHT_NAMES = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "W_in", "W_out", "b_in", "b_out", "W_E", "W_U", "b_U")
+WEIGHT_NAMES = (
+    "W_Q",
+    "W_K",
+    "W_V",
+    "W_O",
+    "b_Q",
+    "b_K",
+    "b_V",
+    "b_O",
+    "W_in",
+    "W_out",
+    "b_in",
+    "b_out",
+    "W_E",
+    "W_U",
+    "b_U",
+)
 
 
 def assert_weights_match(ours, theirs, names):
@@ -295,12 +319,15 @@ def test_grouped_query_weights_are_repeated_per_query_head_as_transformer_lens(q
 
 def test_ov_circuit_reproduces_each_heads_write(gpt2, tokens):
     """hook_result[h] = pattern[h] @ (ln1(x) @ OV[h] + b_V[h] @ W_O[h])."""
-    _, cache = gpt2.run_with_cache(tokens, names_filter=["blocks.1.hook_resid_pre", "blocks.1.attn.hook_pattern",
-                                                         "blocks.1.attn.hook_result"])
+    _, cache = gpt2.run_with_cache(
+        tokens, names_filter=["blocks.1.hook_resid_pre", "blocks.1.attn.hook_pattern", "blocks.1.attn.hook_result"]
+    )
     attn = gpt2.blocks[1].attn
     with torch.no_grad():
         x = gpt2.blocks[1].ln1(cache["resid_pre", 1])
-        values = torch.einsum("bkm,hmn->bhkn", x, attn.OV.AB) + torch.einsum("hd,hdm->hm", attn.b_V, attn.W_O)[None, :, None]
+        values = (
+            torch.einsum("bkm,hmn->bhkn", x, attn.OV.AB) + torch.einsum("hd,hdm->hm", attn.b_V, attn.W_O)[None, :, None]
+        )
         result = torch.einsum("bhqk,bhkn->bqhn", cache["pattern", 1], values)
     close(result, cache["result", 1], atol=1e-5)
 
@@ -339,7 +366,9 @@ def test_mlp_stacks_of_a_model_with_sparse_layers_raise_naming_the_block():
     model = random_model("qwen3_moe", n_layers=2, decoder_sparse_step=2)  # block 1 sparse, block 0 dense
     assert model.W_Q.shape == (2, 4, 32, 8) and model.OV.shape == (2, 4, 32, 32)
     for name in ("W_in", "W_out", "b_in"):
-        with pytest.raises(ValueError, match=rf"model.{name} stacks blocks\[i\].mlp.{name}.*block 1: .*mixture-of-experts"):
+        with pytest.raises(
+            ValueError, match=rf"model.{name} stacks blocks\[i\].mlp.{name}.*block 1: .*mixture-of-experts"
+        ):
             getattr(model, name)
     all_sparse = random_model("qwen3_moe", n_layers=2)
     assert all_sparse.W_in.shape == (2, 4, 32, 16)  # [n_layers n_experts d_model d_expert_mlp]

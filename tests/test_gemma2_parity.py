@@ -47,28 +47,66 @@ HF = transformers.Gemma2ForCausalLM
 
 CASES = {
     # GQA 4 -> 2, 3 layers in transformers' default pattern (sliding, full, sliding), window 3, tied, caps that bite
-    "capped_gqa": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
-                       num_hidden_layers=3, sliding_window=3, query_pre_attn_scalar=16, attn_logit_softcapping=2.0,
-                       final_logit_softcapping=1.5, initializer_range=0.3),  # wide weights: scores past the cap
+    "capped_gqa": dict(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        sliding_window=3,
+        query_pre_attn_scalar=16,
+        attn_logit_softcapping=2.0,
+        final_logit_softcapping=1.5,
+        initializer_range=0.3,
+    ),  # wide weights: scores past the cap
     # multi-query, d_head 16 != 48 / 4, untied, biases, no caps (hooked's default path: SDPA), explicit layer types
-    "uncapped_mqa": dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=1, head_dim=16, intermediate_size=64,
-                         num_hidden_layers=2, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=None,
-                         final_logit_softcapping=None, layer_types=["full_attention", "sliding_attention"],
-                         tie_word_embeddings=False, attention_bias=True, rms_norm_eps=1e-5,
-                         rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    "uncapped_mqa": dict(
+        hidden_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        sliding_window=4,
+        query_pre_attn_scalar=24,
+        attn_logit_softcapping=None,
+        final_logit_softcapping=None,
+        layer_types=["full_attention", "sliding_attention"],
+        tie_word_embeddings=False,
+        attention_bias=True,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    ),
     # MHA, d_head = d_model / n_heads (TransformerLens' converter shape), released caps 50 / 30 scaled down to bite
-    "mha": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, head_dim=8, intermediate_size=48,
-                num_hidden_layers=2, sliding_window=4, query_pre_attn_scalar=8, attn_logit_softcapping=3.0,
-                final_logit_softcapping=2.0, initializer_range=0.3),
+    "mha": dict(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=8,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        sliding_window=4,
+        query_pre_attn_scalar=8,
+        attn_logit_softcapping=3.0,
+        final_logit_softcapping=2.0,
+        initializer_range=0.3,
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     # Neutral directory names: TransformerLens' convert_hf_model_config reads family names out of paths.
-    return {name: build_checkpoint(tmp_path_factory.mktemp(f"case{index}"),
-                                   transformers.Gemma2Config(vocab_size=VOCAB, pad_token_id=0, **kwargs), HF, seed=index)
-            for index, (name, kwargs) in enumerate(CASES.items())}
+    return {
+        name: build_checkpoint(
+            tmp_path_factory.mktemp(f"case{index}"),
+            transformers.Gemma2Config(vocab_size=VOCAB, pad_token_id=0, **kwargs),
+            HF,
+            seed=index,
+        )
+        for index, (name, kwargs) in enumerate(CASES.items())
+    }
 
 
 @pytest.fixture(scope="module")
@@ -97,11 +135,21 @@ def test_float32_equals_transformers(models, references, case, path):
 def test_config_read_from_each_case(models):
     cfg = models["capped_gqa"].cfg
     assert cfg.layer_types == ("sliding_attention", "full_attention", "sliding_attention")  # transformers' default
-    assert (cfg.sliding_window, cfg.query_pre_attn_scalar, cfg.attn_logit_softcapping, cfg.final_logit_softcapping) == (3, 16, 2.0, 1.5)
+    assert (cfg.sliding_window, cfg.query_pre_attn_scalar, cfg.attn_logit_softcapping, cfg.final_logit_softcapping) == (
+        3,
+        16,
+        2.0,
+        1.5,
+    )
     assert cfg.tie_word_embeddings and models["capped_gqa"].lm_head is None
     cfg = models["uncapped_mqa"].cfg
     assert cfg.layer_types == ("full_attention", "sliding_attention") and cfg.attn_types == ["global", "local"]
-    assert (cfg.attn_logit_softcapping, cfg.final_logit_softcapping, cfg.rope_theta, cfg.d_head) == (None, None, 1e6, 16)
+    assert (cfg.attn_logit_softcapping, cfg.final_logit_softcapping, cfg.rope_theta, cfg.d_head) == (
+        None,
+        None,
+        1e6,
+        16,
+    )
     assert (cfg.attn_scores_soft_cap, cfg.output_logits_soft_cap) == (-1.0, -1.0)  # TransformerLens' "off"
     assert [block.sliding for block in models["capped_gqa"].blocks] == [True, False, True]
 
@@ -113,8 +161,12 @@ def test_caps_and_window_change_the_model(dirs, models):
     with torch.no_grad():
         logits = model(tokens)
         assert logits.abs().max() < 1.5  # the final cap bounds every logit
-        for change in (dict(attn_logit_softcapping=None), dict(final_logit_softcapping=None), dict(sliding_window=12),
-                       dict(query_pre_attn_scalar=8)):
+        for change in (
+            dict(attn_logit_softcapping=None),
+            dict(final_logit_softcapping=None),
+            dict(sliding_window=12),
+            dict(query_pre_attn_scalar=8),
+        ):
             config = json.loads((dirs["capped_gqa"] / "config.json").read_text())
             other = hooked.models.Gemma2(HookedGemma2Config.from_hf({**config, **change}))
             other.load_state_dict(model.state_dict())
@@ -127,7 +179,9 @@ def test_pattern_on_a_softcapped_layer_equals_transformers_eager_attention_weigh
     model, tokens = models["capped_gqa"], random_tokens(2, 9)
     with torch.no_grad():
         out = references["capped_gqa"](tokens, output_attentions=True)
-        _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith(("hook_pattern", "hook_attn_scores")))
+        _, cache = model.run_with_cache(
+            tokens, names_filter=lambda name: name.endswith(("hook_pattern", "hook_attn_scores"))
+        )
     query, key = torch.arange(9)[:, None], torch.arange(9)[None, :]
     for layer, reference in enumerate(out.attentions):
         assert torch.equal(cache["pattern", layer], reference), layer
@@ -192,7 +246,10 @@ def test_triton_kernel_serves_the_softcap_and_the_window(models, references):
         reference = references["capped_gqa"](tokens, attention_mask=mask).logits
         with hooked.layers.attention_backend("triton"):
             logits = model(tokens, attention_mask=mask)
-        with hooked.layers.attention_backend("sdpa"), pytest.raises(RuntimeError, match="cannot apply this model's attention logit softcap"):
+        with (
+            hooked.layers.attention_backend("sdpa"),
+            pytest.raises(RuntimeError, match="cannot apply this model's attention logit softcap"),
+        ):
             model(tokens)
     torch.testing.assert_close(logits[real], reference[real], rtol=0, atol=3e-5)
 
@@ -210,15 +267,33 @@ def tl_gemma2(directory, **processing):
         hf = HF.from_pretrained(directory, dtype=torch.float32).eval()
         c = hf.config
         cfg = HookedTransformerConfig(
-            d_model=c.hidden_size, d_head=c.head_dim, n_heads=c.num_attention_heads, d_mlp=c.intermediate_size,
-            n_layers=c.num_hidden_layers, n_ctx=c.max_position_embeddings, eps=c.rms_norm_eps, d_vocab=c.vocab_size,
-            act_fn="gelu_pytorch_tanh", normalization_type="RMS", rotary_base=c.rope_parameters["rope_theta"],
-            positional_embedding_type="rotary", use_attn_scale=True, attn_scale=c.query_pre_attn_scalar**0.5,
-            n_key_value_heads=c.num_key_value_heads, window_size=c.sliding_window, use_local_attn=True,
+            d_model=c.hidden_size,
+            d_head=c.head_dim,
+            n_heads=c.num_attention_heads,
+            d_mlp=c.intermediate_size,
+            n_layers=c.num_hidden_layers,
+            n_ctx=c.max_position_embeddings,
+            eps=c.rms_norm_eps,
+            d_vocab=c.vocab_size,
+            act_fn="gelu_pytorch_tanh",
+            normalization_type="RMS",
+            rotary_base=c.rope_parameters["rope_theta"],
+            positional_embedding_type="rotary",
+            use_attn_scale=True,
+            attn_scale=c.query_pre_attn_scalar**0.5,
+            n_key_value_heads=c.num_key_value_heads,
+            window_size=c.sliding_window,
+            use_local_attn=True,
             attn_types=["local" if kind == "sliding_attention" else "global" for kind in c.layer_types],
-            attn_scores_soft_cap=c.attn_logit_softcapping, output_logits_soft_cap=c.final_logit_softcapping,
-            gated_mlp=True, final_rms=True, use_normalization_before_and_after=True,
-            original_architecture="Gemma2ForCausalLM", device="cpu", dtype=torch.float32)
+            attn_scores_soft_cap=c.attn_logit_softcapping,
+            output_logits_soft_cap=c.final_logit_softcapping,
+            gated_mlp=True,
+            final_rms=True,
+            use_normalization_before_and_after=True,
+            original_architecture="Gemma2ForCausalLM",
+            device="cpu",
+            dtype=torch.float32,
+        )
         model = HookedTransformer(cfg)
         flags = dict(fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False)
         with torch.no_grad():
@@ -241,8 +316,9 @@ def test_every_hook_equals_transformer_lens(models, dirs):
     # The scores before the cap are O(100) here (wide weights, so that the cap bites): their float32 rounding
     # (the two sum q.k in other orders, and scale before / after) reaches 2e-5 after the cap; measured.
     scores_wider = lambda name: 5e-5 if name.endswith("hook_attn_scores") else 1e-5  # noqa: E731
-    compare_with_transformer_lens(model, tl, tokens, ONLY_HOOKED, ONLY_TRANSFORMER_LENS, adjust=head_zero,
-                                  atol=scores_wider)
+    compare_with_transformer_lens(
+        model, tl, tokens, ONLY_HOOKED, ONLY_TRANSFORMER_LENS, adjust=head_zero, atol=scores_wider
+    )
     # TransformerLens' norm weights are the gains: its converter adds the one; hooked's `w` is the same.
     for name in ("ln1", "ln1_post", "ln2", "ln2_post"):
         torch.testing.assert_close(getattr(model.blocks[1], name).w, getattr(tl.blocks[1], name).w, rtol=0, atol=0)
@@ -272,9 +348,13 @@ def test_from_pretrained_equals_transformer_lens_processing(dirs, models):
         for name in ("ln1_post", "ln2_post"):  # untouched
             assert torch.equal(getattr(block, name).weight, getattr(unprocessed.blocks[layer], name).weight)
         for name in ("W_Q", "W_K", "W_V", "W_O"):
-            torch.testing.assert_close(getattr(block.attn, name), getattr(tl.blocks[layer].attn, name), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(
+                getattr(block.attn, name), getattr(tl.blocks[layer].attn, name), rtol=1e-6, atol=1e-6
+            )
         for name in ("W_gate", "W_in", "W_out"):
-            torch.testing.assert_close(getattr(block.mlp, name), getattr(tl.blocks[layer].mlp, name), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(
+                getattr(block.mlp, name), getattr(tl.blocks[layer].mlp, name), rtol=1e-6, atol=1e-6
+            )
     torch.testing.assert_close(processed.W_U, tl.W_U, rtol=1e-6, atol=1e-6)
     with torch.no_grad():
         logits = processed(tokens)
@@ -295,7 +375,9 @@ def test_center_unembed_is_refused_under_a_logit_softcap(dirs, models, monkeypat
     model = models["capped_gqa"]
     before = model.unembed_weight.clone()
     with pytest.raises(ValueError, match="center_unembed=True"):
-        model.process_weights_(fold_ln=False, center_writing_weights=False, center_unembed=True, fold_value_biases=False)
+        model.process_weights_(
+            fold_ln=False, center_writing_weights=False, center_unembed=True, fold_value_biases=False
+        )
     assert torch.equal(model.unembed_weight, before) and not any(model.processing.values())
 
 
@@ -321,13 +403,47 @@ def test_direct_logit_attribution_sums_to_the_pre_cap_logits(models):
 
 
 # ----------------------------------------------------------------------------- hook names and shapes
-GOLDEN_HOOK_NAMES = ["hook_embed"] + [f"blocks.{i}.{name}" for i in range(2) for name in [
-    "hook_resid_pre", "hook_q_input", "hook_k_input", "hook_v_input", "ln1.hook_scale", "ln1.hook_normalized",
-    "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores",
-    "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out_pre_norm", "ln1_post.hook_scale",
-    "ln1_post.hook_normalized", "hook_attn_out", "hook_resid_mid", "hook_mlp_in", "ln2.hook_scale", "ln2.hook_normalized",
-    "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post", "hook_mlp_out_pre_norm", "ln2_post.hook_scale",
-    "ln2_post.hook_normalized", "hook_mlp_out", "hook_resid_post"]] + ["ln_final.hook_scale", "ln_final.hook_normalized"]
+GOLDEN_HOOK_NAMES = (
+    ["hook_embed"]
+    + [
+        f"blocks.{i}.{name}"
+        for i in range(2)
+        for name in [
+            "hook_resid_pre",
+            "hook_q_input",
+            "hook_k_input",
+            "hook_v_input",
+            "ln1.hook_scale",
+            "ln1.hook_normalized",
+            "attn.hook_q",
+            "attn.hook_k",
+            "attn.hook_v",
+            "attn.hook_rot_q",
+            "attn.hook_rot_k",
+            "attn.hook_attn_scores",
+            "attn.hook_pattern",
+            "attn.hook_z",
+            "attn.hook_result",
+            "hook_attn_out_pre_norm",
+            "ln1_post.hook_scale",
+            "ln1_post.hook_normalized",
+            "hook_attn_out",
+            "hook_resid_mid",
+            "hook_mlp_in",
+            "ln2.hook_scale",
+            "ln2.hook_normalized",
+            "mlp.hook_pre",
+            "mlp.hook_pre_linear",
+            "mlp.hook_post",
+            "hook_mlp_out_pre_norm",
+            "ln2_post.hook_scale",
+            "ln2_post.hook_normalized",
+            "hook_mlp_out",
+            "hook_resid_post",
+        ]
+    ]
+    + ["ln_final.hook_scale", "ln_final.hook_normalized"]
+)
 
 
 def test_golden_hook_names(models):
@@ -396,8 +512,9 @@ def test_run_with_cache_equals_the_forward(models):
         assert torch.equal(logits, model(tokens))
     torch.testing.assert_close(cache.accumulated_resid(apply_ln=False)[-1], cache["resid_post", 1], rtol=0, atol=0)
     with torch.no_grad():  # the logit lens: ln_final with the cached scale and the gain 1 + weight
-        torch.testing.assert_close(cache.accumulated_resid(apply_ln=True)[-1], model.ln_final(cache["resid_post", 1]),
-                                   rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            cache.accumulated_resid(apply_ln=True)[-1], model.ln_final(cache["resid_post", 1]), rtol=0, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3"])
@@ -423,29 +540,45 @@ def test_per_head_writes_are_refused_and_circuits_take_each_layers_attention_who
             call()
     graph = circuits.graph(model)
     assert [s.name for s in graph.sources[:3]] == ["input", "L0.attn", "L0.mlp"]
-    assert graph.sources[1].hook_name == "blocks.0.hook_attn_out" and graph.whole_attention == tuple(range(model.cfg.n_layers))
+    assert graph.sources[1].hook_name == "blocks.0.hook_attn_out" and graph.whole_attention == tuple(
+        range(model.cfg.n_layers)
+    )
     with pytest.raises(KeyError, match=r"'L0H1' is not a node.*'L0.attn'"):
         graph.source_index("L0H1")
     parts = cache.decompose_resid(model.cfg.n_layers)
-    torch.testing.assert_close(parts.sum(0), cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        parts.sum(0), cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"], rtol=0, atol=1e-5
+    )
 
 
 # ----------------------------------------------------------------------------- configs and bad input
-@pytest.mark.parametrize("change, message", [
-    ({"sliding_window": 10**5}, r"sliding_window 100000 must be a whole number in 1..max_position_embeddings \(8192\)"),
-    ({"sliding_window": 0}, "sliding_window 0"),
-    ({"sliding_window": None}, "sliding_window is null but layer_types has sliding_attention"),
-    ({"attn_logit_softcapping": 0}, "attn_logit_softcapping 0 must be positive"),
-    ({"final_logit_softcapping": -30.0}, r"final_logit_softcapping -30.0 must be positive"),
-    ({"layer_types": ["sliding_attention", "full_attention"]}, r"layer_types \[.*\] must list one of .* per layer \(num_hidden_layers = 3\)"),
-    ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "layer_types .*chunked_attention"),
-    ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar 0 must be positive"),
-    ({"query_pre_attn_scalar": -4}, "query_pre_attn_scalar -4 must be positive"),
-    ({"hidden_activation": "gelu"}, "hidden_activation 'gelu'.*gelu_pytorch_tanh"),
-    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}, "rope_type 'linear'"),
-    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
-    ({"head_dim": 7}, "head_dim 7 is odd"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"sliding_window": 10**5},
+            r"sliding_window 100000 must be a whole number in 1..max_position_embeddings \(8192\)",
+        ),
+        ({"sliding_window": 0}, "sliding_window 0"),
+        ({"sliding_window": None}, "sliding_window is null but layer_types has sliding_attention"),
+        ({"attn_logit_softcapping": 0}, "attn_logit_softcapping 0 must be positive"),
+        ({"final_logit_softcapping": -30.0}, r"final_logit_softcapping -30.0 must be positive"),
+        (
+            {"layer_types": ["sliding_attention", "full_attention"]},
+            r"layer_types \[.*\] must list one of .* per layer \(num_hidden_layers = 3\)",
+        ),
+        (
+            {"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]},
+            "layer_types .*chunked_attention",
+        ),
+        ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar 0 must be positive"),
+        ({"query_pre_attn_scalar": -4}, "query_pre_attn_scalar -4 must be positive"),
+        ({"hidden_activation": "gelu"}, "hidden_activation 'gelu'.*gelu_pytorch_tanh"),
+        ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}, "rope_type 'linear'"),
+        ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+        ({"head_dim": 7}, "head_dim 7 is odd"),
+    ],
+)
 def test_contradictory_config_is_refused_naming_the_field(tmp_path, dirs, change, message):
     with pytest.raises(ValueError, match=message):
         hooked.load(edited_checkpoint(dirs["capped_gqa"], tmp_path / "edited", **change))
@@ -459,5 +592,6 @@ def test_config_reads_hub_layout(dirs):
     hub.update(rope_theta=10000.0, hidden_act="gelu_pytorch_tanh")
     assert HookedGemma2Config.from_hf(hub) == HookedGemma2Config.from_hf(written)
     assert transformers.Gemma2Config(**{k: v for k, v in hub.items() if k != "hidden_act"}).layer_types == list(
-        HookedGemma2Config.from_hf(hub).layer_types)
+        HookedGemma2Config.from_hf(hub).layer_types
+    )
     assert HookedGemma2Config.from_hf({**hub, "hidden_act": "relu"}).act_fn == "gelu_pytorch_tanh"

@@ -50,29 +50,70 @@ LOCAL_GLOBAL = ["sliding_attention", "full_attention", "sliding_attention"]
 
 CASES = {
     # GQA 4 -> 2, explicit pattern, window 3, global base 1e4 scaled linearly by 8, local base 100, tied, final cap
-    "linear_gqa": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
-                       num_hidden_layers=3, sliding_window=3, query_pre_attn_scalar=16, final_logit_softcapping=1.5,
-                       layer_types=LOCAL_GLOBAL, max_position_embeddings=64, initializer_range=0.3,
-                       rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e4},
-                                        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+    "linear_gqa": dict(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        sliding_window=3,
+        query_pre_attn_scalar=16,
+        final_logit_softcapping=1.5,
+        layer_types=LOCAL_GLOBAL,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e4},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+        },
+    ),
     # multi-query, d_head 16 != 48 / 4, untied, biases, no cap, sliding_window_pattern 2 (local, global, local, global),
     # the hub's spelling of the bases (rope_theta, rope_local_base_freq)
-    "pattern_mqa": dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=1, head_dim=16, intermediate_size=64,
-                        num_hidden_layers=4, sliding_window=4, query_pre_attn_scalar=24, sliding_window_pattern=2,
-                        tie_word_embeddings=False, attention_bias=True, rms_norm_eps=1e-5, max_position_embeddings=64,
-                        rope_theta=5e4, rope_local_base_freq=500.0),
+    "pattern_mqa": dict(
+        hidden_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        sliding_window=4,
+        query_pre_attn_scalar=24,
+        sliding_window_pattern=2,
+        tie_word_embeddings=False,
+        attention_bias=True,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=64,
+        rope_theta=5e4,
+        rope_local_base_freq=500.0,
+    ),
     # MHA, d_head = d_model / heads, transformers' defaults: pattern 6 (five local, one global), bases 1e6 / 1e4
-    "default_mha": dict(hidden_size=16, num_attention_heads=2, num_key_value_heads=2, head_dim=8, intermediate_size=24,
-                        num_hidden_layers=6, sliding_window=4, query_pre_attn_scalar=8, max_position_embeddings=64),
+    "default_mha": dict(
+        hidden_size=16,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=24,
+        num_hidden_layers=6,
+        sliding_window=4,
+        query_pre_attn_scalar=8,
+        max_position_embeddings=64,
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     # Neutral directory names: TransformerLens' convert_hf_model_config reads family names out of paths.
-    return {name: build_checkpoint(tmp_path_factory.mktemp(f"case{index}"),
-                                   transformers.Gemma3TextConfig(vocab_size=VOCAB, pad_token_id=0, **kwargs), HF, seed=index)
-            for index, (name, kwargs) in enumerate(CASES.items())}
+    return {
+        name: build_checkpoint(
+            tmp_path_factory.mktemp(f"case{index}"),
+            transformers.Gemma3TextConfig(vocab_size=VOCAB, pad_token_id=0, **kwargs),
+            HF,
+            seed=index,
+        )
+        for index, (name, kwargs) in enumerate(CASES.items())
+    }
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +123,11 @@ def models(dirs):
 
 @pytest.fixture(scope="module")
 def references(dirs):
-    return {(name, path): hf_reference(directory, HF, path) for name, directory in dirs.items() for path in ("sdpa", "eager")}
+    return {
+        (name, path): hf_reference(directory, HF, path)
+        for name, directory in dirs.items()
+        for path in ("sdpa", "eager")
+    }
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -100,12 +145,31 @@ def test_float32_equals_transformers(models, references, case, path):
 def test_config_read_from_each_case(models):
     cfg = models["linear_gqa"].cfg
     assert cfg.layer_types == tuple(LOCAL_GLOBAL) and cfg.attn_types == ["local", "global", "local"]
-    assert (cfg.rope_theta, cfg.rope_scaling, cfg.rope_local_theta, cfg.rope_local_scaling) == (1e4, LinearScaling(8.0), 100.0, None)
-    assert (cfg.rotary_base, cfg.rotary_base_local, cfg.rotary_scaling_factor) == (1e4, 100.0, 8.0)  # TransformerLens' names
-    assert (cfg.sliding_window, cfg.query_pre_attn_scalar, cfg.attn_logit_softcapping, cfg.final_logit_softcapping) == (3, 16, None, 1.5)
+    assert (cfg.rope_theta, cfg.rope_scaling, cfg.rope_local_theta, cfg.rope_local_scaling) == (
+        1e4,
+        LinearScaling(8.0),
+        100.0,
+        None,
+    )
+    assert (cfg.rotary_base, cfg.rotary_base_local, cfg.rotary_scaling_factor) == (
+        1e4,
+        100.0,
+        8.0,
+    )  # TransformerLens' names
+    assert (cfg.sliding_window, cfg.query_pre_attn_scalar, cfg.attn_logit_softcapping, cfg.final_logit_softcapping) == (
+        3,
+        16,
+        None,
+        1.5,
+    )
     cfg = models["pattern_mqa"].cfg
     assert cfg.layer_types == ("sliding_attention", "full_attention") * 2
-    assert (cfg.rope_theta, cfg.rope_local_theta, cfg.rope_scaling, cfg.final_logit_softcapping) == (5e4, 500.0, None, None)
+    assert (cfg.rope_theta, cfg.rope_local_theta, cfg.rope_scaling, cfg.final_logit_softcapping) == (
+        5e4,
+        500.0,
+        None,
+        None,
+    )
     assert not cfg.tie_word_embeddings and models["pattern_mqa"].lm_head is not None
     cfg = models["default_mha"].cfg
     assert cfg.layer_types == ("sliding_attention",) * 5 + ("full_attention",)
@@ -122,9 +186,15 @@ def test_rotary_tables_equal_transformers(models, references):
         assert torch.equal(model.rotary_local.inv_freq, reference.sliding_attention_inv_freq), case
         assert not torch.equal(model.rotary.inv_freq, model.rotary_local.inv_freq), case
     # A linear scaling on the local table too (no released model has one; TransformerLens scales the global one only)
-    config = transformers.Gemma3TextConfig(**{**CASES["linear_gqa"], "rope_parameters": {
-        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e4},
-        "sliding_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 100.0}}})
+    config = transformers.Gemma3TextConfig(
+        **{
+            **CASES["linear_gqa"],
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e4},
+                "sliding_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 100.0},
+            },
+        }
+    )
     model = hooked.models.Gemma3(HookedGemma3Config.from_hf(config.to_dict()))
     reference = transformers.models.gemma3.modeling_gemma3.Gemma3RotaryEmbedding(config)
     assert model.cfg.rope_local_scaling == LinearScaling(4.0)
@@ -142,10 +212,13 @@ def test_each_rotary_setting_and_the_pattern_change_the_model(dirs, models):
     with torch.no_grad():
         logits = model(tokens)
         assert logits.abs().max() < 1.5  # the final cap bounds every logit
-        for change in (dict(rope_parameters={**rope, "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
-                       dict(rope_parameters={**rope, "full_attention": {"rope_type": "default", "rope_theta": 1e4}}),
-                       dict(rope_parameters={**rope, "full_attention": {**rope["full_attention"], "rope_theta": 100.0}}),
-                       dict(layer_types=["full_attention"] * 3), dict(final_logit_softcapping=None)):
+        for change in (
+            dict(rope_parameters={**rope, "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+            dict(rope_parameters={**rope, "full_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+            dict(rope_parameters={**rope, "full_attention": {**rope["full_attention"], "rope_theta": 100.0}}),
+            dict(layer_types=["full_attention"] * 3),
+            dict(final_logit_softcapping=None),
+        ):
             other = hooked.models.Gemma3(HookedGemma3Config.from_hf({**config, **change}))
             other.load_state_dict(model.state_dict())
             assert (other(tokens) - logits).abs().max() > 1e-4, change
@@ -157,7 +230,9 @@ def test_hooks_pick_the_layer_types_table_and_mask(models, references):
     model, tokens = models["linear_gqa"], random_tokens(2, 9)
     with torch.no_grad():
         out = references["linear_gqa", "eager"](tokens, output_attentions=True)
-        _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith(("hook_pattern", "hook_q_normed", "hook_rot_q")))
+        _, cache = model.run_with_cache(
+            tokens, names_filter=lambda name: name.endswith(("hook_pattern", "hook_q_normed", "hook_rot_q"))
+        )
     query, key = torch.arange(9)[:, None], torch.arange(9)[None, :]
     for layer, reference in enumerate(out.attentions):
         assert torch.equal(cache["pattern", layer], reference), layer
@@ -220,16 +295,35 @@ def tl_gemma3(directory, **processing):
         full, local = c.rope_parameters["full_attention"], c.rope_parameters["sliding_attention"]
         assert local["rope_type"] == "default"  # TransformerLens scales the global table only
         cfg = HookedTransformerConfig(
-            d_model=c.hidden_size, d_head=c.head_dim, n_heads=c.num_attention_heads, d_mlp=c.intermediate_size,
-            n_layers=c.num_hidden_layers, n_ctx=c.max_position_embeddings, eps=c.rms_norm_eps, d_vocab=c.vocab_size,
-            act_fn="gelu_pytorch_tanh", normalization_type="RMS", rotary_base=full["rope_theta"],
-            rotary_base_local=local["rope_theta"], rotary_scaling_factor=full.get("factor", 1.0),
-            positional_embedding_type="rotary", use_attn_scale=True, attn_scale=c.query_pre_attn_scalar**0.5,
-            n_key_value_heads=c.num_key_value_heads, gated_mlp=True, final_rms=True,
-            use_normalization_before_and_after=True, use_qk_norm=True, window_size=c.sliding_window, use_local_attn=True,
+            d_model=c.hidden_size,
+            d_head=c.head_dim,
+            n_heads=c.num_attention_heads,
+            d_mlp=c.intermediate_size,
+            n_layers=c.num_hidden_layers,
+            n_ctx=c.max_position_embeddings,
+            eps=c.rms_norm_eps,
+            d_vocab=c.vocab_size,
+            act_fn="gelu_pytorch_tanh",
+            normalization_type="RMS",
+            rotary_base=full["rope_theta"],
+            rotary_base_local=local["rope_theta"],
+            rotary_scaling_factor=full.get("factor", 1.0),
+            positional_embedding_type="rotary",
+            use_attn_scale=True,
+            attn_scale=c.query_pre_attn_scalar**0.5,
+            n_key_value_heads=c.num_key_value_heads,
+            gated_mlp=True,
+            final_rms=True,
+            use_normalization_before_and_after=True,
+            use_qk_norm=True,
+            window_size=c.sliding_window,
+            use_local_attn=True,
             attn_types=["local" if kind == "sliding_attention" else "global" for kind in c.layer_types],
             output_logits_soft_cap=c.final_logit_softcapping or -1.0,
-            original_architecture="Gemma3ForCausalLM", device="cpu", dtype=torch.float32)
+            original_architecture="Gemma3ForCausalLM",
+            device="cpu",
+            dtype=torch.float32,
+        )
         model = HookedTransformer(cfg)
         flags = dict(fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False)
         with torch.no_grad():
@@ -249,6 +343,7 @@ def test_every_hook_equals_transformer_lens(models, dirs):
     compared for ln1."""
     model, tl = models["linear_gqa"], tl_gemma3(dirs["linear_gqa"])
     tokens = random_tokens(2, 11)
+
     # Wide weights (initializer_range 0.3, activations up to ~90) and TransformerLens' own operation order (rotary
     # angles as pos / (base ** (2i / d) * factor), not pos * inv_freq; einsum projections) differ from hooked's by
     # float32 rounding that grows through three layers: measured <= 2.1e-5 absolute (logits 1.96e-5, hook_pre 2.05e-5
@@ -262,7 +357,9 @@ def test_every_hook_equals_transformer_lens(models, dirs):
 
     compare_with_transformer_lens(model, tl, tokens, ONLY_HOOKED, ONLY_TRANSFORMER_LENS, adjust=layouts, atol=5e-5)
     for name in ("q_norm", "k_norm"):  # TransformerLens' norm weights are the gains (its converter adds the one)
-        torch.testing.assert_close(getattr(model.blocks[1].attn, name).w, getattr(tl.blocks[1].attn, name).w, rtol=0, atol=0)
+        torch.testing.assert_close(
+            getattr(model.blocks[1].attn, name).w, getattr(tl.blocks[1].attn, name).w, rtol=0, atol=0
+        )
     torch.testing.assert_close(model.W_E, tl.W_E, rtol=0, atol=0)
 
 
@@ -294,9 +391,13 @@ def test_from_pretrained_equals_transformer_lens_processing(dirs, models):
         for name in ("q_norm", "k_norm"):
             assert torch.equal(getattr(block.attn, name).weight, getattr(unprocessed.blocks[layer].attn, name).weight)
         for name in ("W_Q", "W_K", "W_V", "W_O"):
-            torch.testing.assert_close(getattr(block.attn, name), getattr(tl.blocks[layer].attn, name), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(
+                getattr(block.attn, name), getattr(tl.blocks[layer].attn, name), rtol=1e-6, atol=1e-6
+            )
         for name in ("W_gate", "W_in", "W_out"):
-            torch.testing.assert_close(getattr(block.mlp, name), getattr(tl.blocks[layer].mlp, name), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(
+                getattr(block.mlp, name), getattr(tl.blocks[layer].mlp, name), rtol=1e-6, atol=1e-6
+            )
     torch.testing.assert_close(processed.W_U, tl.W_U, rtol=1e-6, atol=1e-6)
     with torch.no_grad():
         logits = processed(tokens)
@@ -305,14 +406,49 @@ def test_from_pretrained_equals_transformer_lens_processing(dirs, models):
 
 
 # ----------------------------------------------------------------------------- hook names and shapes
-GOLDEN_HOOK_NAMES = ["hook_embed"] + [f"blocks.{i}.{name}" for i in range(3) for name in [
-    "hook_resid_pre", "hook_q_input", "hook_k_input", "hook_v_input", "ln1.hook_scale", "ln1.hook_normalized",
-    "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.q_norm.hook_scale", "attn.q_norm.hook_normalized",
-    "attn.hook_q_normed", "attn.k_norm.hook_scale", "attn.k_norm.hook_normalized", "attn.hook_k_normed",
-    "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "attn.hook_result",
-    "hook_attn_out_pre_norm", "ln1_post.hook_scale", "ln1_post.hook_normalized", "hook_attn_out", "hook_resid_mid",
-    "hook_mlp_in", "ln2.hook_scale", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post",
-    "hook_mlp_out_pre_norm", "ln2_post.hook_scale", "ln2_post.hook_normalized", "hook_mlp_out", "hook_resid_post"]]
+GOLDEN_HOOK_NAMES = ["hook_embed"] + [
+    f"blocks.{i}.{name}"
+    for i in range(3)
+    for name in [
+        "hook_resid_pre",
+        "hook_q_input",
+        "hook_k_input",
+        "hook_v_input",
+        "ln1.hook_scale",
+        "ln1.hook_normalized",
+        "attn.hook_q",
+        "attn.hook_k",
+        "attn.hook_v",
+        "attn.q_norm.hook_scale",
+        "attn.q_norm.hook_normalized",
+        "attn.hook_q_normed",
+        "attn.k_norm.hook_scale",
+        "attn.k_norm.hook_normalized",
+        "attn.hook_k_normed",
+        "attn.hook_rot_q",
+        "attn.hook_rot_k",
+        "attn.hook_attn_scores",
+        "attn.hook_pattern",
+        "attn.hook_z",
+        "attn.hook_result",
+        "hook_attn_out_pre_norm",
+        "ln1_post.hook_scale",
+        "ln1_post.hook_normalized",
+        "hook_attn_out",
+        "hook_resid_mid",
+        "hook_mlp_in",
+        "ln2.hook_scale",
+        "ln2.hook_normalized",
+        "mlp.hook_pre",
+        "mlp.hook_pre_linear",
+        "mlp.hook_post",
+        "hook_mlp_out_pre_norm",
+        "ln2_post.hook_scale",
+        "ln2_post.hook_normalized",
+        "hook_mlp_out",
+        "hook_resid_post",
+    ]
+]
 GOLDEN_HOOK_NAMES += ["ln_final.hook_scale", "ln_final.hook_normalized"]
 
 
@@ -323,7 +459,12 @@ def test_golden_hook_names(models):
 def test_hook_shapes_match_declared_axes(models):
     model = models["pattern_mqa"]
     expected = check_hook_shapes(model)
-    assert expected["blocks.0.attn.k_norm.hook_scale"] == (2, 7, 1, 1) and expected["blocks.0.attn.hook_q_normed"] == (2, 7, 4, 16)
+    assert expected["blocks.0.attn.k_norm.hook_scale"] == (2, 7, 1, 1) and expected["blocks.0.attn.hook_q_normed"] == (
+        2,
+        7,
+        4,
+        16,
+    )
     assert expected["blocks.0.ln1_post.hook_scale"] == (2, 7, 1) and expected["blocks.0.mlp.hook_post"] == (2, 7, 64)
 
 
@@ -339,7 +480,10 @@ def test_q_and_k_norms_hold_what_the_docs_say(models):
         check(cache["q", 1].flatten(-2), ln1 @ attn.q_proj.weight.double().T + attn.q_proj.bias.double())
         check(cache["q_normed", 1], rms(cache["q", 1], attn.q_norm.weight, eps))
         check(cache["k_normed", 1], rms(cache["k", 1], attn.k_norm.weight, eps))
-        check(cache["blocks.1.attn.q_norm.hook_scale"], cache["q", 1].double().pow(2).mean(-1, keepdim=True).add(eps).sqrt())
+        check(
+            cache["blocks.1.attn.q_norm.hook_scale"],
+            cache["q", 1].double().pow(2).mean(-1, keepdim=True).add(eps).sqrt(),
+        )
         check(cache["embed"], model.embed_tokens.weight[tokens] * 48**0.5)
 
 
@@ -372,34 +516,71 @@ def test_transformers_ignores_attn_logit_softcapping_so_hooked_refuses_it(dirs, 
     tokens = random_tokens(2, 9)
     with torch.no_grad():
         with_cap = HF.from_pretrained(capped, attn_implementation="eager", dtype=torch.float32).eval()(tokens).logits
-        without = HF.from_pretrained(dirs["linear_gqa"], attn_implementation="eager", dtype=torch.float32).eval()(tokens).logits
+        without = (
+            HF.from_pretrained(dirs["linear_gqa"], attn_implementation="eager", dtype=torch.float32)
+            .eval()(tokens)
+            .logits
+        )
     assert torch.equal(with_cap, without)
-    with pytest.raises(ValueError, match="attn_logit_softcapping 0.5: transformers 5.24's Gemma3ForCausalLM never applies it"):
+    with pytest.raises(
+        ValueError, match="attn_logit_softcapping 0.5: transformers 5.24's Gemma3ForCausalLM never applies it"
+    ):
         hooked.load(capped)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"sliding_window": 10**5}, r"sliding_window 100000 must be a whole number in 1..max_position_embeddings \(64\)"),
-    ({"sliding_window": 0}, "sliding_window 0"),
-    ({"sliding_window": None}, "sliding_window is null but layer_types has sliding_attention"),
-    ({"final_logit_softcapping": 0}, "final_logit_softcapping 0 must be positive"),
-    ({"attn_logit_softcapping": 0}, "attn_logit_softcapping 0: transformers 5.24's Gemma3ForCausalLM never applies it"),
-    ({"layer_types": ["sliding_attention", "full_attention"]}, r"layer_types \[.*\] must list one of .* per layer \(num_hidden_layers = 3\)"),
-    ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "layer_types .*chunked_attention"),
-    ({"layer_types": None, "sliding_window_pattern": 0}, "sliding_window_pattern 0 must be a positive whole number"),
-    ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar 0 must be positive"),
-    ({"hidden_activation": "gelu"}, "hidden_activation 'gelu'.*gelu_pytorch_tanh"),
-    ({"use_bidirectional_attention": True}, "use_bidirectional_attention is true .*EmbeddingGemma"),
-    ({"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}}},
-     r"rope_parameters\['full_attention'\] rope_type 'yarn' is not supported for Gemma 3"),
-    ({"rope_parameters": {"sliding_attention": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}},
-     r"rope_parameters\['sliding_attention'\] rope_type 'dynamic'"),
-    ({"rope_parameters": {"full_attention": {"rope_type": "linear", "rope_theta": 1e4}}}, "rope_type 'linear' but no 'factor'"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters .* must be keyed by layer type"),
-    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 0}}}, "rope_theta 0.0 must be positive"),
-    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
-    ({"head_dim": 7}, "head_dim 7 is odd"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"sliding_window": 10**5},
+            r"sliding_window 100000 must be a whole number in 1..max_position_embeddings \(64\)",
+        ),
+        ({"sliding_window": 0}, "sliding_window 0"),
+        ({"sliding_window": None}, "sliding_window is null but layer_types has sliding_attention"),
+        ({"final_logit_softcapping": 0}, "final_logit_softcapping 0 must be positive"),
+        (
+            {"attn_logit_softcapping": 0},
+            "attn_logit_softcapping 0: transformers 5.24's Gemma3ForCausalLM never applies it",
+        ),
+        (
+            {"layer_types": ["sliding_attention", "full_attention"]},
+            r"layer_types \[.*\] must list one of .* per layer \(num_hidden_layers = 3\)",
+        ),
+        (
+            {"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]},
+            "layer_types .*chunked_attention",
+        ),
+        (
+            {"layer_types": None, "sliding_window_pattern": 0},
+            "sliding_window_pattern 0 must be a positive whole number",
+        ),
+        ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar 0 must be positive"),
+        ({"hidden_activation": "gelu"}, "hidden_activation 'gelu'.*gelu_pytorch_tanh"),
+        ({"use_bidirectional_attention": True}, "use_bidirectional_attention is true .*EmbeddingGemma"),
+        (
+            {"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}}},
+            r"rope_parameters\['full_attention'\] rope_type 'yarn' is not supported for Gemma 3",
+        ),
+        (
+            {"rope_parameters": {"sliding_attention": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}},
+            r"rope_parameters\['sliding_attention'\] rope_type 'dynamic'",
+        ),
+        (
+            {"rope_parameters": {"full_attention": {"rope_type": "linear", "rope_theta": 1e4}}},
+            "rope_type 'linear' but no 'factor'",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+            "rope_parameters .* must be keyed by layer type",
+        ),
+        (
+            {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 0}}},
+            "rope_theta 0.0 must be positive",
+        ),
+        ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+        ({"head_dim": 7}, "head_dim 7 is odd"),
+    ],
+)
 def test_contradictory_config_is_refused_naming_the_field(tmp_path, dirs, change, message):
     with pytest.raises(ValueError, match=message):
         hooked.load(edited_checkpoint(dirs["linear_gqa"], tmp_path / "edited", **change))
@@ -410,28 +591,58 @@ def test_config_reads_hub_layout(dirs):
     rope_scaling for the global layers at the top level, sliding_window_pattern and no layer_types, keys left at
     transformers' defaults left out. hooked reads the config transformers 5.24 builds from it."""
     written = json.loads((dirs["pattern_mqa"] / "config.json").read_text())
-    hub = {key: value for key, value in written.items() if key not in ("rope_parameters", "layer_types", "attn_logit_softcapping")}
+    hub = {
+        key: value
+        for key, value in written.items()
+        if key not in ("rope_parameters", "layer_types", "attn_logit_softcapping")
+    }
     hub.update(rope_theta=5e4, rope_local_base_freq=500.0, rope_scaling=None, sliding_window_pattern=2)
     assert HookedGemma3Config.from_hf(hub) == HookedGemma3Config.from_hf(written)
     scaled = {**hub, "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window_pattern": 3}
     del scaled["num_key_value_heads"], scaled["max_position_embeddings"]
     reference = transformers.Gemma3TextConfig(**scaled)
     cfg = HookedGemma3Config.from_hf(scaled)
-    assert list(cfg.layer_types) == reference.layer_types == ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
-    assert (cfg.rope_scaling, cfg.rope_theta, cfg.rope_local_theta, cfg.rope_local_scaling) == (LinearScaling(8.0), 5e4, 500.0, None)
+    assert (
+        list(cfg.layer_types)
+        == reference.layer_types
+        == ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+    )
+    assert (cfg.rope_scaling, cfg.rope_theta, cfg.rope_local_theta, cfg.rope_local_scaling) == (
+        LinearScaling(8.0),
+        5e4,
+        500.0,
+        None,
+    )
     assert reference.rope_parameters["full_attention"] == {"rope_type": "linear", "factor": 8.0, "rope_theta": 5e4}
-    assert (cfg.n_kv_heads, cfg.max_position_embeddings) == (reference.num_key_value_heads, reference.max_position_embeddings)
+    assert (cfg.n_kv_heads, cfg.max_position_embeddings) == (
+        reference.num_key_value_heads,
+        reference.max_position_embeddings,
+    )
 
 
 # ----------------------------------------------------------------------------- Gemma3ForConditionalGeneration
 def multimodal_checkpoint(directory, tie_word_embeddings=True):
     """A tiny Gemma3ForConditionalGeneration (a one-layer SigLIP vision tower) saved by transformers 5.24, whose text
     model is linear_gqa's shape."""
-    text = dict(CASES["linear_gqa"], vocab_size=VOCAB + 4, pad_token_id=0, tie_word_embeddings=tie_word_embeddings,
-                final_logit_softcapping=None)
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14)
-    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, boi_token_index=VOCAB + 1,
-                                       eoi_token_index=VOCAB + 2, image_token_index=VOCAB + 3, tie_word_embeddings=tie_word_embeddings)
+    text = dict(
+        CASES["linear_gqa"],
+        vocab_size=VOCAB + 4,
+        pad_token_id=0,
+        tie_word_embeddings=tie_word_embeddings,
+        final_logit_softcapping=None,
+    )
+    vision = dict(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+    )
+    config = transformers.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        boi_token_index=VOCAB + 1,
+        eoi_token_index=VOCAB + 2,
+        image_token_index=VOCAB + 3,
+        tie_word_embeddings=tie_word_embeddings,
+    )
     return build_checkpoint(directory, config, transformers.Gemma3ForConditionalGeneration, seed=5)
 
 
@@ -459,13 +670,21 @@ def test_multimodal_checkpoint_in_the_model_language_model_layout(tmp_path):
 
     directory = multimodal_checkpoint(tmp_path / "mm")
     state = load_file(directory / "model.safetensors")
-    renamed = {(key.replace("language_model.model.", "model.language_model.", 1) if key.startswith("language_model.model.")
-                else "model." + key): value for key, value in state.items()}
+    renamed = {
+        (
+            key.replace("language_model.model.", "model.language_model.", 1)
+            if key.startswith("language_model.model.")
+            else "model." + key
+        ): value
+        for key, value in state.items()
+    }
     assert any(key.startswith("model.vision_tower.") for key in renamed)
     save_file(renamed, directory / "model.safetensors", metadata={"format": "pt"})
     tokens = random_tokens(2, 9)
     with torch.no_grad():
-        reference = hf_reference(directory, transformers.Gemma3ForConditionalGeneration, "sdpa")(input_ids=tokens).logits
+        reference = hf_reference(directory, transformers.Gemma3ForConditionalGeneration, "sdpa")(
+            input_ids=tokens
+        ).logits
         assert torch.equal(hooked.load(directory)(tokens), reference)
 
 
@@ -480,7 +699,10 @@ def test_multimodal_checkpoint_with_a_final_softcap_is_refused(tmp_path):
     with torch.no_grad():
         capped = hf_reference(directory, transformers.Gemma3ForConditionalGeneration, "sdpa")(input_ids=tokens).logits
     assert capped.abs().max() > 0.5  # not capped
-    with pytest.raises(ValueError, match="text_config.final_logit_softcapping 0.5: transformers 5.24's Gemma3ForConditionalGeneration never applies it"):
+    with pytest.raises(
+        ValueError,
+        match="text_config.final_logit_softcapping 0.5: transformers 5.24's Gemma3ForConditionalGeneration never applies it",
+    ):
         hooked.load(directory)
 
 
@@ -491,29 +713,67 @@ def test_multimodal_hub_config_reads_as_transformer_lens_4b():
     global RoPE 1e6 scaled linearly by 8, local 1e4, five local layers then one global)."""
     from transformer_lens.loading_from_pretrained import get_pretrained_model_config
 
-    text = {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
-            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}
-    config = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
-              "vision_config": {"model_type": "siglip_vision_model"}, "mm_tokens_per_image": 256}
+    text = {
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    }
+    config = {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "text_config": text,
+        "vision_config": {"model_type": "siglip_vision_model"},
+        "mm_tokens_per_image": 256,
+    }
     cfg = HookedGemma3Config.from_hf(config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tl = get_pretrained_model_config("google/gemma-3-4b-it")
     assert (cfg.d_model, cfg.d_head, cfg.n_heads, cfg.n_kv_heads, cfg.d_mlp, cfg.n_layers, cfg.d_vocab) == (
-        tl.d_model, tl.d_head, tl.n_heads, tl.n_key_value_heads, tl.d_mlp, tl.n_layers, tl.d_vocab)
+        tl.d_model,
+        tl.d_head,
+        tl.n_heads,
+        tl.n_key_value_heads,
+        tl.d_mlp,
+        tl.n_layers,
+        tl.d_vocab,
+    )
     assert (cfg.rotary_base, cfg.rotary_base_local, cfg.rotary_scaling_factor, cfg.window_size, cfg.attn_types) == (
-        tl.rotary_base, tl.rotary_base_local, tl.rotary_scaling_factor, tl.window_size, tl.attn_types)
-    assert (cfg.query_pre_attn_scalar**0.5, cfg.rms_norm_eps, cfg.use_qk_norm) == (tl.attn_scale, tl.eps, tl.use_qk_norm)
+        tl.rotary_base,
+        tl.rotary_base_local,
+        tl.rotary_scaling_factor,
+        tl.window_size,
+        tl.attn_types,
+    )
+    assert (cfg.query_pre_attn_scalar**0.5, cfg.rms_norm_eps, cfg.use_qk_norm) == (
+        tl.attn_scale,
+        tl.eps,
+        tl.use_qk_norm,
+    )
     reference = transformers.Gemma3Config(text_config=text).text_config
-    assert list(cfg.layer_types) == reference.layer_types and cfg.max_position_embeddings == reference.max_position_embeddings
+    assert (
+        list(cfg.layer_types) == reference.layer_types
+        and cfg.max_position_embeddings == reference.max_position_embeddings
+    )
 
 
 @pytest.mark.parametrize("pattern", [1, 2, 3, 6])
 def test_default_layer_pattern_equals_transformers(pattern):
     """Without layer_types, sliding_window_pattern gives transformers 5.24 Gemma3TextConfig's pattern, for 1-13 layers."""
     for n_layers in range(1, 14):
-        sizes = dict(hidden_size=16, num_attention_heads=2, num_key_value_heads=2, head_dim=8, intermediate_size=16,
-                     vocab_size=32, num_hidden_layers=n_layers, sliding_window_pattern=pattern)
+        sizes = dict(
+            hidden_size=16,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=8,
+            intermediate_size=16,
+            vocab_size=32,
+            num_hidden_layers=n_layers,
+            sliding_window_pattern=pattern,
+        )
         reference = transformers.Gemma3TextConfig(**sizes).layer_types
         assert list(HookedGemma3Config.from_hf(sizes).layer_types) == reference, (pattern, n_layers)
         assert "full_attention" in reference or n_layers < pattern

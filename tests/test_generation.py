@@ -29,19 +29,42 @@ def checkpoints(gpt2_dir, tmp_path_factory):
     """name -> (hooked model, transformers model) on the same files."""
     qwen3 = build_checkpoint(
         tmp_path_factory.mktemp("gen-qwen3"),
-        transformers.Qwen3Config(vocab_size=VOCAB, hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
-                                 head_dim=16, intermediate_size=80, num_hidden_layers=2),
-        transformers.Qwen3ForCausalLM, seed=3)
+        transformers.Qwen3Config(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=80,
+            num_hidden_layers=2,
+        ),
+        transformers.Qwen3ForCausalLM,
+        seed=3,
+    )
     moe = build_checkpoint(
         tmp_path_factory.mktemp("gen-qwen3moe"),
-        transformers.Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=48, num_attention_heads=4, num_key_value_heads=2,
-                                    head_dim=16, intermediate_size=64, moe_intermediate_size=32, num_experts=6,
-                                    num_experts_per_tok=2, num_hidden_layers=2, norm_topk_prob=True),
-        transformers.Qwen3MoeForCausalLM, seed=4)
+        transformers.Qwen3MoeConfig(
+            vocab_size=VOCAB,
+            hidden_size=48,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            num_experts=6,
+            num_experts_per_tok=2,
+            num_hidden_layers=2,
+            norm_topk_prob=True,
+        ),
+        transformers.Qwen3MoeForCausalLM,
+        seed=4,
+    )
     pairs = {}
-    for name, directory, hf_class in (("gpt2", gpt2_dir, transformers.GPT2LMHeadModel),
-                                      ("qwen3", qwen3, transformers.Qwen3ForCausalLM),
-                                      ("qwen3_moe", moe, transformers.Qwen3MoeForCausalLM)):
+    for name, directory, hf_class in (
+        ("gpt2", gpt2_dir, transformers.GPT2LMHeadModel),
+        ("qwen3", qwen3, transformers.Qwen3ForCausalLM),
+        ("qwen3_moe", moe, transformers.Qwen3MoeForCausalLM),
+    ):
         hf = hf_class.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa").eval()
         pairs[name] = (hooked.load(directory), hf)
     return pairs
@@ -64,8 +87,9 @@ def test_greedy_equals_transformers_generate(checkpoints, arch, batch, padded):
     model, hf = checkpoints[arch]
     tokens, mask = prompts(model, batch, 7, padded, seed=batch)
     with torch.no_grad():
-        reference = hf.generate(tokens, attention_mask=mask, max_new_tokens=16, do_sample=False,
-                                eos_token_id=None, pad_token_id=0)
+        reference = hf.generate(
+            tokens, attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
     ours = model.generate(tokens, 16, attention_mask=mask, stop_at_eos=False)
     assert torch.equal(ours, reference), (ours, reference)
 
@@ -78,11 +102,12 @@ def test_stopping_at_eos_equals_transformers(checkpoints, arch):
     eos = int(free[0, 6 + 3])  # row 0 emits it at step 3; the other rows may never
     ours = model.generate(tokens, 12, attention_mask=mask, eos_token_id=eos)
     with torch.no_grad():
-        reference = hf.generate(tokens, attention_mask=mask, max_new_tokens=12, do_sample=False,
-                                eos_token_id=eos, pad_token_id=eos)
+        reference = hf.generate(
+            tokens, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=eos
+        )
     assert torch.equal(ours, reference), (ours, reference)
     finished_at = (ours[0, 6:] == eos).nonzero()[0, 0]
-    assert finished_at <= 3 and bool((ours[0, 6 + finished_at:] == eos).all())
+    assert finished_at <= 3 and bool((ours[0, 6 + finished_at :] == eos).all())
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "qwen3", "qwen3_moe"])
@@ -95,7 +120,7 @@ def test_each_kv_cache_step_equals_a_full_forward(arch):
     cache = hooked.KVCache(model, batch_size=3, max_len=2)  # small: the buffers must grow, keeping what they hold
     parts = [model(tokens[:, :5], attention_mask=mask[:, :5], past_kv_cache=cache)]
     for column in range(5, 10):
-        parts.append(model(tokens[:, column:column + 1], past_kv_cache=cache))
+        parts.append(model(tokens[:, column : column + 1], past_kv_cache=cache))
     parts.append(model(tokens[:, 10:], past_kv_cache=cache))  # two columns at once: a bottom-right causal mask
     assert len(cache) == 12 and cache.capacity >= 12
     stepped = torch.cat(parts, dim=1)
@@ -124,7 +149,9 @@ def greedy_loop(model, tokens, mask, new: int, fwd_hooks) -> tuple[torch.Tensor,
     sequence, logits_per_step = tokens, []
     with model.hooks(fwd_hooks=fwd_hooks):
         for _ in range(new):
-            full_mask = torch.cat([mask, torch.ones(mask.shape[0], sequence.shape[1] - mask.shape[1], dtype=mask.dtype)], 1)
+            full_mask = torch.cat(
+                [mask, torch.ones(mask.shape[0], sequence.shape[1] - mask.shape[1], dtype=mask.dtype)], 1
+            )
             logits = model(sequence, attention_mask=full_mask)[:, -1]
             logits_per_step.append(logits)
             sequence = torch.cat([sequence, logits.argmax(-1, keepdim=True)], dim=1)
@@ -168,7 +195,9 @@ def test_negative_positions_count_from_the_end_of_the_prompt():
 
     out = model.generate(tokens, 3, stop_at_eos=False, fwd_hooks=[("blocks.1.hook_mlp_out", Spy(positions=-1))])
     assert written == [[[0, 1, 2, 3, 4]] * 2]  # the prompt's call only: -1 is position 4 on every step
-    explicit = model.generate(tokens, 3, stop_at_eos=False, fwd_hooks=[("blocks.1.hook_mlp_out", ablate.zero(positions=4))])
+    explicit = model.generate(
+        tokens, 3, stop_at_eos=False, fwd_hooks=[("blocks.1.hook_mlp_out", ablate.zero(positions=4))]
+    )
     assert torch.equal(out, explicit)
 
 
@@ -182,8 +211,9 @@ def test_generating_with_hooks_equals_a_greedy_loop_of_full_forwards(data):
     if padded:
         mask[1:, : tokens.shape[1] // 2] = 0
     new = data.draw(st.integers(1, 4))
-    reference_tokens = data.draw(token_strategy(model, min_batch=2, max_batch=2, min_pos=tokens.shape[1] + new,
-                                                max_pos=tokens.shape[1] + new))
+    reference_tokens = data.draw(
+        token_strategy(model, min_batch=2, max_batch=2, min_pos=tokens.shape[1] + new, max_pos=tokens.shape[1] + new)
+    )
     _, cache = model.run_with_cache(reference_tokens)  # a mean reference covering every generated position
     # Attention scores and patterns are left out: zeroing a score also unmasks future keys, which a
     # forward over the whole sequence sees and a decode step cannot (docs/generation.md).
@@ -192,10 +222,16 @@ def test_generating_with_hooks_equals_a_greedy_loop_of_full_forwards(data):
     # sequence's end, and has no position past the prompt until that token is generated (it raises).
     shortest = int(mask.sum(-1).min())
     nonnegative = lambda pair: not any(p < 0 for p in (pair[1].positions or ()))  # noqa: E731
-    pool = [interventions(model, cache, methods=["zero", "mean"], names=local, max_pos=shortest).filter(nonnegative),
-            interventions(model, methods=["zero"], names=local, max_pos=shortest).filter(nonnegative)]
+    pool = [
+        interventions(model, cache, methods=["zero", "mean"], names=local, max_pos=shortest).filter(nonnegative),
+        interventions(model, methods=["zero"], names=local, max_pos=shortest).filter(nonnegative),
+    ]
     if not padded:
-        pool.append(interventions(model, methods=["resample"], within_batch=True, names=local, max_pos=shortest).filter(nonnegative))
+        pool.append(
+            interventions(model, methods=["resample"], within_batch=True, names=local, max_pos=shortest).filter(
+                nonnegative
+            )
+        )
     fwd_hooks = data.draw(st.lists(st.one_of(pool), min_size=1, max_size=3))
     assume(not empties_a_router(model, fwd_hooks))
     out = model.generate(tokens, new, attention_mask=mask, stop_at_eos=False, fwd_hooks=fwd_hooks)
@@ -210,8 +246,12 @@ def test_generating_with_hooks_equals_a_greedy_loop_of_full_forwards(data):
     if all(bool(((l.topk(2).values[:, 0] - l.topk(2).values[:, 1]) > 1e-3).all()) for l in step_logits):
         reference, _ = greedy_loop(model, tokens, mask, new, fwd_hooks)
         assert torch.equal(out, reference)
-    assert torch.equal(out, model.generate(tokens, new, attention_mask=mask, stop_at_eos=False, fwd_hooks=fwd_hooks,
-                                           use_past_kv_cache=False))
+    assert torch.equal(
+        out,
+        model.generate(
+            tokens, new, attention_mask=mask, stop_at_eos=False, fwd_hooks=fwd_hooks, use_past_kv_cache=False
+        ),
+    )
 
 
 def greedy_loop_on(model, sequence, mask, new: int, fwd_hooks):
@@ -235,8 +275,10 @@ def test_seeded_sampling_is_reproducible_and_follows_its_parameters(arch):
     assert torch.equal(first, model.generate(tokens, 10, seed=11, **kwargs))
     assert not torch.equal(first, model.generate(tokens, 10, seed=12, **kwargs))
     # top_k=1 is greedy whatever the draws
-    assert torch.equal(model.generate(tokens, 6, do_sample=True, top_k=1, seed=3, stop_at_eos=False),
-                       model.generate(tokens, 6, stop_at_eos=False))
+    assert torch.equal(
+        model.generate(tokens, 6, do_sample=True, top_k=1, seed=3, stop_at_eos=False),
+        model.generate(tokens, 6, stop_at_eos=False),
+    )
     # every sampled token is among the top_k of the full forward over its prefix
     logits = model(first)[:, 4:-1]
     top5 = logits.topk(5, dim=-1).indices
@@ -289,7 +331,9 @@ def test_cache_of_a_generation_equals_one_forward_over_the_final_sequence(arch):
         torch.testing.assert_close(cache[name].float(), full[name].float(), atol=2e-5, rtol=1e-5, msg=name)
     assert torch.equal(cache.attention_mask, full.attention_mask)
     assert torch.equal(cache.position_ids, full.position_ids)
-    only = model.generate(tokens, 4, attention_mask=mask, stop_at_eos=False, return_cache=True, names_filter="blocks.1.hook_resid_post")[1]
+    only = model.generate(
+        tokens, 4, attention_mask=mask, stop_at_eos=False, return_cache=True, names_filter="blocks.1.hook_resid_post"
+    )[1]
     assert list(only.keys()) == ["blocks.1.hook_resid_post"]
 
 
@@ -303,16 +347,19 @@ def test_text_in_text_out(gpt2):
     assert isinstance(batch, list) and len(batch) == 2 and batch[1].startswith("Hi")
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(max_new_tokens=-1), "max_new_tokens must be an int >= 0"),
-    (dict(max_new_tokens=60), "at most"),  # the tiny GPT-2 has 64 positions
-    (dict(temperature=0.5), "do_sample=True"),
-    (dict(do_sample=True, temperature=-1.0), "temperature must be"),
-    (dict(do_sample=True, top_k=0), "top_k must be"),
-    (dict(do_sample=True, top_p=1.5), "top_p must be"),
-    (dict(return_type="logits"), "return_type must be"),
-    (dict(eos_token_id=10**6), "eos_token_id must be"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(max_new_tokens=-1), "max_new_tokens must be an int >= 0"),
+        (dict(max_new_tokens=60), "at most"),  # the tiny GPT-2 has 64 positions
+        (dict(temperature=0.5), "do_sample=True"),
+        (dict(do_sample=True, temperature=-1.0), "temperature must be"),
+        (dict(do_sample=True, top_k=0), "top_k must be"),
+        (dict(do_sample=True, top_p=1.5), "top_p must be"),
+        (dict(return_type="logits"), "return_type must be"),
+        (dict(eos_token_id=10**6), "eos_token_id must be"),
+    ],
+)
 def test_bad_arguments_are_refused_before_generating(gpt2, kwargs, message):
     tokens = torch.randint(1, gpt2.cfg.d_vocab, (1, 8))
     with pytest.raises(ValueError, match=message):
@@ -360,6 +407,7 @@ def test_hooks_fire_on_every_call_whichever_way_they_were_registered():
     def counter(route):
         def record(activation, hook):
             calls[route].append(activation.shape[1])
+
         return record
 
     model.add_hook("blocks.0.attn.hook_z", counter("add_hook"))

@@ -16,7 +16,9 @@ from hooked.testing import build_gpt2_checkpoint
 
 
 def hf_model(directory, attn_implementation, dtype=torch.float32):
-    model = transformers.GPT2LMHeadModel.from_pretrained(directory, attn_implementation=attn_implementation, dtype=dtype)
+    model = transformers.GPT2LMHeadModel.from_pretrained(
+        directory, attn_implementation=attn_implementation, dtype=dtype
+    )
     return model.eval()
 
 
@@ -27,7 +29,10 @@ def hf_block_outputs(model, tokens, **kwargs):
     contiguous keys rounds differently from the one on views of the fused projection.
     """
     outputs = []
-    handles = [block.register_forward_hook(lambda m, i, o: outputs.append(o[0] if isinstance(o, tuple) else o)) for block in model.transformer.h]
+    handles = [
+        block.register_forward_hook(lambda m, i, o: outputs.append(o[0] if isinstance(o, tuple) else o))
+        for block in model.transformer.h
+    ]
     try:
         with torch.no_grad():
             logits = model(tokens, use_cache=False, **kwargs).logits
@@ -43,9 +48,14 @@ def read_pattern(activation, hook):
 
 @pytest.mark.parametrize("path, hf_implementation", [("sdpa", "sdpa"), ("eager", "eager")])
 def test_float32_bit_exact(gpt2, gpt2_dir, tokens, path, hf_implementation):
-    reference_logits, reference_resid = hf_block_outputs(hf_model(gpt2_dir, hf_implementation), tokens, )
+    reference_logits, reference_resid = hf_block_outputs(
+        hf_model(gpt2_dir, hf_implementation),
+        tokens,
+    )
     fwd_hooks = [(lambda name: name.endswith("hook_pattern"), read_pattern)] if path == "eager" else []
-    fwd_hooks.append((lambda name: name.endswith("hook_resid_post"), lambda x, hook: hook.ctx.__setitem__("seen", x.clone())))
+    fwd_hooks.append(
+        (lambda name: name.endswith("hook_resid_post"), lambda x, hook: hook.ctx.__setitem__("seen", x.clone()))
+    )
     with torch.no_grad():
         logits = gpt2.run_with_hooks(tokens, fwd_hooks=fwd_hooks)
     assert torch.equal(logits, reference_logits)
@@ -114,7 +124,9 @@ def test_hub_key_layout_loads_the_same(gpt2, gpt2_dir, tmp_path, tokens):
     n_positions = gpt2.cfg.n_ctx
     hub_state = {key.removeprefix("transformer."): value for key, value in state.items()}
     for layer in range(gpt2.cfg.n_layers):
-        hub_state[f"h.{layer}.attn.bias"] = torch.tril(torch.ones(n_positions, n_positions)).view(1, 1, n_positions, n_positions)
+        hub_state[f"h.{layer}.attn.bias"] = torch.tril(torch.ones(n_positions, n_positions)).view(
+            1, 1, n_positions, n_positions
+        )
         hub_state[f"h.{layer}.attn.masked_bias"] = torch.tensor(-1e4)
     directory = tmp_path / "hub-layout"
     directory.mkdir()

@@ -44,20 +44,40 @@ CASES = {
     # Pythia's shape: parallel residual, rotary_pct 0.25 (4 of 16 dims), exact GELU, biases, untied embed_out
     "pythia": dict(hidden_size=64, num_attention_heads=4, intermediate_size=96, num_hidden_layers=2, rotary_pct=0.25),
     # sequential block (hook_resid_mid), half of each head rotary, theta 1e6, tied, tanh GELU
-    "sequential": dict(hidden_size=48, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
-                       use_parallel_residual=False, tie_word_embeddings=True, hidden_act="gelu_new",
-                       rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
+    "sequential": dict(
+        hidden_size=48,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        use_parallel_residual=False,
+        tie_word_embeddings=True,
+        hidden_act="gelu_new",
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+    ),
     # every dim rotary, 8 heads of 8, no attention biases, ReLU, 3 layers
-    "full_rotary": dict(hidden_size=64, num_attention_heads=8, intermediate_size=80, num_hidden_layers=3,
-                        rotary_pct=1.0, attention_bias=False, hidden_act="relu"),
+    "full_rotary": dict(
+        hidden_size=64,
+        num_attention_heads=8,
+        intermediate_size=80,
+        num_hidden_layers=3,
+        rotary_pct=1.0,
+        attention_bias=False,
+        hidden_act="relu",
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    return {name: build_checkpoint(tmp_path_factory.mktemp(f"neox-{name}"), transformers.GPTNeoXConfig(vocab_size=VOCAB, **kwargs),
-                                   HF, seed=index)
-            for index, (name, kwargs) in enumerate(CASES.items())}
+    return {
+        name: build_checkpoint(
+            tmp_path_factory.mktemp(f"neox-{name}"),
+            transformers.GPTNeoXConfig(vocab_size=VOCAB, **kwargs),
+            HF,
+            seed=index,
+        )
+        for index, (name, kwargs) in enumerate(CASES.items())
+    }
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +94,26 @@ def test_configs_read_every_option(models):
     pythia, sequential, full = (models[name].cfg for name in CASES)
     assert (pythia.rotary_dim, pythia.d_head, pythia.use_parallel_residual, pythia.activation) == (4, 16, True, "gelu")
     assert (sequential.rotary_dim, sequential.rope_theta, sequential.tie_word_embeddings) == (6, 1e6, True)
-    assert (sequential.use_parallel_residual, sequential.activation, full.rotary_dim, full.attention_bias) == (False, "gelu_new", 8, False)
+    assert (sequential.use_parallel_residual, sequential.activation, full.rotary_dim, full.attention_bias) == (
+        False,
+        "gelu_new",
+        8,
+        False,
+    )
     assert isinstance(models["pythia"], hooked.models.GPTNeoX)
     # TransformerLens' names for the same settings
-    assert (pythia.parallel_attn_mlp, sequential.parallel_attn_mlp, pythia.rotary_base, sequential.rotary_base) == (True, False, 1e4, 1e6)
-    assert (pythia.normalization_type, pythia.positional_embedding_type, full.act_fn, pythia.n_kv_heads) == ("LN", "rotary", "relu", 4)
+    assert (pythia.parallel_attn_mlp, sequential.parallel_attn_mlp, pythia.rotary_base, sequential.rotary_base) == (
+        True,
+        False,
+        1e4,
+        1e6,
+    )
+    assert (pythia.normalization_type, pythia.positional_embedding_type, full.act_fn, pythia.n_kv_heads) == (
+        "LN",
+        "rotary",
+        "relu",
+        4,
+    )
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -93,8 +128,15 @@ def test_float32_bit_exact(dirs, models, case, path):
 @pytest.mark.parametrize("activation", list(ACTIVATIONS))
 def test_every_activation_bit_exact(tmp_path, activation):
     """Each `hidden_act` hooked accepts is transformers' function, bit for bit (a one-layer model)."""
-    config = transformers.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, num_attention_heads=2, intermediate_size=40,
-                                        num_hidden_layers=1, rotary_pct=0.5, hidden_act=activation)
+    config = transformers.GPTNeoXConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=40,
+        num_hidden_layers=1,
+        rotary_pct=0.5,
+        hidden_act=activation,
+    )
     directory = build_checkpoint(tmp_path, config, HF, seed=5)
     model = hooked.load(directory)
     assert model.cfg.activation == activation
@@ -120,8 +162,8 @@ def left_padded(lengths, seed=10):
     tokens = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
     mask = torch.zeros_like(tokens)
     for row, prompt in enumerate(prompts):
-        tokens[row, -len(prompt):] = prompt
-        mask[row, -len(prompt):] = 1
+        tokens[row, -len(prompt) :] = prompt
+        mask[row, -len(prompt) :] = 1
     return prompts, tokens, mask
 
 
@@ -140,7 +182,7 @@ def test_left_padded_batch_matches_transformers_and_each_prompt_alone(models, re
         assert torch.equal(batched[real], reference[real])
         for row, prompt in enumerate(prompts):
             alone = model(prompt[None])
-            torch.testing.assert_close(batched[row, -len(prompt):], alone[0], rtol=0, atol=1e-6)
+            torch.testing.assert_close(batched[row, -len(prompt) :], alone[0], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("case", ["pythia", "sequential"])
@@ -153,7 +195,9 @@ def test_greedy_equals_transformers_generate(models, references, case, batch, pa
         for row in range(1, batch):
             mask[row, : row * 2] = 0
     with torch.no_grad():
-        reference = hf.generate(tokens, attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+        reference = hf.generate(
+            tokens, attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
     ours = model.generate(tokens, 16, attention_mask=mask, stop_at_eos=False)
     assert torch.equal(ours, reference), (ours, reference)
 
@@ -173,20 +217,34 @@ def tl_neox(hf):
         raise ValueError("tl_neox needs a checkpoint with attention biases")
     d_head = c.hidden_size // c.num_attention_heads
     cfg = HookedTransformerConfig(
-        n_layers=c.num_hidden_layers, d_model=c.hidden_size, n_heads=c.num_attention_heads, d_head=d_head,
-        d_mlp=c.intermediate_size, d_vocab=c.vocab_size, n_ctx=c.max_position_embeddings, eps=c.layer_norm_eps,
-        act_fn=c.hidden_act, normalization_type="LN", positional_embedding_type="rotary",
-        rotary_dim=round(c.rope_parameters["partial_rotary_factor"] * d_head), rotary_base=c.rope_parameters["rope_theta"],
-        rotary_adjacent_pairs=False, parallel_attn_mlp=c.use_parallel_residual, original_architecture="GPTNeoXForCausalLM",
-        default_prepend_bos=False, device="cpu", dtype=torch.float32,
+        n_layers=c.num_hidden_layers,
+        d_model=c.hidden_size,
+        n_heads=c.num_attention_heads,
+        d_head=d_head,
+        d_mlp=c.intermediate_size,
+        d_vocab=c.vocab_size,
+        n_ctx=c.max_position_embeddings,
+        eps=c.layer_norm_eps,
+        act_fn=c.hidden_act,
+        normalization_type="LN",
+        positional_embedding_type="rotary",
+        rotary_dim=round(c.rope_parameters["partial_rotary_factor"] * d_head),
+        rotary_base=c.rope_parameters["rope_theta"],
+        rotary_adjacent_pairs=False,
+        parallel_attn_mlp=c.use_parallel_residual,
+        original_architecture="GPTNeoXForCausalLM",
+        default_prepend_bos=False,
+        device="cpu",
+        dtype=torch.float32,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = HookedTransformer(cfg)
     state = convert_neox_weights(hf, cfg)
     with torch.no_grad():
-        model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
-                                          fold_value_biases=False)
+        model.load_and_process_state_dict(
+            state, fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False
+        )
     return model.eval()
 
 
@@ -237,7 +295,11 @@ def test_every_shared_hook_equals_transformer_lens(models, references, case):
     assert {name for name in theirs.cache_dict if name not in ours.keys()} == {"unembed.hook_in", "unembed.hook_out"}
     mids = {name for name in shared if name.endswith("hook_resid_mid")}
     assert len(mids) == (0 if model.cfg.use_parallel_residual else model.cfg.n_layers)  # none in a parallel block
-    assert "blocks.1.attn.hook_rot_q" in shared and "blocks.1.hook_mlp_in" in shared and "blocks.1.attn.hook_result" in shared
+    assert (
+        "blocks.1.attn.hook_rot_q" in shared
+        and "blocks.1.hook_mlp_in" in shared
+        and "blocks.1.attn.hook_result" in shared
+    )
     # the split inputs, and what the heads compute from them
     _, ours = every_hook_cache(model, tokens)
     _, theirs = every_hook_cache(tl, tokens)
@@ -254,11 +316,30 @@ def test_transformer_lens_processing_gives_the_same_weights_and_activations(dirs
     theirs = tl_neox(references["pythia"])
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        theirs.load_and_process_state_dict(theirs.state_dict(), fold_ln=True, center_writing_weights=True,
-                                           center_unembed=True, fold_value_biases=True)
+        theirs.load_and_process_state_dict(
+            theirs.state_dict(), fold_ln=True, center_writing_weights=True, center_unembed=True, fold_value_biases=True
+        )
     assert ours.cfg.normalization_type == "LNPre"
-    for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "W_in", "b_in", "W_out", "b_out", "W_E", "W_U", "b_U"):
-        torch.testing.assert_close(getattr(ours, name).detach(), getattr(theirs, name).detach(), rtol=0, atol=1e-5, msg=name)
+    for name in (
+        "W_Q",
+        "W_K",
+        "W_V",
+        "W_O",
+        "b_Q",
+        "b_K",
+        "b_V",
+        "b_O",
+        "W_in",
+        "b_in",
+        "W_out",
+        "b_out",
+        "W_E",
+        "W_U",
+        "b_U",
+    ):
+        torch.testing.assert_close(
+            getattr(ours, name).detach(), getattr(theirs, name).detach(), rtol=0, atol=1e-5, msg=name
+        )
     assert not ours.b_V.any()
     tokens = random_tokens(2, 8)
     with torch.no_grad():
@@ -269,9 +350,21 @@ def test_transformer_lens_config_builds_the_same_function(dirs, models, referenc
     """`hooked.HookedTransformer(hooked.HookedTransformerConfig(...))` with TransformerLens' fields for a sequential
     GPT-NeoX builds `GPTNeoX`; on the checkpoint's weights it computes what TransformerLens does (1e-5)."""
     hf = references["sequential"].config
-    fields = dict(n_layers=2, d_model=48, d_head=12, n_heads=4, d_mlp=64, d_vocab=VOCAB, n_ctx=hf.max_position_embeddings,
-                  act_fn="gelu_new", normalization_type="LN", positional_embedding_type="rotary", rotary_dim=6,
-                  rotary_base=1e6, eps=hf.layer_norm_eps)
+    fields = dict(
+        n_layers=2,
+        d_model=48,
+        d_head=12,
+        n_heads=4,
+        d_mlp=64,
+        d_vocab=VOCAB,
+        n_ctx=hf.max_position_embeddings,
+        act_fn="gelu_new",
+        normalization_type="LN",
+        positional_embedding_type="rotary",
+        rotary_dim=6,
+        rotary_base=1e6,
+        eps=hf.layer_norm_eps,
+    )
     ours = hooked.HookedTransformer(hooked.HookedTransformerConfig(**fields))
     assert type(ours) is hooked.models.GPTNeoX and not ours.cfg.use_parallel_residual
     assert ours.cfg.rotary_dim == 6 and ours.cfg.act_fn == "gelu_new"
@@ -287,18 +380,47 @@ def test_transformer_lens_config_builds_the_same_function(dirs, models, referenc
 
 # ----------------------------------------------------------------------------- hooks
 GOLDEN_PARALLEL_BLOCK = [
-    "hook_resid_pre", "hook_q_input", "hook_k_input", "hook_v_input", "ln1.hook_scale", "ln1.hook_normalized",
-    "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores",
-    "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out", "hook_mlp_in", "ln2.hook_scale",
-    "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
+    "hook_resid_pre",
+    "hook_q_input",
+    "hook_k_input",
+    "hook_v_input",
+    "ln1.hook_scale",
+    "ln1.hook_normalized",
+    "attn.hook_q",
+    "attn.hook_k",
+    "attn.hook_v",
+    "attn.hook_rot_q",
+    "attn.hook_rot_k",
+    "attn.hook_attn_scores",
+    "attn.hook_pattern",
+    "attn.hook_z",
+    "attn.hook_result",
+    "hook_attn_out",
+    "hook_mlp_in",
+    "ln2.hook_scale",
+    "ln2.hook_normalized",
+    "mlp.hook_pre",
+    "mlp.hook_post",
+    "hook_mlp_out",
+    "hook_resid_post",
 ]
 GOLDEN_HOOK_NAMES = {
-    "pythia": ["hook_embed", *(f"blocks.{i}.{name}" for i in range(2) for name in GOLDEN_PARALLEL_BLOCK),
-               "ln_final.hook_scale", "ln_final.hook_normalized"],
-    "sequential": ["hook_embed",
-                   *(f"blocks.{i}.{name}" for i in range(2) for name in [
-                       *GOLDEN_PARALLEL_BLOCK[:16], "hook_resid_mid", *GOLDEN_PARALLEL_BLOCK[16:]]),
-                   "ln_final.hook_scale", "ln_final.hook_normalized"],
+    "pythia": [
+        "hook_embed",
+        *(f"blocks.{i}.{name}" for i in range(2) for name in GOLDEN_PARALLEL_BLOCK),
+        "ln_final.hook_scale",
+        "ln_final.hook_normalized",
+    ],
+    "sequential": [
+        "hook_embed",
+        *(
+            f"blocks.{i}.{name}"
+            for i in range(2)
+            for name in [*GOLDEN_PARALLEL_BLOCK[:16], "hook_resid_mid", *GOLDEN_PARALLEL_BLOCK[16:]]
+        ),
+        "ln_final.hook_scale",
+        "ln_final.hook_normalized",
+    ],
 }
 
 
@@ -333,7 +455,9 @@ def test_hooks_hold_what_the_docs_say(models):
     total = cache["mlp_out", 1] + cache["attn_out", 1] + cache["resid_pre", 1]
     assert torch.equal(cache["resid_post", 1], total)
     torch.testing.assert_close(cache["post", 1], torch.nn.functional.gelu(cache["pre", 1]), rtol=0, atol=0)
-    torch.testing.assert_close(cache["result", 1].sum(2) + block.attn.dense.bias, cache["attn_out", 1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        cache["result", 1].sum(2) + block.attn.dense.bias, cache["attn_out", 1], rtol=0, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("case", ["pythia", "sequential"])
@@ -388,7 +512,7 @@ def test_zeroing_heads_at_z_equals_zeroing_their_dense_columns(models):
         ablated = model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", ablate.zero(heads=[0, 2]))])
         edited = copy.deepcopy(model)
         for head in (0, 2):
-            edited.blocks[1].attn.dense.weight[:, head * d_head:(head + 1) * d_head] = 0.0
+            edited.blocks[1].attn.dense.weight[:, head * d_head : (head + 1) * d_head] = 0.0
         assert torch.equal(ablated, edited(tokens))
         assert not torch.allclose(ablated, model(tokens))
 
@@ -398,7 +522,11 @@ def test_sweep_equals_each_variant_alone(models, case):
     """Two head ablations and an MLP-neuron ablation in one sweep, each against its own run_with_hooks."""
     model = models[case]
     tokens = random_tokens(3, 8)
-    variants = {"L0H1": ablate.hooks(model, "L0H1"), "L1H3": ablate.hooks(model, "L1H3"), "L1.N5": ablate.hooks(model, "L1.N5")}
+    variants = {
+        "L0H1": ablate.hooks(model, "L0H1"),
+        "L1H3": ablate.hooks(model, "L1H3"),
+        "L1.N5": ablate.hooks(model, "L1.N5"),
+    }
     metric = kl_div()
     result = hooked.sweep(model, tokens, variants, metric, progress=False)
     with torch.no_grad():
@@ -456,16 +584,28 @@ def test_untied_checkpoint_needs_embed_out(tmp_path, dirs):
         hooked.load(directory)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4, "partial_rotary_factor": 0.25}},
-     "rope_type 'linear'"),
-    ({"rope_parameters": None, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
-    ({"hidden_act": "gelu_10"}, "hidden_act 'gelu_10'"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.2}}, "rotary_pct"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.5}}, "rotary_pct"),
-    ({"head_dim": 8}, "head_dim 8"),
-    ({"num_attention_heads": 5}, "hidden_size 64 is not divisible by num_attention_heads 5"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "linear",
+                    "factor": 2.0,
+                    "rope_theta": 1e4,
+                    "partial_rotary_factor": 0.25,
+                }
+            },
+            "rope_type 'linear'",
+        ),
+        ({"rope_parameters": None, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
+        ({"hidden_act": "gelu_10"}, "hidden_act 'gelu_10'"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.2}}, "rotary_pct"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.5}}, "rotary_pct"),
+        ({"head_dim": 8}, "head_dim 8"),
+        ({"num_attention_heads": 5}, "hidden_size 64 is not divisible by num_attention_heads 5"),
+    ],
+)
 def test_unsupported_config_is_refused_naming_the_field(tmp_path, dirs, change, message):
     directory = copy_checkpoint(dirs["pythia"], tmp_path / "unsupported")
     edit_config(directory, **change)
@@ -504,13 +644,27 @@ def test_a_parallel_blocks_mlp_input_decomposes_into_what_came_before_the_block(
     assert not any(label.startswith(f"L{layer}H") for label in labels)
     torch.testing.assert_close(full.sum(0), read, rtol=0, atol=1e-4)
     # The bias the MLP reads: the biases written before the block, none of the block's own attention.
-    torch.testing.assert_close(model.accumulated_bias(layer, mlp_input=True), model.accumulated_bias(layer), rtol=0, atol=0)
+    torch.testing.assert_close(
+        model.accumulated_bias(layer, mlp_input=True), model.accumulated_bias(layer), rtol=0, atol=0
+    )
 
 
 def test_transformer_lens_parallel_config_builds_a_parallel_block():
-    fields = dict(n_layers=2, d_model=32, d_head=8, d_mlp=64, d_vocab=VOCAB, n_ctx=32, act_fn="gelu",
-                  normalization_type="LN", positional_embedding_type="rotary", rotary_dim=2)
+    fields = dict(
+        n_layers=2,
+        d_model=32,
+        d_head=8,
+        d_mlp=64,
+        d_vocab=VOCAB,
+        n_ctx=32,
+        act_fn="gelu",
+        normalization_type="LN",
+        positional_embedding_type="rotary",
+        rotary_dim=2,
+    )
     model = hooked.HookedTransformer(hooked.HookedTransformerConfig(**fields, parallel_attn_mlp=True))
     assert model.cfg.parallel_attn_mlp and "blocks.0.hook_resid_mid" not in model.hook_dict
     with pytest.raises(ValueError, match="parallel_attn_mlp=True"):
-        hooked.HookedTransformerConfig(**{**fields, "positional_embedding_type": "standard", "rotary_dim": None}, parallel_attn_mlp=True)
+        hooked.HookedTransformerConfig(
+            **{**fields, "positional_embedding_type": "standard", "rotary_dim": None}, parallel_attn_mlp=True
+        )

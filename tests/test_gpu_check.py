@@ -12,8 +12,9 @@ STEPS = {1: "correctness", 2: "kernel-bench", 3: "end-to-end", 4: "compile", 5: 
 
 def test_dry_run_runs_every_step_and_writes_the_report(tmp_path):
     out = tmp_path / "gpu-check"
-    result = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out)],
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--out", str(out)], capture_output=True, text=True, timeout=180
+    )
     printed = result.stdout + result.stderr
     assert result.returncode == 0, printed[-4000:]
 

@@ -18,7 +18,9 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     import transformer_lens
 
-FIELDS = dict(n_layers=2, d_model=32, n_ctx=32, d_head=8, d_vocab=40, act_fn=None, attn_only=True, normalization_type="LN")
+FIELDS = dict(
+    n_layers=2, d_model=32, n_ctx=32, d_head=8, d_vocab=40, act_fn=None, attn_only=True, normalization_type="LN"
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,8 @@ def models():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = transformer_lens.HookedTransformer(
-            transformer_lens.HookedTransformerConfig(**FIELDS, use_hook_tokens=True, device="cpu")).eval()
+            transformer_lens.HookedTransformerConfig(**FIELDS, use_hook_tokens=True, device="cpu")
+        ).eval()
     theirs.load_state_dict(tl_state_dict(ours), strict=False)
     return ours, theirs
 
@@ -41,6 +44,7 @@ def replace_first(new_id: int):
         assert tokens.dtype == torch.long
         tokens[:, 0] = new_id  # in place, as TransformerLens' acceptance test does
         return tokens
+
     return hook
 
 
@@ -54,8 +58,11 @@ def test_the_point_exists_only_when_asked_for(models):
         plain.run_with_hooks(tokens_of(), fwd_hooks=[("hook_tokens", lambda t, hook: t)])
     copy = hooked.HookedTransformer(ours.cfg)  # a family config builds the same model, hook_tokens included
     assert copy.cfg.use_hook_tokens and "hook_tokens" in copy.hook_dict
-    gpt2 = hooked.HookedTransformer(hooked.HookedTransformerConfig(n_layers=1, d_model=32, d_head=8, n_ctx=16, d_vocab=40,
-                                                                  act_fn="gelu_new", use_hook_tokens=True))
+    gpt2 = hooked.HookedTransformer(
+        hooked.HookedTransformerConfig(
+            n_layers=1, d_model=32, d_head=8, n_ctx=16, d_vocab=40, act_fn="gelu_new", use_hook_tokens=True
+        )
+    )
     assert list(gpt2.hook_dict)[:3] == ["hook_tokens", "hook_embed", "hook_pos_embed"]
 
 
@@ -64,12 +71,16 @@ def test_replacing_ids_equals_transformer_lens_and_the_replaced_run(models):
     tokens = tokens_of()
     edited = tokens.clone()
     edited[:, 0] = 5
-    ours_logits, ours_loss = ours.run_with_hooks(tokens, return_type="both", fwd_hooks=[("hook_tokens", replace_first(5))])
-    their_logits, their_loss = theirs.run_with_hooks(tokens.clone(), return_type="both",
-                                                     fwd_hooks=[("hook_tokens", replace_first(5))])
+    ours_logits, ours_loss = ours.run_with_hooks(
+        tokens, return_type="both", fwd_hooks=[("hook_tokens", replace_first(5))]
+    )
+    their_logits, their_loss = theirs.run_with_hooks(
+        tokens.clone(), return_type="both", fwd_hooks=[("hook_tokens", replace_first(5))]
+    )
     torch.testing.assert_close(ours_logits, their_logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ours_logits, ours(edited))
     torch.testing.assert_close(ours_loss, their_loss, atol=1e-5, rtol=1e-5)
+
     # the loss's targets are the hook's ids, as TransformerLens' forward (position 0 is never a target: edit 3)
     def replace_third(tokens, hook):
         tokens[:, 3] = 5
@@ -97,9 +108,13 @@ def test_cache_keeps_the_ids(models):
 def test_bad_replacements_are_refused(models):
     ours, _ = models
     tokens = tokens_of()
-    cases = [(lambda t, hook: t.float(), "torch.float32"), (lambda t, hook: t[:, :-1], "shape"),
-             (lambda t, hook: t.int(), "torch.int32"), (lambda t, hook: t + FIELDS["d_vocab"], "vocabulary of 40"),
-             (lambda t, hook: t - 100, "token id -")]
+    cases = [
+        (lambda t, hook: t.float(), "torch.float32"),
+        (lambda t, hook: t[:, :-1], "shape"),
+        (lambda t, hook: t.int(), "torch.int32"),
+        (lambda t, hook: t + FIELDS["d_vocab"], "vocabulary of 40"),
+        (lambda t, hook: t - 100, "token id -"),
+    ]
     for hook, message in cases:
         with pytest.raises(ValueError, match=message):
             ours.run_with_hooks(tokens, fwd_hooks=[("hook_tokens", hook)])
@@ -109,21 +124,42 @@ def test_generation_hooks_each_steps_new_ids(models):
     ours, theirs = models
     prompt = tokens_of(2, 4, seed=2)
     seen = []
-    out = ours.generate(prompt, max_new_tokens=3, do_sample=False, verbose=False,
-                        fwd_hooks=[("hook_tokens", lambda t, hook: seen.append(t.clone()))])
+    out = ours.generate(
+        prompt,
+        max_new_tokens=3,
+        do_sample=False,
+        verbose=False,
+        fwd_hooks=[("hook_tokens", lambda t, hook: seen.append(t.clone()))],
+    )
     assert [tuple(t.shape) for t in seen] == [(2, 4), (2, 1), (2, 1)]  # with the KV cache: the prompt, then each new id
     assert torch.equal(torch.cat(seen, dim=1), out[:, :-1])
     seen.clear()
-    ours.generate(prompt, max_new_tokens=3, do_sample=False, verbose=False, use_past_kv_cache=False,
-                  fwd_hooks=[("hook_tokens", lambda t, hook: seen.append(t.clone()))])
+    ours.generate(
+        prompt,
+        max_new_tokens=3,
+        do_sample=False,
+        verbose=False,
+        use_past_kv_cache=False,
+        fwd_hooks=[("hook_tokens", lambda t, hook: seen.append(t.clone()))],
+    )
     assert [tuple(t.shape) for t in seen] == [(2, 4), (2, 5), (2, 6)]  # without: the whole sequence each step
+
     # Replacing position 0's id, with and without the cache, equals TransformerLens' (a full forward per step).
     # With the cache a step's ids are its new columns, so the hook finds position 0 by `hook.position_ids`.
     def first_position(tokens, hook):
         tokens[hook.position_ids == 0] = 7
 
-    replaced = [ours.generate(prompt, max_new_tokens=4, do_sample=False, verbose=False, use_past_kv_cache=kv,
-                              fwd_hooks=[("hook_tokens", first_position)]) for kv in (True, False)]
+    replaced = [
+        ours.generate(
+            prompt,
+            max_new_tokens=4,
+            do_sample=False,
+            verbose=False,
+            use_past_kv_cache=kv,
+            fwd_hooks=[("hook_tokens", first_position)],
+        )
+        for kv in (True, False)
+    ]
     # The reference: greedy decoding by hand with TransformerLens' forward on the replaced ids (its generate
     # under model.hooks() continued as if unhooked here, measured, so it is not the reference)
     their_out = prompt
@@ -159,7 +195,9 @@ def test_sweep_and_start_at_layer_see_the_hook(models):
     result = hooked.sweep(ours, tokens, variants, metric, progress=False)
     with torch.no_grad():
         for name, pairs in variants.items():
-            torch.testing.assert_close(result[name], metric(ours.run_with_hooks(tokens, fwd_hooks=pairs)), atol=2e-6, rtol=0)
+            torch.testing.assert_close(
+                result[name], metric(ours.run_with_hooks(tokens, fwd_hooks=pairs)), atol=2e-6, rtol=0
+            )
     edited = tokens.clone()
     edited[:, 0] = 3
     with torch.no_grad(), ours.hooks(fwd_hooks=[("hook_tokens", replace_first(3))]):

@@ -40,7 +40,9 @@ GOLDEN_GPT2_HOOKS = [
     "ln_final.hook_normalized",
 ]
 
-hypothesis_settings = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+hypothesis_settings = settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def test_golden_hook_names(gpt2):
@@ -71,7 +73,9 @@ def test_a_default_cache_leaves_out_the_split_inputs_and_results_as_transformer_
         _, with_results = gpt2.run_with_cache(tokens)
     finally:
         gpt2.set_use_attn_result(False)
-    assert set(with_results.keys()) - set(cache.keys()) == {f"blocks.{i}.attn.hook_result" for i in range(gpt2.cfg.n_layers)}
+    assert set(with_results.keys()) - set(cache.keys()) == {
+        f"blocks.{i}.attn.hook_result" for i in range(gpt2.cfg.n_layers)
+    }
 
 
 def test_hook_knows_its_layer_and_context(gpt2, tokens):
@@ -98,7 +102,10 @@ def test_identity_and_clone_hooks_leave_logits_unchanged(gpt2, tokens, data):
     fn = (lambda x, hook: x.clone()) if returns_clone else (lambda x, hook: None)
     # Listening to scores, pattern, result or a norm's scale moves to an equivalent path that may
     # round differently in the last bit; every other hook point must be free.
-    changes_path = any(n.split(".")[-1] in ("hook_attn_scores", "hook_pattern", "hook_result", "hook_scale", "hook_normalized") for n in names)
+    changes_path = any(
+        n.split(".")[-1] in ("hook_attn_scores", "hook_pattern", "hook_result", "hook_scale", "hook_normalized")
+        for n in names
+    )
     with torch.no_grad():
         clean = gpt2(tokens)
         hooked_logits = gpt2.run_with_hooks(tokens, fwd_hooks=[(names, fn)])
@@ -132,7 +139,7 @@ def test_zeroing_a_head_of_z_equals_zeroing_its_rows_of_the_output_projection(gp
     with torch.no_grad():
         ablated = gpt2.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head)])
         edited = hooked.load(gpt2_dir)
-        edited.blocks[layer].attn.c_proj.weight[head * d_head:(head + 1) * d_head] = 0.0  # Conv1D: [in, out]
+        edited.blocks[layer].attn.c_proj.weight[head * d_head : (head + 1) * d_head] = 0.0  # Conv1D: [in, out]
         expected = edited(tokens)
     assert torch.equal(ablated, expected)
 
@@ -329,7 +336,7 @@ def test_transformer_lens_weight_views_reproduce_the_activations(gpt2, tokens):
     for computed, name in [(q, "q"), (v, "v"), (attn_out, "attn_out"), (pre, "pre"), (mlp_out, "mlp_out")]:
         torch.testing.assert_close(computed, cache[name, 1], rtol=0, atol=1e-5, msg=name)
     assert torch.equal(gpt2.W_E[tokens], cache["embed"])
-    assert torch.equal(gpt2.W_pos[:tokens.shape[1]].expand_as(cache["pos_embed"]), cache["pos_embed"])
+    assert torch.equal(gpt2.W_pos[: tokens.shape[1]].expand_as(cache["pos_embed"]), cache["pos_embed"])
     assert gpt2.W_U.shape == (gpt2.cfg.d_model, gpt2.cfg.d_vocab)
 
 
@@ -351,6 +358,10 @@ def test_reset_hooks_clears_contexts_and_keeps_a_direction(gpt2, tokens):
 
 def test_module_backward_hooks_on_a_hook_point_are_refused(gpt2):
     point = gpt2.hook_dict["blocks.0.hook_mlp_out"]
-    for register in (point.register_full_backward_pre_hook, point.register_backward_hook, point.register_full_backward_hook):
+    for register in (
+        point.register_full_backward_pre_hook,
+        point.register_backward_hook,
+        point.register_full_backward_hook,
+    ):
         with pytest.raises(TypeError, match="never run"):
             register(lambda *args: None)

@@ -36,23 +36,56 @@ from tests.parity import (
 )
 
 VOCAB = 96
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 6.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 16, "rope_theta": 5e5}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 6.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+    "rope_theta": 5e5,
+}
 
 # name -> transformers LlamaConfig keyword arguments
 CASES = {
     # MHA, d_head = d_model / n_heads, untied, plain RoPE (theta 1e4): the shape TransformerLens' converter reads
-    "mha": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=96, num_hidden_layers=2),
+    "mha": dict(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=96, num_hidden_layers=2
+    ),
     # GQA 8 -> 2, 8 * 16 = 128 != d_model 64, tied, Llama 3.1 "llama3" scaling that moves every frequency band
-    "gqa_llama3_tied": dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=16, intermediate_size=80,
-                            num_hidden_layers=3, tie_word_embeddings=True, max_position_embeddings=64, rope_parameters=LLAMA3_ROPE),
+    "gqa_llama3_tied": dict(
+        hidden_size=64,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=80,
+        num_hidden_layers=3,
+        tie_word_embeddings=True,
+        max_position_embeddings=64,
+        rope_parameters=LLAMA3_ROPE,
+    ),
     # multi-query, d_head 32 > d_model / n_heads, "linear" x2, every bias, pretraining_tp 2
-    "mqa_bias_linear": dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=1, head_dim=32, intermediate_size=64,
-                            num_hidden_layers=2, attention_bias=True, mlp_bias=True, pretraining_tp=2,
-                            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
+    "mqa_bias_linear": dict(
+        hidden_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        attention_bias=True,
+        mlp_bias=True,
+        pretraining_tp=2,
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+    ),
     # GQA with "llama3" scaling and d_head = d_model / n_heads, untied, no biases: compared with TransformerLens too
-    "gqa_llama3": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=80,
-                       num_hidden_layers=2, max_position_embeddings=64, rope_parameters=LLAMA3_ROPE),
+    "gqa_llama3": dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        max_position_embeddings=64,
+        rope_parameters=LLAMA3_ROPE,
+    ),
 }
 
 
@@ -60,9 +93,15 @@ CASES = {
 def dirs(tmp_path_factory):
     # Directory names without "llama": TransformerLens 3.9's convert_hf_model_config takes any path containing
     # "llama" for one of its named Llama checkpoints and never reads its config.json.
-    return {name: build_checkpoint(tmp_path_factory.mktemp(f"case{index}"), transformers.LlamaConfig(vocab_size=VOCAB, **kwargs),
-                                   transformers.LlamaForCausalLM, seed=index)
-            for index, (name, kwargs) in enumerate(CASES.items())}
+    return {
+        name: build_checkpoint(
+            tmp_path_factory.mktemp(f"case{index}"),
+            transformers.LlamaConfig(vocab_size=VOCAB, **kwargs),
+            transformers.LlamaForCausalLM,
+            seed=index,
+        )
+        for index, (name, kwargs) in enumerate(CASES.items())
+    }
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +124,13 @@ def test_config_read_from_each_case(models):
     assert (cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.rope_theta, cfg.tie_word_embeddings) == (8, 2, 16, 5e5, True)
     assert cfg.rope_scaling == Llama3Scaling(6.0, 1.0, 4.0, 16)
     cfg = models["mqa_bias_linear"].cfg
-    assert (cfg.n_kv_heads, cfg.d_head, cfg.attention_bias, cfg.mlp_bias, cfg.rope_scaling) == (1, 32, True, True, LinearScaling(2.0))
+    assert (cfg.n_kv_heads, cfg.d_head, cfg.attention_bias, cfg.mlp_bias, cfg.rope_scaling) == (
+        1,
+        32,
+        True,
+        True,
+        LinearScaling(2.0),
+    )
     assert models["mha"].cfg.rope_scaling is None and models["mha"].cfg.d_head == 16
 
 
@@ -118,8 +163,8 @@ def left_padded(lengths, seed=10):
     tokens = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
     mask = torch.zeros_like(tokens)
     for row, prompt in enumerate(prompts):
-        tokens[row, -len(prompt):] = prompt
-        mask[row, -len(prompt):] = 1
+        tokens[row, -len(prompt) :] = prompt
+        mask[row, -len(prompt) :] = 1
     return prompts, tokens, mask
 
 
@@ -136,12 +181,14 @@ def check_left_padded_batch(model, hf, lengths):
         assert (batched[real] - reference[real]).abs().max().item() <= 1e-5
         assert (eager[real] - reference[real]).abs().max().item() <= 1e-5
         for row, prompt in enumerate(prompts):
-            torch.testing.assert_close(batched[row, -len(prompt):], model(prompt[None])[0], rtol=0, atol=1e-5)
+            torch.testing.assert_close(batched[row, -len(prompt) :], model(prompt[None])[0], rtol=0, atol=1e-5)
 
 
 def test_left_padded_batch(dirs, models):
     for case in ("gqa_llama3_tied", "mqa_bias_linear"):
-        check_left_padded_batch(models[case], hf_reference(dirs[case], transformers.LlamaForCausalLM, "sdpa"), [9, 4, 6])
+        check_left_padded_batch(
+            models[case], hf_reference(dirs[case], transformers.LlamaForCausalLM, "sdpa"), [9, 4, 6]
+        )
 
 
 def check_greedy_generation(model, hf, lengths, new_tokens=12):
@@ -149,8 +196,9 @@ def check_greedy_generation(model, hf, lengths, new_tokens=12):
     generate(do_sample=False), token for token."""
     _, tokens, mask = left_padded(lengths, seed=20)
     with torch.no_grad():
-        reference = hf.generate(tokens, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                                eos_token_id=None, pad_token_id=0)
+        reference = hf.generate(
+            tokens, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
     ours = model.generate(tokens, new_tokens, attention_mask=mask, stop_at_eos=False)
     assert torch.equal(ours, reference), (ours, reference)
     without_cache = model.generate(tokens, new_tokens, attention_mask=mask, stop_at_eos=False, use_past_kv_cache=False)
@@ -175,11 +223,18 @@ def tl_model(directory, hf_class, converter):
         hf = hf_class.from_pretrained(directory, dtype=torch.float32).eval()
         fields = {field.name for field in dataclasses.fields(HookedTransformerConfig)} - {"tokenizer_name"}
         mapped = convert_hf_model_config(str(directory))
-        cfg = HookedTransformerConfig(**{k: v for k, v in mapped.items() if k in fields}, device="cpu", dtype=torch.float32)
+        cfg = HookedTransformerConfig(
+            **{k: v for k, v in mapped.items() if k in fields}, device="cpu", dtype=torch.float32
+        )
         model = HookedTransformer(cfg)
     with torch.no_grad():
-        model.load_and_process_state_dict(converter(hf, cfg), fold_ln=False, center_writing_weights=False,
-                                          center_unembed=False, fold_value_biases=False)
+        model.load_and_process_state_dict(
+            converter(hf, cfg),
+            fold_ln=False,
+            center_writing_weights=False,
+            center_unembed=False,
+            fold_value_biases=False,
+        )
     return model.eval()
 
 
@@ -196,8 +251,12 @@ def check_against_transformer_lens(model, tl, tokens):
     try:
         with torch.no_grad():
             tl_logits, tl_cache = tl.run_with_cache(tokens)
-            logits, cache = model.run_with_cache(tokens, names_filter=lambda name: not name.startswith("blocks.") or ".ln1." not in name)
-            _, ln1 = model.run_with_cache(tokens, names_filter=lambda name: ".ln1." in name)  # TL's ln1 is per head here
+            logits, cache = model.run_with_cache(
+                tokens, names_filter=lambda name: not name.startswith("blocks.") or ".ln1." not in name
+            )
+            _, ln1 = model.run_with_cache(
+                tokens, names_filter=lambda name: ".ln1." in name
+            )  # TL's ln1 is per head here
     finally:
         for setting in ("set_use_split_qkv_input", "set_use_attn_result", "set_use_hook_mlp_in"):
             for each in (model, tl):
@@ -226,12 +285,41 @@ def test_every_hook_equals_transformer_lens(dirs, models):
 
 
 # ----------------------------------------------------------------------------- hook names and shapes
-GOLDEN_HOOK_NAMES = ["hook_embed"] + [f"blocks.{i}.{name}" for i in range(2) for name in [
-    "hook_resid_pre", "hook_q_input", "hook_k_input", "hook_v_input", "ln1.hook_scale", "ln1.hook_normalized",
-    "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores",
-    "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out", "hook_resid_mid", "hook_mlp_in",
-    "ln2.hook_scale", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post", "hook_mlp_out",
-    "hook_resid_post"]] + ["ln_final.hook_scale", "ln_final.hook_normalized"]
+GOLDEN_HOOK_NAMES = (
+    ["hook_embed"]
+    + [
+        f"blocks.{i}.{name}"
+        for i in range(2)
+        for name in [
+            "hook_resid_pre",
+            "hook_q_input",
+            "hook_k_input",
+            "hook_v_input",
+            "ln1.hook_scale",
+            "ln1.hook_normalized",
+            "attn.hook_q",
+            "attn.hook_k",
+            "attn.hook_v",
+            "attn.hook_rot_q",
+            "attn.hook_rot_k",
+            "attn.hook_attn_scores",
+            "attn.hook_pattern",
+            "attn.hook_z",
+            "attn.hook_result",
+            "hook_attn_out",
+            "hook_resid_mid",
+            "hook_mlp_in",
+            "ln2.hook_scale",
+            "ln2.hook_normalized",
+            "mlp.hook_pre",
+            "mlp.hook_pre_linear",
+            "mlp.hook_post",
+            "hook_mlp_out",
+            "hook_resid_post",
+        ]
+    ]
+    + ["ln_final.hook_scale", "ln_final.hook_normalized"]
+)
 
 
 def test_golden_hook_names(models):
@@ -268,13 +356,19 @@ def test_hooks_hold_what_the_docs_say(models):
         pair_norm = lambda x: x[..., :half] ** 2 + x[..., half:] ** 2  # noqa: E731  RoPE keeps each pair's norm
         torch.testing.assert_close(pair_norm(cache["rot_q", 1]), pair_norm(cache["q", 1]), rtol=1e-5, atol=1e-5)
         assert torch.equal(cache["rot_k", 1][:, 0], cache["k", 1][:, 0])  # position 0 is not turned
-        torch.testing.assert_close(block.attn.o_proj(cache["z", 1].flatten(-2)), cache["attn_out", 1], rtol=0, atol=1e-6)
-        torch.testing.assert_close(cache["result", 1].sum(2) + block.attn.o_proj.bias, cache["attn_out", 1], rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            block.attn.o_proj(cache["z", 1].flatten(-2)), cache["attn_out", 1], rtol=0, atol=1e-6
+        )
+        torch.testing.assert_close(
+            cache["result", 1].sum(2) + block.attn.o_proj.bias, cache["attn_out", 1], rtol=0, atol=1e-5
+        )
         ln2 = block.ln2(cache["resid_mid", 1])
         torch.testing.assert_close(cache["pre", 1], ln2 @ block.mlp.W_gate + block.mlp.b_gate, rtol=0, atol=1e-5)
         torch.testing.assert_close(cache["pre_linear", 1], ln2 @ model.W_in[1] + block.mlp.b_in, rtol=0, atol=1e-5)
         torch.testing.assert_close(cache["post", 1], torch.nn.functional.silu(cache["pre", 1]) * cache["pre_linear", 1])
-        torch.testing.assert_close(cache["post", 1] @ model.W_out[1] + block.mlp.b_out, cache["mlp_out", 1], rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            cache["post", 1] @ model.W_out[1] + block.mlp.b_out, cache["mlp_out", 1], rtol=0, atol=1e-5
+        )
     assert torch.equal(model.W_E[tokens], cache["embed"])
 
 
@@ -289,13 +383,17 @@ def last_token_kl(logits, base_logits=None, attention_mask=None):
 
 
 def check_sweep_equals_each_alone(model, tokens, attention_mask=None):
-    variants = {"L0H1": [("blocks.0.attn.hook_z", ablate.zero(heads=1))],
-                "L1H0": [("blocks.1.attn.hook_z", ablate.zero(heads=0))]}
+    variants = {
+        "L0H1": [("blocks.0.attn.hook_z", ablate.zero(heads=1))],
+        "L1H0": [("blocks.1.attn.hook_z", ablate.zero(heads=0))],
+    }
     result = hooked.sweep(model, tokens, variants, last_token_kl, attention_mask=attention_mask, progress=False)
     with torch.no_grad():
         base = model(tokens, attention_mask=attention_mask)
         for name, pairs in variants.items():
-            alone = last_token_kl(model.run_with_hooks(tokens, attention_mask=attention_mask, fwd_hooks=pairs), base_logits=base)
+            alone = last_token_kl(
+                model.run_with_hooks(tokens, attention_mask=attention_mask, fwd_hooks=pairs), base_logits=base
+            )
             assert alone.abs().max() > 1e-6, name  # the ablation does something
             torch.testing.assert_close(result[name], alone, rtol=0, atol=2e-6, msg=name)
 
@@ -322,23 +420,34 @@ def edited_checkpoint(source, destination, **changes):
     return destination
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"hidden_act": "gelu"}, "hidden_act 'gelu'.*silu"),
-    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "rope_type 'dynamic'.*'default', 'linear' and 'llama3'"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}}, "rope_type 'yarn'"),
-    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}}, "needs 'low_freq_factor'"),
-    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
-    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
-    ({"head_dim": 15}, "head_dim 15 is odd"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'.*silu"),
+        (
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+            "rope_type 'dynamic'.*'default', 'linear' and 'llama3'",
+        ),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}}, "rope_type 'yarn'"),
+        ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}}, "needs 'low_freq_factor'"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
+        ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+        ({"head_dim": 15}, "head_dim 15 is odd"),
+    ],
+)
 def test_unsupported_config_is_refused(tmp_path, dirs, change, message):
     with pytest.raises(ValueError, match=message):
         hooked.load(edited_checkpoint(dirs["mha"], tmp_path / "edited", **change))
 
 
 def test_unknown_architecture_names_the_families(tmp_path, dirs):
-    directory = edited_checkpoint(dirs["mha"], tmp_path / "unknown", architectures=["Llama9ForCausalLM"], model_type="llama9")
-    with pytest.raises(hooked.CheckpointError, match="Llama9ForCausalLM.*supported.*LlamaForCausalLM.*MistralForCausalLM.*Qwen3ForCausalLM"):
+    directory = edited_checkpoint(
+        dirs["mha"], tmp_path / "unknown", architectures=["Llama9ForCausalLM"], model_type="llama9"
+    )
+    with pytest.raises(
+        hooked.CheckpointError,
+        match="Llama9ForCausalLM.*supported.*LlamaForCausalLM.*MistralForCausalLM.*Qwen3ForCausalLM",
+    ):
         hooked.load(directory)
 
 
@@ -357,15 +466,37 @@ def test_config_reads_hub_and_transformers5_layouts(dirs):
 
 def test_transformer_lens_config_without_qk_norm_builds_a_llama():
     """TransformerLens' Llama fields (RMS, rotary, silu, gated, final RMS, no q/k norm) give a hooked Llama."""
-    cfg = hooked.HookedTransformerConfig(n_layers=2, d_model=32, d_head=8, n_heads=4, n_key_value_heads=2, d_mlp=48,
-                                         n_ctx=64, d_vocab=50, act_fn="silu", normalization_type="RMS",
-                                         positional_embedding_type="rotary", gated_mlp=True, final_rms=True, rotary_base=5e5)
+    cfg = hooked.HookedTransformerConfig(
+        n_layers=2,
+        d_model=32,
+        d_head=8,
+        n_heads=4,
+        n_key_value_heads=2,
+        d_mlp=48,
+        n_ctx=64,
+        d_vocab=50,
+        act_fn="silu",
+        normalization_type="RMS",
+        positional_embedding_type="rotary",
+        gated_mlp=True,
+        final_rms=True,
+        rotary_base=5e5,
+    )
     model = hooked.HookedTransformer(cfg)
     assert type(model) is hooked.models.Llama
     assert (model.cfg.n_kv_heads, model.cfg.rope_theta, model.cfg.max_position_embeddings) == (2, 5e5, 64)
     with pytest.raises(ValueError, match="final_rms=False"):
-        hooked.HookedTransformerConfig(n_layers=1, d_model=32, d_head=8, n_ctx=16, d_vocab=50, act_fn="silu",
-                                       normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True)
+        hooked.HookedTransformerConfig(
+            n_layers=1,
+            d_model=32,
+            d_head=8,
+            n_ctx=16,
+            d_vocab=50,
+            act_fn="silu",
+            normalization_type="RMS",
+            positional_embedding_type="rotary",
+            gated_mlp=True,
+        )
 
 
 def test_transformer_lens_weight_processing_keeps_the_function(dirs, models):
@@ -375,5 +506,6 @@ def test_transformer_lens_weight_processing_keeps_the_function(dirs, models):
     processed = hooked.HookedTransformer.from_pretrained(str(dirs["mqa_bias_linear"]))
     assert processed.processing["fold_ln"] and processed.processing["fold_value_biases"]
     with torch.no_grad():
-        torch.testing.assert_close(processed(tokens).log_softmax(-1), models["mqa_bias_linear"](tokens).log_softmax(-1),
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            processed(tokens).log_softmax(-1), models["mqa_bias_linear"](tokens).log_softmax(-1), rtol=0, atol=1e-5
+        )

@@ -62,8 +62,8 @@ def _malformed_copies(original: bytes):
     import random
 
     length = int.from_bytes(original[:8], "little")
-    header = json.loads(original[8:8 + length])
-    data = original[8 + length:]
+    header = json.loads(original[8 : 8 + length])
+    data = original[8 + length :]
     rng = random.Random(0)
     for i in range(150):
         position = rng.randrange(8 + length)

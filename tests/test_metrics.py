@@ -65,7 +65,10 @@ def test_logit_diff_columns_are_the_sorted_answer_ids_and_compute_reads_them(log
 
 def test_logit_diff_over_every_position_averages_real_positions_only(logits):
     metric = metrics.logit_diff(None, CORRECT, INCORRECT, position=None)
-    expected = [mean([float(logits[i, p, CORRECT[i]] - logits[i, p, INCORRECT[i]]) for p in real_positions(i)]) for i in range(BATCH)]
+    expected = [
+        mean([float(logits[i, p, CORRECT[i]] - logits[i, p, INCORRECT[i]]) for p in real_positions(i)])
+        for i in range(BATCH)
+    ]
     result = metric(with_garbage_at_padding(logits), attention_mask=MASK)
     torch.testing.assert_close(result, torch.tensor(expected), rtol=0, atol=1e-5)
 
@@ -86,7 +89,9 @@ def test_probability_and_log_prob_over_the_whole_vocabulary(name, logits):
 
 
 def test_rank_counts_strictly_larger_logits(logits):
-    expected = [float(sum(1 for v in range(VOCAB) if logits[i, -1, v] > logits[i, -1, CORRECT[i]])) for i in range(BATCH)]
+    expected = [
+        float(sum(1 for v in range(VOCAB) if logits[i, -1, v] > logits[i, -1, CORRECT[i]])) for i in range(BATCH)
+    ]
     result = metrics.rank(None, CORRECT)(logits)
     assert result.dtype == torch.float32
     assert result.tolist() == expected
@@ -138,11 +143,18 @@ def test_kl_div_of_the_base_against_the_run_at_the_last_position(logits, base_lo
 def test_kl_div_over_every_position_averages_real_positions_only(logits, base_logits):
     metric = metrics.kl_div(position=None)
     expected = [mean([kl_reference(base_logits[i, p], logits[i, p]) for p in real_positions(i)]) for i in range(BATCH)]
-    result = metric(with_garbage_at_padding(logits), base_logits=with_garbage_at_padding(base_logits), attention_mask=MASK)
+    result = metric(
+        with_garbage_at_padding(logits), base_logits=with_garbage_at_padding(base_logits), attention_mask=MASK
+    )
     torch.testing.assert_close(result.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-5, atol=1e-6)
     # Without a mask every position counts.
     everywhere = [mean([kl_reference(base_logits[i, p], logits[i, p]) for p in range(POS)]) for i in range(BATCH)]
-    torch.testing.assert_close(metric(logits, base_logits=base_logits).double(), torch.tensor(everywhere, dtype=torch.float64), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        metric(logits, base_logits=base_logits).double(),
+        torch.tensor(everywhere, dtype=torch.float64),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_kl_div_ignores_tokens_the_base_rules_out(logits):
@@ -172,10 +184,12 @@ def test_loss_per_prompt_over_real_targets(logits):
     assert metric.position is None and metric.columns is None and not metric.needs_base
     result = metric(with_garbage_at_padding(logits))
     assert result.dtype == torch.float32 and result.shape == (BATCH,)
-    torch.testing.assert_close(result.double(), torch.tensor(loss_reference(logits, tokens, MASK), dtype=torch.float64), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        result.double(), torch.tensor(loss_reference(logits, tokens, MASK), dtype=torch.float64), rtol=1e-5, atol=1e-5
+    )
     # A row alone gives HookedTransformer.loss of that row.
     for i in range(BATCH):
-        row_loss = HookedTransformer.loss(logits[i:i + 1], tokens[i:i + 1], MASK[i:i + 1])
+        row_loss = HookedTransformer.loss(logits[i : i + 1], tokens[i : i + 1], MASK[i : i + 1])
         torch.testing.assert_close(result[i], row_loss, rtol=1e-6, atol=1e-6)
     # Unpadded, every target counts; a mask given at call time overrides the stored one.
     unpadded = torch.tensor(loss_reference(logits, tokens, None))
@@ -184,7 +198,11 @@ def test_loss_per_prompt_over_real_targets(logits):
 
 
 def test_loss_on_a_padded_batch_of_text_matches_each_prompt_alone(gpt2):
-    texts = ["When Mary and John went to the store, John gave a drink to Mary.", "The capital of France is Paris.", "Tom and Anna"]
+    texts = [
+        "When Mary and John went to the store, John gave a drink to Mary.",
+        "The capital of France is Paris.",
+        "Tom and Anna",
+    ]
     metric = metrics.loss(gpt2, texts)  # the mask comes from the tokenizer
     assert metric.mask is not None
     with torch.no_grad():
@@ -224,7 +242,9 @@ def reduce_by_hand(logits: torch.Tensor, position, columns) -> torch.Tensor:
         lambda: metrics.rank(None, CORRECT),
         lambda: metrics.kl_div(),
         lambda: metrics.kl_div(position=None),
-        lambda: metrics.loss(None, torch.randint(0, VOCAB, (BATCH, POS), generator=torch.Generator().manual_seed(3)), MASK),
+        lambda: metrics.loss(
+            None, torch.randint(0, VOCAB, (BATCH, POS), generator=torch.Generator().manual_seed(3)), MASK
+        ),
     ],
     ids=["logit_diff", "logit_diff-all", "probability", "log_prob-all", "rank", "kl_div", "kl_div-all", "loss"],
 )

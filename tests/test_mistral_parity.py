@@ -43,23 +43,50 @@ VOCAB = 96
 
 CASES = {
     # GQA 4 -> 2, d_head = d_model / n_heads, untied, window 4
-    "window": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=80, num_hidden_layers=2,
-                   sliding_window=4),
+    "window": dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        sliding_window=4,
+    ),
     # multi-query, d_head 16 != 48 / 4, tied, rope_theta 1e6, window 6
-    "window_mqa_tied": dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=1, head_dim=16, intermediate_size=64,
-                            num_hidden_layers=3, tie_word_embeddings=True, sliding_window=6, max_position_embeddings=64,
-                            rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    "window_mqa_tied": dict(
+        hidden_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        tie_word_embeddings=True,
+        sliding_window=6,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    ),
     # no window (Mistral 7B v0.2 / v0.3): plain causal
-    "no_window": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=80, num_hidden_layers=2,
-                      sliding_window=None),
+    "no_window": dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        sliding_window=None,
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    return {name: build_checkpoint(tmp_path_factory.mktemp(f"case{index}"), transformers.MistralConfig(vocab_size=VOCAB, **kwargs),
-                                   transformers.MistralForCausalLM, seed=index)
-            for index, (name, kwargs) in enumerate(CASES.items())}
+    return {
+        name: build_checkpoint(
+            tmp_path_factory.mktemp(f"case{index}"),
+            transformers.MistralConfig(vocab_size=VOCAB, **kwargs),
+            transformers.MistralForCausalLM,
+            seed=index,
+        )
+        for index, (name, kwargs) in enumerate(CASES.items())
+    }
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +136,9 @@ def test_bfloat16_within_transformers_own_spread(dirs):
 def test_left_padded_batch(dirs, models):
     """Prompts of 13, 5 and 9 tokens against windows of 4 and 6: the window counts columns of the prompt."""
     for case in ("window", "window_mqa_tied"):
-        check_left_padded_batch(models[case], hf_reference(dirs[case], transformers.MistralForCausalLM, "sdpa"), [13, 5, 9])
+        check_left_padded_batch(
+            models[case], hf_reference(dirs[case], transformers.MistralForCausalLM, "sdpa"), [13, 5, 9]
+        )
 
 
 @pytest.mark.parametrize("lengths", [[9], [13, 5, 9]])
@@ -161,14 +190,17 @@ def test_triton_kernel_serves_the_window(models):
 
 
 # ----------------------------------------------------------------------------- configs
-@pytest.mark.parametrize("change, message", [
-    ({"sliding_window": 0}, "sliding_window 0 must be a whole number in 1..max_position_embeddings"),
-    ({"sliding_window": -2}, "sliding_window -2"),
-    ({"sliding_window": 10**6}, r"sliding_window 1000000 .*max_position_embeddings \(131072\)"),
-    ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
-    ({"hidden_act": "relu"}, "hidden_act 'relu'"),
-    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type 'longrope'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"sliding_window": 0}, "sliding_window 0 must be a whole number in 1..max_position_embeddings"),
+        ({"sliding_window": -2}, "sliding_window -2"),
+        ({"sliding_window": 10**6}, r"sliding_window 1000000 .*max_position_embeddings \(131072\)"),
+        ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
+        ({"hidden_act": "relu"}, "hidden_act 'relu'"),
+        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type 'longrope'"),
+    ],
+)
 def test_unsupported_config_is_refused(tmp_path, dirs, change, message):
     with pytest.raises(ValueError, match=message):
         hooked.load(edited_checkpoint(dirs["window"], tmp_path / "edited", **change))

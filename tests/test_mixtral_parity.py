@@ -43,16 +43,42 @@ HF = transformers.MixtralForCausalLM
 
 CASES = {
     # GQA 4 -> 2, d_head = d_model / n_heads, untied, top-2 of 8, window 4: the shape TransformerLens' converter reads
-    "window_k2": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32, num_hidden_layers=2,
-                      num_local_experts=8, num_experts_per_tok=2, sliding_window=4),
+    "window_k2": dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=4,
+    ),
     # multi-query, d_head 16 != 48 / 4, tied, top-3 of 6, expert width 24, window 6, rope_theta 1e4
-    "window_k3_mqa_tied": dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=1, head_dim=16, intermediate_size=24,
-                               num_hidden_layers=3, num_local_experts=6, num_experts_per_tok=3, tie_word_embeddings=True,
-                               sliding_window=6, max_position_embeddings=64,
-                               rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+    "window_k3_mqa_tied": dict(
+        hidden_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=24,
+        num_hidden_layers=3,
+        num_local_experts=6,
+        num_experts_per_tok=3,
+        tie_word_embeddings=True,
+        sliding_window=6,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+    ),
     # MHA, top-1 of 4 (every weight renormalises to exactly 1), no window (the released 8x7B)
-    "k1_no_window": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=32, num_hidden_layers=2,
-                         num_local_experts=4, num_experts_per_tok=1, sliding_window=None),
+    "k1_no_window": dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_local_experts=4,
+        num_experts_per_tok=1,
+        sliding_window=None,
+    ),
 }
 
 
@@ -65,8 +91,10 @@ def hf_config(case: str, **changes) -> transformers.MixtralConfig:
 def dirs(tmp_path_factory):
     # Neutral directory names: TransformerLens 3.9's convert_hf_model_config takes any path containing a family
     # name ("mistral", "mixtral") for one of its named checkpoints and never reads its config.json.
-    return {name: build_checkpoint(tmp_path_factory.mktemp(f"case{index}"), hf_config(name), HF, seed=index)
-            for index, name in enumerate(CASES)}
+    return {
+        name: build_checkpoint(tmp_path_factory.mktemp(f"case{index}"), hf_config(name), HF, seed=index)
+        for index, name in enumerate(CASES)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +110,9 @@ def test_float32_bit_exact(dirs, models, case, path):
     tokens = random_tokens(3, 17)
     reference = hf_outputs(hf_reference(dirs[case], HF, "sdpa" if path == "sdpa" else "eager"), tokens)
     if path == "expert_hooks":  # listening to the per-slot neurons takes the other branch of run_experts
-        with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_pattern") or "hook_expert_p" in name, read_pattern)]):
+        with model.hooks(
+            fwd_hooks=[(lambda name: name.endswith("hook_pattern") or "hook_expert_p" in name, read_pattern)]
+        ):
             result = hooked_outputs(model, tokens, eager=False)
     else:
         result = hooked_outputs(model, tokens, eager=path == "eager")
@@ -92,7 +122,14 @@ def test_float32_bit_exact(dirs, models, case, path):
 
 def test_config_read_from_each_case(models):
     cfg = models["window_k3_mqa_tied"].cfg
-    assert (cfg.n_experts, cfg.top_k, cfg.d_expert_mlp, cfg.n_kv_heads, cfg.d_head, cfg.sliding_window) == (6, 3, 24, 1, 16, 6)
+    assert (cfg.n_experts, cfg.top_k, cfg.d_expert_mlp, cfg.n_kv_heads, cfg.d_head, cfg.sliding_window) == (
+        6,
+        3,
+        24,
+        1,
+        16,
+        6,
+    )
     assert (cfg.rope_theta, cfg.tie_word_embeddings, cfg.norm_topk_prob, cfg.rms_norm_eps) == (1e4, True, True, 1e-5)
     assert all(cfg.is_sparse(layer) for layer in range(cfg.n_layers))
     assert (cfg.num_experts, cfg.experts_per_token) == (6, 3)  # TransformerLens' names
@@ -141,11 +178,18 @@ def tl_mixtral(directory):
         hf = HF.from_pretrained(directory, dtype=torch.float32).eval()
         fields = {field.name for field in dataclasses.fields(HookedTransformerConfig)} - {"tokenizer_name", "dtype"}
         mapped = convert_hf_model_config(str(directory))
-        cfg = HookedTransformerConfig(**{k: v for k, v in mapped.items() if k in fields}, device="cpu", dtype=torch.float32)
+        cfg = HookedTransformerConfig(
+            **{k: v for k, v in mapped.items() if k in fields}, device="cpu", dtype=torch.float32
+        )
         model = HookedTransformer(cfg)
     with torch.no_grad():
-        model.load_and_process_state_dict(convert_mixtral_weights(hf, cfg), fold_ln=False, center_writing_weights=False,
-                                          center_unembed=False, fold_value_biases=False)
+        model.load_and_process_state_dict(
+            convert_mixtral_weights(hf, cfg),
+            fold_ln=False,
+            center_writing_weights=False,
+            center_unembed=False,
+            fold_value_biases=False,
+        )
     return model.eval()
 
 
@@ -164,7 +208,9 @@ def check_against_transformer_lens(model, tl, tokens):
         with torch.no_grad():
             tl_logits, tl_cache = tl.run_with_cache(tokens)
             logits, cache = model.run_with_cache(tokens, names_filter=lambda name: ".ln1." not in name)
-            _, ln1 = model.run_with_cache(tokens, names_filter=lambda name: ".ln1." in name)  # TL's ln1 is per head here
+            _, ln1 = model.run_with_cache(
+                tokens, names_filter=lambda name: ".ln1." in name
+            )  # TL's ln1 is per head here
     finally:
         for setting in SETTINGS:
             for each in (model, tl):
@@ -172,9 +218,15 @@ def check_against_transformer_lens(model, tl, tokens):
     cfg, (batch, pos) = model.cfg, tokens.shape
     layers = range(cfg.n_layers)
     theirs_only = {"unembed.hook_in", "unembed.hook_out"} | {
-        f"blocks.{layer}.mlp.experts.{expert}.{name}" for layer in layers for expert in range(cfg.n_experts) for name in THEIRS_ONLY}
+        f"blocks.{layer}.mlp.experts.{expert}.{name}"
+        for layer in layers
+        for expert in range(cfg.n_experts)
+        for name in THEIRS_ONLY
+    }
     assert set(tl_cache.keys()) - set(model.hook_names) == theirs_only
-    assert set(model.hook_names) - set(tl_cache.keys()) == {f"blocks.{layer}.{name}" for layer in layers for name in OURS_ONLY}
+    assert set(model.hook_names) - set(tl_cache.keys()) == {
+        f"blocks.{layer}.{name}" for layer in layers for name in OURS_ONLY
+    }
     torch.testing.assert_close(logits, tl_logits, rtol=1e-5, atol=1e-5)
     for name in model.hook_names:
         if name not in tl_cache or ".hook_expert_" in name:
@@ -188,7 +240,9 @@ def check_against_transformer_lens(model, tl, tokens):
     for layer in layers:
         # TransformerLens' mlp.hook_expert_weights: softmax over ALL experts, [batch*pos n_experts], before top-k
         probs = F.softmax(cache["router_logits", layer], dim=-1, dtype=torch.float32)
-        torch.testing.assert_close(probs.view(-1, cfg.n_experts), tl_cache[f"blocks.{layer}.mlp.hook_expert_weights"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            probs.view(-1, cfg.n_experts), tl_cache[f"blocks.{layer}.mlp.hook_expert_weights"], rtol=1e-5, atol=1e-6
+        )
         indices = cache["expert_indices", layer]  # [batch pos top_k]; TransformerLens': [batch*pos top_k]
         assert torch.equal(indices.view(-1, cfg.top_k), tl_cache[f"blocks.{layer}.mlp.hook_expert_indices"])
         # TransformerLens' experts.{e}.hook_gate / hook_post: the rows of the slots holding e, slot-major then token
@@ -211,12 +265,43 @@ def test_every_hook_equals_transformer_lens(dirs, models):
 
 
 # ----------------------------------------------------------------------------- hook names, shapes, meanings
-GOLDEN_HOOK_NAMES = ["hook_embed"] + [f"blocks.{i}.{name}" for i in range(2) for name in [
-    "hook_resid_pre", "hook_q_input", "hook_k_input", "hook_v_input", "ln1.hook_scale", "ln1.hook_normalized",
-    "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores",
-    "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out", "hook_resid_mid", "hook_mlp_in",
-    "ln2.hook_scale", "ln2.hook_normalized", "mlp.hook_router_logits", "mlp.hook_expert_weights", "mlp.hook_expert_indices",
-    "mlp.hook_expert_pre", "mlp.hook_expert_post", "hook_mlp_out", "hook_resid_post"]] + ["ln_final.hook_scale", "ln_final.hook_normalized"]
+GOLDEN_HOOK_NAMES = (
+    ["hook_embed"]
+    + [
+        f"blocks.{i}.{name}"
+        for i in range(2)
+        for name in [
+            "hook_resid_pre",
+            "hook_q_input",
+            "hook_k_input",
+            "hook_v_input",
+            "ln1.hook_scale",
+            "ln1.hook_normalized",
+            "attn.hook_q",
+            "attn.hook_k",
+            "attn.hook_v",
+            "attn.hook_rot_q",
+            "attn.hook_rot_k",
+            "attn.hook_attn_scores",
+            "attn.hook_pattern",
+            "attn.hook_z",
+            "attn.hook_result",
+            "hook_attn_out",
+            "hook_resid_mid",
+            "hook_mlp_in",
+            "ln2.hook_scale",
+            "ln2.hook_normalized",
+            "mlp.hook_router_logits",
+            "mlp.hook_expert_weights",
+            "mlp.hook_expert_indices",
+            "mlp.hook_expert_pre",
+            "mlp.hook_expert_post",
+            "hook_mlp_out",
+            "hook_resid_post",
+        ]
+    ]
+    + ["ln_final.hook_scale", "ln_final.hook_normalized"]
+)
 
 
 def test_golden_hook_names(models):
@@ -232,10 +317,14 @@ def test_hook_shapes_and_routing_semantics(models):
     assert set(cache.keys()) == set(model.hook_names)
     for name in model.hook_names:
         assert tuple(cache[name].shape) == expected[name], name
-    assert expected["blocks.1.mlp.hook_expert_post"] == (2, 7, 3, 24) and expected["blocks.1.mlp.hook_router_logits"] == (2, 7, 6)
+    assert expected["blocks.1.mlp.hook_expert_post"] == (2, 7, 3, 24) and expected[
+        "blocks.1.mlp.hook_router_logits"
+    ] == (2, 7, 6)
     probs = torch.softmax(cache["router_logits", 1].double(), dim=-1)
     top = probs.topk(3, dim=-1)
-    torch.testing.assert_close(cache["expert_weights", 1].double(), top.values / top.values.sum(-1, keepdim=True), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        cache["expert_weights", 1].double(), top.values / top.values.sum(-1, keepdim=True), rtol=0, atol=1e-6
+    )
     assert torch.equal(cache["expert_indices", 1], top.indices)
     mlp, indices = model.blocks[1].mlp, cache["expert_indices", 1]
     x = model.blocks[1].ln2(cache["resid_mid", 1])
@@ -243,7 +332,9 @@ def test_hook_shapes_and_routing_semantics(models):
     up = torch.einsum("bpd,bpkdi->bpki", x, mlp.W_in[indices])
     torch.testing.assert_close(cache["expert_pre", 1], pre, rtol=0, atol=1e-5)
     torch.testing.assert_close(cache["expert_post", 1], F.silu(pre) * up, rtol=0, atol=1e-5)
-    _, top1 = models["k1_no_window"].run_with_cache(random_tokens(2, 7), names_filter=lambda name: "expert_weights" in name)
+    _, top1 = models["k1_no_window"].run_with_cache(
+        random_tokens(2, 7), names_filter=lambda name: "expert_weights" in name
+    )
     assert torch.all(top1["expert_weights", 0] == 1.0)
 
 
@@ -262,7 +353,9 @@ def test_expert_ablation_equals_transformers_without_the_expert(dirs, models):
             state[f"model.layers.{layer}.{key}"] = state[f"model.layers.{layer}.{key}"][kept]
     smaller.load_state_dict(state)
     tokens = random_tokens(3, 11, seed=3)
-    fwd_hooks = [(f"blocks.{layer}.mlp.hook_router_logits", ablate.zero(experts=expert)) for layer, expert in removed.items()]
+    fwd_hooks = [
+        (f"blocks.{layer}.mlp.hook_router_logits", ablate.zero(experts=expert)) for layer, expert in removed.items()
+    ]
     with torch.no_grad():
         ablated = models[case].run_with_hooks(tokens, fwd_hooks=fwd_hooks)
         torch.testing.assert_close(ablated, smaller(tokens).logits, rtol=0, atol=1e-5)
@@ -275,8 +368,9 @@ def test_expert_neuron_ablation_equals_zeroing_its_down_proj_column(dirs, models
     with torch.no_grad():
         hf.model.layers[layer].mlp.experts.down_proj[expert, :, neuron] = 0.0
         tokens = random_tokens(3, 11, seed=4)
-        ablated = models[case].run_with_hooks(tokens, fwd_hooks=[
-            (f"blocks.{layer}.mlp.hook_expert_post", ablate.zero(experts=expert, neurons=neuron))])
+        ablated = models[case].run_with_hooks(
+            tokens, fwd_hooks=[(f"blocks.{layer}.mlp.hook_expert_post", ablate.zero(experts=expert, neurons=neuron))]
+        )
         torch.testing.assert_close(ablated, hf(tokens).logits, rtol=0, atol=1e-5)
         assert (ablated - models[case](tokens)).abs().max() > 1e-4
 
@@ -295,9 +389,11 @@ def test_sweep_on_a_left_padded_batch_equals_each_alone(models):
     mask[2, :6] = 0
     _, clean = model.run_with_cache(tokens, attention_mask=mask, names_filter="blocks.1.mlp.hook_expert_indices")
     last = int(clean["expert_indices", 1][0, -1, 0])  # an expert the metric's position reads
-    variants = {"L0H1": [("blocks.0.attn.hook_z", ablate.zero(heads=1))],
-                "L0E3": [("blocks.0.mlp.hook_router_logits", ablate.zero(experts=3))],
-                f"L1E{last}.N7": [("blocks.1.mlp.hook_expert_post", ablate.zero(experts=last, neurons=7))]}
+    variants = {
+        "L0H1": [("blocks.0.attn.hook_z", ablate.zero(heads=1))],
+        "L0E3": [("blocks.0.mlp.hook_router_logits", ablate.zero(experts=3))],
+        f"L1E{last}.N7": [("blocks.1.mlp.hook_expert_post", ablate.zero(experts=last, neurons=7))],
+    }
     result = hooked.sweep(model, tokens, variants, last_token_kl, attention_mask=mask, progress=False)
     with torch.no_grad():
         base = model(tokens, attention_mask=mask)
@@ -342,7 +438,11 @@ def test_every_layout_transformers_reads_loads_identically(tmp_path, dirs, model
     mlp_prefix = write_layout(dirs[case], tmp_path / "prefix", lambda key: key.replace(".block_sparse_moe.", ".mlp."))
     fused = tmp_path / "fused"
     shutil.copytree(dirs[case], fused)
-    state = {key: tensor.contiguous() for key, tensor in hf_reference(dirs[case], HF, "sdpa").state_dict().items() if key != "lm_head.weight"}
+    state = {
+        key: tensor.contiguous()
+        for key, tensor in hf_reference(dirs[case], HF, "sdpa").state_dict().items()
+        if key != "lm_head.weight"
+    }
     assert "model.layers.0.mlp.experts.gate_up_proj" in state
     save_file(state, fused / "model.safetensors", metadata={"format": "pt"})
     tokens = random_tokens(2, 9)
@@ -358,8 +458,11 @@ def test_a_checkpoint_with_both_expert_layouts_is_refused_in_either_order(tmp_pa
     twice: refused as unexpected tensors, whichever shard comes first (the later never overwrites the earlier)."""
     case = "window_k3_mqa_tied"
     per_expert = load_file(dirs[case] / "model.safetensors")
-    fused = {key: tensor.contiguous() for key, tensor in hf_reference(dirs[case], HF, "sdpa").state_dict().items()
-             if ".mlp.experts." in key}
+    fused = {
+        key: tensor.contiguous()
+        for key, tensor in hf_reference(dirs[case], HF, "sdpa").state_dict().items()
+        if ".mlp.experts." in key
+    }
     for order in ("fused first", "per-expert first"):
         directory = tmp_path / order.replace(" ", "-")
         shutil.copytree(dirs[case], directory)
@@ -375,12 +478,20 @@ def test_a_checkpoint_with_both_expert_layouts_is_refused_in_either_order(tmp_pa
             hooked.load(directory)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda key: None if key == "model.layers.1.block_sparse_moe.experts.2.w3.weight" else key,
-     r"missing tensors: \['blocks.1.mlp.experts.gate_up_proj\[2\] \(part 2 of 2\)'\]"),
-    (lambda key: None if key == "model.layers.0.block_sparse_moe.gate.weight" else key, r"missing tensors: \['blocks.0.mlp.gate.weight'\]"),
-    (lambda key: key.replace("experts.1.w2", "experts.9.w2"), "unexpected tensors.*experts.9.w2.weight"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda key: None if key == "model.layers.1.block_sparse_moe.experts.2.w3.weight" else key,
+            r"missing tensors: \['blocks.1.mlp.experts.gate_up_proj\[2\] \(part 2 of 2\)'\]",
+        ),
+        (
+            lambda key: None if key == "model.layers.0.block_sparse_moe.gate.weight" else key,
+            r"missing tensors: \['blocks.0.mlp.gate.weight'\]",
+        ),
+        (lambda key: key.replace("experts.1.w2", "experts.9.w2"), "unexpected tensors.*experts.9.w2.weight"),
+    ],
+)
 def test_bad_expert_tensors_raise_checkpoint_error(tmp_path, dirs, edit, message):
     directory = write_layout(dirs["window_k2"], tmp_path / "edited", edit)
     with pytest.raises(hooked.CheckpointError, match=message):
@@ -388,15 +499,18 @@ def test_bad_expert_tensors_raise_checkpoint_error(tmp_path, dirs, edit, message
 
 
 # ----------------------------------------------------------------------------- configs
-@pytest.mark.parametrize("change, message", [
-    ({"num_experts_per_tok": 9}, r"num_experts_per_tok 9 must lie in 1..num_local_experts \(8\)"),
-    ({"num_experts_per_tok": 0}, "num_experts_per_tok 0 must lie in 1..num_local_experts"),
-    ({"num_local_experts": 0}, "num_local_experts 0 must be a whole number >= 1"),
-    ({"sliding_window": 0}, "sliding_window 0 must be a whole number in 1..max_position_embeddings"),
-    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
-    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type 'longrope'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"num_experts_per_tok": 9}, r"num_experts_per_tok 9 must lie in 1..num_local_experts \(8\)"),
+        ({"num_experts_per_tok": 0}, "num_experts_per_tok 0 must lie in 1..num_local_experts"),
+        ({"num_local_experts": 0}, "num_local_experts 0 must be a whole number >= 1"),
+        ({"sliding_window": 0}, "sliding_window 0 must be a whole number in 1..max_position_embeddings"),
+        ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type 'longrope'"),
+    ],
+)
 def test_unsupported_config_is_refused(tmp_path, dirs, change, message):
     with pytest.raises(ValueError, match=message):
         hooked.load(edited_checkpoint(dirs["window_k2"], tmp_path / "edited", **change))
@@ -406,10 +520,15 @@ def test_config_defaults_and_hub_layout_equal_transformers(dirs):
     """Keys left out get transformers' MixtralConfig defaults (rope_theta 1e6, no window, eps 1e-5: not Mistral's);
     the hub's config (rope_theta, no rope_parameters) reads as transformers 5's."""
     written = json.loads((dirs["window_k2"] / "config.json").read_text())
-    bare = {key: value for key, value in written.items() if key not in ("rope_parameters", "sliding_window", "rms_norm_eps")}
+    bare = {
+        key: value for key, value in written.items() if key not in ("rope_parameters", "sliding_window", "rms_norm_eps")
+    }
     reference, cfg = transformers.MixtralConfig(**bare), HookedMixtralConfig.from_hf(bare)
-    assert (cfg.rope_theta, cfg.sliding_window, cfg.rms_norm_eps) == (
-        reference.rope_parameters["rope_theta"], reference.sliding_window, reference.rms_norm_eps) == (1e6, None, 1e-5)
+    assert (
+        (cfg.rope_theta, cfg.sliding_window, cfg.rms_norm_eps)
+        == (reference.rope_parameters["rope_theta"], reference.sliding_window, reference.rms_norm_eps)
+        == (1e6, None, 1e-5)
+    )
     hub = {**bare, "rope_theta": 1e6, "sliding_window": 4, "rms_norm_eps": 1e-5}
     assert HookedMixtralConfig.from_hf(hub) == dataclasses.replace(HookedMixtralConfig.from_hf(written), rope_theta=1e6)
 
@@ -443,5 +562,6 @@ def test_transformer_lens_weight_processing_keeps_the_function(dirs, models):
     processed = hooked.HookedTransformer.from_pretrained(str(dirs["window_k3_mqa_tied"]))
     assert processed.processing["fold_ln"]
     with torch.no_grad():
-        torch.testing.assert_close(processed(tokens).log_softmax(-1), models["window_k3_mqa_tied"](tokens).log_softmax(-1),
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            processed(tokens).log_softmax(-1), models["window_k3_mqa_tied"](tokens).log_softmax(-1), rtol=0, atol=1e-5
+        )

@@ -44,7 +44,13 @@ def _has_png(cell) -> bool:
 
 
 def test_there_are_notebooks():
-    assert {path.name for path in NOTEBOOKS} >= {"ablation.ipynb", "circuits.ipynb", "patching.ipynb", "quickstart.ipynb", "sweeps.ipynb"}
+    assert {path.name for path in NOTEBOOKS} >= {
+        "ablation.ipynb",
+        "circuits.ipynb",
+        "patching.ipynb",
+        "quickstart.ipynb",
+        "sweeps.ipynb",
+    }
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.name)
@@ -54,8 +60,9 @@ def test_committed_outputs(path):
     cells = _code_cells(notebook)
     counts = [cell.execution_count for cell in cells]
     assert counts == list(range(1, len(cells) + 1)), f"{path.name}: execution counts {counts}; {REFRESH}"
-    errors = [f"{output.ename}: {output.evalue}" for cell in cells for output in cell.outputs
-              if output.output_type == "error"]
+    errors = [
+        f"{output.ename}: {output.evalue}" for cell in cells for output in cell.outputs if output.output_type == "error"
+    ]
     assert not errors, f"{path.name} was committed with errors: {errors}"
     assert all(cell.outputs for cell in cells), f"{path.name}: a code cell has no output; {REFRESH}"
     plotting = [cell for cell in cells if PLOTS.search(cell.source)]

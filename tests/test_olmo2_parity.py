@@ -46,24 +46,46 @@ HF = transformers.Olmo2ForCausalLM
 # name -> transformers Olmo2Config keyword arguments
 CASES = {
     # MHA, d_head = d_model / n_heads, untied, no biases: the shape TransformerLens 3.9's converter reads
-    "mha": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=96, num_hidden_layers=2),
+    "mha": dict(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=96, num_hidden_layers=2
+    ),
     # GQA 8 -> 2, 8 * 16 = 128 != d_model 64 (q_norm 128 wide, k_norm 32), tied, every bias, OLMo 2's theta 5e5
-    "gqa_bias_tied": dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=16, intermediate_size=80,
-                          num_hidden_layers=3, tie_word_embeddings=True, attention_bias=True,
-                          rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+    "gqa_bias_tied": dict(
+        hidden_size=64,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=80,
+        num_hidden_layers=3,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 5e5},
+    ),
     # multi-query, d_head 32 > d_model / n_heads, eps 1e-6 (the released checkpoints')
-    "mqa": dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=1, head_dim=32, intermediate_size=64,
-                num_hidden_layers=2, rms_norm_eps=1e-6),
+    "mqa": dict(
+        hidden_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        rms_norm_eps=1e-6,
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     # Neutral directory names: TransformerLens' convert_hf_model_config reads family names out of paths.
-    return {name: build_checkpoint(tmp_path_factory.mktemp(f"case{index}"),
-                                   transformers.Olmo2Config(vocab_size=VOCAB, pad_token_id=0, eos_token_id=1, **kwargs),
-                                   HF, seed=index)
-            for index, (name, kwargs) in enumerate(CASES.items())}
+    return {
+        name: build_checkpoint(
+            tmp_path_factory.mktemp(f"case{index}"),
+            transformers.Olmo2Config(vocab_size=VOCAB, pad_token_id=0, eos_token_id=1, **kwargs),
+            HF,
+            seed=index,
+        )
+        for index, (name, kwargs) in enumerate(CASES.items())
+    }
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +106,17 @@ def test_float32_bit_exact(dirs, models, case, path):
 def test_config_read_from_each_case(models):
     cfg = models["gqa_bias_tied"].cfg
     assert (cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.rope_theta, cfg.tie_word_embeddings, cfg.attention_bias) == (
-        8, 2, 16, 5e5, True, True)
-    assert (cfg.rms_norm_eps, models["mqa"].cfg.rms_norm_eps) == (1e-5, 1e-6)  # transformers' default, then the config's
+        8,
+        2,
+        16,
+        5e5,
+        True,
+        True,
+    )
+    assert (cfg.rms_norm_eps, models["mqa"].cfg.rms_norm_eps) == (
+        1e-5,
+        1e-6,
+    )  # transformers' default, then the config's
     assert models["mha"].cfg.d_head == 16 and models["mqa"].cfg.n_kv_heads == 1
     assert tuple(models["gqa_bias_tied"].blocks[0].attn.q_norm.weight.shape) == (128,)
     assert tuple(models["gqa_bias_tied"].blocks[0].attn.k_norm.weight.shape) == (32,)
@@ -105,8 +136,9 @@ def test_norms_over_the_whole_projection_differ_from_per_head_norms(models):
 
     with torch.no_grad():
         logits, cached = model.run_with_cache(tokens, names_filter=lambda name: name.endswith(("hook_q", "hook_k")))
-        per_head_logits = model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith(("hook_q_normed", "hook_k_normed")),
-                                                                   per_head_q)])
+        per_head_logits = model.run_with_hooks(
+            tokens, fwd_hooks=[(lambda n: n.endswith(("hook_q_normed", "hook_k_normed")), per_head_q)]
+        )
     assert (per_head_logits - logits).abs().max() > 1e-4
 
 
@@ -145,15 +177,33 @@ def tl_olmo2(directory):
         hf = HF.from_pretrained(directory, dtype=torch.float32).eval()
         c = hf.config
         cfg = HookedTransformerConfig(
-            d_model=c.hidden_size, d_head=c.hidden_size // c.num_attention_heads, n_heads=c.num_attention_heads,
-            d_mlp=c.intermediate_size, n_layers=c.num_hidden_layers, n_ctx=c.max_position_embeddings, eps=c.rms_norm_eps,
-            d_vocab=c.vocab_size, act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary",
-            rotary_base=c.rope_parameters["rope_theta"], attn_types=["global"] * c.num_hidden_layers, gated_mlp=True,
-            original_architecture="Olmo2ForCausalLM", device="cpu", dtype=torch.float32)
+            d_model=c.hidden_size,
+            d_head=c.hidden_size // c.num_attention_heads,
+            n_heads=c.num_attention_heads,
+            d_mlp=c.intermediate_size,
+            n_layers=c.num_hidden_layers,
+            n_ctx=c.max_position_embeddings,
+            eps=c.rms_norm_eps,
+            d_vocab=c.vocab_size,
+            act_fn="silu",
+            normalization_type="RMS",
+            positional_embedding_type="rotary",
+            rotary_base=c.rope_parameters["rope_theta"],
+            attn_types=["global"] * c.num_hidden_layers,
+            gated_mlp=True,
+            original_architecture="Olmo2ForCausalLM",
+            device="cpu",
+            dtype=torch.float32,
+        )
         model = HookedTransformer(cfg)
     with torch.no_grad():
-        model.load_and_process_state_dict(convert_olmo2_weights(hf, cfg), fold_ln=False, center_writing_weights=False,
-                                          center_unembed=False, fold_value_biases=False)
+        model.load_and_process_state_dict(
+            convert_olmo2_weights(hf, cfg),
+            fold_ln=False,
+            center_writing_weights=False,
+            center_unembed=False,
+            fold_value_biases=False,
+        )
     return model.eval()
 
 
@@ -180,14 +230,49 @@ def test_transformer_lens_names_resolve():
 
 
 # ----------------------------------------------------------------------------- hook names and shapes
-GOLDEN_HOOK_NAMES = ["hook_embed"] + [f"blocks.{i}.{name}" for i in range(2) for name in [
-    "hook_resid_pre", "hook_q_input", "hook_k_input", "hook_v_input", "attn.hook_q", "attn.hook_k", "attn.hook_v",
-    "attn.q_norm.hook_scale", "attn.q_norm.hook_normalized", "attn.hook_q_normed", "attn.k_norm.hook_scale",
-    "attn.k_norm.hook_normalized", "attn.hook_k_normed", "attn.hook_rot_q", "attn.hook_rot_k", "attn.hook_attn_scores",
-    "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out_pre_norm", "ln1.hook_scale",
-    "ln1.hook_normalized", "hook_attn_out", "hook_resid_mid", "hook_mlp_in", "mlp.hook_pre", "mlp.hook_pre_linear",
-    "mlp.hook_post", "hook_mlp_out_pre_norm", "ln2.hook_scale", "ln2.hook_normalized", "hook_mlp_out",
-    "hook_resid_post"]] + ["ln_final.hook_scale", "ln_final.hook_normalized"]
+GOLDEN_HOOK_NAMES = (
+    ["hook_embed"]
+    + [
+        f"blocks.{i}.{name}"
+        for i in range(2)
+        for name in [
+            "hook_resid_pre",
+            "hook_q_input",
+            "hook_k_input",
+            "hook_v_input",
+            "attn.hook_q",
+            "attn.hook_k",
+            "attn.hook_v",
+            "attn.q_norm.hook_scale",
+            "attn.q_norm.hook_normalized",
+            "attn.hook_q_normed",
+            "attn.k_norm.hook_scale",
+            "attn.k_norm.hook_normalized",
+            "attn.hook_k_normed",
+            "attn.hook_rot_q",
+            "attn.hook_rot_k",
+            "attn.hook_attn_scores",
+            "attn.hook_pattern",
+            "attn.hook_z",
+            "attn.hook_result",
+            "hook_attn_out_pre_norm",
+            "ln1.hook_scale",
+            "ln1.hook_normalized",
+            "hook_attn_out",
+            "hook_resid_mid",
+            "hook_mlp_in",
+            "mlp.hook_pre",
+            "mlp.hook_pre_linear",
+            "mlp.hook_post",
+            "hook_mlp_out_pre_norm",
+            "ln2.hook_scale",
+            "ln2.hook_normalized",
+            "hook_mlp_out",
+            "hook_resid_post",
+        ]
+    ]
+    + ["ln_final.hook_scale", "ln_final.hook_normalized"]
+)
 
 
 def test_golden_hook_names(models):
@@ -219,9 +304,18 @@ def test_hooks_hold_what_the_docs_say(models):
     with torch.no_grad():
         resid_pre = cache["resid_pre", 1]
         check(cache["q", 1].flatten(-2), block.attn.q_proj(resid_pre))
-        check(cache["blocks.1.attn.hook_q_normed"].flatten(-2), rms(cache["q", 1].flatten(-2), block.attn.q_norm.weight, eps))
-        check(cache["blocks.1.attn.hook_k_normed"].flatten(-2), rms(cache["k", 1].flatten(-2), block.attn.k_norm.weight, eps))
-        check(cache["blocks.1.attn.q_norm.hook_scale"], cache["q", 1].flatten(-2).double().pow(2).mean(-1, keepdim=True).add(eps).sqrt())
+        check(
+            cache["blocks.1.attn.hook_q_normed"].flatten(-2),
+            rms(cache["q", 1].flatten(-2), block.attn.q_norm.weight, eps),
+        )
+        check(
+            cache["blocks.1.attn.hook_k_normed"].flatten(-2),
+            rms(cache["k", 1].flatten(-2), block.attn.k_norm.weight, eps),
+        )
+        check(
+            cache["blocks.1.attn.q_norm.hook_scale"],
+            cache["q", 1].flatten(-2).double().pow(2).mean(-1, keepdim=True).add(eps).sqrt(),
+        )
         pre_norm = cache["blocks.1.hook_attn_out_pre_norm"]
         check(pre_norm, block.attn.o_proj(cache["z", 1].flatten(-2)))
         check(cache["result", 1].sum(2) + block.attn.o_proj.bias, pre_norm)
@@ -250,8 +344,12 @@ def test_one_heads_query_input_moves_every_heads_normalised_query(models):
         _, base = model.run_with_cache(tokens, names_filter=names)
         with model.hooks(fwd_hooks=[("blocks.0.hook_q_input", double_head_0)]):
             _, edited = model.run_with_cache(tokens, names_filter=names)
-    torch.testing.assert_close(edited["blocks.0.attn.hook_q"][:, :, 1], base["blocks.0.attn.hook_q"][:, :, 1], rtol=0, atol=1e-6)
-    assert (edited["blocks.0.attn.hook_q_normed"][:, :, 1] - base["blocks.0.attn.hook_q_normed"][:, :, 1]).abs().max() > 1e-3
+    torch.testing.assert_close(
+        edited["blocks.0.attn.hook_q"][:, :, 1], base["blocks.0.attn.hook_q"][:, :, 1], rtol=0, atol=1e-6
+    )
+    assert (
+        edited["blocks.0.attn.hook_q_normed"][:, :, 1] - base["blocks.0.attn.hook_q_normed"][:, :, 1]
+    ).abs().max() > 1e-3
 
 
 # ----------------------------------------------------------------------------- features on OLMo 2
@@ -305,12 +403,18 @@ def test_processing_without_fold_ln_keeps_the_function(dirs, models):
     post-norm: the pattern sums to 1); writing weights are not centred (RMSNorm). Log-probs unchanged."""
     tokens = random_tokens(2, 9)
     processed = hooked.HookedTransformer.from_pretrained(str(dirs["gqa_bias_tied"]), fold_ln=False)
-    assert processed.processing == dict(fold_ln=False, center_writing_weights=False, center_unembed=True,
-                                        fold_value_biases=True, refactor_factored_attn_matrices=False)
+    assert processed.processing == dict(
+        fold_ln=False,
+        center_writing_weights=False,
+        center_unembed=True,
+        fold_value_biases=True,
+        refactor_factored_attn_matrices=False,
+    )
     assert not processed.blocks[0].attn.v_proj.bias.any()
     with torch.no_grad():
-        torch.testing.assert_close(processed(tokens).log_softmax(-1), models["gqa_bias_tied"](tokens).log_softmax(-1),
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            processed(tokens).log_softmax(-1), models["gqa_bias_tied"](tokens).log_softmax(-1), rtol=0, atol=1e-5
+        )
 
 
 @pytest.mark.parametrize("case", ["mha", "mqa"])
@@ -330,21 +434,32 @@ def test_tensor_parallelism_cuts_the_qk_norms_with_their_heads(models, case):
         k_start = rank * k_width if cfg.n_kv_heads >= 2 else 0
         assert plan["blocks.0.attn.k_norm.weight"][:2] == (0, [(k_start, k_start + k_width)])
         assert attn.q_norm.weight.shape == (q_width,) and attn.k_norm.weight.shape == (k_width,)
-        assert attn.q_norm.tp_share == 1.0 and attn.k_norm.tp_share == (1.0 if cfg.n_kv_heads >= 2 or rank == 0 else 0.0)
+        assert attn.q_norm.tp_share == 1.0 and attn.k_norm.tp_share == (
+            1.0 if cfg.n_kv_heads >= 2 or rank == 0 else 0.0
+        )
         # Run on one rank's heads alone, outside its attention, the norm over every head is refused, not wrong.
         with pytest.raises(RuntimeError, match="Olmo2Attention.normed_qk"):
             attn.q_norm.unhooked(torch.ones(1, 3, cfg.n_heads // 2, cfg.d_head))
 
 
 # ----------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("change, message", [
-    ({"hidden_act": "gelu"}, "hidden_act 'gelu'.*silu"),
-    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}, "rope_type 'linear'.*'default'"),
-    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
-    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
-    ({"head_dim": 15}, "head_dim 15 is odd"),
-    ({"num_attention_heads": 5, "num_key_value_heads": 5}, "hidden_size 64 is not a multiple of num_attention_heads 5"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'.*silu"),
+        (
+            {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
+            "rope_type 'linear'.*'default'",
+        ),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
+        ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+        ({"head_dim": 15}, "head_dim 15 is odd"),
+        (
+            {"num_attention_heads": 5, "num_key_value_heads": 5},
+            "hidden_size 64 is not a multiple of num_attention_heads 5",
+        ),
+    ],
+)
 def test_unsupported_config_is_refused(tmp_path, dirs, change, message):
     with pytest.raises(ValueError, match=message):
         hooked.load(edited_checkpoint(dirs["mha"], tmp_path / "edited", **change))
@@ -368,17 +483,31 @@ def test_per_head_and_per_neuron_writes_go_through_the_post_norm_or_are_refused(
     from hooked.testing import random_model
 
     model = random_model("olmo2", seed=2)
-    _, cache = model.run_with_cache(torch.randint(0, model.cfg.d_vocab, (2, 5), generator=torch.Generator().manual_seed(3)))
+    _, cache = model.run_with_cache(
+        torch.randint(0, model.cfg.d_vocab, (2, 5), generator=torch.Generator().manual_seed(3))
+    )
     message = "normalises its sublayer outputs"
-    for call in (lambda: cache.stack_head_results(), lambda: cache.get_full_resid_decomposition(),
-                 lambda: cache.stack_neuron_results(1), lambda: cache.get_neuron_results(0),
-                 lambda: model.accumulated_bias(1)):
+    for call in (
+        lambda: cache.stack_head_results(),
+        lambda: cache.get_full_resid_decomposition(),
+        lambda: cache.stack_neuron_results(1),
+        lambda: cache.get_neuron_results(0),
+        lambda: model.accumulated_bias(1),
+    ):
         with pytest.raises(ValueError, match=message):
             call()
-    check_post_norm_decomposition(random_model("olmo2", seed=5, attention_bias=True),
-                                  torch.randint(0, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(4)),
-                                  ("ln1", "ln2"))
+    check_post_norm_decomposition(
+        random_model("olmo2", seed=5, attention_bias=True),
+        torch.randint(0, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(4)),
+        ("ln1", "ln2"),
+    )
     graph = circuits.graph(model)  # each layer's attention is one node (tests/test_circuits.py checks its edges)
-    assert "L1.attn" in graph.nodes and "L1H0" not in graph.nodes and graph.sources[1].hook_name == "blocks.0.hook_attn_out"
+    assert (
+        "L1.attn" in graph.nodes
+        and "L1H0" not in graph.nodes
+        and graph.sources[1].hook_name == "blocks.0.hook_attn_out"
+    )
     parts = cache.decompose_resid(model.cfg.n_layers)
-    torch.testing.assert_close(parts.sum(0), cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        parts.sum(0), cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"], rtol=0, atol=1e-5
+    )

@@ -74,7 +74,10 @@ def sharp(gpt2):
 
 def run_alone(model, tokens, name, callback, metric, **kwargs):
     with torch.no_grad():
-        return metric(model.run_with_hooks(tokens, fwd_hooks=[(name, callback)], **kwargs), attention_mask=kwargs.get("attention_mask"))
+        return metric(
+            model.run_with_hooks(tokens, fwd_hooks=[(name, callback)], **kwargs),
+            attention_mask=kwargs.get("attention_mask"),
+        )
 
 
 # ----------------------------------------------------------------------------- one patch
@@ -118,7 +121,9 @@ def test_patching_the_whole_residual_stream_gives_the_clean_run(gpt2):
 def test_head_sweep_equals_each_patch_alone(sharp, hook):
     clean, corrupt = pair(sharp)
     metric = answer_metric(sharp, clean, corrupt)
-    _, cache = sharp.run_with_cache(clean, names_filter=lambda name: name.endswith(f".hook_{hook}"))  # hook_result is not cached by default
+    _, cache = sharp.run_with_cache(
+        clean, names_filter=lambda name: name.endswith(f".hook_{hook}")
+    )  # hook_result is not cached by default
     result = patch.head_sweep(sharp, corrupt, cache, metric, hook=hook)
     names = [f"L{layer}H{head}" for layer in range(sharp.cfg.n_layers) for head in range(sharp.cfg.n_heads)]
     assert result.variants == names
@@ -148,6 +153,7 @@ def test_a_grouped_key_value_sweep_names_key_value_heads(hook):
     for layer in range(2):
         name = f"blocks.{layer}.attn.hook_{hook}"
         for group in range(2):
+
             def write_clean(activation, point, group=group, source=cache[name]):
                 activation = activation.clone()
                 activation[:, :, group] = source[:, :, group]  # [batch pos kv_head_index d_head]
@@ -161,7 +167,9 @@ def test_a_grouped_key_value_sweep_names_key_value_heads(hook):
     assert grid.shape == (2, 2) and (rows, cols) == ("layer", "key/value head")
     assert patch.attribution(model, corrupt, cache, metric, hook=hook).variants == result.variants
     z_heads = patch.head_sweep(model, corrupt, cache, metric, hook="z").variants
-    assert z_heads == [f"L{layer}H{head}" for layer in range(2) for head in range(4)] and not set(z_heads) & set(result.variants)
+    assert z_heads == [f"L{layer}H{head}" for layer in range(2) for head in range(4)] and not set(z_heads) & set(
+        result.variants
+    )
 
 
 def test_head_sweep_at_positions_patches_only_those(gpt2):
@@ -170,6 +178,7 @@ def test_head_sweep_at_positions_patches_only_those(gpt2):
     _, cache = gpt2.run_with_cache(clean, names_filter=lambda name: name.endswith("hook_z"))
     result = patch.head_sweep(gpt2, corrupt, cache, metric, positions=[3, -1], max_rows=6)
     for layer, head in [(0, 0), (1, 2)]:
+
         def by_hand(z, hook):
             z = z.clone()
             z[:, [3, -1], head] = cache["z", layer][:, [3, -1], head]
@@ -200,7 +209,9 @@ def test_resid_sweep_equals_each_patch_alone(gpt2, hook, tmp_path):
     if hook == "resid_pre":  # before any block mixes positions, only the corrupted one differs
         assert [p for p in range(6) if abs(result.change[f"L0@{p}"]) > 1e-5] == [2]
     grid, rows, cols, _, positions = result.grid()
-    assert grid.shape == (gpt2.cfg.n_layers, 6) and (rows, cols) == ("layer", "position") and positions == list(range(6))
+    assert (
+        grid.shape == (gpt2.cfg.n_layers, 6) and (rows, cols) == ("layer", "position") and positions == list(range(6))
+    )
     result.heatmap(tmp_path / "resid.png")
     assert (tmp_path / "resid.png").stat().st_size > 0
 
@@ -244,6 +255,7 @@ def float64_copy(model):
 
 def central_difference(model, tokens, name, direction, metric, eps=1e-4, **kwargs):
     """d metric / d eps of the run with `eps * direction` added at `name`, per prompt."""
+
     def shifted(step):
         def add(activation, hook):
             return activation + step * direction
@@ -391,7 +403,9 @@ def test_a_clean_cache_of_another_shape_is_refused_before_any_forward(gpt2):
 def test_a_patch_of_another_shape_fails_at_the_first_forward_and_leaves_no_hook(gpt2):
     clean, corrupt = pair(gpt2)
     _, fewer = gpt2.run_with_cache(clean[:2], names_filter="blocks.0.attn.hook_z")
-    with pytest.raises(ValueError, match="the source holds 2 prompts of 7 tokens, but this run has 3 prompts of 7 tokens"):
+    with pytest.raises(
+        ValueError, match="the source holds 2 prompts of 7 tokens, but this run has 3 prompts of 7 tokens"
+    ):
         with torch.no_grad():
             gpt2.run_with_hooks(corrupt, fwd_hooks=[("blocks.0.attn.hook_z", patch.activation(fewer, heads=0))])
     assert not any(point.listening for point in gpt2.hook_dict.values())

@@ -76,7 +76,9 @@ def test_a_pattern_of_fewer_queries_labels_the_last_tokens(tmp_path):
 
 def test_a_pattern_of_the_wrong_shape_names_the_fix(model, task):
     _, cache = model.run_with_cache(task.clean[:3])  # left-padded: the columns outnumber a short prompt's tokens
-    with pytest.raises(ValueError, match=r"one head's pattern \[query_pos key_pos\].*cache\['pattern', layer\]\[prompt, head\]"):
+    with pytest.raises(
+        ValueError, match=r"one head's pattern \[query_pos key_pos\].*cache\['pattern', layer\]\[prompt, head\]"
+    ):
         plot.attention_pattern(cache["pattern", 0], model.to_str_tokens(task.clean[0]))
     short = min(task.clean[:3], key=lambda prompt: len(model.to_str_tokens(prompt)))
     tokens = model.to_str_tokens(short)
@@ -111,7 +113,9 @@ def test_a_tensor_of_the_wrong_shape_names_the_fix(model):
         plot.layer_head_grid(torch.rand(3, 4, 4))
     with pytest.raises(ValueError, match=r"got shape \[16\].*reshape\(n_layers, n_heads\)"):
         plot.layer_head_grid(torch.rand(16))
-    with pytest.raises(ValueError, match=rf"\[{n_layers} {n_heads}\] \(n_layers n_heads\).*got shape \[{n_layers + 1}, {n_heads}\]"):
+    with pytest.raises(
+        ValueError, match=rf"\[{n_layers} {n_heads}\] \(n_layers n_heads\).*got shape \[{n_layers + 1}, {n_heads}\]"
+    ):
         plot.layer_head_grid(torch.rand(n_layers + 1, n_heads), model=model)
     wide = SimpleNamespace(cfg=SimpleNamespace(n_layers=2, n_heads=4))  # all it reads of a model
     with pytest.raises(ValueError, match=r"it is \[n_heads n_layers\]: pass values.T"):
@@ -156,7 +160,9 @@ def test_the_logit_lens_of_a_prompt_is_the_same_alone_and_in_a_padded_batch(mode
     row = min(range(len(task)), key=lambda b: len(model.to_str_tokens(task.clean[b])))
     assert cache.attention_mask is not None and not bool(cache.attention_mask[row].all())  # this prompt is padded
     _, alone_cache = model.run_with_cache(task.clean[row])
-    alone, _ = hooked.logit_lens(alone_cache, metrics.logit_diff(model, task.correct[row:row + 1], task.incorrect[row:row + 1]))
+    alone, _ = hooked.logit_lens(
+        alone_cache, metrics.logit_diff(model, task.correct[row : row + 1], task.incorrect[row : row + 1])
+    )
     torch.testing.assert_close(alone[:, 0], batch[:, row], rtol=1e-4, atol=1e-4)
 
 

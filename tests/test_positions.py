@@ -61,14 +61,16 @@ def test_a_per_prompt_patch_equals_each_prompt_alone_at_its_own_position(gpt2, f
     name = "blocks.0.attn.hook_z"
     with torch.no_grad():
         _, clean_cache = gpt2.run_with_cache(clean, attention_mask=mask, names_filter=[name])
-        batch = gpt2.run_with_hooks(corrupt, attention_mask=mask,
-                                    fwd_hooks=[(name, patch.activation(clean_cache, heads=2, positions=given))])
+        batch = gpt2.run_with_hooks(
+            corrupt, attention_mask=mask, fwd_hooks=[(name, patch.activation(clean_cache, heads=2, positions=given))]
+        )
         alone = each_prompt_alone(gpt2, corrupt, mask, positions, name, 2, source_tokens=clean)
         for row, logits in enumerate(alone):
             torch.testing.assert_close(batch[row, mask[row]], logits, atol=1e-5, rtol=1e-5)
         # and it is not the set meaning: the same positions as a list would patch all four in every prompt
-        as_set = gpt2.run_with_hooks(corrupt, attention_mask=mask,
-                                     fwd_hooks=[(name, patch.activation(clean_cache, heads=2, positions=[0, 2]))])
+        as_set = gpt2.run_with_hooks(
+            corrupt, attention_mask=mask, fwd_hooks=[(name, patch.activation(clean_cache, heads=2, positions=[0, 2]))]
+        )
         assert not torch.allclose(as_set[0, mask[0]], alone[0], atol=1e-4)
 
 
@@ -85,10 +87,16 @@ def test_per_prompt_zero_through_addresses_and_a_sweep(gpt2):
         for row, logits in enumerate(alone):
             torch.testing.assert_close(batch[row, mask[row]], logits, atol=1e-5, rtol=1e-5)
         metric = metrics.kl_div()
-        variants = {"set": ablate.hooks(gpt2, "L1H3@1", "zero"), "per_prompt": hooks, "other": ablate.hooks(gpt2, "L0H0", "zero")}
+        variants = {
+            "set": ablate.hooks(gpt2, "L1H3@1", "zero"),
+            "per_prompt": hooks,
+            "other": ablate.hooks(gpt2, "L0H0", "zero"),
+        }
         result = hooked.sweep(gpt2, tokens, variants, metric, attention_mask=mask, max_rows=6)
         base = gpt2(tokens, attention_mask=mask)
-        torch.testing.assert_close(result["per_prompt"], metric(batch, base_logits=base, attention_mask=mask), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            result["per_prompt"], metric(batch, base_logits=base, attention_mask=mask), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_per_prompt_positions_while_generating(gpt2):
@@ -96,7 +104,9 @@ def test_per_prompt_positions_while_generating(gpt2):
     tokens = torch.randint(0, gpt2.cfg.d_vocab, (3, 6), generator=torch.Generator().manual_seed(3))
     positions = [1, 5, -3]
     name = "blocks.0.attn.hook_z"
-    out = gpt2.generate(tokens, 4, stop_at_eos=False, fwd_hooks=[(name, ablate.zero(heads=1, positions=torch.tensor(positions)))])
+    out = gpt2.generate(
+        tokens, 4, stop_at_eos=False, fwd_hooks=[(name, ablate.zero(heads=1, positions=torch.tensor(positions)))]
+    )
 
     def by_hand(z, hook):  # unpadded: column = position, counted from the prompt (6 tokens)
         if z.shape[1] >= 6:
@@ -114,7 +124,9 @@ def test_per_prompt_positions_while_generating(gpt2):
 def test_a_vector_of_another_length_names_both_numbers(gpt2):
     tokens = torch.randint(0, gpt2.cfg.d_vocab, (3, 5))
     with pytest.raises(ValueError, match="gives 2 positions, one per prompt, but this forward runs 3 prompts"):
-        gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", ablate.zero(heads=0, positions=torch.tensor([1, 2])))])
+        gpt2.run_with_hooks(
+            tokens, fwd_hooks=[("blocks.0.attn.hook_z", ablate.zero(heads=0, positions=torch.tensor([1, 2])))]
+        )
     with pytest.raises(VariantError, match="gives 2 positions, one per prompt, but this forward runs 3 prompts"):
         hooked.sweep(gpt2, tokens, {"v": ablate.hooks(gpt2, "L0H0", positions=torch.tensor([1, 2]))}, metrics.kl_div())
 
@@ -122,17 +134,25 @@ def test_a_vector_of_another_length_names_both_numbers(gpt2):
 def test_positions_a_prompt_does_not_have_raise_with_the_lengths(gpt2):
     tokens, mask = padded_batch(gpt2, [8, 5], 8, seed=4)
     for given in (100, -9, [1, 7]):
-        with pytest.raises(ValueError, match=r"does not exist in prompt \d, which has \d tokens \(prompt lengths: \[8, 5\]\)"):
-            gpt2.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[("blocks.0.hook_resid_post", ablate.zero(positions=given))])
+        with pytest.raises(
+            ValueError, match=r"does not exist in prompt \d, which has \d tokens \(prompt lengths: \[8, 5\]\)"
+        ):
+            gpt2.run_with_hooks(
+                tokens, attention_mask=mask, fwd_hooks=[("blocks.0.hook_resid_post", ablate.zero(positions=given))]
+            )
     with pytest.raises(ValueError, match="position 5 does not exist in prompt 1, which has 5 tokens"):
-        gpt2.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=ablate.hooks(gpt2, "L0H1", positions=torch.tensor([5, 5])))
+        gpt2.run_with_hooks(
+            tokens, attention_mask=mask, fwd_hooks=ablate.hooks(gpt2, "L0H1", positions=torch.tensor([5, 5]))
+        )
     with pytest.raises(ValueError, match="position 99 does not exist"):
         gpt2.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=ablate.hooks(gpt2, "L1H2@99"))
     with pytest.raises(VariantError, match="position 99 does not exist"):
         hooked.sweep(gpt2, tokens, {"L1H2@99": ablate.hooks(gpt2, "L1H2@99")}, metrics.kl_div(), attention_mask=mask)
     # while generating, a position past the prompt is a generated token; one before its start is not
     with pytest.raises(ValueError, match="position -9 does not exist"):
-        gpt2.generate(tokens[:1], 2, stop_at_eos=False, fwd_hooks=[("blocks.0.hook_resid_post", ablate.zero(positions=-9))])
+        gpt2.generate(
+            tokens[:1], 2, stop_at_eos=False, fwd_hooks=[("blocks.0.hook_resid_post", ablate.zero(positions=-9))]
+        )
     gpt2.generate(tokens[:1], 2, stop_at_eos=False, fwd_hooks=[("blocks.0.hook_resid_post", ablate.zero(positions=9))])
 
 
@@ -159,8 +179,13 @@ def test_a_list_keeps_its_meaning_a_set_for_every_prompt(gpt2):
 
     def zeroed(positions):
         with torch.no_grad():
-            gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_post", ablate.zero(positions=positions)),
-                                                   ("blocks.0.hook_resid_post", read)])
+            gpt2.run_with_hooks(
+                tokens,
+                fwd_hooks=[
+                    ("blocks.0.hook_resid_post", ablate.zero(positions=positions)),
+                    ("blocks.0.hook_resid_post", read),
+                ],
+            )
         return (seen["value"] == 0).all(-1)
 
     expected = torch.zeros(2, 6, dtype=torch.bool)
@@ -183,8 +208,9 @@ def test_per_prompt_positions_read_clearly_and_survive_provenance(gpt2):
     result = patch.head_sweep(gpt2, corrupt, tokens, metrics.kl_div(), positions=torch.tensor([3, -1]))
     saved = json.loads(json.dumps(result.to_dict()))
     assert saved["provenance"]["patch"]["positions"] == {"per_prompt": [3, -1]}
-    assert saved["provenance"]["variants"]["L1H2"] == ["blocks.1.attn.hook_z: patch(source=<cache of 2 prompts>, heads=[2],"
-                                                       " positions=per_prompt[3, -1])"]
+    assert saved["provenance"]["variants"]["L1H2"] == [
+        "blocks.1.attn.hook_z: patch(source=<cache of 2 prompts>, heads=[2], positions=per_prompt[3, -1])"
+    ]
 
 
 def test_a_residual_grid_takes_per_prompt_positions_by_name(gpt2):
@@ -198,7 +224,10 @@ def test_a_residual_grid_takes_per_prompt_positions_by_name(gpt2):
     assert result.provenance["patch"]["positions"] == {"A": {"per_prompt": [1, 2]}, "last": [-1]}
     with torch.no_grad():
         _, cache = gpt2.run_with_cache(tokens)
-        logits = gpt2.run_with_hooks(corrupt, fwd_hooks=[("blocks.1.hook_resid_pre", patch.activation(cache, positions=ablate.per_prompt([1, 2])))])
+        logits = gpt2.run_with_hooks(
+            corrupt,
+            fwd_hooks=[("blocks.1.hook_resid_pre", patch.activation(cache, positions=ablate.per_prompt([1, 2])))],
+        )
         torch.testing.assert_close(result["L1@A"], metric(logits, base_logits=gpt2(corrupt)), atol=1e-5, rtol=1e-5)
 
 
@@ -214,7 +243,9 @@ def test_task_positions_plug_into_a_per_prompt_patch():
     name, head = "blocks.2.attn.hook_z", 1
     with torch.no_grad():
         _, clean_cache = model.run_with_cache(task.clean, names_filter=[name])
-        batch = model.run_with_hooks(task.corrupt, fwd_hooks=[(name, patch.activation(clean_cache, heads=head, positions=task.positions["S2"]))])
+        batch = model.run_with_hooks(
+            task.corrupt, fwd_hooks=[(name, patch.activation(clean_cache, heads=head, positions=task.positions["S2"]))]
+        )
         alone = each_prompt_alone(model, corrupt, mask, task.positions["S2"].tolist(), name, head, source_tokens=clean)
     for row, logits in enumerate(alone):
         torch.testing.assert_close(batch[row, mask[row]], logits, atol=1e-5, rtol=1e-5)

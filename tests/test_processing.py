@@ -35,8 +35,13 @@ with warnings.catch_warnings():
 # Small matrices: a second thread only waits (refactoring's batched SVDs ran 10x slower on two busy cores).
 pytestmark = pytest.mark.usefixtures("one_thread")
 ATOL = 1e-5
-TL_DEFAULTS = dict(fold_ln=True, center_writing_weights=True, center_unembed=True, fold_value_biases=True,
-                   refactor_factored_attn_matrices=False)
+TL_DEFAULTS = dict(
+    fold_ln=True,
+    center_writing_weights=True,
+    center_unembed=True,
+    fold_value_biases=True,
+    refactor_factored_attn_matrices=False,
+)
 NONE = dict.fromkeys(FLAGS, False)
 FLAG_SETS = {  # each step alone, TransformerLens' defaults, and those with refactoring
     "defaults": TL_DEFAULTS,
@@ -123,7 +128,9 @@ def test_processing_is_recorded(defaults, gpt2_dir):
     ours, theirs, *_ = defaults
     assert ours.processing == TL_DEFAULTS
     assert ours.cfg.normalization_type == theirs.cfg.normalization_type == "LNPre"
-    assert "normalization_type" not in vars(dataclasses.replace(ours.cfg))  # a copied config builds an unprocessed model
+    assert "normalization_type" not in vars(
+        dataclasses.replace(ours.cfg)
+    )  # a copied config builds an unprocessed model
     from hooked.interventions.sweeps import sweep_provenance
 
     provenance = sweep_provenance(ours, [], None, None, torch.zeros(1, 2, dtype=torch.long))
@@ -185,11 +192,14 @@ def test_cache_helpers_match_transformer_lens(defaults):
     direction = torch.randn(768, generator=torch.Generator().manual_seed(2))
     answers, wrong = torch.tensor([3, 7, 11]), torch.tensor([4, 8, 12])
     calls = [
-        ("accumulated_resid", dict(incl_mid=True)), ("accumulated_resid", dict(apply_ln=True)),
+        ("accumulated_resid", dict(incl_mid=True)),
+        ("accumulated_resid", dict(apply_ln=True)),
         ("accumulated_resid", dict(layer=1, mlp_input=True, apply_ln=True)),
-        ("decompose_resid", dict()), ("decompose_resid", dict(apply_ln=True)),
+        ("decompose_resid", dict()),
+        ("decompose_resid", dict(apply_ln=True)),
         ("decompose_resid", dict(layer=1, mlp_input=True, apply_ln=True, mode="attn")),
-        ("stack_head_results", dict()), ("stack_head_results", dict(layer=-1, incl_remainder=True, apply_ln=True)),
+        ("stack_head_results", dict()),
+        ("stack_head_results", dict(layer=-1, incl_remainder=True, apply_ln=True)),
         ("stack_neuron_results", dict(layer=1, apply_ln=True, neuron_slice=(0, 40))),
         # Expanded into neurons, a full decomposition is [6000 batch pos 768]: one position suffices.
         ("get_full_resid_decomposition", dict(expand_neurons=False)),
@@ -207,10 +217,11 @@ def test_cache_helpers_match_transformer_lens(defaults):
     close(cache.apply_ln_to_stack(stack, recompute_ln=True), tl_cache.apply_ln_to_stack(stack, recompute_ln=True))
     final = cache.decompose_resid(pos_slice=-1, apply_ln=True)
     tl_final = tl_cache.decompose_resid(pos_slice=-1, apply_ln=True)
-    close(cache.logit_attrs(final, answers, pos_slice=-1),
-          tl_cache.logit_attrs(tl_final, answers, pos_slice=-1))
-    close(cache.logit_attrs(cache.decompose_resid(pos_slice=-1), answers, incorrect_tokens=wrong, pos_slice=-1),
-          tl_cache.logit_attrs(tl_cache.decompose_resid(pos_slice=-1), answers, incorrect_tokens=wrong, pos_slice=-1))
+    close(cache.logit_attrs(final, answers, pos_slice=-1), tl_cache.logit_attrs(tl_final, answers, pos_slice=-1))
+    close(
+        cache.logit_attrs(cache.decompose_resid(pos_slice=-1), answers, incorrect_tokens=wrong, pos_slice=-1),
+        tl_cache.logit_attrs(tl_cache.decompose_resid(pos_slice=-1), answers, incorrect_tokens=wrong, pos_slice=-1),
+    )
     for name, layer, sublayer in (("scale", -1, "ln2"), ("normalized", 1, "ln1"), ("pattern", None, None)):
         close(cache.stack_activation(name, layer, sublayer), tl_cache.stack_activation(name, layer, sublayer))
     for layer in range(ours.cfg.n_layers + 1):
@@ -236,9 +247,13 @@ def test_padded_batch_matches_transformer_lens_at_real_positions(defaults):
         logits, cache = ours.run_with_cache(tokens)
         tl_logits, tl_cache = theirs.run_with_cache(tokens)
     close(logits[:, -1], tl_logits[:, -1])
-    close(cache.decompose_resid(apply_ln=True, pos_slice=Slice(-1)), tl_cache.decompose_resid(apply_ln=True, pos_slice=-1))
-    close(cache.logit_attrs(cache.get_full_resid_decomposition(pos_slice=-1), tokens[:, -2], pos_slice=-1),
-          tl_cache.logit_attrs(tl_cache.get_full_resid_decomposition(pos_slice=-1), tokens[:, -2], pos_slice=-1))
+    close(
+        cache.decompose_resid(apply_ln=True, pos_slice=Slice(-1)), tl_cache.decompose_resid(apply_ln=True, pos_slice=-1)
+    )
+    close(
+        cache.logit_attrs(cache.get_full_resid_decomposition(pos_slice=-1), tokens[:, -2], pos_slice=-1),
+        tl_cache.logit_attrs(tl_cache.get_full_resid_decomposition(pos_slice=-1), tokens[:, -2], pos_slice=-1),
+    )
 
 
 def test_logits_of_some_columns_carry_the_unembedding_bias(defaults, tokens):
@@ -269,10 +284,15 @@ def padded(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-@pytest.mark.parametrize("architecture, sizes", [
-    ("gpt2", {}), ("qwen3", {}), ("qwen3", dict(attention_bias=True, tie_word_embeddings=True)),
-    ("qwen3_moe", dict(n_layers=3, decoder_sparse_step=2)),
-])
+@pytest.mark.parametrize(
+    "architecture, sizes",
+    [
+        ("gpt2", {}),
+        ("qwen3", {}),
+        ("qwen3", dict(attention_bias=True, tie_word_embeddings=True)),
+        ("qwen3_moe", dict(n_layers=3, decoder_sparse_step=2)),
+    ],
+)
 def test_processing_keeps_log_probs_on_a_padded_batch(architecture, sizes):
     model, reference = random_model(architecture, seed=4, **sizes), random_model(architecture, seed=4, **sizes)
     process_weights(model)
@@ -313,17 +333,29 @@ def test_qwen3_moe_activations_are_unchanged_by_rms_processing():
     shift = logits - base
     close(shift - shift.mean(-1, keepdim=True), torch.zeros_like(shift))
     sparse = model.blocks[0].mlp
-    close(sparse.gate.weight, reference.blocks[0].mlp.gate.weight * reference.blocks[0].ln2.weight)  # the router, folded
+    close(
+        sparse.gate.weight, reference.blocks[0].mlp.gate.weight * reference.blocks[0].ln2.weight
+    )  # the router, folded
 
 
 @pytest.fixture(scope="module")
 def qwen3_dirs(tmp_path_factory):
     directories = {}
-    for name, kwargs in {"mha_untied": dict(num_key_value_heads=4), "gqa_tied": dict(num_key_value_heads=2, tie_word_embeddings=True)}.items():
+    for name, kwargs in {
+        "mha_untied": dict(num_key_value_heads=4),
+        "gqa_tied": dict(num_key_value_heads=2, tie_word_embeddings=True),
+    }.items():
         directory = tmp_path_factory.mktemp(f"qwen3-{name}")
         torch.manual_seed(0)
-        config = transformers.Qwen3Config(vocab_size=64, hidden_size=32, num_attention_heads=4, head_dim=8,
-                                          intermediate_size=48, num_hidden_layers=2, **kwargs)
+        config = transformers.Qwen3Config(
+            vocab_size=64,
+            hidden_size=32,
+            num_attention_heads=4,
+            head_dim=8,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            **kwargs,
+        )
         hf = transformers.Qwen3ForCausalLM(config).eval()
         randomize_norms(hf)
         hf.save_pretrained(directory)
@@ -436,7 +468,9 @@ print(json.dumps({"peak": status()["VmHWM"] - baseline, "weights": weights}))
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="measures peak memory from /proc/self/status, which only Linux has")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="measures peak memory from /proc/self/status, which only Linux has"
+)
 def test_processing_makes_no_second_copy_of_the_weights(tmp_path):
     """Peak resident memory of a load, in a fresh process each, over the RSS after the imports: processing
     adds at most the weights it creates (the untied unembedding and its bias) and small temporaries,
@@ -444,8 +478,12 @@ def test_processing_makes_no_second_copy_of_the_weights(tmp_path):
     directory = build_gpt2_checkpoint(tmp_path / "gpt2", n_layer=4, n_embd=512, n_head=8)
 
     def measure(flags):
-        run = subprocess.run([sys.executable, "-c", MEMORY_WORKER, str(directory), json.dumps(flags)],
-                             capture_output=True, text=True, check=True)
+        run = subprocess.run(
+            [sys.executable, "-c", MEMORY_WORKER, str(directory), json.dumps(flags)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return json.loads(run.stdout.strip().splitlines()[-1])
 
     plain, processed = measure({}), measure(TL_DEFAULTS)

@@ -76,7 +76,9 @@ def test_random_model_is_a_function_of_its_seed():
 def position_weighted_log_prob(logits, *, base_logits=None, attention_mask=None):
     """A plain callable on full logits (no `compute`): the sweep must hand it every position."""
     log_probs = logits.float().log_softmax(-1)
-    weights = torch.arange(1, logits.shape[1] + 1, dtype=torch.float32) * torch.linspace(1, 2, logits.shape[-1])[:, None]
+    weights = (
+        torch.arange(1, logits.shape[1] + 1, dtype=torch.float32) * torch.linspace(1, 2, logits.shape[-1])[:, None]
+    )
     per_position = (log_probs * weights.T[None]).sum(-1)  # a different weighting per position and token
     if attention_mask is None:
         return per_position.mean(-1)
@@ -136,7 +138,9 @@ def test_sweep_equals_each_variant_run_alone(metric_kind, data):
         _, cache = model.run_with_cache(same_shape_tokens(data, model, clean), attention_mask=mask)
     within_batch = cache.attention_mask is None  # seeded resampling needs unpadded rows
     shortest = pos if mask is None else int(mask.sum(-1).min())
-    variants = {f"v{i}": draw_variant(data, model, cache, within_batch, shortest) for i in range(data.draw(st.integers(1, 4)))}
+    variants = {
+        f"v{i}": draw_variant(data, model, cache, within_batch, shortest) for i in range(data.draw(st.integers(1, 4)))
+    }
     metric = draw_metric(data, model, batch, metric_kind)
     max_rows = data.draw(st.none() | st.integers(batch, 4 * batch))
 
@@ -161,8 +165,10 @@ def test_a_sweep_with_one_variant_per_hook_point_equals_running_each_alone(data)
     clean = data.draw(tokens(model, min_batch=2, max_pos=5))
     with torch.no_grad():
         _, cache = model.run_with_cache(same_shape_tokens(data, model, clean))
-    variants = {name: [data.draw(interventions(model, cache, names=[name], max_pos=clean.shape[1]))]
-                for name in ablatable_hook_names(model)}
+    variants = {
+        name: [data.draw(interventions(model, cache, names=[name], max_pos=clean.shape[1]))]
+        for name in ablatable_hook_names(model)
+    }
     max_rows = data.draw(st.none() | st.integers(clean.shape[0], 6 * clean.shape[0]))
     metric = metrics.kl_div()
     result = hooked.sweep(model, clean, variants, metric, max_rows=max_rows, progress=False)
@@ -181,8 +187,10 @@ def test_zeroing_heads_at_z_equals_zeroing_their_output_projection_weights(data)
     cfg = model.cfg
     clean = data.draw(tokens(model))
     layers = data.draw(st.lists(st.integers(0, cfg.n_layers - 1), min_size=1, max_size=cfg.n_layers, unique=True))
-    heads = {layer: data.draw(st.lists(st.integers(0, cfg.n_heads - 1), min_size=1, max_size=cfg.n_heads, unique=True))
-             for layer in layers}
+    heads = {
+        layer: data.draw(st.lists(st.integers(0, cfg.n_heads - 1), min_size=1, max_size=cfg.n_heads, unique=True))
+        for layer in layers
+    }
     fwd_hooks = [(f"blocks.{layer}.attn.hook_z", ablate.zero(heads=chosen)) for layer, chosen in heads.items()]
 
     edited = copy.deepcopy(model)
@@ -212,8 +220,15 @@ def test_resampling_from_the_run_itself_and_patching_clean_into_clean_change_not
         ablatable = [name for name in names if name in ablatable_hook_names(model)]
         if ablatable:
             shortest = int(mask.sum(-1).min())
-            resampled = data.draw(st.lists(interventions(model, cache, methods=["resample"], within_batch=False, names=ablatable,
-                                                         max_pos=shortest), min_size=1, max_size=3))
+            resampled = data.draw(
+                st.lists(
+                    interventions(
+                        model, cache, methods=["resample"], within_batch=False, names=ablatable, max_pos=shortest
+                    ),
+                    min_size=1,
+                    max_size=3,
+                )
+            )
             logits = model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=resampled + listening)
             assert_close_to_scale(logits, clean_logits)
 
@@ -225,8 +240,9 @@ def test_resampling_from_the_run_itself_and_patching_clean_into_clean_change_not
         # experts' gate half) can round differently in the next vectorised op.
         assert_close_to_scale(model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=patched), clean_logits)
     # and in a sweep, next to a variant that does change the run
-    result = hooked.sweep(model, clean, {"clean": patched, "zeroed": [(names[0], ablate.zero())]}, metrics.kl_div(),
-                          attention_mask=mask)
+    result = hooked.sweep(
+        model, clean, {"clean": patched, "zeroed": [(names[0], ablate.zero())]}, metrics.kl_div(), attention_mask=mask
+    )
     assert_close_to_scale(result.values[0], torch.zeros(batch))
 
 
@@ -272,7 +288,9 @@ def test_masking_an_expert_at_the_router_equals_a_model_without_it(data):
     sparse = [layer for layer in range(cfg.n_layers) if cfg.is_sparse(layer)]
     removed = {layer: data.draw(st.integers(0, cfg.n_experts - 1)) for layer in sparse}
     clean = data.draw(tokens(model))
-    fwd_hooks = [(f"blocks.{layer}.mlp.hook_router_logits", ablate.zero(experts=expert)) for layer, expert in removed.items()]
+    fwd_hooks = [
+        (f"blocks.{layer}.mlp.hook_router_logits", ablate.zero(experts=expert)) for layer, expert in removed.items()
+    ]
     with torch.no_grad():
         masked = model.run_with_hooks(clean, fwd_hooks=fwd_hooks)
         assert_close_to_scale(masked, without_experts(model, removed)(clean))

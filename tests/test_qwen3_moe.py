@@ -36,32 +36,72 @@ from tests.test_qwen3_parity import (
     read_pattern,
 )
 
-COMMON = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
-              initializer_range=0.1)  # a wider init than HF's 0.02 makes routing decisive on a tiny model
+COMMON = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=96,
+    initializer_range=0.1,
+)  # a wider init than HF's 0.02 makes routing decisive on a tiny model
 MOE_CASES = {
     # all layers sparse, top-2, renormalised, tied embeddings
-    "k2_norm": dict(COMMON, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                    norm_topk_prob=True, tie_word_embeddings=True),
+    "k2_norm": dict(
+        COMMON,
+        num_hidden_layers=2,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        tie_word_embeddings=True,
+    ),
     # sparse every 2nd layer, layer 3 forced dense: only layer 1 is sparse; top-3 of 6, not renormalised
-    "k3_step2": dict(COMMON, num_hidden_layers=4, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
-                     decoder_sparse_step=2, mlp_only_layers=[3], norm_topk_prob=False),
+    "k3_step2": dict(
+        COMMON,
+        num_hidden_layers=4,
+        num_experts=6,
+        num_experts_per_tok=3,
+        moe_intermediate_size=32,
+        decoder_sparse_step=2,
+        mlp_only_layers=[3],
+        norm_topk_prob=False,
+    ),
     # layer 0 dense, layer 1 sparse, top-1 of 4, weights = the top probability; head_dim 32 != 64 / 4
-    "k1": dict(COMMON | dict(head_dim=32), num_hidden_layers=2, num_experts=4, num_experts_per_tok=1,
-               moe_intermediate_size=64, decoder_sparse_step=2, norm_topk_prob=False),
+    "k1": dict(
+        COMMON | dict(head_dim=32),
+        num_hidden_layers=2,
+        num_experts=4,
+        num_experts_per_tok=1,
+        moe_intermediate_size=64,
+        decoder_sparse_step=2,
+        norm_topk_prob=False,
+    ),
     # top-1 renormalised: every weight is exactly 1
-    "k1_norm": dict(COMMON, num_hidden_layers=2, num_experts=4, num_experts_per_tok=1, moe_intermediate_size=32,
-                    norm_topk_prob=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    "k1_norm": dict(
+        COMMON,
+        num_hidden_layers=2,
+        num_experts=4,
+        num_experts_per_tok=1,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    ),
     # expert width 24: not a multiple of SiLU's SIMD block (the fused gate_up layout keeps it bit-exact)
-    "width24": dict(COMMON, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24,
-                    norm_topk_prob=True),
+    "width24": dict(
+        COMMON, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def moe_dirs(tmp_path_factory):
     return {
-        name: build_checkpoint(tmp_path_factory.mktemp(f"qwen3moe-{name}"), transformers.Qwen3MoeConfig(vocab_size=VOCAB, **kwargs),
-                               transformers.Qwen3MoeForCausalLM, seed=index)
+        name: build_checkpoint(
+            tmp_path_factory.mktemp(f"qwen3moe-{name}"),
+            transformers.Qwen3MoeConfig(vocab_size=VOCAB, **kwargs),
+            transformers.Qwen3MoeForCausalLM,
+            seed=index,
+        )
         for index, (name, kwargs) in enumerate(MOE_CASES.items())
     }
 
@@ -80,7 +120,9 @@ def sparse_layers(model) -> list[int]:
 def test_float32_parity(moe_dirs, moe_models, case, path):
     model = moe_models[case]
     tokens = random_tokens(3, 17)
-    reference = hf_outputs(hf_reference(moe_dirs[case], transformers.Qwen3MoeForCausalLM, "sdpa" if path == "sdpa" else "eager"), tokens)
+    reference = hf_outputs(
+        hf_reference(moe_dirs[case], transformers.Qwen3MoeForCausalLM, "sdpa" if path == "sdpa" else "eager"), tokens
+    )
     if path == "expert_hooks":  # listening to the per-slot neurons takes the other branch of run_experts
         fwd_hooks = [(lambda name: name.endswith("hook_pattern") or "hook_expert_p" in name, read_pattern)]
         with model.hooks(fwd_hooks=fwd_hooks):
@@ -96,7 +138,11 @@ def test_layer_kinds_follow_decoder_sparse_step_and_mlp_only_layers(moe_models):
     assert sparse_layers(moe_models["k1"]) == [1]
     assert sparse_layers(moe_models["k2_norm"]) == [0, 1]
     blocks = moe_models["k3_step2"].blocks
-    assert blocks[1].mlp.experts.gate_up_proj.shape == (6, 64, 64) and blocks[1].mlp.experts.down_proj.shape == (6, 64, 32)
+    assert blocks[1].mlp.experts.gate_up_proj.shape == (6, 64, 64) and blocks[1].mlp.experts.down_proj.shape == (
+        6,
+        64,
+        32,
+    )
     assert blocks[3].mlp.gate_proj.weight.shape == (96, 64)
 
 
@@ -107,7 +153,13 @@ def test_config_accepts_num_experts_and_num_local_experts(moe_dirs):
     hub.update(num_experts=6, rope_theta=10000.0, rope_scaling=None)
     cfg = HookedQwen3MoeConfig.from_hf(written)
     assert HookedQwen3MoeConfig.from_hf(hub) == cfg
-    assert (cfg.n_experts, cfg.top_k, cfg.d_expert_mlp, cfg.mlp_only_layers, cfg.norm_topk_prob) == (6, 3, 32, (3,), False)
+    assert (cfg.n_experts, cfg.top_k, cfg.d_expert_mlp, cfg.mlp_only_layers, cfg.norm_topk_prob) == (
+        6,
+        3,
+        32,
+        (3,),
+        False,
+    )
 
 
 def test_hook_shapes_dtypes_and_weights(moe_models):
@@ -131,7 +183,9 @@ def test_hook_shapes_dtypes_and_weights(moe_models):
     up = torch.einsum("bpd,bpkdi->bpki", x, mlp.W_in[indices])
     torch.testing.assert_close(cache["expert_pre", 1], pre, rtol=0, atol=1e-5)
     torch.testing.assert_close(cache["expert_post", 1], F.silu(pre) * up, rtol=0, atol=1e-5)
-    _, normed_cache = moe_models["k1_norm"].run_with_cache(random_tokens(2, 7), names_filter=lambda n: "expert_weights" in n)
+    _, normed_cache = moe_models["k1_norm"].run_with_cache(
+        random_tokens(2, 7), names_filter=lambda n: "expert_weights" in n
+    )
     assert torch.all(normed_cache["expert_weights", 0] == 1.0)
 
 
@@ -172,7 +226,9 @@ def test_masking_an_expert_at_router_logits_routes_over_the_others(moe_dirs, moe
     model, cfg = moe_models[case], moe_models[case].cfg
     layer = sparse_layers(model)[-1]
     tokens = random_tokens(3, 13, seed=5)
-    _, clean = model.run_with_cache(tokens, names_filter=[f"blocks.{layer}.mlp.hook_expert_indices", f"blocks.{layer}.hook_mlp_out"])
+    _, clean = model.run_with_cache(
+        tokens, names_filter=[f"blocks.{layer}.mlp.hook_expert_indices", f"blocks.{layer}.hook_mlp_out"]
+    )
     expert = most_used_expert(clean["expert_indices", layer])
 
     def mask_expert(logits, hook):
@@ -182,8 +238,12 @@ def test_masking_an_expert_at_router_logits_routes_over_the_others(moe_dirs, moe
         _, masked = model.run_with_cache(tokens, names_filter=lambda n: n.startswith(f"blocks.{layer}."))
     assert not (masked["expert_indices", layer] == expert).any()
     tensors = load_file(moe_dirs[case] / "model.safetensors")
-    x = reference_rms_norm(masked["resid_mid", layer], tensors[f"model.layers.{layer}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
-    expected, experts = reference_moe(x, tensors, layer, cfg.n_experts, cfg.top_k, cfg.norm_topk_prob, excluded={expert})
+    x = reference_rms_norm(
+        masked["resid_mid", layer], tensors[f"model.layers.{layer}.post_attention_layernorm.weight"], cfg.rms_norm_eps
+    )
+    expected, experts = reference_moe(
+        x, tensors, layer, cfg.n_experts, cfg.top_k, cfg.norm_topk_prob, excluded={expert}
+    )
     assert torch.equal(experts, masked["expert_indices", layer])
     torch.testing.assert_close(masked["mlp_out", layer], expected, rtol=0, atol=1e-5)
     assert (masked["mlp_out", layer] - clean["mlp_out", layer]).abs().max() > 1e-2  # the mask did something
@@ -206,6 +266,7 @@ def test_removing_every_expert_of_a_layer_is_refused_not_nan(moe_models):
     def mask(expert):
         def hook(logits, hook):
             logits[1:, 2:, expert] = float("-inf")  # rows 1.., positions 2..: those rows end with no expert
+
         return hook
 
     with pytest.raises(ValueError, match=message):
@@ -232,18 +293,32 @@ def test_ablating_an_expert_neuron_equals_zeroing_its_down_proj_column(moe_dirs,
         post[..., neuron] = torch.where(seen["indices"] == expert, 0.0, post[..., neuron])
 
     with torch.no_grad():
-        ablated = model.run_with_hooks(tokens, fwd_hooks=[
-            (f"blocks.{layer}.mlp.hook_expert_indices", keep_indices), (f"blocks.{layer}.mlp.hook_expert_post", ablate)])
+        ablated = model.run_with_hooks(
+            tokens,
+            fwd_hooks=[
+                (f"blocks.{layer}.mlp.hook_expert_indices", keep_indices),
+                (f"blocks.{layer}.mlp.hook_expert_post", ablate),
+            ],
+        )
         edited = copy.deepcopy(model)
         edited.blocks[layer].mlp.experts.down_proj[expert, :, neuron] = 0.0
         assert torch.equal(ablated, edited(tokens))
         assert (ablated - model(tokens)).abs().max() > 1e-4
     # and against the reference from the file, at the layer
-    with model.hooks(fwd_hooks=[(f"blocks.{layer}.mlp.hook_expert_indices", keep_indices), (f"blocks.{layer}.mlp.hook_expert_post", ablate)]):
+    with model.hooks(
+        fwd_hooks=[
+            (f"blocks.{layer}.mlp.hook_expert_indices", keep_indices),
+            (f"blocks.{layer}.mlp.hook_expert_post", ablate),
+        ]
+    ):
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.startswith(f"blocks.{layer}."))
     tensors = load_file(moe_dirs[case] / "model.safetensors")
-    x = reference_rms_norm(cache["resid_mid", layer], tensors[f"model.layers.{layer}.post_attention_layernorm.weight"], cfg.rms_norm_eps)
-    expected, _ = reference_moe(x, tensors, layer, cfg.n_experts, cfg.top_k, cfg.norm_topk_prob, zero_neuron=(expert, neuron))
+    x = reference_rms_norm(
+        cache["resid_mid", layer], tensors[f"model.layers.{layer}.post_attention_layernorm.weight"], cfg.rms_norm_eps
+    )
+    expected, _ = reference_moe(
+        x, tensors, layer, cfg.n_experts, cfg.top_k, cfg.norm_topk_prob, zero_neuron=(expert, neuron)
+    )
     torch.testing.assert_close(cache["mlp_out", layer], expected, rtol=0, atol=1e-5)
 
 
@@ -261,14 +336,17 @@ def test_unrouted_experts_are_never_computed(moe_models):
             poisoned.blocks[layer].mlp.experts.gate_up_proj[3] = float("nan")
         logits = poisoned.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith("hook_router_logits"), mask)])
         assert torch.isfinite(logits).all()
-        assert torch.equal(logits, model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith("hook_router_logits"), mask)]))
+        assert torch.equal(
+            logits, model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith("hook_router_logits"), mask)])
+        )
 
 
 def test_expert_hooks_carry_gradients(moe_models):
     model = moe_models["k1"]
     tokens = random_tokens(2, 6)
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: "expert_post" in n or "router_logits" in n,
-                                    incl_bwd=True, return_type="loss")
+    _, cache = model.run_with_cache(
+        tokens, names_filter=lambda n: "expert_post" in n or "router_logits" in n, incl_bwd=True, return_type="loss"
+    )
     assert cache["blocks.1.mlp.hook_expert_post_grad"].shape == (2, 6, 1, 64)
     assert cache["blocks.1.mlp.hook_router_logits_grad"].abs().sum() > 0  # the weights depend on the router
 
@@ -301,17 +379,19 @@ def test_left_padded_batch_matches_each_prompt_alone(moe_models):
     tokens = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
     mask = torch.zeros_like(tokens)
     for row, prompt in enumerate(prompts):
-        tokens[row, -len(prompt):] = prompt
-        mask[row, -len(prompt):] = 1
+        tokens[row, -len(prompt) :] = prompt
+        mask[row, -len(prompt) :] = 1
     with torch.no_grad():
         batched = model(tokens, attention_mask=mask)
         for row, prompt in enumerate(prompts):
-            torch.testing.assert_close(batched[row, -len(prompt):], model(prompt[None])[0], rtol=0, atol=1e-5)
+            torch.testing.assert_close(batched[row, -len(prompt) :], model(prompt[None])[0], rtol=0, atol=1e-5)
 
 
 def test_sharded_checkpoint_loads_identically(tmp_path, moe_models):
     config = transformers.Qwen3MoeConfig(vocab_size=VOCAB, **MOE_CASES["k3_step2"])
-    directory = build_checkpoint(tmp_path / "sharded", config, transformers.Qwen3MoeForCausalLM, seed=1, max_shard_size="20KB")
+    directory = build_checkpoint(
+        tmp_path / "sharded", config, transformers.Qwen3MoeForCausalLM, seed=1, max_shard_size="20KB"
+    )
     index = json.loads((directory / "model.safetensors.index.json").read_text())
     expert_shards = {file for key, file in index["weight_map"].items() if ".experts." in key}
     assert len(expert_shards) > 1  # one layer's experts are spread over several shards
@@ -398,14 +478,17 @@ def test_golden_hook_names(moe_models):
 
 
 # ----------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("edit, message", [
-    ("drop_expert", r"missing tensors: \['blocks.1.mlp.experts.gate_up_proj\[2\] \(part 2 of 2\)'\]"),
-    ("drop_down", r"missing tensors: \['blocks.1.mlp.experts.down_proj\[0\]'\]"),
-    ("reshape_expert", r"mis-shaped tensors: model.layers.1.mlp.experts.2.up_proj.weight: \(64, 63\)"),
-    ("extra_expert", "unexpected tensors.*model.layers.1.mlp.experts.4.up_proj.weight"),
-    ("drop_router", r"missing tensors: \['blocks.1.mlp.gate.weight'\]"),
-    ("expert_on_dense_layer", "unexpected tensors.*model.layers.0.mlp.experts.0.up_proj.weight"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ("drop_expert", r"missing tensors: \['blocks.1.mlp.experts.gate_up_proj\[2\] \(part 2 of 2\)'\]"),
+        ("drop_down", r"missing tensors: \['blocks.1.mlp.experts.down_proj\[0\]'\]"),
+        ("reshape_expert", r"mis-shaped tensors: model.layers.1.mlp.experts.2.up_proj.weight: \(64, 63\)"),
+        ("extra_expert", "unexpected tensors.*model.layers.1.mlp.experts.4.up_proj.weight"),
+        ("drop_router", r"missing tensors: \['blocks.1.mlp.gate.weight'\]"),
+        ("expert_on_dense_layer", "unexpected tensors.*model.layers.0.mlp.experts.0.up_proj.weight"),
+    ],
+)
 def test_bad_expert_tensors_raise_checkpoint_error(tmp_path, moe_dirs, edit, message):
     directory = copy_checkpoint(moe_dirs["k1"], tmp_path / edit)
     tensors = load_file(directory / "model.safetensors")

@@ -34,25 +34,49 @@ VOCAB = 96
 # name -> transformers Qwen3Config keyword arguments
 DENSE_CASES = {
     # MHA, d_head = d_model / n_heads, untied, default rope_theta (1e4)
-    "mha": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, head_dim=16, intermediate_size=96,
-                num_hidden_layers=2),
+    "mha": dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=16,
+        intermediate_size=96,
+        num_hidden_layers=2,
+    ),
     # GQA 8 -> 2, 8 * 16 = 128 != d_model 64, tied embeddings, rope_theta 1e6
-    "gqa_tied": dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=16, intermediate_size=80,
-                     num_hidden_layers=3, tie_word_embeddings=True,
-                     rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    "gqa_tied": dict(
+        hidden_size=64,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=80,
+        num_hidden_layers=3,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    ),
     # multi-query, d_head 32 > d_model / n_heads, YaRN x4, attention biases
-    "yarn_bias": dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=1, head_dim=32, intermediate_size=64,
-                      num_hidden_layers=2, attention_bias=True, max_position_embeddings=64,
-                      rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
-                                       "original_max_position_embeddings": 16}),
+    "yarn_bias": dict(
+        hidden_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        attention_bias=True,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "original_max_position_embeddings": 16},
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def dense_dirs(tmp_path_factory):
     return {
-        name: build_checkpoint(tmp_path_factory.mktemp(f"qwen3-{name}"), transformers.Qwen3Config(vocab_size=VOCAB, **kwargs),
-                               transformers.Qwen3ForCausalLM, seed=index)
+        name: build_checkpoint(
+            tmp_path_factory.mktemp(f"qwen3-{name}"),
+            transformers.Qwen3Config(vocab_size=VOCAB, **kwargs),
+            transformers.Qwen3ForCausalLM,
+            seed=index,
+        )
         for index, (name, kwargs) in enumerate(DENSE_CASES.items())
     }
 
@@ -88,7 +112,13 @@ def test_config_reads_hub_and_transformers5_layouts(dense_dirs):
     hub["torch_dtype"] = hub.pop("dtype")
     cfg = HookedQwen3Config.from_hf(written)
     assert HookedQwen3Config.from_hf(hub) == cfg
-    assert (cfg.d_head, cfg.n_kv_heads, cfg.rope_theta, cfg.yarn.factor, cfg.yarn.original_max_positions) == (32, 1, 1e6, 4.0, 16)
+    assert (cfg.d_head, cfg.n_kv_heads, cfg.rope_theta, cfg.yarn.factor, cfg.yarn.original_max_positions) == (
+        32,
+        1,
+        1e6,
+        4.0,
+        16,
+    )
     assert HookedQwen3Config.from_hf({**hub, "rope_scaling": None}).yarn is None
 
 
@@ -96,8 +126,11 @@ def test_hook_shapes_match_declared_axes(dense_models):
     model = dense_models["gqa_tied"]
     _, cache = model.run_with_cache(random_tokens(2, 7))
     expected = model.hook_shapes(batch=2, pos=7)
-    split = {name for name in model.hook_names
-             if name.endswith(("hook_q_input", "hook_k_input", "hook_v_input", "hook_mlp_in", "attn.hook_result"))}
+    split = {
+        name
+        for name in model.hook_names
+        if name.endswith(("hook_q_input", "hook_k_input", "hook_v_input", "hook_mlp_in", "attn.hook_result"))
+    }
     assert len(split) == 5 * model.cfg.n_layers
     assert set(cache.keys()) == set(model.hook_names) - split  # TransformerLens' default: no split inputs, no results
     model.set_use_split_qkv_input(True)
@@ -128,11 +161,20 @@ def test_hooks_hold_what_the_docs_say(dense_models):
     # RoPE rotates pairs (i, i + d_head/2): it keeps their norms; position 0 is not rotated.
     half = model.cfg.d_head // 2
     pair_norm = lambda x: x[..., :half] ** 2 + x[..., half:] ** 2  # noqa: E731
-    torch.testing.assert_close(pair_norm(cache["rot_q", 1]), pair_norm(cache["q_normed", 1]) * model.rotary.attention_factor**2, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(cache["rot_k", 1][:, 0], cache["k_normed", 1][:, 0] * model.rotary.attention_factor, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        pair_norm(cache["rot_q", 1]),
+        pair_norm(cache["q_normed", 1]) * model.rotary.attention_factor**2,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    torch.testing.assert_close(
+        cache["rot_k", 1][:, 0], cache["k_normed", 1][:, 0] * model.rotary.attention_factor, rtol=0, atol=1e-6
+    )
     z = cache["z", 1]
     torch.testing.assert_close(attn.o_proj(z.flatten(-2)), cache["attn_out", 1], rtol=0, atol=1e-6)
-    _, results = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_result"))  # not cached by default
+    _, results = model.run_with_cache(
+        tokens, names_filter=lambda name: name.endswith("hook_result")
+    )  # not cached by default
     torch.testing.assert_close(results["result", 1].sum(2) + attn.o_proj.bias, cache["attn_out", 1], rtol=0, atol=1e-5)
     pattern = cache["pattern", 1]
     torch.testing.assert_close(pattern.sum(-1), torch.ones(pattern.shape[:-1]), rtol=0, atol=1e-6)
@@ -155,7 +197,7 @@ def test_zeroing_a_head_at_z_equals_zeroing_its_o_proj_columns(dense_models):
     with torch.no_grad():
         hooked_logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head)])
         edited = copy.deepcopy(model)
-        edited.blocks[layer].attn.o_proj.weight[:, head * d_head:(head + 1) * d_head] = 0.0
+        edited.blocks[layer].attn.o_proj.weight[:, head * d_head : (head + 1) * d_head] = 0.0
         assert torch.equal(hooked_logits, edited(tokens))
         assert not torch.equal(hooked_logits, model(tokens))
 
@@ -167,18 +209,20 @@ def test_left_padded_batch_matches_each_prompt_alone(dense_models):
     tokens = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
     mask = torch.zeros_like(tokens)
     for row, prompt in enumerate(prompts):
-        tokens[row, -len(prompt):] = prompt
-        mask[row, -len(prompt):] = 1
+        tokens[row, -len(prompt) :] = prompt
+        mask[row, -len(prompt) :] = 1
     with torch.no_grad():
         batched = model(tokens, attention_mask=mask)
         for row, prompt in enumerate(prompts):
             alone = model(prompt[None])
-            torch.testing.assert_close(batched[row, -len(prompt):], alone[0], rtol=0, atol=1e-5)
+            torch.testing.assert_close(batched[row, -len(prompt) :], alone[0], rtol=0, atol=1e-5)
 
 
 def test_sharded_checkpoint_loads_identically(tmp_path, dense_dirs, dense_models):
     config = transformers.Qwen3Config(vocab_size=VOCAB, **DENSE_CASES["gqa_tied"])
-    directory = build_checkpoint(tmp_path / "sharded", config, transformers.Qwen3ForCausalLM, seed=1, max_shard_size="20KB")
+    directory = build_checkpoint(
+        tmp_path / "sharded", config, transformers.Qwen3ForCausalLM, seed=1, max_shard_size="20KB"
+    )
     index = json.loads((directory / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     sharded = hooked.load(directory)
@@ -189,7 +233,9 @@ def test_sharded_checkpoint_loads_identically(tmp_path, dense_dirs, dense_models
 
 def test_bfloat16_matches_transformers_bit_for_bit(dense_dirs):
     model = hooked.load(dense_dirs["gqa_tied"], dtype=torch.bfloat16)
-    reference = transformers.Qwen3ForCausalLM.from_pretrained(dense_dirs["gqa_tied"], attn_implementation="sdpa", dtype=torch.bfloat16).eval()
+    reference = transformers.Qwen3ForCausalLM.from_pretrained(
+        dense_dirs["gqa_tied"], attn_implementation="sdpa", dtype=torch.bfloat16
+    ).eval()
     tokens = random_tokens(2, 11)
     with torch.no_grad():
         logits = model(tokens)
@@ -281,15 +327,20 @@ def test_unknown_architecture_names_the_supported_ones(tmp_path, dense_dirs):
     config = json.loads((directory / "config.json").read_text())
     config.update(architectures=["Qwen9ForCausalLM"], model_type="qwen9")
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(hooked.CheckpointError, match="Qwen9ForCausalLM.*supported.*Qwen3ForCausalLM.*Qwen3MoeForCausalLM"):
+    with pytest.raises(
+        hooked.CheckpointError, match="Qwen9ForCausalLM.*supported.*Qwen3ForCausalLM.*Qwen3MoeForCausalLM"
+    ):
         hooked.load(directory)
 
 
-@pytest.mark.parametrize("edit, message", [
-    ("drop", "missing tensors.*blocks.1.attn.k_norm.weight"),
-    ("reshape", "mis-shaped tensors: model.layers.1.self_attn.k_norm.weight"),
-    ("extra", "unexpected tensors.*model.layers.7.self_attn.k_norm.weight"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ("drop", "missing tensors.*blocks.1.attn.k_norm.weight"),
+        ("reshape", "mis-shaped tensors: model.layers.1.self_attn.k_norm.weight"),
+        ("extra", "unexpected tensors.*model.layers.7.self_attn.k_norm.weight"),
+    ],
+)
 def test_bad_tensors_raise_checkpoint_error(tmp_path, dense_dirs, edit, message):
     directory = copy_checkpoint(dense_dirs["mha"], tmp_path / edit)
     tensors = load_file(directory / "model.safetensors")
@@ -316,11 +367,14 @@ def test_tied_checkpoint_lacks_lm_head_and_untied_needs_it(tmp_path, dense_dirs,
         hooked.load(directory)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"use_sliding_window": True}, "sliding-window"),
-    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "rope_type 'dynamic'"),
-    ({"hidden_act": "gelu"}, "activation"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"use_sliding_window": True}, "sliding-window"),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "rope_type 'dynamic'"),
+        ({"hidden_act": "gelu"}, "activation"),
+    ],
+)
 def test_unsupported_config_is_refused(tmp_path, dense_dirs, change, message):
     directory = copy_checkpoint(dense_dirs["mha"], tmp_path / "unsupported")
     config = json.loads((directory / "config.json").read_text())

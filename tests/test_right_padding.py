@@ -105,7 +105,7 @@ def test_positions_start_at_zero_in_every_row(right):
     lengths = seen["mask"].sum(-1)
     for i in range(len(PROMPTS)):
         assert seen["position_ids"][i, : lengths[i]].tolist() == list(range(int(lengths[i])))
-        assert not bool(seen["mask"][i, lengths[i]:].any()) and bool(seen["mask"][i, : lengths[i]].all())
+        assert not bool(seen["mask"][i, lengths[i] :].any()) and bool(seen["mask"][i, : lengths[i]].all())
 
 
 def test_run_with_cache_as_transformer_lens(right, tl, tl_utils):
@@ -178,9 +178,11 @@ def test_mean_ablation_averages_real_tokens_only(right):
     torch.testing.assert_close(seen["value"][0], expected.expand_as(seen["value"][0]), rtol=1e-5, atol=1e-6)
     # The same prompts padded on the left give the same mean.
     left_tokens = right.to_tokens(PROMPTS, padding_side="left")
-    _, left_cache = right.run_with_cache(left_tokens, attention_mask=right.tokenizer(PROMPTS, return_tensors="pt",
-                                                                                      padding_side="left")["attention_mask"],
-                                         names_filter=[name])
+    _, left_cache = right.run_with_cache(
+        left_tokens,
+        attention_mask=right.tokenizer(PROMPTS, return_tensors="pt", padding_side="left")["attention_mask"],
+        names_filter=[name],
+    )
     right.run_with_hooks("Hi there", fwd_hooks=[(name, ablate.mean(reference=left_cache)), (name, after)])
     torch.testing.assert_close(seen["value"][0], expected.expand_as(seen["value"][0]), rtol=1e-5, atol=1e-6)
 
@@ -195,25 +197,36 @@ def test_metrics_read_each_prompts_last_token(right):
     (left_ids, left_mask), (right_ids, right_mask) = _both_sides(right, PROMPTS)
     metric = metrics.logit_diff(right, [" Mary"] * 4, [" John"] * 4)
     with torch.no_grad():
-        left_logits, right_logits = right(left_ids, attention_mask=left_mask), right(right_ids, attention_mask=right_mask)
+        left_logits, right_logits = (
+            right(left_ids, attention_mask=left_mask),
+            right(right_ids, attention_mask=right_mask),
+        )
         expected = torch.stack([right(p)[0, -1] for p in PROMPTS])  # each prompt alone, its last token
     by_hand = expected[:, right.to_single_token(" Mary")] - expected[:, right.to_single_token(" John")]
     torch.testing.assert_close(metric(right_logits, attention_mask=right_mask), by_hand, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(metric(left_logits, attention_mask=left_mask), by_hand, rtol=1e-5, atol=1e-5)
     for every in (metrics.kl_div(), metrics.kl_div(position=None)):  # a base run of the same prompts, padded alike
-        torch.testing.assert_close(every(right_logits, base_logits=0.5 * right_logits, attention_mask=right_mask),
-                                   every(left_logits, base_logits=0.5 * left_logits, attention_mask=left_mask),
-                                   rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            every(right_logits, base_logits=0.5 * right_logits, attention_mask=right_mask),
+            every(left_logits, base_logits=0.5 * left_logits, attention_mask=left_mask),
+            rtol=1e-4,
+            atol=1e-5,
+        )
     loss = metrics.loss(right, PROMPTS)
-    torch.testing.assert_close(loss(right_logits), torch.stack([right(p, return_type="loss") for p in PROMPTS]),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        loss(right_logits), torch.stack([right(p, return_type="loss") for p in PROMPTS]), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_sweep_on_right_padding_equals_left(right):
     (left_ids, left_mask), (right_ids, right_mask) = _both_sides(right, PROMPTS)
     metric = metrics.logit_diff(right, [" Mary"] * 4, [" John"] * 4)
-    variants = {"L1H0": ablate.hooks(right, "L1H0"), "L0.mlp": ablate.hooks(right, "L0.mlp"),
-                "L1H2@-1": ablate.hooks(right, "L1H2@-1"), "L1.mlp": ablate.hooks(right, "L1.mlp")}
+    variants = {
+        "L1H0": ablate.hooks(right, "L1H0"),
+        "L0.mlp": ablate.hooks(right, "L0.mlp"),
+        "L1H2@-1": ablate.hooks(right, "L1H2@-1"),
+        "L1.mlp": ablate.hooks(right, "L1.mlp"),
+    }
     on_left = hooked.sweep(right, left_ids, variants, metric, attention_mask=left_mask)
     on_right = hooked.sweep(right, right_ids, variants, metric, attention_mask=right_mask)
     read = hooked.sweep(right, right_ids, variants, metric)  # the right-padding tokenizer reads the mask
@@ -243,10 +256,12 @@ def test_get_token_position(right, tl):
     tokens = right.to_tokens(PROMPTS)
     john = right.to_single_token(" John")
     for i in range(len(PROMPTS)):
-        row = tokens[i: i + 1]
+        row = tokens[i : i + 1]
         if bool((row == john).any()):
             assert right.get_token_position(" John", row) == tl.get_token_position(" John", row)
-    assert right.get_token_position(" Mary", PROMPTS[0], padding_side="right") == tl.get_token_position(" Mary", PROMPTS[0])
+    assert right.get_token_position(" Mary", PROMPTS[0], padding_side="right") == tl.get_token_position(
+        " Mary", PROMPTS[0]
+    )
 
 
 # ----------------------------------------------------------------------------- generation
@@ -258,12 +273,13 @@ def test_generation_per_prompt(gpt2, right):
             out = model.generate(right_ids, max_new_tokens=5, stop_at_eos=False, use_past_kv_cache=use_cache, **kwargs)
             for i, expected in enumerate(alone):  # right-padded again: the prompt, its continuation, then padding
                 assert out[i, : len(expected)].tolist() == expected.tolist()
-                assert bool((out[i, len(expected):] == right.tokenizer.pad_token_id).all())
+                assert bool((out[i, len(expected) :] == right.tokenizer.pad_token_id).all())
     texts = right.generate(PROMPTS, max_new_tokens=5, stop_at_eos=False)
     assert texts == [gpt2.generate(p, max_new_tokens=5, stop_at_eos=False) for p in PROMPTS]
     assert gpt2.generate(PROMPTS, max_new_tokens=5, stop_at_eos=False, padding_side="right") == texts
-    variants = hooked.generate_variants(right, right_ids, {"none": [], "L1H0": ablate.hooks(right, "L1H0")},
-                                        max_new_tokens=4, stop_at_eos=False)
+    variants = hooked.generate_variants(
+        right, right_ids, {"none": [], "L1H0": ablate.hooks(right, "L1H0")}, max_new_tokens=4, stop_at_eos=False
+    )
     for i, expected in enumerate(alone):
         assert variants["none"][i, : len(expected) - 1].tolist() == expected[:-1].tolist()
     with pytest.raises(ValueError, match="return_cache=True needs left-padded ids"):
@@ -303,13 +319,17 @@ def test_right_and_left_padding_agree(right, lengths, seed):
         left_logits, left_loss = right(left_ids, attention_mask=left_mask, return_type="both", loss_per_token=True)
         right_logits, right_loss = right(right_ids, attention_mask=right_mask, return_type="both", loss_per_token=True)
         read_logits = right(right_ids) if min(lengths) < width else None  # the tokenizer reads the trailing pads
-    torch.testing.assert_close(metric(right_logits, attention_mask=right_mask),
-                               metric(left_logits, attention_mask=left_mask), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        metric(right_logits, attention_mask=right_mask),
+        metric(left_logits, attention_mask=left_mask),
+        rtol=1e-4,
+        atol=1e-4,
+    )
     for i, n in enumerate(lengths):
-        torch.testing.assert_close(right_logits[i, :n], left_logits[i, width - n:], rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(right_loss[i, : n - 1], left_loss[i, width - n:], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(right_logits[i, :n], left_logits[i, width - n :], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(right_loss[i, : n - 1], left_loss[i, width - n :], rtol=1e-4, atol=1e-4)
         if read_logits is not None:
-            torch.testing.assert_close(read_logits[i, :n], left_logits[i, width - n:], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(read_logits[i, :n], left_logits[i, width - n :], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(right_loss.sum(), left_loss.sum(), rtol=1e-4, atol=1e-4)
 
 
@@ -321,8 +341,12 @@ def test_logit_lens_reads_each_prompts_last_token(right):
     on_right, labels = hooked.logit_lens(right_cache, metric)
     on_left, _ = hooked.logit_lens(left_cache, metric)
     torch.testing.assert_close(on_right, on_left, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(on_right[-1], metric(right(right_ids, attention_mask=right_mask), attention_mask=right_mask),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        on_right[-1],
+        metric(right(right_ids, attention_mask=right_mask), attention_mask=right_mask),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_patching_grid_on_right_padding_equals_left(right):

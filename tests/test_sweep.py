@@ -43,7 +43,9 @@ def every_kind(model, tokens):
     _, reference = model.run_with_cache(tokens_of(model, 4, 9, seed=7))
     _, source = model.run_with_cache(tokens_of(model, *tokens.shape, seed=8))
     variants = {"clean": []}
-    for address in ablate.components(model, "heads") + ablate.components(model, "layers") + ["L0.N3", "L1.N7@-1", "L1H2@2"]:
+    for address in (
+        ablate.components(model, "heads") + ablate.components(model, "layers") + ["L0.N3", "L1.N7@-1", "L1H2@2"]
+    ):
         variants[f"{address} zero"] = ablate.hooks(model, address, "zero")
         variants[f"{address} mean"] = ablate.hooks(model, address, "mean", reference=reference, per_position=True)
         variants[f"{address} resample"] = ablate.hooks(model, address, "resample", source=source)
@@ -92,10 +94,16 @@ def test_layers_before_the_first_hook_run_once(gpt2):
     """Heads of block 1 only: block 0 sees the base run's rows and nothing else."""
     tokens = tokens_of(gpt2)
     rows_seen = {0: 0, 1: 0}
-    handles = [gpt2.blocks[i].attn.register_forward_hook(lambda module, args, out, i=i: rows_seen.__setitem__(i, rows_seen[i] + out.shape[0]))
-               for i in (0, 1)]
+    handles = [
+        gpt2.blocks[i].attn.register_forward_hook(
+            lambda module, args, out, i=i: rows_seen.__setitem__(i, rows_seen[i] + out.shape[0])
+        )
+        for i in (0, 1)
+    ]
     last_mlp = []  # the last block's MLP is position-wise: with a last-token metric, variants need one position
-    handles.append(gpt2.blocks[1].mlp.register_forward_hook(lambda module, args, out: last_mlp.append(tuple(out.shape[:2]))))
+    handles.append(
+        gpt2.blocks[1].mlp.register_forward_hook(lambda module, args, out: last_mlp.append(tuple(out.shape[:2])))
+    )
     try:
         variants = {f"L1H{h}": ablate.hooks(gpt2, f"L1H{h}", "zero") for h in range(gpt2.cfg.n_heads)}
         hooked.sweep(gpt2, tokens, variants, LastTokenDiff(1, 2), max_rows=6)
@@ -157,7 +165,10 @@ def test_result_table_exports_and_provenance(gpt2, tmp_path):
     assert table.loc["L1H2", "p1"] == pytest.approx(float(result["L1H2"][1]))
     result.save(tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "sweep.json").read_text())
-    assert saved["provenance"]["model"] == gpt2.name_or_path and saved["provenance"]["hooked_version"] == hooked.__version__
+    assert (
+        saved["provenance"]["model"] == gpt2.name_or_path
+        and saved["provenance"]["hooked_version"] == hooked.__version__
+    )
     assert saved["provenance"]["variants"]["L1H2"] == ["blocks.1.attn.hook_z: zero(heads=[2])"]
     assert (tmp_path / "run" / "sweep.csv").read_text().splitlines()[0].startswith("variant,diff,change,p0")
     assert (tmp_path / "run" / "sweep.png").stat().st_size > 1000

@@ -34,7 +34,9 @@ def template_regex(template: str, io: str, s: str) -> re.Pattern:
     pattern = re.escape(template[: -len(" [A]")])
     pattern = pattern.replace(re.escape("[A]"), io).replace(re.escape("[B]"), s)
     pattern = pattern.replace(re.escape("[PLACE]"), "(?P<place>[a-z]+)", 1).replace(re.escape("[PLACE]"), "(?P=place)")
-    pattern = pattern.replace(re.escape("[OBJECT]"), "(?P<object>[a-z]+)", 1).replace(re.escape("[OBJECT]"), "(?P=object)")
+    pattern = pattern.replace(re.escape("[OBJECT]"), "(?P<object>[a-z]+)", 1).replace(
+        re.escape("[OBJECT]"), "(?P=object)"
+    )
     return re.compile(pattern)
 
 
@@ -69,7 +71,9 @@ def test_every_prompt_fills_its_template_and_ends_before_the_io(template):
     task = tasks.ioi(120, seed=1, template=template)
     templates = BABA_TEMPLATES if template == "baba" else ABBA_TEMPLATES
     assert set(task.per_prompt["template_id"]) == set(range(15))  # 120 draws reach every template
-    for prompt, correct, incorrect, template_id in zip(task.clean, task.correct, task.incorrect, task.per_prompt["template_id"]):
+    for prompt, correct, incorrect, template_id in zip(
+        task.clean, task.correct, task.incorrect, task.per_prompt["template_id"]
+    ):
         io, s = correct[1:], incorrect[1:]
         assert correct == " " + io and incorrect == " " + s and io != s
         match = template_regex(templates[template_id], io, s).fullmatch(prompt)
@@ -227,7 +231,11 @@ def test_slicing_keeps_prompts_answers_and_per_prompt_provenance_aligned():
     part = task[3:7]
     assert isinstance(part, Task) and len(part) == 4
     assert (part.clean, part.corrupt, part.correct, part.incorrect) == (
-        task.clean[3:7], task.corrupt[3:7], task.correct[3:7], task.incorrect[3:7])
+        task.clean[3:7],
+        task.corrupt[3:7],
+        task.correct[3:7],
+        task.incorrect[3:7],
+    )
     assert part.per_prompt["index"] == [3, 4, 5, 6]
     assert part.per_prompt["order"] == task.per_prompt["order"][3:7]
     assert task.params["per_prompt"]["index"] == list(range(10))  # the original is untouched
@@ -263,7 +271,14 @@ def test_check_single_tokens(gpt2):
 
 
 # ----------------------------------------------------------------------------- token positions
-SINGLE_TOKEN_NAMES = ["Mary", "John", "Tom", "Anna", "Alice", "Bob"]  # one token each (with the space) for the test tokenizer
+SINGLE_TOKEN_NAMES = [
+    "Mary",
+    "John",
+    "Tom",
+    "Anna",
+    "Alice",
+    "Bob",
+]  # one token each (with the space) for the test tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -290,7 +305,9 @@ def test_answers_the_tokenizer_does_not_know_are_refused(ioi_model):
 
     with pytest.raises(ValueError, match="task 'facts' has 32 answers this model's tokenizer does not know"):
         tasks.facts(model=ioi_model)
-    with pytest.raises(ValueError, match="task 'ioi' has 2 answers this model's tokenizer does not know: ' Quux', ' Zorblax'"):
+    with pytest.raises(
+        ValueError, match="task 'ioi' has 2 answers this model's tokenizer does not know: ' Quux', ' Zorblax'"
+    ):
         tasks.ioi(4, names=["Zorblax", "Quux"], model=ioi_model)
     assert tasks.ioi_heldout(4, model=ioi_model).positions["IO"].shape == (4,)
 
@@ -350,7 +367,11 @@ def test_positions_point_at_the_names_for_a_byte_level_tokenizer(gpt2, names):
         for slot, (start, end) in spans.items():
             position = int(task.positions[slot][row])
             before = "".join(tokens[1:position])
-            assert len(before) <= start < len(before) + len(tokens[position]), (slot, tokens, position)  # holds the first letter
+            assert len(before) <= start < len(before) + len(tokens[position]), (
+                slot,
+                tokens,
+                position,
+            )  # holds the first letter
             assert "".join(tokens[position:]).lstrip().startswith(prompt[start:end])
             if names is not None:
                 assert tokens[position] == " " + prompt[start:end]
@@ -368,7 +389,10 @@ def test_positions_need_a_model_and_follow_slicing_and_json(ioi_model):
     part = full[2:6]
     assert part.per_prompt["spans"] == task.per_prompt["spans"][2:6]
     assert all(torch.equal(part.positions[slot], full.positions[slot][2:6]) for slot in full.positions)
-    assert all(torch.equal(part.positions[slot], task[2:6].with_positions(ioi_model).positions[slot]) for slot in full.positions)
+    assert all(
+        torch.equal(part.positions[slot], task[2:6].with_positions(ioi_model).positions[slot])
+        for slot in full.positions
+    )
     again = Task.from_dict(json.loads(json.dumps(part.to_dict())))
     assert again == part and all(torch.equal(again.positions[slot], part.positions[slot]) for slot in part.positions)
     with pytest.raises(ValueError, match="one entry per prompt"):
@@ -379,7 +403,11 @@ def test_positions_need_a_model_and_follow_slicing_and_json(ioi_model):
 
 
 def _columns(task: Task, corrupt: bool = False):
-    return (task.clean, task.corrupt, task.correct, task.incorrect) if corrupt else (task.clean, task.correct, task.incorrect)
+    return (
+        (task.clean, task.corrupt, task.correct, task.incorrect)
+        if corrupt
+        else (task.clean, task.correct, task.incorrect)
+    )
 
 
 def test_ioi_heldout_is_heldout_names_in_heldout_templates():

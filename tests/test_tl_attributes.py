@@ -61,7 +61,9 @@ def test_embed_called_as_transformer_lens_and_as_the_first_step(gpt2_pair):
     tokens = ours.to_tokens(["Hello world", "a b c d e"])
     assert_same(ours.embed(tokens), theirs.embed(tokens), "embed(tokens)")
     positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-    assert_same(ours.embed(tokens, positions), theirs.embed(tokens) + theirs.pos_embed(tokens), "embed(tokens, positions)")
+    assert_same(
+        ours.embed(tokens, positions), theirs.embed(tokens) + theirs.pos_embed(tokens), "embed(tokens, positions)"
+    )
 
 
 def test_pos_embed_called_as_transformer_lens(gpt2_pair):
@@ -71,10 +73,15 @@ def test_pos_embed_called_as_transformer_lens(gpt2_pair):
     assert not bool(mask.all())
     assert_same(ours.pos_embed(tokens), theirs.pos_embed(tokens), "pos_embed(tokens)")
     assert_same(ours.pos_embed(tokens, 3), theirs.pos_embed(tokens, 3), "pos_embed(tokens, 3)")
-    assert_same(ours.pos_embed(tokens, 0, attention_mask=mask), theirs.pos_embed(tokens, 0, attention_mask=mask), "with a mask")
+    assert_same(
+        ours.pos_embed(tokens, 0, attention_mask=mask), theirs.pos_embed(tokens, 0, attention_mask=mask), "with a mask"
+    )
     past = torch.cat([mask, torch.ones(2, 2, dtype=mask.dtype)], 1)  # two more columns after a cached prompt
-    assert_same(ours.pos_embed(tokens[:, :2], tokens.shape[1], attention_mask=past),
-                theirs.pos_embed(tokens[:, :2], tokens.shape[1], attention_mask=past), "after a past")
+    assert_same(
+        ours.pos_embed(tokens[:, :2], tokens.shape[1], attention_mask=past),
+        theirs.pos_embed(tokens[:, :2], tokens.shape[1], attention_mask=past),
+        "after a past",
+    )
     with pytest.raises(ValueError, match="past and present"):
         ours.pos_embed(tokens[:, :2], tokens.shape[1], attention_mask=mask)
 
@@ -130,19 +137,44 @@ def test_block_weights_under_transformer_lens_names(pair, request):
             names = names + (("W_gate",) if module == "mlp" and gated else ())
             for name in names:
                 theirs_module = getattr(theirs.blocks[layer], module)
-                if not hasattr(theirs_module, name):  # RMSNorm has no b; a gated MLP in TransformerLens no b_in on Qwen3
+                if not hasattr(
+                    theirs_module, name
+                ):  # RMSNorm has no b; a gated MLP in TransformerLens no b_in on Qwen3
                     assert name in ("b",), f"TransformerLens' blocks[{layer}].{module} has no {name}"
                     assert not hasattr(getattr(ours.blocks[layer], module), name)
                     continue
-                assert_same(getattr(getattr(ours.blocks[layer], module), name), getattr(theirs_module, name),
-                            f"blocks[{layer}].{module}.{name}")
+                assert_same(
+                    getattr(getattr(ours.blocks[layer], module), name),
+                    getattr(theirs_module, name),
+                    f"blocks[{layer}].{module}.{name}",
+                )
 
 
 # ----------------------------------------------------------------- config
-CONFIG_FIELDS = ("d_model", "n_layers", "n_heads", "d_head", "d_mlp", "d_vocab", "d_vocab_out", "act_fn",
-                 "normalization_type", "positional_embedding_type", "original_architecture", "dtype",
-                 "n_devices", "attention_dir", "attn_only", "parallel_attn_mlp", "use_hook_tokens", "gated_mlp",
-                 "final_rms", "rotary_dim", "eps", "n_key_value_heads")
+CONFIG_FIELDS = (
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "d_head",
+    "d_mlp",
+    "d_vocab",
+    "d_vocab_out",
+    "act_fn",
+    "normalization_type",
+    "positional_embedding_type",
+    "original_architecture",
+    "dtype",
+    "n_devices",
+    "attention_dir",
+    "attn_only",
+    "parallel_attn_mlp",
+    "use_hook_tokens",
+    "gated_mlp",
+    "final_rms",
+    "rotary_dim",
+    "eps",
+    "n_key_value_heads",
+)
 
 
 def test_gpt2_config_fields_as_transformer_lens(gpt2_pair):
@@ -158,7 +190,8 @@ def test_qwen3_config_fields_as_transformer_lens(qwen3_pair):
     ours, theirs = qwen3_pair
     for name in CONFIG_FIELDS:
         assert getattr(ours.cfg, name) == getattr(theirs.cfg, name), (
-            f"cfg.{name}: {getattr(ours.cfg, name)!r} vs TransformerLens' {getattr(theirs.cfg, name)!r}")
+            f"cfg.{name}: {getattr(ours.cfg, name)!r} vs TransformerLens' {getattr(theirs.cfg, name)!r}"
+        )
 
 
 def test_config_dtype_and_model_name_follow_the_model(gpt2_dir):
@@ -201,8 +234,11 @@ def test_start_at_layer_takes_a_residual(pair, request):
     resid = cache["blocks.1.hook_resid_pre"]
     assert_same(ours(resid, start_at_layer=1), theirs(resid, start_at_layer=1), "start_at_layer=1")
     assert_same(ours(resid, start_at_layer=1), ours(tokens), "start_at_layer=1 vs the whole forward")
-    assert_same(ours(resid, start_at_layer=-1, tokens=tokens, return_type="loss"),
-                theirs(resid, start_at_layer=-1, tokens=tokens, return_type="loss"), "loss from layer -1")
+    assert_same(
+        ours(resid, start_at_layer=-1, tokens=tokens, return_type="loss"),
+        theirs(resid, start_at_layer=-1, tokens=tokens, return_type="loss"),
+        "loss from layer -1",
+    )
     assert_same(ours(resid, start_at_layer=1, stop_at_layer=1), resid, "an empty slice of blocks")
     with pytest.raises(ValueError, match="needs tokens="):
         ours(resid, start_at_layer=1, return_type="loss")
@@ -230,7 +266,9 @@ def test_loss_fn_as_transformer_lens(gpt2_pair):
     mask = torch.ones_like(tokens)
     mask[1, :3] = 0
     for kwargs in ({}, {"per_token": True}, {"attention_mask": mask}, {"attention_mask": mask, "per_token": True}):
-        assert_same(ours.loss_fn(logits, tokens, **kwargs), theirs.loss_fn(logits, tokens, **kwargs), f"loss_fn {kwargs}")
+        assert_same(
+            ours.loss_fn(logits, tokens, **kwargs), theirs.loss_fn(logits, tokens, **kwargs), f"loss_fn {kwargs}"
+        )
 
 
 def test_set_tokenizer_takes_a_hugging_face_tokenizer(gpt2_dir, gpt2_pair):
@@ -243,7 +281,9 @@ def test_set_tokenizer_takes_a_hugging_face_tokenizer(gpt2_dir, gpt2_pair):
     assert model.to_str_tokens("Hello world") == theirs.to_str_tokens("Hello world")
     assert model.tokenizer.name_or_path == theirs.tokenizer.name_or_path
     model.set_tokenizer(theirs.tokenizer, default_padding_side="right")  # TransformerLens' default side
-    assert torch.equal(model.to_tokens(["Hello world", "a b"]), theirs.to_tokens(["Hello world", "a b"], padding_side="right"))
+    assert torch.equal(
+        model.to_tokens(["Hello world", "a b"]), theirs.to_tokens(["Hello world", "a b"], padding_side="right")
+    )
     with pytest.raises(ValueError, match="must be 'left'.*or 'right'"):
         model.set_tokenizer(theirs.tokenizer, default_padding_side="up")
     with pytest.raises(TypeError, match="HookedTokenizer"):
@@ -256,8 +296,14 @@ def test_to_str_tokens_on_every_input_form(gpt2_pair, form):
 
     ours, theirs = gpt2_pair
     ids = ours.to_tokens("Hello world")
-    inputs = {"str": "Hello world", "list of str": ["Hello", "a b"], "ids 1-D": ids[0], "ids [1 pos]": ids,
-              "numpy": ids.numpy(), "numpy 1-D": np.asarray(ids[0])}
+    inputs = {
+        "str": "Hello world",
+        "list of str": ["Hello", "a b"],
+        "ids 1-D": ids[0],
+        "ids [1 pos]": ids,
+        "numpy": ids.numpy(),
+        "numpy 1-D": np.asarray(ids[0]),
+    }
     assert ours.to_str_tokens(inputs[form]) == theirs.to_str_tokens(inputs[form])
 
 
@@ -274,8 +320,11 @@ def test_tokens_to_residual_directions_after_fold_ln(gpt2_dir):
         ours = hooked.load(gpt2_dir, fold_ln=True)
         theirs = tl_gpt2(gpt2_dir, fold_ln=True)
     for tokens in (5, torch.tensor([5]), torch.tensor([[3, 4], [5, 6]]), "a"):
-        assert_same(ours.tokens_to_residual_directions(tokens), theirs.tokens_to_residual_directions(tokens),
-                    f"tokens_to_residual_directions({tokens!r})")
+        assert_same(
+            ours.tokens_to_residual_directions(tokens),
+            theirs.tokens_to_residual_directions(tokens),
+            f"tokens_to_residual_directions({tokens!r})",
+        )
 
 
 def test_remove_batch_dim_raises_on_a_batch_as_transformer_lens(gpt2_pair):

@@ -25,18 +25,39 @@ with warnings.catch_warnings():
 def _tl_model(**fields):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return transformer_lens.HookedTransformer(transformer_lens.HookedTransformerConfig(**fields, device="cpu")).eval()
+        return transformer_lens.HookedTransformer(
+            transformer_lens.HookedTransformerConfig(**fields, device="cpu")
+        ).eval()
 
 
 def test_gpt2_config_is_transformer_lens_function(gpt2_dir):
     loaded = hooked.load(gpt2_dir)
-    fields = dict(n_layers=2, d_model=64, d_head=16, n_ctx=64, d_vocab=loaded.cfg.d_vocab, act_fn="gelu_new",
-                  normalization_type="LN", eps=loaded.cfg.eps)
+    fields = dict(
+        n_layers=2,
+        d_model=64,
+        d_head=16,
+        n_ctx=64,
+        d_vocab=loaded.cfg.d_vocab,
+        act_fn="gelu_new",
+        normalization_type="LN",
+        eps=loaded.cfg.eps,
+    )
     ours = hooked.HookedTransformer(hooked.HookedTransformerConfig(**fields))
     assert type(ours) is hooked.GPT2 and isinstance(ours, hooked.HookedTransformer)
     theirs = _tl_model(**fields)
-    for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn", "normalization_type",
-                 "positional_embedding_type", "eps"):
+    for name in (
+        "n_layers",
+        "d_model",
+        "n_heads",
+        "d_head",
+        "d_mlp",
+        "d_vocab",
+        "n_ctx",
+        "act_fn",
+        "normalization_type",
+        "positional_embedding_type",
+        "eps",
+    ):
         assert getattr(ours.cfg, name) == getattr(theirs.cfg, name), name
     state = loaded.state_dict()
     state["lm_head.weight"] = state["wte.weight"].clone()  # an unembedding of its own, as TransformerLens
@@ -49,14 +70,37 @@ def test_gpt2_config_is_transformer_lens_function(gpt2_dir):
 
 def test_qwen3_config_is_transformer_lens_function(tmp_path):
     torch.manual_seed(0)
-    config = transformers.Qwen3Config(vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                      head_dim=8, intermediate_size=48, num_hidden_layers=2, max_position_embeddings=128)
+    config = transformers.Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        max_position_embeddings=128,
+    )
     hf = transformers.Qwen3ForCausalLM(config).eval()
     randomize_norms(hf)
     hf.save_pretrained(tmp_path)
-    fields = dict(n_layers=2, d_model=32, d_head=8, n_heads=4, n_key_value_heads=2, d_mlp=48, d_vocab=64, n_ctx=128,
-                  act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary", gated_mlp=True,
-                  use_qk_norm=True, final_rms=True, eps=config.rms_norm_eps, rotary_base=config.rope_parameters["rope_theta"])
+    fields = dict(
+        n_layers=2,
+        d_model=32,
+        d_head=8,
+        n_heads=4,
+        n_key_value_heads=2,
+        d_mlp=48,
+        d_vocab=64,
+        n_ctx=128,
+        act_fn="silu",
+        normalization_type="RMS",
+        positional_embedding_type="rotary",
+        gated_mlp=True,
+        use_qk_norm=True,
+        final_rms=True,
+        eps=config.rms_norm_eps,
+        rotary_base=config.rope_parameters["rope_theta"],
+    )
     ours = hooked.HookedTransformer(hooked.HookedTransformerConfig(**fields))
     assert type(ours) is hooked.Qwen3 and ours.cfg.n_kv_heads == 2
     ours.load_state_dict(hooked.load(tmp_path).state_dict())
@@ -67,12 +111,15 @@ def test_qwen3_config_is_transformer_lens_function(tmp_path):
 
 
 def test_random_init_is_transformer_lens_gpt2_init():
-    cfg = hooked.HookedTransformerConfig(n_layers=2, d_model=256, d_head=32, n_ctx=64, d_vocab=500, act_fn="gelu", seed=1)
+    cfg = hooked.HookedTransformerConfig(
+        n_layers=2, d_model=256, d_head=32, n_ctx=64, d_vocab=500, act_fn="gelu", seed=1
+    )
     model = hooked.HookedTransformer(cfg)
-    again = hooked.HookedTransformer(hooked.HookedTransformerConfig(n_layers=2, d_model=256, d_head=32, n_ctx=64,
-                                                                   d_vocab=500, act_fn="gelu", seed=1))
+    again = hooked.HookedTransformer(
+        hooked.HookedTransformerConfig(n_layers=2, d_model=256, d_head=32, n_ctx=64, d_vocab=500, act_fn="gelu", seed=1)
+    )
     assert torch.equal(model.W_Q, again.W_Q)  # the seed makes the draw reproducible
-    std = 0.8 / 256 ** 0.5
+    std = 0.8 / 256**0.5
     for weight in (model.W_E, model.W_pos, model.W_Q, model.W_O, model.W_in, model.W_out, model.W_U):
         assert abs(weight.std().item() - std) < 0.05 * std
     for bias in (model.b_Q, model.b_O, model.b_in, model.b_out):
@@ -84,20 +131,39 @@ def test_random_init_is_transformer_lens_gpt2_init():
     assert model.cfg.device == torch.device("cpu") and model.cfg._bound_model() is model
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(attn_only=True, normalization_type="RMS", positional_embedding_type="rotary", act_fn="silu", gated_mlp=True,
-          use_qk_norm=True, final_rms=True), "attn_only=True (Qwen3 blocks have an MLP"),
-    (dict(act_fn="relu"), "act_fn='relu'"),
-    (dict(positional_embedding_type="shortformer"), "no hooked family has"),
-    (dict(normalization_type="RMS", positional_embedding_type="rotary", act_fn="silu", gated_mlp=True), "use_qk_norm=False"),
-    (dict(n_key_value_heads=2), "n_key_value_heads=2"),
-    (dict(tokenizer_name="gpt2"), "tokenizer_name='gpt2'"),
-    (dict(bogus=1), "unexpected keyword argument 'bogus'"),
-    (dict(use_attention_sinks=True), "use_attention_sinks=True is not supported: no hooked family has it"),
-    # a field some families' checkpoints set: named, with the way to get such a model
-    (dict(use_normalization_before_and_after=True), "checkpoints of hooked's Gemma 2, Gemma 3 can set it, and hooked"
-     " builds those from a checkpoint only (hooked.load(path)"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (
+            dict(
+                attn_only=True,
+                normalization_type="RMS",
+                positional_embedding_type="rotary",
+                act_fn="silu",
+                gated_mlp=True,
+                use_qk_norm=True,
+                final_rms=True,
+            ),
+            "attn_only=True (Qwen3 blocks have an MLP",
+        ),
+        (dict(act_fn="relu"), "act_fn='relu'"),
+        (dict(positional_embedding_type="shortformer"), "no hooked family has"),
+        (
+            dict(normalization_type="RMS", positional_embedding_type="rotary", act_fn="silu", gated_mlp=True),
+            "use_qk_norm=False",
+        ),
+        (dict(n_key_value_heads=2), "n_key_value_heads=2"),
+        (dict(tokenizer_name="gpt2"), "tokenizer_name='gpt2'"),
+        (dict(bogus=1), "unexpected keyword argument 'bogus'"),
+        (dict(use_attention_sinks=True), "use_attention_sinks=True is not supported: no hooked family has it"),
+        # a field some families' checkpoints set: named, with the way to get such a model
+        (
+            dict(use_normalization_before_and_after=True),
+            "checkpoints of hooked's Gemma 2, Gemma 3 can set it, and hooked"
+            " builds those from a checkpoint only (hooked.load(path)",
+        ),
+    ],
+)
 def test_configs_no_family_has_are_refused(fields, message):
     base = dict(n_layers=1, d_model=32, d_head=8, n_ctx=16, d_vocab=50, act_fn="gelu_new")
     with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -78,17 +78,40 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     built = {}
     for name, n_layer in SHAPES.items():
         built[name] = build_gpt2_checkpoint(
-            tmp_path_factory.mktemp(name), n_layer=n_layer, n_embd=WIDTH, n_head=12, n_positions=1024,
-            corpus=notebook_text(), vocab_size=4000, pad_vocab_to=50257, initializer_range=INIT)
+            tmp_path_factory.mktemp(name),
+            n_layer=n_layer,
+            n_embd=WIDTH,
+            n_head=12,
+            n_positions=1024,
+            corpus=notebook_text(),
+            vocab_size=4000,
+            pad_vocab_to=50257,
+            initializer_range=INIT,
+        )
     for n_layer, vocab in GPT2_SMALL_FOR.values():  # (layers, vocabulary) of a demo's own "gpt2-small"
         built[n_layer, vocab] = build_gpt2_checkpoint(
-            tmp_path_factory.mktemp(f"small{n_layer}x{vocab}"), n_layer=n_layer, n_embd=WIDTH, n_head=12,
-            n_positions=1024, corpus=notebook_text(), vocab_size=4000, pad_vocab_to=vocab, initializer_range=INIT)
+            tmp_path_factory.mktemp(f"small{n_layer}x{vocab}"),
+            n_layer=n_layer,
+            n_embd=WIDTH,
+            n_head=12,
+            n_positions=1024,
+            corpus=notebook_text(),
+            vocab_size=4000,
+            pad_vocab_to=vocab,
+            initializer_range=INIT,
+        )
     return built
 
 
-def tl_from_pretrained(directory: Path, fold_ln=True, center_writing_weights=True, center_unembed=True,
-                       fold_value_biases=True, refactor_factored_attn_matrices=False, device=None):
+def tl_from_pretrained(
+    directory: Path,
+    fold_ln=True,
+    center_writing_weights=True,
+    center_unembed=True,
+    fold_value_biases=True,
+    refactor_factored_attn_matrices=False,
+    device=None,
+):
     """TransformerLens 3.9's `HookedTransformer.from_pretrained` for a local GPT-2 checkpoint: its config
     mapping (tests/tl_reference.py) and `load_and_process_state_dict` with from_pretrained's flags."""
     from transformers import GPT2LMHeadModel
@@ -103,9 +126,13 @@ def tl_from_pretrained(directory: Path, fold_ln=True, center_writing_weights=Tru
         hf = GPT2LMHeadModel.from_pretrained(directory).eval()
         with torch.no_grad():
             model.load_and_process_state_dict(
-                convert_gpt2_weights(hf, model.cfg), fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                center_unembed=center_unembed, fold_value_biases=fold_value_biases,
-                refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+                convert_gpt2_weights(hf, model.cfg),
+                fold_ln=fold_ln,
+                center_writing_weights=center_writing_weights,
+                center_unembed=center_unembed,
+                fold_value_biases=fold_value_biases,
+                refactor_factored_attn_matrices=refactor_factored_attn_matrices,
+            )
     return model.eval()
 
 
@@ -113,8 +140,19 @@ def tl_from_pretrained(directory: Path, fold_ln=True, center_writing_weights=Tru
 # its shortformer positions, which hooked refuses (hooked.tl_config): standard ones here; and act_fn: "solu_ln"
 # there, unused without an MLP, but TransformerLens 3.9's fold_ln then replaces the norm of an MLP the block
 # does not have and raises (HookedTransformer.load_and_process_state_dict, `layer.mlp.ln = LayerNormPre`).
-ATTN_ONLY_2L = dict(n_layers=2, d_model=512, d_head=64, n_heads=8, n_ctx=2048, d_vocab=48262, act_fn="gelu_new",
-                    normalization_type="LN", attn_only=True, positional_embedding_type="standard", seed=0)
+ATTN_ONLY_2L = dict(
+    n_layers=2,
+    d_model=512,
+    d_head=64,
+    n_heads=8,
+    n_ctx=2048,
+    d_vocab=48262,
+    act_fn="gelu_new",
+    normalization_type="LN",
+    attn_only=True,
+    positional_embedding_type="standard",
+    seed=0,
+)
 
 
 def attn_only_config(d_vocab: int) -> dict:
@@ -133,7 +171,9 @@ def attn_only_weights(d_vocab: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
     weights = {}
     for name, value in model.state_dict().items():
-        if name.endswith((".w", ".b")) or ".b_" in name and not name.endswith("b_U"):  # b_U: hooked's attn-only GPT-2 has none
+        if (
+            name.endswith((".w", ".b")) or ".b_" in name and not name.endswith("b_U")
+        ):  # b_U: hooked's attn-only GPT-2 has none
             mean = 1.0 if name.endswith(".w") else 0.0
             value = mean + 0.1 * torch.randn(value.shape, generator=generator)
         weights[name] = value
@@ -147,16 +187,22 @@ def hooked_attn_only(weights: dict[str, torch.Tensor], tokenizer_dir: Path, **pr
 
     model = hooked.HookedTransformer(hooked.HookedTransformerConfig(**attn_only_config(weights["embed.W_E"].shape[0])))
     d_model = ATTN_ONLY_2L["d_model"]
-    ours = {"wte.weight": weights["embed.W_E"], "wpe.weight": weights["pos_embed.W_pos"],
-            "ln_final.weight": weights["ln_final.w"], "ln_final.bias": weights["ln_final.b"],
-            "lm_head.weight": weights["unembed.W_U"].T}
+    ours = {
+        "wte.weight": weights["embed.W_E"],
+        "wpe.weight": weights["pos_embed.W_pos"],
+        "ln_final.weight": weights["ln_final.w"],
+        "ln_final.bias": weights["ln_final.b"],
+        "lm_head.weight": weights["unembed.W_U"].T,
+    }
     for layer in range(ATTN_ONLY_2L["n_layers"]):
         theirs = lambda name: weights[f"blocks.{layer}.{name}"]  # noqa: E731
         ours |= {
-            f"blocks.{layer}.ln1.weight": theirs("ln1.w"), f"blocks.{layer}.ln1.bias": theirs("ln1.b"),
+            f"blocks.{layer}.ln1.weight": theirs("ln1.w"),
+            f"blocks.{layer}.ln1.bias": theirs("ln1.b"),
             # Conv1D [in, out]; out = (q | k | v) x (head, d_head)
             f"blocks.{layer}.attn.c_attn.weight": torch.cat(
-                [theirs(f"attn.W_{x}").permute(1, 0, 2).reshape(d_model, -1) for x in "QKV"], dim=1),
+                [theirs(f"attn.W_{x}").permute(1, 0, 2).reshape(d_model, -1) for x in "QKV"], dim=1
+            ),
             f"blocks.{layer}.attn.c_attn.bias": torch.cat([theirs(f"attn.b_{x}").flatten() for x in "QKV"]),
             f"blocks.{layer}.attn.c_proj.weight": theirs("attn.W_O").reshape(-1, d_model),
             f"blocks.{layer}.attn.c_proj.bias": theirs("attn.b_O"),
@@ -174,8 +220,9 @@ def tl_attn_only(weights: dict[str, torch.Tensor], tokenizer_dir: Path, **proces
         warnings.simplefilter("ignore")
         from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-        cfg = HookedTransformerConfig(**attn_only_config(weights["embed.W_E"].shape[0]), default_prepend_bos=True,
-                                      tokenizer_prepends_bos=False)
+        cfg = HookedTransformerConfig(
+            **attn_only_config(weights["embed.W_E"].shape[0]), default_prepend_bos=True, tokenizer_prepends_bos=False
+        )
         model = HookedTransformer(cfg, tokenizer=tl_tokenizer(tokenizer_dir), default_padding_side="left")
         model.load_and_process_state_dict(weights, **processing)
     return model.eval()
@@ -186,10 +233,22 @@ def model_builder(library: str, checkpoints: dict[str, Path]):
     "attn-only-2l" built from a config, the same random weights in both libraries."""
     import hooked
 
-    def demo_model(name: str, fold_ln=True, center_writing_weights=True, center_unembed=True,
-                   fold_value_biases=True, refactor_factored_attn_matrices=False, **kwargs):
-        processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
-                          fold_value_biases=fold_value_biases, refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+    def demo_model(
+        name: str,
+        fold_ln=True,
+        center_writing_weights=True,
+        center_unembed=True,
+        fold_value_biases=True,
+        refactor_factored_attn_matrices=False,
+        **kwargs,
+    ):
+        processing = dict(
+            fold_ln=fold_ln,
+            center_writing_weights=center_writing_weights,
+            center_unembed=center_unembed,
+            fold_value_biases=fold_value_biases,
+            refactor_factored_attn_matrices=refactor_factored_attn_matrices,
+        )
         with torch.random.fork_rng():  # TransformerLens draws initial weights first: the notebook's draws stay the same
             if name == "attn-only-2l":
                 build = hooked_attn_only if library == "hooked" else tl_attn_only
@@ -229,8 +288,11 @@ def run_script(path: Path, library: str, checkpoints: dict[str, Path]) -> dict:
     source = source_for(path, library)
     pieces = CELL.split(source)  # [preamble, number, code, number, code, ...]
     plotted: list = []
-    namespace = {"__name__": f"demo_on_{library}", "demo_model": model_builder(library, checkpoints),
-                 **{name: Recorder(plotted, name) for name in ("imshow", "line", "scatter", "display")}}
+    namespace = {
+        "__name__": f"demo_on_{library}",
+        "demo_model": model_builder(library, checkpoints),
+        **{name: Recorder(plotted, name) for name in ("imshow", "line", "scatter", "display")},
+    }
     exec(compile(pieces[0], f"{path.name} preamble", "exec"), namespace)  # the docstring and NOT_COMPARED
     cells = {}
     torch.manual_seed(0)
@@ -245,7 +307,9 @@ def run_script(path: Path, library: str, checkpoints: dict[str, Path]) -> dict:
                 if last is not None:
                     shown = eval(compile(ast.Expression(last.value), f"{path.name} cell {number}", "eval"), namespace)
             except Exception as exception:  # noqa: BLE001  (reported per cell)
-                error = f"{type(exception).__name__}: {exception}\n" + "".join(traceback.format_tb(exception.__traceback__)[-3:])
+                error = f"{type(exception).__name__}: {exception}\n" + "".join(
+                    traceback.format_tb(exception.__traceback__)[-3:]
+                )
         cells[int(number)] = dict(printed=printed.getvalue(), shown=shown, error=error, plotted=plotted[start:])
     torch.set_grad_enabled(True)  # the notebooks turn autograd off globally
     return dict(cells=cells, namespace=namespace)
@@ -269,7 +333,7 @@ def text_differences(where: str, ours: str, theirs: str) -> list[str]:
         return [f"{where}: text differs\n  hooked: {ours[:400]!r}\n  TL:     {theirs[:400]!r}"]
     problems = []
     for index, ((got, _), (expected, decimals)) in enumerate(zip(our_numbers, their_numbers)):
-        tolerance = max(1e-4, 1e-4 * abs(expected), 10.0 ** -decimals if decimals else 0.0)
+        tolerance = max(1e-4, 1e-4 * abs(expected), 10.0**-decimals if decimals else 0.0)
         if not (math.isclose(got, expected, abs_tol=tolerance) or (math.isnan(got) and math.isnan(expected))):
             problems.append(f"{where}: number {index} is {got} on hooked, {expected} on TL")
     return problems
@@ -280,22 +344,38 @@ def value_differences(where: str, ours, theirs) -> list[str]:
         if not isinstance(ours, torch.Tensor):
             return [f"{where}: a {type(ours).__name__} on hooked, a tensor on TL"]
         try:
-            torch.testing.assert_close(ours.detach().cpu(), theirs.detach().cpu(), rtol=1e-4, atol=1e-4,
-                                       check_dtype=False, check_device=False, equal_nan=True)
+            torch.testing.assert_close(
+                ours.detach().cpu(),
+                theirs.detach().cpu(),
+                rtol=1e-4,
+                atol=1e-4,
+                check_dtype=False,
+                check_device=False,
+                equal_nan=True,
+            )
         except AssertionError as failure:
             return [f"{where}: {str(failure)[:300]}"]
         return []
-    if isinstance(theirs, (list, tuple)) and all(isinstance(item, (torch.Tensor, int, float, str, bool, list, tuple)) for item in theirs):
+    if isinstance(theirs, (list, tuple)) and all(
+        isinstance(item, (torch.Tensor, int, float, str, bool, list, tuple)) for item in theirs
+    ):
         if not isinstance(ours, (list, tuple)) or len(ours) != len(theirs):
             return [f"{where}: {ours!r:.200} on hooked, {theirs!r:.200} on TL"]
-        return [problem for index, (a, b) in enumerate(zip(ours, theirs)) for problem in value_differences(f"{where}[{index}]", a, b)]
+        return [
+            problem
+            for index, (a, b) in enumerate(zip(ours, theirs))
+            for problem in value_differences(f"{where}[{index}]", a, b)
+        ]
     if isinstance(theirs, (int, float)) and not isinstance(theirs, bool):
         if not isinstance(ours, (int, float)) or not math.isclose(ours, theirs, rel_tol=1e-4, abs_tol=1e-4):
             return [f"{where}: {ours!r} on hooked, {theirs!r} on TL"]
         return []
     if isinstance(theirs, (str, bool)) or theirs is None:
-        return text_differences(where, str(ours), str(theirs)) if isinstance(theirs, str) else (
-            [] if ours == theirs else [f"{where}: {ours!r} on hooked, {theirs!r} on TL"])
+        return (
+            text_differences(where, str(ours), str(theirs))
+            if isinstance(theirs, str)
+            else ([] if ours == theirs else [f"{where}: {ours!r} on hooked, {theirs!r} on TL"])
+        )
     return []  # models, caches, functions, HTML: what they hold is compared where it is printed or used
 
 
@@ -323,7 +403,9 @@ def differences(ours: dict, theirs: dict) -> list[str]:
         problems += value_differences(f"{where} displayed", our_cell["shown"], their_cell["shown"])
         if len(our_cell["plotted"]) != len(their_cell["plotted"]):
             problems.append(f"{where}: {len(our_cell['plotted'])} plots on hooked, {len(their_cell['plotted'])} on TL")
-        for index, ((name, args, kwargs), (_, their_args, their_kwargs)) in enumerate(zip(our_cell["plotted"], their_cell["plotted"])):
+        for index, ((name, args, kwargs), (_, their_args, their_kwargs)) in enumerate(
+            zip(our_cell["plotted"], their_cell["plotted"])
+        ):
             for key in set(kwargs) | {str(i) for i in range(len(args))}:
                 a = args[int(key)] if key.isdigit() else kwargs.get(key)
                 b = their_args[int(key)] if key.isdigit() else their_kwargs.get(key)

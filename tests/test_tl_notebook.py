@@ -20,7 +20,7 @@ import torch
 
 from tests.tl_reference import tl_gpt2
 
-NOTEBOOK = '''
+NOTEBOOK = """
 import torch
 from functools import partial
 from transformer_lens import utils
@@ -105,12 +105,16 @@ model.reset_hooks()
 out["after_reset"] = logits_to_ave_logit_diff(model(tokens))
 
 utils.test_prompt(prompts[0], answers[0][0], model, prepend_space_to_answer=False)
-'''
+"""
 
 
 def run_notebook(model, library: str) -> dict:
     """Run NOTEBOOK with `transformer_lens` meaning `library`; the values it put into `out`."""
-    source = NOTEBOOK if library == "transformer_lens" else NOTEBOOK.replace("from transformer_lens import", "from hooked import")
+    source = (
+        NOTEBOOK
+        if library == "transformer_lens"
+        else NOTEBOOK.replace("from transformer_lens import", "from hooked import")
+    )
     namespace = {"model": model, "out": {}}
     printed = io.StringIO()
     with torch.no_grad(), contextlib.redirect_stdout(printed):

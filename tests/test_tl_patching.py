@@ -19,11 +19,22 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from transformer_lens import patching as tl_patching_reference
 
-SIMPLE = ["get_act_patch_resid_pre", "get_act_patch_resid_mid", "get_act_patch_attn_out", "get_act_patch_mlp_out",
-          "get_act_patch_attn_head_out_by_pos", "get_act_patch_attn_head_q_by_pos", "get_act_patch_attn_head_k_by_pos",
-          "get_act_patch_attn_head_v_by_pos", "get_act_patch_attn_head_pattern_by_pos",
-          "get_act_patch_attn_head_out_all_pos", "get_act_patch_attn_head_q_all_pos", "get_act_patch_attn_head_k_all_pos",
-          "get_act_patch_attn_head_v_all_pos", "get_act_patch_attn_head_pattern_all_pos"]
+SIMPLE = [
+    "get_act_patch_resid_pre",
+    "get_act_patch_resid_mid",
+    "get_act_patch_attn_out",
+    "get_act_patch_mlp_out",
+    "get_act_patch_attn_head_out_by_pos",
+    "get_act_patch_attn_head_q_by_pos",
+    "get_act_patch_attn_head_k_by_pos",
+    "get_act_patch_attn_head_v_by_pos",
+    "get_act_patch_attn_head_pattern_by_pos",
+    "get_act_patch_attn_head_out_all_pos",
+    "get_act_patch_attn_head_q_all_pos",
+    "get_act_patch_attn_head_k_all_pos",
+    "get_act_patch_attn_head_v_all_pos",
+    "get_act_patch_attn_head_pattern_all_pos",
+]
 EVERY = ["get_act_patch_block_every", "get_act_patch_attn_head_all_pos_every", "get_act_patch_attn_head_by_pos_every"]
 
 
@@ -68,9 +79,17 @@ def test_gpt2_equals_transformer_lens(gpt2_pair, name):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["get_act_patch_attn_head_k_by_pos", "get_act_patch_attn_head_v_all_pos",
-                                  "get_act_patch_attn_head_q_all_pos", "get_act_patch_attn_head_out_by_pos",
-                                  "get_act_patch_block_every", "get_act_patch_attn_head_all_pos_every"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "get_act_patch_attn_head_k_by_pos",
+        "get_act_patch_attn_head_v_all_pos",
+        "get_act_patch_attn_head_q_all_pos",
+        "get_act_patch_attn_head_out_by_pos",
+        "get_act_patch_block_every",
+        "get_act_patch_attn_head_all_pos_every",
+    ],
+)
 def test_grouped_qwen3_equals_transformer_lens(qwen3_pair, name):
     got, want = _both(qwen3_pair, name)
     assert got.shape == want.shape
@@ -83,18 +102,23 @@ def test_dest_src_pattern_and_index_df(gpt2_pair):
     _, our_cache = ours.run_with_cache(clean)
     _, their_cache = theirs.run_with_cache(clean)
     got = tl_patching.get_act_patch_attn_head_pattern_dest_src_pos(ours, corrupted, our_cache, logit_diff)
-    want = tl_patching_reference.get_act_patch_attn_head_pattern_dest_src_pos(theirs, corrupted, their_cache, logit_diff)
+    want = tl_patching_reference.get_act_patch_attn_head_pattern_dest_src_pos(
+        theirs, corrupted, their_cache, logit_diff
+    )
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     index_df = tl_patching.make_df_from_ranges([2, 3], ["layer", "pos"]).iloc[[5, 0, 2]]
-    flat, df = tl_patching.get_act_patch_resid_pre(ours, corrupted, our_cache, logit_diff, index_df=index_df,
-                                                   return_index_df=True)
-    want = tl_patching_reference.get_act_patch_resid_pre(theirs, corrupted, their_cache, logit_diff, index_df=index_df,
-                                                         index_axis_names=None)  # TransformerLens asserts on its default
+    flat, df = tl_patching.get_act_patch_resid_pre(
+        ours, corrupted, our_cache, logit_diff, index_df=index_df, return_index_df=True
+    )
+    want = tl_patching_reference.get_act_patch_resid_pre(
+        theirs, corrupted, their_cache, logit_diff, index_df=index_df, index_axis_names=None
+    )  # TransformerLens asserts on its default
     assert df is index_df and flat.shape == (3,)
     torch.testing.assert_close(flat, want, atol=1e-4, rtol=1e-4)
     grid, grid_df = tl_patching.get_act_patch_resid_pre(ours, corrupted, our_cache, logit_diff, return_index_df=True)
-    _, want_df = tl_patching_reference.get_act_patch_resid_pre(theirs, corrupted, their_cache, logit_diff,
-                                                               return_index_df=True)
+    _, want_df = tl_patching_reference.get_act_patch_resid_pre(
+        theirs, corrupted, their_cache, logit_diff, return_index_df=True
+    )
     assert grid.shape == (2, 3) and grid_df.equals(want_df)
 
 
@@ -122,8 +146,15 @@ def test_per_prompt_metric_is_refused(gpt2):
         tl_patching.get_act_patch_resid_pre(gpt2, tokens, cache, lambda logits: logits[:, -1, 0])
 
 
-@pytest.mark.parametrize("name", ["get_act_patch_resid_pre", "get_act_patch_attn_head_out_by_pos",
-                                  "get_act_patch_attn_head_out_all_pos", "get_act_patch_attn_head_pattern_by_pos"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "get_act_patch_resid_pre",
+        "get_act_patch_attn_head_out_by_pos",
+        "get_act_patch_attn_head_out_all_pos",
+        "get_act_patch_attn_head_pattern_by_pos",
+    ],
+)
 def test_a_left_padded_batch_equals_transformer_lens(gpt2_dir, name):
     """Prompts of different lengths, padded on the left by `to_tokens` in both libraries, whose forwards read
     the mask from the ids: the corrupted run swaps two real tokens of each prompt, so the padding is the same."""

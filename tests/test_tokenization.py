@@ -26,7 +26,9 @@ def test_round_trip_through_strings(gpt2):
     assert gpt2.to_string(tokens[0]) == text
     assert "".join(gpt2.to_str_tokens(text, prepend_bos=False)) == text
     assert gpt2.to_str_tokens(text)[0] == "<|endoftext|>"
-    assert gpt2.to_str_tokens(tokens) == gpt2.to_str_tokens(text, prepend_bos=False)  # [1, pos] squeezes, as TransformerLens
+    assert gpt2.to_str_tokens(tokens) == gpt2.to_str_tokens(
+        text, prepend_bos=False
+    )  # [1, pos] squeezes, as TransformerLens
 
 
 def test_to_single_token(gpt2):
@@ -45,7 +47,7 @@ def test_batches_are_left_padded_with_a_mask_the_model_finds(gpt2):
         from_text = gpt2(prompts)
         alone = gpt2("Hi")
     assert torch.equal(from_tokens, from_text)
-    torch.testing.assert_close(from_text[0, -alone.shape[1]:], alone[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(from_text[0, -alone.shape[1] :], alone[0], rtol=0, atol=1e-5)
 
 
 def test_explicit_attention_mask_gives_the_same_as_the_prompt_alone(gpt2):
@@ -73,11 +75,16 @@ def test_a_padded_batch_keeps_its_mask_however_the_tensor_travels(gpt2, tmp_path
     torch.save(tokens, tmp_path / "tokens.pt")
     with torch.no_grad():
         alone = [gpt2(prompt)[0] for prompt in prompts]
-        for travelled in (tokens.clone(), tokens.to("cpu", copy=True), torch.load(tmp_path / "tokens.pt"), tokens[[2, 1]].contiguous()):
+        for travelled in (
+            tokens.clone(),
+            tokens.to("cpu", copy=True),
+            torch.load(tmp_path / "tokens.pt"),
+            tokens[[2, 1]].contiguous(),
+        ):
             logits = gpt2(travelled)
             rows = range(3) if travelled.shape[0] == 3 else (2, 1)
             for row, prompt_logits in zip(range(travelled.shape[0]), [alone[i] for i in rows]):
-                torch.testing.assert_close(logits[row, -prompt_logits.shape[0]:], prompt_logits, rtol=0, atol=1e-5)
+                torch.testing.assert_close(logits[row, -prompt_logits.shape[0] :], prompt_logits, rtol=0, atol=1e-5)
 
 
 def test_mask_from_ids_follows_transformer_lens_rules(gpt2):
@@ -111,7 +118,9 @@ def test_loss_of_a_padded_batch_counts_each_prompt_real_tokens_only(gpt2):
 def hf_gpt2(gpt2_dir):
     import transformers
 
-    return transformers.GPT2LMHeadModel.from_pretrained(gpt2_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    return transformers.GPT2LMHeadModel.from_pretrained(
+        gpt2_dir, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
 
 
 def assert_matches_transformers(model, hf, tokens: torch.Tensor) -> None:
@@ -119,8 +128,14 @@ def assert_matches_transformers(model, hf, tokens: torch.Tensor) -> None:
     ones = torch.ones_like(tokens)
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), hf(tokens, attention_mask=ones).logits, rtol=0, atol=1e-5)
-        reference = hf.generate(tokens, attention_mask=ones, max_new_tokens=8, do_sample=False, eos_token_id=None,
-                                pad_token_id=model.tokenizer.pad_token_id)
+        reference = hf.generate(
+            tokens,
+            attention_mask=ones,
+            max_new_tokens=8,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=model.tokenizer.pad_token_id,
+        )
     assert torch.equal(model.generate(tokens, 8, stop_at_eos=False), reference)
 
 
@@ -180,29 +195,37 @@ def test_a_slice_of_a_padded_batch_without_its_longest_row_needs_its_mask(gpt2):
             gpt2(tokens[[0, 2]])
         logits = gpt2(tokens[[0, 2]], attention_mask=mask[[0, 2]])
         for row, prompt_logits in zip(range(2), (alone[0], alone[2])):
-            torch.testing.assert_close(logits[row, -prompt_logits.shape[0]:], prompt_logits, rtol=0, atol=1e-5)
+            torch.testing.assert_close(logits[row, -prompt_logits.shape[0] :], prompt_logits, rtol=0, atol=1e-5)
         # One padded row alone reads as a prompt of pad ids, as a real one would: only its mask can say.
-        torch.testing.assert_close(gpt2(tokens[0]), gpt2(tokens[0], attention_mask=torch.ones_like(tokens[0])), rtol=0, atol=0)
+        torch.testing.assert_close(
+            gpt2(tokens[0]), gpt2(tokens[0], attention_mask=torch.ones_like(tokens[0])), rtol=0, atol=0
+        )
         row = gpt2(tokens[0], attention_mask=mask[0])[0]
-        torch.testing.assert_close(row[-alone[0].shape[0]:], alone[0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(row[-alone[0].shape[0] :], alone[0], rtol=0, atol=1e-5)
 
 
 def test_to_tokens_refuses_a_batch_whose_ids_would_lose_their_mask(gpt2):
     """A prompt that begins with the pad token, in a batch: its ids read as padding (or hide another
     row's), so `to_tokens` says how to keep the tokenizer's mask instead of handing out ids that lie."""
-    for texts, named in ((["When Mary and John went", "<|endoftext|>Hi"], "prompt 1 "),
-                         (["<|endoftext|>When Mary and John", "When Mary and John"], "prompt 0 ")):
+    for texts, named in (
+        (["When Mary and John went", "<|endoftext|>Hi"], "prompt 1 "),
+        (["<|endoftext|>When Mary and John", "When Mary and John"], "prompt 0 "),
+    ):
         with pytest.raises(ValueError) as raised:
             gpt2.to_tokens(texts)
         message = str(raised.value)
-        assert named in message and "'<|endoftext|>', the pad token" in message and "attention_mask=batch['attention_mask']" in message
+        assert (
+            named in message
+            and "'<|endoftext|>', the pad token" in message
+            and "attention_mask=batch['attention_mask']" in message
+        )
         batch = gpt2.tokenizer(texts, return_tensors="pt")  # the fix the message gives
         with torch.no_grad():
             logits = gpt2(batch["input_ids"], attention_mask=batch["attention_mask"])
             assert torch.equal(logits, gpt2(texts))
             for row, text in enumerate(texts):
                 prompt_logits = gpt2(text)[0]
-                torch.testing.assert_close(logits[row, -prompt_logits.shape[0]:], prompt_logits, rtol=0, atol=1e-5)
+                torch.testing.assert_close(logits[row, -prompt_logits.shape[0] :], prompt_logits, rtol=0, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- the unknown token
@@ -212,18 +235,28 @@ def test_the_unknown_token_is_the_one_the_tokenizer_model_emits(gpt2, gpt2_dir, 
     from hooked.tokenizer import HookedTokenizer
 
     ioi = hooked.load("hooked/ioi-gpt2")  # a word-level tokenizer with <|unk|>
-    assert ioi.tokenizer.unk_token == "<|unk|>" and ioi.tokenizer.unk_token_id == ioi.tokenizer.convert_tokens_to_ids("<|unk|>")
+    assert ioi.tokenizer.unk_token == "<|unk|>" and ioi.tokenizer.unk_token_id == ioi.tokenizer.convert_tokens_to_ids(
+        "<|unk|>"
+    )
     assert ioi.tokenizer.encode(" Paris", add_special_tokens=False) == [ioi.tokenizer.unk_token_id]
     # GPT-2's byte-level BPE has none, though its special_tokens_map names <|endoftext|> the unk_token.
     assert gpt2.tokenizer.unk_token_id is None and gpt2.tokenizer.unk_token is None
     shutil.copy(gpt2_dir / "tokenizer.json", tmp_path / "tokenizer.json")
-    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}))
+    (tmp_path / "special_tokens_map.json").write_text(
+        json.dumps({"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>"})
+    )
     assert HookedTokenizer.from_directory(tmp_path, {}).unk_token_id is None
     vocab = {"[UNK]": 0, "hello": 1}
-    for model in (models.WordPiece(vocab, unk_token="[UNK]"), models.WordLevel(vocab, unk_token="[UNK]"),
-                  models.Unigram([("[UNK]", 0.0), ("hello", -1.0)], 0, False)):
+    for model in (
+        models.WordPiece(vocab, unk_token="[UNK]"),
+        models.WordLevel(vocab, unk_token="[UNK]"),
+        models.Unigram([("[UNK]", 0.0), ("hello", -1.0)], 0, False),
+    ):
         assert HookedTokenizer(Tokenizer(model), None, None, None).unk_token_id == 0, type(model).__name__
-    assert HookedTokenizer(Tokenizer(models.WordLevel(vocab, unk_token="<missing>")), None, None, None).unk_token_id is None
+    assert (
+        HookedTokenizer(Tokenizer(models.WordLevel(vocab, unk_token="<missing>")), None, None, None).unk_token_id
+        is None
+    )
 
 
 def test_to_single_token_refuses_a_word_the_tokenizer_does_not_know():
@@ -232,7 +265,10 @@ def test_to_single_token_refuses_a_word_the_tokenizer_does_not_know():
     with pytest.raises(ValueError) as raised:
         model.to_single_token(" Paris")
     message = str(raised.value)
-    assert "' Paris' is not in this tokenizer's vocabulary" in message and f"'<|unk|>' (id {unknown}) is the unknown token" in message
+    assert (
+        "' Paris' is not in this tokenizer's vocabulary" in message
+        and f"'<|unk|>' (id {unknown}) is the unknown token" in message
+    )
     assert "model.tokenizer.get_vocab()" in message and f"pass the id {unknown} itself" in message
     with pytest.raises(ValueError, match="unknown token"):
         model.get_token_position(" Paris", "When Mary and John went to the store")
@@ -258,7 +294,9 @@ def test_any_leading_pad_runs_are_read_as_the_rule_says(gpt2, lengths, extra, se
         tokens[row, :run] = pad
     with torch.no_grad():
         if len(set(runs)) == 1:
-            torch.testing.assert_close(gpt2(tokens), gpt2(tokens, attention_mask=torch.ones_like(tokens)), rtol=0, atol=0)
+            torch.testing.assert_close(
+                gpt2(tokens), gpt2(tokens, attention_mask=torch.ones_like(tokens)), rtol=0, atol=0
+            )
         elif min(runs) > 1:
             with pytest.raises(ValueError, match="pass attention_mask="):
                 gpt2(tokens)

@@ -37,8 +37,22 @@ def tl_utils():
 
 # ----------------------------------------------------------------------------- config
 def test_config_fields_are_transformer_lens_values(gpt2, tl):
-    for field in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "d_vocab_out", "n_ctx", "act_fn",
-                  "normalization_type", "positional_embedding_type", "default_prepend_bos", "original_architecture", "eps"):
+    for field in (
+        "n_layers",
+        "d_model",
+        "n_heads",
+        "d_head",
+        "d_mlp",
+        "d_vocab",
+        "d_vocab_out",
+        "n_ctx",
+        "act_fn",
+        "normalization_type",
+        "positional_embedding_type",
+        "default_prepend_bos",
+        "original_architecture",
+        "eps",
+    ):
         assert getattr(gpt2.cfg, field) == getattr(tl.cfg, field), field
     assert str(gpt2.cfg.device) == str(tl.cfg.device) == "cpu"
     assert gpt2.cfg.tokenizer_name == gpt2.name_or_path
@@ -82,7 +96,9 @@ def test_logits_and_activations_match(gpt2, tl):
         logits, cache = gpt2.run_with_cache(tokens)
         tl_logits, tl_cache = tl.run_with_cache(tokens)
     torch.testing.assert_close(logits, tl_logits, rtol=1e-4, atol=1e-4)
-    shared = [name for name in gpt2.hook_names if name in tl_cache]  # hook_result: TransformerLens computes it on request
+    shared = [
+        name for name in gpt2.hook_names if name in tl_cache
+    ]  # hook_result: TransformerLens computes it on request
     assert len(shared) >= 2 + 2 * 14  # every concept TransformerLens names is here under its name
     for name in shared:
         ours, theirs = cache[name], tl_cache[name]
@@ -117,8 +133,11 @@ def test_hook_registry_as_transformer_lens(gpt2):
 
 
 def test_hook_levels_refused(gpt2):
-    for call in (lambda: gpt2.remove_all_hook_fns(level=1), lambda: gpt2.hook_dict["hook_embed"].remove_hooks(level=1),
-                 lambda: gpt2.hook_dict["hook_embed"].add_hook(lambda x, h: None, level=1)):
+    for call in (
+        lambda: gpt2.remove_all_hook_fns(level=1),
+        lambda: gpt2.hook_dict["hook_embed"].remove_hooks(level=1),
+        lambda: gpt2.hook_dict["hook_embed"].add_hook(lambda x, h: None, level=1),
+    ):
         with pytest.raises(ValueError, match="levels"):
             call()
 
@@ -160,7 +179,9 @@ def test_attn_result_toggle_is_a_no_op(gpt2, tl):
         with torch.no_grad():
             _, cache = gpt2.run_with_cache(tokens, names_filter="blocks.0.attn.hook_result")
             _, tl_cache = tl.run_with_cache(tokens, names_filter="blocks.0.attn.hook_result")
-        torch.testing.assert_close(cache["blocks.0.attn.hook_result"], tl_cache["blocks.0.attn.hook_result"], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            cache["blocks.0.attn.hook_result"], tl_cache["blocks.0.attn.hook_result"], rtol=1e-4, atol=1e-5
+        )
     finally:
         tl.set_use_attn_result(False)
     gpt2.set_use_split_qkv_input(False)
@@ -198,7 +219,9 @@ def test_split_qkv_and_mlp_in_match_transformer_lens(gpt2, tl):
         tl.set_use_hook_mlp_in(False)
 
 
-@pytest.mark.parametrize("toggle, hint", [("set_use_attn_in", "ln1.hook_normalized"), ("set_ungroup_grouped_query_attention", "kv_head")])
+@pytest.mark.parametrize(
+    "toggle, hint", [("set_use_attn_in", "ln1.hook_normalized"), ("set_ungroup_grouped_query_attention", "kv_head")]
+)
 def test_toggles_without_a_hook_point_raise(gpt2, toggle, hint):
     with pytest.raises(ValueError, match=hint):
         getattr(gpt2, toggle)(True)
@@ -207,8 +230,12 @@ def test_toggles_without_a_hook_point_raise(gpt2, toggle, hint):
 # ----------------------------------------------------------------------------- tokens
 def test_to_tokens_matches(gpt2, tl):
     for prepend_bos in (None, True, False):
-        assert torch.equal(gpt2.to_tokens(PROMPTS, prepend_bos=prepend_bos), tl.to_tokens(PROMPTS, prepend_bos=prepend_bos))
-        assert torch.equal(gpt2.to_tokens(PROMPTS[0], prepend_bos=prepend_bos), tl.to_tokens(PROMPTS[0], prepend_bos=prepend_bos))
+        assert torch.equal(
+            gpt2.to_tokens(PROMPTS, prepend_bos=prepend_bos), tl.to_tokens(PROMPTS, prepend_bos=prepend_bos)
+        )
+        assert torch.equal(
+            gpt2.to_tokens(PROMPTS[0], prepend_bos=prepend_bos), tl.to_tokens(PROMPTS[0], prepend_bos=prepend_bos)
+        )
     assert torch.equal(gpt2.to_tokens(PROMPTS, padding_side="left"), tl.to_tokens(PROMPTS, padding_side="left"))
 
 
@@ -238,10 +265,21 @@ def test_right_padding_as_transformer_lens(gpt2, tl, tl_utils):
 
 def test_to_str_tokens_squeezes_as_transformer_lens(gpt2, tl):
     tokens = gpt2.to_tokens(PROMPTS[0])
-    for value in (PROMPTS[0], PROMPTS, tokens, tokens[0], tokens[0, 3], tokens[:, :1], tokens.numpy(), tokens[0].numpy()):
+    for value in (
+        PROMPTS[0],
+        PROMPTS,
+        tokens,
+        tokens[0],
+        tokens[0, 3],
+        tokens[:, :1],
+        tokens.numpy(),
+        tokens[0].numpy(),
+    ):
         assert gpt2.to_str_tokens(value) == tl.to_str_tokens(value)
     assert gpt2.to_str_tokens(PROMPTS[2], prepend_bos=False) == tl.to_str_tokens(PROMPTS[2], prepend_bos=False)
-    assert gpt2.to_str_tokens(gpt2.to_tokens(PROMPTS[:2])) == [gpt2.to_str_tokens(row) for row in gpt2.to_tokens(PROMPTS[:2])]
+    assert gpt2.to_str_tokens(gpt2.to_tokens(PROMPTS[:2])) == [
+        gpt2.to_str_tokens(row) for row in gpt2.to_tokens(PROMPTS[:2])
+    ]
 
 
 def test_single_tokens_and_positions(gpt2, tl):
@@ -254,7 +292,9 @@ def test_single_tokens_and_positions(gpt2, tl):
     for mode in ("first", "last"):
         for single, text in ((" John", PROMPTS[0]), (token, tokens), (torch.tensor(token), tokens[0])):
             assert gpt2.get_token_position(single, text, mode=mode) == tl.get_token_position(single, text, mode=mode)
-        assert gpt2.get_token_position(" John", PROMPTS[0], mode, prepend_bos=False) == tl.get_token_position(" John", PROMPTS[0], mode, prepend_bos=False)
+        assert gpt2.get_token_position(" John", PROMPTS[0], mode, prepend_bos=False) == tl.get_token_position(
+            " John", PROMPTS[0], mode, prepend_bos=False
+        )
     assert gpt2.get_token_position(" John", PROMPTS[0], "first") != gpt2.get_token_position(" John", PROMPTS[0], "last")
     with pytest.raises(ValueError, match="does not occur"):
         gpt2.get_token_position(" John", "Hi there")
@@ -276,7 +316,15 @@ def test_tokens_to_residual_directions_shapes(gpt2, tl):
 
 def test_tokenizer_answers_hugging_face_calls(gpt2, tl):
     ours, theirs = gpt2.tokenizer, tl.tokenizer
-    for attribute in ("bos_token", "eos_token", "pad_token", "bos_token_id", "eos_token_id", "pad_token_id", "padding_side"):
+    for attribute in (
+        "bos_token",
+        "eos_token",
+        "pad_token",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "padding_side",
+    ):
         assert getattr(ours, attribute) == getattr(theirs, attribute), attribute
     assert ours.encode(" Mary went") == theirs.encode(" Mary went")
     assert ours.encode(" Mary went", add_special_tokens=False) == theirs.encode(" Mary went", add_special_tokens=False)
@@ -298,8 +346,12 @@ def test_tokenizer_answers_hugging_face_calls(gpt2, tl):
 def test_utils_match(gpt2, tl, tl_utils):
     tokens = gpt2.to_tokens(PROMPTS)
     for prepend_bos in (True, False):
-        torch.testing.assert_close(utils.get_attention_mask(gpt2.tokenizer, tokens, prepend_bos),
-                                   tl_utils.get_attention_mask(tl.tokenizer, tokens, prepend_bos), rtol=0, atol=0)
+        torch.testing.assert_close(
+            utils.get_attention_mask(gpt2.tokenizer, tokens, prepend_bos),
+            tl_utils.get_attention_mask(tl.tokenizer, tokens, prepend_bos),
+            rtol=0,
+            atol=0,
+        )
     alone = gpt2.to_tokens(PROMPTS[2])
     assert torch.equal(utils.get_attention_mask(gpt2.tokenizer, alone, True), torch.ones_like(alone))
     with torch.no_grad():
@@ -307,11 +359,17 @@ def test_utils_match(gpt2, tl, tl_utils):
     mask = utils.get_attention_mask(gpt2.tokenizer, tokens, True)
     for attention_mask in (None, mask):
         for per_token in (False, True):
-            torch.testing.assert_close(utils.lm_cross_entropy_loss(logits, tokens, attention_mask, per_token),
-                                       tl_utils.lm_cross_entropy_loss(logits, tokens, attention_mask, per_token))
-    assert not torch.allclose(utils.lm_cross_entropy_loss(logits, tokens, mask), utils.lm_cross_entropy_loss(logits, tokens))
+            torch.testing.assert_close(
+                utils.lm_cross_entropy_loss(logits, tokens, attention_mask, per_token),
+                tl_utils.lm_cross_entropy_loss(logits, tokens, attention_mask, per_token),
+            )
+    assert not torch.allclose(
+        utils.lm_cross_entropy_loss(logits, tokens, mask), utils.lm_cross_entropy_loss(logits, tokens)
+    )
     for per_token in (False, True):
-        assert torch.equal(utils.lm_accuracy(logits, tokens, per_token), tl_utils.lm_accuracy(logits, tokens, per_token))
+        assert torch.equal(
+            utils.lm_accuracy(logits, tokens, per_token), tl_utils.lm_accuracy(logits, tokens, per_token)
+        )
     for value in (torch.ones(2, dtype=torch.bfloat16), [1, 2], (3,), 4.0, logits[0, 0]):
         assert (utils.to_numpy(value) == tl_utils.to_numpy(value)).all()
     for name, layer in (("z", 1), ("pattern", 0), ("resid_post", 1), ("embed", None)):
@@ -346,19 +404,33 @@ def test_from_pretrained_on_the_base_class(gpt2_dir, gpt2):
     model = hooked.HookedTransformer.from_pretrained(gpt2_dir, default_prepend_bos=False, device="cpu", dtype="float32")
     assert isinstance(model, hooked.GPT2) and model.cfg.default_prepend_bos is False
     assert model.processing["fold_ln"] and model.cfg.normalization_type == "LNPre"  # processed, as TransformerLens
-    falses = dict(fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False,
-                  refactor_factored_attn_matrices=False)
-    for source in (hooked.HookedTransformer.from_pretrained_no_processing(gpt2_dir),
-                   hooked.HookedTransformer.from_pretrained(gpt2_dir, **falses)):
+    falses = dict(
+        fold_ln=False,
+        center_writing_weights=False,
+        center_unembed=False,
+        fold_value_biases=False,
+        refactor_factored_attn_matrices=False,
+    )
+    for source in (
+        hooked.HookedTransformer.from_pretrained_no_processing(gpt2_dir),
+        hooked.HookedTransformer.from_pretrained(gpt2_dir, **falses),
+    ):
         for name, parameter in gpt2.named_parameters():  # unprocessed: the checkpoint's own weights
             assert torch.equal(source.get_parameter(name), parameter)
 
 
-@pytest.mark.parametrize("kwargs, named", [
-    (dict(n_devices=2), "n_devices"), (dict(tokenizer=object()), "tokenizer"), (dict(hf_model=object()), "hf_model"),
-    (dict(first_n_layers=1), "first_n_layers"), (dict(checkpoint_index=3), "checkpoint_index"),
-    (dict(move_to_device=False), "move_to_device"), (dict(trust_remote_code=True), "trust_remote_code"),
-])
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        (dict(n_devices=2), "n_devices"),
+        (dict(tokenizer=object()), "tokenizer"),
+        (dict(hf_model=object()), "hf_model"),
+        (dict(first_n_layers=1), "first_n_layers"),
+        (dict(checkpoint_index=3), "checkpoint_index"),
+        (dict(move_to_device=False), "move_to_device"),
+        (dict(trust_remote_code=True), "trust_remote_code"),
+    ],
+)
 def test_other_transformer_lens_arguments_are_refused(gpt2_dir, kwargs, named):
     with pytest.raises(ValueError, match=named):
         hooked.HookedTransformer.from_pretrained(gpt2_dir, **kwargs)
@@ -383,7 +455,9 @@ def test_loss_per_token_as_transformer_lens(gpt2, gpt2_dir):
         theirs = reference(prompts, return_type="loss", loss_per_token=True)
         assert ours.shape == theirs.shape
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(gpt2(prompts, return_type="loss"), reference(prompts, return_type="loss"), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            gpt2(prompts, return_type="loss"), reference(prompts, return_type="loss"), rtol=1e-5, atol=1e-5
+        )
 
 
 # ----------------------------------------------------------------------------- generate's defaults
@@ -392,17 +466,26 @@ def test_generate_samples_by_default_on_models_built_the_transformer_lens_way(gp
     unless told otherwise: so does `generate` on a model from `HookedTransformer.from_pretrained`,
     `from_pretrained_no_processing` or `HookedTransformer(cfg)`; `hooked.load`'s models stay greedy and quiet."""
     prompt = "When Mary and John went to the store"
-    for model in (hooked.HookedTransformer.from_pretrained_no_processing(gpt2_dir),
-                  hooked.HookedTransformer(hooked.HookedTransformerConfig(n_layers=1, d_model=32, n_ctx=16, d_head=8,
-                                                                          n_heads=4, d_vocab=50, act_fn="gelu_new"))):
+    for model in (
+        hooked.HookedTransformer.from_pretrained_no_processing(gpt2_dir),
+        hooked.HookedTransformer(
+            hooked.HookedTransformerConfig(
+                n_layers=1, d_model=32, n_ctx=16, d_head=8, n_heads=4, d_vocab=50, act_fn="gelu_new"
+            )
+        ),
+    ):
         tokens = torch.tensor([[1, 2, 3, 4]])
         capsys.readouterr()
         sampled = model.generate(tokens, 12, seed=0, stop_at_eos=False)
         assert capsys.readouterr().err  # the progress bar
-        assert torch.equal(sampled, model.generate(tokens, 12, seed=0, do_sample=True, verbose=False, stop_at_eos=False))
+        assert torch.equal(
+            sampled, model.generate(tokens, 12, seed=0, do_sample=True, verbose=False, stop_at_eos=False)
+        )
         assert not torch.equal(sampled, model.generate(tokens, 12, do_sample=False, verbose=False, stop_at_eos=False))
     processed = hooked.HookedTransformer.from_pretrained(gpt2_dir)
-    assert processed.generate(prompt, 5, seed=1, verbose=False) == processed.generate(prompt, 5, seed=1, do_sample=True, verbose=False)
+    assert processed.generate(prompt, 5, seed=1, verbose=False) == processed.generate(
+        prompt, 5, seed=1, do_sample=True, verbose=False
+    )
     capsys.readouterr()
     greedy = gpt2.generate(prompt, 5)
     assert not capsys.readouterr().err

@@ -22,16 +22,23 @@ BUNDLED = ("ioi-gpt2", "ioi-qwen3moe")
 
 def test_an_installed_wheel_loads_the_bundled_models(tmp_path):
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],
-                   check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     wheel = next(dist.glob("hooked-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for model in BUNDLED:
         for file in ("config.json", "model.safetensors", "tokenizer.json"):
             assert f"hooked/bundled/{model}/{file}" in names, (model, file)
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     script = (
         "import json, sys, torch, hooked\n"
         "from hooked import metrics, tasks\n"

@@ -27,7 +27,10 @@ def tl_tokenizer(checkpoint_dir: Path):
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_file=str(Path(checkpoint_dir) / "tokenizer.json"),
-        bos_token=END_OF_TEXT, eos_token=END_OF_TEXT, pad_token=END_OF_TEXT, unk_token=END_OF_TEXT,
+        bos_token=END_OF_TEXT,
+        eos_token=END_OF_TEXT,
+        pad_token=END_OF_TEXT,
+        unk_token=END_OF_TEXT,
         padding_side="left",
     )
     directory = Path(tempfile.mkdtemp(prefix="tl_tokenizer_"))
@@ -53,18 +56,32 @@ def tl_gpt2(checkpoint_dir: Path, with_tokenizer: bool = True, fold_ln: bool = F
     hf = GPT2LMHeadModel.from_pretrained(checkpoint_dir).eval()
     hf_cfg = hf.config
     cfg = HookedTransformerConfig(
-        n_layers=hf_cfg.n_layer, d_model=hf_cfg.n_embd, n_heads=hf_cfg.n_head, d_head=hf_cfg.n_embd // hf_cfg.n_head,
-        d_mlp=hf_cfg.n_inner or 4 * hf_cfg.n_embd, d_vocab=hf_cfg.vocab_size, n_ctx=hf_cfg.n_positions,
-        act_fn="gelu_new", normalization_type="LN", positional_embedding_type="standard",
-        eps=hf_cfg.layer_norm_epsilon, default_prepend_bos=True, device="cpu", dtype=torch.float32,
-        original_architecture="GPT2LMHeadModel", tokenizer_prepends_bos=False,
+        n_layers=hf_cfg.n_layer,
+        d_model=hf_cfg.n_embd,
+        n_heads=hf_cfg.n_head,
+        d_head=hf_cfg.n_embd // hf_cfg.n_head,
+        d_mlp=hf_cfg.n_inner or 4 * hf_cfg.n_embd,
+        d_vocab=hf_cfg.vocab_size,
+        n_ctx=hf_cfg.n_positions,
+        act_fn="gelu_new",
+        normalization_type="LN",
+        positional_embedding_type="standard",
+        eps=hf_cfg.layer_norm_epsilon,
+        default_prepend_bos=True,
+        device="cpu",
+        dtype=torch.float32,
+        original_architecture="GPT2LMHeadModel",
+        tokenizer_prepends_bos=False,
     )
     tokenizer = tl_tokenizer(checkpoint_dir) if with_tokenizer else None
     model = HookedTransformer(cfg, tokenizer=tokenizer, default_padding_side="left")
     with torch.no_grad():
         model.load_and_process_state_dict(
-            convert_gpt2_weights(hf, cfg), fold_ln=fold_ln, center_writing_weights=False,
-            center_unembed=False, fold_value_biases=False,
+            convert_gpt2_weights(hf, cfg),
+            fold_ln=fold_ln,
+            center_writing_weights=False,
+            center_unembed=False,
+            fold_value_biases=False,
         )
     return model.eval()
 
@@ -85,7 +102,11 @@ def tl_qwen3(checkpoint_dir: Path, hf_model=None):
         from transformer_lens.loading_from_pretrained import convert_hf_model_config
         from transformer_lens.pretrained.weight_conversions import convert_qwen3_weights
 
-    hf = hf_model if hf_model is not None else Qwen3ForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32).eval()
+    hf = (
+        hf_model
+        if hf_model is not None
+        else Qwen3ForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32).eval()
+    )
     fields = {field.name for field in dataclasses.fields(HookedTransformerConfig)}
     mapped = convert_hf_model_config(str(checkpoint_dir))
     cfg = HookedTransformerConfig(**{k: v for k, v in mapped.items() if k in fields}, device="cpu", dtype=torch.float32)
@@ -94,8 +115,11 @@ def tl_qwen3(checkpoint_dir: Path, hf_model=None):
         model = HookedTransformer(cfg)
     with torch.no_grad():
         model.load_and_process_state_dict(
-            convert_qwen3_weights(hf, cfg), fold_ln=False, center_writing_weights=False,
-            center_unembed=False, fold_value_biases=False,
+            convert_qwen3_weights(hf, cfg),
+            fold_ln=False,
+            center_writing_weights=False,
+            center_unembed=False,
+            fold_value_biases=False,
         )
     return model.eval()
 
@@ -108,8 +132,15 @@ def save_grouped_qwen3(directory: Path, n_layers: int = 2):
     from hooked.testing import randomize_norms
 
     torch.manual_seed(0)
-    config = transformers.Qwen3Config(vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                      head_dim=8, intermediate_size=48, num_hidden_layers=n_layers)
+    config = transformers.Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        num_hidden_layers=n_layers,
+    )
     hf = transformers.Qwen3ForCausalLM(config).eval()
     randomize_norms(hf)
     hf.save_pretrained(directory)

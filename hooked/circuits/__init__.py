@@ -17,5 +17,17 @@ from hooked.circuits.discovery import Circuit, discover, prune
 from hooked.circuits.graph import Edge, Graph, graph, graph_of_shape
 from hooked.circuits.patching import patch_edges, path_patch, path_patch_sweep
 
-__all__ = ["Circuit", "Edge", "EdgeScores", "Graph", "attribute", "discover", "graph", "graph_of_shape", "patch_edges",
-           "path_patch", "path_patch_sweep", "prune"]
+__all__ = [
+    "Circuit",
+    "Edge",
+    "EdgeScores",
+    "Graph",
+    "attribute",
+    "discover",
+    "graph",
+    "graph_of_shape",
+    "patch_edges",
+    "path_patch",
+    "path_patch_sweep",
+    "prune",
+]

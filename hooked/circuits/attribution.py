@@ -79,8 +79,13 @@ class EdgeScores:
         values = self.values().tolist()
         ranked = self.ranking()
         rank = {edge: i + 1 for i, edge in enumerate(ranked)}
-        return sorted(({"edge": str(e), "source": e.source, "receiver": e.receiver, "score": v, "rank": rank[e]}
-                       for e, v in zip(self.graph.edges, values)), key=lambda row: row["rank"])
+        return sorted(
+            (
+                {"edge": str(e), "source": e.source, "receiver": e.receiver, "score": v, "rank": rank[e]}
+                for e, v in zip(self.graph.edges, values)
+            ),
+            key=lambda row: row["rank"],
+        )
 
     def table(self):
         """A pandas DataFrame (the `tables` extra): one row per edge, largest |score| first."""
@@ -100,8 +105,11 @@ class EdgeScores:
         return path
 
     def to_dict(self) -> dict:
-        return {"method": self.method, "scores": {str(e): v for e, v in zip(self.graph.edges, self.values().tolist())},
-                "provenance": self.provenance}
+        return {
+            "method": self.method,
+            "scores": {str(e): v for e, v in zip(self.graph.edges, self.values().tolist())},
+            "provenance": self.provenance,
+        }
 
     def __repr__(self) -> str:
         best = ", ".join(f"{edge} {score:+.3g}" for edge, score in self.top(3))
@@ -133,8 +141,10 @@ def attribute(
     if method not in ("eap", "eap-ig"):
         raise ValueError(f"method must be 'eap' or 'eap-ig', not {method!r}")
     if getattr(metric, "needs_base", False) is True:
-        raise ValueError(f"{metric!r} compares with the clean run, where its gradient is 0: every score would be 0;"
-                         " use a metric of the answers (logit_diff, log_prob, ...)")
+        raise ValueError(
+            f"{metric!r} compares with the clean run, where its gradient is 0: every score would be 0;"
+            " use a metric of the answers (logit_diff, log_prob, ...)"
+        )
     if torch.is_inference_mode_enabled():
         raise RuntimeError("circuits.attribute needs gradients; call it outside torch.inference_mode()")
     alphas = interpolation_points(method, steps)
@@ -154,7 +164,9 @@ def interpolation_points(method: Method, steps: int) -> list[float]:
     return [0.0] if method == "eap" else [(k + 0.5) / steps for k in range(steps)]
 
 
-def receiver_gradients(experiment: Experiment, alphas: list[float], steps_per_forward: int | None = None) -> dict[str, Tensor]:
+def receiver_gradients(
+    experiment: Experiment, alphas: list[float], steps_per_forward: int | None = None
+) -> dict[str, Tensor]:
     """d metric / d input at every receiver point ([B pos (heads) d_model]), averaged over the inputs
     clean + alpha * (patched - clean) of the embedding. The alphas run as row blocks, `steps_per_forward`
     at a time (default: as many as the memory budget of `engine.rows_per_forward` allows)."""
@@ -168,7 +180,7 @@ def receiver_gradients(experiment: Experiment, alphas: list[float], steps_per_fo
     model.eval()
     try:
         for first in range(0, len(alphas), steps_per_forward):
-            for point, grad in _gradients_at(experiment, alphas[first:first + steps_per_forward], points).items():
+            for point, grad in _gradients_at(experiment, alphas[first : first + steps_per_forward], points).items():
                 grad = grad.to(precision).sum(0)  # [B ...]: the sum over this chunk's alphas
                 totals[point] = grad if point not in totals else totals[point] + grad
     finally:
@@ -195,11 +207,17 @@ def _gradients_at(experiment: Experiment, alphas: list[float], points: list[str]
     with torch.enable_grad(), model.hooks(fwd_hooks=[(g.sources[0].hook_name, embed)] + [(p, keep) for p in points]):
         final = _stage_loop(model, prompts, copies, 0, experiment.clean.resid[0])
         reduced = experiment.reads.logits(model, final, prompts.key_valid)
-        values = torch.cat([experiment.reads.evaluate(reduced[i * batch:(i + 1) * batch], None, experiment.key_valid)
-                            for i in range(copies)])
+        values = torch.cat(
+            [
+                experiment.reads.evaluate(reduced[i * batch : (i + 1) * batch], None, experiment.key_valid)
+                for i in range(copies)
+            ]
+        )
         if not values.requires_grad:
-            raise ValueError(f"metric {experiment.metric!r} returned values with no gradient (a .detach(), .item() or"
-                             " no_grad inside?); attribution differentiates the metric")
+            raise ValueError(
+                f"metric {experiment.metric!r} returned values with no gradient (a .detach(), .item() or"
+                " no_grad inside?); attribution differentiates the metric"
+            )
         grads = torch.autograd.grad(values.float().sum(), [inputs[p] for p in points], allow_unused=True)
     out = {}
     for point, grad in zip(points, grads):
@@ -232,7 +250,9 @@ def scores_from_gradients(experiment: Experiment, gradients: dict[str, Tensor]) 
     return matrix.float()
 
 
-def scores_for(model: HookedTransformer, values: dict[str, float], method: str, provenance: dict | None = None) -> EdgeScores:
+def scores_for(
+    model: HookedTransformer, values: dict[str, float], method: str, provenance: dict | None = None
+) -> EdgeScores:
     """EdgeScores from {edge: score} (e.g. read back from JSON)."""
     g = build_graph(model) if not isinstance(model, Graph) else model
     matrix = torch.zeros(len(g.sources), len(g.receivers))

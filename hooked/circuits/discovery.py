@@ -72,7 +72,9 @@ class Circuit:
     ablation: Ablation = "corrupt"
     provenance: dict = field(default_factory=dict)
     model: HookedTransformer | None = field(default=None, repr=False, compare=False)
-    _prompts: tuple | None = field(default=None, repr=False, compare=False)  # (clean, corrupt, metric, mask) it was found on
+    _prompts: tuple | None = field(
+        default=None, repr=False, compare=False
+    )  # (clean, corrupt, metric, mask) it was found on
 
     # ----------------------------------------------------------------- what it holds
     @property
@@ -90,7 +92,11 @@ class Circuit:
         out: dict[str, list[str]] = {}
         for node in self.nodes:
             if node.startswith("L") and "H" in node and "." not in node:
-                fed = {r.rsplit(".", 1)[1] for r in self.graph.receivers_of(node) if any(e.receiver == r for e in self.edges)}
+                fed = {
+                    r.rsplit(".", 1)[1]
+                    for r in self.graph.receivers_of(node)
+                    if any(e.receiver == r for e in self.edges)
+                }
                 out[node] = [kind for kind in "qkv" if kind in fed]
         return out
 
@@ -108,15 +114,22 @@ class Circuit:
         return self.graph.edge(edge) in set(self.edges)
 
     # ----------------------------------------------------------------- measuring
-    def faithfulness(self, clean=None, corrupt=None, metric: Callable | None = None, *,
-                     attention_mask: Tensor | None = None) -> float:
+    def faithfulness(
+        self, clean=None, corrupt=None, metric: Callable | None = None, *, attention_mask: Tensor | None = None
+    ) -> float:
         """(m(circuit) - m(corrupt)) / (m(clean) - m(corrupt)) on these prompts (default: those it was found on),
         every edge outside the circuit patched, in one forward."""
         experiment, _ = self._experiment(clean, corrupt, metric, attention_mask)
         return _faithfulness(experiment, self.mask()[None])[0]
 
-    def curve(self, sizes: Sequence[int], clean=None, corrupt=None, metric: Callable | None = None,
-              attention_mask: Tensor | None = None) -> list[dict]:
+    def curve(
+        self,
+        sizes: Sequence[int],
+        clean=None,
+        corrupt=None,
+        metric: Callable | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> list[dict]:
         """Faithfulness of the top-`size` edges by |score| (pruned), for each size: one batched run.
 
         Returns [{"size": n asked, "edges": n kept after pruning, "faithfulness": f}, ...].
@@ -135,25 +148,39 @@ class Circuit:
             raise ValueError("this circuit has no model (read from JSON?): pass model= to Circuit.from_json")
         if clean is None or corrupt is None or metric is None:
             if self._prompts is None:
-                raise ValueError("give clean, corrupt and metric: this circuit does not hold the prompts it was found on")
+                raise ValueError(
+                    "give clean, corrupt and metric: this circuit does not hold the prompts it was found on"
+                )
             found_clean, found_corrupt, found_metric, found_mask = self._prompts
             if clean is None and corrupt is None and attention_mask is None:
                 attention_mask = found_mask  # the padding of the prompts it was found on
             clean = found_clean if clean is None else clean
             corrupt = found_corrupt if corrupt is None else corrupt
             metric = found_metric if metric is None else metric
-        experiment = Experiment.of(self.model, clean, corrupt, metric, self.ablation, attention_mask, caller="Circuit.faithfulness")
+        experiment = Experiment.of(
+            self.model, clean, corrupt, metric, self.ablation, attention_mask, caller="Circuit.faithfulness"
+        )
         return experiment, metric
 
     # ----------------------------------------------------------------- saving and drawing
     def to_dict(self) -> dict:
-        return {"method": self.method, "ablation": self.ablation, "edges": [str(e) for e in self.edges],
-                "nodes": self.nodes, "heads": self.heads, "scores": self.scores,
-                "shape": {"n_layers": self.graph.n_layers, "n_heads": self.graph.n_heads, "n_kv_heads": self.graph.n_kv_heads,
-                          **({} if self.graph.mlp_layers is None else {"mlp_layers": list(self.graph.mlp_layers)}),
-                          **({"parallel_layers": list(self.graph.parallel_layers)} if self.graph.parallel_layers else {}),
-                          **({"whole_attention": list(self.graph.whole_attention)} if self.graph.whole_attention else {})},
-                "provenance": self.provenance}
+        return {
+            "method": self.method,
+            "ablation": self.ablation,
+            "edges": [str(e) for e in self.edges],
+            "nodes": self.nodes,
+            "heads": self.heads,
+            "scores": self.scores,
+            "shape": {
+                "n_layers": self.graph.n_layers,
+                "n_heads": self.graph.n_heads,
+                "n_kv_heads": self.graph.n_kv_heads,
+                **({} if self.graph.mlp_layers is None else {"mlp_layers": list(self.graph.mlp_layers)}),
+                **({"parallel_layers": list(self.graph.parallel_layers)} if self.graph.parallel_layers else {}),
+                **({"whole_attention": list(self.graph.whole_attention)} if self.graph.whole_attention else {}),
+            },
+            "provenance": self.provenance,
+        }
 
     def to_json(self, path: str | Path) -> Path:
         return write_json(path, self.to_dict())
@@ -166,13 +193,29 @@ class Circuit:
         mlp_layers = None if shape.get("mlp_layers") is None else tuple(shape["mlp_layers"])  # absent: every layer
         parallel = tuple(shape.get("parallel_layers", ()))
         whole = tuple(shape.get("whole_attention", ()))
-        g = build_graph(model) if model is not None else graph_of_shape(shape["n_layers"], shape["n_heads"], shape["n_kv_heads"],
-                                                                          mlp_layers, parallel, whole)
-        if model is not None and (g.n_layers, g.n_heads, g.n_kv_heads, g.mlp_layers, g.parallel_layers, g.whole_attention) != (
-                shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers, parallel, whole):
+        g = (
+            build_graph(model)
+            if model is not None
+            else graph_of_shape(shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers, parallel, whole)
+        )
+        if model is not None and (
+            g.n_layers,
+            g.n_heads,
+            g.n_kv_heads,
+            g.mlp_layers,
+            g.parallel_layers,
+            g.whole_attention,
+        ) != (shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers, parallel, whole):
             raise ValueError(f"the circuit in {path} was found on a graph of shape {shape}, but this model's is {g!r}")
-        return cls(g, [g.edge(e) for e in data["edges"]], dict(data["scores"]), data["method"],
-                   data.get("ablation", "corrupt"), data.get("provenance", {}), model)
+        return cls(
+            g,
+            [g.edge(e) for e in data["edges"]],
+            dict(data["scores"]),
+            data["method"],
+            data.get("ablation", "corrupt"),
+            data.get("provenance", {}),
+            model,
+        )
 
     def plot(self, path: str | Path | None = None, title: str | None = None):
         """Draw the circuit, layered by depth (see `hooked.circuits.plot`); needs the `plot` extra."""
@@ -205,7 +248,9 @@ def discover(
         raise ValueError(f"method must be 'eap', 'eap-ig' or 'acdc', not {method!r}")
     if method == "acdc":
         if threshold is None or n_edges is not None:
-            raise ValueError("method='acdc' takes threshold= (the metric change below which an edge is removed), not n_edges=")
+            raise ValueError(
+                "method='acdc' takes threshold= (the metric change below which an edge is removed), not n_edges="
+            )
     elif n_edges is None or threshold is not None:
         raise ValueError(f"method={method!r} keeps the top n_edges= edges by score; threshold= is ACDC's")
     if not isinstance(batch_edges, int) or isinstance(batch_edges, bool) or batch_edges < 1:
@@ -236,8 +281,11 @@ def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tup
     """ACDC's kept edges, every edge's |metric move| when it was tried, and counts (see the module docstring)."""
     g = experiment.graph
     prediction = scores_from_gradients(experiment, receiver_gradients(experiment, [0.0]))
-    trials = [Edge(g.sources[s].name, receiver.name) for r, receiver in reversed(list(enumerate(g.receivers)))
-              for s in reversed(range(receiver.n_upstream))]
+    trials = [
+        Edge(g.sources[s].name, receiver.name)
+        for r, receiver in reversed(list(enumerate(g.receivers)))
+        for s in reversed(range(receiver.n_upstream))
+    ]
     index = {e: (g.source_index(e.source), g.receiver_index(e.receiver)) for e in trials}
     removed = torch.zeros(len(g.sources), len(g.receivers), dtype=torch.bool)
     current = float(experiment.clean_values.mean())
@@ -245,7 +293,7 @@ def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tup
     kept: list[Edge] = []
     forwards, position = 0, 0
     while position < len(trials):
-        batch = trials[position:position + batch_edges]
+        batch = trials[position : position + batch_edges]
         masks, state = [], removed.clone()
         for edge in batch:
             trial = state.clone()

@@ -53,8 +53,14 @@ class Run:
     reduced: Tensor  # the logits the metric reads ([B, 1 or pos, columns])
 
 
-def _stage_loop(model: HookedTransformer, prompts: Prompts, copies: int, start: int, start_resid: Tensor | None,
-                keep: dict[int, Tensor] | None = None) -> Tensor:
+def _stage_loop(
+    model: HookedTransformer,
+    prompts: Prompts,
+    copies: int,
+    start: int,
+    start_resid: Tensor | None,
+    keep: dict[int, Tensor] | None = None,
+) -> Tensor:
     """Run the stages from `start` (-1: the embedding) to the end on `copies` blocks of the prompts; the
     final residual stream. `keep` collects the residual entering each stage."""
     tokens, rows, mask = prompts.repeated(copies)
@@ -161,10 +167,12 @@ def run_masks(
     for source in live:
         by_source_point.setdefault(graph.sources[source].hook_name, []).append((source, graph.sources[source].head))
     for name, entries in by_source_point.items():
+
         def capture(activation: Tensor, hook, entries=entries) -> None:
             for source, head in entries:
                 current = activation if head is None else activation[:, :, head]
                 live_delta[slot[source]] = patched[source] - current.view(copies, batch, pos, d_model)
+
         hooks.append((name, capture))
 
     # Receivers: per hook point and group, the weights [V, k, heads] of the shared and of the k live upstream sources.
@@ -189,12 +197,18 @@ def run_masks(
             for shared_weights, live_weights, where in terms:
                 part = None
                 if shared_weights is not None and bool(shared_weights.any()):
-                    part = (torch.einsum("vsh,sbpd->vbphd", shared_weights, shared_delta) if per_head
-                            else torch.einsum("vs,sbpd->vbpd", shared_weights[:, :, 0], shared_delta))
+                    part = (
+                        torch.einsum("vsh,sbpd->vbphd", shared_weights, shared_delta)
+                        if per_head
+                        else torch.einsum("vs,sbpd->vbpd", shared_weights[:, :, 0], shared_delta)
+                    )
                 if n_live and bool(live_weights.any()):
                     deltas = live_delta[:n_live]  # [k V B pos d_model]
-                    more = (torch.einsum("vsh,svbpd->vbphd", live_weights, deltas) if per_head
-                            else torch.einsum("vs,svbpd->vbpd", live_weights[:, :, 0], deltas))
+                    more = (
+                        torch.einsum("vsh,svbpd->vbphd", live_weights, deltas)
+                        if per_head
+                        else torch.einsum("vs,svbpd->vbpd", live_weights[:, :, 0], deltas)
+                    )
                     part = more if part is None else part + more
                 if part is not None and where is not None:  # one column per prompt: [1 B pos 1 (1)]
                     part = part * where.view(1, batch, pos, *([1] * (part.ndim - 3))).to(part.dtype)
@@ -213,7 +227,9 @@ def _columns_at(prompts: Prompts, position: int) -> Tensor:
     """[B pos] True at the column holding `position` of each prompt (negative: from its end); every prompt
     must have it (`hooked.interventions.positions`)."""
     lengths = prompts.position_ids[:, -1:] + 1  # the last column's position: a right pad repeats the prompt's last
-    return positions_mask((position,), prompts.position_ids, prompts.key_valid, lengths, what=f"an edge at position {position}")
+    return positions_mask(
+        (position,), prompts.position_ids, prompts.key_valid, lengths, what=f"an edge at position {position}"
+    )
 
 
 def rows_per_forward(model: HookedTransformer, graph: Graph, prompts: Prompts, max_bytes: int | None) -> int:
@@ -226,9 +242,17 @@ def rows_per_forward(model: HookedTransformer, graph: Graph, prompts: Prompts, m
         max_bytes = max(weights // 4, 512 * 2**20)
     itemsize = model.dtype.itemsize
     heads = cfg.n_heads + 2 * cfg.n_kv_heads
-    per_variant = batch * pos * itemsize * (
-        len(graph.sources) * cfg.d_model  # the deltas
-        + 3 * heads * cfg.d_model  # split inputs, their norms, the einsum's result
-        + 8 * cfg.d_model + 4 * cfg.n_heads * cfg.d_head + 3 * cfg.d_mlp + 2 * cfg.n_heads * pos
+    per_variant = (
+        batch
+        * pos
+        * itemsize
+        * (
+            len(graph.sources) * cfg.d_model  # the deltas
+            + 3 * heads * cfg.d_model  # split inputs, their norms, the einsum's result
+            + 8 * cfg.d_model
+            + 4 * cfg.n_heads * cfg.d_head
+            + 3 * cfg.d_mlp
+            + 2 * cfg.n_heads * pos
+        )
     )
     return max(1, int(max_bytes // per_variant))

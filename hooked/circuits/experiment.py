@@ -40,8 +40,17 @@ class Experiment:
     max_bytes: int | None = None
 
     @classmethod
-    def of(cls, model: HookedTransformer, clean, corrupt, metric: Callable, ablation: Ablation = "corrupt",
-           attention_mask: Tensor | None = None, max_bytes: int | None = None, caller: str = "hooked.circuits") -> Experiment:
+    def of(
+        cls,
+        model: HookedTransformer,
+        clean,
+        corrupt,
+        metric: Callable,
+        ablation: Ablation = "corrupt",
+        attention_mask: Tensor | None = None,
+        max_bytes: int | None = None,
+        caller: str = "hooked.circuits",
+    ) -> Experiment:
         if getattr(model, "tensor_parallel", False):
             raise RuntimeError(f"{caller} runs on one process; load the model without tp= (docs/scaling.md)")
         registered_hooks(model, caller)
@@ -52,7 +61,9 @@ class Experiment:
             corrupt_tokens, corrupt_valid = model.tokens_and_mask(corrupt, attention_mask, prepend_bos=None)
             check_paired(tokens, key_valid, corrupt_tokens, corrupt_valid)
         elif ablation != "zero":
-            raise ValueError(f"{caller}: ablation={ablation!r} reads the corrupt prompts; pass them, or use ablation='zero'")
+            raise ValueError(
+                f"{caller}: ablation={ablation!r} reads the corrupt prompts; pass them, or use ablation='zero'"
+            )
         g = graph(model)
         prompts = Prompts(tokens, position_ids_for(tokens, key_valid), key_valid)
         clean_run = record(model, g, prompts, reads)
@@ -60,7 +71,9 @@ class Experiment:
         if corrupt_tokens is not None:
             corrupt_run = record(model, g, Prompts(corrupt_tokens, prompts.position_ids, key_valid), reads)
         patched = patched_values(ablation, clean_run, corrupt_run, key_valid)
-        return cls(model, g, prompts, corrupt_tokens, metric, reads, clean_run, corrupt_run, ablation, patched, max_bytes)
+        return cls(
+            model, g, prompts, corrupt_tokens, metric, reads, clean_run, corrupt_run, ablation, patched, max_bytes
+        )
 
     @property
     def key_valid(self) -> Tensor | None:
@@ -87,11 +100,11 @@ class Experiment:
         per_forward = rows_per_forward(self.model, self.graph, self.prompts, self.max_bytes)
         out = torch.empty(masks.shape[0], batch, dtype=torch.float32)
         for first in range(0, masks.shape[0], per_forward):
-            chunk = masks[first:first + per_forward]
-            at = {p: m[first:first + per_forward] for p, m in (at_positions or {}).items()}
+            chunk = masks[first : first + per_forward]
+            at = {p: m[first : first + per_forward] for p, m in (at_positions or {}).items()}
             reduced = run_masks(self.model, self.graph, self.prompts, chunk, self.patched, self.clean, self.reads, at)
             for i in range(chunk.shape[0]):
-                out[first + i] = self.evaluate(reduced[i * batch:(i + 1) * batch]).cpu()
+                out[first + i] = self.evaluate(reduced[i * batch : (i + 1) * batch]).cpu()
         return out
 
 
@@ -103,5 +116,9 @@ def check_paired(tokens: Tensor, key_valid: Tensor | None, corrupt: Tensor, corr
             " carries corrupt prompt i's value into clean prompt i position by position, so both need the same"
             " [batch pos] (and the same padding)"
         )
-    if (key_valid is None) != (corrupt_valid is None) or (key_valid is not None and not torch.equal(key_valid, corrupt_valid)):
-        raise ValueError("the clean and corrupt prompts are padded differently; each pair must have the same token length")
+    if (key_valid is None) != (corrupt_valid is None) or (
+        key_valid is not None and not torch.equal(key_valid, corrupt_valid)
+    ):
+        raise ValueError(
+            "the clean and corrupt prompts are padded differently; each pair must have the same token length"
+        )

@@ -133,9 +133,11 @@ class Graph:
         if match is None or int(match[1]) not in self.whole_attention or int(match[2]) >= self.n_heads:
             return None
         layer = int(match[1])
-        return (f"{name!r} is not a node: block {layer} normalises its attention output before adding it to the residual"
-                f" stream, so no head's write is a term of it and the layer's attention writes as one node, 'L{layer}.attn';"
-                f" its heads' inputs are still receivers ('L{layer}H{match[2]}.q', ...)")
+        return (
+            f"{name!r} is not a node: block {layer} normalises its attention output before adding it to the residual"
+            f" stream, so no head's write is a term of it and the layer's attention writes as one node, 'L{layer}.attn';"
+            f" its heads' inputs are still receivers ('L{layer}H{match[2]}.q', ...)"
+        )
 
     def receiver_index(self, name: str) -> int:
         try:
@@ -153,12 +155,16 @@ class Graph:
         layer, kind, index, part = int(match[1]), match[2], int(match[3]), match[4]
         group = self.n_heads // self.n_kv_heads
         if kind == "KV" and not self.grouped and index < self.n_heads:
-            return (f"{name!r} is not a receiver: key/value heads are not grouped here (each head has its own), so its"
-                    f" input is 'L{layer}H{index}.{part}'")
+            return (
+                f"{name!r} is not a receiver: key/value heads are not grouped here (each head has its own), so its"
+                f" input is 'L{layer}H{index}.{part}'"
+            )
         if kind == "KV" and part == "q" and index < self.n_kv_heads:
             queries = ", ".join(repr(f"L{layer}H{h}.q") for h in range(index * group, (index + 1) * group))
-            return (f"{name!r} is not a receiver: a query input belongs to a query head; the heads of key/value head"
-                    f" {index} read theirs at {queries}")
+            return (
+                f"{name!r} is not a receiver: a query input belongs to a query head; the heads of key/value head"
+                f" {index} read theirs at {queries}"
+            )
         if kind == "H" and part != "q" and self.grouped and index < self.n_heads:
             kv = index // group
             sharing = ", ".join(f"L{layer}H{h}" for h in range(kv * group, (kv + 1) * group))
@@ -207,8 +213,10 @@ class Graph:
                 try:
                     position = int(text)
                 except ValueError:
-                    raise ValueError(f"{edge}@{text}: the position after '@' is an int (a position in the prompt,"
-                                     " negative from its end, as in positions=)") from None
+                    raise ValueError(
+                        f"{edge}@{text}: the position after '@' is an int (a position in the prompt,"
+                        " negative from its end, as in positions=)"
+                    ) from None
             elif isinstance(edge, tuple) and len(edge) == 3:
                 edge, position = edge[:2], edge[2]
                 if not isinstance(position, int) or isinstance(position, bool):
@@ -231,7 +239,9 @@ class Graph:
     def edges_of(self, mask: Tensor) -> list[Edge]:
         """The edges a [n_sources, n_receivers] mask marks, in `edges` order."""
         sources, receivers = torch.nonzero(mask & self.edge_mask(), as_tuple=True)
-        found = [Edge(self.sources[s].name, self.receivers[r].name) for s, r in zip(sources.tolist(), receivers.tolist())]
+        found = [
+            Edge(self.sources[s].name, self.receivers[r].name) for s, r in zip(sources.tolist(), receivers.tolist())
+        ]
         return sorted(found, key=self._edge_index.__getitem__)
 
     def receivers_of(self, node: str) -> list[str]:
@@ -269,10 +279,17 @@ class Graph:
 
     def __repr__(self) -> str:
         whole = len(self.whole_attention)
-        return (f"Graph({self.n_layers} layers x {self.n_heads} heads"
-                + (f" ({self.n_kv_heads} key/value head{'s' if self.n_kv_heads > 1 else ''})" if self.grouped else "")
-                + ("" if not whole else ", attention as one node" + ("" if whole == self.n_layers else f" in layers {list(self.whole_attention)}"))
-                + f": {len(self.sources)} sources, {len(self.receivers)} receivers, {len(self.edges)} edges)")
+        return (
+            f"Graph({self.n_layers} layers x {self.n_heads} heads"
+            + (f" ({self.n_kv_heads} key/value head{'s' if self.n_kv_heads > 1 else ''})" if self.grouped else "")
+            + (
+                ""
+                if not whole
+                else ", attention as one node"
+                + ("" if whole == self.n_layers else f" in layers {list(self.whole_attention)}")
+            )
+            + f": {len(self.sources)} sources, {len(self.receivers)} receivers, {len(self.edges)} edges)"
+        )
 
 
 def graph(model: HookedTransformer) -> Graph:
@@ -290,12 +307,24 @@ def graph(model: HookedTransformer) -> Graph:
     for layer in whole[:1]:
         model._check_name(f"blocks.{layer}.hook_attn_out")
     cfg = model.cfg
-    return graph_of_shape(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
-                          None if len(mlp_layers) == cfg.n_layers else mlp_layers, parallel, whole)
+    return graph_of_shape(
+        cfg.n_layers,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        None if len(mlp_layers) == cfg.n_layers else mlp_layers,
+        parallel,
+        whole,
+    )
 
 
-def graph_of_shape(n_layers: int, n_heads: int, n_kv_heads: int, mlp_layers: tuple[int, ...] | None = None,
-                   parallel_layers: tuple[int, ...] = (), whole_attention: tuple[int, ...] = ()) -> Graph:
+def graph_of_shape(
+    n_layers: int,
+    n_heads: int,
+    n_kv_heads: int,
+    mlp_layers: tuple[int, ...] | None = None,
+    parallel_layers: tuple[int, ...] = (),
+    whole_attention: tuple[int, ...] = (),
+) -> Graph:
     """The residual graph of a model with these shapes (the hook names are every architecture's); `mlp_layers`
     lists the layers with an MLP (None: all; `()` for an attention-only model, `cfg.attn_only`).
 
@@ -311,27 +340,54 @@ def graph_of_shape(n_layers: int, n_heads: int, n_kv_heads: int, mlp_layers: tup
     for layer in range(n_layers):
         upstream = len(sources)
         block = f"blocks.{layer}."
-        receivers += [Receiver(f"L{layer}H{h}.q", block + "hook_q_input", h, 2 * layer, upstream) for h in range(n_heads)]
+        receivers += [
+            Receiver(f"L{layer}H{h}.q", block + "hook_q_input", h, 2 * layer, upstream) for h in range(n_heads)
+        ]
         kv_names = [kv_head_name(layer, g, n_heads, n_kv_heads) for g in range(n_kv_heads)]  # L0KV1 where grouped
-        receivers += [Receiver(f"{kv}.k", block + "hook_k_input", g, 2 * layer, upstream) for g, kv in enumerate(kv_names)]
-        receivers += [Receiver(f"{kv}.v", block + "hook_v_input", g, 2 * layer, upstream) for g, kv in enumerate(kv_names)]
+        receivers += [
+            Receiver(f"{kv}.k", block + "hook_k_input", g, 2 * layer, upstream) for g, kv in enumerate(kv_names)
+        ]
+        receivers += [
+            Receiver(f"{kv}.v", block + "hook_v_input", g, 2 * layer, upstream) for g, kv in enumerate(kv_names)
+        ]
         if layer in whole_attention:
             sources.append(Source(f"L{layer}.attn", block + "hook_attn_out", None, 2 * layer, attention=True))
         else:
-            sources += [Source(f"L{layer}H{h}", block + "attn.hook_result", h, 2 * layer, attention=True) for h in range(n_heads)]
+            sources += [
+                Source(f"L{layer}H{h}", block + "attn.hook_result", h, 2 * layer, attention=True)
+                for h in range(n_heads)
+            ]
         if mlp_layers is None or layer in mlp_layers:
             parallel = layer in parallel_layers
             stage, mlp_upstream = (2 * layer, upstream) if parallel else (2 * layer + 1, len(sources))
             receivers.append(Receiver(f"L{layer}.mlp", block + "hook_mlp_in", None, stage, mlp_upstream))
             sources.append(Source(f"L{layer}.mlp", block + "hook_mlp_out", None, stage))
     last = n_layers - 1
-    receivers.append(Receiver(LOGITS, f"blocks.{last}.hook_resid_post", None, 2 * n_layers, len(sources),
-                              fires=2 * last + (0 if last in parallel_layers else 1)))
-    edges = tuple(Edge(source.name, receiver.name) for receiver in receivers for source in sources[:receiver.n_upstream])
+    receivers.append(
+        Receiver(
+            LOGITS,
+            f"blocks.{last}.hook_resid_post",
+            None,
+            2 * n_layers,
+            len(sources),
+            fires=2 * last + (0 if last in parallel_layers else 1),
+        )
+    )
+    edges = tuple(
+        Edge(source.name, receiver.name) for receiver in receivers for source in sources[: receiver.n_upstream]
+    )
     return Graph(
-        n_layers, n_heads, n_kv_heads, tuple(sources), tuple(receivers), edges,
-        {s.name: i for i, s in enumerate(sources)}, {r.name: i for i, r in enumerate(receivers)},
-        {e: i for i, e in enumerate(edges)}, None if mlp_layers is None else tuple(mlp_layers), tuple(parallel_layers),
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        tuple(sources),
+        tuple(receivers),
+        edges,
+        {s.name: i for i, s in enumerate(sources)},
+        {r.name: i for i, r in enumerate(receivers)},
+        {e: i for i, e in enumerate(edges)},
+        None if mlp_layers is None else tuple(mlp_layers),
+        tuple(parallel_layers),
         tuple(sorted(whole_attention)),
     )
 

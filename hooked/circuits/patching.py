@@ -72,7 +72,9 @@ def patch_edges(
     if not variants:
         raise ValueError("variants must be a non-empty dict: {name: [edge, ...]}")
     names = variant_names(variants)  # before any forward: two names that read the same, or "base", raise
-    experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.patch_edges")
+    experiment = Experiment.of(
+        model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.patch_edges"
+    )
     g = experiment.graph
     everywhere, at = zip(*(_mask(g, name, edges) for name, edges in variants.items()))
     masks = torch.stack(everywhere)
@@ -80,10 +82,11 @@ def patch_edges(
     empty = torch.zeros_like(masks[0])
     at_positions = {p: torch.stack([variant.get(p, empty) for variant in at]) for p in positions}
     values = experiment.values(masks, at_positions)
-    listed = {name: [str(e) for e in g.edges_of(m)] + [f"{e}@{p}" for p, pm in sorted(a.items()) for e in g.edges_of(pm)]
-              for name, m, a in zip(names, everywhere, at)}
-    return _result(experiment, names, values, task,
-                   {"method": "edge patching", "ablation": ablation, "edges": listed})
+    listed = {
+        name: [str(e) for e in g.edges_of(m)] + [f"{e}@{p}" for p, pm in sorted(a.items()) for e in g.edges_of(pm)]
+        for name, m, a in zip(names, everywhere, at)
+    }
+    return _result(experiment, names, values, task, {"method": "edge patching", "ablation": ablation, "edges": listed})
 
 
 def path_patch(
@@ -105,8 +108,17 @@ def path_patch(
     See the module docstring for `method="direct"` (the default) and `method="wang"`.
     """
     name = f"{'+'.join(senders)}->{'+'.join(receivers)}"
-    return path_patch_sweep(model, clean, corrupt, {name: (senders, receivers)}, metric, method=method,
-                            ablation=ablation, attention_mask=attention_mask, task=task)
+    return path_patch_sweep(
+        model,
+        clean,
+        corrupt,
+        {name: (senders, receivers)},
+        metric,
+        method=method,
+        ablation=ablation,
+        attention_mask=attention_mask,
+        task=task,
+    )
 
 
 def path_patch_sweep(
@@ -124,11 +136,15 @@ def path_patch_sweep(
 ) -> SweepResult:
     """Many (senders, receivers) pairs as one batched run: `{"L2H2->logits": (["L2H2"], ["logits"]), ...}`."""
     if method not in ("direct", "wang"):
-        raise ValueError(f"method must be 'direct' (direct edges only) or 'wang' (Wang et al.'s: MLPs recomputed), not {method!r}")
+        raise ValueError(
+            f"method must be 'direct' (direct edges only) or 'wang' (Wang et al.'s: MLPs recomputed), not {method!r}"
+        )
     if not isinstance(pairs, Mapping) or not pairs:
         raise ValueError("pairs must be a non-empty dict: {name: (senders, receivers)}")
     names = variant_names(pairs, "pair")
-    experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.path_patch")
+    experiment = Experiment.of(
+        model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.path_patch"
+    )
     g = experiment.graph
     resolved = {name: _resolve_pair(g, name, pair) for name, pair in zip(names, pairs.values())}
     if method == "direct":
@@ -136,10 +152,19 @@ def path_patch_sweep(
         values = experiment.values(masks)
     else:
         values = _wang(experiment, list(resolved.values()))
-    return _result(experiment, list(resolved), values, task, {
-        "method": f"path patching ({method})", "ablation": ablation,
-        "pairs": {name: {"senders": senders, "receivers": receivers} for name, (senders, receivers) in resolved.items()},
-    })
+    return _result(
+        experiment,
+        list(resolved),
+        values,
+        task,
+        {
+            "method": f"path patching ({method})",
+            "ablation": ablation,
+            "pairs": {
+                name: {"senders": senders, "receivers": receivers} for name, (senders, receivers) in resolved.items()
+            },
+        },
+    )
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -171,12 +196,20 @@ def _resolve_pair(g: Graph, name: str, pair) -> tuple[list[str], list[str]]:
             except KeyError:
                 # 'L2H2.k' where key/value heads are grouped; 'L2H2' where layer 2's attention is one node
                 wrong_kind = g.head_kind_error(receiver) or g.whole_attention_error(receiver)
-                raise KeyError(f"pair {name!r}: " + (wrong_kind or f"{receiver!r} is neither a receiver ('L2H2.q', 'L3.mlp',"
-                                                     " 'logits') nor a head node ('L2H2', or 'L2.attn' where a layer's"
-                                                     " attention is one node)")) from None
+                raise KeyError(
+                    f"pair {name!r}: "
+                    + (
+                        wrong_kind
+                        or f"{receiver!r} is neither a receiver ('L2H2.q', 'L3.mlp',"
+                        " 'logits') nor a head node ('L2H2', or 'L2.attn' where a layer's"
+                        " attention is one node)"
+                    )
+                ) from None
     if not _direct_edges(g, senders, inputs):
-        raise ValueError(f"pair {name!r}: no sender of {senders} writes before any receiver of {inputs} reads; a path runs"
-                         " from an earlier layer to a later one")
+        raise ValueError(
+            f"pair {name!r}: no sender of {senders} writes before any receiver of {inputs} reads; a path runs"
+            " from an earlier layer to a later one"
+        )
     return senders, list(dict.fromkeys(inputs))
 
 
@@ -239,7 +272,10 @@ def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]]) -> T
     # Forward 2: the clean run with each variant's receivers reading what they read in forward 1.
     def replace(activation: Tensor, hook) -> Tensor:
         new = activation.clone()
-        blocks, source = new.view(copies, batch, *new.shape[1:]), recorded[hook.name].view(copies, batch, *new.shape[1:])
+        blocks, source = (
+            new.view(copies, batch, *new.shape[1:]),
+            recorded[hook.name].view(copies, batch, *new.shape[1:]),
+        )
         for variant, head in receivers_at[hook.name]:
             if head is None:
                 blocks[variant] = source[variant]
@@ -252,7 +288,7 @@ def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]]) -> T
     with torch.no_grad(), model.hooks(fwd_hooks=[(name, replace) for name in receivers_at]):
         final = _stage_loop(model, prompts, copies, start, clean.resid[start])
         reduced = experiment.reads.logits(model, final, prompts.key_valid)
-    return torch.stack([experiment.evaluate(reduced[v * batch:(v + 1) * batch]).cpu() for v in range(copies)])
+    return torch.stack([experiment.evaluate(reduced[v * batch : (v + 1) * batch]).cpu() for v in range(copies)])
 
 
 def _result(experiment: Experiment, names: list[str], values: Tensor, task, circuit_info: dict) -> SweepResult:

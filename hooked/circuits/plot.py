@@ -50,8 +50,13 @@ if TYPE_CHECKING:
     from hooked.circuits.discovery import Circuit
 
 COLOURS = {"q": "#1f77b4", "k": "#2ca02c", "v": "#d62728", "mlp": "#9467bd", "logits": "#555555"}
-KIND_LABELS = {"q": "query input (.q)", "k": "key input (.k)", "v": "value input (.v)", "mlp": "MLP input",
-               "logits": "logits (unembedding)"}
+KIND_LABELS = {
+    "q": "query input (.q)",
+    "k": "key input (.k)",
+    "v": "value input (.v)",
+    "mlp": "MLP input",
+    "logits": "logits (unembedding)",
+}
 GHOST_LABEL = "#b0b0b0"  # labels of the model's nodes outside the circuit
 NODE_FILL = {"head": "#cfe2f3", "mlp": "#f6dfc1", "end": "#dddddd"}
 PORT_OFFSET = {"q": -0.24, "k": 0.0, "v": 0.24}  # x offset of a head's input ports
@@ -78,7 +83,10 @@ def _layout(graph) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
     group = n_heads // graph.n_kv_heads
     for layer in range(n_layers):
         heads_y, mlp_y = 1.0 + 2 * layer, 2.0 + 2 * layer
-        rows[f"L{layer} {'attn' if layer in graph.whole_attention else 'heads'}"], rows[f"L{layer} mlp"] = heads_y, mlp_y
+        rows[f"L{layer} {'attn' if layer in graph.whole_attention else 'heads'}"], rows[f"L{layer} mlp"] = (
+            heads_y,
+            mlp_y,
+        )
         if layer in graph.whole_attention:  # one attention node, centred over its heads' input ports
             pos[f"L{layer}.attn"] = (centre, heads_y)
         for head in range(n_heads):
@@ -138,11 +146,27 @@ def plot_circuit(circuit: Circuit, path: str | Path | None = None, title: str | 
     # The model's nodes outside the circuit: faint outlines.
     every = [INPUT, LOGITS] + [source.name for source in graph.sources[1:]]
     ghosts = [node for node in every if node not in nodes]
-    nx.draw_networkx_nodes(g, pos, nodelist=ghosts, node_size=node_size * 0.6, node_color="white", edgecolors="#d0d0d0",
-                           linewidths=0.8, ax=axes, hide_ticks=False)
+    nx.draw_networkx_nodes(
+        g,
+        pos,
+        nodelist=ghosts,
+        node_size=node_size * 0.6,
+        node_color="white",
+        edgecolors="#d0d0d0",
+        linewidths=0.8,
+        ax=axes,
+        hide_ticks=False,
+    )
     if n_heads * n_layers <= 200:
-        nx.draw_networkx_labels(g, pos, labels={node: node for node in ghosts}, font_size=label_size - 2,
-                                font_color=GHOST_LABEL, ax=axes, hide_ticks=False)
+        nx.draw_networkx_labels(
+            g,
+            pos,
+            labels={node: node for node in ghosts},
+            font_size=label_size - 2,
+            font_color=GHOST_LABEL,
+            ax=axes,
+            hide_ticks=False,
+        )
 
     # Ports used by the circuit's edges, and the short links from a port to the head(s) it feeds.
     receivers_used = {edge.receiver for edge in circuit.edges}
@@ -151,8 +175,16 @@ def plot_circuit(circuit: Circuit, path: str | Path | None = None, title: str | 
     for kind in "qkv":
         kind_links = [link for link in links if _kind(link[0]) == kind]
         if kind_links:
-            nx.draw_networkx_edges(g, pos, edgelist=kind_links, edge_color=COLOURS[kind], width=1.2, arrows=False,
-                                   ax=axes, hide_ticks=False)
+            nx.draw_networkx_edges(
+                g,
+                pos,
+                edgelist=kind_links,
+                edge_color=COLOURS[kind],
+                width=1.2,
+                arrows=False,
+                ax=axes,
+                hide_ticks=False,
+            )
 
     # The circuit's edges, weakest first so the strong ones lie on top.
     sizes = {node: (node_size if node in nodes else 60) for node in pos}
@@ -165,10 +197,21 @@ def plot_circuit(circuit: Circuit, path: str | Path | None = None, title: str | 
         skips = y1 - y0 > 1.5
         bend = 0.0 if not skips else (0.18 if x1 >= x0 else -0.18)
         nx.draw_networkx_edges(
-            g, pos, edgelist=[(edge.source, edge.receiver)], width=_width(score, largest),
-            edge_color=COLOURS[_kind(edge.receiver)], style="dashed" if signed and score > 0 else "solid",
-            alpha=0.35 + 0.5 * math.sqrt(abs(score) / largest) if largest > 0 else 0.6, arrows=True, arrowstyle="-|>", arrowsize=9, connectionstyle=f"arc3,rad={bend}",
-            nodelist=list(pos), node_size=[sizes[node] for node in pos], ax=axes, hide_ticks=False,
+            g,
+            pos,
+            edgelist=[(edge.source, edge.receiver)],
+            width=_width(score, largest),
+            edge_color=COLOURS[_kind(edge.receiver)],
+            style="dashed" if signed and score > 0 else "solid",
+            alpha=0.35 + 0.5 * math.sqrt(abs(score) / largest) if largest > 0 else 0.6,
+            arrows=True,
+            arrowstyle="-|>",
+            arrowsize=9,
+            connectionstyle=f"arc3,rad={bend}",
+            nodelist=list(pos),
+            node_size=[sizes[node] for node in pos],
+            ax=axes,
+            hide_ticks=False,
         )
 
     # The circuit's nodes on top, then the ports.
@@ -177,23 +220,49 @@ def plot_circuit(circuit: Circuit, path: str | Path | None = None, title: str | 
         kinds["end" if node in (INPUT, LOGITS) else "mlp" if node.endswith(".mlp") else "head"].append(node)
     for kind, members in kinds.items():
         if members:
-            nx.draw_networkx_nodes(g, pos, nodelist=members, node_size=node_size * (1.25 if kind == "end" else 1.0),
-                                   node_color=NODE_FILL[kind], edgecolors="#333333", linewidths=1.2,
-                                   node_shape="s" if kind == "end" else "o", ax=axes, hide_ticks=False)
-    nx.draw_networkx_labels(g, pos, labels={node: node for node in nodes}, font_size=label_size, ax=axes,
-                            hide_ticks=False)
+            nx.draw_networkx_nodes(
+                g,
+                pos,
+                nodelist=members,
+                node_size=node_size * (1.25 if kind == "end" else 1.0),
+                node_color=NODE_FILL[kind],
+                edgecolors="#333333",
+                linewidths=1.2,
+                node_shape="s" if kind == "end" else "o",
+                ax=axes,
+                hide_ticks=False,
+            )
+    nx.draw_networkx_labels(
+        g, pos, labels={node: node for node in nodes}, font_size=label_size, ax=axes, hide_ticks=False
+    )
     for kind in "qkv":
         members = [port for port in ports if _kind(port) == kind]
         if members:
-            nx.draw_networkx_nodes(g, pos, nodelist=members, node_size=48, node_color=COLOURS[kind],
-                                   edgecolors="white", linewidths=0.6, ax=axes, hide_ticks=False)
+            nx.draw_networkx_nodes(
+                g,
+                pos,
+                nodelist=members,
+                node_size=48,
+                node_color=COLOURS[kind],
+                edgecolors="white",
+                linewidths=0.6,
+                ax=axes,
+                hide_ticks=False,
+            )
     if graph.grouped:
         for port in ports:
             if port.endswith(".k") or (port.endswith(".v") and port[:-2] + ".k" not in receivers_used):
                 x, y = pos[port]
                 name = re.fullmatch(r"L\d+(KV\d+)\.[kv]", port)[1]
-                axes.text(x + (0.14 if port.endswith(".k") else -0.14), y - 0.16, name, ha="center", va="top",
-                          fontsize=label_size - 2, color="#444444")
+                axes.text(
+                    x + (0.14 if port.endswith(".k") else -0.14),
+                    y - 0.16,
+                    name,
+                    ha="center",
+                    va="top",
+                    fontsize=label_size - 2,
+                    color="#444444",
+                )
 
     # Row labels, limits, legend, title.
     left = -0.6
@@ -204,22 +273,46 @@ def plot_circuit(circuit: Circuit, path: str | Path | None = None, title: str | 
     axes.axis("off")
 
     shown = {_kind(edge.receiver) for edge in circuit.edges}
-    handles = [Line2D([], [], color=COLOURS[kind], linewidth=2.5, label=KIND_LABELS[kind])
-               for kind in ("q", "k", "v", "mlp", "logits") if kind in "qkv" or kind in shown]
+    handles = [
+        Line2D([], [], color=COLOURS[kind], linewidth=2.5, label=KIND_LABELS[kind])
+        for kind in ("q", "k", "v", "mlp", "logits")
+        if kind in "qkv" or kind in shown
+    ]
     if signed:
-        handles += [Line2D([], [], color="black", linewidth=1.5, label="score < 0: patching it lowers the metric"),
-                    Line2D([], [], color="black", linewidth=1.5, linestyle="dashed",
-                           label="score > 0: patching it raises the metric")]
+        handles += [
+            Line2D([], [], color="black", linewidth=1.5, label="score < 0: patching it lowers the metric"),
+            Line2D(
+                [],
+                [],
+                color="black",
+                linewidth=1.5,
+                linestyle="dashed",
+                label="score > 0: patching it raises the metric",
+            ),
+        ]
     what = "|score|" if signed else "metric move"  # ACDC's score: how far removing the edge moved the metric
-    handles += [Line2D([], [], color="black", linewidth=WIDTH_RANGE[1], label=f"{what} {largest:.3g} (width ~ sqrt)"),
-                Line2D([], [], color="black", linewidth=_width(largest / 100, largest), label=f"{what} {largest / 100:.3g}"),
-                Patch(facecolor="white", edgecolor="#d0d0d0", label="not in the circuit")]
-    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False,
-                title="edge colour: the input it feeds", title_fontsize=8, alignment="left")
+    handles += [
+        Line2D([], [], color="black", linewidth=WIDTH_RANGE[1], label=f"{what} {largest:.3g} (width ~ sqrt)"),
+        Line2D([], [], color="black", linewidth=_width(largest / 100, largest), label=f"{what} {largest / 100:.3g}"),
+        Patch(facecolor="white", edgecolor="#d0d0d0", label="not in the circuit"),
+    ]
+    axes.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=8,
+        frameon=False,
+        title="edge colour: the input it feeds",
+        title_fontsize=8,
+        alignment="left",
+    )
     model = circuit.provenance.get("model")
     if title is None:
-        title = (f"{circuit.method.upper()} circuit" + (f" of {model}" if model else "")
-                 + f": {len(circuit.edges)} of {len(graph.edges)} edges, {len(nodes)} nodes")
+        title = (
+            f"{circuit.method.upper()} circuit"
+            + (f" of {model}" if model else "")
+            + f": {len(circuit.edges)} of {len(graph.edges)} edges, {len(nodes)} nodes"
+        )
     axes.set_title(title, fontsize=11)
     return _finish(figure, path, dpi=130)
 

@@ -117,7 +117,9 @@ class Ablation(abc.ABC):
                 " mlp.hook_router_logits, hook_expert_weights, hook_expert_pre or hook_expert_post"
             )
         if self.positions is not None and not any(a in point.axes for a in _POSITION_AXES):
-            raise ValueError(f"{self!r}: positions= needs a pos axis, but {point.name} has axes ({' '.join(point.axes)})")
+            raise ValueError(
+                f"{self!r}: positions= needs a pos axis, but {point.name} has axes ({' '.join(point.axes)})"
+            )
         if found.get("neurons") == "d_expert_mlp" and self.experts is None:
             raise ValueError(
                 f"{self!r} at {point.name}: a neuron of an expert needs experts= too (neuron j of expert e is in"
@@ -137,7 +139,9 @@ class Ablation(abc.ABC):
                 continue
             bad = [i for i in getattr(self, name) if not -size <= i < size]
             if bad:
-                raise IndexError(f"{self!r} at {point.name}: {name} {bad} out of range; this model has {size} ({axis}: 0..{size - 1})")
+                raise IndexError(
+                    f"{self!r} at {point.name}: {name} {bad} out of range; this model has {size} ({axis}: 0..{size - 1})"
+                )
         self.validate_source(point, model)
 
     def validate_source(self, point: HookPoint, model: HookedTransformer) -> None:
@@ -196,8 +200,14 @@ class Ablation(abc.ABC):
 def _positions_mask(ablation: Ablation, hook: HookPoint) -> Tensor:
     """[batch pos] True at the real tokens whose position in their prompt is selected (a set, or one per row)."""
     rows = hook.rows
-    return positions_mask(ablation.positions, rows.position_ids, rows.attention_mask, rows.prompt_lengths(),
-                          generating=rows.lengths is not None, what=f"{ablation!r} at {hook.name}")
+    return positions_mask(
+        ablation.positions,
+        rows.position_ids,
+        rows.attention_mask,
+        rows.prompt_lengths(),
+        generating=rows.lengths is not None,
+        what=f"{ablation!r} at {hook.name}",
+    )
 
 
 def _where_selector_applies(name: str) -> str:
@@ -228,7 +238,9 @@ class Zero(Ablation):
                 raise ValueError(all_experts_removed(point.name, n_experts))
 
 
-def zero(heads: Selector = None, neurons: Selector = None, positions: Positions = None, experts: Selector = None) -> Zero:
+def zero(
+    heads: Selector = None, neurons: Selector = None, positions: Positions = None, experts: Selector = None
+) -> Zero:
     """Zero-ablate the selected part of a hook point (all of it with no selector).
 
     `model.run_with_hooks(tokens, fwd_hooks=[("blocks.9.attn.hook_z", zero(heads=9))])`
@@ -267,7 +279,9 @@ class _FromReference(Ablation):
                     f" (run_with_cache(..., names_filter=[{point.name!r}]) or no names_filter)"
                 )
             if not reference.has_batch_dim:
-                raise ValueError(f"{self!r}: the reference cache was made with remove_batch_dim=True; keep the batch axis")
+                raise ValueError(
+                    f"{self!r}: the reference cache was made with remove_batch_dim=True; keep the batch axis"
+                )
             return reference.cache_dict[point.name], reference.position_ids, reference.attention_mask
         if is_tokens(reference):
             if point.name not in self._runs:
@@ -344,7 +358,9 @@ class Mean(_FromReference):
         if acts.ndim == len(hook.axes) - 2 and "key_pos" not in hook.axes:
             return acts  # already a mean: no batch, no pos axis
         if acts.ndim != len(hook.axes):
-            raise ValueError(f"{self!r}: the reference for {hook.name} has shape {tuple(acts.shape)}, expected axes ({' '.join(hook.axes)})")
+            raise ValueError(
+                f"{self!r}: the reference for {hook.name} has shape {tuple(acts.shape)}, expected axes ({' '.join(hook.axes)})"
+            )
         if "key_pos" in hook.axes:  # a pattern: average over prompts only, which must be unpadded
             if mask is not None:
                 raise ValueError(f"{self!r} at {hook.name}: a mean attention pattern needs a reference without padding")
@@ -389,8 +405,15 @@ def mean(
     prompts run once without hooks (pass `model=`). Pooled over prompts and positions, or per
     position in the prompt with `per_position=True`.
     """
-    return Mean(heads=heads, neurons=neurons, experts=experts, positions=positions, reference=reference,
-                model=model, per_position=per_position)
+    return Mean(
+        heads=heads,
+        neurons=neurons,
+        experts=experts,
+        positions=positions,
+        reference=reference,
+        model=model,
+        per_position=per_position,
+    )
 
 
 # ----------------------------------------------------------------------------- resample
@@ -419,7 +442,9 @@ class Resample(_FromReference):
     def _derangement(self, activation: Tensor, hook: HookPoint) -> Tensor:
         batch = activation.shape[0]
         if batch < 2:
-            raise ValueError(f"{self!r} at {hook.name}: resampling within the batch needs at least 2 prompts, got {batch}")
+            raise ValueError(
+                f"{self!r} at {hook.name}: resampling within the batch needs at least 2 prompts, got {batch}"
+            )
         if hook.attention_mask is not None:
             raise ValueError(
                 f"{self!r} at {hook.name}: resampling within a padded batch would move values across positions;"
@@ -455,7 +480,7 @@ def _columns_of(ablation, source: Tensor, source_mask: Tensor | None, activation
     source = source.narrow(dim, start, n)
     if "key_pos" in hook.axes:
         source = source.narrow(hook.axes.index("key_pos"), 0, activation.shape[hook.axes.index("key_pos")])
-    return source, None if source_mask is None else source_mask[:, start:start + n]
+    return source, None if source_mask is None else source_mask[:, start : start + n]
 
 
 def _prompts_differ(source: Tensor, source_mask: Tensor | None, hook: HookPoint) -> str:
@@ -466,11 +491,17 @@ def _prompts_differ(source: Tensor, source_mask: Tensor | None, hook: HookPoint)
     run_lengths = hook.rows.prompt_lengths()[:, 0].tolist()
 
     def listed(lengths: list) -> str:  # "3 prompts of 11 tokens", "3 prompts of [9, 11, 10] tokens"
-        shown = str(lengths[0]) if len(set(lengths)) == 1 else str(lengths[:16])[:-1] + (", ...]" if len(lengths) > 16 else "]")
+        shown = (
+            str(lengths[0])
+            if len(set(lengths)) == 1
+            else str(lengths[:16])[:-1] + (", ...]" if len(lengths) > 16 else "]")
+        )
         return f"{len(lengths)} prompt{'s' * (len(lengths) != 1)} of {shown} tokens"
 
-    return (f"the source holds {listed(source_lengths)}, but this run has {listed(run_lengths)}; give a source of as"
-            " many prompts as the run, each as long as the prompt it replaces (source prompt i replaces prompt i)")
+    return (
+        f"the source holds {listed(source_lengths)}, but this run has {listed(run_lengths)}; give a source of as"
+        " many prompts as the run, each as long as the prompt it replaces (source prompt i replaces prompt i)"
+    )
 
 
 def _same_mask(a: Tensor | None, b: Tensor | None) -> bool:
@@ -507,9 +538,12 @@ def resample(
     each row takes the value of another row of the same batch (a seeded derangement).
     """
     if (source is None) == (seed is None):
-        raise ValueError("resample() takes a source (a cache or tokens of the same shape) or seed=, exactly one of them")
-    return Resample(heads=heads, neurons=neurons, experts=experts, positions=positions, reference=source,
-                    model=model, seed=seed)
+        raise ValueError(
+            "resample() takes a source (a cache or tokens of the same shape) or seed=, exactly one of them"
+        )
+    return Resample(
+        heads=heads, neurons=neurons, experts=experts, positions=positions, reference=source, model=model, seed=seed
+    )
 
 
 def _describe(reference) -> str:
@@ -560,7 +594,9 @@ def hooks(
         component = parse_address(model, address)
         at = component.selectors.get("positions")
         if at is not None and positions is not None:
-            raise ValueError(f"{address!r} names its position and positions={positions!r} was given too; use one of them")
+            raise ValueError(
+                f"{address!r} names its position and positions={positions!r} was given too; use one of them"
+            )
         # A neuron of an expert selects experts x neurons: merging two would select their product.
         own = address if "experts" in component.selectors and "neurons" in component.selectors else None
         key = (component.hook_name, positions if at is None else at, own)
@@ -588,5 +624,19 @@ def hooks(
     return result
 
 
-__all__ = ["Ablation", "Component", "Mean", "PerPrompt", "Resample", "Zero", "components", "derangement", "hooks",
-           "mean", "parse_address", "per_prompt", "resample", "zero"]
+__all__ = [
+    "Ablation",
+    "Component",
+    "Mean",
+    "PerPrompt",
+    "Resample",
+    "Zero",
+    "components",
+    "derangement",
+    "hooks",
+    "mean",
+    "parse_address",
+    "per_prompt",
+    "resample",
+    "zero",
+]

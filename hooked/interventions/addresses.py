@@ -62,7 +62,9 @@ def parse_address(model: HookedTransformer, address: str) -> Component:
     cfg = model.cfg
     layer = int(match["layer"])
     if not -cfg.n_layers <= layer < cfg.n_layers:
-        raise IndexError(f"{address!r}: layer {layer} is out of range; this model has {cfg.n_layers} layers (L0..L{cfg.n_layers - 1})")
+        raise IndexError(
+            f"{address!r}: layer {layer} is out of range; this model has {cfg.n_layers} layers (L0..L{cfg.n_layers - 1})"
+        )
     layer %= cfg.n_layers
     block = f"blocks.{layer}."
     selectors: dict = {}
@@ -71,15 +73,20 @@ def parse_address(model: HookedTransformer, address: str) -> Component:
 
     def check(kind: str, value: int, size: int) -> tuple[int, ...]:
         if value >= size:
-            raise IndexError(f"{address!r}: {kind} {value} is out of range; layer {layer} has {size} ({kind}s 0..{size - 1})")
+            raise IndexError(
+                f"{address!r}: {kind} {value} is out of range; layer {layer} has {size} ({kind}s 0..{size - 1})"
+            )
         return (value,)
 
     sparse = cfg.is_sparse(layer)
     attention_only = model.blocks[layer].mlp is None  # cfg.attn_only: the block has no MLP
-    if attention_only and (match["neuron"] is not None or match["expert"] is not None
-                           or (match["whole"] or "").lower() == "mlp"):
-        raise ValueError(f"{address!r}: layer {layer} is attention-only (no MLP); name its heads ('L{layer}H0')"
-                         f" or its attention output ('L{layer}.attn')")
+    if attention_only and (
+        match["neuron"] is not None or match["expert"] is not None or (match["whole"] or "").lower() == "mlp"
+    ):
+        raise ValueError(
+            f"{address!r}: layer {layer} is attention-only (no MLP); name its heads ('L{layer}H0')"
+            f" or its attention output ('L{layer}.attn')"
+        )
     if match["head"] is not None:
         name = model._check_name(f"{block}attn.hook_{(match['part'] or 'z').lower()}")
         key_value = match["head_kind"].upper() == "KV"
@@ -88,12 +95,16 @@ def parse_address(model: HookedTransformer, address: str) -> Component:
         name = f"{block}hook_{match['whole'].lower()}_out"
     elif match["neuron"] is not None:
         if sparse:
-            raise ValueError(f"{address!r}: layer {layer} is a mixture of experts; name a neuron of an expert, 'L{layer}.E{{expert}}.N{{neuron}}'")
+            raise ValueError(
+                f"{address!r}: layer {layer} is a mixture of experts; name a neuron of an expert, 'L{layer}.E{{expert}}.N{{neuron}}'"
+            )
         name = f"{block}mlp.hook_post"
         selectors["neurons"] = check("neuron", int(match["neuron"]), cfg.d_mlp)
     else:
         if not sparse:
-            raise ValueError(f"{address!r}: layer {layer} has no experts (a dense MLP); use 'L{layer}.mlp' or 'L{layer}.N{{neuron}}'")
+            raise ValueError(
+                f"{address!r}: layer {layer} has no experts (a dense MLP); use 'L{layer}.mlp' or 'L{layer}.N{{neuron}}'"
+            )
         selectors["experts"] = check("expert", int(match["expert"]), cfg.n_experts)
         if match["expert_neuron"] is None:
             name = f"{block}mlp.hook_router_logits"
@@ -152,7 +163,9 @@ def _head_index(model: HookedTransformer, address: str, layer: int, name: str, k
         )
     kind, size = ("key/value head", n_kv_heads) if key_value else ("head", n_heads)
     if index >= size:
-        raise IndexError(f"{address!r}: {kind} {index} is out of range; layer {layer} has {size} ({kind}s 0..{size - 1})")
+        raise IndexError(
+            f"{address!r}: {kind} {index} is out of range; layer {layer} has {size} ({kind}s 0..{size - 1})"
+        )
     group = n_heads // n_kv_heads
     holds_key_value = "kv_head_index" in model.hook_dict[name].axes and _grouped(model)
     if key_value and not holds_key_value:
@@ -185,8 +198,11 @@ def components(model: HookedTransformer, kind: str) -> list[str]:
     if kind == "mlps":  # none on an attention-only model (cfg.attn_only)
         return [f"L{layer}.mlp" for layer in _mlp_layers(model)]
     if kind == "layers":
-        return [f"L{layer}.{part}" for layer in range(cfg.n_layers)
-                for part in ("attn", "mlp")[:2 if model.blocks[layer].mlp is not None else 1]]
+        return [
+            f"L{layer}.{part}"
+            for layer in range(cfg.n_layers)
+            for part in ("attn", "mlp")[: 2 if model.blocks[layer].mlp is not None else 1]
+        ]
     if kind in ("neurons", "experts") and layer_text:
         layer = _kind_layer(model, kind, layer_text)
         if kind == "neurons":
@@ -208,14 +224,18 @@ def _kind_layer(model: HookedTransformer, kind: str, layer_text: str) -> int:
         raise ValueError(f"components(model, {given!r}): the layer must be an int, e.g. '{kind}:0'")
     layer = int(layer_text)
     if not -n_layers <= layer < n_layers:
-        raise IndexError(f"components(model, {given!r}): layer {layer} is out of range; this model has {n_layers} layers"
-                         f" (0..{n_layers - 1})")
+        raise IndexError(
+            f"components(model, {given!r}): layer {layer} is out of range; this model has {n_layers} layers"
+            f" (0..{n_layers - 1})"
+        )
     layer %= n_layers
     sparse = model.cfg.is_sparse(layer)
     if model.blocks[layer].mlp is None:
         raise ValueError(f"components(model, {given!r}): layer {layer} is attention-only (no MLP), so it has no {kind}")
     if kind == "experts" and not sparse:
-        raise ValueError(f"components(model, {given!r}): layer {layer} has no experts (a dense MLP); use 'neurons:{layer}'")
+        raise ValueError(
+            f"components(model, {given!r}): layer {layer} has no experts (a dense MLP); use 'neurons:{layer}'"
+        )
     if kind == "neurons" and sparse:
         raise ValueError(f"components(model, {given!r}): layer {layer} is a mixture of experts; use 'experts:{layer}'")
     return layer

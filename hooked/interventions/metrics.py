@@ -49,9 +49,13 @@ class Metric(Protocol):
     columns: tuple[int, ...] | None
     needs_base: bool
 
-    def compute(self, logits: Tensor, base_logits: Tensor | None = None, attention_mask: Tensor | None = None) -> Tensor: ...
+    def compute(
+        self, logits: Tensor, base_logits: Tensor | None = None, attention_mask: Tensor | None = None
+    ) -> Tensor: ...
 
-    def __call__(self, logits: Tensor, *, base_logits: Tensor | None = None, attention_mask: Tensor | None = None) -> Tensor: ...
+    def __call__(
+        self, logits: Tensor, *, base_logits: Tensor | None = None, attention_mask: Tensor | None = None
+    ) -> Tensor: ...
 
 
 class _Metric:
@@ -73,15 +77,23 @@ class _Metric:
             if base_logits is None:
                 raise ValueError(f"{self!r} compares with the base run: pass base_logits= (the unablated run's logits)")
             if base_logits.shape != logits.shape:
-                raise ValueError(f"base_logits have shape {tuple(base_logits.shape)} but the logits have {tuple(logits.shape)}")
+                raise ValueError(
+                    f"base_logits have shape {tuple(base_logits.shape)} but the logits have {tuple(logits.shape)}"
+                )
         if attention_mask is not None and tuple(attention_mask.shape) != tuple(logits.shape[:2]):
-            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the logits are [batch pos] = {tuple(logits.shape[:2])}")
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)} but the logits are [batch pos] = {tuple(logits.shape[:2])}"
+            )
         if self.columns is not None and self.columns[-1] >= logits.shape[-1]:
-            raise ValueError(f"{self!r} reads token id {self.columns[-1]}, but the logits have a vocabulary of {logits.shape[-1]}")
+            raise ValueError(
+                f"{self!r} reads token id {self.columns[-1]}, but the logits have a vocabulary of {logits.shape[-1]}"
+            )
         base = self.reduce(base_logits, attention_mask) if self.needs_base else None
         return self.compute(self.reduce(logits, attention_mask), base, attention_mask)
 
-    def reduce(self, logits: Float[Tensor, "batch pos d_vocab"], attention_mask: Tensor | None = None) -> Float[Tensor, "batch _ _"]:
+    def reduce(
+        self, logits: Float[Tensor, "batch pos d_vocab"], attention_mask: Tensor | None = None
+    ) -> Float[Tensor, "batch _ _"]:
         """The part of full logits that `compute` reads: [batch, 1 or pos, len(columns) or d_vocab]. With
         position -1, each row's last real token (`attention_mask`: right padding leaves the last column
         padding for the shorter prompts)."""
@@ -94,7 +106,9 @@ class _Metric:
     def _check_reduced(self, logits: Tensor, attention_mask: Tensor | None, n_prompts: int | None) -> None:
         _check_rank(logits, "logits")
         if n_prompts is not None and logits.shape[0] != n_prompts:
-            raise ValueError(f"{self!r} holds {n_prompts} answers (one per prompt), but the logits have a batch of {logits.shape[0]}")
+            raise ValueError(
+                f"{self!r} holds {n_prompts} answers (one per prompt), but the logits have a batch of {logits.shape[0]}"
+            )
         if self.position == -1 and logits.shape[1] != 1:
             raise ValueError(
                 f"{self!r}.compute takes the last position only ([batch, 1, ...]), got {logits.shape[1]} positions;"
@@ -108,9 +122,13 @@ class _Metric:
         if attention_mask is not None:
             expected = (logits.shape[0], logits.shape[1] if self.position is None else attention_mask.shape[1])
             if tuple(attention_mask.shape) != expected:
-                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected [batch pos] = {expected}")
+                raise ValueError(
+                    f"attention_mask has shape {tuple(attention_mask.shape)}, expected [batch pos] = {expected}"
+                )
 
-    def _over_positions(self, values: Float[Tensor, "batch pos"], attention_mask: Tensor | None) -> Float[Tensor, " batch"]:
+    def _over_positions(
+        self, values: Float[Tensor, "batch pos"], attention_mask: Tensor | None
+    ) -> Float[Tensor, " batch"]:
         if self.position == -1:
             return values[:, 0]
         if attention_mask is None:
@@ -142,12 +160,18 @@ class LogitDiff(_Metric):
     def __post_init__(self):
         _set(self, correct=_as_ids(self.correct, "correct"), incorrect=_as_ids(self.incorrect, "incorrect"))
         if len(self.correct) != len(self.incorrect):
-            raise ValueError(f"one incorrect answer per correct one: got {len(self.correct)} correct and {len(self.incorrect)} incorrect")
+            raise ValueError(
+                f"one incorrect answer per correct one: got {len(self.correct)} correct and {len(self.incorrect)} incorrect"
+            )
         _check_position(self.position)
         columns = tuple(sorted(set(self.correct) | set(self.incorrect)))
         column_of = {token: column for column, token in enumerate(columns)}
-        _set(self, columns=columns, _correct_columns=tuple(column_of[t] for t in self.correct),
-             _incorrect_columns=tuple(column_of[t] for t in self.incorrect))
+        _set(
+            self,
+            columns=columns,
+            _correct_columns=tuple(column_of[t] for t in self.correct),
+            _incorrect_columns=tuple(column_of[t] for t in self.incorrect),
+        )
 
     def compute(
         self,
@@ -183,7 +207,9 @@ class _TokenMetric(_Metric):
     ) -> Float[Tensor, " batch"]:
         self._check_reduced(logits, attention_mask, len(self.tokens))
         if max(self.tokens) >= logits.shape[-1]:
-            raise ValueError(f"{self!r} reads token id {max(self.tokens)}, but the logits have a vocabulary of {logits.shape[-1]}")
+            raise ValueError(
+                f"{self!r} reads token id {max(self.tokens)}, but the logits have a vocabulary of {logits.shape[-1]}"
+            )
         return self._over_positions(self._score(logits.float()), attention_mask)
 
     def _score(self, logits: Float[Tensor, "batch pos d_vocab"]) -> Float[Tensor, "batch pos"]:
@@ -245,7 +271,9 @@ class KLDiv(_Metric):
         if base_logits is None:
             raise ValueError(f"{self!r} compares with the base run: pass base_logits")
         if base_logits.shape != logits.shape:
-            raise ValueError(f"base_logits have shape {tuple(base_logits.shape)} but the logits have {tuple(logits.shape)}")
+            raise ValueError(
+                f"base_logits have shape {tuple(base_logits.shape)} but the logits have {tuple(logits.shape)}"
+            )
         log_p_run = logits.float().log_softmax(-1)
         log_p_base = base_logits.float().log_softmax(-1)
         p_base = log_p_base.exp()
@@ -268,7 +296,9 @@ class Loss(_Metric):
         tokens = torch.as_tensor(self.tokens)
         tokens = tokens[None] if tokens.ndim == 1 else tokens
         if tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-            raise ValueError(f"loss needs integer token ids [batch pos], got {tokens.dtype} of shape {tuple(tokens.shape)}")
+            raise ValueError(
+                f"loss needs integer token ids [batch pos], got {tokens.dtype} of shape {tuple(tokens.shape)}"
+            )
         if tokens.shape[1] < 2:
             raise ValueError(f"loss needs at least 2 positions (one input and its next token), got {tokens.shape[1]}")
         mask = self.mask
@@ -276,7 +306,9 @@ class Loss(_Metric):
             mask = torch.as_tensor(mask).to(torch.bool)
             mask = mask[None] if mask.ndim == 1 else mask
             if mask.shape != tokens.shape:
-                raise ValueError(f"the attention mask has shape {tuple(mask.shape)} but the tokens have {tuple(tokens.shape)}")
+                raise ValueError(
+                    f"the attention mask has shape {tuple(mask.shape)} but the tokens have {tuple(tokens.shape)}"
+                )
             if bool((mask[:, 1:] & mask[:, :-1]).sum(-1).min() == 0):
                 raise ValueError("a prompt has fewer than 2 real tokens, so no next token to predict")
             mask = None if bool(mask.all()) else mask
@@ -290,9 +322,13 @@ class Loss(_Metric):
     ) -> Float[Tensor, " batch"]:
         self._check_reduced(logits, attention_mask, None)
         if tuple(logits.shape[:2]) != tuple(self.tokens.shape):
-            raise ValueError(f"{self!r} scores tokens of shape {tuple(self.tokens.shape)}, but the logits are for {tuple(logits.shape[:2])}")
+            raise ValueError(
+                f"{self!r} scores tokens of shape {tuple(self.tokens.shape)}, but the logits are for {tuple(logits.shape[:2])}"
+            )
         if int(self.tokens.max()) >= logits.shape[-1]:
-            raise ValueError(f"{self!r} has token id {int(self.tokens.max())}, but the logits have a vocabulary of {logits.shape[-1]}")
+            raise ValueError(
+                f"{self!r} has token id {int(self.tokens.max())}, but the logits have a vocabulary of {logits.shape[-1]}"
+            )
         tokens = self.tokens.to(logits.device)
         log_probs = logits[:, :-1].float().log_softmax(-1)
         per_token = -log_probs.gather(-1, tokens[:, 1:, None])[..., 0]  # [batch, pos - 1]
@@ -312,8 +348,8 @@ class Loss(_Metric):
 def logit_diff(model, correct: Answers, incorrect: Answers, position: int | None = -1) -> LogitDiff:
     """logit[correct_i] - logit[incorrect_i] per prompt, at the last position.
 
-        metric = logit_diff(model, task.correct, task.incorrect)   # strings need the model; ids don't
-        metric(logits)   # [batch] float32
+    metric = logit_diff(model, task.correct, task.incorrect)   # strings need the model; ids don't
+    metric(logits)   # [batch] float32
     """
     return LogitDiff(_token_ids(model, correct, "correct"), _token_ids(model, incorrect, "incorrect"), position)
 
@@ -350,7 +386,9 @@ def loss(model, tokens, attention_mask: Tensor | None = None) -> Loss:
     """
     if isinstance(tokens, str) or (isinstance(tokens, list) and tokens and all(isinstance(t, str) for t in tokens)):
         if model is None or model.tokenizer is None:
-            raise ValueError("loss was given text: pass the model (one with a tokenizer) to tokenize it, or give token ids")
+            raise ValueError(
+                "loss was given text: pass the model (one with a tokenizer) to tokenize it, or give token ids"
+            )
         texts = [tokens] if isinstance(tokens, str) else tokens
         # The tokenizer's own mask: ids alone cannot carry it when a prompt begins with the pad token.
         tokens, text_mask = model.tokenizer.encode_batch(texts, model.default_prepend_bos, model.cfg.n_ctx)
@@ -360,7 +398,9 @@ def loss(model, tokens, attention_mask: Tensor | None = None) -> Loss:
     if attention_mask is None and model is not None and model.tokenizer is not None:
         attention_mask = model.tokenizer.mask_for(tokens, model.default_prepend_bos)
     if model is not None and tokens.numel() and int(tokens.max()) >= model.cfg.d_vocab:
-        raise ValueError(f"token id {int(tokens.max())} is out of range for the model's vocabulary of {model.cfg.d_vocab}")
+        raise ValueError(
+            f"token id {int(tokens.max())} is out of range for the model's vocabulary of {model.cfg.d_vocab}"
+        )
     return Loss(tokens.detach().cpu(), None if attention_mask is None else attention_mask.detach().cpu())
 
 
@@ -388,7 +428,9 @@ def _token_ids(model, answers: Answers, what: str) -> tuple[int, ...]:
     if model is not None:
         too_large = [token for token in ids if token >= model.cfg.d_vocab]
         if too_large:
-            raise ValueError(f"{what} has token id {too_large[0]}, out of range for the model's vocabulary of {model.cfg.d_vocab}")
+            raise ValueError(
+                f"{what} has token id {too_large[0]}, out of range for the model's vocabulary of {model.cfg.d_vocab}"
+            )
     return _as_ids(ids, what)
 
 
@@ -398,7 +440,9 @@ def _single_token(model, answer: str, what: str) -> int:
     try:
         return model.to_single_token(answer)
     except ValueError as error:
-        raise ValueError(f"{what}: {error}; a metric reads one logit per answer, so each must be one token the tokenizer knows") from None
+        raise ValueError(
+            f"{what}: {error}; a metric reads one logit per answer, so each must be one token the tokenizer knows"
+        ) from None
 
 
 def _as_ids(values, what: str) -> tuple[int, ...]:
@@ -445,6 +489,18 @@ def _set(metric, **values) -> None:
 
 
 __all__ = [
-    "Answers", "KLDiv", "LogProb", "LogitDiff", "Loss", "Metric", "Probability", "Rank",
-    "kl_div", "log_prob", "logit_diff", "loss", "probability", "rank",
+    "Answers",
+    "KLDiv",
+    "LogProb",
+    "LogitDiff",
+    "Loss",
+    "Metric",
+    "Probability",
+    "Rank",
+    "kl_div",
+    "log_prob",
+    "logit_diff",
+    "loss",
+    "probability",
+    "rank",
 ]

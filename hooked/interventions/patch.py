@@ -101,8 +101,9 @@ def activation(
     return Patch(heads=heads, neurons=neurons, experts=experts, positions=positions, reference=source, model=model)
 
 
-def hooks(model: HookedTransformer, addresses: str | Sequence[str], source: Reference, *,
-          positions: Positions = None) -> list[tuple[str, HookFn]]:
+def hooks(
+    model: HookedTransformer, addresses: str | Sequence[str], source: Reference, *, positions: Positions = None
+) -> list[tuple[str, HookFn]]:
     """(hook name, patch) pairs that patch the components at `addresses` (`ablate.hooks`' forms) from `source`.
 
     `model.run_with_hooks(corrupt, fwd_hooks=patch.hooks(model, ["L9H9", "L10H0@-1"], clean_cache))`
@@ -111,8 +112,20 @@ def hooks(model: HookedTransformer, addresses: str | Sequence[str], source: Refe
     every address without its own `@pos` (`task.positions["S2"]`: one position per prompt).
     """
     pairs = ablate.hooks(model, addresses, "resample", source=source, positions=positions)
-    return [(name, Patch(heads=fn.heads, neurons=fn.neurons, experts=fn.experts, positions=fn.positions,
-                         reference=fn.reference, model=model)) for name, fn in pairs]
+    return [
+        (
+            name,
+            Patch(
+                heads=fn.heads,
+                neurons=fn.neurons,
+                experts=fn.experts,
+                positions=fn.positions,
+                reference=fn.reference,
+                model=model,
+            ),
+        )
+        for name, fn in pairs
+    ]
 
 
 # ----------------------------------------------------------------------------- sweeps
@@ -144,7 +157,11 @@ def head_sweep(
     source = _source(model, clean, _names(model, hook, HEAD_HOOKS), tokens, key_valid)
     variants = _head_variants(model, hook, source, positions)
     result = sweep(model, tokens, variants, metric, attention_mask=key_valid, **sweep_kwargs)
-    result.provenance["patch"] = {"method": "activation patching", "hook": hook, "positions": positions_record(positions)}
+    result.provenance["patch"] = {
+        "method": "activation patching",
+        "hook": hook,
+        "positions": positions_record(positions),
+    }
     return result
 
 
@@ -219,8 +236,10 @@ def attribution(
         raise RuntimeError("attribution needs gradients; call it outside torch.inference_mode()")
     registered = [name for name, point in model.hook_dict.items() if point.listening]
     if registered:  # as hooked.sweep: the estimate must line up with the sweep's unhooked corrupt run
-        raise RuntimeError(f"attribution runs the model without outside hooks, but hooks are registered at {registered[:3]};"
-                           " remove them (model.reset_hooks())")
+        raise RuntimeError(
+            f"attribution runs the model without outside hooks, but hooks are registered at {registered[:3]};"
+            " remove them (model.reset_hooks())"
+        )
     tokens, key_valid = _prompts(model, corrupt, attention_mask)
     source = _source(model, clean, _names(model, hook, HEAD_HOOKS + RESID_HOOKS), tokens, key_valid)
     if hook in HEAD_HOOKS:
@@ -302,7 +321,9 @@ def _head_variants(model: HookedTransformer, hook: str, source: ActivationCache,
     return variants
 
 
-def _resid_variants(model: HookedTransformer, hook: str, source: ActivationCache, positions: dict[str, Positions]) -> Variants:
+def _resid_variants(
+    model: HookedTransformer, hook: str, source: ActivationCache, positions: dict[str, Positions]
+) -> Variants:
     return {
         f"L{layer}@{label}": [(name, Patch(positions=position, reference=source, model=model))]
         for layer, name in enumerate(_names(model, hook, RESID_HOOKS))
@@ -349,7 +370,9 @@ def _explicit_mask(tokens: Tensor, key_valid: Tensor | None) -> Tensor:
     return torch.ones_like(tokens, dtype=torch.bool) if key_valid is None else key_valid
 
 
-def _source(model: HookedTransformer, clean: Reference, names: list[str], tokens: Tensor, key_valid: Tensor | None) -> ActivationCache:
+def _source(
+    model: HookedTransformer, clean: Reference, names: list[str], tokens: Tensor, key_valid: Tensor | None
+) -> ActivationCache:
     """The clean run's activations at `names` (prompts are run once), checked against the corrupt prompts."""
     if is_tokens(clean):
         with torch.no_grad(), model.hooks_suspended():
@@ -358,8 +381,10 @@ def _source(model: HookedTransformer, clean: Reference, names: list[str], tokens
         raise TypeError(f"the clean source is a cache or prompts / token ids, not {type(clean).__name__}")
     missing = [name for name in names if name not in clean.cache_dict]
     if missing:
-        raise KeyError(f"the clean cache has no {missing[0]} (nor {len(missing) - 1} more); cache it"
-                       f" (run_with_cache(clean, names_filter=lambda name: name.endswith({missing[0].rsplit('.', 1)[1]!r})))")
+        raise KeyError(
+            f"the clean cache has no {missing[0]} (nor {len(missing) - 1} more); cache it"
+            f" (run_with_cache(clean, names_filter=lambda name: name.endswith({missing[0].rsplit('.', 1)[1]!r})))"
+        )
     if not clean.has_batch_dim:
         raise ValueError("the clean cache was made with remove_batch_dim=True; keep the batch axis")
     batch, pos = tokens.shape
@@ -373,9 +398,13 @@ def _source(model: HookedTransformer, clean: Reference, names: list[str], tokens
             " token for token, so both need the same shape"
         )
     source_mask = clean.attention_mask
-    if (source_mask is None) != (key_valid is None) or (key_valid is not None and not torch.equal(source_mask.to(key_valid.device), key_valid)):
-        raise ValueError("the clean prompts are padded differently from the corrupt ones; each clean prompt must have"
-                         " the same token length as the corrupt prompt it is paired with")
+    if (source_mask is None) != (key_valid is None) or (
+        key_valid is not None and not torch.equal(source_mask.to(key_valid.device), key_valid)
+    ):
+        raise ValueError(
+            "the clean prompts are padded differently from the corrupt ones; each clean prompt must have"
+            " the same token length as the corrupt prompt it is paired with"
+        )
     return clean
 
 
@@ -383,10 +412,14 @@ def _evaluate(metric: Callable, logits: Tensor, key_valid: Tensor | None) -> Flo
     """The metric on full logits, per prompt, still attached to the graph."""
     if not callable(metric):
         raise TypeError(f"metric must be callable on logits, got {type(metric).__name__}")
-    values = metric_values(metric, metric(logits, base_logits=logits.detach(), attention_mask=key_valid), logits.shape[0])
+    values = metric_values(
+        metric, metric(logits, base_logits=logits.detach(), attention_mask=key_valid), logits.shape[0]
+    )
     if not values.requires_grad:
-        raise ValueError(f"metric {metric!r} returned values with no gradient (a .detach(), .item() or no_grad inside?);"
-                         " attribution differentiates the metric")
+        raise ValueError(
+            f"metric {metric!r} returned values with no gradient (a .detach(), .item() or no_grad inside?);"
+            " attribution differentiates the metric"
+        )
     return values
 
 

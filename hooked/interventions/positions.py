@@ -37,8 +37,10 @@ def as_ints(selector, name: str) -> tuple[int, ...] | None:
     iterable = hasattr(selector, "__iter__") and not isinstance(selector, (str, bytes, Mapping))
     values = tuple(selector) if iterable else ()
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise TypeError(f"{name}= takes an int or a non-empty list of ints (or an integer tensor), got {given};"
-                        f" e.g. {name}=2 or {name}=[2, 5]")
+        raise TypeError(
+            f"{name}= takes an int or a non-empty list of ints (or an integer tensor), got {given};"
+            f" e.g. {name}=2 or {name}=[2, 5]"
+        )
     return values
 
 
@@ -81,8 +83,15 @@ def per_prompt(positions: Sequence[int] | Tensor) -> PerPrompt:
     if isinstance(positions, PerPrompt):
         return positions
     if isinstance(positions, Tensor):
-        if positions.ndim != 1 or positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex():
-            raise TypeError(f"per_prompt() takes a 1-D integer tensor [batch], got {positions.dtype} of shape {list(positions.shape)}")
+        if (
+            positions.ndim != 1
+            or positions.dtype.is_floating_point
+            or positions.dtype == torch.bool
+            or positions.is_complex()
+        ):
+            raise TypeError(
+                f"per_prompt() takes a 1-D integer tensor [batch], got {positions.dtype} of shape {list(positions.shape)}"
+            )
         positions = positions.tolist()
     if isinstance(positions, (int, str)):
         raise TypeError(f"per_prompt() takes one position per prompt (a list or a 1-D tensor), not {positions!r}")
@@ -94,9 +103,13 @@ def as_positions(positions) -> tuple[int, ...] | PerPrompt | None:
     if positions is None or isinstance(positions, PerPrompt):
         return positions
     if isinstance(positions, Tensor):
-        if positions.ndim == 1 and (positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex()):
-            raise TypeError(f"positions= takes one position per prompt as a 1-D integer tensor [batch], got a {positions.dtype}"
-                            f" tensor {positions.tolist()[:8]}; e.g. positions=torch.tensor([3, 5, 4])")
+        if positions.ndim == 1 and (
+            positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex()
+        ):
+            raise TypeError(
+                f"positions= takes one position per prompt as a 1-D integer tensor [batch], got a {positions.dtype}"
+                f" tensor {positions.tolist()[:8]}; e.g. positions=torch.tensor([3, 5, 4])"
+            )
         if positions.ndim == 1:
             return per_prompt(positions)
         if positions.ndim > 1:
@@ -116,8 +129,14 @@ def positions_record(positions) -> list[int] | dict | None:
     return positions.to_json() if isinstance(positions, PerPrompt) else list(positions)
 
 
-def positions_mask(positions: tuple[int, ...] | PerPrompt, position_ids: Tensor, attention_mask: Tensor | None,
-                   lengths: Tensor, generating: bool = False, what: str = "positions=") -> Tensor:
+def positions_mask(
+    positions: tuple[int, ...] | PerPrompt,
+    position_ids: Tensor,
+    attention_mask: Tensor | None,
+    lengths: Tensor,
+    generating: bool = False,
+    what: str = "positions=",
+) -> Tensor:
     """[batch pos] True at the real tokens whose position in their prompt is selected: a set of positions for
     every row, or one per row (`PerPrompt`). `lengths` [batch 1] is what negative positions count back from
     (each prompt's length); `what` names the caller in errors.
@@ -172,8 +191,10 @@ def last_real(values: Tensor, attention_mask: Tensor | None) -> Tensor:
         return values[:, -1:]
     mask = attention_mask.to(device=values.device, dtype=torch.bool)
     if values.shape[0] % mask.shape[0] or values.shape[1] != mask.shape[1]:
-        raise ValueError(f"values of shape {tuple(values.shape)} do not line up with an attention mask of shape"
-                         f" {tuple(mask.shape)} ([batch pos], or several blocks of its rows)")
+        raise ValueError(
+            f"values of shape {tuple(values.shape)} do not line up with an attention mask of shape"
+            f" {tuple(mask.shape)} ([batch pos], or several blocks of its rows)"
+        )
     mask = mask.repeat(values.shape[0] // mask.shape[0], 1)
     last = mask.shape[1] - 1 - mask.flip(-1).long().argmax(-1)  # [batch]: each row's last True column
     index = last.view(-1, 1, *[1] * (values.ndim - 2)).expand(-1, 1, *values.shape[2:])

@@ -42,11 +42,15 @@ def variant_names(names, what: str = "variant", reserved: tuple[str, ...] = (BAS
     for name in names:
         text = str(name)
         if text in reserved:
-            raise ValueError(f"{what} name {name!r} is reserved: {text!r} names the run without any variant (the first"
-                             f" row of table(), result[{text!r}]); rename the {what}")
+            raise ValueError(
+                f"{what} name {name!r} is reserved: {text!r} names the run without any variant (the first"
+                f" row of table(), result[{text!r}]); rename the {what}"
+            )
         if text in seen:
-            raise ValueError(f"{what} names {seen[text]!r} and {name!r} are both {text!r} in the table, so one would hide"
-                             f" the other; give every {what} a distinct name")
+            raise ValueError(
+                f"{what} names {seen[text]!r} and {name!r} are both {text!r} in the table, so one would hide"
+                f" the other; give every {what} a distinct name"
+            )
         seen[text] = name
     return list(seen)
 
@@ -64,7 +68,9 @@ class SweepResult:
     def __post_init__(self):
         self.variants = variant_names(self.variants)
         if self.values.shape != (len(self.variants), self.base.shape[0]):
-            raise ValueError(f"values {tuple(self.values.shape)} do not match {len(self.variants)} variants x {self.base.shape[0]} prompts")
+            raise ValueError(
+                f"values {tuple(self.values.shape)} do not match {len(self.variants)} variants x {self.base.shape[0]} prompts"
+            )
 
     def __len__(self) -> int:
         return len(self.variants)
@@ -94,10 +100,15 @@ class SweepResult:
 
     def rows(self) -> list[dict]:
         """One dict per variant (the base run first): variant, mean, change, and p0, p1, ... per prompt."""
+
         def row(name: str, values: Tensor) -> dict:
             mean = float(values.mean())
-            return {"variant": name, self.metric: mean, "change": mean - self.base_score,
-                    **{f"p{i}": float(v) for i, v in enumerate(values)}}
+            return {
+                "variant": name,
+                self.metric: mean,
+                "change": mean - self.base_score,
+                **{f"p{i}": float(v) for i, v in enumerate(values)},
+            }
 
         return [row(BASE, self.base)] + [row(name, values) for name, values in zip(self.variants, self.values)]
 
@@ -140,8 +151,13 @@ class SweepResult:
     @classmethod
     def from_json(cls, path: str | Path) -> SweepResult:
         data = json.loads(Path(path).read_text())
-        return cls(data["variants"], torch.tensor(data["values"], dtype=torch.float32),
-                   torch.tensor(data["base"], dtype=torch.float32), data["metric"], data["provenance"])
+        return cls(
+            data["variants"],
+            torch.tensor(data["values"], dtype=torch.float32),
+            torch.tensor(data["base"], dtype=torch.float32),
+            data["metric"],
+            data["provenance"],
+        )
 
     def save(self, directory: str | Path, name: str = "sweep") -> Path:
         """Write `<name>.csv`, `<name>.json` (values and provenance) and, when the names form a grid and
@@ -179,7 +195,9 @@ class SweepResult:
         """Plot the grid of changes (or `value="score"`) as a heatmap; save to `path` if given. Returns the figure."""
         found = self.grid(value)
         if found is None:
-            raise ValueError(f"the variant names ({self.variants[:3]}...) do not form a grid; name them like L9H9, L3KV1, L9@3, L9.N12 or L3.E5")
+            raise ValueError(
+                f"the variant names ({self.variants[:3]}...) do not form a grid; name them like L9H9, L3KV1, L9@3, L9.N12 or L3.E5"
+            )
         import matplotlib
 
         if path is not None:

@@ -87,7 +87,9 @@ class OnRows:
         try:
             result = self.fn(part, RowsView(hook, self.rows))
         except Exception as error:
-            raise VariantError(f"sweep variant {self.variant!r}, hook {hook.name}: {type(error).__name__}: {error}") from error
+            raise VariantError(
+                f"sweep variant {self.variant!r}, hook {hook.name}: {type(error).__name__}: {error}"
+            ) from error
         if result is not None and result is not part:
             if not isinstance(result, Tensor) or result.shape != part.shape:
                 shape = tuple(result.shape) if isinstance(result, Tensor) else type(result).__name__

@@ -116,7 +116,9 @@ def sweep(
         except Exception as caught:
             error = caught
         # Under torch.distributed a mistake on one rank stops every rank here, before any variant runs.
-        calls = None if error is not None else ("hooked.sweep", [(v.name, [name for name, _ in v.hooks]) for v in planned])
+        calls = (
+            None if error is not None else ("hooked.sweep", [(v.name, [name for name, _ in v.hooks]) for v in planned])
+        )
         if getattr(model, "tensor_parallel", False):
             model.parallel.agree(error, calls, what="hooked.sweep")
         if group is not None:
@@ -133,10 +135,10 @@ def sweep(
         # 2. Chunks of variants, sorted by the stage they start at; under data parallelism, this rank's share.
         order = sorted(range(len(planned)), key=lambda i: planned[i].stage)
         if group is not None:  # dealt in turn: early-stage variants (which recompute more blocks) are spread evenly
-            order = order[dist.get_rank(group)::dist.get_world_size(group)]
+            order = order[dist.get_rank(group) :: dist.get_world_size(group)]
         per_chunk = _rows_per_chunk(model, tokens.shape, reads, max_rows, max_bytes) // tokens.shape[0]
         per_chunk = max(per_chunk, 1)
-        chunks = [order[i:i + per_chunk] for i in range(0, len(order), per_chunk)]
+        chunks = [order[i : i + per_chunk] for i in range(0, len(order), per_chunk)]
         values = torch.zeros(len(planned), tokens.shape[0], dtype=torch.float32)
         first_rank = not dist.is_initialized() or dist.get_rank() == 0
         bar = _progress(len(chunks), len(order), progress) if first_rank else None
@@ -230,7 +232,9 @@ def _base_run(model, prompts: Prompts, starts: set[int], reads: MetricReads) -> 
         return kept, reads.logits(model, resid, prompts.key_valid)
 
 
-def _run_chunk(model, prompts: Prompts, chunk: list[_Variant], base_resid: dict[int, Tensor], reads: MetricReads) -> Tensor:
+def _run_chunk(
+    model, prompts: Prompts, chunk: list[_Variant], base_resid: dict[int, Tensor], reads: MetricReads
+) -> Tensor:
     """Forward the chunk's variants, rows joining at their first stage; the reduced logits of all rows."""
     batch = prompts.tokens.shape[0]
     n_stages = 2 * model.cfg.n_layers
@@ -295,7 +299,9 @@ class MetricReads:
         declares = hasattr(metric, "compute")
         position = getattr(metric, "position", None) if declares else None
         if position not in (-1, None):
-            raise ValueError(f"metric {metric!r} reads position {position}; a sweep supports -1 (the last token) or None")
+            raise ValueError(
+                f"metric {metric!r} reads position {position}; a sweep supports -1 (the last token) or None"
+            )
         columns = getattr(metric, "columns", None) if declares else None
         if columns is not None:
             columns = torch.as_tensor(list(columns), dtype=torch.long, device=model.device)
@@ -336,7 +342,9 @@ def metric_values(metric: Callable, values: Any, batch: int) -> Tensor:
         got = f"{type(values).__name__} {values!r}"[:200]
     name = getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__))
     error = ValueError if isinstance(values, Tensor) else TypeError
-    raise error(f"metric {name}: a metric must return one value per prompt, a [batch] tensor ([{batch}] here); got {got}")
+    raise error(
+        f"metric {name}: a metric must return one value per prompt, a [batch] tensor ([{batch}] here); got {got}"
+    )
 
 
 def _rows_per_chunk(model, shape: torch.Size, reads: MetricReads, max_rows: int | None, max_bytes: int | None) -> int:
@@ -376,7 +384,9 @@ def sweep_provenance(model, planned: list[_Variant], metric, task, tokens: Tenso
         "model": getattr(model, "name_or_path", None) or type(model).__name__,
         "architecture": type(model).__name__,
         "config": {k: v for k, v in vars(cfg).items() if isinstance(v, (int, float, str, bool, type(None)))},
-        "processing": dict(getattr(model, "processing", {})),  # TransformerLens' weight processing (hooked.transformer_lens.processing)
+        "processing": dict(
+            getattr(model, "processing", {})
+        ),  # TransformerLens' weight processing (hooked.transformer_lens.processing)
         "dtype": str(model.dtype).removeprefix("torch."),
         "device": str(model.device),
         "metric": repr(metric),

@@ -46,17 +46,115 @@ from torch import Tensor
 
 # The paper's names: every one is a single token (with its leading space) for GPT-2's tokenizer.
 NAMES: tuple[str, ...] = (
-    "Aaron", "Adam", "Alan", "Alex", "Alice", "Amy", "Anderson", "Andre", "Andrew", "Andy", "Anna",
-    "Anthony", "Arthur", "Austin", "Blake", "Brandon", "Brian", "Carter", "Charles", "Charlie",
-    "Christian", "Christopher", "Clark", "Cole", "Collins", "Connor", "Crew", "Crystal", "Daniel",
-    "David", "Dean", "Edward", "Elizabeth", "Emily", "Eric", "Eva", "Ford", "Frank", "George",
-    "Georgia", "Graham", "Grant", "Henry", "Ian", "Jack", "Jacob", "Jake", "James", "Jamie", "Jane",
-    "Jason", "Jay", "Jennifer", "Jeremy", "Jessica", "John", "Jonathan", "Jordan", "Joseph", "Joshua",
-    "Justin", "Kate", "Kelly", "Kevin", "Kyle", "Laura", "Leon", "Lewis", "Lisa", "Louis", "Luke",
-    "Madison", "Marco", "Marcus", "Maria", "Mark", "Martin", "Mary", "Matthew", "Max", "Michael",
-    "Michelle", "Morgan", "Patrick", "Paul", "Peter", "Prince", "Rachel", "Richard", "River", "Robert",
-    "Roman", "Rose", "Ruby", "Russell", "Ryan", "Sarah", "Scott", "Sean", "Simon", "Stephen", "Steven",
-    "Sullivan", "Taylor", "Thomas", "Tyler", "Victoria", "Warren", "William",
+    "Aaron",
+    "Adam",
+    "Alan",
+    "Alex",
+    "Alice",
+    "Amy",
+    "Anderson",
+    "Andre",
+    "Andrew",
+    "Andy",
+    "Anna",
+    "Anthony",
+    "Arthur",
+    "Austin",
+    "Blake",
+    "Brandon",
+    "Brian",
+    "Carter",
+    "Charles",
+    "Charlie",
+    "Christian",
+    "Christopher",
+    "Clark",
+    "Cole",
+    "Collins",
+    "Connor",
+    "Crew",
+    "Crystal",
+    "Daniel",
+    "David",
+    "Dean",
+    "Edward",
+    "Elizabeth",
+    "Emily",
+    "Eric",
+    "Eva",
+    "Ford",
+    "Frank",
+    "George",
+    "Georgia",
+    "Graham",
+    "Grant",
+    "Henry",
+    "Ian",
+    "Jack",
+    "Jacob",
+    "Jake",
+    "James",
+    "Jamie",
+    "Jane",
+    "Jason",
+    "Jay",
+    "Jennifer",
+    "Jeremy",
+    "Jessica",
+    "John",
+    "Jonathan",
+    "Jordan",
+    "Joseph",
+    "Joshua",
+    "Justin",
+    "Kate",
+    "Kelly",
+    "Kevin",
+    "Kyle",
+    "Laura",
+    "Leon",
+    "Lewis",
+    "Lisa",
+    "Louis",
+    "Luke",
+    "Madison",
+    "Marco",
+    "Marcus",
+    "Maria",
+    "Mark",
+    "Martin",
+    "Mary",
+    "Matthew",
+    "Max",
+    "Michael",
+    "Michelle",
+    "Morgan",
+    "Patrick",
+    "Paul",
+    "Peter",
+    "Prince",
+    "Rachel",
+    "Richard",
+    "River",
+    "Robert",
+    "Roman",
+    "Rose",
+    "Ruby",
+    "Russell",
+    "Ryan",
+    "Sarah",
+    "Scott",
+    "Sean",
+    "Simon",
+    "Stephen",
+    "Steven",
+    "Sullivan",
+    "Taylor",
+    "Thomas",
+    "Tyler",
+    "Victoria",
+    "Warren",
+    "William",
 )
 
 PLACES: tuple[str, ...] = ("store", "garden", "restaurant", "school", "hospital", "office", "house", "station")
@@ -200,7 +298,9 @@ class Task:
         """
         tokenizer = getattr(model, "tokenizer", None)
         if tokenizer is None:
-            raise ValueError("token positions need the model's tokenizer, and this model has none; load it with its tokenizer files")
+            raise ValueError(
+                "token positions need the model's tokenizer, and this model has none; load it with its tokenizer files"
+            )
         prepend = model.default_prepend_bos if prepend_bos is None else prepend_bos
         if prepend and tokenizer.bos_token_id is None:
             raise ValueError("prepend_bos=True, but this tokenizer has no BOS token; pass prepend_bos=False")
@@ -214,11 +314,15 @@ class Task:
             for slot, (start, end) in (spans[row] if spans else {}).items():
                 token = next((i for i, (a, b) in enumerate(offsets) if a < end and b > start), None)
                 if token is None:
-                    raise ValueError(f"prompt {row}: no token covers {slot} ({prompt[start:end]!r}, characters"
-                                     f" {start}..{end}) in {prompt!r}; the tokenizer drops those characters")
+                    raise ValueError(
+                        f"prompt {row}: no token covers {slot} ({prompt[start:end]!r}, characters"
+                        f" {start}..{end}) in {prompt!r}; the tokenizer drops those characters"
+                    )
                 positions.setdefault(slot, []).append(first + token)
             positions.setdefault("END", []).append(first + len(offsets) - 1)
-        return replace(self, token_positions={slot: torch.tensor(values, dtype=torch.long) for slot, values in positions.items()})
+        return replace(
+            self, token_positions={slot: torch.tensor(values, dtype=torch.long) for slot, values in positions.items()}
+        )
 
     def __len__(self) -> int:
         return len(self.clean)
@@ -226,23 +330,38 @@ class Task:
     def __getitem__(self, rows: slice) -> Task:
         """A sub-task of the rows `rows` selects: `task[:4]`."""
         if not isinstance(rows, slice):
-            raise TypeError(f"index a task with a slice (task[{rows}:{rows}+1] for one prompt), not {type(rows).__name__}")
+            raise TypeError(
+                f"index a task with a slice (task[{rows}:{rows}+1] for one prompt), not {type(rows).__name__}"
+            )
         params = dict(self.params)
         if self.per_prompt:
             params["per_prompt"] = {key: value[rows] for key, value in self.per_prompt.items()}
         positions = self.token_positions
         return replace(
-            self, clean=self.clean[rows], corrupt=self.corrupt[rows], correct=self.correct[rows],
-            incorrect=self.incorrect[rows], params=params,
-            token_positions=None if positions is None else {key: value.tolist()[rows] for key, value in positions.items()},
+            self,
+            clean=self.clean[rows],
+            corrupt=self.corrupt[rows],
+            correct=self.correct[rows],
+            incorrect=self.incorrect[rows],
+            params=params,
+            token_positions=None
+            if positions is None
+            else {key: value.tolist()[rows] for key, value in positions.items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
         """Everything about the task as plain JSON-serialisable data, prompts (and token positions) included."""
-        data = copy.deepcopy({
-            "name": self.name, "seed": self.seed, "params": self.params, "clean": self.clean,
-            "corrupt": self.corrupt, "correct": self.correct, "incorrect": self.incorrect,
-        })
+        data = copy.deepcopy(
+            {
+                "name": self.name,
+                "seed": self.seed,
+                "params": self.params,
+                "clean": self.clean,
+                "corrupt": self.corrupt,
+                "correct": self.correct,
+                "incorrect": self.incorrect,
+            }
+        )
         if self.token_positions is not None:
             data["token_positions"] = {key: value.tolist() for key, value in self.token_positions.items()}
         return data
@@ -253,7 +372,9 @@ class Task:
         return cls(**copy.deepcopy(data))
 
     def __repr__(self) -> str:
-        settings = ", ".join(f"{key}={value!r}" for key, value in self.params.items() if key not in ("per_prompt", "names"))
+        settings = ", ".join(
+            f"{key}={value!r}" for key, value in self.params.items() if key not in ("per_prompt", "names")
+        )
         return f"Task({self.name!r}, n={len(self)}, seed={self.seed}" + (f", {settings})" if settings else ")")
 
 
@@ -312,7 +433,8 @@ def ioi(
         orders.append(order)
         template_ids.append(template_id)
     params = {
-        "template": template, "corruption": corruption,
+        "template": template,
+        "corruption": corruption,
         "names": "NAMES" if names is None else list(name_pool),
         "per_prompt": {"index": list(range(n)), "order": orders, "template_id": template_ids, "spans": spans},
     }
@@ -343,7 +465,7 @@ def _fill_with_spans(slots: str, values: dict[str, str]) -> tuple[str, dict[str,
     parts, spans, length, last = [], {}, 0, 0
     for match in _SLOT.finditer(slots):
         value = values[match.group(0)]
-        parts.append(slots[last:match.start()])
+        parts.append(slots[last : match.start()])
         length += match.start() - last
         if match.group(1) in ("IO", "S1", "S2"):
             spans[match.group(1)] = [length, length + len(value)]
@@ -395,8 +517,11 @@ def ioi_heldout(n: int, seed: int = 12345, model=None) -> Task:
         rows = [i for i, t in enumerate(task.per_prompt["template_id"]) if t in HELDOUT_TEMPLATES][:n]
         generated *= 2
     pick = lambda values: [values[i] for i in rows]  # noqa: E731
-    params = dict(task.params, split="heldout names in heldout templates",
-                  per_prompt={key: pick(value) for key, value in task.per_prompt.items()})
+    params = dict(
+        task.params,
+        split="heldout names in heldout templates",
+        per_prompt={key: pick(value) for key, value in task.per_prompt.items()},
+    )
     held = Task("ioi", pick(task.clean), pick(task.corrupt), pick(task.correct), pick(task.incorrect), seed, params)
     return held if model is None else _for_model(held, model)
 
@@ -428,8 +553,15 @@ def facts(n: int | None = None, seed: int = 0, model=None) -> Task:
         correct.append(answer)
         incorrect.append(other_answer)
         relations.append(relation)
-    task = Task("facts", clean, corrupt, correct, incorrect, seed,
-                {"per_prompt": {"index": list(range(total)), "relation": relations}})
+    task = Task(
+        "facts",
+        clean,
+        corrupt,
+        correct,
+        incorrect,
+        seed,
+        {"per_prompt": {"index": list(range(total)), "relation": relations}},
+    )
     task = task if n is None else task[:n]
     return task if model is None else _for_model(task, model)
 
@@ -451,13 +583,21 @@ def check_single_tokens(model, task: Task) -> None:
             model.to_single_token(answer)
         except ValueError:
             several.append(f"{answer!r} ({len(model.to_str_tokens(answer, prepend_bos=False))} tokens)")
-    problems = [f"{_count(several)} that {'is' if len(several) == 1 else 'are'} not one token for this model's"
-                f" tokenizer: {_listed(several)}"] if several else []
+    problems = (
+        [
+            f"{_count(several)} that {'is' if len(several) == 1 else 'are'} not one token for this model's"
+            f" tokenizer: {_listed(several)}"
+        ]
+        if several
+        else []
+    )
     if unknown:
         problems.append(_unknown_problem(model, unknown))
     if problems:
-        raise ValueError(f"task {task.name!r} has {'; and '.join(problems)}; a metric reads one logit per answer:"
-                         " give answers that are each one token of model.tokenizer.get_vocab()")
+        raise ValueError(
+            f"task {task.name!r} has {'; and '.join(problems)}; a metric reads one logit per answer:"
+            " give answers that are each one token of model.tokenizer.get_vocab()"
+        )
 
 
 def check_known_answers(model, task: Task) -> None:
@@ -468,8 +608,10 @@ def check_known_answers(model, task: Task) -> None:
     """
     unknown = _unknown_answers(model, task)
     if unknown:
-        raise ValueError(f"task {task.name!r} has {_unknown_problem(model, unknown)}; give answers from"
-                         " model.tokenizer.get_vocab(), or a task made for this tokenizer")
+        raise ValueError(
+            f"task {task.name!r} has {_unknown_problem(model, unknown)}; give answers from"
+            " model.tokenizer.get_vocab(), or a task made for this tokenizer"
+        )
 
 
 def _unknown_answers(model, task: Task) -> list[str]:
@@ -478,14 +620,20 @@ def _unknown_answers(model, task: Task) -> list[str]:
     if tokenizer is None or tokenizer.unk_token_id is None:
         return []
     answers = dict.fromkeys(task.correct + task.incorrect)
-    return [answer for answer in answers if tokenizer.maps_to_unknown(answer, tokenizer.encode(answer, add_special_tokens=False))]
+    return [
+        answer
+        for answer in answers
+        if tokenizer.maps_to_unknown(answer, tokenizer.encode(answer, add_special_tokens=False))
+    ]
 
 
 def _unknown_problem(model, unknown: list[str]) -> str:
     tokenizer = model.tokenizer
-    return (f"{_count(unknown)} this model's tokenizer does not know: {_listed([repr(a) for a in unknown])} (each"
-            f" becomes its unknown token {tokenizer.unk_token!r}, id {tokenizer.unk_token_id}, whose logit every"
-            " unknown word reads)")
+    return (
+        f"{_count(unknown)} this model's tokenizer does not know: {_listed([repr(a) for a in unknown])} (each"
+        f" becomes its unknown token {tokenizer.unk_token!r}, id {tokenizer.unk_token_id}, whose logit every"
+        " unknown word reads)"
+    )
 
 
 def _count(answers: list[str]) -> str:

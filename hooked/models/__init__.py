@@ -18,7 +18,26 @@ from hooked.models.qwen3_moe import Qwen3Moe, Qwen3MoeConfig
 MODEL_CLASSES = (GPT2, Qwen3, Qwen3Moe, GPTNeoX, Llama, Mistral, Mixtral, Olmo2, Gemma2, Gemma3)
 
 __all__ = [
-    "GPT2", "GPT2Config", "Gemma2", "Gemma2Config", "Gemma3", "Gemma3Config", "GPTNeoX", "GPTNeoXConfig", "HookedTransformer", "Llama", "LlamaConfig", "MODEL_CLASSES",
-    "Mistral", "MistralConfig", "Mixtral", "MixtralConfig", "Olmo2", "Olmo2Config", "Qwen3", "Qwen3Config", "Qwen3Moe",
+    "GPT2",
+    "GPT2Config",
+    "Gemma2",
+    "Gemma2Config",
+    "Gemma3",
+    "Gemma3Config",
+    "GPTNeoX",
+    "GPTNeoXConfig",
+    "HookedTransformer",
+    "Llama",
+    "LlamaConfig",
+    "MODEL_CLASSES",
+    "Mistral",
+    "MistralConfig",
+    "Mixtral",
+    "MixtralConfig",
+    "Olmo2",
+    "Olmo2Config",
+    "Qwen3",
+    "Qwen3Config",
+    "Qwen3Moe",
     "Qwen3MoeConfig",
 ]

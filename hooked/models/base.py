@@ -32,7 +32,9 @@ ModelInput = Union[str, list[str], Int[Tensor, "batch pos"], Int[Tensor, " pos"]
 ReturnType = Literal["logits", "loss", "both", None]
 
 
-class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, HookedRootModule, metaclass=BuildsFromConfig):
+class HookedTransformer(
+    TransformerLensMethods, TokenMethods, WeightStacks, HookedRootModule, metaclass=BuildsFromConfig
+):
     """Base of every model. Subclasses set `config_class`, `architectures`, `embedding_hook_names`."""
 
     config_class: ClassVar[type]
@@ -87,7 +89,9 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
         self.lm_head: nn.Linear | None = None
         # TransformerLens' weight processing applied to this model (hooked.transformer_lens.processing): flag -> done.
         self.processing: dict[str, bool] = unprocessed()
-        if cfg.use_hook_tokens:  # declared first: it fires first (TransformerLens 3.9, HookedTransformer.input_to_embed)
+        if (
+            cfg.use_hook_tokens
+        ):  # declared first: it fires first (TransformerLens 3.9, HookedTransformer.input_to_embed)
             self.hook_tokens = HookPoint("batch pos")  # the token ids; a hook may replace them (token_ids)
 
     @property
@@ -118,8 +122,10 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
         for layer, block in enumerate(self.blocks):
             mlp_stage = getattr(type(block), "mlp_stage", None)
             if mlp_stage is None:
-                raise TypeError(f"{type(block).__name__} declares no `mlp_stage` (the children its mlp_half computes): "
-                                "see docs/adding-a-model.md")
+                raise TypeError(
+                    f"{type(block).__name__} declares no `mlp_stage` (the children its mlp_half computes): "
+                    "see docs/adding-a-model.md"
+                )
             for child_name, child in block.named_children():
                 for module in child.modules():
                     if isinstance(module, HookPoint):
@@ -181,8 +187,17 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
         if start_at_layer is not None or stop_at_layer is not None:
             if past_kv_cache is not None:
                 raise ValueError("start_at_layer / stop_at_layer cannot be combined with past_kv_cache")
-            return self._forward_layers(input, start_at_layer, stop_at_layer, attention_mask, prepend_bos,
-                                        return_type, loss_per_token, tokens, padding_side)
+            return self._forward_layers(
+                input,
+                start_at_layer,
+                stop_at_layer,
+                attention_mask,
+                prepend_bos,
+                return_type,
+                loss_per_token,
+                tokens,
+                padding_side,
+            )
         if tokens is not None:
             raise ValueError("tokens= is for the loss of a forward with start_at_layer; pass the ids as the input")
         if past_kv_cache is not None and len(past_kv_cache):
@@ -203,8 +218,14 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
         loss = self.loss(logits, tokens, key_valid, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
-    def _forward_whole(self, tokens: Tensor, key_valid: Tensor | None, lengths: Tensor | None = None,
-                       last_only: bool = False, with_ids: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    def _forward_whole(
+        self,
+        tokens: Tensor,
+        key_valid: Tensor | None,
+        lengths: Tensor | None = None,
+        last_only: bool = False,
+        with_ids: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """One forward over every column of `tokens` (no KV cache); `lengths` as `Rows.lengths`. `with_ids`: also
         the ids embedded (`token_ids`: after hook_tokens)."""
         position_ids = position_ids_for(tokens, key_valid)
@@ -214,9 +235,18 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
             logits = self.forward_tokens(tokens, position_ids, mask, last_only=last_only)
         return (logits, tokens) if with_ids else logits
 
-    def _forward_layers(self, input, start_at_layer: int | None, stop_at_layer: int | None, attention_mask: Tensor | None,
-                        prepend_bos: bool | None, return_type: ReturnType, loss_per_token: bool, tokens: Tensor | None,
-                        padding_side: str | None = None):
+    def _forward_layers(
+        self,
+        input,
+        start_at_layer: int | None,
+        stop_at_layer: int | None,
+        attention_mask: Tensor | None,
+        prepend_bos: bool | None,
+        return_type: ReturnType,
+        loss_per_token: bool,
+        tokens: Tensor | None,
+        padding_side: str | None = None,
+    ):
         """`forward` over `blocks[start_at_layer:stop_at_layer]` (TransformerLens' slicing, negative indices too)."""
         if self.tensor_parallel:
             raise ValueError("start_at_layer / stop_at_layer are not supported under tensor parallelism (tp > 1)")
@@ -226,7 +256,12 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
             tokens, key_valid = self.tokens_and_mask(input, attention_mask, prepend_bos, padding_side)
             resid = None
         else:
-            if not isinstance(input, Tensor) or not input.is_floating_point() or input.ndim != 3 or input.shape[-1] != self.cfg.d_model:
+            if (
+                not isinstance(input, Tensor)
+                or not input.is_floating_point()
+                or input.ndim != 3
+                or input.shape[-1] != self.cfg.d_model
+            ):
                 raise ValueError(
                     f"with start_at_layer the input is the residual stream [batch pos d_model={self.cfg.d_model}],"
                     f" not {tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__}"
@@ -234,11 +269,17 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
             resid, key_valid = input, None
             if attention_mask is not None:
                 if attention_mask.shape != input.shape[:2]:
-                    raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the residual stream"
-                                     f" has [batch pos] = {tuple(input.shape[:2])}")
-                key_valid = None if bool(attention_mask.all()) else attention_mask.to(device=input.device, dtype=torch.bool)
+                    raise ValueError(
+                        f"attention_mask has shape {tuple(attention_mask.shape)} but the residual stream"
+                        f" has [batch pos] = {tuple(input.shape[:2])}"
+                    )
+                key_valid = (
+                    None if bool(attention_mask.all()) else attention_mask.to(device=input.device, dtype=torch.bool)
+                )
             if return_type in ("loss", "both") and stop_at_layer is None and tokens is None:
-                raise ValueError("return_type='loss' or 'both' with start_at_layer needs tokens= (the ids, for the targets)")
+                raise ValueError(
+                    "return_type='loss' or 'both' with start_at_layer needs tokens= (the ids, for the targets)"
+                )
         batch_pos = (resid if resid is not None else tokens).shape[:2]
         position_ids = position_ids_for(torch.empty(batch_pos, device=self.device), key_valid)
         mask = AttentionMask(key_valid, batch_pos[1], batch_pos[1])
@@ -257,8 +298,9 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
         loss = self.loss(logits, tokens.to(logits.device), key_valid, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
-    def _forward_cached(self, tokens: Tensor, key_valid: Tensor | None, cache: KVCache, last_only: bool = False,
-                        with_ids: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    def _forward_cached(
+        self, tokens: Tensor, key_valid: Tensor | None, cache: KVCache, last_only: bool = False, with_ids: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """One call on a KV cache: logits of the new columns (the last one alone with `last_only`); `with_ids`
         also the ids embedded (after hook_tokens)."""
         position_ids, mask, rows = cache.begin(tokens, key_valid)
@@ -286,12 +328,20 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
         tokens = self.hook_tokens(tokens.clone())  # HookPoint refuses another shape, dtype or device
         low, high = (int(x) for x in torch.aminmax(tokens))
         if low < 0 or high >= self.cfg.d_vocab:
-            raise ValueError(f"a hook on hook_tokens returned token id {high if high >= self.cfg.d_vocab else low}, out of"
-                             f" range for this model's vocabulary of {self.cfg.d_vocab} (ids 0..{self.cfg.d_vocab - 1})")
+            raise ValueError(
+                f"a hook on hook_tokens returned token id {high if high >= self.cfg.d_vocab else low}, out of"
+                f" range for this model's vocabulary of {self.cfg.d_vocab} (ids 0..{self.cfg.d_vocab - 1})"
+            )
         return tokens
 
-    def forward_tokens(self, tokens: Tensor, position_ids: Tensor, mask: AttentionMask, kv: KVCache | None = None,
-                       last_only: bool = False) -> Float[Tensor, "batch pos d_vocab"]:
+    def forward_tokens(
+        self,
+        tokens: Tensor,
+        position_ids: Tensor,
+        mask: AttentionMask,
+        kv: KVCache | None = None,
+        last_only: bool = False,
+    ) -> Float[Tensor, "batch pos d_vocab"]:
         """The forward from token ids; with `kv`, each block's attention also reads and extends the cache.
         `last_only` unembeds the last column alone (what a decode step needs)."""
         resid = self.resid_from_tokens(tokens, position_ids)
@@ -301,14 +351,18 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
         if not last_only:
             return self.logits_from_resid(resid)
         final_norm_hooked = any(point.listening for point in (self.ln_final.hook_scale, self.ln_final.hook_normalized))
-        return self.logits_from_resid(resid if final_norm_hooked else resid[:, -1:])[:, -1:]  # hooks there see every column
+        return self.logits_from_resid(resid if final_norm_hooked else resid[:, -1:])[
+            :, -1:
+        ]  # hooks there see every column
 
     def logits_from_resid(self, resid: Float[Tensor, "batch pos d_model"], columns: Tensor | None = None) -> Tensor:
         """Final norm, then the unembedding; `columns` (token ids) computes only those logits."""
         if self.tensor_parallel:  # this rank holds some vocabulary rows: hooked.distributed
             from hooked.distributed import vocab_parallel_logits
 
-            return vocab_parallel_logits(self.parallel, self.ln_final(resid), self.unembed_weight, self.cfg.d_vocab, columns)
+            return vocab_parallel_logits(
+                self.parallel, self.ln_final(resid), self.unembed_weight, self.cfg.d_vocab, columns
+            )
         weight, bias = self.unembed_weight, self.unembed_bias
         if columns is not None:
             weight, bias = weight[columns], None if bias is None else bias[columns]
@@ -339,8 +393,13 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
             return vocab_rows(self.parallel, self.unembed_weight, self.parallel.vocab_start(self.cfg.d_vocab), tokens)
         return self.unembed_weight[tokens]
 
-    def loss_fn(self, logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"],
-                attention_mask: Tensor | None = None, per_token: bool = False) -> Tensor:
+    def loss_fn(
+        self,
+        logits: Float[Tensor, "batch pos d_vocab"],
+        tokens: Int[Tensor, "batch pos"],
+        attention_mask: Tensor | None = None,
+        per_token: bool = False,
+    ) -> Tensor:
         """TransformerLens' `model.loss_fn`: `utils.lm_cross_entropy_loss` of the logits against the ids."""
         return lm_cross_entropy_loss(logits, tokens.to(logits.device), attention_mask, per_token)
 
@@ -355,8 +414,13 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
         weights = (key_valid[:, 1:] & key_valid[:, :-1]).float()
         return per_position * weights if per_token else (per_position * weights).sum() / weights.sum()
 
-    def tokens_and_mask(self, input: ModelInput, attention_mask: Tensor | None, prepend_bos: bool | None,
-                         padding_side: str | None = None):
+    def tokens_and_mask(
+        self,
+        input: ModelInput,
+        attention_mask: Tensor | None,
+        prepend_bos: bool | None,
+        padding_side: str | None = None,
+    ):
         """Token ids [batch pos] on the model's device and the key mask (None when unpadded), checked.
         `padding_side` (default: the tokenizer's) is where text is padded and where ids' padding is read.
 
@@ -371,15 +435,24 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
             tokens, key_valid = result
             weights = torch.arange(1, tokens.numel() + 1, device=tokens.device).view_as(tokens)
             hooked_points = tuple(name for name, point in self.hook_dict.items() if point.listening)
-            fingerprint = (tuple(tokens.shape), int((tokens * weights).sum()),
-                           None if key_valid is None else int((key_valid * weights).sum()), hooked_points)
+            fingerprint = (
+                tuple(tokens.shape),
+                int((tokens * weights).sum()),
+                None if key_valid is None else int((key_valid * weights).sum()),
+                hooked_points,
+            )
         except Exception as caught:
             error = caught
         self.parallel.agree(error, fingerprint, "a forward (tokens, mask and hooked points)")
         return result
 
-    def _tokens_and_mask_checked(self, input: ModelInput, attention_mask: Tensor | None, prepend_bos: bool | None,
-                                 padding_side: str | None = None):
+    def _tokens_and_mask_checked(
+        self,
+        input: ModelInput,
+        attention_mask: Tensor | None,
+        prepend_bos: bool | None,
+        padding_side: str | None = None,
+    ):
         device = self.device
         if padding_side is not None:
             HookedTokenizer._check_padding_side(padding_side)
@@ -396,9 +469,12 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
                 tokens = tokens[None]
             if tokens.ndim != 2:
                 raise ValueError(f"token ids must be [batch pos] or [pos], got shape {tuple(input.shape)}")
-            if attention_mask is None and self.tokenizer is not None:  # padding read from the ids (the tokenizer's side)
-                attention_mask = self.tokenizer.mask_for(tokens, self.default_prepend_bos if prepend_bos is None else prepend_bos,
-                                                         padding_side=padding_side)
+            if (
+                attention_mask is None and self.tokenizer is not None
+            ):  # padding read from the ids (the tokenizer's side)
+                attention_mask = self.tokenizer.mask_for(
+                    tokens, self.default_prepend_bos if prepend_bos is None else prepend_bos, padding_side=padding_side
+                )
             key_valid = None
             if attention_mask is not None:
                 attention_mask = attention_mask[None] if attention_mask.ndim == 1 else attention_mask
@@ -426,7 +502,9 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
         low, high = (int(x) for x in torch.aminmax(tokens))  # one reduction, one device sync
         if low < 0 or high >= self.cfg.d_vocab:
             bad = high if high >= self.cfg.d_vocab else low
-            raise ValueError(f"token id {bad} is out of range for this model's vocabulary of {self.cfg.d_vocab} (ids 0..{self.cfg.d_vocab - 1})")
+            raise ValueError(
+                f"token id {bad} is out of range for this model's vocabulary of {self.cfg.d_vocab} (ids 0..{self.cfg.d_vocab - 1})"
+            )
         max_positions = self.max_positions
         if max_positions is not None and tokens.shape[1] > max_positions:
             raise ValueError(
@@ -486,8 +564,14 @@ class HookedTransformer(TransformerLensMethods, TokenMethods, WeightStacks, Hook
 
     def axis_sizes(self) -> dict[str, int]:
         cfg = self.cfg
-        return {"d_model": cfg.d_model, "head_index": cfg.n_heads, "kv_head_index": cfg.n_kv_heads,
-                "d_head": cfg.d_head, "d_mlp": cfg.d_mlp, "d_vocab": cfg.d_vocab}
+        return {
+            "d_model": cfg.d_model,
+            "head_index": cfg.n_heads,
+            "kv_head_index": cfg.n_kv_heads,
+            "d_head": cfg.d_head,
+            "d_mlp": cfg.d_mlp,
+            "d_vocab": cfg.d_vocab,
+        }
 
     # ----------------------------------------------------------------- tokenization
 
@@ -507,7 +591,9 @@ def lm_cross_entropy_loss(
     predicted = log_probs[..., :-1, :].gather(-1, tokens[..., 1:, None])[..., 0]  # [batch pos-1]
     if attention_mask is not None:
         if attention_mask.shape != tokens.shape:
-            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the tokens have {tuple(tokens.shape)}")
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)} but the tokens have {tuple(tokens.shape)}"
+            )
         attention_mask = attention_mask.bool()
         next_token_mask = attention_mask[:, :-1] & attention_mask[:, 1:]
         predicted = predicted.masked_fill(~next_token_mask, 0.0)

@@ -89,26 +89,36 @@ class Gemma2Config(RotaryRMSNames, ModelConfig):
             types = tuple(self.layer_types)
         object.__setattr__(self, "layer_types", types)  # fields are frozen once set: a derived value, set once
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}")
+            raise ValueError(
+                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
+            )
         if self.d_head % 2:
             raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
         if len(types) != self.n_layers or set(types) - set(LAYER_TYPES):
-            raise ValueError(f"layer_types {list(types)} must list one of {list(LAYER_TYPES)} per layer"
-                             f" (num_hidden_layers = {self.n_layers}), or be null for transformers' alternation")
+            raise ValueError(
+                f"layer_types {list(types)} must list one of {list(LAYER_TYPES)} per layer"
+                f" (num_hidden_layers = {self.n_layers}), or be null for transformers' alternation"
+            )
         window = self.sliding_window
         if window is not None and not (isinstance(window, int) and 0 < window <= self.max_position_embeddings):
-            raise ValueError(f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
-                             f" ({self.max_position_embeddings})")
+            raise ValueError(
+                f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
+                f" ({self.max_position_embeddings})"
+            )
         if window is None and "sliding_attention" in types:
-            raise ValueError("sliding_window is null but layer_types has sliding_attention layers: give a window,"
-                             " or make every layer full_attention")
+            raise ValueError(
+                "sliding_window is null but layer_types has sliding_attention layers: give a window,"
+                " or make every layer full_attention"
+            )
         for name in ("attn_logit_softcapping", "final_logit_softcapping"):
             cap = getattr(self, name)
             if cap is not None and not cap > 0:
                 raise ValueError(f"{name} {cap!r} must be positive (cap * tanh(x / cap)), or null for no cap")
         if not self.query_pre_attn_scalar > 0:
-            raise ValueError(f"query_pre_attn_scalar {self.query_pre_attn_scalar!r} must be positive: scores are scaled"
-                             " by its inverse square root")
+            raise ValueError(
+                f"query_pre_attn_scalar {self.query_pre_attn_scalar!r} must be positive: scores are scaled"
+                " by its inverse square root"
+            )
 
     # TransformerLens' names for the same settings (its Gemma 2 configs, loading_from_pretrained.py)
     @property
@@ -117,7 +127,9 @@ class Gemma2Config(RotaryRMSNames, ModelConfig):
 
     @property
     def attn_scores_soft_cap(self) -> float:
-        return -1.0 if self.attn_logit_softcapping is None else self.attn_logit_softcapping  # -1: off, as TransformerLens
+        return (
+            -1.0 if self.attn_logit_softcapping is None else self.attn_logit_softcapping
+        )  # -1: off, as TransformerLens
 
     @property
     def output_logits_soft_cap(self) -> float:
@@ -149,14 +161,18 @@ class Gemma2Config(RotaryRMSNames, ModelConfig):
         # transformers 5.24 reads hidden_activation only (a hub config's hidden_act is ignored there, and here).
         activation = config.get("hidden_activation") or "gelu_pytorch_tanh"
         if activation != "gelu_pytorch_tanh":
-            raise ValueError(f"{family} with hidden_activation {activation!r} is not supported by hooked (gelu_pytorch_tanh)")
+            raise ValueError(
+                f"{family} with hidden_activation {activation!r} is not supported by hooked (gelu_pytorch_tanh)"
+            )
         if config.get("use_bidirectional_attention"):
             raise ValueError(f"{family} with use_bidirectional_attention is not supported by hooked (causal only)")
         rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
-            raise ValueError(f"rope_type {rope_type!r} (config.json rope_parameters / rope_scaling) is not supported for"
-                             f" {family}: hooked implements plain RoPE ('default')")
+            raise ValueError(
+                f"rope_type {rope_type!r} (config.json rope_parameters / rope_scaling) is not supported for"
+                f" {family}: hooked implements plain RoPE ('default')"
+            )
         layer_types = config.get("layer_types")
         return dict(
             n_layers=config["num_hidden_layers"],
@@ -208,7 +224,9 @@ class Gemma2RMSNorm(RMSNorm):
     def set_unit_gain(self) -> None:
         self.weight.zero_()
 
-    w = property(lambda self: self.gain, doc="TransformerLens' `w`: the gain `1 + weight` (a new tensor, not the parameter)")
+    w = property(
+        lambda self: self.gain, doc="TransformerLens' `w`: the gain `1 + weight` (a new tensor, not the parameter)"
+    )
 
 
 class Gemma2PostNorm(Gemma2RMSNorm):
@@ -216,8 +234,10 @@ class Gemma2PostNorm(Gemma2RMSNorm):
     the residual stream through it, so weight processing leaves it alone and `apply_ln_to_stack` has no use for it."""
 
     def normalize_with_scale(self, x: Tensor, scale: Tensor) -> Tensor:
-        raise ValueError("ln1_post / ln2_post normalise a sublayer's output, not the residual stream: no residual"
-                         " component is read through them")
+        raise ValueError(
+            "ln1_post / ln2_post normalise a sublayer's output, not the residual stream: no residual"
+            " component is read through them"
+        )
 
 
 class Gemma2Attention(Qwen3Attention):
@@ -238,8 +258,15 @@ class Gemma2Block(nn.Module):
     """Pre- and post-norm block: ln1 -> attention -> ln1_post -> add; ln2 -> MLP -> ln2_post -> add. It knows its
     layer type and picks, from every block's inputs, the windowed mask (and local rotary) or the full ones."""
 
-    mlp_stage: ClassVar[tuple[str, ...]] = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out_pre_norm", "ln2_post",
-                                            "hook_mlp_out", "hook_resid_post")
+    mlp_stage: ClassVar[tuple[str, ...]] = (
+        "hook_mlp_in",
+        "ln2",
+        "mlp",
+        "hook_mlp_out_pre_norm",
+        "ln2_post",
+        "hook_mlp_out",
+        "hook_resid_post",
+    )
     # Norms between a sublayer's output and the residual add: a head's or neuron's write is not additive
     # (hooked.components.additive_writes refuses the per-head / per-neuron stacks for this block; the circuits
     # graph takes its attention as one node, L{l}.attn).
@@ -269,8 +296,17 @@ class Gemma2Block(nn.Module):
     def forward(self, resid_pre: Tensor, *inputs, kv: LayerKV | None = None) -> Tensor:
         return self.mlp_half(self.attn_half(resid_pre, *inputs, kv=kv))
 
-    def attn_half(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, local_cos: Tensor, local_sin: Tensor,
-                  mask: AttentionMask, local_mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
+    def attn_half(
+        self,
+        resid_pre: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        local_cos: Tensor,
+        local_sin: Tensor,
+        mask: AttentionMask,
+        local_mask: AttentionMask,
+        kv: LayerKV | None = None,
+    ) -> Tensor:
         if self.sliding:
             cos, sin, mask = local_cos, local_sin, local_mask
         resid_pre = self.hook_resid_pre(resid_pre)
@@ -291,7 +327,10 @@ _CHECKPOINT_RENAMES = (
     (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1_post.weight"),
     (r"model\.layers\.(\d+)\.pre_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
     (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2_post.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (
+        r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
+        r"blocks.\1.attn.\2.\3",
+    ),
     (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
     (r"model\.norm\.weight", r"ln_final.weight"),
 )
@@ -305,13 +344,25 @@ class Gemma2(HookedTransformer):
     family: ClassVar[str] = "gemma2"
     # TransformerLens 3.9's official names (supported_models.py) of Gemma 2 checkpoints -> its aliases (hooked.transformer_lens.aliases)
     transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
-        f"google/gemma-2-{size}{tuned}": (f"gemma-2-{size}{tuned}",) for size in ("2b", "9b", "27b") for tuned in ("", "-it")
+        f"google/gemma-2-{size}{tuned}": (f"gemma-2-{size}{tuned}",)
+        for size in ("2b", "9b", "27b")
+        for tuned in ("", "-it")
     }
     title: ClassVar[str] = "Gemma 2"
     embedding_hook_names = ("hook_embed",)
-    random_sizes: ClassVar[dict] = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64,
-                                        sliding_window=3, query_pre_attn_scalar=16.0, attn_logit_softcapping=5.0,
-                                        final_logit_softcapping=3.0)
+    random_sizes: ClassVar[dict] = dict(
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        d_head=8,
+        d_mlp=48,
+        d_vocab=64,
+        sliding_window=3,
+        query_pre_attn_scalar=16.0,
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=3.0,
+    )
     hook_docs: ClassVar[dict[str, str]] = {  # what each hook holds here, for docs/hooks-reference.md
         "hook_embed": "token embeddings times `sqrt(d_model)` (the normalizer in the weights' dtype, as transformers and TransformerLens' `W_E`), which are block 0's `hook_resid_pre`",
         "blocks.{i}.hook_q_input": "one copy of `resid_pre` per query head, each normalised by `ln1` on its own; listening switches to per-head projections",
@@ -365,11 +416,15 @@ class Gemma2(HookedTransformer):
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
         """Qwen3's attention sizes, plus Gemma's window, scale, softcaps and a layer pattern."""
         sizes = Qwen3.draw_sizes(draw, st, n_layers, n_heads)
-        sizes.update(sliding_window=draw(st.sampled_from([1, 2, 4])),
-                     query_pre_attn_scalar=draw(st.sampled_from([8.0, 16.0, 256.0])),
-                     attn_logit_softcapping=draw(st.sampled_from([None, 2.0, 50.0])),
-                     final_logit_softcapping=draw(st.sampled_from([None, 1.5, 30.0])),
-                     layer_types=draw(st.sampled_from([None, ("full_attention",) * n_layers, ("sliding_attention",) * n_layers])))
+        sizes.update(
+            sliding_window=draw(st.sampled_from([1, 2, 4])),
+            query_pre_attn_scalar=draw(st.sampled_from([8.0, 16.0, 256.0])),
+            attn_logit_softcapping=draw(st.sampled_from([None, 2.0, 50.0])),
+            final_logit_softcapping=draw(st.sampled_from([None, 1.5, 30.0])),
+            layer_types=draw(
+                st.sampled_from([None, ("full_attention",) * n_layers, ("sliding_attention",) * n_layers])
+            ),
+        )
         return sizes
 
     def normalizer(self, dtype: torch.dtype) -> Tensor:

@@ -34,10 +34,23 @@ from hooked.rotary import LinearScaling, RotaryEmbedding
 
 # transformers 5.24 `Gemma3TextConfig`'s defaults, for keys a config.json leaves out (the 4B+ models' text_config
 # lists only what differs from them).
-_HF_DEFAULTS = dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-                    num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=131_072,
-                    rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False, query_pre_attn_scalar=256,
-                    sliding_window=4096, final_logit_softcapping=None, attn_logit_softcapping=None)
+_HF_DEFAULTS = dict(
+    vocab_size=262_208,
+    hidden_size=2304,
+    intermediate_size=9216,
+    num_hidden_layers=26,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=256,
+    max_position_embeddings=131_072,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    attention_bias=False,
+    query_pre_attn_scalar=256,
+    sliding_window=4096,
+    final_logit_softcapping=None,
+    attn_logit_softcapping=None,
+)
 ROPE_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}  # transformers' default_theta
 
 
@@ -61,15 +74,21 @@ class Gemma3Config(Gemma2Config):
     def __post_init__(self):
         pattern = self.sliding_window_pattern
         if not (isinstance(pattern, int) and pattern > 0):
-            raise ValueError(f"sliding_window_pattern {pattern!r} must be a positive whole number (every pattern-th"
-                             " layer is full_attention)")
+            raise ValueError(
+                f"sliding_window_pattern {pattern!r} must be a positive whole number (every pattern-th"
+                " layer is full_attention)"
+            )
         if self.layer_types is None:  # transformers' Gemma3TextConfig.__post_init__, with its bool((i + 1) % pattern)
-            object.__setattr__(self, "layer_types", tuple(
-                "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(self.n_layers)))
+            object.__setattr__(
+                self,
+                "layer_types",
+                tuple("sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(self.n_layers)),
+            )
         if self.attn_logit_softcapping is not None:
             raise ValueError(
                 f"attn_logit_softcapping {self.attn_logit_softcapping!r}: transformers 5.24's Gemma3ForCausalLM never"
-                " applies it (no Gemma 3 model sets it), so hooked cannot tell which model is meant; set it to null")
+                " applies it (no Gemma 3 model sets it), so hooked cannot tell which model is meant; set it to null"
+            )
         for name in ("rope_theta", "rope_local_theta"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} {getattr(self, name)!r} must be positive (the RoPE base)")
@@ -91,10 +110,14 @@ class Gemma3Config(Gemma2Config):
         if "text_config" not in config:
             return cls(**cls._fields_from_hf(config))
         text = dict(config["text_config"] or {})
-        if text.get("final_logit_softcapping") is not None:  # Gemma3ForCausalLM applies it, the multimodal class does not
-            raise ValueError(f"text_config.final_logit_softcapping {text['final_logit_softcapping']!r}: transformers 5.24's"
-                             " Gemma3ForConditionalGeneration never applies it (its Gemma3ForCausalLM does), so hooked"
-                             " cannot tell which model is meant; set it to null")
+        if (
+            text.get("final_logit_softcapping") is not None
+        ):  # Gemma3ForCausalLM applies it, the multimodal class does not
+            raise ValueError(
+                f"text_config.final_logit_softcapping {text['final_logit_softcapping']!r}: transformers 5.24's"
+                " Gemma3ForConditionalGeneration never applies it (its Gemma3ForCausalLM does), so hooked"
+                " cannot tell which model is meant; set it to null"
+            )
         text.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", True))
         return cls(**cls._fields_from_hf(text), multimodal_checkpoint=True)
 
@@ -103,12 +126,22 @@ class Gemma3Config(Gemma2Config):
         """Gemma 2's reading of a `gemma3_text` config (or the `text_config` of a multimodal one) over transformers'
         defaults, plus the per-layer-type rotary parameters and the layer pattern."""
         if config.get("use_bidirectional_attention"):
-            raise ValueError("use_bidirectional_attention is true (EmbeddingGemma: every text token attends both ways)"
-                             " and hooked implements causal Gemma 3 only; load a Gemma3ForCausalLM checkpoint")
-        config = {**_HF_DEFAULTS, **{key: value for key, value in config.items() if value is not None or key in
-                                     ("final_logit_softcapping", "attn_logit_softcapping", "sliding_window")}}
+            raise ValueError(
+                "use_bidirectional_attention is true (EmbeddingGemma: every text token attends both ways)"
+                " and hooked implements causal Gemma 3 only; load a Gemma3ForCausalLM checkpoint"
+            )
+        config = {
+            **_HF_DEFAULTS,
+            **{
+                key: value
+                for key, value in config.items()
+                if value is not None or key in ("final_logit_softcapping", "attn_logit_softcapping", "sliding_window")
+            },
+        }
         rope = _rope_from_hf(config)
-        fields = super()._fields_from_hf({k: v for k, v in config.items() if k not in ("rope_parameters", "rope_scaling")})
+        fields = super()._fields_from_hf(
+            {k: v for k, v in config.items() if k not in ("rope_parameters", "rope_scaling")}
+        )
         fields.update(rope, sliding_window_pattern=config.get("sliding_window_pattern", 6))
         return fields
 
@@ -119,22 +152,31 @@ def _rope_from_hf(config: dict) -> dict:
     is their base and `rope_local_base_freq` the sliding layers' base."""
     keyed = config.get("rope_parameters")
     if keyed is not None and not (isinstance(keyed, dict) and set(keyed) <= set(LAYER_TYPES)):
-        raise ValueError(f"rope_parameters {keyed!r} must be keyed by layer type ({' / '.join(LAYER_TYPES)}), as"
-                         " transformers 5.24's Gemma 3 reads it (it ignores a flat one and uses its default bases)")
-    keyed = {kind: dict(value) for kind, value in (keyed or {kind: {"rope_type": "default"} for kind in LAYER_TYPES}).items()
-             if value is not None}
+        raise ValueError(
+            f"rope_parameters {keyed!r} must be keyed by layer type ({' / '.join(LAYER_TYPES)}), as"
+            " transformers 5.24's Gemma 3 reads it (it ignores a flat one and uses its default bases)"
+        )
+    keyed = {
+        kind: dict(value)
+        for kind, value in (keyed or {kind: {"rope_type": "default"} for kind in LAYER_TYPES}).items()
+        if value is not None
+    }
     keyed.setdefault("full_attention", {"rope_type": "default"})
     keyed["full_attention"].update(config.get("rope_scaling") or {})  # a hub config's scaling: global layers only
     keyed["full_attention"].setdefault("rope_theta", config.get("rope_theta") or ROPE_THETA["full_attention"])
     keyed.setdefault("sliding_attention", {"rope_type": "default"})
-    keyed["sliding_attention"].setdefault("rope_theta", config.get("rope_local_base_freq") or ROPE_THETA["sliding_attention"])
+    keyed["sliding_attention"].setdefault(
+        "rope_theta", config.get("rope_local_base_freq") or ROPE_THETA["sliding_attention"]
+    )
     thetas, scalings = {}, {}
     for kind, rope in keyed.items():
         where = f"rope_parameters[{kind!r}]"
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ValueError(f"{where} partial_rotary_factor {rope['partial_rotary_factor']} is not supported by hooked"
-                             " (RoPE on whole heads)")
+            raise ValueError(
+                f"{where} partial_rotary_factor {rope['partial_rotary_factor']} is not supported by hooked"
+                " (RoPE on whole heads)"
+            )
         if rope_type == "default":
             scalings[kind] = None
         elif rope_type == "linear":
@@ -142,11 +184,17 @@ def _rope_from_hf(config: dict) -> dict:
                 raise ValueError(f"{where} has rope_type 'linear' but no 'factor'")
             scalings[kind] = LinearScaling(float(rope["factor"]))
         else:
-            raise ValueError(f"{where} rope_type {rope_type!r} is not supported for Gemma 3: hooked implements"
-                             " 'default' and 'linear'")
+            raise ValueError(
+                f"{where} rope_type {rope_type!r} is not supported for Gemma 3: hooked implements"
+                " 'default' and 'linear'"
+            )
         thetas[kind] = float(rope["rope_theta"])
-    return dict(rope_theta=thetas["full_attention"], rope_scaling=scalings["full_attention"],
-                rope_local_theta=thetas["sliding_attention"], rope_local_scaling=scalings["sliding_attention"])
+    return dict(
+        rope_theta=thetas["full_attention"],
+        rope_scaling=scalings["full_attention"],
+        rope_local_theta=thetas["sliding_attention"],
+        rope_local_scaling=scalings["sliding_attention"],
+    )
 
 
 class Gemma3(Gemma2):
@@ -157,14 +205,27 @@ class Gemma3(Gemma2):
     family: ClassVar[str] = "gemma3"
     # TransformerLens 3.9's official names (supported_models.py) of Gemma 3 checkpoints -> its aliases (hooked.transformer_lens.aliases)
     transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
-        **{f"google/gemma-3-{name}": (f"gemma-3-{name}",) for name in
-           ("270m", "270m-it", "1b-pt", "1b-it", "4b-pt", "4b-it", "12b-pt", "12b-it", "27b-pt", "27b-it")},
+        **{
+            f"google/gemma-3-{name}": (f"gemma-3-{name}",)
+            for name in ("270m", "270m-it", "1b-pt", "1b-it", "4b-pt", "4b-it", "12b-pt", "12b-it", "27b-pt", "27b-it")
+        },
         **{f"google/medgemma-{name}": (f"medgemma-{name}",) for name in ("4b-pt", "4b-it", "27b-it", "27b-text-it")},
     }
     title: ClassVar[str] = "Gemma 3"
-    random_sizes: ClassVar[dict] = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64,
-                                        sliding_window=3, query_pre_attn_scalar=16.0, sliding_window_pattern=2,
-                                        rope_scaling=LinearScaling(8.0), final_logit_softcapping=3.0)
+    random_sizes: ClassVar[dict] = dict(
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        d_head=8,
+        d_mlp=48,
+        d_vocab=64,
+        sliding_window=3,
+        query_pre_attn_scalar=16.0,
+        sliding_window_pattern=2,
+        rope_scaling=LinearScaling(8.0),
+        final_logit_softcapping=3.0,
+    )
     hook_docs: ClassVar[dict[str, str]] = {
         **Gemma2.hook_docs,
         "blocks.{i}.attn.hook_q": "`q_proj(ln1 output)` split by head, before `q_norm` and RoPE",
@@ -195,9 +256,12 @@ class Gemma3(Gemma2):
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
         """Gemma 2's draws without an attention cap, plus the local base, a linear scaling and a layer pattern."""
         sizes = super().draw_sizes(draw, st, n_layers, n_heads)
-        sizes.update(attn_logit_softcapping=None, rope_local_theta=draw(st.sampled_from([100.0, 10_000.0])),
-                     rope_scaling=draw(st.sampled_from([None, LinearScaling(8.0)])),
-                     sliding_window_pattern=draw(st.sampled_from([1, 2, 6])))
+        sizes.update(
+            attn_logit_softcapping=None,
+            rope_local_theta=draw(st.sampled_from([100.0, 10_000.0])),
+            rope_scaling=draw(st.sampled_from([None, LinearScaling(8.0)])),
+            sliding_window_pattern=draw(st.sampled_from([1, 2, 6])),
+        )
         return sizes
 
     def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
@@ -216,8 +280,12 @@ class Gemma3(Gemma2):
         if not self.cfg.multimodal_checkpoint:
             return renames
         prefix = r"(?:language_model\.model|model\.language_model)\."
-        return tuple((prefix + pattern.removeprefix(r"model\."), target) if pattern.startswith(r"model\.")
-                     else (r"(?:language_model\.)?" + pattern, target) for pattern, target in renames)
+        return tuple(
+            (prefix + pattern.removeprefix(r"model\."), target)
+            if pattern.startswith(r"model\.")
+            else (r"(?:language_model\.)?" + pattern, target)
+            for pattern, target in renames
+        )
 
     @property
     def checkpoint_ignored(self) -> tuple[str, ...]:

@@ -92,18 +92,31 @@ class GPT2Config(ModelConfig):
         if (tl["normalization_type"], tl["positional_embedding_type"]) != ("LN", "standard"):
             return None, None
         n_heads, d_head, d_model, act_fn = tl["n_heads"], tl["d_head"], tl["d_model"], tl["act_fn"]
-        problems = [f"act_fn={act_fn!r} (GPT-2 has gelu_new or gelu)"
-                    if act_fn not in ("gelu_new", "gelu") and not tl["attn_only"] else None,  # no MLP: act_fn unused
-                    f"d_model={d_model} != n_heads * d_head = {n_heads * d_head}" if n_heads * d_head != d_model else None,
-                    "gated_mlp=True" if tl["gated_mlp"] else None, "use_qk_norm=True" if tl["use_qk_norm"] else None,
-                    "parallel_attn_mlp=True" if tl["parallel_attn_mlp"] else None,
-                    f"n_key_value_heads={tl['n_key_value_heads']}" if tl["n_key_value_heads"] not in (None, n_heads) else None]
+        problems = [
+            f"act_fn={act_fn!r} (GPT-2 has gelu_new or gelu)"
+            if act_fn not in ("gelu_new", "gelu") and not tl["attn_only"]
+            else None,  # no MLP: act_fn unused
+            f"d_model={d_model} != n_heads * d_head = {n_heads * d_head}" if n_heads * d_head != d_model else None,
+            "gated_mlp=True" if tl["gated_mlp"] else None,
+            "use_qk_norm=True" if tl["use_qk_norm"] else None,
+            "parallel_attn_mlp=True" if tl["parallel_attn_mlp"] else None,
+            f"n_key_value_heads={tl['n_key_value_heads']}" if tl["n_key_value_heads"] not in (None, n_heads) else None,
+        ]
         problems = [problem for problem in problems if problem]
         if problems:
             return None, problems
-        return cls(n_layers=tl["n_layers"], d_model=d_model, n_heads=n_heads, d_mlp=tl["d_mlp"], d_vocab=tl["d_vocab"],
-                   n_ctx=tl["n_ctx"], layer_norm_eps=tl["eps"], activation=act_fn, attn_only=tl["attn_only"],
-                   scale_attn_by_inverse_layer_idx=tl["scale_attn_by_inverse_layer_idx"]), []
+        return cls(
+            n_layers=tl["n_layers"],
+            d_model=d_model,
+            n_heads=n_heads,
+            d_mlp=tl["d_mlp"],
+            d_vocab=tl["d_vocab"],
+            n_ctx=tl["n_ctx"],
+            layer_norm_eps=tl["eps"],
+            activation=act_fn,
+            attn_only=tl["attn_only"],
+            scale_attn_by_inverse_layer_idx=tl["scale_attn_by_inverse_layer_idx"],
+        ), []
 
     @classmethod
     def from_hf(cls, config: dict) -> GPT2Config:
@@ -148,12 +161,16 @@ class GPT2Attention(nn.Module):
         self.hook_result = HookPoint("batch pos head_index d_model")  # each head's write, before the bias
 
     def forward(
-        self, x: Float[Tensor, "batch pos d_model"] | tuple[Tensor, Tensor, Tensor], mask: AttentionMask,
+        self,
+        x: Float[Tensor, "batch pos d_model"] | tuple[Tensor, Tensor, Tensor],
+        mask: AttentionMask,
         kv: LayerKV | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         if isinstance(x, tuple):  # per-head inputs [batch pos head_index d_model] (hooked.layers.attention_input)
-            q, k, v = (torch.einsum("bphm,hmd->bphd", inputs, weight) + bias
-                       for inputs, weight, bias in zip(x, (self.W_Q, self.W_K, self.W_V), (self.b_Q, self.b_K, self.b_V)))
+            q, k, v = (
+                torch.einsum("bphm,hmd->bphd", inputs, weight) + bias
+                for inputs, weight, bias in zip(x, (self.W_Q, self.W_K, self.W_V), (self.b_Q, self.b_K, self.b_V))
+            )
         else:
             batch, pos, _ = x.shape
             q, k, v = self.c_attn(x).view(batch, pos, 3, self.n_heads, self.d_head).unbind(2)
@@ -177,7 +194,7 @@ class GPT2Attention(nn.Module):
 
     def _split_qkv(self, index: int) -> Tensor:
         d_model = self.n_heads * self.d_head
-        weight = self.c_attn.weight[:, index * d_model:(index + 1) * d_model]
+        weight = self.c_attn.weight[:, index * d_model : (index + 1) * d_model]
         return weight.reshape(d_model, self.n_heads, self.d_head).transpose(0, 1)
 
     @property
@@ -215,8 +232,11 @@ class GPT2Attention(nn.Module):
 
     def tp_plan(self) -> dict[str, Split]:
         """Tensor parallelism: each rank holds some heads' q|k|v columns and their c_proj rows."""
-        return {"c_attn.weight": Split("heads", 1, self.d_head, parts=3), "c_attn.bias": Split("heads", 0, self.d_head, parts=3),
-                "c_proj.weight": Split("heads", 0, self.d_head, reduce=True)}
+        return {
+            "c_attn.weight": Split("heads", 1, self.d_head, parts=3),
+            "c_attn.bias": Split("heads", 0, self.d_head, parts=3),
+            "c_proj.weight": Split("heads", 0, self.d_head, reduce=True),
+        }
 
     # For weight processing (hooked.transformer_lens.processing): c_attn reads ln1's output along its rows (Conv1D [in, out]).
     def residual_readers(self) -> tuple[Projection, ...]:
@@ -228,7 +248,7 @@ class GPT2Attention(nn.Module):
     @property
     def value_bias(self) -> Tensor:  # [head_index * d_head]
         """The value part of c_attn's bias, as stored (a view)."""
-        return self.c_attn.bias[2 * self.n_heads * self.d_head:]
+        return self.c_attn.bias[2 * self.n_heads * self.d_head :]
 
 
 class GPT2MLP(nn.Module):
@@ -263,7 +283,11 @@ class GPT2MLP(nn.Module):
 
     def tp_plan(self) -> dict[str, Split]:
         """Tensor parallelism: each rank holds some neurons' c_fc columns and c_proj rows."""
-        return {"c_fc.weight": Split("d_mlp", 1), "c_fc.bias": Split("d_mlp", 0), "c_proj.weight": Split("d_mlp", 0, reduce=True)}
+        return {
+            "c_fc.weight": Split("d_mlp", 1),
+            "c_fc.bias": Split("d_mlp", 0),
+            "c_proj.weight": Split("d_mlp", 0, reduce=True),
+        }
 
     def residual_readers(self) -> tuple[Projection, ...]:
         return (Projection(self.c_fc.weight, 0, self.c_fc.bias),)
@@ -279,7 +303,9 @@ class GPT2Block(nn.Module):
         super().__init__()
         # Declared in forward order: hook_dict lists hooks in the order they fire.
         self.hook_resid_pre = HookPoint("batch pos d_model")
-        self.hook_q_input = HookPoint("batch pos head_index d_model")  # each head's copy of resid_pre (see attention_input)
+        self.hook_q_input = HookPoint(
+            "batch pos head_index d_model"
+        )  # each head's copy of resid_pre (see attention_input)
         self.hook_k_input = HookPoint("batch pos head_index d_model")
         self.hook_v_input = HookPoint("batch pos head_index d_model")
         self.ln1 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
@@ -321,29 +347,37 @@ class GPT2(HookedTransformer):
 
     family = "gpt2"
     # TransformerLens 3.9's official names (supported_models.py) of GPT-2 checkpoints -> its aliases (hooked.transformer_lens.aliases)
-    transformer_lens_names = {"gpt2": ("gpt2-small",), "gpt2-medium": (), "gpt2-large": (), "gpt2-xl": (),
-                              "distilgpt2": ("distillgpt2", "distill-gpt2", "distil-gpt2", "gpt2-xs")}
+    transformer_lens_names = {
+        "gpt2": ("gpt2-small",),
+        "gpt2-medium": (),
+        "gpt2-large": (),
+        "gpt2-xl": (),
+        "distilgpt2": ("distillgpt2", "distill-gpt2", "distil-gpt2", "gpt2-xs"),
+    }
     random_sizes = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, d_vocab=64, n_ctx=32)
 
     title = "GPT-2"
     hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
-        'hook_embed': 'token embeddings `wte[tokens]`',
-        'blocks.{i}.ln1.hook_scale': "the LayerNorm's scale `sqrt(var(x) + eps)`, before attention",
-        'blocks.{i}.ln1.hook_normalized': "`(x - mean) / scale`, before the norm's weight and bias",
-        'blocks.{i}.attn.hook_q': 'queries, split by head: a view of the fused `c_attn` output',
-        'blocks.{i}.attn.hook_k': 'keys, split by head: a view of the fused `c_attn` output',
-        'blocks.{i}.attn.hook_v': 'values, split by head: a view of the fused `c_attn` output',
-        'blocks.{i}.attn.hook_attn_scores': "`q @ k^T * d_head**-0.5`, masked entries set to the dtype's minimum (not -inf); listening switches the layer to the eager attention path",
-        'blocks.{i}.attn.hook_z': "per-head attention output; a view of `c_proj`'s input, so an in-place edit changes what the projection reads",
-        'blocks.{i}.mlp.hook_pre': '`c_fc` output, the pre-activation',
-        'blocks.{i}.mlp.hook_post': 'the neurons, `gelu_new(pre)`',
-        'hook_pos_embed': 'position embeddings `wpe[position_ids]` (position ids skip left padding)',
+        "hook_embed": "token embeddings `wte[tokens]`",
+        "blocks.{i}.ln1.hook_scale": "the LayerNorm's scale `sqrt(var(x) + eps)`, before attention",
+        "blocks.{i}.ln1.hook_normalized": "`(x - mean) / scale`, before the norm's weight and bias",
+        "blocks.{i}.attn.hook_q": "queries, split by head: a view of the fused `c_attn` output",
+        "blocks.{i}.attn.hook_k": "keys, split by head: a view of the fused `c_attn` output",
+        "blocks.{i}.attn.hook_v": "values, split by head: a view of the fused `c_attn` output",
+        "blocks.{i}.attn.hook_attn_scores": "`q @ k^T * d_head**-0.5`, masked entries set to the dtype's minimum (not -inf); listening switches the layer to the eager attention path",
+        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `c_proj`'s input, so an in-place edit changes what the projection reads",
+        "blocks.{i}.mlp.hook_pre": "`c_fc` output, the pre-activation",
+        "blocks.{i}.mlp.hook_post": "the neurons, `gelu_new(pre)`",
+        "hook_pos_embed": "position embeddings `wpe[position_ids]` (position ids skip left padding)",
     }
 
     @classmethod
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
-        return dict(d_model=draw(st.sampled_from([d for d in range(16, 49, 4) if d % n_heads == 0])),
-                    d_mlp=draw(st.sampled_from([32, 48, 64])), n_ctx=32)
+        return dict(
+            d_model=draw(st.sampled_from([d for d in range(16, 49, 4) if d % n_heads == 0])),
+            d_mlp=draw(st.sampled_from([32, 48, 64])),
+            n_ctx=32,
+        )
 
     config_class = GPT2Config
     architectures = ("GPT2LMHeadModel", "gpt2")
@@ -413,6 +447,6 @@ def _padded_columns(tokens: Tensor) -> Tensor | None:
         mask = current_rows().attention_mask
     except RuntimeError:
         return None
-    if mask is None or mask.shape[0] != tokens.shape[0] or bool(mask[:, -tokens.shape[1]:].all()):
+    if mask is None or mask.shape[0] != tokens.shape[0] or bool(mask[:, -tokens.shape[1] :].all()):
         return None
-    return ~mask[:, -tokens.shape[1]:].to(tokens.device)
+    return ~mask[:, -tokens.shape[1] :].to(tokens.device)

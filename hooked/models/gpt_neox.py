@@ -121,15 +121,23 @@ class GPTNeoXConfig(ModelConfig):
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model (hidden_size) {self.d_model} is not divisible by n_heads (num_attention_heads) {self.n_heads}")
+            raise ValueError(
+                f"d_model (hidden_size) {self.d_model} is not divisible by n_heads (num_attention_heads) {self.n_heads}"
+            )
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.d_head:
-            raise ValueError(f"rotary_dim {self.rotary_dim} (int(d_head {self.d_head} * rotary_pct)) must be even and in"
-                             f" 2..{self.d_head}: RoPE turns pairs of dimensions; choose rotary_pct so it is")
+            raise ValueError(
+                f"rotary_dim {self.rotary_dim} (int(d_head {self.d_head} * rotary_pct)) must be even and in"
+                f" 2..{self.d_head}: RoPE turns pairs of dimensions; choose rotary_pct so it is"
+            )
         if self.activation not in ACTIVATIONS:
-            raise ValueError(f"hidden_act {self.activation!r} is not supported by hooked's GPT-NeoX; supported: {', '.join(ACTIVATIONS)}")
+            raise ValueError(
+                f"hidden_act {self.activation!r} is not supported by hooked's GPT-NeoX; supported: {', '.join(ACTIVATIONS)}"
+            )
 
-    transformer_lens_shape: ClassVar[str] = ("normalization_type='LN', positional_embedding_type='rotary', an even rotary_dim,"
-                                             f" act_fn one of {', '.join(ACTIVATIONS)}")
+    transformer_lens_shape: ClassVar[str] = (
+        "normalization_type='LN', positional_embedding_type='rotary', an even rotary_dim,"
+        f" act_fn one of {', '.join(ACTIVATIONS)}"
+    )
 
     @classmethod
     def from_transformer_lens(cls, tl: dict) -> tuple[GPTNeoXConfig | None, list[str] | None]:
@@ -138,42 +146,66 @@ class GPTNeoXConfig(ModelConfig):
         if (tl["normalization_type"], tl["positional_embedding_type"]) != ("LN", "rotary"):
             return None, None
         d_model, n_heads, d_head, rotary_dim = tl["d_model"], tl["n_heads"], tl["d_head"], tl["rotary_dim"]
-        problems = ["attn_only=True (GPT-NeoX blocks have an MLP)" if tl["attn_only"] else None,
-                    f"act_fn={tl['act_fn']!r} (GPT-NeoX has {', '.join(ACTIVATIONS)})" if tl["act_fn"] not in ACTIVATIONS else None,
-                    "gated_mlp=True (GPT-NeoX's MLP is not gated)" if tl["gated_mlp"] else None,
-                    "use_qk_norm=True" if tl["use_qk_norm"] else None,
-                    "final_rms=True (GPT-NeoX's final norm is a LayerNorm)" if tl["final_rms"] else None,
-                    f"n_key_value_heads={tl['n_key_value_heads']}" if tl["n_key_value_heads"] not in (None, n_heads) else None,
-                    f"d_model={d_model} != n_heads * d_head = {n_heads * d_head}" if n_heads * d_head != d_model else None,
-                    f"rotary_dim={rotary_dim} (GPT-NeoX turns an even number of a head's {d_head} dims)"
-                    if rotary_dim is None or rotary_dim % 2 or not 0 < rotary_dim <= d_head else None,
-                    "scale_attn_by_inverse_layer_idx=True" if tl["scale_attn_by_inverse_layer_idx"] else None]
+        problems = [
+            "attn_only=True (GPT-NeoX blocks have an MLP)" if tl["attn_only"] else None,
+            f"act_fn={tl['act_fn']!r} (GPT-NeoX has {', '.join(ACTIVATIONS)})"
+            if tl["act_fn"] not in ACTIVATIONS
+            else None,
+            "gated_mlp=True (GPT-NeoX's MLP is not gated)" if tl["gated_mlp"] else None,
+            "use_qk_norm=True" if tl["use_qk_norm"] else None,
+            "final_rms=True (GPT-NeoX's final norm is a LayerNorm)" if tl["final_rms"] else None,
+            f"n_key_value_heads={tl['n_key_value_heads']}" if tl["n_key_value_heads"] not in (None, n_heads) else None,
+            f"d_model={d_model} != n_heads * d_head = {n_heads * d_head}" if n_heads * d_head != d_model else None,
+            f"rotary_dim={rotary_dim} (GPT-NeoX turns an even number of a head's {d_head} dims)"
+            if rotary_dim is None or rotary_dim % 2 or not 0 < rotary_dim <= d_head
+            else None,
+            "scale_attn_by_inverse_layer_idx=True" if tl["scale_attn_by_inverse_layer_idx"] else None,
+        ]
         problems = [problem for problem in problems if problem]
         if problems:
             return None, problems
-        return cls(n_layers=tl["n_layers"], d_model=d_model, n_heads=n_heads, d_mlp=tl["d_mlp"], d_vocab=tl["d_vocab"],
-                   rotary_dim=rotary_dim, rope_theta=float(tl["rotary_base"]), layer_norm_eps=tl["eps"], activation=tl["act_fn"],
-                   use_parallel_residual=tl["parallel_attn_mlp"], attention_bias=True,
-                   tie_word_embeddings=tl["tie_word_embeddings"], max_position_embeddings=tl["n_ctx"]), []
+        return cls(
+            n_layers=tl["n_layers"],
+            d_model=d_model,
+            n_heads=n_heads,
+            d_mlp=tl["d_mlp"],
+            d_vocab=tl["d_vocab"],
+            rotary_dim=rotary_dim,
+            rope_theta=float(tl["rotary_base"]),
+            layer_norm_eps=tl["eps"],
+            activation=tl["act_fn"],
+            use_parallel_residual=tl["parallel_attn_mlp"],
+            attention_bias=True,
+            tie_word_embeddings=tl["tie_word_embeddings"],
+            max_position_embeddings=tl["n_ctx"],
+        ), []
 
     @classmethod
     def from_hf(cls, config: dict) -> GPTNeoXConfig:
         """Read a config.json: hub layout (`rotary_pct`, `rotary_emb_base`) or transformers 5's `rope_parameters`."""
         hidden_act = config.get("hidden_act", "gelu")
         if hidden_act not in ACTIVATIONS:
-            raise ValueError(f"GPT-NeoX hidden_act {hidden_act!r} is not supported by hooked; supported: {', '.join(ACTIVATIONS)}")
+            raise ValueError(
+                f"GPT-NeoX hidden_act {hidden_act!r} is not supported by hooked; supported: {', '.join(ACTIVATIONS)}"
+            )
         d_model, n_heads = config["hidden_size"], config["num_attention_heads"]
         if d_model % n_heads:
             raise ValueError(f"hidden_size {d_model} is not divisible by num_attention_heads {n_heads}")
         head_dim = config.get("head_dim")
-        if head_dim is not None and head_dim != d_model // n_heads:  # transformers' attention ignores it, its RoPE reads it
-            raise ValueError(f"head_dim {head_dim} differs from hidden_size / num_attention_heads = {d_model // n_heads};"
-                             " GPT-NeoX's attention always uses the latter: remove head_dim")
+        if (
+            head_dim is not None and head_dim != d_model // n_heads
+        ):  # transformers' attention ignores it, its RoPE reads it
+            raise ValueError(
+                f"head_dim {head_dim} differs from hidden_size / num_attention_heads = {d_model // n_heads};"
+                " GPT-NeoX's attention always uses the latter: remove head_dim"
+            )
         theta, rotary_pct = _rope_from_hf(config)
         rotary_dim = int(d_model // n_heads * rotary_pct)  # transformers' truncation (TransformerLens rounds)
         if rotary_dim % 2 or rotary_dim == 0:
-            raise ValueError(f"rotary_pct / partial_rotary_factor {rotary_pct} gives {rotary_dim} rotary dimensions of a"
-                             f" head of {d_model // n_heads}; hooked needs an even, non-zero number")
+            raise ValueError(
+                f"rotary_pct / partial_rotary_factor {rotary_pct} gives {rotary_dim} rotary dimensions of a"
+                f" head of {d_model // n_heads}; hooked needs an even, non-zero number"
+            )
         return cls(
             n_layers=config["num_hidden_layers"],
             d_model=d_model,
@@ -197,8 +229,10 @@ def _rope_from_hf(config: dict) -> tuple[float, float]:
     rope = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
-        raise ValueError(f"GPT-NeoX rope_parameters rope_type {rope_type!r} is not supported by hooked (default only):"
-                         " its scaled frequencies would be computed as plain RoPE")
+        raise ValueError(
+            f"GPT-NeoX rope_parameters rope_type {rope_type!r} is not supported by hooked (default only):"
+            " its scaled frequencies would be computed as plain RoPE"
+        )
     theta = float(rope.get("rope_theta", config.get("rotary_emb_base", 10000.0)))
     rotary_pct = float(rope.get("partial_rotary_factor", config.get("rotary_pct", 0.25)))
     if not 0.0 < rotary_pct <= 1.0:
@@ -232,8 +266,12 @@ class GPTNeoXAttention(nn.Module):
         self.hook_result = HookPoint("batch pos head_index d_model")  # each head's write, before the bias
 
     def forward(
-        self, x: Float[Tensor, "batch pos d_model"] | tuple[Tensor, Tensor, Tensor], cos: Tensor, sin: Tensor,
-        mask: AttentionMask, kv: LayerKV | None = None,
+        self,
+        x: Float[Tensor, "batch pos d_model"] | tuple[Tensor, Tensor, Tensor],
+        cos: Tensor,
+        sin: Tensor,
+        mask: AttentionMask,
+        kv: LayerKV | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         if isinstance(x, tuple):  # per-head inputs [batch pos head_index d_model] (hooked.layers.attention_input)
             weight = self.query_key_value.weight.view(self.n_heads, 3, self.d_head, -1)
@@ -294,8 +332,10 @@ class GPTNeoXAttention(nn.Module):
     def tp_plan(self) -> dict[str, Split]:
         """Tensor parallelism: each rank holds some heads' q|k|v rows (3 * d_head per head, contiguous in this
         layout) and their columns of dense."""
-        plan = {"query_key_value.weight": Split("heads", 0, 3 * self.d_head),
-                "dense.weight": Split("heads", 1, self.d_head, reduce=True)}
+        plan = {
+            "query_key_value.weight": Split("heads", 0, 3 * self.d_head),
+            "dense.weight": Split("heads", 1, self.d_head, reduce=True),
+        }
         if self.query_key_value.bias is not None:
             plan["query_key_value.bias"] = Split("heads", 0, 3 * self.d_head)
         return plan
@@ -337,8 +377,11 @@ class GPTNeoXMLP(nn.Module):
 
     def tp_plan(self) -> dict[str, Split]:
         """Tensor parallelism: each rank holds some neurons' dense_h_to_4h rows and dense_4h_to_h columns."""
-        return {"dense_h_to_4h.weight": Split("d_mlp", 0), "dense_h_to_4h.bias": Split("d_mlp", 0),
-                "dense_4h_to_h.weight": Split("d_mlp", 1, reduce=True)}
+        return {
+            "dense_h_to_4h.weight": Split("d_mlp", 0),
+            "dense_h_to_4h.bias": Split("d_mlp", 0),
+            "dense_4h_to_h.weight": Split("d_mlp", 1, reduce=True),
+        }
 
     def residual_readers(self) -> tuple[Projection, ...]:
         return (Projection(self.dense_h_to_4h.weight, 1, self.dense_h_to_4h.bias),)
@@ -356,7 +399,9 @@ class GPTNeoXBlock(nn.Module):
         super().__init__()
         # Declared in forward order: hook_dict lists hooks in the order they fire.
         self.hook_resid_pre = HookPoint("batch pos d_model")
-        self.hook_q_input = HookPoint("batch pos head_index d_model")  # each head's copy of resid_pre (see attention_input)
+        self.hook_q_input = HookPoint(
+            "batch pos head_index d_model"
+        )  # each head's copy of resid_pre (see attention_input)
         self.hook_k_input = HookPoint("batch pos head_index d_model")
         self.hook_v_input = HookPoint("batch pos head_index d_model")
         self.ln1 = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
@@ -370,14 +415,20 @@ class GPTNeoXBlock(nn.Module):
         self.hook_mlp_out = HookPoint("batch pos d_model")
         self.hook_resid_post = HookPoint("batch pos d_model")
 
-    def forward(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
+    def forward(
+        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
+    ) -> Tensor:
         return self.mlp_half(self.attn_half(resid_pre, cos, sin, mask, kv=kv))
 
-    def _attention(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None) -> Tensor:
+    def _attention(
+        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None
+    ) -> Tensor:
         attn_in = attention_input(self, resid_pre, self.attn.n_heads, self.attn.n_heads)
         return self.hook_attn_out(self.attn(attn_in, cos, sin, mask, kv))
 
-    def attn_half(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
+    def attn_half(
+        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
+    ) -> Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
         attn_out = self._attention(resid_pre, cos, sin, mask, kv)
         return self.hook_resid_mid(attn_out + resid_pre)
@@ -393,7 +444,9 @@ class GPTNeoXParallelBlock(GPTNeoXBlock):
 
     mlp_stage: ClassVar[tuple[str, ...]] = ()
 
-    def attn_half(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
+    def attn_half(
+        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
+    ) -> Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
         attn_out = self._attention(resid_pre, cos, sin, mask, kv)
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(mlp_input(self, resid_pre))))
@@ -414,41 +467,93 @@ class GPTNeoX(HookedTransformer):
     transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
         "EleutherAI/gpt-neox-20b": ("gpt-neox-20b", "gpt-neox", "neox"),
         "EleutherAI/pythia-1.4b": ("pythia-1.4b", "EleutherAI/pythia-1.3b", "pythia-1.3b"),
-        "EleutherAI/pythia-1.4b-deduped": ("pythia-1.4b-deduped", "EleutherAI/pythia-1.3b-deduped", "pythia-1.3b-deduped"),
-        "EleutherAI/pythia-1.4b-deduped-v0": ("pythia-1.4b-deduped-v0", "EleutherAI/pythia-1.3b-deduped-v0", "pythia-1.3b-deduped-v0"),
+        "EleutherAI/pythia-1.4b-deduped": (
+            "pythia-1.4b-deduped",
+            "EleutherAI/pythia-1.3b-deduped",
+            "pythia-1.3b-deduped",
+        ),
+        "EleutherAI/pythia-1.4b-deduped-v0": (
+            "pythia-1.4b-deduped-v0",
+            "EleutherAI/pythia-1.3b-deduped-v0",
+            "pythia-1.3b-deduped-v0",
+        ),
         "EleutherAI/pythia-1.4b-v0": ("pythia-1.4b-v0", "EleutherAI/pythia-1.3b-v0", "pythia-1.3b-v0"),
         "EleutherAI/pythia-12b": ("pythia-12b", "EleutherAI/pythia-13b", "pythia-13b"),
         "EleutherAI/pythia-12b-deduped": ("pythia-12b-deduped", "EleutherAI/pythia-13b-deduped", "pythia-13b-deduped"),
-        "EleutherAI/pythia-12b-deduped-v0": ("pythia-12b-deduped-v0", "EleutherAI/pythia-13b-deduped-v0", "pythia-13b-deduped-v0"),
+        "EleutherAI/pythia-12b-deduped-v0": (
+            "pythia-12b-deduped-v0",
+            "EleutherAI/pythia-13b-deduped-v0",
+            "pythia-13b-deduped-v0",
+        ),
         "EleutherAI/pythia-12b-v0": ("pythia-12b-v0", "EleutherAI/pythia-13b-v0", "pythia-13b-v0"),
         "EleutherAI/pythia-14m": ("pythia-14m",),
         "EleutherAI/pythia-160m": ("pythia-160m", "EleutherAI/pythia-125m", "pythia-125m"),
-        "EleutherAI/pythia-160m-deduped": ("pythia-160m-deduped", "EleutherAI/pythia-125m-deduped", "pythia-125m-deduped"),
-        "EleutherAI/pythia-160m-deduped-v0": ("pythia-160m-deduped-v0", "EleutherAI/pythia-125m-deduped-v0", "pythia-125m-deduped-v0"),
+        "EleutherAI/pythia-160m-deduped": (
+            "pythia-160m-deduped",
+            "EleutherAI/pythia-125m-deduped",
+            "pythia-125m-deduped",
+        ),
+        "EleutherAI/pythia-160m-deduped-v0": (
+            "pythia-160m-deduped-v0",
+            "EleutherAI/pythia-125m-deduped-v0",
+            "pythia-125m-deduped-v0",
+        ),
         "EleutherAI/pythia-160m-seed1": ("pythia-160m-seed1", "EleutherAI/pythia-125m-seed1", "pythia-125m-seed1"),
         "EleutherAI/pythia-160m-seed2": ("pythia-160m-seed2", "EleutherAI/pythia-125m-seed2", "pythia-125m-seed2"),
         "EleutherAI/pythia-160m-seed3": ("pythia-160m-seed3", "EleutherAI/pythia-125m-seed3", "pythia-125m-seed3"),
         "EleutherAI/pythia-160m-v0": ("pythia-160m-v0", "EleutherAI/pythia-125m-v0", "pythia-125m-v0"),
         "EleutherAI/pythia-1b": ("pythia-1b", "EleutherAI/pythia-800m", "pythia-800m"),
         "EleutherAI/pythia-1b-deduped": ("pythia-1b-deduped", "EleutherAI/pythia-800m-deduped", "pythia-800m-deduped"),
-        "EleutherAI/pythia-1b-deduped-v0": ("pythia-1b-deduped-v0", "EleutherAI/pythia-800m-deduped-v0", "pythia-800m-deduped-v0"),
+        "EleutherAI/pythia-1b-deduped-v0": (
+            "pythia-1b-deduped-v0",
+            "EleutherAI/pythia-800m-deduped-v0",
+            "pythia-800m-deduped-v0",
+        ),
         "EleutherAI/pythia-1b-v0": ("pythia-1b-v0", "EleutherAI/pythia-800m-v0", "pythia-800m-v0"),
         "EleutherAI/pythia-2.8b": ("pythia-2.8b", "EleutherAI/pythia-2.7b", "pythia-2.7b"),
-        "EleutherAI/pythia-2.8b-deduped": ("pythia-2.8b-deduped", "EleutherAI/pythia-2.7b-deduped", "pythia-2.7b-deduped"),
-        "EleutherAI/pythia-2.8b-deduped-v0": ("pythia-2.8b-deduped-v0", "EleutherAI/pythia-2.7b-deduped-v0", "pythia-2.7b-deduped-v0"),
+        "EleutherAI/pythia-2.8b-deduped": (
+            "pythia-2.8b-deduped",
+            "EleutherAI/pythia-2.7b-deduped",
+            "pythia-2.7b-deduped",
+        ),
+        "EleutherAI/pythia-2.8b-deduped-v0": (
+            "pythia-2.8b-deduped-v0",
+            "EleutherAI/pythia-2.7b-deduped-v0",
+            "pythia-2.7b-deduped-v0",
+        ),
         "EleutherAI/pythia-2.8b-v0": ("pythia-2.8b-v0", "EleutherAI/pythia-2.7b-v0", "pythia-2.7b-v0"),
         "EleutherAI/pythia-31m": ("pythia-31m",),
         "EleutherAI/pythia-410m": ("pythia-410m", "EleutherAI/pythia-350m", "pythia-350m"),
-        "EleutherAI/pythia-410m-deduped": ("pythia-410m-deduped", "EleutherAI/pythia-350m-deduped", "pythia-350m-deduped"),
-        "EleutherAI/pythia-410m-deduped-v0": ("pythia-410m-deduped-v0", "EleutherAI/pythia-350m-deduped-v0", "pythia-350m-deduped-v0"),
+        "EleutherAI/pythia-410m-deduped": (
+            "pythia-410m-deduped",
+            "EleutherAI/pythia-350m-deduped",
+            "pythia-350m-deduped",
+        ),
+        "EleutherAI/pythia-410m-deduped-v0": (
+            "pythia-410m-deduped-v0",
+            "EleutherAI/pythia-350m-deduped-v0",
+            "pythia-350m-deduped-v0",
+        ),
         "EleutherAI/pythia-410m-v0": ("pythia-410m-v0", "EleutherAI/pythia-350m-v0", "pythia-350m-v0"),
         "EleutherAI/pythia-6.9b": ("pythia-6.9b", "EleutherAI/pythia-6.7b", "pythia-6.7b"),
-        "EleutherAI/pythia-6.9b-deduped": ("pythia-6.9b-deduped", "EleutherAI/pythia-6.7b-deduped", "pythia-6.7b-deduped"),
-        "EleutherAI/pythia-6.9b-deduped-v0": ("pythia-6.9b-deduped-v0", "EleutherAI/pythia-6.7b-deduped-v0", "pythia-6.7b-deduped-v0"),
+        "EleutherAI/pythia-6.9b-deduped": (
+            "pythia-6.9b-deduped",
+            "EleutherAI/pythia-6.7b-deduped",
+            "pythia-6.7b-deduped",
+        ),
+        "EleutherAI/pythia-6.9b-deduped-v0": (
+            "pythia-6.9b-deduped-v0",
+            "EleutherAI/pythia-6.7b-deduped-v0",
+            "pythia-6.7b-deduped-v0",
+        ),
         "EleutherAI/pythia-6.9b-v0": ("pythia-6.9b-v0", "EleutherAI/pythia-6.7b-v0", "pythia-6.7b-v0"),
         "EleutherAI/pythia-70m": ("pythia-70m", "pythia", "EleutherAI/pythia-19m", "pythia-19m"),
         "EleutherAI/pythia-70m-deduped": ("pythia-70m-deduped", "EleutherAI/pythia-19m-deduped", "pythia-19m-deduped"),
-        "EleutherAI/pythia-70m-deduped-v0": ("pythia-70m-deduped-v0", "EleutherAI/pythia-19m-deduped-v0", "pythia-19m-deduped-v0"),
+        "EleutherAI/pythia-70m-deduped-v0": (
+            "pythia-70m-deduped-v0",
+            "EleutherAI/pythia-19m-deduped-v0",
+            "pythia-19m-deduped-v0",
+        ),
         "EleutherAI/pythia-70m-v0": ("pythia-70m-v0", "pythia-v0", "EleutherAI/pythia-19m-v0", "pythia-19m-v0"),
     }
     title: ClassVar[str] = "GPT-NeoX / Pythia"
@@ -464,15 +569,15 @@ class GPTNeoX(HookedTransformer):
         "blocks.{i}.attn.hook_k": "keys: head h's middle d_head outputs of `query_key_value`, before RoPE",
         "blocks.{i}.attn.hook_v": "values: head h's last d_head outputs of `query_key_value`",
         "blocks.{i}.attn.hook_rot_q": "q with RoPE on its first `rotary_dim` dimensions (pairs i, i + rotary_dim / 2);"
-                                      " the other dimensions as in `hook_q`",
+        " the other dimensions as in `hook_q`",
         "blocks.{i}.attn.hook_rot_k": "k with RoPE on its first `rotary_dim` dimensions, as for q",
         "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, masked entries set to the dtype's minimum;"
-                                            " listening switches the layer to the eager attention path",
+        " listening switches the layer to the eager attention path",
         "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
         "blocks.{i}.attn.hook_z": "per-head attention output; a view of `dense`'s input, so an in-place edit changes what"
-                                  " the projection reads",
+        " the projection reads",
         "blocks.{i}.hook_mlp_in": "what ln2 reads: resid_mid, or resid_pre in a parallel block (TransformerLens'"
-                                  " `use_hook_mlp_in`); computed only when a hook listens",
+        " `use_hook_mlp_in`); computed only when a hook listens",
         "blocks.{i}.mlp.hook_pre": "`dense_h_to_4h(x)`, before the activation",
         "blocks.{i}.mlp.hook_post": "the neurons: `act(pre)` (`hidden_act`, Pythia: exact-erf GELU), `dense_4h_to_h`'s input",
         "blocks.{i}.hook_mlp_out": "MLP output, `dense_4h_to_h(post)`",

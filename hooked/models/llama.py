@@ -76,16 +76,22 @@ class LlamaConfig(RotaryRMSNames, ModelConfig):
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}")
+            raise ValueError(
+                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
+            )
         if self.d_head % 2:
             raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
         window = self.sliding_window
         if window is not None and not (isinstance(window, int) and 0 < window <= self.max_position_embeddings):
-            raise ValueError(f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
-                             f" ({self.max_position_embeddings}), or null for plain causal attention")
+            raise ValueError(
+                f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
+                f" ({self.max_position_embeddings}), or null for plain causal attention"
+            )
 
-    transformer_lens_shape = ("normalization_type='RMS', positional_embedding_type='rotary', act_fn='silu', gated_mlp=True,"
-                              " use_qk_norm=False, final_rms=True")
+    transformer_lens_shape = (
+        "normalization_type='RMS', positional_embedding_type='rotary', act_fn='silu', gated_mlp=True,"
+        " use_qk_norm=False, final_rms=True"
+    )
 
     @classmethod
     def from_transformer_lens(cls, tl: dict) -> tuple[LlamaConfig | None, list[str] | None]:
@@ -105,7 +111,9 @@ class LlamaConfig(RotaryRMSNames, ModelConfig):
         """The keyword arguments of this config, read from a Hugging Face config.json dict."""
         family = cls.original_architecture
         if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{family} with hidden_act {config['hidden_act']!r} is not supported by hooked (silu only)")
+            raise ValueError(
+                f"{family} with hidden_act {config['hidden_act']!r} is not supported by hooked (silu only)"
+            )
         # pretraining_tp > 1 is accepted: transformers 5.24's Llama never reads it (4.x sliced the same matmuls).
         theta, scaling = _rope_from_hf(config, family)
         n_heads = config["num_attention_heads"]
@@ -138,12 +146,18 @@ class MistralConfig(LlamaConfig):
     def _fields_from_hf(cls, config: dict) -> dict:
         layer_types = set(config.get("layer_types") or ())
         if len(layer_types) > 1:  # Ministral's interleaving: transformers' Mistral would ignore it
-            raise ValueError(f"MistralForCausalLM with layer_types {sorted(layer_types)} (interleaved sliding and full"
-                             " attention) is not supported by hooked: every layer must attend alike")
+            raise ValueError(
+                f"MistralForCausalLM with layer_types {sorted(layer_types)} (interleaved sliding and full"
+                " attention) is not supported by hooked: every layer must attend alike"
+            )
         fields = super()._fields_from_hf(config)
         # transformers' Mistral has no attention_bias / mlp_bias: it builds bias-free layers whatever the config says.
-        fields.update(attention_bias=False, mlp_bias=False, sliding_window=config.get("sliding_window", 4096),
-                      max_position_embeddings=config.get("max_position_embeddings", 4096 * 32))
+        fields.update(
+            attention_bias=False,
+            mlp_bias=False,
+            sliding_window=config.get("sliding_window", 4096),
+            max_position_embeddings=config.get("max_position_embeddings", 4096 * 32),
+        )
         return fields
 
 
@@ -154,24 +168,33 @@ def _rope_from_hf(config: dict, family: str) -> tuple[float, LinearScaling | Lla
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
-        raise ValueError(f"{family} with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole heads)")
+        raise ValueError(
+            f"{family} with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole heads)"
+        )
     if rope_type == "default":
         return theta, None
 
     def field(name: str) -> float:
         if rope.get(name) is None:
-            raise ValueError(f"rope_scaling of type {rope_type!r} needs {name!r} (config.json rope_scaling / rope_parameters)")
+            raise ValueError(
+                f"rope_scaling of type {rope_type!r} needs {name!r} (config.json rope_scaling / rope_parameters)"
+            )
         return float(rope[name])
 
     if rope_type == "linear":
         return theta, LinearScaling(field("factor"))
     if rope_type == "llama3":
         # As transformers' standardize_rope_params: a top-level original_max_position_embeddings wins.
-        original = (config.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
-                    or config.get("max_position_embeddings", 2048))
+        original = (
+            config.get("original_max_position_embeddings")
+            or rope.get("original_max_position_embeddings")
+            or config.get("max_position_embeddings", 2048)
+        )
         return theta, Llama3Scaling(field("factor"), field("low_freq_factor"), field("high_freq_factor"), int(original))
-    raise ValueError(f"rope_type {rope_type!r} (config.json rope_scaling / rope_parameters) is not supported for"
-                     f" {family}: hooked implements 'default', 'linear' and 'llama3'")
+    raise ValueError(
+        f"rope_type {rope_type!r} (config.json rope_scaling / rope_parameters) is not supported for"
+        f" {family}: hooked implements 'default', 'linear' and 'llama3'"
+    )
 
 
 class LlamaMLP(GatedMLP):
@@ -184,7 +207,10 @@ class LlamaMLP(GatedMLP):
                 linear.bias = nn.Parameter(torch.zeros(linear.out_features))
 
     def residual_readers(self) -> tuple[Projection, ...]:
-        return (Projection(self.gate_proj.weight, 1, self.gate_proj.bias), Projection(self.up_proj.weight, 1, self.up_proj.bias))
+        return (
+            Projection(self.gate_proj.weight, 1, self.gate_proj.bias),
+            Projection(self.up_proj.weight, 1, self.up_proj.bias),
+        )
 
     def residual_writers(self) -> tuple[Projection, ...]:
         return (Projection(self.down_proj.weight, 0, self.down_proj.bias),)
@@ -288,8 +314,11 @@ class Llama(HookedTransformer):
     @classmethod
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
         """Qwen3's draws (the same attention sizes), plus Llama's MLP biases and rope scalings."""
-        return dict(Qwen3.draw_sizes(draw, st, n_layers, n_heads), mlp_bias=draw(st.booleans()),
-                    rope_scaling=draw(st.sampled_from([None, LinearScaling(2.0), Llama3Scaling(8.0, 1.0, 4.0, 16)])))
+        return dict(
+            Qwen3.draw_sizes(draw, st, n_layers, n_heads),
+            mlp_bias=draw(st.booleans()),
+            rope_scaling=draw(st.sampled_from([None, LinearScaling(2.0), Llama3Scaling(8.0, 1.0, 4.0, 16)])),
+        )
 
     # The embedding, unembedding and their weight views are Qwen3's: the same parameters, the same names.
     resid_from_tokens = Qwen3.resid_from_tokens
@@ -322,8 +351,9 @@ class Mistral(Llama):
         "mistralai/Mistral-Small-24B-Base-2501": (),
     }
     title: ClassVar[str] = "Mistral"
-    random_sizes: ClassVar[dict] = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64,
-                                        sliding_window=4)
+    random_sizes: ClassVar[dict] = dict(
+        n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64, sliding_window=4
+    )
     hook_docs: ClassVar[dict[str, str]] = {
         **Llama.hook_docs,
         "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated, set to the dtype's minimum on future keys and on keys `sliding_window` or more columns back; listening switches the layer to the eager attention path",

@@ -128,15 +128,25 @@ class Mixtral(Mistral):
         "mistralai/Mixtral-8x7B-v0.1": ("mixtral", "mixtral-8x7b"),
     }
     title: ClassVar[str] = "Mixtral"
-    random_sizes: ClassVar[dict] = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=16, d_vocab=64,
-                                        sliding_window=4, n_experts=4, top_k=2)
+    random_sizes: ClassVar[dict] = dict(
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        d_head=8,
+        d_mlp=16,
+        d_vocab=64,
+        sliding_window=4,
+        n_experts=4,
+        top_k=2,
+    )
     random_std: ClassVar[dict[str, float]] = {"mlp.gate.weight": 0.6}  # router logits apart: top-k decided by margins
     hook_docs: ClassVar[dict[str, str]] = {  # Mistral's, less its dense MLP's
         **{name: text for name, text in Mistral.hook_docs.items() if not name.startswith("blocks.{i}.mlp.")},
         "blocks.{i}.hook_mlp_out": "MLP output: `sum_j weight_j * down_e(j)(expert_post_j)` over the top_k slots,"
-                                   " weighted and summed in float32, cast to the model dtype",
+        " weighted and summed in float32, cast to the model dtype",
         "blocks.{i}.mlp.hook_expert_weights": "the top_k routing weights `top-k(softmax(router_logits)) / their sum`;"
-                                              " float32 whatever the model dtype, as transformers' Mixtral",
+        " float32 whatever the model dtype, as transformers' Mixtral",
     }
 
     def __init__(self, cfg: MixtralConfig):
@@ -154,19 +164,36 @@ class Mixtral(Mistral):
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
         sizes = super().draw_sizes(draw, st, n_layers, n_heads)
         n_experts = draw(st.integers(2, 6))
-        sizes.update(d_mlp=draw(st.sampled_from([8, 12, 16])), n_experts=n_experts, top_k=draw(st.integers(1, min(3, n_experts))))
+        sizes.update(
+            d_mlp=draw(st.sampled_from([8, 12, 16])), n_experts=n_experts, top_k=draw(st.integers(1, min(3, n_experts)))
+        )
         return sizes
 
     def axis_sizes(self) -> dict[str, int]:
-        return {**super().axis_sizes(), "n_experts": self.cfg.n_experts, "top_k": self.cfg.top_k,
-                "d_expert_mlp": self.cfg.d_expert_mlp}
+        return {
+            **super().axis_sizes(),
+            "n_experts": self.cfg.n_experts,
+            "top_k": self.cfg.top_k,
+            "d_expert_mlp": self.cfg.d_expert_mlp,
+        }
 
     checkpoint_table = _CHECKPOINT_RENAMES
 
     # Per-expert keys on disk -> one expert of a stacked parameter (`expert` indexes axis 0); (part, parts) places
     # w1 (gate) and w3 (up) in the two halves of gate_up_proj's axis 1, as transformers' MergeModulelist + Concatenate.
     checkpoint_stacked = (
-        (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(?P<expert>\d+)\.w1\.weight", r"blocks.\1.mlp.experts.gate_up_proj", (0, 2)),
-        (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(?P<expert>\d+)\.w3\.weight", r"blocks.\1.mlp.experts.gate_up_proj", (1, 2)),
-        (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(?P<expert>\d+)\.w2\.weight", r"blocks.\1.mlp.experts.down_proj"),
+        (
+            r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(?P<expert>\d+)\.w1\.weight",
+            r"blocks.\1.mlp.experts.gate_up_proj",
+            (0, 2),
+        ),
+        (
+            r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(?P<expert>\d+)\.w3\.weight",
+            r"blocks.\1.mlp.experts.gate_up_proj",
+            (1, 2),
+        ),
+        (
+            r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(?P<expert>\d+)\.w2\.weight",
+            r"blocks.\1.mlp.experts.down_proj",
+        ),
     )

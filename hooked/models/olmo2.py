@@ -41,8 +41,10 @@ from hooked.models.config import ModelConfig
 from hooked.models.qwen3 import Qwen3, Qwen3Attention, RotaryRMSNames
 from hooked.rotary import RotaryEmbedding
 
-_NO_PRE_NORM = ("OLMo 2 has no norm before attention or the MLP: its ln1 / ln2 normalise each sublayer's output"
-                " before the residual add (post-norms), and the sublayers read the residual stream as it is")
+_NO_PRE_NORM = (
+    "OLMo 2 has no norm before attention or the MLP: its ln1 / ln2 normalise each sublayer's output"
+    " before the residual add (post-norms), and the sublayers read the residual stream as it is"
+)
 
 
 @dataclass
@@ -68,31 +70,43 @@ class Olmo2Config(RotaryRMSNames, ModelConfig):
     original_architecture = "Olmo2ForCausalLM"
     gated_mlp = True
     final_rms = True
-    use_qk_norm = False  # TransformerLens' per-head q/k norm flag: OLMo 2's norms span all heads (by architecture there)
+    use_qk_norm = (
+        False  # TransformerLens' per-head q/k norm flag: OLMo 2's norms span all heads (by architecture there)
+    )
     rotary_adjacent_pairs = False  # half-split RoPE
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}")
+            raise ValueError(
+                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
+            )
         if self.d_head % 2:
             raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
 
     @classmethod
     def from_hf(cls, config: dict) -> Olmo2Config:
         if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"Olmo2ForCausalLM with hidden_act {config['hidden_act']!r} is not supported by hooked (silu only)")
+            raise ValueError(
+                f"Olmo2ForCausalLM with hidden_act {config['hidden_act']!r} is not supported by hooked (silu only)"
+            )
         rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
-            raise ValueError(f"rope_type {rope_type!r} (config.json rope_parameters / rope_scaling) is not supported for"
-                             " Olmo2ForCausalLM: hooked implements plain RoPE ('default'), as every OLMo 2 checkpoint uses")
+            raise ValueError(
+                f"rope_type {rope_type!r} (config.json rope_parameters / rope_scaling) is not supported for"
+                " Olmo2ForCausalLM: hooked implements plain RoPE ('default'), as every OLMo 2 checkpoint uses"
+            )
         partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
         if partial != 1.0:
-            raise ValueError(f"Olmo2ForCausalLM with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole heads)")
+            raise ValueError(
+                f"Olmo2ForCausalLM with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole heads)"
+            )
         n_heads = config["num_attention_heads"]
         if not config.get("head_dim") and config["hidden_size"] % n_heads:
-            raise ValueError(f"hidden_size {config['hidden_size']} is not a multiple of num_attention_heads {n_heads}"
-                             " and config.json gives no head_dim")
+            raise ValueError(
+                f"hidden_size {config['hidden_size']} is not a multiple of num_attention_heads {n_heads}"
+                " and config.json gives no head_dim"
+            )
         return cls(
             n_layers=config["num_hidden_layers"],
             d_model=config["hidden_size"],
@@ -128,8 +142,10 @@ class PostNorm(Olmo2RMSNorm):
     stream through it, so normalising a residual component with its scale (`apply_ln_to_stack`) is refused."""
 
     def normalize_with_scale(self, x: Tensor, scale: Tensor) -> Tensor:
-        raise ValueError(f"{_NO_PRE_NORM}, so no norm scale applies to a residual-stream component before a block;"
-                         " apply_ln=True works into the unembedding only (layer = n_layers, ln_final), or pass apply_ln=False")
+        raise ValueError(
+            f"{_NO_PRE_NORM}, so no norm scale applies to a residual-stream component before a block;"
+            " apply_ln=True works into the unembedding only (layer = n_layers, ln_final), or pass apply_ln=False"
+        )
 
 
 class WholeProjectionRMSNorm(Olmo2RMSNorm):
@@ -196,9 +212,11 @@ class WholeProjectionRMSNorm(Olmo2RMSNorm):
 
     def _whole_sum(self) -> Tensor:
         if self.whole_sum_of_squares is None:
-            raise RuntimeError("under tensor parallelism OLMo 2's q_norm / k_norm normalise over every rank's heads: run"
-                               " them through their attention (Olmo2Attention.normed_qk), which all-reduces the sums"
-                               " of squares, not on one rank's heads alone")
+            raise RuntimeError(
+                "under tensor parallelism OLMo 2's q_norm / k_norm normalise over every rank's heads: run"
+                " them through their attention (Olmo2Attention.normed_qk), which all-reduces the sums"
+                " of squares, not on one rank's heads alone"
+            )
         return self.whole_sum_of_squares
 
 
@@ -218,26 +236,37 @@ class Olmo2Attention(Qwen3Attention):
         if self.parallel is None:
             return super().normed_qk(q, k)
         # Both norms' statistics in ONE all-reduce: each rank's float32 sums of squares over its own heads.
-        sums = self.parallel.all_reduce(torch.stack([self.q_norm.partial_sum_of_squares(q),
-                                                     self.k_norm.partial_sum_of_squares(k)]))
-        return (self.hook_q_normed(self.q_norm.with_sum_of_squares(q, sums[0])),
-                self.hook_k_normed(self.k_norm.with_sum_of_squares(k, sums[1])))
+        sums = self.parallel.all_reduce(
+            torch.stack([self.q_norm.partial_sum_of_squares(q), self.k_norm.partial_sum_of_squares(k)])
+        )
+        return (
+            self.hook_q_normed(self.q_norm.with_sum_of_squares(q, sums[0])),
+            self.hook_k_normed(self.k_norm.with_sum_of_squares(k, sums[1])),
+        )
 
     def tp_applied(self, parallel, local_ranges: dict[str, tuple[int, int]]) -> None:
         self.parallel = parallel
 
     def residual_readers(self) -> tuple[Projection, ...]:
-        raise ValueError(f"fold_ln=True: {_NO_PRE_NORM}, so there is no norm weight to fold into q/k/v or the MLP's"
-                         " input (TransformerLens 3.9 turns fold_ln off for OLMo 2 with a warning). Pass fold_ln=False:"
-                         " HookedTransformer.from_pretrained(path, fold_ln=False), or hooked.load(path)")
+        raise ValueError(
+            f"fold_ln=True: {_NO_PRE_NORM}, so there is no norm weight to fold into q/k/v or the MLP's"
+            " input (TransformerLens 3.9 turns fold_ln off for OLMo 2 with a warning). Pass fold_ln=False:"
+            " HookedTransformer.from_pretrained(path, fold_ln=False), or hooked.load(path)"
+        )
 
 
 class Olmo2Block(nn.Module):
     """Post-norm block: each sublayer reads the residual stream un-normalised; its output is normalised
     (ln1 / ln2) before it is added."""
 
-    mlp_stage: ClassVar[tuple[str, ...]] = ("hook_mlp_in", "mlp", "hook_mlp_out_pre_norm", "ln2", "hook_mlp_out",
-                                            "hook_resid_post")
+    mlp_stage: ClassVar[tuple[str, ...]] = (
+        "hook_mlp_in",
+        "mlp",
+        "hook_mlp_out_pre_norm",
+        "ln2",
+        "hook_mlp_out",
+        "hook_resid_post",
+    )
     # Norms between a sublayer's output and the residual add: a head's, neuron's or bias's write is not additive
     # (hooked.components.additive_writes refuses the per-head / per-neuron stacks for this block; the circuits
     # graph takes its attention as one node, L{l}.attn).
@@ -262,10 +291,14 @@ class Olmo2Block(nn.Module):
         self.hook_mlp_out = HookPoint("batch pos d_model")  # ln2's output: what is added to the residual
         self.hook_resid_post = HookPoint("batch pos d_model")
 
-    def forward(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
+    def forward(
+        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
+    ) -> Tensor:
         return self.mlp_half(self.attn_half(resid_pre, cos, sin, mask, kv=kv))
 
-    def attn_half(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
+    def attn_half(
+        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
+    ) -> Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
         attn_out_pre_norm = self.hook_attn_out_pre_norm(self.attn(self._attention_input(resid_pre), cos, sin, mask, kv))
         attn_out = self.hook_attn_out(self.ln1(attn_out_pre_norm))
@@ -284,7 +317,9 @@ class Olmo2Block(nn.Module):
         if not any(point.listening for point in points):
             return resid_pre
         if any(point.shard is not None for point in points):
-            raise RuntimeError("the split q/k/v inputs are not supported under tensor parallelism (hooked.load(..., tp=N))")
+            raise RuntimeError(
+                "the split q/k/v inputs are not supported under tensor parallelism (hooked.load(..., tp=N))"
+            )
         inputs = []
         for point, count in zip(points, (self.n_heads, self.n_kv_heads, self.n_kv_heads)):
             shared = resid_pre[:, :, None].expand(-1, -1, count, -1)  # [batch pos heads d_model]
@@ -296,7 +331,10 @@ _CHECKPOINT_RENAMES = (
     (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
     (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1.weight"),
     (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (
+        r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
+        r"blocks.\1.attn.\2.\3",
+    ),
     (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
     (r"model\.norm\.weight", r"ln_final.weight"),
 )

@@ -92,8 +92,10 @@ class Qwen3Config(RotaryRMSNames, ModelConfig):
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
 
-    transformer_lens_shape = ("normalization_type='RMS', positional_embedding_type='rotary', act_fn='silu', gated_mlp=True,"
-                              " use_qk_norm=True, final_rms=True")
+    transformer_lens_shape = (
+        "normalization_type='RMS', positional_embedding_type='rotary', act_fn='silu', gated_mlp=True,"
+        " use_qk_norm=True, final_rms=True"
+    )
 
     @classmethod
     def from_transformer_lens(cls, tl: dict) -> tuple[Qwen3Config | None, list[str] | None]:
@@ -136,23 +138,42 @@ def rms_rotary_fields(tl: dict, family: str, qk_norm: bool) -> tuple[dict | None
     if (tl["normalization_type"], tl["positional_embedding_type"]) != ("RMS", "rotary"):
         return None, None
     d_head, rotary_dim = tl["d_head"], tl["rotary_dim"]
-    problems = [f"attn_only=True ({family} blocks have an MLP; attention-only models are GPT-2-shaped: LN, standard)"
-                if tl["attn_only"] else None,
-                f"act_fn={tl['act_fn']!r} ({family} has silu)" if tl["act_fn"] != "silu" else None,
-                f"gated_mlp=False ({family}'s MLP is gated)" if not tl["gated_mlp"] else None,
-                (f"use_qk_norm={tl['use_qk_norm']} ({family} " + ("normalises" if qk_norm else "does not normalise")
-                 + " each head's q and k)") if tl["use_qk_norm"] != qk_norm else None,
-                f"final_rms=False ({family}'s final norm is RMSNorm)" if not tl["final_rms"] else None,
-                f"rotary_dim={rotary_dim} ({family} rotates all of d_head={d_head})" if rotary_dim not in (None, d_head) else None,
-                "scale_attn_by_inverse_layer_idx=True" if tl["scale_attn_by_inverse_layer_idx"] else None,
-                "parallel_attn_mlp=True" if tl["parallel_attn_mlp"] else None]
+    problems = [
+        f"attn_only=True ({family} blocks have an MLP; attention-only models are GPT-2-shaped: LN, standard)"
+        if tl["attn_only"]
+        else None,
+        f"act_fn={tl['act_fn']!r} ({family} has silu)" if tl["act_fn"] != "silu" else None,
+        f"gated_mlp=False ({family}'s MLP is gated)" if not tl["gated_mlp"] else None,
+        (
+            f"use_qk_norm={tl['use_qk_norm']} ({family} "
+            + ("normalises" if qk_norm else "does not normalise")
+            + " each head's q and k)"
+        )
+        if tl["use_qk_norm"] != qk_norm
+        else None,
+        f"final_rms=False ({family}'s final norm is RMSNorm)" if not tl["final_rms"] else None,
+        f"rotary_dim={rotary_dim} ({family} rotates all of d_head={d_head})"
+        if rotary_dim not in (None, d_head)
+        else None,
+        "scale_attn_by_inverse_layer_idx=True" if tl["scale_attn_by_inverse_layer_idx"] else None,
+        "parallel_attn_mlp=True" if tl["parallel_attn_mlp"] else None,
+    ]
     problems = [problem for problem in problems if problem]
     if problems:
         return None, problems
-    return dict(n_layers=tl["n_layers"], d_model=tl["d_model"], n_heads=tl["n_heads"],
-                n_kv_heads=tl["n_key_value_heads"] or tl["n_heads"], d_head=d_head, d_mlp=tl["d_mlp"], d_vocab=tl["d_vocab"],
-                rms_norm_eps=tl["eps"], rope_theta=float(tl["rotary_base"]), tie_word_embeddings=tl["tie_word_embeddings"],
-                max_position_embeddings=tl["n_ctx"]), []
+    return dict(
+        n_layers=tl["n_layers"],
+        d_model=tl["d_model"],
+        n_heads=tl["n_heads"],
+        n_kv_heads=tl["n_key_value_heads"] or tl["n_heads"],
+        d_head=d_head,
+        d_mlp=tl["d_mlp"],
+        d_vocab=tl["d_vocab"],
+        rms_norm_eps=tl["eps"],
+        rope_theta=float(tl["rotary_base"]),
+        tie_word_embeddings=tl["tie_word_embeddings"],
+        max_position_embeddings=tl["n_ctx"],
+    ), []
 
 
 def _rope_from_hf(config: dict) -> tuple[float, YarnScaling | None]:
@@ -214,12 +235,20 @@ class Qwen3Attention(nn.Module):
         self.hook_result = HookPoint("batch pos head_index d_model")  # each head's write, before the bias
 
     def forward(
-        self, x: Float[Tensor, "batch pos d_model"] | tuple[Tensor, Tensor, Tensor], cos: Tensor, sin: Tensor,
-        mask: AttentionMask, kv: LayerKV | None = None,
+        self,
+        x: Float[Tensor, "batch pos d_model"] | tuple[Tensor, Tensor, Tensor],
+        cos: Tensor,
+        sin: Tensor,
+        mask: AttentionMask,
+        kv: LayerKV | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         if isinstance(x, tuple):  # per-head inputs [batch pos (kv_)head_index d_model] (hooked.layers.attention_input)
-            q, k, v = (self._project_per_head(inputs, linear, heads) for inputs, linear, heads in
-                       zip(x, (self.q_proj, self.k_proj, self.v_proj), (self.n_heads, self.n_kv_heads, self.n_kv_heads)))
+            q, k, v = (
+                self._project_per_head(inputs, linear, heads)
+                for inputs, linear, heads in zip(
+                    x, (self.q_proj, self.k_proj, self.v_proj), (self.n_heads, self.n_kv_heads, self.n_kv_heads)
+                )
+            )
         else:
             batch, pos, _ = x.shape
             q = self.q_proj(x).view(batch, pos, self.n_heads, self.d_head)
@@ -236,8 +265,17 @@ class Qwen3Attention(nn.Module):
         k = self.hook_rot_k(apply_rotary(k, cos, sin).to(k.dtype))
         if kv is not None:  # a KV cache: keys and values of every column so far (this call's included)
             k, v = kv.append(k, v)
-        z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=True,
-                   softcap=self.softcap)
+        z = attend(
+            q,
+            k,
+            v,
+            mask,
+            self.scaling,
+            self.hook_attn_scores,
+            self.hook_pattern,
+            softmax_in_float32=True,
+            softcap=self.softcap,
+        )
         z = self.hook_z(writable(z) if self.hook_z.listening else z)
         if self.hook_result.listening:  # per-head writes, summed: differs from o_proj by rounding only
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
@@ -356,7 +394,9 @@ class Qwen3Block(nn.Module):
     def __init__(self, cfg: Qwen3Config, mlp: nn.Module, attn: nn.Module | None = None):
         super().__init__()
         self.hook_resid_pre = HookPoint("batch pos d_model")
-        self.hook_q_input = HookPoint("batch pos head_index d_model")  # each head's copy of resid_pre (see attention_input)
+        self.hook_q_input = HookPoint(
+            "batch pos head_index d_model"
+        )  # each head's copy of resid_pre (see attention_input)
         self.hook_k_input = HookPoint("batch pos kv_head_index d_model")
         self.hook_v_input = HookPoint("batch pos kv_head_index d_model")
         self.ln1 = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
@@ -369,10 +409,14 @@ class Qwen3Block(nn.Module):
         self.hook_mlp_out = HookPoint("batch pos d_model")
         self.hook_resid_post = HookPoint("batch pos d_model")
 
-    def forward(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
+    def forward(
+        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
+    ) -> Tensor:
         return self.mlp_half(self.attn_half(resid_pre, cos, sin, mask, kv=kv))
 
-    def attn_half(self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
+    def attn_half(
+        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
+    ) -> Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
         attn_in = attention_input(self, resid_pre, self.attn.n_heads, self.attn.n_kv_heads)
         attn_out = self.hook_attn_out(self.attn(attn_in, cos, sin, mask, kv))
@@ -387,7 +431,10 @@ _CHECKPOINT_RENAMES = (
     (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
     (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
     (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (
+        r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
+        r"blocks.\1.attn.\2.\3",
+    ),
     (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
     (r"model\.norm\.weight", r"ln_final.weight"),
 )
@@ -398,37 +445,42 @@ class Qwen3(HookedTransformer):
 
     family = "qwen3"
     # TransformerLens 3.9's official names (supported_models.py) of Qwen3 checkpoints -> its aliases (hooked.transformer_lens.aliases)
-    transformer_lens_names = {f"Qwen/Qwen3-{size}": (f"qwen3-{size.lower()}",) for size in ("0.6B", "0.6B-Base", "1.7B", "4B", "8B", "14B")}
+    transformer_lens_names = {
+        f"Qwen/Qwen3-{size}": (f"qwen3-{size.lower()}",) for size in ("0.6B", "0.6B-Base", "1.7B", "4B", "8B", "14B")
+    }
     random_sizes = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
 
     title = "Qwen3"
     hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
-        'hook_embed': "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position embedding: RoPE acts on q and k)",
-        'blocks.{i}.ln1.hook_scale': "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
-        'blocks.{i}.ln1.hook_normalized': "`x / scale` cast to the model dtype, before the norm's weight",
-        'blocks.{i}.attn.hook_q': '`q_proj` output split by head, before `q_norm` and RoPE',
-        'blocks.{i}.attn.hook_k': '`k_proj` output split by kv head, before `k_norm` and RoPE',
-        'blocks.{i}.attn.hook_v': '`v_proj` output split by kv head',
-        'blocks.{i}.attn.hook_attn_scores': "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the layer to the eager attention path",
-        'blocks.{i}.attn.hook_pattern': 'softmax of the scores, computed in float32 and cast back',
-        'blocks.{i}.attn.hook_z': "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes what the projection reads",
-        'blocks.{i}.mlp.hook_pre': "the gate's pre-activation `gate_proj(x)`",
-        'blocks.{i}.mlp.hook_post': "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
-        'blocks.{i}.attn.q_norm.hook_scale': "the per-head RMSNorm's scale of q",
-        'blocks.{i}.attn.q_norm.hook_normalized': "q divided by its per-head scale, before `q_norm`'s weight",
-        'blocks.{i}.attn.hook_q_normed': '`q_norm(q)`: after the per-head RMSNorm and its weight, before RoPE',
-        'blocks.{i}.attn.k_norm.hook_scale': "the per-head RMSNorm's scale of k",
-        'blocks.{i}.attn.k_norm.hook_normalized': "k divided by its per-head scale, before `k_norm`'s weight",
-        'blocks.{i}.attn.hook_k_normed': '`k_norm(k)`: after the per-head RMSNorm and its weight, before RoPE',
+        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position embedding: RoPE acts on q and k)",
+        "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
+        "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
+        "blocks.{i}.attn.hook_q": "`q_proj` output split by head, before `q_norm` and RoPE",
+        "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before `k_norm` and RoPE",
+        "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the layer to the eager attention path",
+        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
+        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes what the projection reads",
+        "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(x)`",
+        "blocks.{i}.mlp.hook_post": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
+        "blocks.{i}.attn.q_norm.hook_scale": "the per-head RMSNorm's scale of q",
+        "blocks.{i}.attn.q_norm.hook_normalized": "q divided by its per-head scale, before `q_norm`'s weight",
+        "blocks.{i}.attn.hook_q_normed": "`q_norm(q)`: after the per-head RMSNorm and its weight, before RoPE",
+        "blocks.{i}.attn.k_norm.hook_scale": "the per-head RMSNorm's scale of k",
+        "blocks.{i}.attn.k_norm.hook_normalized": "k divided by its per-head scale, before `k_norm`'s weight",
+        "blocks.{i}.attn.hook_k_normed": "`k_norm(k)`: after the per-head RMSNorm and its weight, before RoPE",
     }
 
     @classmethod
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
-        return dict(d_model=draw(st.sampled_from([16, 24, 32, 48])),
-                    n_kv_heads=draw(st.sampled_from([k for k in range(1, n_heads + 1) if n_heads % k == 0])),
-                    d_head=draw(st.sampled_from([4, 8, 16])),  # even (half-split rotary), not d_model / n_heads
-                    d_mlp=draw(st.sampled_from([32, 48])), tie_word_embeddings=draw(st.booleans()),
-                    attention_bias=draw(st.booleans()))
+        return dict(
+            d_model=draw(st.sampled_from([16, 24, 32, 48])),
+            n_kv_heads=draw(st.sampled_from([k for k in range(1, n_heads + 1) if n_heads % k == 0])),
+            d_head=draw(st.sampled_from([4, 8, 16])),  # even (half-split rotary), not d_model / n_heads
+            d_mlp=draw(st.sampled_from([32, 48])),
+            tie_word_embeddings=draw(st.booleans()),
+            attention_bias=draw(st.booleans()),
+        )
 
     config_class = Qwen3Config
     architectures = ("Qwen3ForCausalLM", "qwen3")

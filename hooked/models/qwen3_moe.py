@@ -127,7 +127,9 @@ class Qwen3MoeSparseMLP(nn.Module):
             top_probs = top_probs / top_probs.sum(-1, keepdim=True)
         self.hook_expert_weights.slot_experts = top_indices
         try:
-            expert_weights = self.hook_expert_weights(top_probs if self.float32_expert_weights else top_probs.to(router_logits.dtype))
+            expert_weights = self.hook_expert_weights(
+                top_probs if self.float32_expert_weights else top_probs.to(router_logits.dtype)
+            )
         finally:
             self.hook_expert_weights.slot_experts = None
         expert_indices = self.hook_expert_indices(top_indices)
@@ -167,10 +169,14 @@ class Qwen3MoeSparseMLP(nn.Module):
                 gate, up = F.linear(rows, gate_up_proj[expert - first]).chunk(2, dim=-1)
                 outs.append(F.linear(F.silu(gate) * up, down_proj[expert - first]))
         else:  # the per-slot neurons, in [batch pos top_k d_expert_mlp] order for the hooks
-            gate_up = torch.cat([
-                F.linear(rows, gate_up_proj[e - first]) if e in local else rows.new_zeros(rows.shape[0], gate_up_proj.shape[1])
-                for e, rows in zip(routed, x_sorted.split(splits))
-            ])
+            gate_up = torch.cat(
+                [
+                    F.linear(rows, gate_up_proj[e - first])
+                    if e in local
+                    else rows.new_zeros(rows.shape[0], gate_up_proj.shape[1])
+                    for e, rows in zip(routed, x_sorted.split(splits))
+                ]
+            )
             gate, up = gate_up.index_select(0, unsort).view(batch, pos, self.top_k, -1).chunk(2, dim=-1)
             self.hook_expert_pre.slot_experts = self.hook_expert_post.slot_experts = expert_indices
             try:
@@ -179,8 +185,10 @@ class Qwen3MoeSparseMLP(nn.Module):
             finally:
                 self.hook_expert_pre.slot_experts = self.hook_expert_post.slot_experts = None
             post_sorted = post.reshape(-1, post.shape[-1]).index_select(0, order)
-            outs = [F.linear(rows, down_proj[e - first]) if e in local else rows.new_zeros(rows.shape[0], d_model)
-                    for e, rows in zip(routed, post_sorted.split(splits))]
+            outs = [
+                F.linear(rows, down_proj[e - first]) if e in local else rows.new_zeros(rows.shape[0], d_model)
+                for e, rows in zip(routed, post_sorted.split(splits))
+            ]
         return torch.cat(outs).index_select(0, unsort).view(batch, pos, self.top_k, d_model)
 
     # What a cache needs to split this MLP's output into its experts (hooked.cache.get_expert_results).
@@ -255,14 +263,18 @@ class Qwen3Moe(Qwen3):
     docs_sizes = {"n_layers": 2, "mlp_only_layers": (0,), "decoder_sparse_step": 1}  # both MLP kinds in the reference
     hook_docs = {
         **Qwen3.hook_docs,
-        'blocks.{i}.hook_mlp_out': 'MLP output; on a sparse layer `sum_j weight_j * down_e(j)(post_j)` over the slots',
+        "blocks.{i}.hook_mlp_out": "MLP output; on a sparse layer `sum_j weight_j * down_e(j)(post_j)` over the slots",
     }
 
     @classmethod
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
         sizes = super().draw_sizes(draw, st, n_layers, n_heads)
-        sizes.update(n_experts=draw(st.integers(4, 6)), top_k=draw(st.integers(1, 3)),
-                     d_expert_mlp=draw(st.sampled_from([8, 12, 16])), norm_topk_prob=draw(st.booleans()))
+        sizes.update(
+            n_experts=draw(st.integers(4, 6)),
+            top_k=draw(st.integers(1, 3)),
+            d_expert_mlp=draw(st.sampled_from([8, 12, 16])),
+            norm_topk_prob=draw(st.booleans()),
+        )
         step = draw(st.sampled_from([1, 1, 2])) if n_layers > 1 else 1
         dense = draw(st.sets(st.integers(0, n_layers - 1), max_size=n_layers - 1)) if n_layers > 1 else set()
         sparse = [i for i in range(n_layers) if i not in dense and (i + 1) % step == 0]
@@ -280,17 +292,31 @@ class Qwen3Moe(Qwen3):
         return Qwen3Block(cfg, mlp)
 
     def axis_sizes(self) -> dict[str, int]:
-        return {**super().axis_sizes(), "n_experts": self.cfg.n_experts, "top_k": self.cfg.top_k,
-                "d_expert_mlp": self.cfg.d_expert_mlp}
+        return {
+            **super().axis_sizes(),
+            "n_experts": self.cfg.n_experts,
+            "top_k": self.cfg.top_k,
+            "d_expert_mlp": self.cfg.d_expert_mlp,
+        }
 
     @property
     def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
-        return super().checkpoint_renames + ((r"model\.layers\.(\d+)\.mlp\.gate\.weight", r"blocks.\1.mlp.gate.weight"),)
+        return super().checkpoint_renames + (
+            (r"model\.layers\.(\d+)\.mlp\.gate\.weight", r"blocks.\1.mlp.gate.weight"),
+        )
 
     # Per-expert keys on disk -> a piece of a stacked parameter: `expert` indexes axis 0; (part, parts)
     # places gate and up in the two halves of axis 1 of gate_up_proj.
     checkpoint_stacked = (
-        (r"model\.layers\.(\d+)\.mlp\.experts\.(?P<expert>\d+)\.gate_proj\.weight", r"blocks.\1.mlp.experts.gate_up_proj", (0, 2)),
-        (r"model\.layers\.(\d+)\.mlp\.experts\.(?P<expert>\d+)\.up_proj\.weight", r"blocks.\1.mlp.experts.gate_up_proj", (1, 2)),
+        (
+            r"model\.layers\.(\d+)\.mlp\.experts\.(?P<expert>\d+)\.gate_proj\.weight",
+            r"blocks.\1.mlp.experts.gate_up_proj",
+            (0, 2),
+        ),
+        (
+            r"model\.layers\.(\d+)\.mlp\.experts\.(?P<expert>\d+)\.up_proj\.weight",
+            r"blocks.\1.mlp.experts.gate_up_proj",
+            (1, 2),
+        ),
         (r"model\.layers\.(\d+)\.mlp\.experts\.(?P<expert>\d+)\.down_proj\.weight", r"blocks.\1.mlp.experts.down_proj"),
     )

@@ -20,7 +20,9 @@ class TokenMethods:
 
     def _require_tokenizer(self) -> HookedTokenizer:
         if self.tokenizer is None:
-            raise RuntimeError("this model has no tokenizer (the checkpoint directory had no tokenizer files); pass token ids")
+            raise RuntimeError(
+                "this model has no tokenizer (the checkpoint directory had no tokenizer files); pass token ids"
+            )
         return self.tokenizer
 
     def set_tokenizer(self, tokenizer, default_padding_side: str = "left") -> None:
@@ -41,19 +43,33 @@ class TokenMethods:
             backend = Tokenizer.from_str(backend.to_str())  # a copy: the caller's tokenizer keeps its padding settings
             backend.no_padding()
             backend.no_truncation()
-            tokenizer = HookedTokenizer(backend, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                                        str(getattr(tokenizer, "name_or_path", "")))
+            tokenizer = HookedTokenizer(
+                backend,
+                tokenizer.bos_token_id,
+                tokenizer.eos_token_id,
+                tokenizer.pad_token_id,
+                str(getattr(tokenizer, "name_or_path", "")),
+            )
         tokenizer.padding_side = default_padding_side
         self.tokenizer = tokenizer
 
-    def _tokenize(self, input: str | list[str], prepend_bos: bool | None, truncate: bool = False,
-                  padding_side: str | None = None) -> tuple[Tensor, Tensor]:
+    def _tokenize(
+        self, input: str | list[str], prepend_bos: bool | None, truncate: bool = False, padding_side: str | None = None
+    ) -> tuple[Tensor, Tensor]:
         texts = [input] if isinstance(input, str) else list(input)
         prepend_bos = self.default_prepend_bos if prepend_bos is None else prepend_bos
-        return self._require_tokenizer().encode_batch(texts, prepend_bos, self.cfg.n_ctx if truncate else None, padding_side)
+        return self._require_tokenizer().encode_batch(
+            texts, prepend_bos, self.cfg.n_ctx if truncate else None, padding_side
+        )
 
-    def to_tokens(self, input: str | list[str], prepend_bos: bool | None = None, padding_side: str | None = None,
-                  move_to_device: bool = True, truncate: bool = True) -> Int[Tensor, "batch pos"]:
+    def to_tokens(
+        self,
+        input: str | list[str],
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+        move_to_device: bool = True,
+        truncate: bool = True,
+    ) -> Int[Tensor, "batch pos"]:
         """Token ids [batch pos]; a batch is padded on `padding_side` ("left" or "right"; default: the
         tokenizer's `padding_side`, "left" unless set), and `model(tokens)` reads the mask from the ids (each
         row's leading pad ids, or trailing ones when the tokenizer's side is "right"; see
@@ -67,7 +83,9 @@ class TokenMethods:
         tokenizer = self._require_tokenizer()
         side = tokenizer._side(padding_side)
         tokens, mask = self._tokenize(input, prepend_bos, truncate, side)
-        tokenizer.check_mask_readable(tokens, mask, self.default_prepend_bos if prepend_bos is None else prepend_bos, side)
+        tokenizer.check_mask_readable(
+            tokens, mask, self.default_prepend_bos if prepend_bos is None else prepend_bos, side
+        )
         return tokens.to(self.device) if move_to_device and tokens.device != self.device else tokens
 
     def to_str_tokens(self, input, prepend_bos: bool | None = None, padding_side: str | None = None):
@@ -92,8 +110,14 @@ class TokenMethods:
             raise TypeError(f"to_single_str_token takes an int token id, not {type(int_token).__name__}")
         return self._require_tokenizer().token_to_str(int_token)
 
-    def get_token_position(self, single_token: str | int | Tensor, input: str | Tensor, mode: str = "first",
-                           prepend_bos: bool | None = None, padding_side: str | None = None) -> int:
+    def get_token_position(
+        self,
+        single_token: str | int | Tensor,
+        input: str | Tensor,
+        mode: str = "first",
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+    ) -> int:
         """Where `single_token` first (or last) occurs in one prompt: a string, ids [pos] or [1 pos]."""
         if mode not in ("first", "last"):
             raise ValueError(f"mode must be 'first' or 'last', not {mode!r}")
@@ -108,7 +132,9 @@ class TokenMethods:
             single_token = int(single_token.item())
         positions = torch.nonzero(tokens == single_token)[:, 0]
         if len(positions) == 0:
-            raise ValueError(f"token {single_token} ({self.to_single_str_token(int(single_token))!r}) does not occur in the prompt")
+            raise ValueError(
+                f"token {single_token} ({self.to_single_str_token(int(single_token))!r}) does not occur in the prompt"
+            )
         return int(positions[0] if mode == "first" else positions[-1])
 
     def to_string(self, tokens) -> str | list[str]:
@@ -123,5 +149,7 @@ class TokenMethods:
         tokens, _ = self._tokenize(string, prepend_bos=False)
         self.tokenizer.check_known(string, tokens[0].tolist())
         if tokens.shape[1] != 1:
-            raise ValueError(f"{string!r} is {tokens.shape[1]} tokens ({self.to_str_tokens(string, prepend_bos=False)}), not one")
+            raise ValueError(
+                f"{string!r} is {tokens.shape[1]} tokens ({self.to_str_tokens(string, prepend_bos=False)}), not one"
+            )
         return int(tokens[0, 0])

@@ -23,7 +23,9 @@ from hooked.models import MODEL_CLASSES
 # Official name (TransformerLens' hub id) -> TransformerLens' aliases for it: each family declares its own
 # (`transformer_lens_names` on its model class, next to the model).
 TRANSFORMER_LENS_NAMES: dict[str, tuple[str, ...]] = {
-    official: aliases for model_class in MODEL_CLASSES for official, aliases in model_class.transformer_lens_names.items()
+    official: aliases
+    for model_class in MODEL_CLASSES
+    for official, aliases in model_class.transformer_lens_names.items()
 }
 
 # Every accepted spelling, lower-cased (TransformerLens compares names case-insensitively) -> hub id.
@@ -38,8 +40,8 @@ _NAMES: dict[str, str] = {  # lower-cased -> as written in the table
 def hub_id(name: str) -> str | None:
     """The hub id TransformerLens loads for `name` (an official name or alias, any case), or None.
 
-        hub_id("gpt2-small")  # "gpt2"
-        hub_id("QWEN3-0.6B")  # "Qwen/Qwen3-0.6B"
+    hub_id("gpt2-small")  # "gpt2"
+    hub_id("QWEN3-0.6B")  # "Qwen/Qwen3-0.6B"
     """
     return _HUB_IDS.get(name.lower())
 

@@ -45,19 +45,48 @@ from hooked.transformer_lens.model import TRANSFORMER_LENS_GENERATE
 
 # TransformerLens 3.9 fields that change the function, with the value every hooked family has (its default).
 _FIXED = {
-    "use_local_attn": False, "attention_dir": "causal",
-    "post_embedding_ln": False, "num_experts": None, "experts_per_token": None, "use_attn_scale": True,
-    "attn_scale": -1.0, "clip_qkv": None, "use_logn_attn": False, "use_dynamic_ntk_rope": False,
-    "rotary_adjacent_pairs": False, "use_normalization_before_and_after": False, "use_yarn_rope": False,
-    "use_attention_sinks": False, "d_vocab_out": -1, "init_mode": "gpt2", "window_size": None, "attn_types": None,
-    "tokenizer_name": None, "original_architecture": None, "n_devices": 1,
+    "use_local_attn": False,
+    "attention_dir": "causal",
+    "post_embedding_ln": False,
+    "num_experts": None,
+    "experts_per_token": None,
+    "use_attn_scale": True,
+    "attn_scale": -1.0,
+    "clip_qkv": None,
+    "use_logn_attn": False,
+    "use_dynamic_ntk_rope": False,
+    "rotary_adjacent_pairs": False,
+    "use_normalization_before_and_after": False,
+    "use_yarn_rope": False,
+    "use_attention_sinks": False,
+    "d_vocab_out": -1,
+    "init_mode": "gpt2",
+    "window_size": None,
+    "attn_types": None,
+    "tokenizer_name": None,
+    "original_architecture": None,
+    "n_devices": 1,
 }
 # Fields that do not change the function (or that hooked sets from the model), accepted with any value.
 _ACCEPTED = {
-    "model_name", "use_attn_result", "use_split_qkv_input", "use_hook_mlp_in", "use_attn_in",
-    "from_checkpoint", "checkpoint_index", "checkpoint_label_type", "checkpoint_value", "n_params",
-    "tokenizer_prepends_bos", "default_prepend_bos", "trust_remote_code", "init_weights", "ungroup_grouped_query_attention",
-    "uses_rms_norm", "layer_norm_folding", "train_seq_length",
+    "model_name",
+    "use_attn_result",
+    "use_split_qkv_input",
+    "use_hook_mlp_in",
+    "use_attn_in",
+    "from_checkpoint",
+    "checkpoint_index",
+    "checkpoint_label_type",
+    "checkpoint_value",
+    "n_params",
+    "tokenizer_prepends_bos",
+    "default_prepend_bos",
+    "trust_remote_code",
+    "init_weights",
+    "ungroup_grouped_query_attention",
+    "uses_rms_norm",
+    "layer_norm_folding",
+    "train_seq_length",
 }
 
 
@@ -83,14 +112,33 @@ class HookedTransformerConfigSpec:
 
 
 def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a function returning a spec)
-    d_model: int, d_head: int, n_layers: int, n_ctx: int, n_heads: int = -1, d_mlp: int | None = None,
-    d_vocab: int = -1, act_fn: str | None = "relu", normalization_type: str | None = "LN",
-    positional_embedding_type: str = "standard", eps: float = 1e-5, n_key_value_heads: int | None = None,
-    gated_mlp: bool = False, use_qk_norm: bool = False, final_rms: bool = False, rotary_dim: int | None = None,
-    rotary_base: float = 10000, tie_word_embeddings: bool = False, scale_attn_by_inverse_layer_idx: bool = False,
-    initializer_range: float = -1.0, seed: int | None = None, device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32, attn_only: bool = False, use_hook_tokens: bool = False,
-    parallel_attn_mlp: bool = False, **fields: Any,
+    d_model: int,
+    d_head: int,
+    n_layers: int,
+    n_ctx: int,
+    n_heads: int = -1,
+    d_mlp: int | None = None,
+    d_vocab: int = -1,
+    act_fn: str | None = "relu",
+    normalization_type: str | None = "LN",
+    positional_embedding_type: str = "standard",
+    eps: float = 1e-5,
+    n_key_value_heads: int | None = None,
+    gated_mlp: bool = False,
+    use_qk_norm: bool = False,
+    final_rms: bool = False,
+    rotary_dim: int | None = None,
+    rotary_base: float = 10000,
+    tie_word_embeddings: bool = False,
+    scale_attn_by_inverse_layer_idx: bool = False,
+    initializer_range: float = -1.0,
+    seed: int | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    attn_only: bool = False,
+    use_hook_tokens: bool = False,
+    parallel_attn_mlp: bool = False,
+    **fields: Any,
 ) -> HookedTransformerConfigSpec:
     """TransformerLens' config, mapped to the family it describes (module docstring); raises naming what no family has."""
     for name, value in fields.items():
@@ -106,12 +154,29 @@ def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a
     if d_vocab <= 0:
         raise ValueError("HookedTransformerConfig: give d_vocab (hooked builds no tokenizer to infer it from)")
     d_mlp = 4 * d_model if d_mlp is None else d_mlp
-    tl = dict(d_model=d_model, d_head=d_head, n_layers=n_layers, n_ctx=n_ctx, n_heads=n_heads, d_mlp=d_mlp, d_vocab=d_vocab,
-              act_fn=act_fn, normalization_type=normalization_type, positional_embedding_type=positional_embedding_type,
-              eps=eps, n_key_value_heads=n_key_value_heads, gated_mlp=gated_mlp, use_qk_norm=use_qk_norm, final_rms=final_rms,
-              rotary_dim=rotary_dim, rotary_base=rotary_base, tie_word_embeddings=tie_word_embeddings,
-              scale_attn_by_inverse_layer_idx=scale_attn_by_inverse_layer_idx, attn_only=bool(attn_only),
-              parallel_attn_mlp=bool(parallel_attn_mlp))
+    tl = dict(
+        d_model=d_model,
+        d_head=d_head,
+        n_layers=n_layers,
+        n_ctx=n_ctx,
+        n_heads=n_heads,
+        d_mlp=d_mlp,
+        d_vocab=d_vocab,
+        act_fn=act_fn,
+        normalization_type=normalization_type,
+        positional_embedding_type=positional_embedding_type,
+        eps=eps,
+        n_key_value_heads=n_key_value_heads,
+        gated_mlp=gated_mlp,
+        use_qk_norm=use_qk_norm,
+        final_rms=final_rms,
+        rotary_dim=rotary_dim,
+        rotary_base=rotary_base,
+        tie_word_embeddings=tie_word_embeddings,
+        scale_attn_by_inverse_layer_idx=scale_attn_by_inverse_layer_idx,
+        attn_only=bool(attn_only),
+        parallel_attn_mlp=bool(parallel_attn_mlp),
+    )
     family = family_config(tl)
     if seed is not None:
         torch.manual_seed(seed)  # TransformerLens seeds when the config is made, so the model's draw is reproducible
@@ -119,8 +184,15 @@ def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a
     extra = {k: v for k, v in fields.items() if k in _ACCEPTED}
     family.default_prepend_bos = fields.get("default_prepend_bos", True)
     family._set_use_hook_tokens(bool(use_hook_tokens))
-    return HookedTransformerConfigSpec(family, initializer_range, bool(fields.get("init_weights", True)), device, dtype,
-                                       tie_word_embeddings, {"seed": seed, **extra})
+    return HookedTransformerConfigSpec(
+        family,
+        initializer_range,
+        bool(fields.get("init_weights", True)),
+        device,
+        dtype,
+        tie_word_embeddings,
+        {"seed": seed, **extra},
+    )
 
 
 def family_config(tl: dict[str, Any]):
@@ -137,11 +209,19 @@ def family_config(tl: dict[str, Any]):
         if problems:
             near.setdefault(model_class.__name__, problems)
     if near:
-        raise ValueError("HookedTransformerConfig: " + "; ".join(
-            f"this config is {name}-shaped, but hooked's {name} has no " + "; no ".join(problems) for name, problems in near.items()))
+        raise ValueError(
+            "HookedTransformerConfig: "
+            + "; ".join(
+                f"this config is {name}-shaped, but hooked's {name} has no " + "; no ".join(problems)
+                for name, problems in near.items()
+            )
+        )
     described = ", ".join(f"{key}={tl[key]!r}" for key in ("normalization_type", "positional_embedding_type", "act_fn"))
-    shapes = "; ".join(f"{model_class.__name__} ({model_class.config_class.transformer_lens_shape})"
-                       for model_class in MODEL_CLASSES if getattr(model_class.config_class, "transformer_lens_shape", None))
+    shapes = "; ".join(
+        f"{model_class.__name__} ({model_class.config_class.transformer_lens_shape})"
+        for model_class in MODEL_CLASSES
+        if getattr(model_class.config_class, "transformer_lens_shape", None)
+    )
     raise ValueError(f"HookedTransformerConfig: no hooked family has {described}; hooked implements {shapes}")
 
 
@@ -151,21 +231,32 @@ def _why(name: str) -> str:
     if name in ("tokenizer_name", "n_devices", "original_architecture"):
         return "hooked builds no tokenizer or multi-device model here; load a checkpoint with hooked.load for those"
     # A family whose config gives this field another value (or computes it) has the feature, from a checkpoint only.
-    having = [model_class.title or model_class.__name__ for model_class in MODEL_CLASSES
-              if getattr(model_class.config_class, name, _FIXED[name]) != _FIXED[name]]
+    having = [
+        model_class.title or model_class.__name__
+        for model_class in MODEL_CLASSES
+        if getattr(model_class.config_class, name, _FIXED[name]) != _FIXED[name]
+    ]
     if having:
-        return (f"checkpoints of hooked's {', '.join(having)} can set it, and hooked builds those from a checkpoint"
-                " only (hooked.load(path) or HookedTransformer.from_pretrained(path)), not from a HookedTransformerConfig")
+        return (
+            f"checkpoints of hooked's {', '.join(having)} can set it, and hooked builds those from a checkpoint"
+            " only (hooked.load(path) or HookedTransformer.from_pretrained(path)), not from a HookedTransformerConfig"
+        )
     return "no hooked family has it"
 
 
-def build_model(cfg: HookedTransformerConfigSpec | ModelConfig, tokenizer=None, move_to_device: bool = True,
-                default_padding_side: str = "right"):
+def build_model(
+    cfg: HookedTransformerConfigSpec | ModelConfig,
+    tokenizer=None,
+    move_to_device: bool = True,
+    default_padding_side: str = "right",
+):
     """`HookedTransformer(cfg)`: the family's model with randomly initialised weights (module docstring)."""
     from hooked.models import MODEL_CLASSES
 
     if tokenizer is not None:
-        raise ValueError("HookedTransformer(cfg, tokenizer=...) is not supported: hooked reads tokenizers from checkpoints")
+        raise ValueError(
+            "HookedTransformer(cfg, tokenizer=...) is not supported: hooked reads tokenizers from checkpoints"
+        )
     if isinstance(cfg, ModelConfig):  # a family's own config
         cfg = HookedTransformerConfigSpec(cfg, 0.8 / math.sqrt(cfg.d_model))
     if not isinstance(cfg, HookedTransformerConfigSpec):

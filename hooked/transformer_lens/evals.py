@@ -51,8 +51,14 @@ def sanity_check(model: HookedTransformer) -> Tensor:
 
 
 @torch.inference_mode()
-def induction_loss(model: HookedTransformer, tokenizer=None, batch_size: int = 4, subseq_len: int = 384,
-                   prepend_bos: bool | None = None, device=None) -> Tensor:
+def induction_loss(
+    model: HookedTransformer,
+    tokenizer=None,
+    batch_size: int = 4,
+    subseq_len: int = 384,
+    prepend_bos: bool | None = None,
+    device=None,
+) -> Tensor:
     """Mean loss on the second half of `batch_size` random sequences of `subseq_len` tokens repeated twice
     (low when the model has induction heads). Tokens are drawn from torch's global generator in
     [100, 20000) as TransformerLens does (capped at the vocabulary size); with `prepend_bos` (default
@@ -68,7 +74,7 @@ def induction_loss(model: HookedTransformer, tokenizer=None, batch_size: int = 4
         repeated[:, 0] = bos
     logits = model(repeated, return_type="logits")
     per_token = lm_cross_entropy_loss(logits, repeated, per_token=True)  # [batch 2*subseq_len-1]
-    return per_token[:, subseq_len + 1:].mean()
+    return per_token[:, subseq_len + 1 :].mean()
 
 
 @torch.inference_mode()
@@ -88,8 +94,13 @@ def evaluate_on_dataset(model: HookedTransformer, data_loader: Iterable, truncat
 
 
 @torch.inference_mode()
-def evaluate(model: HookedTransformer, truncate: int = 100, batch_size: int = 8, tokenizer=None,
-             data_loaders: Mapping[str, Iterable] | None = None) -> dict[str, float]:
+def evaluate(
+    model: HookedTransformer,
+    truncate: int = 100,
+    batch_size: int = 8,
+    tokenizer=None,
+    data_loaders: Mapping[str, Iterable] | None = None,
+) -> dict[str, float]:
     """`{"<name>_loss": mean loss}` for each data loader. TransformerLens downloads wikitext, OpenWebText,
     the Pile and a code set here; hooked does not: pass `data_loaders={"wiki": loader, ...}`."""
     if not data_loaders:
@@ -109,9 +120,17 @@ class IOIDataset(torch.utils.data.Dataset):
     the same `seed` gives TransformerLens' samples. Each item is `{"prompt", "IO", "S"}` token tensors;
     the prompt ends with the indirect object."""
 
-    def __init__(self, tokenizer, templates: list[str] | None = None, names: list[str] | None = None,
-                 nouns: dict[str, list[str]] | None = None, num_samples: int = 1000, symmetric: bool = False,
-                 prepend_bos: bool = True, seed: int | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        templates: list[str] | None = None,
+        names: list[str] | None = None,
+        nouns: dict[str, list[str]] | None = None,
+        num_samples: int = 1000,
+        symmetric: bool = False,
+        prepend_bos: bool = True,
+        seed: int | None = None,
+    ):
         self.tokenizer, self.prepend_bos = tokenizer, prepend_bos
         if seed is not None:
             random.seed(seed)  # TransformerLens seeds the global generator; so do we, for the same samples
@@ -130,8 +149,11 @@ class IOIDataset(torch.utils.data.Dataset):
         prompt = list(self.tokenizer.encode(sample["text"]))
         if self.prepend_bos:
             prompt = [self.tokenizer.bos_token_id] + prompt
-        return {"prompt": torch.LongTensor(prompt), "IO": torch.LongTensor(list(self.tokenizer.encode(sample["IO"]))),
-                "S": torch.LongTensor(list(self.tokenizer.encode(sample["S"])))}
+        return {
+            "prompt": torch.LongTensor(prompt),
+            "IO": torch.LongTensor(list(self.tokenizer.encode(sample["IO"]))),
+            "S": torch.LongTensor(list(self.tokenizer.encode(sample["S"]))),
+        }
 
     def get_sample(self, symmetric: bool = False) -> list[dict[str, str]]:
         template = random.choice(self.templates)
@@ -157,8 +179,14 @@ class IOIDataset(torch.utils.data.Dataset):
 
 
 @torch.inference_mode()
-def ioi_eval(model: HookedTransformer, dataset=None, batch_size: int = 8, num_samples: int = 1000, tokenizer=None,
-             symmetric: bool = False) -> dict[str, float]:
+def ioi_eval(
+    model: HookedTransformer,
+    dataset=None,
+    batch_size: int = 8,
+    num_samples: int = 1000,
+    tokenizer=None,
+    symmetric: bool = False,
+) -> dict[str, float]:
     """`{"Logit Difference", "Accuracy"}`: the mean logit of the indirect object minus the subject's at the
     token before the answer (at the first token where the two names differ), and how often it is > 0.
 
@@ -173,7 +201,7 @@ def ioi_eval(model: HookedTransformer, dataset=None, batch_size: int = 8, num_sa
     total_correct, total_logit_diff = 0, 0.0
     for length, group in by_length.items():
         for start in range(0, len(group), batch_size):
-            batch = group[start:start + batch_size]
+            batch = group[start : start + batch_size]
             logits = model(torch.stack([s["prompt"] for s in batch]).to(model.cfg.device), return_type="logits")
             for row, sample in enumerate(batch):
                 io, s = sample["IO"], sample["S"]
@@ -187,15 +215,24 @@ def ioi_eval(model: HookedTransformer, dataset=None, batch_size: int = 8, num_sa
 
 
 @torch.inference_mode()
-def mmlu_eval(model: HookedTransformer, tokenizer=None, subjects: str | list[str] | None = None, split: str = "test",
-              num_samples: int | None = None, *, data: list[dict] | None = None) -> dict:
+def mmlu_eval(
+    model: HookedTransformer,
+    tokenizer=None,
+    subjects: str | list[str] | None = None,
+    split: str = "test",
+    num_samples: int | None = None,
+    *,
+    data: list[dict] | None = None,
+) -> dict:
     """Zero-shot MMLU as TransformerLens scores it: each question with its four choices, then "Answer:", and
     the answer letter (" A" .. " D") with the highest log-probability. TransformerLens downloads cais/mmlu;
     here pass `data` (dicts with "question", "choices", "answer" (0-3), "subject"); `subjects` and
     `num_samples` then select from it (`split` is the caller's, when they built `data`)."""
     if data is None:
-        raise ValueError("hooked.transformer_lens.evals.mmlu_eval does not download cais/mmlu; pass data=[{'question', 'choices',"
-                         " 'answer', 'subject'}, ...] (what TransformerLens' make_mmlu_data_loader returns)")
+        raise ValueError(
+            "hooked.transformer_lens.evals.mmlu_eval does not download cais/mmlu; pass data=[{'question', 'choices',"
+            " 'answer', 'subject'}, ...] (what TransformerLens' make_mmlu_data_loader returns)"
+        )
     tokenizer = model.tokenizer if tokenizer is None else tokenizer
     wanted = None if subjects is None else {subjects} if isinstance(subjects, str) else set(subjects)
     examples, taken = [], {}
@@ -222,5 +259,9 @@ def mmlu_eval(model: HookedTransformer, tokenizer=None, subjects: str | list[str
         correct[subject] = correct.get(subject, 0) + int(scores.index(max(scores)) == example["answer"])
         total[subject] = total.get(subject, 0) + 1
     num_correct, num_total = sum(correct.values()), sum(total.values())
-    return {"accuracy": num_correct / num_total, "num_correct": num_correct, "num_total": num_total,
-            "subject_scores": {subject: correct[subject] / total[subject] for subject in total}}
+    return {
+        "accuracy": num_correct / num_total,
+        "num_correct": num_correct,
+        "num_total": num_total,
+        "subject_scores": {subject: correct[subject] / total[subject] for subject in total},
+    }

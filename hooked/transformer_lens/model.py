@@ -85,8 +85,13 @@ class TransformerLensMethods:
         """
         from hooked.weights import load_model
 
-        refused = {"checkpoint_index": checkpoint_index, "checkpoint_value": checkpoint_value, "hf_model": hf_model,
-                   "tokenizer": tokenizer, "first_n_layers": first_n_layers}
+        refused = {
+            "checkpoint_index": checkpoint_index,
+            "checkpoint_value": checkpoint_value,
+            "hf_model": hf_model,
+            "tokenizer": tokenizer,
+            "first_n_layers": first_n_layers,
+        }
         refused = [name for name, value in refused.items() if value is not None]
         if n_devices != 1:
             refused.append("n_devices")
@@ -97,15 +102,25 @@ class TransformerLensMethods:
             raise ValueError(
                 f"hooked.HookedTransformer.from_pretrained does not support {', '.join(refused)}; it reads the"
                 " checkpoint's own safetensors and tokenizer files onto one device (see docs/hooks.md)"
-                + ("; to split a model over several devices, run under torchrun and load it with hooked.load(path,"
-                   " tp=N) (docs/scaling.md)" if n_devices != 1 else "")
+                + (
+                    "; to split a model over several devices, run under torchrun and load it with hooked.load(path,"
+                    " tp=N) (docs/scaling.md)"
+                    if n_devices != 1
+                    else ""
+                )
             )
         HookedTokenizer._check_padding_side(default_padding_side)
         model_class = cls if getattr(cls, "config_class", None) is not None else None  # None: read config.json
-        processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
-                          fold_value_biases=fold_value_biases,
-                          refactor_factored_attn_matrices=refactor_factored_attn_matrices)
-        model = load_model(name_or_path, dtype=dtype, device=device or "cpu", model_class=model_class, processing=processing)
+        processing = dict(
+            fold_ln=fold_ln,
+            center_writing_weights=center_writing_weights,
+            center_unembed=center_unembed,
+            fold_value_biases=fold_value_biases,
+            refactor_factored_attn_matrices=refactor_factored_attn_matrices,
+        )
+        model = load_model(
+            name_or_path, dtype=dtype, device=device or "cpu", model_class=model_class, processing=processing
+        )
         if default_prepend_bos is not None:
             model.cfg.default_prepend_bos = default_prepend_bos
         if model.tokenizer is not None:
@@ -117,17 +132,34 @@ class TransformerLensMethods:
     def from_pretrained_no_processing(cls, name_or_path: str | Path, **kwargs) -> HookedTransformer:
         """TransformerLens' unprocessed load: `from_pretrained` with every processing flag False (the
         checkpoint's own weights, as `hooked.load` gives them)."""
-        for name in ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
-                     "refactor_factored_attn_matrices"):
+        for name in (
+            "fold_ln",
+            "center_writing_weights",
+            "center_unembed",
+            "fold_value_biases",
+            "refactor_factored_attn_matrices",
+        ):
             kwargs.setdefault(name, False)
         return cls.from_pretrained(name_or_path, **kwargs)
 
-    def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
-                         refactor_factored_attn_matrices: bool = False, fold_value_biases: bool = True) -> None:
+    def process_weights_(
+        self,
+        fold_ln: bool = True,
+        center_writing_weights: bool = True,
+        center_unembed: bool = True,
+        refactor_factored_attn_matrices: bool = False,
+        fold_value_biases: bool = True,
+    ) -> None:
         """Process this model's weights in place, as TransformerLens' `process_weights_` (its defaults; value
         biases are folded there too). See `hooked.transformer_lens.processing.process_weights`; refused on a processed model."""
-        process_weights(self, fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
-                        fold_value_biases=fold_value_biases, refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+        process_weights(
+            self,
+            fold_ln=fold_ln,
+            center_writing_weights=center_writing_weights,
+            center_unembed=center_unembed,
+            fold_value_biases=fold_value_biases,
+            refactor_factored_attn_matrices=refactor_factored_attn_matrices,
+        )
 
     # TransformerLens' switches. Each is answered: a no-op where hooked already behaves so, an error
     # naming the hooked way where it has no such hook point.
@@ -188,14 +220,18 @@ class WeightView:
 
     def __call__(self, *args, **kwargs):
         if self._call is None:
-            raise TypeError(f"model.{self._name} is not callable in hooked; read its weights ({', '.join(self._weights)})")
+            raise TypeError(
+                f"model.{self._name} is not callable in hooked; read its weights ({', '.join(self._weights)})"
+            )
         return self._call(*args, **kwargs)
 
     def __getattr__(self, name: str):
         weights = self.__dict__.get("_weights", {})
         if name in weights:
             return weights[name]()
-        raise AttributeError(f"model.{self.__dict__.get('_name')} has no attribute {name!r} (it has {', '.join(weights)})")
+        raise AttributeError(
+            f"model.{self.__dict__.get('_name')} has no attribute {name!r} (it has {', '.join(weights)})"
+        )
 
     def __dir__(self):
         return [*super().__dir__(), *self._weights]
@@ -212,11 +248,14 @@ class WeightStacks:
         """TransformerLens' `model.embed`: `.W_E` [d_vocab d_model]; `model.embed(tokens)` is `W_E[tokens]`, as
         there, and `model.embed(tokens, position_ids)` the model's first step (`resid_from_tokens`: the
         embedding hooks fire, positions are added on GPT-2)."""
+
         def call(tokens: Tensor, position_ids: Tensor | None = None) -> Tensor:
             if position_ids is not None:
                 return self.resid_from_tokens(self.token_ids(tokens), position_ids)
             if self.tensor_parallel:  # W_E holds this rank's vocabulary rows only
-                raise ValueError("model.embed(tokens) under tensor parallelism: pass position_ids (the model's first step)")
+                raise ValueError(
+                    "model.embed(tokens) under tensor parallelism: pass position_ids (the model's first step)"
+                )
             return self.W_E[tokens]
 
         return WeightView("embed", call, W_E=lambda: self.W_E)
@@ -229,6 +268,7 @@ class WeightStacks:
         (TransformerLens notebooks call `model.unembed(model.ln_final(resid))`). `logits_from_resid(resid)`
         applies the final norm too.
         """
+
         def call(x: Float[Tensor, "... d_model"]) -> Tensor:
             bias = self.unembed_bias
             return F.linear(x, self.unembed_weight, bias)
@@ -252,13 +292,17 @@ class WeightStacks:
             batch, length = tokens.shape[0], tokens.shape[-1]
             if attention_mask is None:
                 if past_kv_pos_offset + length > self.cfg.n_ctx:
-                    raise ValueError(f"positions {past_kv_pos_offset}..{past_kv_pos_offset + length - 1} are past this"
-                                     f" model's {self.cfg.n_ctx} positions")
-                return self.W_pos[past_kv_pos_offset:past_kv_pos_offset + length].expand(batch, -1, -1).clone()
+                    raise ValueError(
+                        f"positions {past_kv_pos_offset}..{past_kv_pos_offset + length - 1} are past this"
+                        f" model's {self.cfg.n_ctx} positions"
+                    )
+                return self.W_pos[past_kv_pos_offset : past_kv_pos_offset + length].expand(batch, -1, -1).clone()
             mask = attention_mask.to(device=self.W_pos.device, dtype=torch.bool)
             if mask.shape != (batch, past_kv_pos_offset + length):
-                raise ValueError(f"attention_mask has shape {tuple(mask.shape)}; it must cover the past and present"
-                                 f" columns, [batch past+pos] = {(batch, past_kv_pos_offset + length)}")
+                raise ValueError(
+                    f"attention_mask has shape {tuple(mask.shape)}; it must cover the past and present"
+                    f" columns, [batch past+pos] = {(batch, past_kv_pos_offset + length)}"
+                )
             positions = (mask.long().cumsum(1) - 1).clamp(min=0)[:, past_kv_pos_offset:]
             return self.W_pos[positions].masked_fill(~mask[:, past_kv_pos_offset:, None], 0.0)
 
@@ -293,19 +337,39 @@ class WeightStacks:
         return torch.stack(parts)
 
     W_Q = property(lambda self: self._stack_blocks("attn", "W_Q"), doc="[n_layers head_index d_model d_head]")
-    W_K = property(lambda self: self._stack_blocks("attn", "W_K"), doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)")
-    W_V = property(lambda self: self._stack_blocks("attn", "W_V"), doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)")
+    W_K = property(
+        lambda self: self._stack_blocks("attn", "W_K"),
+        doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)",
+    )
+    W_V = property(
+        lambda self: self._stack_blocks("attn", "W_V"),
+        doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)",
+    )
     W_O = property(lambda self: self._stack_blocks("attn", "W_O"), doc="[n_layers head_index d_head d_model]")
-    b_Q = property(lambda self: self._stack_blocks("attn", "b_Q"), doc="[n_layers head_index d_head] (zeros without biases)")
-    b_K = property(lambda self: self._stack_blocks("attn", "b_K"), doc="[n_layers head_index d_head] (zeros without biases)")
-    b_V = property(lambda self: self._stack_blocks("attn", "b_V"), doc="[n_layers head_index d_head] (zeros without biases)")
+    b_Q = property(
+        lambda self: self._stack_blocks("attn", "b_Q"), doc="[n_layers head_index d_head] (zeros without biases)"
+    )
+    b_K = property(
+        lambda self: self._stack_blocks("attn", "b_K"), doc="[n_layers head_index d_head] (zeros without biases)"
+    )
+    b_V = property(
+        lambda self: self._stack_blocks("attn", "b_V"), doc="[n_layers head_index d_head] (zeros without biases)"
+    )
     b_O = property(lambda self: self._stack_blocks("attn", "b_O"), doc="[n_layers d_model] (zeros without biases)")
     W_in = property(lambda self: self._stack_blocks("mlp", "W_in"), doc="[n_layers d_model d_mlp] (dense MLPs)")
     W_out = property(lambda self: self._stack_blocks("mlp", "W_out"), doc="[n_layers d_mlp d_model] (dense MLPs)")
-    b_in = property(lambda self: self._stack_blocks("mlp", "b_in"), doc="[n_layers d_mlp] (dense MLPs; zeros without biases)")
-    b_out = property(lambda self: self._stack_blocks("mlp", "b_out"), doc="[n_layers d_model] (dense MLPs; zeros without biases)")
-    OV = property(ov_circuit, doc="Every head's OV circuit W_V @ W_O: FactoredMatrix [n_layers head_index d_model d_model]")
-    QK = property(qk_circuit, doc="Every head's QK circuit W_Q @ W_K^T: FactoredMatrix [n_layers head_index d_model d_model]")
+    b_in = property(
+        lambda self: self._stack_blocks("mlp", "b_in"), doc="[n_layers d_mlp] (dense MLPs; zeros without biases)"
+    )
+    b_out = property(
+        lambda self: self._stack_blocks("mlp", "b_out"), doc="[n_layers d_model] (dense MLPs; zeros without biases)"
+    )
+    OV = property(
+        ov_circuit, doc="Every head's OV circuit W_V @ W_O: FactoredMatrix [n_layers head_index d_model d_model]"
+    )
+    QK = property(
+        qk_circuit, doc="Every head's QK circuit W_Q @ W_K^T: FactoredMatrix [n_layers head_index d_model d_model]"
+    )
 
     def tokens_to_residual_directions(self, tokens) -> Tensor:
         """The direction in the normalised residual stream that reads out each token's logit.
@@ -327,6 +391,9 @@ class WeightStacks:
             tokens = self.to_single_token(tokens)
         tokens = torch.as_tensor(tokens, device=self.unembed_weight.device)
         bias = getattr(self.ln_final, "bias", None)
-        terms = (torch.zeros(tokens.shape, dtype=self.dtype, device=tokens.device) if bias is None
-                 else self._unembed_rows(tokens) @ bias)
+        terms = (
+            torch.zeros(tokens.shape, dtype=self.dtype, device=tokens.device)
+            if bias is None
+            else self._unembed_rows(tokens) @ bias
+        )
         return terms if self.unembed_bias is None else terms + self.unembed_bias[tokens]

@@ -54,36 +54,45 @@ def layer_pos_patch_setter(corrupted_activation: Tensor, index: Sequence[int], c
     return corrupted_activation
 
 
-def layer_pos_head_vector_patch_setter(corrupted_activation: Tensor, index: Sequence[int], clean_activation: Tensor) -> Tensor:
+def layer_pos_head_vector_patch_setter(
+    corrupted_activation: Tensor, index: Sequence[int], clean_activation: Tensor
+) -> Tensor:
     """index = [layer, pos, head]; activations [batch pos head_index d_head] (q, k, v, z, result)."""
     _, pos, head = index
     corrupted_activation[:, pos, head] = clean_activation[:, pos, head]
     return corrupted_activation
 
 
-def layer_head_vector_patch_setter(corrupted_activation: Tensor, index: Sequence[int], clean_activation: Tensor) -> Tensor:
+def layer_head_vector_patch_setter(
+    corrupted_activation: Tensor, index: Sequence[int], clean_activation: Tensor
+) -> Tensor:
     """index = [layer, head]; activations [batch pos head_index d_head], every position."""
     _, head = index
     corrupted_activation[:, :, head] = clean_activation[:, :, head]
     return corrupted_activation
 
 
-def layer_head_pattern_patch_setter(corrupted_activation: Tensor, index: Sequence[int], clean_activation: Tensor) -> Tensor:
+def layer_head_pattern_patch_setter(
+    corrupted_activation: Tensor, index: Sequence[int], clean_activation: Tensor
+) -> Tensor:
     """index = [layer, head]; patterns [batch head_index query_pos key_pos]."""
     _, head = index
     corrupted_activation[:, head] = clean_activation[:, head]
     return corrupted_activation
 
 
-def layer_head_pos_pattern_patch_setter(corrupted_activation: Tensor, index: Sequence[int], clean_activation: Tensor) -> Tensor:
+def layer_head_pos_pattern_patch_setter(
+    corrupted_activation: Tensor, index: Sequence[int], clean_activation: Tensor
+) -> Tensor:
     """index = [layer, head, dest_pos]; patterns [batch head_index query_pos key_pos]."""
     _, head, dest_pos = index
     corrupted_activation[:, head, dest_pos] = clean_activation[:, head, dest_pos]
     return corrupted_activation
 
 
-def layer_head_dest_src_pos_pattern_patch_setter(corrupted_activation: Tensor, index: Sequence[int],
-                                                 clean_activation: Tensor) -> Tensor:
+def layer_head_dest_src_pos_pattern_patch_setter(
+    corrupted_activation: Tensor, index: Sequence[int], clean_activation: Tensor
+) -> Tensor:
     """index = [layer, head, dest_pos, src_pos]; patterns [batch head_index query_pos key_pos]."""
     _, head, dest_pos, src_pos = index
     corrupted_activation[:, head, dest_pos, src_pos] = clean_activation[:, head, dest_pos, src_pos]
@@ -117,7 +126,9 @@ class ScalarMetric:
     def __name__(self) -> str:
         return getattr(self.metric, "__name__", type(self.metric).__name__)
 
-    def __call__(self, logits: Tensor, base_logits: Tensor | None = None, attention_mask: Tensor | None = None) -> Tensor:
+    def __call__(
+        self, logits: Tensor, base_logits: Tensor | None = None, attention_mask: Tensor | None = None
+    ) -> Tensor:
         value = self.metric(logits)
         if isinstance(value, Tensor) and value.numel() != 1:
             raise ValueError(
@@ -142,7 +153,14 @@ def _axis_ranges(model: HookedTransformer, corrupted_tokens: Tensor, activation_
     if activation_name in ("k", "v") and getattr(model.cfg, "n_key_value_heads", None) is not None:
         n_heads = model.cfg.n_key_value_heads
     pos = corrupted_tokens.shape[-1]
-    return {"layer": model.cfg.n_layers, "pos": pos, "src_pos": pos, "dest_pos": pos, "head_index": n_heads, "head": n_heads}
+    return {
+        "layer": model.cfg.n_layers,
+        "pos": pos,
+        "src_pos": pos,
+        "dest_pos": pos,
+        "head_index": n_heads,
+        "head": n_heads,
+    }
 
 
 def generic_activation_patch(
@@ -185,11 +203,26 @@ def generic_activation_patch(
 
 
 def _specialise(name: str, setter: PatchSetter, activation_name: str, axes: tuple[str, ...], shape: str):
-    def patch(model: HookedTransformer, corrupted_tokens: Int[Tensor, "batch pos"], clean_cache: ActivationCache,
-              patching_metric: Callable[[Tensor], Tensor], index_axis_names=axes, index_df=None,
-              return_index_df: bool = False):
-        return generic_activation_patch(model, corrupted_tokens, clean_cache, patching_metric, setter, activation_name,
-                                        None if index_df is not None else index_axis_names, index_df, return_index_df)
+    def patch(
+        model: HookedTransformer,
+        corrupted_tokens: Int[Tensor, "batch pos"],
+        clean_cache: ActivationCache,
+        patching_metric: Callable[[Tensor], Tensor],
+        index_axis_names=axes,
+        index_df=None,
+        return_index_df: bool = False,
+    ):
+        return generic_activation_patch(
+            model,
+            corrupted_tokens,
+            clean_cache,
+            patching_metric,
+            setter,
+            activation_name,
+            None if index_df is not None else index_axis_names,
+            index_df,
+            return_index_df,
+        )
 
     patch.__name__ = patch.__qualname__ = name
     patch.__doc__ = f"Patch the clean `{activation_name}` into the corrupted run at each index; returns {shape}."
@@ -201,46 +234,88 @@ _LAYER_POS_HEAD = ("layer", "pos", "head")
 _LAYER_HEAD = ("layer", "head")
 
 get_act_patch_resid_pre = _specialise(
-    "get_act_patch_resid_pre", layer_pos_patch_setter, "resid_pre", _LAYER_POS, "[n_layers, pos]")
+    "get_act_patch_resid_pre", layer_pos_patch_setter, "resid_pre", _LAYER_POS, "[n_layers, pos]"
+)
 get_act_patch_resid_mid = _specialise(
-    "get_act_patch_resid_mid", layer_pos_patch_setter, "resid_mid", _LAYER_POS, "[n_layers, pos]")
+    "get_act_patch_resid_mid", layer_pos_patch_setter, "resid_mid", _LAYER_POS, "[n_layers, pos]"
+)
 get_act_patch_attn_out = _specialise(
-    "get_act_patch_attn_out", layer_pos_patch_setter, "attn_out", _LAYER_POS, "[n_layers, pos]")
+    "get_act_patch_attn_out", layer_pos_patch_setter, "attn_out", _LAYER_POS, "[n_layers, pos]"
+)
 get_act_patch_mlp_out = _specialise(
-    "get_act_patch_mlp_out", layer_pos_patch_setter, "mlp_out", _LAYER_POS, "[n_layers, pos]")
+    "get_act_patch_mlp_out", layer_pos_patch_setter, "mlp_out", _LAYER_POS, "[n_layers, pos]"
+)
 
 get_act_patch_attn_head_out_by_pos = _specialise(
-    "get_act_patch_attn_head_out_by_pos", layer_pos_head_vector_patch_setter, "z", _LAYER_POS_HEAD,
-    "[n_layers, pos, n_heads]")
+    "get_act_patch_attn_head_out_by_pos",
+    layer_pos_head_vector_patch_setter,
+    "z",
+    _LAYER_POS_HEAD,
+    "[n_layers, pos, n_heads]",
+)
 get_act_patch_attn_head_q_by_pos = _specialise(
-    "get_act_patch_attn_head_q_by_pos", layer_pos_head_vector_patch_setter, "q", _LAYER_POS_HEAD,
-    "[n_layers, pos, n_heads]")
+    "get_act_patch_attn_head_q_by_pos",
+    layer_pos_head_vector_patch_setter,
+    "q",
+    _LAYER_POS_HEAD,
+    "[n_layers, pos, n_heads]",
+)
 get_act_patch_attn_head_k_by_pos = _specialise(
-    "get_act_patch_attn_head_k_by_pos", layer_pos_head_vector_patch_setter, "k", _LAYER_POS_HEAD,
-    "[n_layers, pos, n_key_value_heads]")
+    "get_act_patch_attn_head_k_by_pos",
+    layer_pos_head_vector_patch_setter,
+    "k",
+    _LAYER_POS_HEAD,
+    "[n_layers, pos, n_key_value_heads]",
+)
 get_act_patch_attn_head_v_by_pos = _specialise(
-    "get_act_patch_attn_head_v_by_pos", layer_pos_head_vector_patch_setter, "v", _LAYER_POS_HEAD,
-    "[n_layers, pos, n_key_value_heads]")
+    "get_act_patch_attn_head_v_by_pos",
+    layer_pos_head_vector_patch_setter,
+    "v",
+    _LAYER_POS_HEAD,
+    "[n_layers, pos, n_key_value_heads]",
+)
 get_act_patch_attn_head_pattern_by_pos = _specialise(
-    "get_act_patch_attn_head_pattern_by_pos", layer_head_pos_pattern_patch_setter, "pattern",
-    ("layer", "head_index", "dest_pos"), "[n_layers, n_heads, dest_pos]")
+    "get_act_patch_attn_head_pattern_by_pos",
+    layer_head_pos_pattern_patch_setter,
+    "pattern",
+    ("layer", "head_index", "dest_pos"),
+    "[n_layers, n_heads, dest_pos]",
+)
 get_act_patch_attn_head_pattern_dest_src_pos = _specialise(
-    "get_act_patch_attn_head_pattern_dest_src_pos", layer_head_dest_src_pos_pattern_patch_setter, "pattern",
-    ("layer", "head_index", "dest_pos", "src_pos"), "[n_layers, n_heads, dest_pos, src_pos]")
+    "get_act_patch_attn_head_pattern_dest_src_pos",
+    layer_head_dest_src_pos_pattern_patch_setter,
+    "pattern",
+    ("layer", "head_index", "dest_pos", "src_pos"),
+    "[n_layers, n_heads, dest_pos, src_pos]",
+)
 
 get_act_patch_attn_head_out_all_pos = _specialise(
-    "get_act_patch_attn_head_out_all_pos", layer_head_vector_patch_setter, "z", _LAYER_HEAD, "[n_layers, n_heads]")
+    "get_act_patch_attn_head_out_all_pos", layer_head_vector_patch_setter, "z", _LAYER_HEAD, "[n_layers, n_heads]"
+)
 get_act_patch_attn_head_q_all_pos = _specialise(
-    "get_act_patch_attn_head_q_all_pos", layer_head_vector_patch_setter, "q", _LAYER_HEAD, "[n_layers, n_heads]")
+    "get_act_patch_attn_head_q_all_pos", layer_head_vector_patch_setter, "q", _LAYER_HEAD, "[n_layers, n_heads]"
+)
 get_act_patch_attn_head_k_all_pos = _specialise(
-    "get_act_patch_attn_head_k_all_pos", layer_head_vector_patch_setter, "k", _LAYER_HEAD,
-    "[n_layers, n_key_value_heads]")
+    "get_act_patch_attn_head_k_all_pos",
+    layer_head_vector_patch_setter,
+    "k",
+    _LAYER_HEAD,
+    "[n_layers, n_key_value_heads]",
+)
 get_act_patch_attn_head_v_all_pos = _specialise(
-    "get_act_patch_attn_head_v_all_pos", layer_head_vector_patch_setter, "v", _LAYER_HEAD,
-    "[n_layers, n_key_value_heads]")
+    "get_act_patch_attn_head_v_all_pos",
+    layer_head_vector_patch_setter,
+    "v",
+    _LAYER_HEAD,
+    "[n_layers, n_key_value_heads]",
+)
 get_act_patch_attn_head_pattern_all_pos = _specialise(
-    "get_act_patch_attn_head_pattern_all_pos", layer_head_pattern_patch_setter, "pattern", ("layer", "head_index"),
-    "[n_layers, n_heads]")
+    "get_act_patch_attn_head_pattern_all_pos",
+    layer_head_pattern_patch_setter,
+    "pattern",
+    ("layer", "head_index"),
+    "[n_layers, n_heads]",
+)
 
 
 # ----------------------------------------------------------------------------- every activation type at once
@@ -248,38 +323,48 @@ def _pad_heads(results: Tensor, n_heads: int) -> Tensor:
     return torch.nn.functional.pad(results, (0, n_heads - results.shape[-1]))
 
 
-def get_act_patch_attn_head_all_pos_every(model, corrupted_tokens, clean_cache, metric) -> Float[Tensor, "5 layer head"]:
+def get_act_patch_attn_head_all_pos_every(
+    model, corrupted_tokens, clean_cache, metric
+) -> Float[Tensor, "5 layer head"]:
     """Head patching over all positions for output, query, key, value and pattern: [5, n_layers, n_heads]
     (key/value heads zero-padded to n_heads on grouped-query models)."""
     n_heads = model.cfg.n_heads
-    return torch.stack([
-        get_act_patch_attn_head_out_all_pos(model, corrupted_tokens, clean_cache, metric),
-        get_act_patch_attn_head_q_all_pos(model, corrupted_tokens, clean_cache, metric),
-        _pad_heads(get_act_patch_attn_head_k_all_pos(model, corrupted_tokens, clean_cache, metric), n_heads),
-        _pad_heads(get_act_patch_attn_head_v_all_pos(model, corrupted_tokens, clean_cache, metric), n_heads),
-        get_act_patch_attn_head_pattern_all_pos(model, corrupted_tokens, clean_cache, metric),
-    ])
+    return torch.stack(
+        [
+            get_act_patch_attn_head_out_all_pos(model, corrupted_tokens, clean_cache, metric),
+            get_act_patch_attn_head_q_all_pos(model, corrupted_tokens, clean_cache, metric),
+            _pad_heads(get_act_patch_attn_head_k_all_pos(model, corrupted_tokens, clean_cache, metric), n_heads),
+            _pad_heads(get_act_patch_attn_head_v_all_pos(model, corrupted_tokens, clean_cache, metric), n_heads),
+            get_act_patch_attn_head_pattern_all_pos(model, corrupted_tokens, clean_cache, metric),
+        ]
+    )
 
 
-def get_act_patch_attn_head_by_pos_every(model, corrupted_tokens, clean_cache, metric) -> Float[Tensor, "5 layer pos head"]:
+def get_act_patch_attn_head_by_pos_every(
+    model, corrupted_tokens, clean_cache, metric
+) -> Float[Tensor, "5 layer pos head"]:
     """Head patching by position for output, query, key, value and pattern (by destination): [5, n_layers,
     pos, n_heads]."""
     n_heads = model.cfg.n_heads
     pattern = get_act_patch_attn_head_pattern_by_pos(model, corrupted_tokens, clean_cache, metric)  # [layer head pos]
-    return torch.stack([
-        get_act_patch_attn_head_out_by_pos(model, corrupted_tokens, clean_cache, metric),
-        get_act_patch_attn_head_q_by_pos(model, corrupted_tokens, clean_cache, metric),
-        _pad_heads(get_act_patch_attn_head_k_by_pos(model, corrupted_tokens, clean_cache, metric), n_heads),
-        _pad_heads(get_act_patch_attn_head_v_by_pos(model, corrupted_tokens, clean_cache, metric), n_heads),
-        pattern.transpose(1, 2),
-    ])
+    return torch.stack(
+        [
+            get_act_patch_attn_head_out_by_pos(model, corrupted_tokens, clean_cache, metric),
+            get_act_patch_attn_head_q_by_pos(model, corrupted_tokens, clean_cache, metric),
+            _pad_heads(get_act_patch_attn_head_k_by_pos(model, corrupted_tokens, clean_cache, metric), n_heads),
+            _pad_heads(get_act_patch_attn_head_v_by_pos(model, corrupted_tokens, clean_cache, metric), n_heads),
+            pattern.transpose(1, 2),
+        ]
+    )
 
 
 def get_act_patch_block_every(model, corrupted_tokens, clean_cache, metric) -> Float[Tensor, "3 layer pos"]:
     """Patching the residual stream before each block, each attention output and each MLP output, by
     position: [3, n_layers, pos]."""
-    return torch.stack([
-        get_act_patch_resid_pre(model, corrupted_tokens, clean_cache, metric),
-        get_act_patch_attn_out(model, corrupted_tokens, clean_cache, metric),
-        get_act_patch_mlp_out(model, corrupted_tokens, clean_cache, metric),
-    ])
+    return torch.stack(
+        [
+            get_act_patch_resid_pre(model, corrupted_tokens, clean_cache, metric),
+            get_act_patch_attn_out(model, corrupted_tokens, clean_cache, metric),
+            get_act_patch_mlp_out(model, corrupted_tokens, clean_cache, metric),
+        ]
+    )

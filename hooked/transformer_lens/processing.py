@@ -67,8 +67,13 @@ def process_weights(
         model = hooked.load("gpt2")
         hooked.transformer_lens.processing.process_weights(model)   # = HookedTransformer.from_pretrained("gpt2")
     """
-    flags = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
-                 fold_value_biases=fold_value_biases, refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+    flags = dict(
+        fold_ln=fold_ln,
+        center_writing_weights=center_writing_weights,
+        center_unembed=center_unembed,
+        fold_value_biases=fold_value_biases,
+        refactor_factored_attn_matrices=refactor_factored_attn_matrices,
+    )
     check_flags(model, flags)
     if not any(flags.values()):
         return model
@@ -163,7 +168,7 @@ def _blocks(tensor: Tensor, write: bool = True) -> Iterator[tuple[slice, Tensor]
         return
     step = max(1, BLOCK_ELEMENTS // max(1, tensor[0].numel()))
     for start in range(0, tensor.shape[0], step):
-        part = tensor[start:start + step]
+        part = tensor[start : start + step]
         block = part.float()
         yield slice(start, start + step), block
         if write:
@@ -221,7 +226,9 @@ def _fold_norm(norm: nn.Module, readers: tuple[Projection, ...], layer_norm: boo
     for reader in readers:
         if shift is not None:  # (n w + b) @ W + c = n @ (w W) + (b @ W + c), with W before the scaling
             if reader.bias is None:
-                raise ValueError(f"cannot fold a LayerNorm bias into a weight of shape {tuple(reader.weight.shape)} without a bias")
+                raise ValueError(
+                    f"cannot fold a LayerNorm bias into a weight of shape {tuple(reader.weight.shape)} without a bias"
+                )
             _add(reader.bias, _contract(reader.weight, reader.axis, shift))
         _scale(reader.weight, reader.axis, scale)
         if layer_norm:  # the normalised input has mean 0: its component along the all-ones direction is unused
@@ -275,10 +282,19 @@ def _refactor_attention(attn: nn.Module, parameters: set[int]) -> None:
     W_V, b_V, W_O = (getattr(attn, name).float() for name in ("W_V", "b_V", "W_O"))
     b_O = attn.b_O.float() + (b_V[:, :, None] * W_O).sum((0, 1))
     U, S, V = FactoredMatrix(W_V, W_O).svd()
-    for name, value in (("W_Q", query[:, :-1]), ("b_Q", query[:, -1]), ("W_K", key[:, :-1]), ("b_K", key[:, -1]),
-                        ("W_V", U * S[:, None, :]), ("b_V", torch.zeros_like(b_V)), ("W_O", V.transpose(-1, -2)),
-                        ("b_O", b_O)):
+    for name, value in (
+        ("W_Q", query[:, :-1]),
+        ("b_Q", query[:, -1]),
+        ("W_K", key[:, :-1]),
+        ("b_K", key[:, -1]),
+        ("W_V", U * S[:, None, :]),
+        ("b_V", torch.zeros_like(b_V)),
+        ("W_O", V.transpose(-1, -2)),
+        ("b_O", b_O),
+    ):
         view = getattr(attn, name)
         if view.untyped_storage().data_ptr() not in parameters:
-            raise RuntimeError(f"{type(attn).__name__}.{name} is not a view of a parameter, so it cannot be refactored in place")
+            raise RuntimeError(
+                f"{type(attn).__name__}.{name} is not a view of a parameter, so it cannot be refactored in place"
+            )
         view.copy_(value)

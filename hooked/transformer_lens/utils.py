@@ -15,8 +15,17 @@ from hooked.cache import Slice
 from hooked.cache import act_name as get_act_name
 from hooked.models.base import lm_cross_entropy_loss
 
-__all__ = ["Slice", "get_act_name", "get_attention_mask", "get_corner", "get_device", "lm_accuracy", "lm_cross_entropy_loss",
-           "test_prompt", "to_numpy"]
+__all__ = [
+    "Slice",
+    "get_act_name",
+    "get_attention_mask",
+    "get_corner",
+    "get_device",
+    "lm_accuracy",
+    "lm_cross_entropy_loss",
+    "test_prompt",
+    "to_numpy",
+]
 
 
 def get_device() -> str:
@@ -45,7 +54,9 @@ def to_numpy(tensor) -> np.ndarray:
     raise ValueError(f"to_numpy takes a tensor, array, list, tuple or scalar, not {type(tensor).__name__}")
 
 
-def get_attention_mask(tokenizer, tokens: Int[Tensor, "batch pos"], prepend_bos: bool, padding_side: str | None = None) -> Int[Tensor, "batch pos"]:
+def get_attention_mask(
+    tokenizer, tokens: Int[Tensor, "batch pos"], prepend_bos: bool, padding_side: str | None = None
+) -> Int[Tensor, "batch pos"]:
     """1 for real tokens, 0 for the leading pad ids of each left-padded row, or the trailing ones of each
     right-padded row (`padding_side`, default the tokenizer's; `HookedTokenizer.mask_for`).
 
@@ -58,14 +69,23 @@ def get_attention_mask(tokenizer, tokens: Int[Tensor, "batch pos"], prepend_bos:
     return torch.ones_like(tokens) if mask is None else mask.to(tokens.dtype)
 
 
-def lm_accuracy(logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], per_token: bool = False) -> Tensor:
+def lm_accuracy(
+    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], per_token: bool = False
+) -> Tensor:
     """Top-1 next-token accuracy: a fraction, or the [batch pos-1] booleans with `per_token`."""
     correct = logits.argmax(dim=-1)[:, :-1] == tokens[:, 1:]
     return correct if per_token else correct.sum() / correct.numel()
 
 
-def test_prompt(prompt: str, answer: str | list[str], model, prepend_space_to_answer: bool = True,
-                print_details: bool = True, prepend_bos: bool | None = None, top_k: int = 10) -> None:
+def test_prompt(
+    prompt: str,
+    answer: str | list[str],
+    model,
+    prepend_space_to_answer: bool = True,
+    print_details: bool = True,
+    prepend_bos: bool | None = None,
+    top_k: int = 10,
+) -> None:
     """Print how the model ranks `answer` after `prompt`, and its top-k next tokens (TransformerLens' report).
 
     Several answers: each one's first token is ranked at the next position. Prints; returns None.
@@ -88,7 +108,10 @@ def test_prompt(prompt: str, answer: str | list[str], model, prepend_space_to_an
     prompt_length, answer_length = prompt_tokens.shape[1], answer_tokens.shape[1]
     if print_details:
         print("Tokenized prompt:", prompt_str_tokens)
-        print("Tokenized answers:" if several else "Tokenized answer:", answer_str_tokens if several else answer_str_tokens[0])
+        print(
+            "Tokenized answers:" if several else "Tokenized answer:",
+            answer_str_tokens if several else answer_str_tokens[0],
+        )
     with torch.no_grad():  # every row is one prompt and one answer, unpadded: nothing to read from the ids
         logits = model(tokens, attention_mask=torch.ones_like(tokens))
     probs = logits.softmax(dim=-1)
@@ -103,11 +126,15 @@ def test_prompt(prompt: str, answer: str | list[str], model, prepend_space_to_an
         if print_details:
             print(f"Performance on answer token{'s' if several else ''}:")
             for i in range(len(answers)):
-                print(f"Rank: {answer_ranks[i]: <8} Logit: {logits[i, index - 1, targets[i]].item():5.2f}"
-                      f" Prob: {token_probs[i, targets[i]].item():6.2%} Token: |{strings[i]}|")
+                print(
+                    f"Rank: {answer_ranks[i]: <8} Logit: {logits[i, index - 1, targets[i]].item():5.2f}"
+                    f" Prob: {token_probs[i, targets[i]].item():6.2%} Token: |{strings[i]}|"
+                )
             for i in range(top_k):
-                print(f"Top {i}th token. Logit: {logits[0, index - 1, sorted_tokens[0, i]].item():5.2f}"
-                      f" Prob: {sorted_probs[0, i].item():6.2%} Token: |{model.to_string(sorted_tokens[0, i])}|")
+                print(
+                    f"Top {i}th token. Logit: {logits[0, index - 1, sorted_tokens[0, i]].item():5.2f}"
+                    f" Prob: {sorted_probs[0, i].item():6.2%} Token: |{model.to_string(sorted_tokens[0, i])}|"
+                )
     print("Ranks of the answer tokens:", ranks if several else [r[0] for r in ranks])
 
 

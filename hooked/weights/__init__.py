@@ -100,11 +100,15 @@ def resolve(name_or_path: str | Path, config_only: bool = False) -> Path:
     )
 
     hub_name = hub_name_for(name_or_path)
-    named = repr(str(name_or_path)) + (f" (TransformerLens' name for hub id {hub_name!r})" if hub_name != str(name_or_path) else "")
+    named = repr(str(name_or_path)) + (
+        f" (TransformerLens' name for hub id {hub_name!r})" if hub_name != str(name_or_path) else ""
+    )
     try:
         return Path(snapshot_download(hub_name, allow_patterns=["config.json"] if config_only else _HUB_PATTERNS))
     except HFValidationError as error:
-        raise CheckpointError(f"{named} is neither a local directory nor a valid hub id: {error}{_did_you_mean(name_or_path)}") from None
+        raise CheckpointError(
+            f"{named} is neither a local directory nor a valid hub id: {error}{_did_you_mean(name_or_path)}"
+        ) from None
     except LocalEntryNotFoundError as error:
         raise CheckpointError(
             f"{named} is not a local directory and is not in the Hugging Face cache, and {_why_not_downloaded(error)}"
@@ -113,7 +117,9 @@ def resolve(name_or_path: str | Path, config_only: bool = False) -> Path:
     except RepositoryNotFoundError as error:
         if isinstance(error, GatedRepoError):  # it exists: the hub's own message says how to get access
             raise
-        raise CheckpointError(f"{named} is not a local directory nor a model on the Hugging Face hub{_did_you_mean(name_or_path)}") from None
+        raise CheckpointError(
+            f"{named} is not a local directory nor a model on the Hugging Face hub{_did_you_mean(name_or_path)}"
+        ) from None
 
 
 def hub_name_for(name_or_path: str | Path) -> str:
@@ -136,14 +142,21 @@ def _why_not_downloaded(error: Exception) -> str:
 
     if isinstance(error.__cause__, OfflineModeIsEnabled):
         # huggingface_hub reads these once, at import: name the ones set now (none: changed since)
-        flags = [f"{name}={os.environ[name]}" for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-                 if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")]
-        return (f"huggingface_hub is in offline mode ({', '.join(flags) or 'set when it was imported'}), so the hub was"
-                " not asked; start Python without it to download the model, or pass a local checkpoint directory")
+        flags = [
+            f"{name}={os.environ[name]}"
+            for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+            if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")
+        ]
+        return (
+            f"huggingface_hub is in offline mode ({', '.join(flags) or 'set when it was imported'}), so the hub was"
+            " not asked; start Python without it to download the model, or pass a local checkpoint directory"
+        )
     cause = error.__cause__ or error
     detail = str(cause).splitlines()[0] if str(cause) else "no detail"
-    return (f"the hub could not be reached ({type(cause).__name__}: {detail}); download it once with network access"
-            " or pass a local checkpoint directory")
+    return (
+        f"the hub could not be reached ({type(cause).__name__}: {detail}); download it once with network access"
+        " or pass a local checkpoint directory"
+    )
 
 
 def read_config(directory: Path) -> dict:
@@ -153,9 +166,13 @@ def read_config(directory: Path) -> dict:
     try:
         config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{path} is not valid JSON ({error}); fix or re-download the checkpoint's config.json") from None
+        raise CheckpointError(
+            f"{path} is not valid JSON ({error}); fix or re-download the checkpoint's config.json"
+        ) from None
     if not isinstance(config, dict):
-        raise CheckpointError(f"{path} holds a JSON {type(config).__name__}, not an object of settings; fix or re-download it")
+        raise CheckpointError(
+            f"{path} holds a JSON {type(config).__name__}, not an object of settings; fix or re-download it"
+        )
     return config
 
 
@@ -187,12 +204,21 @@ def architecture_for(config: dict):
     for model_class in MODEL_CLASSES:
         if any(name in model_class.architectures for name in names):
             return model_class
-    supported = sorted({arch for model_class in MODEL_CLASSES for arch in model_class.architectures if arch[0].isupper()})
+    supported = sorted(
+        {arch for model_class in MODEL_CLASSES for arch in model_class.architectures if arch[0].isupper()}
+    )
     raise CheckpointError(f"architecture {names} is not supported by hooked; supported: {', '.join(supported)}")
 
 
-def load_model(name_or_path: str | Path, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu",
-               model_class=None, tp: int | None = None, timeout: float | None = None, processing: dict | None = None):
+def load_model(
+    name_or_path: str | Path,
+    dtype: torch.dtype | str = torch.float32,
+    device: torch.device | str = "cpu",
+    model_class=None,
+    tp: int | None = None,
+    timeout: float | None = None,
+    processing: dict | None = None,
+):
     """Build the model a checkpoint describes and fill it from its safetensors files.
 
     `processing` (flag -> bool, `hooked.transformer_lens.processing.FLAGS`) processes the weights in place once read, as
@@ -228,7 +254,9 @@ def _load(name_or_path, dtype, device, model_class, parallel=None, processing=No
     config = read_config(directory)
     detected = architecture_for(config)
     if model_class is not None and model_class is not detected:
-        raise CheckpointError(f"{directory} holds a {detected.__name__} checkpoint, not {model_class.__name__}; use hooked.load")
+        raise CheckpointError(
+            f"{directory} holds a {detected.__name__} checkpoint, not {model_class.__name__}; use hooked.load"
+        )
     model_class = detected
     model = build_on_meta(model_class, config)
     processing = processing or unprocessed()
@@ -283,10 +311,15 @@ def check_device(device: torch.device | str) -> None:
     if parsed.type != "cuda":
         return
     if not torch.cuda.is_available():
-        why = (f"this torch ({torch.__version__}) was built without CUDA" if torch.version.cuda is None
-               else "no CUDA GPU is visible (check CUDA_VISIBLE_DEVICES and the driver)")
-        raise RuntimeError(f"device={device!r}, but {why}; load with device='cpu', or install a CUDA build of torch on a"
-                           " machine with a GPU")
+        why = (
+            f"this torch ({torch.__version__}) was built without CUDA"
+            if torch.version.cuda is None
+            else "no CUDA GPU is visible (check CUDA_VISIBLE_DEVICES and the driver)"
+        )
+        raise RuntimeError(
+            f"device={device!r}, but {why}; load with device='cpu', or install a CUDA build of torch on a"
+            " machine with a GPU"
+        )
     count = torch.cuda.device_count()
     if parsed.index is not None and parsed.index >= count:
         raise RuntimeError(f"device={device!r}, but this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
@@ -368,7 +401,9 @@ def read_state_dict(directory: Path, model, dtype: torch.dtype, device: torch.de
     if mis_shaped:
         problems.append("mis-shaped tensors: " + "; ".join(mis_shaped[:10]))
     if problems:
-        raise CheckpointError(f"checkpoint {directory} does not match {type(model).__name__}({model.cfg}): " + " | ".join(problems))
+        raise CheckpointError(
+            f"checkpoint {directory} does not match {type(model).__name__}({model.cfg}): " + " | ".join(problems)
+        )
     return state
 
 
@@ -430,7 +465,7 @@ def _read_slice(file, key: str, stacked, expected, state, filled, dtype, device,
         target, index = match.expand(replacement), int(match.group("expert"))
         part, parts = split[0] if split else (0, 1)
         if plan and target in plan:  # expert parallelism: this rank holds experts [start, stop)
-            (start, stop), = plan[target][1]
+            ((start, stop),) = plan[target][1]
             whole = plan[target][2]
             if not 0 <= index < whole[0]:
                 return "unexpected"
@@ -450,7 +485,9 @@ def _read_slice(file, key: str, stacked, expected, state, filled, dtype, device,
             return f"{key}: {tuple(file.shape(key))} in the file, {tuple(piece)} expected (a piece of {target} {tuple(shape)})"
         if target not in state:
             state[target] = empty_weight(shape, dtype, device)
-        destination = state[target][index] if parts == 1 else state[target][index, part * piece[0]:(part + 1) * piece[0]]
+        destination = (
+            state[target][index] if parts == 1 else state[target][index, part * piece[0] : (part + 1) * piece[0]]
+        )
         file.read_into(key, destination)
         done.add((index, part))
         return "read"
@@ -471,9 +508,18 @@ def _rename(key: str, renames) -> str | None:
 
 
 _SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
 }
 
 
@@ -497,7 +543,9 @@ class SafetensorsFile:
             self.header = self._validated(json.loads(self.file.read(length)), size - self.data_start)
         except Exception as error:  # JSON, a missing field, a bad layout: never anything but CheckpointError
             self.file.close()
-            raise error if isinstance(error, CheckpointError) else self._error(f"its header is unreadable ({error!r})") from None
+            raise (
+                error if isinstance(error, CheckpointError) else self._error(f"its header is unreadable ({error!r})")
+            ) from None
 
     def _validated(self, header, data_bytes: int) -> dict:
         """The header's tensors, checked as the format requires (safetensors' README, "Format"): each
@@ -516,17 +564,29 @@ class SafetensorsFile:
                 raise self._error(f"tensor {key} has dtype {dtype!r}, which hooked cannot read")
             if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
                 raise self._error(f"tensor {key} has shape {shape!r}; a shape is a list of non-negative ints")
-            if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)
-                    and 0 <= offsets[0] <= offsets[1]):
-                raise self._error(f"tensor {key} has data_offsets {offsets!r}; they are [begin, end] with 0 <= begin <= end")
+            if not (
+                isinstance(offsets, list)
+                and len(offsets) == 2
+                and all(type(n) is int for n in offsets)
+                and 0 <= offsets[0] <= offsets[1]
+            ):
+                raise self._error(
+                    f"tensor {key} has data_offsets {offsets!r}; they are [begin, end] with 0 <= begin <= end"
+                )
             if offsets[1] - offsets[0] != math.prod(shape) * _SAFETENSORS_DTYPES[dtype].itemsize:
-                raise self._error(f"tensor {key} spans {offsets[1] - offsets[0]} bytes, but {dtype} {shape} needs"
-                                  f" {math.prod(shape) * _SAFETENSORS_DTYPES[dtype].itemsize}")
+                raise self._error(
+                    f"tensor {key} spans {offsets[1] - offsets[0]} bytes, but {dtype} {shape} needs"
+                    f" {math.prod(shape) * _SAFETENSORS_DTYPES[dtype].itemsize}"
+                )
             spans.append((offsets[0], offsets[1], key))
         position = 0
         for begin, end, key in sorted(spans):
             if begin != position:
-                problem = "overlaps the tensor before it" if begin < position else f"leaves a gap of {begin - position} bytes before it"
+                problem = (
+                    "overlaps the tensor before it"
+                    if begin < position
+                    else f"leaves a gap of {begin - position} bytes before it"
+                )
                 raise self._error(f"tensor {key} {problem}")
             position = end
         if position != data_bytes:
@@ -557,7 +617,7 @@ class SafetensorsFile:
         shape = info["shape"]
         if not 0 <= start <= stop <= shape[dim]:
             raise self._error(f"tensor {key} has {shape[dim]} entries along dim {dim}, not [{start}, {stop})")
-        inner = math.prod(shape[dim + 1:])
+        inner = math.prod(shape[dim + 1 :])
         outer = math.prod(shape[:dim])
         run = (stop - start) * inner  # elements per contiguous run
         target = destination
@@ -598,7 +658,7 @@ class SafetensorsFile:
             view = memoryview(buffer)[: count * source_dtype.itemsize]
             if self.file.readinto(view) != len(view):
                 raise self._error(f"tensor {key} ends early")
-            flat[start:start + count].copy_(torch.frombuffer(buffer, dtype=source_dtype, count=count))
+            flat[start : start + count].copy_(torch.frombuffer(buffer, dtype=source_dtype, count=count))
 
 
 def shard_bytes(config: dict | str, tp: int, dtype: torch.dtype = torch.bfloat16) -> list[dict[str, int]]:

@@ -41,6 +41,9 @@ def checkpoint(n_layer: int = 2) -> Path:
     directory = Path(tempfile.mkdtemp(prefix=f"tl_suite_gpt2_{n_layer}l_"))
     atexit.register(shutil.rmtree, directory, ignore_errors=True)
     return hooked.testing.build_gpt2_checkpoint(
-        directory, n_layer=n_layer, n_positions=1024, corpus=hooked.testing.CORPUS + UPSTREAM_PROMPTS,
+        directory,
+        n_layer=n_layer,
+        n_positions=1024,
+        corpus=hooked.testing.CORPUS + UPSTREAM_PROMPTS,
         vocab_size=VOCAB_SIZE,
     )

@@ -82,13 +82,9 @@ class TestLeftPadding:
         tokens = model.to_tokens(prompts, prepend_bos=prepend_bos)
         str_tokens = model.to_str_tokens(prompts, prepend_bos=prepend_bos)
 
-        attention_mask = utils.get_attention_mask(
-            model.tokenizer, tokens, prepend_bos
-        )  # [batch pos]
+        attention_mask = utils.get_attention_mask(model.tokenizer, tokens, prepend_bos)  # [batch pos]
 
-        output_pos_embed = model.pos_embed(
-            tokens, 0, attention_mask=attention_mask
-        )  # [batch pos d_model]
+        output_pos_embed = model.pos_embed(tokens, 0, attention_mask=attention_mask)  # [batch pos d_model]
         _, cache = model.run_with_cache(  # added: the forward's own position embeddings are the same
             tokens, attention_mask=attention_mask, names_filter="hook_pos_embed"
         )
@@ -102,9 +98,7 @@ class TestLeftPadding:
         )
 
         # check if the target pos_embeds are the same as the output pos_embeds
-        target_position_ids = torch.tensor(
-            sum([list(range(len(t))) for t in str_tokens], []), device=tokens.device
-        )
+        target_position_ids = torch.tensor(sum([list(range(len(t))) for t in str_tokens], []), device=tokens.device)
         target_output_pos_embed = model.pos_embed.W_pos[target_position_ids, :]
 
         attended_output_pos_embed = output_pos_embed[attention_mask.bool()]
@@ -123,22 +117,14 @@ class TestLeftPadding:
         model.tokenizer.padding_side = "left"
         left_logits, left_cache = model.run_with_cache(prompts)
         left_last_logits = left_logits[:, -1, :]
-        left_first_token_positions = left_logits.shape[1] - torch.tensor(
-            num_str_tokens_list, device=left_logits.device
-        )
-        left_first_logits = left_logits[
-            torch.arange(len(prompts)), left_first_token_positions, :
-        ].squeeze(1)
+        left_first_token_positions = left_logits.shape[1] - torch.tensor(num_str_tokens_list, device=left_logits.device)
+        left_first_logits = left_logits[torch.arange(len(prompts)), left_first_token_positions, :].squeeze(1)
 
         # right padding output
         model.tokenizer.padding_side = "right"
         right_logits, right_cache = model.run_with_cache(prompts)
-        right_last_token_positions = (
-            torch.tensor(num_str_tokens_list, device=right_logits.device) - 1
-        )
-        right_last_logits = right_logits[
-            torch.arange(len(prompts)), right_last_token_positions, :
-        ].squeeze(1)
+        right_last_token_positions = torch.tensor(num_str_tokens_list, device=right_logits.device) - 1
+        right_last_logits = right_logits[torch.arange(len(prompts)), right_last_token_positions, :].squeeze(1)
         right_first_logits = right_logits[:, 0, :]
 
         # check if the left and right padding outputs are the same for the first and last tokens
@@ -158,11 +144,7 @@ class TestLeftPadding:
         ):
             single_logits, single_cache = model.run_with_cache(prompt)
 
-            assert (
-                right_token_end - right_token_start
-                == left_token_end - left_token_start
-                == single_logits.shape[1]
-            )
+            assert right_token_end - right_token_start == left_token_end - left_token_start == single_logits.shape[1]
 
             self.check_outputs_identity(
                 i,

@@ -44,9 +44,7 @@ class TestMainDemoPatternHooks:
         seq_len = 50
 
         # Create storage for induction scores
-        induction_score_store = torch.zeros(
-            (model.cfg.n_layers, model.cfg.n_heads), device=model.cfg.device
-        )
+        induction_score_store = torch.zeros((model.cfg.n_layers, model.cfg.n_heads), device=model.cfg.device)
 
         def induction_score_hook(pattern, hook):
             """Calculate induction scores like in Main_Demo."""
@@ -55,9 +53,7 @@ class TestMainDemoPatternHooks:
             induction_stripe = pattern.diagonal(dim1=-2, dim2=-1, offset=1 - seq_len)
 
             # Get an average score per head
-            induction_score = einops.reduce(
-                induction_stripe, "batch head_index position -> head_index", "mean"
-            )
+            induction_score = einops.reduce(induction_stripe, "batch head_index position -> head_index", "mean")
 
             # Store the result
             induction_score_store[hook.layer(), :] = induction_score
@@ -81,14 +77,10 @@ class TestMainDemoPatternHooks:
         non_zero_count = (induction_score_store != 0).sum().item()
         total_count = induction_score_store.numel()
 
-        assert (
-            non_zero_count > 0
-        ), f"Expected some non-zero induction scores, got {non_zero_count}/{total_count}"
+        assert non_zero_count > 0, f"Expected some non-zero induction scores, got {non_zero_count}/{total_count}"
 
         # Verify that all layers and heads have scores
-        assert (
-            non_zero_count == total_count
-        ), f"Expected all {total_count} scores to be computed, got {non_zero_count}"
+        assert non_zero_count == total_count, f"Expected all {total_count} scores to be computed, got {non_zero_count}"
 
     def test_pattern_hooks_called_once_per_layer(self, model):
         """Test that pattern hooks are called exactly once per layer."""
@@ -110,16 +102,14 @@ class TestMainDemoPatternHooks:
 
         # Verify each pattern hook was called exactly once
         for name, count in hook_calls.items():
-            assert (
-                count == 1
-            ), f"Hook {name} was called {count} times, expected 1 (possible duplicate hook registration)"
+            assert count == 1, (
+                f"Hook {name} was called {count} times, expected 1 (possible duplicate hook registration)"
+            )
 
         # Verify we got hooks for all layers
         expected_hooks = model.cfg.n_layers
         actual_hooks = len(hook_calls)
-        assert (
-            actual_hooks == expected_hooks
-        ), f"Expected {expected_hooks} pattern hooks, got {actual_hooks}"
+        assert actual_hooks == expected_hooks, f"Expected {expected_hooks} pattern hooks, got {actual_hooks}"
 
     def test_hook_layer_method_works(self, model):
         """Test that hook.layer() method works correctly (used in Main_Demo)."""
@@ -138,9 +128,7 @@ class TestMainDemoPatternHooks:
         pattern_filter = lambda name: name.endswith("pattern")
 
         # Run with hooks
-        model.run_with_hooks(
-            tokens, return_type=None, fwd_hooks=[(pattern_filter, layer_tracking_hook)]
-        )
+        model.run_with_hooks(tokens, return_type=None, fwd_hooks=[(pattern_filter, layer_tracking_hook)])
 
         # Verify we got layer indices for all layers
         assert len(layer_indices) == model.cfg.n_layers

@@ -41,9 +41,7 @@ class TestPrependBos:
             assert tokens[0][0] != model.tokenizer.bos_token_id
 
     def check_tokens_length(self, model, logits, str_tokens, tokens, intended_prepend_bos):
-        expected_num_tokens = self.get_num_tokens_in_prompt(
-            model, self.prompt, intended_prepend_bos
-        )
+        expected_num_tokens = self.get_num_tokens_in_prompt(model, self.prompt, intended_prepend_bos)
         assert logits.shape[1] == len(str_tokens) == tokens.shape[1] == expected_num_tokens
 
     # fixtures
@@ -60,9 +58,7 @@ class TestPrependBos:
         intended_prepend_bos = True
 
         model = HookedTransformer.from_pretrained(model_name)
-        assert (
-            model.cfg.default_prepend_bos == intended_prepend_bos
-        ), "Default prepend_bos should be True"
+        assert model.cfg.default_prepend_bos == intended_prepend_bos, "Default prepend_bos should be True"
 
         logits = model(self.prompt)  # [batch pos d_vocab]
         str_tokens = model.to_str_tokens(self.prompt)
@@ -77,9 +73,7 @@ class TestPrependBos:
     def test_default_prepend_bos_to_false(self, model_name):
         intended_prepend_bos = False
 
-        model = HookedTransformer.from_pretrained(
-            model_name, default_prepend_bos=intended_prepend_bos
-        )
+        model = HookedTransformer.from_pretrained(model_name, default_prepend_bos=intended_prepend_bos)
 
         logits = model(self.prompt)  # [batch pos d_vocab]
         str_tokens = model.to_str_tokens(self.prompt)
@@ -107,17 +101,13 @@ class TestPrependBos:
         assert bos_position == 0
 
         with pytest.raises(ValueError, match="does not occur in the prompt"):  # hooked: ValueError
-            bos_position = model.get_token_position(
-                model.tokenizer.bos_token_id, self.prompt, prepend_bos=False
-            )
+            bos_position = model.get_token_position(model.tokenizer.bos_token_id, self.prompt, prepend_bos=False)
 
         model.cfg.default_prepend_bos = False
         with pytest.raises(ValueError, match="does not occur in the prompt"):  # hooked: ValueError
             bos_position = model.get_token_position(model.tokenizer.bos_token_id, self.prompt)
 
-        bos_position = model.get_token_position(
-            model.tokenizer.bos_token_id, self.prompt, prepend_bos=True
-        )
+        bos_position = model.get_token_position(model.tokenizer.bos_token_id, self.prompt, prepend_bos=True)
         assert bos_position == 0
 
     def test_same_tokenization(self, model):

@@ -27,7 +27,7 @@ from tests.transformer_lens_suite.conftest import checkpoint
 DIFFERENCES = [
     "test_get_token_position_not_found: a token that is not in the prompt raises `ValueError` naming the "
     "token (\"token 1 ('biomolecules') does not occur in the prompt\"), where TransformerLens fails an `assert` "
-    "with \"The token does not occur in the prompt\"; hooked raises `ValueError` for bad input throughout.",
+    'with "The token does not occur in the prompt"; hooked raises `ValueError` for bad input throughout.',
 ]
 
 model = HookedTransformer.from_pretrained(checkpoint(1))
@@ -35,10 +35,9 @@ reference = tl_gpt2(checkpoint(1), fold_ln=True)
 
 
 def test_set_tokenizer_during_initialization():
-    assert (
-        model.tokenizer is not None
-        and model.tokenizer.name_or_path == str(checkpoint(1))
-    ), "initialized with expected tokenizer"
+    assert model.tokenizer is not None and model.tokenizer.name_or_path == str(checkpoint(1)), (
+        "initialized with expected tokenizer"
+    )
     assert model.cfg.d_vocab == reference.cfg.d_vocab, "expected d_vocab"
 
 
@@ -52,28 +51,24 @@ def test_set_tokenizer_lazy():
     model2.set_tokenizer(AutoTokenizer.from_pretrained(checkpoint(1)))
     tokenizer = model2.tokenizer
     assert tokenizer is not None and tokenizer.name_or_path == str(checkpoint(1)), "set tokenizer"
-    assert (
-        model2.to_single_token("biomolecules") == reference.to_single_token("biomolecules")
-    ), "Glitch token didn't tokenize properly"
-    assert (
-        model2.to_string([reference.to_single_token("biomolecules")]) == "biomolecules"
-    ), "Glitch token didn't detokenize properly"
+    assert model2.to_single_token("biomolecules") == reference.to_single_token("biomolecules"), (
+        "Glitch token didn't tokenize properly"
+    )
+    assert model2.to_string([reference.to_single_token("biomolecules")]) == "biomolecules", (
+        "Glitch token didn't detokenize properly"
+    )
 
 
 def test_to_tokens_default():
     s = "Hello, world!"
     tokens = model.to_tokens(s)
-    assert equal(
-        tokens, reference.to_tokens(s).to(model.cfg.device)
-    ), "creates a tensor of tokens with BOS"
+    assert equal(tokens, reference.to_tokens(s).to(model.cfg.device)), "creates a tensor of tokens with BOS"
 
 
 def test_to_tokens_without_bos():
     s = "Hello, world!"
     tokens = model.to_tokens(s, prepend_bos=False)
-    assert equal(
-        tokens, reference.to_tokens(s, prepend_bos=False).to(model.cfg.device)
-    ), "creates a tensor without BOS"
+    assert equal(tokens, reference.to_tokens(s, prepend_bos=False).to(model.cfg.device)), "creates a tensor without BOS"
 
 
 @pytest.mark.skipif(
@@ -180,4 +175,8 @@ def test_get_token_position_int_1_pos():
 
 def test_tokens_to_residual_directions():
     res_dir = model.tokens_to_residual_directions(model.to_tokens(""))
-    assert res_dir.shape == reference.tokens_to_residual_directions(reference.to_tokens("")).shape == Size([model.cfg.d_model]), ""
+    assert (
+        res_dir.shape
+        == reference.tokens_to_residual_directions(reference.to_tokens("")).shape
+        == Size([model.cfg.d_model])
+    ), ""

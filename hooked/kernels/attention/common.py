@@ -84,8 +84,14 @@ def _tanh(x, INTERPRET: tl.constexpr):
         a = tl.abs(x)
         e = tl.exp(-2.0 * a)
         a2 = a * a
-        series = a * (1.0 + a2 * (-0.3333333333333333 + a2 * (0.13333333333333333 + a2 * (
-            -0.05396825396825397 + a2 * 0.021869488536155203))))
+        series = a * (
+            1.0
+            + a2
+            * (
+                -0.3333333333333333
+                + a2 * (0.13333333333333333 + a2 * (-0.05396825396825397 + a2 * 0.021869488536155203))
+            )
+        )
         t = tl.where(a < 0.25, series, (1.0 - e) / (1.0 + e))
         return tl.where(x < 0, -t, t)
     else:
@@ -120,8 +126,18 @@ def _visible(cols, q_idx, ks, k_pos, offset, window, HAS_WINDOW: tl.constexpr):
 
 
 @triton.jit
-def _key_blocks(start_m, M_total, ks, k_pos, q_pos, window, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _key_blocks(
+    start_m,
+    M_total,
+    ks,
+    k_pos,
+    q_pos,
+    window,
+    GROUP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """The key blocks a program owning packed rows ``[start_m, start_m + BLOCK_M)`` visits: ``(lo, a_end,
     b_end, hi)``, masked blocks in ``[lo, a_end)`` and ``[b_end, hi)``, blocks every row sees whole in
     ``[a_end, b_end)``. Keys no row sees (left padding, the future, behind the window) are skipped, so a
@@ -143,8 +159,18 @@ def _key_blocks(start_m, M_total, ks, k_pos, q_pos, window, GROUP: tl.constexpr,
 
 
 @triton.jit
-def _row_blocks(start_n, M_total, ks, k_pos, q_pos, window, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _row_blocks(
+    start_n,
+    M_total,
+    ks,
+    k_pos,
+    q_pos,
+    window,
+    GROUP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """The packed-row blocks the dk/dv program owning keys ``[start_n, start_n + BLOCK_N)`` visits: ``(lo,
     a_end, b_end, end)``, masked in ``[lo, a_end)`` and ``[b_end, end)``, rows that see the whole key block
     (and lie below M_total) in ``[a_end, b_end)``. Query i sees key j iff ``j - window < i + offset <= j``
@@ -200,7 +226,7 @@ def _prune(configs, named_args, **kwargs):
     if args["Q"].dtype == torch.float32:  # 4-byte tiles: only the small 2-stage configs fit / pay off
         kept = [c for c in kept if c.num_stages <= 2 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64]
     if not kept:
-        smallest = min(configs, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"]))
+        smallest = min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])
         kept = [smallest]
     return kept
 
@@ -212,9 +238,7 @@ def _configs(entries):
     the autotuner; the small 2-stage ones always fit (float32 with d_head 128 needs them). Configs with
     BLOCK_M / BLOCK_N larger than the problem are pruned by :func:`_prune` (decode: q_pos * group rows
     only)."""
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in entries
-    ]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in entries]
 
 
 _TUNE_KEY = ["HEAD_DIM", "GROUP", "HAS_KEY_START", "HAS_WINDOW", "SOFTCAP", "M_BUCKET", "N_BUCKET"]
@@ -229,6 +253,7 @@ def _autotune(kernel, configs):
 
 
 _FIXED_META: dict = (
-    {} if _USE_AUTOTUNE
+    {}
+    if _USE_AUTOTUNE
     else {"BLOCK_M": _INTERPRET_BLOCK_M, "BLOCK_N": _INTERPRET_BLOCK_N, "num_warps": 4, "num_stages": 1}
 )

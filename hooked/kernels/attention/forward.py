@@ -39,10 +39,35 @@ from hooked.kernels.attention.common import (
 
 @triton.jit
 def _fwd_inner(
-    acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_kd, stride_vn, stride_vd,
-    q_idx, offs_n, offs_d, d_valid, lo, hi, ks, k_pos, offset, window, qk_scale, cap_log2,
-    MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, CHECK_D: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
+    acc,
+    l_i,
+    m_i,
+    q,
+    K_base,
+    V_base,
+    stride_kn,
+    stride_kd,
+    stride_vn,
+    stride_vd,
+    q_idx,
+    offs_n,
+    offs_d,
+    d_valid,
+    lo,
+    hi,
+    ks,
+    k_pos,
+    offset,
+    window,
+    qk_scale,
+    cap_log2,
+    MASKED: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    CHECK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -50,8 +75,13 @@ def _fwd_inner(
         n_valid = cols < k_pos
         k_blk = K_base + start_n.to(tl.int64) * stride_kn
         v_blk = V_base + start_n.to(tl.int64) * stride_vn
-        kT = _load(k_blk + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                   n_valid[None, :], d_valid[:, None], MASKED, CHECK_D)
+        kT = _load(
+            k_blk + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+            n_valid[None, :],
+            d_valid[:, None],
+            MASKED,
+            CHECK_D,
+        )
         qk, _ = _scores(q, kT, qk_scale, cap_log2, SOFTCAP, PRECISION, UPCAST)
         if MASKED:
             visible = _visible(cols[None, :], q_idx[:, None], ks, k_pos, offset, window, HAS_WINDOW)
@@ -64,8 +94,13 @@ def _fwd_inner(
         p = tl.math.exp2(qk - m_sub[:, None])
         alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load(v_blk + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                  n_valid[:, None], d_valid[None, :], MASKED, CHECK_D)
+        v = _load(
+            v_blk + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+            n_valid[:, None],
+            d_valid[None, :],
+            MASKED,
+            CHECK_D,
+        )
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
         m_i = m_new
     return acc, l_i, m_i
@@ -73,16 +108,48 @@ def _fwd_inner(
 
 @triton.jit(do_not_specialize=["M_BUCKET", "N_BUCKET"])
 def _attn_fwd_kernel(
-    Q, K, V, Out, LSE, KeyStart,
-    stride_qb, stride_qm, stride_qh, stride_qd,
-    stride_kb, stride_kn, stride_kh, stride_kd,
-    stride_vb, stride_vn, stride_vh, stride_vd,
-    stride_ob, stride_om, stride_oh, stride_od,
-    n_kv_heads, q_pos, k_pos, M_total, window, qk_scale, cap_log2,
-    M_BUCKET, N_BUCKET,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_D: tl.constexpr, GROUP: tl.constexpr,
-    HAS_KEY_START: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q,
+    K,
+    V,
+    Out,
+    LSE,
+    KeyStart,
+    stride_qb,
+    stride_qm,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vh,
+    stride_vd,
+    stride_ob,
+    stride_om,
+    stride_oh,
+    stride_od,
+    n_kv_heads,
+    q_pos,
+    k_pos,
+    M_total,
+    window,
+    qk_scale,
+    cap_log2,
+    M_BUCKET,
+    N_BUCKET,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CHECK_D: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_KEY_START: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -98,8 +165,7 @@ def _attn_fwd_kernel(
 
     q_idx, q_rel, q_first = _packed_rows(start_m, offs_m, GROUP, stride_qm, stride_qh)
     Q_base = Q + off_b * stride_qb + off_g * GROUP * stride_qh + q_first
-    q = _load(Q_base + q_rel[:, None] + offs_d[None, :] * stride_qd, m_valid[:, None], d_valid[None, :],
-              True, CHECK_D)
+    q = _load(Q_base + q_rel[:, None] + offs_d[None, :] * stride_qd, m_valid[:, None], d_valid[None, :], True, CHECK_D)
     K_base = K + off_b * stride_kb + off_g * stride_kh
     V_base = V + off_b * stride_vb + off_g * stride_vh
 
@@ -108,22 +174,105 @@ def _attn_fwd_kernel(
     else:
         ks = 0
     offset = k_pos - q_pos
-    lo, a_end, b_end, hi = _key_blocks(start_m, M_total, ks, k_pos, q_pos, window, GROUP, HAS_WINDOW,
-                                       BLOCK_M, BLOCK_N)
+    lo, a_end, b_end, hi = _key_blocks(start_m, M_total, ks, k_pos, q_pos, window, GROUP, HAS_WINDOW, BLOCK_M, BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # masked blocks (left-padding boundary, window edge), blocks every row sees whole, masked (diagonal, tail)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                               q_idx, offs_n, offs_d, d_valid, lo, a_end, ks, k_pos, offset, window, qk_scale,
-                               cap_log2, True, HAS_WINDOW, SOFTCAP, CHECK_D, PRECISION, UPCAST, BLOCK_N)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                               q_idx, offs_n, offs_d, d_valid, a_end, b_end, ks, k_pos, offset, window, qk_scale,
-                               cap_log2, False, HAS_WINDOW, SOFTCAP, CHECK_D, PRECISION, UPCAST, BLOCK_N)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K_base, V_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                               q_idx, offs_n, offs_d, d_valid, b_end, hi, ks, k_pos, offset, window, qk_scale,
-                               cap_log2, True, HAS_WINDOW, SOFTCAP, CHECK_D, PRECISION, UPCAST, BLOCK_N)
+    acc, l_i, m_i = _fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        K_base,
+        V_base,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        q_idx,
+        offs_n,
+        offs_d,
+        d_valid,
+        lo,
+        a_end,
+        ks,
+        k_pos,
+        offset,
+        window,
+        qk_scale,
+        cap_log2,
+        True,
+        HAS_WINDOW,
+        SOFTCAP,
+        CHECK_D,
+        PRECISION,
+        UPCAST,
+        BLOCK_N,
+    )
+    acc, l_i, m_i = _fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        K_base,
+        V_base,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        q_idx,
+        offs_n,
+        offs_d,
+        d_valid,
+        a_end,
+        b_end,
+        ks,
+        k_pos,
+        offset,
+        window,
+        qk_scale,
+        cap_log2,
+        False,
+        HAS_WINDOW,
+        SOFTCAP,
+        CHECK_D,
+        PRECISION,
+        UPCAST,
+        BLOCK_N,
+    )
+    acc, l_i, m_i = _fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        K_base,
+        V_base,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        q_idx,
+        offs_n,
+        offs_d,
+        d_valid,
+        b_end,
+        hi,
+        ks,
+        k_pos,
+        offset,
+        window,
+        qk_scale,
+        cap_log2,
+        True,
+        HAS_WINDOW,
+        SOFTCAP,
+        CHECK_D,
+        PRECISION,
+        UPCAST,
+        BLOCK_N,
+    )
 
     empty = l_i == 0.0  # nothing visible (left-padded query): output exactly 0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -133,13 +282,31 @@ def _attn_fwd_kernel(
 
     o_idx, o_rel, o_first = _packed_rows(start_m, offs_m, GROUP, stride_om, stride_oh)
     O_base = Out + off_b * stride_ob + off_g * GROUP * stride_oh + o_first
-    _store(O_base + o_rel[:, None] + offs_d[None, :] * stride_od, acc.to(Out.dtype.element_ty),
-           m_valid[:, None], d_valid[None, :], CHECK_D)
+    _store(
+        O_base + o_rel[:, None] + offs_d[None, :] * stride_od,
+        acc.to(Out.dtype.element_ty),
+        m_valid[:, None],
+        d_valid[None, :],
+        CHECK_D,
+    )
 
 
-_FWD_CONFIGS = _configs([
-    (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 32, 4, 4), (64, 64, 4, 3), (64, 64, 4, 4),
-    (64, 32, 4, 4), (64, 128, 4, 3), (32, 64, 4, 3), (16, 64, 4, 3), (16, 128, 4, 3), (64, 32, 4, 2),
-    (32, 32, 4, 2), (16, 32, 4, 2),
-])
+_FWD_CONFIGS = _configs(
+    [
+        (128, 64, 4, 3),
+        (128, 64, 8, 3),
+        (128, 128, 8, 2),
+        (128, 32, 4, 4),
+        (64, 64, 4, 3),
+        (64, 64, 4, 4),
+        (64, 32, 4, 4),
+        (64, 128, 4, 3),
+        (32, 64, 4, 3),
+        (16, 64, 4, 3),
+        (16, 128, 4, 3),
+        (64, 32, 4, 2),
+        (32, 32, 4, 2),
+        (16, 32, 4, 2),
+    ]
+)
 _fwd_kernel = _autotune(_attn_fwd_kernel, _FWD_CONFIGS)

@@ -22,7 +22,11 @@ __all__ = ["attention_reference", "visible_mask"]
 
 
 def visible_mask(
-    batch: int, q_pos: int, k_pos: int, key_start: torch.Tensor | None, device: torch.device | str,
+    batch: int,
+    q_pos: int,
+    k_pos: int,
+    key_start: torch.Tensor | None,
+    device: torch.device | str,
     window: int | None = None,
 ) -> torch.Tensor:
     """Boolean ``[batch, q_pos, k_pos]``: True where key j is visible to query i."""

@@ -70,12 +70,19 @@ _empty = torch.empty
 # ----------------------------------------------------------------------------------------------
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_start: torch.Tensor | None,
-           softcap: float | None = None, window: int | None = None):
+def _check(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_start: torch.Tensor | None,
+    softcap: float | None = None,
+    window: int | None = None,
+):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"expected q [batch, q_pos, n_heads, d_head] and k, v [batch, k_pos, n_kv_heads, d_head]; "
-            f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+            f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if k.shape != v.shape:
         raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
@@ -91,21 +98,30 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_start: torch.T
     if q.device.type != "cuda" and not _INTERPRET:
         raise RuntimeError(
             "hooked.kernels.flash_attention needs CUDA tensors (a GPU) or the Triton interpreter: set "
-            "TRITON_INTERPRET=1 in the environment before importing hooked to run it on CPU tensors")
+            "TRITON_INTERPRET=1 in the environment before importing hooked to run it on CPU tensors"
+        )
     if key_start is not None:
         if key_start.device != q.device:
             raise ValueError(f"key_start is on {key_start.device} but q is on {q.device}")
         if key_start.shape != (q.shape[0],) or key_start.dtype.is_floating_point or key_start.dtype == torch.bool:
-            raise ValueError(f"key_start must be an integer tensor of shape [batch]={q.shape[0]}; "
-                             f"got {key_start.dtype} {tuple(key_start.shape)}")
-    if softcap is not None and not (isinstance(softcap, numbers.Real) and not isinstance(softcap, bool)
-                                    and 0 < softcap < math.inf):
-        raise ValueError(f"softcap must be a positive finite number (Gemma 2's attn_logit_softcapping, e.g. 50.0)"
-                         f" or None for no cap; got {softcap!r}")
-    if window is not None and not (isinstance(window, numbers.Integral) and not isinstance(window, bool)
-                                   and window >= 1):
-        raise ValueError(f"window must be a whole number of key columns >= 1 (a sliding window: query i sees key j"
-                         f" iff i - window < j <= i) or None for none; got {window!r}")
+            raise ValueError(
+                f"key_start must be an integer tensor of shape [batch]={q.shape[0]}; "
+                f"got {key_start.dtype} {tuple(key_start.shape)}"
+            )
+    if softcap is not None and not (
+        isinstance(softcap, numbers.Real) and not isinstance(softcap, bool) and 0 < softcap < math.inf
+    ):
+        raise ValueError(
+            f"softcap must be a positive finite number (Gemma 2's attn_logit_softcapping, e.g. 50.0)"
+            f" or None for no cap; got {softcap!r}"
+        )
+    if window is not None and not (
+        isinstance(window, numbers.Integral) and not isinstance(window, bool) and window >= 1
+    ):
+        raise ValueError(
+            f"window must be a whole number of key columns >= 1 (a sliding window: query i sees key j"
+            f" iff i - window < j <= i) or None for none; got {window!r}"
+        )
 
 
 def _on_device_of(t: torch.Tensor):
@@ -123,8 +139,14 @@ def _flat_strides(t: torch.Tensor, d_head: int):
     return sb, sm, d_head * se, se
 
 
-def _common(q: torch.Tensor, k: torch.Tensor, key_start: torch.Tensor | None, sm_scale: float | None,
-            softcap: float | None, window: int | None):
+def _common(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    key_start: torch.Tensor | None,
+    sm_scale: float | None,
+    softcap: float | None,
+    window: int | None,
+):
     batch, q_pos, n_heads, d_head = q.shape
     k_pos, n_kv_heads = k.shape[1], k.shape[2]
     group = n_heads // n_kv_heads
@@ -178,8 +200,9 @@ def _flash_attention_forward(q, k, v, key_start=None, sm_scale=None, softcap=Non
 
     ``lse`` is in the kernel's packed-row layout; see :func:`lse_per_head`."""
     _check(q, k, v, key_start, softcap, window)
-    (batch, q_pos, n_heads, d_head, k_pos, n_kv_heads, group, scalars, ks, meta, M_total,
-     buckets) = _common(q, k, key_start, sm_scale, softcap, window)
+    (batch, q_pos, n_heads, d_head, k_pos, n_kv_heads, group, scalars, ks, meta, M_total, buckets) = _common(
+        q, k, key_start, sm_scale, softcap, window
+    )
     window_arg, _, qk_scale, cap_log2 = scalars
     out = _empty((batch, q_pos, n_heads * d_head), dtype=q.dtype, device=q.device)
     lse = _empty((batch, n_kv_heads, M_total), dtype=torch.float32, device=q.device)
@@ -191,9 +214,23 @@ def _flash_attention_forward(q, k, v, key_start=None, sm_scale=None, softcap=Non
         return out, lse
     bh = batch * n_kv_heads
     _fwd_kernel[_grid_rows(M_total, bh)](
-        q, k, v, out, lse, ks if ks is not None else q,
-        *_strides4(q), *_strides4(k), *_strides4(v), *_flat_strides(out, d_head),
-        n_kv_heads, q_pos, k_pos, M_total, window_arg, qk_scale, cap_log2,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        ks if ks is not None else q,
+        *_strides4(q),
+        *_strides4(k),
+        *_strides4(v),
+        *_flat_strides(out, d_head),
+        n_kv_heads,
+        q_pos,
+        k_pos,
+        M_total,
+        window_arg,
+        qk_scale,
+        cap_log2,
         *buckets,
         **meta,
     )
@@ -202,8 +239,9 @@ def _flash_attention_forward(q, k, v, key_start=None, sm_scale=None, softcap=Non
 
 def _flash_attention_backward(dout, q, k, v, out, lse, key_start=None, sm_scale=None, softcap=None, window=None):
     """Launch the backward kernels; returns ``(dq, dk, dv)`` (contiguous, in the inputs' dtype)."""
-    (batch, q_pos, n_heads, d_head, k_pos, n_kv_heads, group, scalars, ks, meta, M_total,
-     buckets) = _common(q, k, key_start, sm_scale, softcap, window)
+    (batch, q_pos, n_heads, d_head, k_pos, n_kv_heads, group, scalars, ks, meta, M_total, buckets) = _common(
+        q, k, key_start, sm_scale, softcap, window
+    )
     dq = _empty(q.shape, dtype=q.dtype, device=q.device)
     dk = _empty(k.shape, dtype=k.dtype, device=k.device)
     dv = _empty(v.shape, dtype=v.dtype, device=v.device)
@@ -213,18 +251,50 @@ def _flash_attention_backward(dout, q, k, v, out, lse, key_start=None, sm_scale=
     bh = batch * n_kv_heads
     ks_arg = ks if ks is not None else q
     _bwd_dq_kernel[_grid_rows(M_total, bh)](
-        q, k, v, out, dout, dq, lse, delta, ks_arg,
-        *_strides4(q), *_strides4(k), *_strides4(v), *_flat_strides(out, d_head),
-        *_flat_strides(dout, d_head), *_strides4(dq),
-        n_kv_heads, q_pos, k_pos, M_total, *scalars,
+        q,
+        k,
+        v,
+        out,
+        dout,
+        dq,
+        lse,
+        delta,
+        ks_arg,
+        *_strides4(q),
+        *_strides4(k),
+        *_strides4(v),
+        *_flat_strides(out, d_head),
+        *_flat_strides(dout, d_head),
+        *_strides4(dq),
+        n_kv_heads,
+        q_pos,
+        k_pos,
+        M_total,
+        *scalars,
         *buckets,
         **meta,
     )
     _bwd_dkdv_kernel[_grid_keys(k_pos, bh)](
-        q, k, v, dout, dk, dv, lse, delta, ks_arg,
-        *_strides4(q), *_strides4(k), *_strides4(v), *_flat_strides(dout, d_head),
-        *_strides4(dk), *_strides4(dv),
-        n_kv_heads, q_pos, k_pos, M_total, *scalars,
+        q,
+        k,
+        v,
+        dout,
+        dk,
+        dv,
+        lse,
+        delta,
+        ks_arg,
+        *_strides4(q),
+        *_strides4(k),
+        *_strides4(v),
+        *_flat_strides(dout, d_head),
+        *_strides4(dk),
+        *_strides4(dv),
+        n_kv_heads,
+        q_pos,
+        k_pos,
+        M_total,
+        *scalars,
         *buckets,
         **meta,
     )
@@ -253,8 +323,9 @@ class _FlashAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, key_start = ctx.saved_tensors
         with _on_device_of(q):
-            dq, dk, dv = _flash_attention_backward(dout, q, k, v, out, lse, key_start, ctx.sm_scale, ctx.softcap,
-                                                   ctx.window)
+            dq, dk, dv = _flash_attention_backward(
+                dout, q, k, v, out, lse, key_start, ctx.sm_scale, ctx.softcap, ctx.window
+            )
         return dq, dk, dv, None, None, None, None
 
 
