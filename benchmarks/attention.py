@@ -141,17 +141,18 @@ def kernel_section(args) -> list[dict]:
             dout = torch.randn(b, s, H * d, device=dev, dtype=dtype)
             dout_t = dout.view(b, s, H, d).transpose(1, 2).contiguous()
 
-            def ours_fwd():
+            # The tensors are bound as defaults: the loop deletes its names before the next shape.
+            def ours_fwd(q=q, k=k, v=v):
                 return flash_attention(q, k, v)
 
-            def ours_fb():
+            def ours_fb(q=q, k=k, v=v, dout=dout):
                 flash_attention(q, k, v).backward(dout)
 
-            def ref_fwd():
+            def ref_fwd(qt=qt, kt=kt, vt=vt):
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                     return sdpa(qt, kt, vt, is_causal=True)
 
-            def ref_fb():
+            def ref_fb(qt=qt, kt=kt, vt=vt, dout_t=dout_t):
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                     sdpa(qt, kt, vt, is_causal=True).backward(dout_t)
 
@@ -265,7 +266,7 @@ def end_to_end(
                 generator = torch.Generator().manual_seed(0)
                 tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=generator).to(device)
 
-                def forward(backend):
+                def forward(backend, model=model, tokens=tokens):  # bound: the loop deletes `model` afterwards
                     with hooked.attention_backend(backend):
                         return model(tokens)
 
@@ -437,7 +438,8 @@ def main(argv=None) -> int:
     e2e_rows = []
     if "e2e" in args.sections:
         print(
-            f"\nend to end: hooked forward, bf16, attention_backend('triton') vs ('sdpa'), {torch.cuda.get_device_name()}"
+            f"\nend to end: hooked forward, bf16, attention_backend('triton') vs ('sdpa'), "
+            f"{torch.cuda.get_device_name()}"
         )
         e2e_rows = end_to_end(
             E2E_MODELS, E2E_SHAPES, "cuda", ("triton", "sdpa"), cuda_timer, _import_common().BENCH_DIR

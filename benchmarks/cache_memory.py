@@ -206,7 +206,8 @@ def main() -> None:
                 "peak anon / output",
             ],
             rows,
-            title="resident memory, each library in its own process, sampled every 2 ms (growth over the RSS before the call)",
+            title="resident memory, each library in its own process, sampled every 2 ms (growth over the RSS before "
+            "the call)",
         )
     )
 

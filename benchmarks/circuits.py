@@ -210,7 +210,7 @@ def path_section(repeats: int) -> None:
         result = circuits.path_patch_sweep(model, clean, corrupt, {h: ([h], ["logits"]) for h in heads}, metric)
         return [float(result[h].mean()) for h in heads]
 
-    difference = max(abs(a - b) for a, b in zip(by_hand(), batched()))
+    difference = max(abs(a - b) for a, b in zip(by_hand(), batched(), strict=True))
     timings = compare({"hand-written loop": by_hand, "path_patch_sweep": batched}, repeats=repeats, warmup=1)
     print(
         timing_table(

@@ -200,7 +200,9 @@ def table(headers: list[str], rows: list[tuple], title: str | None = None) -> st
     if title:
         lines.append(title)
     for index, row in enumerate(cells):
-        line = "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        line = "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
         lines.append("| " + line + " |")
         if index == 0:
             lines.append("|-" + "--".join("-" * w for w in widths) + "-|")

@@ -278,7 +278,8 @@ def run_models(cases: dict[str, dict], args, scratch: Path) -> dict[str, dict]:
                 growth = max(r["load_hwm"] - r["baseline_rss"] for r in ranks_out)
                 print(
                     f"  {name}, TP={ranks}, round {round_index + 1}: load growth {growth / 2**20:.0f} MiB/rank,"
-                    f" forward {median_of(ranks_out, 'forward_s') * 1e3:.0f} ms, launch {time.perf_counter() - start:.1f} s",
+                    f" forward {median_of(ranks_out, 'forward_s') * 1e3:.0f} ms, launch "
+                    f"{time.perf_counter() - start:.1f} s",
                     flush=True,
                 )
         results[name] = dict(
@@ -400,7 +401,8 @@ def forward_rows(name: str, result: dict) -> tuple[list[tuple], list[str]]:
         statistics.median(max(min(r["forward_s"]) for r in ranks_out) for ranks_out in runs[tp]) for tp in ("1", "2")
     ]
     notes = [
-        f"{name}, fastest forwards (median over launches): TP=1 {fastest[0] * 1e3:.0f} ms, TP=2 {fastest[1] * 1e3:.0f} ms,"
+        f"{name}, fastest forwards (median over launches): TP=1 {fastest[0] * 1e3:.0f} ms, TP=2 "
+        f"{fastest[1] * 1e3:.0f} ms,"
         f" ratio {fastest[1] / fastest[0]:.2f}",
         f"{name}, TP=2 vs TP=1 logits: max |diff| {tp2['max_abs']:.3g}, mean |diff| {tp2['mean_abs']:.3g},"
         f" argmax agrees at {tp2['argmax_agree']:.1%} of positions",
@@ -488,7 +490,8 @@ def main() -> None:
     cases = model_cases() if {"memory", "forward"} & set(sections) else {}
     print(environment())
     print(
-        f"cpus {os.cpu_count()}: 1 rank x {os.cpu_count()} threads vs 2 ranks x {max(1, os.cpu_count() // 2)} thread(s);"
+        f"cpus {os.cpu_count()}: 1 rank x {os.cpu_count()} threads vs 2 ranks x {max(1, os.cpu_count() // 2)} "
+        "thread(s);"
         f" {args.rounds} launches of each, alternating\n",
         flush=True,
     )
@@ -529,7 +532,8 @@ def main() -> None:
                     "load s",
                 ],
                 detail,
-                title="per rank, MiB, medians over launches (growth = VmHWM - baseline VmRSS; held = VmRSS after the load - baseline)",
+                title="per rank, MiB, medians over launches (growth = VmHWM - baseline VmRSS; held = VmRSS after the "
+                "load - baseline)",
             )
         )
     print()
@@ -548,7 +552,8 @@ def main() -> None:
     seconds = time.perf_counter() - began
     load = {"before": load_before, "after": os.getloadavg()}
     print(
-        f"\nwall time {seconds:.0f} s; load average (1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in load['before'])},"
+        f"\nwall time {seconds:.0f} s; load average (1, 5, 15 min) before "
+        f"{', '.join(f'{x:.2f}' for x in load['before'])},"
         f" after {', '.join(f'{x:.2f}' for x in load['after'])} (before: other jobs; this run alone keeps it near 2)"
     )
 

@@ -1,4 +1,5 @@
-"""Forward pass, no hooks: hooked's Llama, Mistral, GPT-NeoX (Pythia), Mixtral, OLMo 2, Gemma 2 and Gemma 3 vs transformers.
+"""Forward pass, no hooks: hooked's Llama, Mistral, GPT-NeoX (Pythia), Mixtral, OLMo 2, Gemma 2 and Gemma 3 against
+transformers.
 
     .venv/bin/python benchmarks/families_forward.py [--repeats 10] [--batch 4] [--pos 128] [--only FAMILY] [--cpu-time]
 
@@ -22,6 +23,7 @@ Checkpoints are written once under $HOOKED_BENCH_DIR (default /tmp/hooked-bench)
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import torch
@@ -97,8 +99,8 @@ def run(family: str, args) -> tuple[list, float, bool]:
         diff, identical = (ours - theirs).abs().max().item(), torch.equal(ours, theirs)
         timings = compare(
             {
-                f"transformers ({implementation})": lambda: reference(tokens, use_cache=False),
-                "hooked": lambda: model(tokens),
+                f"transformers ({implementation})": functools.partial(reference, tokens, use_cache=False),
+                "hooked": functools.partial(model, tokens),
             },
             repeats=args.repeats,
             warmup=args.warmup,

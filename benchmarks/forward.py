@@ -52,7 +52,8 @@ def main() -> None:
     print(
         timing_table(
             timings,
-            title=f"\nforward, float32, batch {args.batch} x {args.pos} tokens, {args.repeats} runs each (target: hooked <= 1.05)",
+            title=f"\nforward, float32, batch {args.batch} x {args.pos} tokens, {args.repeats} runs each (target: "
+            "hooked <= 1.05)",
         )
     )
     print()

@@ -186,7 +186,8 @@ def main() -> None:
         print(
             timing_table(
                 timings,
-                title=f"\n1. forward with no-op hooks, float32, batch {args.batch} x {args.pos}, {args.repeats} runs each,"
+                title=f"\n1. forward with no-op hooks, float32, batch {args.batch} x {args.pos}, {args.repeats} runs "
+                "each,"
                 f" {unit} (target: first hooked row <= 1.15)",
             )
         )

@@ -16,6 +16,7 @@ $HOOKED_BENCH_DIR (default /tmp/hooked-bench) and reused.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 from common import (
@@ -57,7 +58,10 @@ def run(kind: str, args) -> tuple[list, float, bool]:
         theirs = reference(tokens, use_cache=False).logits
         diff, identical = (ours - theirs).abs().max().item(), torch.equal(ours, theirs)
         timings = compare(
-            {"transformers (sdpa)": lambda: reference(tokens, use_cache=False), "hooked": lambda: model(tokens)},
+            {
+                "transformers (sdpa)": functools.partial(reference, tokens, use_cache=False),
+                "hooked": functools.partial(model, tokens),
+            },
             repeats=args.repeats,
             warmup=args.warmup,
         )

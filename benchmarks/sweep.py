@@ -171,7 +171,7 @@ def prepare(section: str, method: str, args) -> tuple[Callable, Callable]:
                     values.append(logit_diff(model(tokens, use_cache=False).logits))
                 finally:
                     handle.remove()
-            return ["clean", *(f"L{l}H{h}" for l, h in heads)], torch.stack(values)
+            return ["clean", *(f"L{layer}H{head}" for layer, head in heads)], torch.stack(values)
 
         return lambda: model(tokens, use_cache=False), run
 
@@ -203,7 +203,7 @@ def prepare(section: str, method: str, args) -> tuple[Callable, Callable]:
                         model.transformer.h[layer].attn.c_proj.input[:, :, head * D_HEAD : (head + 1) * D_HEAD] = 0
                         logits = model.lm_head.output
                         values.append(logits[:, -1, a] - logits[:, -1, b])
-            return ["clean", *(f"L{l}H{h}" for l, h in heads)], torch.stack([v.float() for v in values])
+            return ["clean", *(f"L{layer}H{head}" for layer, head in heads)], torch.stack([v.float() for v in values])
 
         def warmup():
             with model.trace(tokens):
@@ -245,7 +245,7 @@ def prepare(section: str, method: str, args) -> tuple[Callable, Callable]:
             for layer, head in heads:
                 logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head(head))])
                 values.append(logit_diff(logits))
-            return ["clean", *(f"L{l}H{h}" for l, h in heads)], torch.stack(values)
+            return ["clean", *(f"L{layer}H{head}" for layer, head in heads)], torch.stack(values)
 
         return lambda: model(tokens), run
 
@@ -353,7 +353,8 @@ def run_section(section: str, args) -> dict[str, dict]:
             state.setdefault("values", torch.tensor(out["values"]))
             state.setdefault("labels", out["labels"])
             print(
-                f"  {section} {method}: round {round_index + 1}, {out['seconds']:.1f} s, peak {out['peak'] / MiB:.0f} MiB",
+                f"  {section} {method}: round {round_index + 1}, {out['seconds']:.1f} s, peak {out['peak'] / MiB:.0f} "
+                "MiB",
                 flush=True,
             )
     return results
@@ -366,13 +367,14 @@ def summarise(section: str, results: dict[str, dict]) -> list[tuple]:
     full = D_MLP + 1  # variants of the full neuron sweep, the clean run included
 
     def seconds(method: str, key: str = "seconds", pick=statistics.median) -> float:
-        """Over the method's runs; in the neuron section scaled to all 3,072 neurons (both methods are linear in them)."""
+        """Over the method's runs; in the neuron section scaled to all 3,072 neurons (both methods are linear
+        in them)."""
         value = pick(r[key] for r in results[method]["runs"])
         ran = len(results[method]["labels"])
         return value * full / ran if section == "neurons" and ran < full else value
 
     loop_peak = min(r["peak"] for r in loop["runs"])
-    by_label = dict(zip(loop["labels"], loop["values"]))
+    by_label = dict(zip(loop["labels"], loop["values"], strict=True))
     rows = []
     for method, state in results.items():
         name = f"{section}: {method}"

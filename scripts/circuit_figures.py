@@ -47,7 +47,8 @@ def main() -> None:
     for method in ("eap", "eap-ig"):
         c = circuits.discover(model, clean, corrupt, metric, method=method, n_edges=tenth)
         print(
-            f"{method}, top {tenth}: {c}; faithfulness {c.faithfulness():.3f}, held-out {c.faithfulness(*held):.3f}; {c.heads}"
+            f"{method}, top {tenth}: {c}; faithfulness {c.faithfulness():.3f}, held-out {c.faithfulness(*held):.3f}; "
+            f"{c.heads}"
         )
         print("  edges:", [(str(edge), round(c.scores[str(edge)], 2)) for edge in c.edges])
         curve = c.curve([5, 10, 20, tenth, 100, 200], *held)

@@ -456,7 +456,7 @@ def step_end_to_end(args, record: Recorder) -> None:
     for name, (arch, sizes) in models_for(args).items():
         holder = {}
 
-        def build(arch=arch, sizes=sizes, name=name):
+        def build(arch=arch, sizes=sizes, name=name, holder=holder):
             start = time.perf_counter()
             holder["model"] = random_model(arch, device, dtype, **sizes)
             n = sum(p.numel() for p in holder["model"].parameters())
@@ -778,7 +778,8 @@ def ensure_cuda_build(log) -> None:
         tail = (result.stdout + result.stderr).strip().splitlines()[-3:]
         if result.returncode != 0:
             log(
-                f"[0 cuda-build] install: error rc={result.returncode} after {time.time() - start:.0f} s: {' | '.join(tail)}"
+                f"[0 cuda-build] install: error rc={result.returncode} after {time.time() - start:.0f} s: "
+                f"{' | '.join(tail)}"
             )
             return
     except subprocess.TimeoutExpired:
@@ -890,7 +891,8 @@ def main() -> int:
     (args.out / "gpu-check.json").write_text(json.dumps(report, indent=1, default=str))
     failed = [s["step"] for s in steps if s["exit_code"] not in (0, None)]
     log(
-        f"[done] {len(steps)} steps in {time.time() - start:.0f} s; failed: {failed or 'none'}; wrote {args.out}/gpu-check.json"
+        f"[done] {len(steps)} steps in {time.time() - start:.0f} s; failed: {failed or 'none'}; wrote "
+        f"{args.out}/gpu-check.json"
     )
     if not args.dry_run and not env["cuda_available"]:
         return 2

@@ -337,7 +337,7 @@ def checkpoint_tensors(model) -> dict[str, torch.Tensor]:
         elif name == "ln_final.weight":
             out["model.norm.weight"] = tensor
         elif name.endswith("experts.gate_up_proj"):  # [n_experts, 2 d_expert_mlp, d_model]: gate rows, then up
-            for expert, (gate, up) in enumerate(zip(*tensor.chunk(2, dim=1))):
+            for expert, (gate, up) in enumerate(zip(*tensor.chunk(2, dim=1), strict=True)):
                 out[f"model.layers.{parts[1]}.mlp.experts.{expert}.gate_proj.weight"] = gate.contiguous()
                 out[f"model.layers.{parts[1]}.mlp.experts.{expert}.up_proj.weight"] = up.contiguous()
         elif name.endswith("experts.down_proj"):
@@ -570,7 +570,8 @@ def main(argv=None) -> int:
     print(f"\nfinal figures of the model loaded from {where} (training took {result['train_seconds']:.0f}s):")
     for name, figures in final.items():
         print(
-            f"  {name:18s} n={figures['n']:4d}  logit_diff {figures['logit_diff']:6.2f}  accuracy {figures['accuracy']:.3f}"
+            f"  {name:18s} n={figures['n']:4d}  logit_diff {figures['logit_diff']:6.2f}  accuracy "
+            f"{figures['accuracy']:.3f}"
         )
     if not args.no_save:
         size = (directory / "model.safetensors").stat().st_size
