@@ -367,7 +367,7 @@ def test_center_unembed_is_refused_under_a_logit_softcap(dirs, models, monkeypat
     probability, so it is refused (naming center_unembed=False) before any weight is read; nothing is changed
     on a model processed in place. Without a final cap it runs."""
     read = []
-    monkeypatch.setattr(hooked.weights, "read_state_dict", lambda *a, **k: read.append(1) or {})
+    monkeypatch.setattr(hooked.weights.loading, "read_state_dict", lambda *a, **k: read.append(1) or {})
     with pytest.raises(ValueError, match=r"center_unembed=True: this model caps its logits.*center_unembed=False"):
         hooked.HookedTransformer.from_pretrained(str(dirs["capped_gqa"]))
     assert not read
