@@ -57,7 +57,7 @@ from hooked.interventions.ablate import Reference, Resample, Selector, is_tokens
 from hooked.interventions.addresses import head_names
 from hooked.interventions.positions import PerPrompt, Positions, as_ints, as_positions, positions_record
 from hooked.interventions.results import SweepResult, variant_names
-from hooked.interventions.sweeps import metric_values, plan_variants, sweep, sweep_provenance
+from hooked.interventions.sweeps import PlannedVariant, metric_values, plan_variants, sweep, sweep_provenance
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -273,7 +273,7 @@ class _PatchedPoints:
     the gradient at), `clean - corrupt` there, and the elements each variant's patch writes; then it turns
     the gradients into each variant's estimate."""
 
-    def __init__(self, planned: list, precision: torch.dtype):
+    def __init__(self, planned: list[PlannedVariant], precision: torch.dtype):
         self.by_point: dict[str, list[tuple[str, Patch]]] = {}  # point -> (variant, its patch there)
         for variant in planned:
             for name, fn in variant.hooks:
