@@ -111,17 +111,18 @@ def sweep(
         raise ValueError("variants must be a non-empty dict: {name: [(hook_name, callback), ...]}")
     group = _data_parallel_group(model, data_parallel)
     with torch.no_grad():
+        # The plan (step 0 of the module docstring): every variant resolved and checked before anything runs.
         tokens, key_valid, planned, reads = _checked_plan(model, input, attention_mask, variants, metric, group)
         prompts = Prompts(tokens, position_ids_for(tokens, key_valid), key_valid)
 
-        # 1. The base run, keeping the residual stream entering every stage a variant starts at.
+        # The base run (step 2), keeping the residual stream entering every stage a variant starts at.
         base_resid, base_reduced = _base_run(model, prompts, {v.stage for v in planned}, reads)
         base_value = reads.evaluate(base_reduced, base_reduced, key_valid)
 
-        # 2. Chunks of variants, sorted by the stage they start at; under data parallelism, this rank's share.
+        # Chunks of variants (step 3), sorted by the stage they start at; under data parallelism, this rank's share.
         chunks = _chunks(model, planned, tokens.shape, reads, max_rows, max_bytes, group)
 
-        # 3. Each chunk's forward; each variant's block of rows is its row of the table.
+        # The table (steps 1, 4, 5): each chunk's forward; each variant's block of B rows is its row of the table.
         values = _table(model, prompts, planned, chunks, base_resid, base_reduced, reads, progress, group)
     return SweepResult(
         variants=[v.name for v in planned],
