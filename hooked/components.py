@@ -361,52 +361,17 @@ class ComponentWrites:
             raise ValueError("mlp_input=True needs a block to feed; the final residual goes to the unembedding")
         self._check_mlp_input(upto, mlp_input)
         expand_experts = expand_neurons if expand_experts is None else expand_experts
-        through = through_post_norm
-        heads, labels = self.stack_head_results(
+        heads, head_labels = self.stack_head_results(
             upto + int(self._mlp_after_attention(upto, mlp_input)),
             pos_slice=pos_slice,
             return_labels=True,
-            through_post_norm=through,
+            through_post_norm=through_post_norm,
         )
-        components = [heads]
-        sparse = [i for i in range(upto) if _has_experts(self.model.blocks[i].mlp)]
-        if sparse:
-            for i in filter(self._has_mlp, range(upto)):
-                if i in sparse and expand_experts:
-                    components.append(self.get_expert_results(i, pos_slice).movedim(-2, 0))
-                    labels += [f"L{i}.E{e}" for e in range(components[-1].shape[0])]
-                elif i not in sparse and expand_neurons:
-                    components.append(
-                        self.get_neuron_results(i, pos_slice=pos_slice, through_post_norm=through).movedim(-2, 0)
-                    )
-                    labels += [f"L{i}N{n}" for n in range(components[-1].shape[0])]
-                else:
-                    components.append(self._slice(self["mlp_out", i], pos_slice)[None])
-                    labels.append(f"{i}_mlp_out")
-        elif any(self._has_mlp(i) for i in range(upto)):  # as TransformerLens: no MLP rows on an attn_only model
-            if expand_neurons:
-                neurons, neuron_labels = self.stack_neuron_results(
-                    upto, pos_slice=pos_slice, return_labels=True, through_post_norm=through
-                )
-            else:
-                neurons, neuron_labels = self.decompose_resid(
-                    upto, mlp_input=mlp_input, mode="mlp", pos_slice=pos_slice, incl_embeds=False, return_labels=True
-                )
-            components.append(neurons)
-            labels += neuron_labels
-        for name in self.model.embedding_hook_names:
-            components.append(self._slice(self[name], pos_slice)[None])
-            labels.append(name.removeprefix("hook_"))
-        written = range(upto + int(self._mlp_after_attention(upto, mlp_input)))  # the blocks whose biases are summed
-        if through and any(getattr(type(self.model.blocks[i]), "output_norms", ()) for i in written):
-            components.append(
-                self._biases_through_post_norms(upto, mlp_input, expand_neurons, pos_slice).to(heads.dtype)[None]
-            )
-        else:
-            bias = accumulated_bias(self.model, upto, mlp_input, include_mlp_biases=expand_neurons)
-            components.append(bias.to(heads.device, heads.dtype).expand(1, *heads.shape[1:]))
-        labels.append("bias")
-        stack = torch.cat(components)
+        mlps, mlp_labels = self._mlp_rows(upto, mlp_input, expand_neurons, expand_experts, pos_slice, through_post_norm)
+        embeddings, embedding_labels = self._embedding_rows(pos_slice)
+        bias = self._bias_row(upto, mlp_input, expand_neurons, pos_slice, through_post_norm, like=heads)
+        stack = torch.cat([heads, *mlps, *embeddings, bias])
+        labels = [*head_labels, *mlp_labels, *embedding_labels, "bias"]
         if apply_ln:
             stack = self.apply_ln_to_stack(
                 stack, upto, mlp_input=mlp_input, pos_slice=pos_slice, has_batch_dim=self.has_batch_dim
@@ -414,6 +379,72 @@ class ComponentWrites:
         if project_output_onto is not None:
             stack = stack @ project_output_onto.to(stack.device, stack.dtype)
         return (stack, labels) if return_labels else stack
+
+    def _mlp_rows(
+        self,
+        upto: int,
+        mlp_input: bool,
+        expand_neurons: bool,
+        expand_experts: bool,
+        pos_slice: PosSlice,
+        through_post_norm: bool,
+    ) -> tuple[list[Tensor], list[str]]:
+        """The MLP rows of `get_full_resid_decomposition` (stacks [component batch pos d_model], and their labels):
+        every neuron, or each MLP whole, of the blocks before `upto`; block by block on a mixture-of-experts model."""
+        if any(_has_experts(self.model.blocks[i].mlp) for i in range(upto)):
+            return self._mlp_rows_by_block(upto, expand_neurons, expand_experts, pos_slice, through_post_norm)
+        if not any(self._has_mlp(i) for i in range(upto)):  # as TransformerLens: no MLP rows on an attn_only model
+            return [], []
+        if expand_neurons:
+            neurons, labels = self.stack_neuron_results(
+                upto, pos_slice=pos_slice, return_labels=True, through_post_norm=through_post_norm
+            )
+        else:
+            neurons, labels = self.decompose_resid(
+                upto, mlp_input=mlp_input, mode="mlp", pos_slice=pos_slice, incl_embeds=False, return_labels=True
+            )
+        return [neurons], list(labels)
+
+    def _mlp_rows_by_block(
+        self, upto: int, expand_neurons: bool, expand_experts: bool, pos_slice: PosSlice, through_post_norm: bool
+    ) -> tuple[list[Tensor], list[str]]:
+        """`_mlp_rows` where some blocks are sparse: per block its experts, dense neurons or whole output, in place."""
+        components, labels = [], []
+        for i in filter(self._has_mlp, range(upto)):
+            sparse = _has_experts(self.model.blocks[i].mlp)
+            if sparse and expand_experts:
+                components.append(self.get_expert_results(i, pos_slice).movedim(-2, 0))
+                labels += [f"L{i}.E{e}" for e in range(components[-1].shape[0])]
+            elif not sparse and expand_neurons:
+                neurons = self.get_neuron_results(i, pos_slice=pos_slice, through_post_norm=through_post_norm)
+                components.append(neurons.movedim(-2, 0))
+                labels += [f"L{i}N{n}" for n in range(components[-1].shape[0])]
+            else:
+                components.append(self._slice(self["mlp_out", i], pos_slice)[None])
+                labels.append(f"{i}_mlp_out")
+        return components, labels
+
+    def _embedding_rows(self, pos_slice: PosSlice) -> tuple[list[Tensor], list[str]]:
+        """One row per embedding the model adds (`embed`, and `pos_embed` where it has one)."""
+        names = self.model.embedding_hook_names
+        return [self._slice(self[name], pos_slice)[None] for name in names], [n.removeprefix("hook_") for n in names]
+
+    def _bias_row(
+        self,
+        upto: int,
+        mlp_input: bool,
+        include_mlp_biases: bool,
+        pos_slice: PosSlice,
+        through_post_norm: bool,
+        like: Tensor,
+    ) -> Tensor:
+        """The `bias` row [1 batch pos d_model] (dtype and shape of `like`): the output biases summed up to the
+        residual stream decomposed, carried through the post-norms of the blocks that have them when asked."""
+        written = range(upto + int(self._mlp_after_attention(upto, mlp_input)))  # the blocks whose biases are summed
+        if through_post_norm and any(getattr(type(self.model.blocks[i]), "output_norms", ()) for i in written):
+            return self._biases_through_post_norms(upto, mlp_input, include_mlp_biases, pos_slice).to(like.dtype)[None]
+        bias = accumulated_bias(self.model, upto, mlp_input, include_mlp_biases=include_mlp_biases)
+        return bias.to(like.device, like.dtype).expand(1, *like.shape[1:])
 
     def _biases_through_post_norms(
         self, upto: int, mlp_input: bool, include_mlp_biases: bool, pos_slice: PosSlice

@@ -363,6 +363,7 @@ def vocab_parallel_logits(
 
 # ----------------------------------------------------------------------------- splitting a model
 ReadPlan = dict[str, tuple[int, list[tuple[int, int]], torch.Size]]  # parameter -> (dim, ranges, shape on disk)
+_Cut = tuple[str, nn.Module, dict]  # (module name, module, its tp_plan(): parameter path -> hooked.layers.Split)
 
 
 def parallelize(model, parallel: Parallel) -> ReadPlan:
@@ -371,61 +372,70 @@ def parallelize(model, parallel: Parallel) -> ReadPlan:
 
     Raises before changing anything when a size does not split over tp.
     """
-    cfg, rank = model.cfg, parallel.tp_rank
-    heads = parallel.even(cfg.n_heads, "n_heads (attention heads)")
-    kv_heads = parallel.even_or_replicated(cfg.n_kv_heads, "n_kv_heads (key/value heads)")
-    mlp = parallel.uneven(cfg.d_mlp)
-    vocab = parallel.uneven(cfg.d_vocab)
+    cuts, ranges = _declared_cuts(model, parallel)
     plan: ReadPlan = {}
+    for name, module, module_plan in cuts:
+        _cut_module(name, module, module_plan, ranges, parallel, plan)
+    _cut_vocabulary(model, parallel, plan)
+    _record_split(model, parallel, ranges)
+    return plan
 
-    def split(module: nn.Module, name: str, dim: int, spans: list[tuple[int, int]], prefix: str) -> None:
-        parameter = getattr(module, name)
-        shape = list(parameter.shape)
-        plan[f"{prefix}{name}"] = (dim, spans, parameter.shape)
-        shape[dim] = sum(stop - start for start, stop in spans)
-        setattr(
-            module, name, nn.Parameter(torch.empty(shape, dtype=parameter.dtype, device="meta"), requires_grad=False)
-        )
 
-    def row_parallel(module: nn.Module, child: str, cls: type | None = None) -> None:
-        old = getattr(module, child)
-        cls = cls or row_parallel_class(type(old))
-        new = cls.__new__(cls)
-        new.__dict__.update(old.__dict__)
-        new.parallel = parallel
-        setattr(module, child, new)
-
-    ranges = {"heads": heads, "kv_heads": kv_heads, "d_mlp": mlp}
-    # Each module declares its cut (tp_plan, hooked.layers.Split): checked whole before anything changes.
+def _declared_cuts(model, parallel: Parallel) -> tuple[list[_Cut], dict[str, list[tuple[int, int]]]]:
+    """Each module's declared cut (`tp_plan`, hooked.layers.Split), and each rank's [start, stop) of every count
+    they cut by (heads, kv_heads, d_mlp, experts): checked whole, before anything changes."""
+    cfg = model.cfg
+    ranges = {
+        "heads": parallel.even(cfg.n_heads, "n_heads (attention heads)"),
+        "kv_heads": parallel.even_or_replicated(cfg.n_kv_heads, "n_kv_heads (key/value heads)"),
+        "d_mlp": parallel.uneven(cfg.d_mlp),
+    }
     cuts = [(name, module, module.tp_plan()) for name, module in model.named_modules() if hasattr(module, "tp_plan")]
     if any(how.axis == "experts" for _, _, module_plan in cuts for how in module_plan.values()):
         ranges["experts"] = parallel.even(cfg.n_experts, "n_experts")
-    for name, module, module_plan in cuts:
+    for name, _, module_plan in cuts:
         for path, how in module_plan.items():
             if ranges.get(how.axis) is None:
                 raise ValueError(
                     f"{name}.{path}: the tensor-parallel plan cuts by {how.axis!r}, which this model has no "
                     f"count for (heads, kv_heads, d_mlp, experts)"
                 )
-    for name, module, module_plan in cuts:
-        for path, how in module_plan.items():
-            owner_path, _, leaf = path.rpartition(".")
-            owner = module.get_submodule(owner_path) if owner_path else module
-            start, stop = ranges[how.axis][rank]
-            spans = [
-                (part_start + start * how.unit, part_start + stop * how.unit)
-                for part_start in _part_starts(getattr(owner, leaf).shape[how.dim], how.parts)
-            ]
-            split(owner, leaf, how.dim, spans, f"{name}.{path[: -len(leaf)]}")
-            if how.reduce:  # the layer owning this weight reads a cut input
-                parent_path, _, child = owner_path.rpartition(".")
-                row_parallel(module.get_submodule(parent_path) if parent_path else module, child)
-        local = {axis: spans_[rank] for axis, spans_ in ranges.items() if spans_ is not None}
-        for attribute, axis in getattr(module, "tp_counts", {}).items():
-            setattr(module, attribute, local[axis][1] - local[axis][0])
-        if hasattr(module, "tp_applied"):
-            module.tp_applied(parallel, local)
-    # The embedding and the unembedding (one module when tied), found by their weights.
+    return cuts, ranges
+
+
+def _cut_module(
+    name: str,
+    module: nn.Module,
+    module_plan: dict,
+    ranges: dict[str, list[tuple[int, int]]],
+    parallel: Parallel,
+    plan: ReadPlan,
+) -> None:
+    """Apply one module's cut on this rank: split each parameter its plan names (recording what to read in
+    `plan`), make each layer that reads a cut input row-parallel, and give the module its local counts."""
+    rank = parallel.tp_rank
+    for path, how in module_plan.items():
+        owner_path, _, leaf = path.rpartition(".")
+        owner = module.get_submodule(owner_path) if owner_path else module
+        start, stop = ranges[how.axis][rank]
+        spans = [
+            (part_start + start * how.unit, part_start + stop * how.unit)
+            for part_start in _part_starts(getattr(owner, leaf).shape[how.dim], how.parts)
+        ]
+        _split_parameter(owner, leaf, how.dim, spans, f"{name}.{path[: -len(leaf)]}", plan)
+        if how.reduce:  # the layer owning this weight reads a cut input
+            parent_path, _, child = owner_path.rpartition(".")
+            _make_row_parallel(module.get_submodule(parent_path) if parent_path else module, child, parallel)
+    local = {axis: spans_[rank] for axis, spans_ in ranges.items() if spans_ is not None}
+    for attribute, axis in getattr(module, "tp_counts", {}).items():
+        setattr(module, attribute, local[axis][1] - local[axis][0])
+    if hasattr(module, "tp_applied"):
+        module.tp_applied(parallel, local)
+
+
+def _cut_vocabulary(model, parallel: Parallel, plan: ReadPlan) -> None:
+    """Split the embedding and the unembedding (one module when tied, found by their weights) by vocabulary rows."""
+    rows = parallel.uneven(model.cfg.d_vocab)[parallel.tp_rank]
     tables = [
         name
         for name, child in model.named_children()
@@ -434,16 +444,40 @@ def parallelize(model, parallel: Parallel) -> ReadPlan:
     ]
     for child in tables:
         table = getattr(model, child)
-        split(table, "weight", 0, [vocab[rank]], f"{child}.")
+        _split_parameter(table, "weight", 0, [rows], f"{child}.", plan)
         if isinstance(table, nn.Embedding):
-            row_parallel(model, child, VocabParallelEmbedding)
-            getattr(model, child).num_embeddings = vocab[rank][1] - vocab[rank][0]
-            getattr(model, child).start = vocab[rank][0]
-    splits = {"head_index": heads, "kv_head_index": kv_heads, "d_mlp": mlp}
+            _make_row_parallel(model, child, parallel, VocabParallelEmbedding)
+            getattr(model, child).num_embeddings = rows[1] - rows[0]
+            getattr(model, child).start = rows[0]
+
+
+def _record_split(model, parallel: Parallel, ranges: dict[str, list[tuple[int, int]]]) -> None:
+    """What the forward needs to know of the split: how each hook point's tensor is cut, and the groups."""
+    splits = {"head_index": ranges["heads"], "kv_head_index": ranges["kv_heads"], "d_mlp": ranges["d_mlp"]}
     for point in model.hook_dict.values():
         point.shard = hook_shard(parallel, point.axes, splits)
     model.parallel = parallel
-    return plan
+
+
+def _split_parameter(
+    module: nn.Module, name: str, dim: int, spans: list[tuple[int, int]], prefix: str, plan: ReadPlan
+) -> None:
+    """Replace a parameter by an empty meta one holding `spans` along `dim`, and record what to read for it."""
+    parameter = getattr(module, name)
+    shape = list(parameter.shape)
+    plan[f"{prefix}{name}"] = (dim, spans, parameter.shape)
+    shape[dim] = sum(stop - start for start, stop in spans)
+    setattr(module, name, nn.Parameter(torch.empty(shape, dtype=parameter.dtype, device="meta"), requires_grad=False))
+
+
+def _make_row_parallel(module: nn.Module, child: str, parallel: Parallel, cls: type | None = None) -> None:
+    """Swap `module.child` for the same layer (same attributes) of its row-parallel class, or of `cls`."""
+    old = getattr(module, child)
+    cls = cls or row_parallel_class(type(old))
+    new = cls.__new__(cls)
+    new.__dict__.update(old.__dict__)
+    new.parallel = parallel
+    setattr(module, child, new)
 
 
 def _part_starts(size: int, parts: int) -> list[int]:

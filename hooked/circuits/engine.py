@@ -6,17 +6,21 @@ How an edge mask becomes a number, step by step:
    source's write ([n_sources, B, pos, d_model]: the embedding, each head's `hook_result`, each MLP's
    `hook_mlp_out`) and the residual stream entering every stage. The *patched value* of a source is its
    corrupt write (or their mean, or zero: `patched_values`).
-2. **Rows.** Variant v owns rows v*B .. (v+1)*B. As the forward reaches each source, hooks compute, for
-   every row, `delta[s] = patched[s] - current[s]`: what would change if that row's receivers read the
-   patched value instead of what the source wrote in *this* forward (which already carries the effect of
-   every patched edge upstream of it).
+2. **Rows.** Variant v owns rows v*B .. (v+1)*B. As the forward reaches each source, a hook
+   (`_CaptureDeltas`) computes, for every row, `delta[s] = patched[s] - current[s]`: what would change if
+   that row's receivers read the patched value instead of what the source wrote in *this* forward (which
+   already carries the effect of every patched edge upstream of it).
 3. **Receivers.** At every receiver (a head's `hook_q_input` / `hook_k_input` / `hook_v_input` slot, an
-   MLP's `hook_mlp_in`, the final residual stream for `logits`) the input becomes
+   MLP's `hook_mlp_in`, the final residual stream for `logits`) a hook (`_Receive`) makes the input
    `input + sum over s of mask[v, s, r] * delta[s]`, one einsum per hook point for all rows and heads at
    once. A receiver with no patched edge is not split and costs nothing.
 4. **Where the forward starts.** Rows are identical to the clean run until the first stage a patched
    receiver reads at, so the forward starts there, from the clean run's residual stream and source writes
-   (ACDC's trials, which patch late receivers first, recompute only the last layers).
+   (ACDC's trials, which patch late receivers first, recompute only the last layers): the deltas of the
+   sources upstream of that stage are the same in every row, computed once (`_SourceDeltas`).
+
+`run_masks` reads in that order: plan the mask groups and the start stage, the source captures, the
+receivers, then the forward.
 
 Patching no edge gives the clean run, every edge the corrupt run, every edge into one receiver the
 corrupt value of that receiver's input: each up to float rounding, since per-head inputs sum in another
@@ -25,7 +29,7 @@ order than the fused projection (tests/test_circuits.py checks each against a pl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -141,86 +145,155 @@ def run_masks(
     `at_positions` maps a position in the prompt (negative: from each prompt's end) to more masks
     [V, n_sources, n_receivers] whose edges are patched at that position only (position-aware edges).
     """
-    copies, batch = masks.shape[0], prompts.tokens.shape[0]
-    pos, d_model = prompts.tokens.shape[1], model.cfg.d_model
-    device = clean.outputs.device
-    exists = graph.edge_mask().to(device)
-    # (masks, where in [B pos] they apply: None everywhere); a position-aware group writes one column per prompt
-    groups = [(masks.to(device) & exists, None)]
-    for position, position_masks in (at_positions or {}).items():
-        groups.append((position_masks.to(device) & exists, _columns_at(prompts, position)))
-    union = torch.stack([group for group, _ in groups]).any(0)
-    n_stages = 2 * graph.n_layers
+    groups = _mask_groups(graph, prompts, masks, at_positions, clean.outputs.device)
+    union = torch.stack([group.masks for group in groups]).any(0)
     # The last MLP half recomputes the final residual stream when only `logits` is patched.
-    start = min(first_stage(graph, union), n_stages - 1)
-    active = torch.nonzero(union.any(0).any(1)).flatten().tolist()  # sources some patched edge reads
-    # Sources upstream of `start` write as in the clean run in every row: their deltas are shared by all
-    # variants ([k, B, pos, d_model]). The others are read off as this forward writes them, per row.
-    shared = [source for source in active if graph.sources[source].stage < start]
-    live = [source for source in active if graph.sources[source].stage >= start]
-    shared_delta = torch.stack([patched[s] - clean.outputs[s] for s in shared]) if shared else None
-    slot = {source: i for i, source in enumerate(live)}
-    live_delta = clean.outputs.new_empty(len(live), copies, batch, pos, d_model)
+    start = min(first_stage(graph, union), 2 * graph.n_layers - 1)
+    rows = (masks.shape[0], *prompts.tokens.shape, model.cfg.d_model)  # (V, B, pos, d_model)
+    deltas = _SourceDeltas.plan(graph, union, start, patched, clean, rows)
+    hooks = _source_captures(graph, deltas, patched) + _receivers(graph, groups, union, deltas, clean.outputs.dtype)
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        final = _stage_loop(model, prompts, masks.shape[0], start, None if start < 0 else clean.resid[start])
+        return reads.logits(model, final, prompts.key_valid)
 
-    hooks = []
-    by_source_point: dict[str, list[tuple[int, int | None]]] = {}
-    for source in live:
-        by_source_point.setdefault(graph.sources[source].hook_name, []).append((source, graph.sources[source].head))
-    for name, entries in by_source_point.items():
 
-        def capture(activation: Tensor, hook, entries=entries) -> None:
-            for source, head in entries:
-                current = activation if head is None else activation[:, :, head]
-                live_delta[slot[source]] = patched[source] - current.view(copies, batch, pos, d_model)
+def _mask_groups(
+    graph: Graph, prompts: Prompts, masks: Tensor, at_positions: dict[int, Tensor] | None, device: torch.device
+) -> list[_MaskGroup]:
+    """The masks patched everywhere, then one group per position of `at_positions`; edges that do not exist dropped."""
+    exists = graph.edge_mask().to(device)
+    groups = [_MaskGroup(masks.to(device) & exists, None)]
+    for position, position_masks in (at_positions or {}).items():
+        groups.append(_MaskGroup(position_masks.to(device) & exists, _columns_at(prompts, position)))
+    return groups
 
-        hooks.append((name, capture))
 
-    # Receivers: per hook point and group, the weights [V, k, heads] of the shared and of the k live upstream sources.
+@dataclass(frozen=True, eq=False)
+class _MaskGroup:
+    """Edge masks patched together, and where in each prompt they apply."""
+
+    masks: Tensor  # [V n_sources n_receivers] bool, existing edges only
+    where: Tensor | None  # [B pos] True at the one column per prompt they apply at; None: every column
+
+
+@dataclass(frozen=True, eq=False)
+class _SourceDeltas:
+    """`delta[s] = patched[s] - current[s]` for the sources some patched edge reads (step 2 of the module docstring).
+
+    Sources upstream of the start stage write as in the clean run in every row: their deltas are computed once
+    here and shared by all variants. The others are live: `_CaptureDeltas` fills their deltas, per row, as this
+    forward writes them.
+    """
+
+    shared: list[int]  # sources upstream of the start stage
+    live: list[int]  # sources at or after it, in graph order
+    shared_delta: Tensor | None  # [k_shared B pos d_model]; None when no source is shared
+    live_delta: Tensor  # [k_live V B pos d_model], filled during the forward
+
+    @classmethod
+    def plan(cls, graph: Graph, union: Tensor, start: int, patched: Tensor, clean: Run, rows: tuple) -> _SourceDeltas:
+        """`union` [n_sources n_receivers]: every edge some group patches; `rows`: (V, B, pos, d_model)."""
+        active = torch.nonzero(union.any(0).any(1)).flatten().tolist()  # sources some patched edge reads
+        shared = [source for source in active if graph.sources[source].stage < start]
+        live = [source for source in active if graph.sources[source].stage >= start]
+        shared_delta = torch.stack([patched[s] - clean.outputs[s] for s in shared]) if shared else None
+        return cls(shared, live, shared_delta, clean.outputs.new_empty(len(live), *rows))
+
+
+def _source_captures(graph: Graph, deltas: _SourceDeltas, patched: Tensor) -> list[tuple[str, _CaptureDeltas]]:
+    """One `_CaptureDeltas` per hook point that some live source writes at."""
+    by_point: dict[str, list[tuple[int, int | None, int]]] = {}
+    for slot, source in enumerate(deltas.live):
+        by_point.setdefault(graph.sources[source].hook_name, []).append((source, graph.sources[source].head, slot))
+    return [(name, _CaptureDeltas(tuple(sources), patched, deltas.live_delta)) for name, sources in by_point.items()]
+
+
+@dataclass(frozen=True, eq=False)
+class _CaptureDeltas:
+    """The hook at a source's point: `patched[s] - what this forward wrote`, per row, for each live source there."""
+
+    sources: tuple[tuple[int, int | None, int], ...]  # (source, its head slot or None, its slot in live_delta)
+    patched: Tensor = field(repr=False)
+    live_delta: Tensor = field(repr=False)  # [k_live V B pos d_model], written here
+
+    def __call__(self, activation: Tensor, hook) -> None:
+        rows = self.live_delta.shape[1:]  # (V, B, pos, d_model)
+        for source, head, slot in self.sources:
+            current = activation if head is None else activation[:, :, head]
+            self.live_delta[slot] = self.patched[source] - current.view(*rows)
+
+
+def _receivers(
+    graph: Graph, groups: list[_MaskGroup], union: Tensor, deltas: _SourceDeltas, dtype: torch.dtype
+) -> list[tuple[str, _Receive]]:
+    """One `_Receive` per hook point where some receiver reads a patched edge; the others are not hooked."""
     by_point: dict[str, list[int]] = {}
     for index, receiver in enumerate(graph.receivers):
         by_point.setdefault(receiver.hook_name, []).append(index)
-    for name, indices in by_point.items():
-        if not bool(union[:, :, indices].any()):
-            continue
+    return [
+        (name, _Receive.at(graph, indices, groups, deltas, dtype))
+        for name, indices in by_point.items()
+        if bool(union[:, :, indices].any())
+    ]
+
+
+@dataclass(frozen=True, eq=False)
+class _Receive:
+    """The hook at a receiver's point: `input + sum over s of mask[v, s, r] * delta[s]`, all rows and heads at once."""
+
+    terms: tuple[_Term, ...]
+    deltas: _SourceDeltas = field(repr=False)
+    n_live: int  # how many live sources write upstream of this point
+    per_head: bool  # the point has a head axis (q/k/v inputs); else one whole stream (MLP input, logits)
+
+    @classmethod
+    def at(cls, graph: Graph, indices: list[int], groups: list[_MaskGroup], deltas: _SourceDeltas, dtype) -> _Receive:
+        """The hook for the receivers `indices` that share one hook point."""
         receivers = sorted((graph.receivers[i] for i in indices), key=lambda r: r.head or 0)
         columns = [graph.receiver_index(r.name) for r in receivers]
-        n_live = sum(1 for source in live if source < receivers[0].n_upstream)
-        per_head = receivers[0].head is not None
+        n_live = sum(1 for source in deltas.live if source < receivers[0].n_upstream)
         terms = []
-        for group, where in groups:
-            weights = group[:, :, columns].to(clean.outputs.dtype)
+        for group in groups:
+            weights = group.masks[:, :, columns].to(dtype)
             if bool(weights.any()):
-                terms.append((weights[:, shared] if shared else None, weights[:, live[:n_live]], where))
+                shared = weights[:, deltas.shared] if deltas.shared else None
+                terms.append(_Term(shared, weights[:, deltas.live[:n_live]], group.where))
+        return cls(tuple(terms), deltas, n_live, receivers[0].head is not None)
 
-        def receive(activation: Tensor, hook, terms=terms, n_live=n_live, per_head=per_head) -> Tensor:
-            added = None
-            for shared_weights, live_weights, where in terms:
-                part = None
-                if shared_weights is not None and bool(shared_weights.any()):
-                    part = (
-                        torch.einsum("vsh,sbpd->vbphd", shared_weights, shared_delta)
-                        if per_head
-                        else torch.einsum("vs,sbpd->vbpd", shared_weights[:, :, 0], shared_delta)
-                    )
-                if n_live and bool(live_weights.any()):
-                    deltas = live_delta[:n_live]  # [k V B pos d_model]
-                    more = (
-                        torch.einsum("vsh,svbpd->vbphd", live_weights, deltas)
-                        if per_head
-                        else torch.einsum("vs,svbpd->vbpd", live_weights[:, :, 0], deltas)
-                    )
-                    part = more if part is None else part + more
-                if part is not None and where is not None:  # one column per prompt: [1 B pos 1 (1)]
-                    part = part * where.view(1, batch, pos, *([1] * (part.ndim - 3))).to(part.dtype)
-                if part is not None:
-                    added = part if added is None else added + part
-            return activation if added is None else activation + added.reshape(activation.shape)
+    def __call__(self, activation: Tensor, hook) -> Tensor:
+        added = None
+        for term in self.terms:
+            part = self._added_by(term)
+            if part is not None:
+                added = part if added is None else added + part
+        return activation if added is None else activation + added.reshape(activation.shape)
 
-        hooks.append((name, receive))
+    def _added_by(self, term: _Term) -> Tensor | None:
+        """One group's `sum over s of mask * delta`: [V B pos heads d_model] ([V B pos d_model] without heads)."""
+        part = None
+        if term.shared_weights is not None and bool(term.shared_weights.any()):
+            part = self._weighted(term.shared_weights, self.deltas.shared_delta, "sbpd")
+        if self.n_live and bool(term.live_weights.any()):
+            more = self._weighted(term.live_weights, self.deltas.live_delta[: self.n_live], "svbpd")
+            part = more if part is None else part + more
+        if part is not None and term.where is not None:  # one column per prompt: [1 B pos 1 (1)]
+            part = part * term.where.view(1, *term.where.shape, *([1] * (part.ndim - 3))).to(part.dtype)
+        return part
 
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        final = _stage_loop(model, prompts, copies, start, None if start < 0 else clean.resid[start])
-        return reads.logits(model, final, prompts.key_valid)
+    def _weighted(self, weights: Tensor, deltas: Tensor, delta_axes: str) -> Tensor:
+        """`sum over s of weights[v, s, h] * deltas[s, (v), b, p, d]`; `deltas` shared ("sbpd") or per row ("svbpd")."""
+        if self.per_head:
+            return torch.einsum(f"vsh,{delta_axes}->vbphd", weights, deltas)
+        return torch.einsum(f"vs,{delta_axes}->vbpd", weights[:, :, 0], deltas)
+
+
+@dataclass(frozen=True, eq=False)
+class _Term:
+    """One mask group's weights at a receiver's point: [V k heads] of the shared and of the live upstream sources."""
+
+    shared_weights: Tensor | None  # None when no source is shared
+    live_weights: Tensor
+    where: Tensor | None  # as `_MaskGroup.where`
 
 
 def _columns_at(prompts: Prompts, position: int) -> Tensor:

@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hooked.circuits.graph import INPUT, LOGITS
 from hooked.plot import _finish
@@ -123,86 +124,144 @@ def plot_circuit(circuit: Circuit, path: str | Path | None = None, title: str | 
     if path is not None:
         matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+
+    pos, rows = _layout(circuit.graph)
+    figure, axes = plt.subplots(figsize=_figure_size(circuit.graph))
+    canvas = _Canvas.of(circuit, pos, axes)
+    # Back to front: the model's other nodes, the links under the ports, the edges, the circuit's nodes.
+    _draw_ghosts(canvas)
+    _draw_port_links(canvas)
+    _draw_edges(canvas)
+    _draw_nodes(canvas)
+    _draw_ports(canvas)
+    _frame(canvas, rows)
+    _legend(canvas)
+    axes.set_title(_default_title(circuit) if title is None else title, fontsize=11)
+    return _finish(figure, path, dpi=130)
+
+
+def _figure_size(graph) -> tuple[float, float]:
+    """Inches: wide enough for a row of heads and the MLP column, tall enough for two rows a layer."""
+    width = min(40.0, max(8.0, 1.05 * (graph.n_heads + MLP_SHIFT + 1) + 4.2))
+    height = min(40.0, max(6.0, 0.85 * (2 * graph.n_layers + 2) + 1.0))
+    return width, height
+
+
+@dataclass(frozen=True)
+class _Canvas:
+    """What every drawing step reads: the circuit, where each node sits, the axes, the sizes chosen for the model."""
+
+    circuit: Circuit
+    pos: dict[str, tuple[float, float]]  # every node and head input port (`_layout`)
+    axes: Any
+    network: Any  # a networkx DiGraph of every position: networkx's drawing functions take one
+    nodes: frozenset[str]  # the circuit's nodes
+    ports: list[str]  # the head input ports the circuit's edges end on
+    scores: dict[str, float]  # str(edge) -> score, for the circuit's edges
+    largest: float  # the largest |score| among them
+    node_size: int
+    label_size: int
+
+    @classmethod
+    def of(cls, circuit: Circuit, pos: dict[str, tuple[float, float]], axes) -> _Canvas:
+        import networkx as nx
+
+        network = nx.DiGraph()
+        network.add_nodes_from(pos)
+        scores = {str(edge): float(circuit.scores.get(str(edge), 0.0)) for edge in circuit.edges}
+        ports = sorted({edge.receiver for edge in circuit.edges if _kind(edge.receiver) in "qkv"})
+        small = circuit.graph.n_heads <= 16
+        return cls(
+            circuit,
+            pos,
+            axes,
+            network,
+            frozenset(circuit.nodes),
+            ports,
+            scores,
+            max((abs(value) for value in scores.values()), default=0.0),
+            node_size=1100 if small else 700,
+            label_size=9 if small else 7,
+        )
+
+    @property
+    def signed(self) -> bool:
+        """Whether scores carry a sign (EAP, EAP-IG); ACDC's are |metric moves|."""
+        return self.circuit.method != "acdc"
+
+
+def _draw_ghosts(canvas: _Canvas) -> None:
+    """The model's nodes outside the circuit: faint outlines, and faint labels while the grid is small enough."""
     import networkx as nx
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
-    graph = circuit.graph
-    pos, rows = _layout(graph)
-    n_heads, n_layers = graph.n_heads, graph.n_layers
-    nodes = set(circuit.nodes)
-    signed = circuit.method != "acdc"
-    scores = {str(edge): float(circuit.scores.get(str(edge), 0.0)) for edge in circuit.edges}
-    largest = max((abs(value) for value in scores.values()), default=0.0)
-
-    g = nx.DiGraph()
-    g.add_nodes_from(pos)
-    width_in = min(40.0, max(8.0, 1.05 * (n_heads + MLP_SHIFT + 1) + 4.2))
-    height_in = min(40.0, max(6.0, 0.85 * (2 * n_layers + 2) + 1.0))
-    figure, axes = plt.subplots(figsize=(width_in, height_in))
-    label_size = 9 if n_heads <= 16 else 7
-    node_size = 1100 if n_heads <= 16 else 700
-
-    # The model's nodes outside the circuit: faint outlines.
+    graph = canvas.circuit.graph
     every = [INPUT, LOGITS] + [source.name for source in graph.sources[1:]]
-    ghosts = [node for node in every if node not in nodes]
+    ghosts = [node for node in every if node not in canvas.nodes]
     nx.draw_networkx_nodes(
-        g,
-        pos,
+        canvas.network,
+        canvas.pos,
         nodelist=ghosts,
-        node_size=node_size * 0.6,
+        node_size=canvas.node_size * 0.6,
         node_color="white",
         edgecolors="#d0d0d0",
         linewidths=0.8,
-        ax=axes,
+        ax=canvas.axes,
         hide_ticks=False,
     )
-    if n_heads * n_layers <= 200:
+    if graph.n_heads * graph.n_layers <= 200:
         nx.draw_networkx_labels(
-            g,
-            pos,
+            canvas.network,
+            canvas.pos,
             labels={node: node for node in ghosts},
-            font_size=label_size - 2,
+            font_size=canvas.label_size - 2,
             font_color=GHOST_LABEL,
-            ax=axes,
+            ax=canvas.axes,
             hide_ticks=False,
         )
 
-    # Ports used by the circuit's edges, and the short links from a port to the head(s) it feeds.
-    receivers_used = {edge.receiver for edge in circuit.edges}
-    ports = sorted(r for r in receivers_used if _kind(r) in "qkv")
-    links = [(port, head) for port in ports for head in graph.heads_reading(port) if head in nodes]
+
+def _draw_port_links(canvas: _Canvas) -> None:
+    """The short links from each port used to the head(s) of the circuit it feeds, in the port's colour."""
+    import networkx as nx
+
+    graph = canvas.circuit.graph
+    links = [(port, head) for port in canvas.ports for head in graph.heads_reading(port) if head in canvas.nodes]
     for kind in "qkv":
         kind_links = [link for link in links if _kind(link[0]) == kind]
         if kind_links:
             nx.draw_networkx_edges(
-                g,
-                pos,
+                canvas.network,
+                canvas.pos,
                 edgelist=kind_links,
                 edge_color=COLOURS[kind],
                 width=1.2,
                 arrows=False,
-                ax=axes,
+                ax=canvas.axes,
                 hide_ticks=False,
             )
 
-    # The circuit's edges, weakest first so the strong ones lie on top.
-    sizes = {node: (node_size if node in nodes else 60) for node in pos}
-    ordered = sorted(circuit.edges, key=lambda edge: abs(scores[str(edge)]))
-    for index, edge in enumerate(ordered):
-        score = scores[str(edge)]
+
+def _draw_edges(canvas: _Canvas) -> None:
+    """The circuit's edges, weakest first so the strong ones lie on top."""
+    import networkx as nx
+
+    pos, largest = canvas.pos, canvas.largest
+    sizes = {node: (canvas.node_size if node in canvas.nodes else 60) for node in pos}
+    ordered = sorted(canvas.circuit.edges, key=lambda edge: abs(canvas.scores[str(edge)]))
+    for edge in ordered:
+        score = canvas.scores[str(edge)]
         (x0, y0), (x1, y1) = pos[edge.source], pos[edge.receiver]
         # Straight between neighbouring rows; bowed when the edge skips rows, so edges along one column
         # (MLP to MLP, input to logits) do not run through the nodes between them.
         skips = y1 - y0 > 1.5
         bend = 0.0 if not skips else (0.18 if x1 >= x0 else -0.18)
         nx.draw_networkx_edges(
-            g,
+            canvas.network,
             pos,
             edgelist=[(edge.source, edge.receiver)],
             width=_width(score, largest),
             edge_color=COLOURS[_kind(edge.receiver)],
-            style="dashed" if signed and score > 0 else "solid",
+            style="dashed" if canvas.signed and score > 0 else "solid",
             alpha=0.35 + 0.5 * math.sqrt(abs(score) / largest) if largest > 0 else 0.6,
             arrows=True,
             arrowstyle="-|>",
@@ -210,75 +269,105 @@ def plot_circuit(circuit: Circuit, path: str | Path | None = None, title: str | 
             connectionstyle=f"arc3,rad={bend}",
             nodelist=list(pos),
             node_size=[sizes[node] for node in pos],
-            ax=axes,
+            ax=canvas.axes,
             hide_ticks=False,
         )
 
-    # The circuit's nodes on top, then the ports.
+
+def _draw_nodes(canvas: _Canvas) -> None:
+    """The circuit's nodes, filled by kind (heads, MLPs, the two ends as squares), and their labels."""
+    import networkx as nx
+
     kinds = {"head": [], "mlp": [], "end": []}
-    for node in nodes:
+    for node in canvas.nodes:
         kinds["end" if node in (INPUT, LOGITS) else "mlp" if node.endswith(".mlp") else "head"].append(node)
     for kind, members in kinds.items():
         if members:
             nx.draw_networkx_nodes(
-                g,
-                pos,
+                canvas.network,
+                canvas.pos,
                 nodelist=members,
-                node_size=node_size * (1.25 if kind == "end" else 1.0),
+                node_size=canvas.node_size * (1.25 if kind == "end" else 1.0),
                 node_color=NODE_FILL[kind],
                 edgecolors="#333333",
                 linewidths=1.2,
                 node_shape="s" if kind == "end" else "o",
-                ax=axes,
+                ax=canvas.axes,
                 hide_ticks=False,
             )
     nx.draw_networkx_labels(
-        g, pos, labels={node: node for node in nodes}, font_size=label_size, ax=axes, hide_ticks=False
+        canvas.network,
+        canvas.pos,
+        labels={node: node for node in canvas.nodes},
+        font_size=canvas.label_size,
+        ax=canvas.axes,
+        hide_ticks=False,
     )
+
+
+def _draw_ports(canvas: _Canvas) -> None:
+    """The ports used, small dots in their kind's colour; on a grouped-query model, each key/value head's name."""
+    import networkx as nx
+
     for kind in "qkv":
-        members = [port for port in ports if _kind(port) == kind]
+        members = [port for port in canvas.ports if _kind(port) == kind]
         if members:
             nx.draw_networkx_nodes(
-                g,
-                pos,
+                canvas.network,
+                canvas.pos,
                 nodelist=members,
                 node_size=48,
                 node_color=COLOURS[kind],
                 edgecolors="white",
                 linewidths=0.6,
-                ax=axes,
+                ax=canvas.axes,
                 hide_ticks=False,
             )
-    if graph.grouped:
-        for port in ports:
-            if port.endswith(".k") or (port.endswith(".v") and port[:-2] + ".k" not in receivers_used):
-                x, y = pos[port]
-                name = re.fullmatch(r"L\d+(KV\d+)\.[kv]", port)[1]
-                axes.text(
-                    x + (0.14 if port.endswith(".k") else -0.14),
-                    y - 0.16,
-                    name,
-                    ha="center",
-                    va="top",
-                    fontsize=label_size - 2,
-                    color="#444444",
-                )
+    if canvas.circuit.graph.grouped:
+        _label_kv_ports(canvas)
 
-    # Row labels, limits, legend, title.
+
+def _label_kv_ports(canvas: _Canvas) -> None:
+    """`KV{g}` beside each key/value head's ports used, once: by its k port, or by its v port alone."""
+    for port in canvas.ports:
+        if port.endswith(".k") or (port.endswith(".v") and port[:-2] + ".k" not in canvas.ports):
+            x, y = canvas.pos[port]
+            name = re.fullmatch(r"L\d+(KV\d+)\.[kv]", port)[1]
+            canvas.axes.text(
+                x + (0.14 if port.endswith(".k") else -0.14),
+                y - 0.16,
+                name,
+                ha="center",
+                va="top",
+                fontsize=canvas.label_size - 2,
+                color="#444444",
+            )
+
+
+def _frame(canvas: _Canvas, rows: dict[str, float]) -> None:
+    """The frame around the grid: each row's label on the left, the axes' limits, no axis drawn."""
+    graph, axes = canvas.circuit.graph, canvas.axes
     left = -0.6
     for label, y in rows.items():
-        axes.text(left, y, label, ha="right", va="center", fontsize=label_size, color="#555555")
-    axes.set_xlim(left - 1.2, n_heads - 1 + MLP_SHIFT + 0.7)
-    axes.set_ylim(-0.7, 2 * n_layers + 1.7)
+        axes.text(left, y, label, ha="right", va="center", fontsize=canvas.label_size, color="#555555")
+    axes.set_xlim(left - 1.2, graph.n_heads - 1 + MLP_SHIFT + 0.7)
+    axes.set_ylim(-0.7, 2 * graph.n_layers + 1.7)
     axes.axis("off")
 
-    shown = {_kind(edge.receiver) for edge in circuit.edges}
+
+def _legend(canvas: _Canvas) -> None:
+    """Right of the grid: the colour of each kind of input, the line styles of the signs, two widths, the outline."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    largest = canvas.largest
+    shown = {_kind(edge.receiver) for edge in canvas.circuit.edges}
     handles = [
         Line2D([], [], color=COLOURS[kind], linewidth=2.5, label=KIND_LABELS[kind])
         for kind in ("q", "k", "v", "mlp", "logits")
         if kind in "qkv" or kind in shown
     ]
-    if signed:
+    if canvas.signed:
         handles += [
             Line2D([], [], color="black", linewidth=1.5, label="score < 0: patching it lowers the metric"),
             Line2D(
@@ -290,13 +379,13 @@ def plot_circuit(circuit: Circuit, path: str | Path | None = None, title: str | 
                 label="score > 0: patching it raises the metric",
             ),
         ]
-    what = "|score|" if signed else "metric move"  # ACDC's score: how far removing the edge moved the metric
+    what = "|score|" if canvas.signed else "metric move"  # ACDC's score: how far removing the edge moved the metric
     handles += [
         Line2D([], [], color="black", linewidth=WIDTH_RANGE[1], label=f"{what} {largest:.3g} (width ~ sqrt)"),
         Line2D([], [], color="black", linewidth=_width(largest / 100, largest), label=f"{what} {largest / 100:.3g}"),
         Patch(facecolor="white", edgecolor="#d0d0d0", label="not in the circuit"),
     ]
-    axes.legend(
+    canvas.axes.legend(
         handles=handles,
         loc="upper left",
         bbox_to_anchor=(1.0, 1.0),
@@ -306,15 +395,16 @@ def plot_circuit(circuit: Circuit, path: str | Path | None = None, title: str | 
         title_fontsize=8,
         alignment="left",
     )
+
+
+def _default_title(circuit: Circuit) -> str:
+    """`EAP-IG circuit of gpt2: 40 of 1,000 edges, 20 nodes`."""
     model = circuit.provenance.get("model")
-    if title is None:
-        title = (
-            f"{circuit.method.upper()} circuit"
-            + (f" of {model}" if model else "")
-            + f": {len(circuit.edges)} of {len(graph.edges)} edges, {len(nodes)} nodes"
-        )
-    axes.set_title(title, fontsize=11)
-    return _finish(figure, path, dpi=130)
+    return (
+        f"{circuit.method.upper()} circuit"
+        + (f" of {model}" if model else "")
+        + f": {len(circuit.edges)} of {len(circuit.graph.edges)} edges, {len(circuit.nodes)} nodes"
+    )
 
 
 __all__ = ["plot_circuit"]

@@ -57,7 +57,7 @@ from hooked.interventions.ablate import Reference, Resample, Selector, is_tokens
 from hooked.interventions.addresses import head_names
 from hooked.interventions.positions import PerPrompt, Positions, as_ints, as_positions, positions_record
 from hooked.interventions.results import SweepResult, variant_names
-from hooked.interventions.sweeps import metric_values, plan_variants, sweep, sweep_provenance
+from hooked.interventions.sweeps import PlannedVariant, metric_values, plan_variants, sweep, sweep_provenance
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -224,6 +224,32 @@ def attribution(
     model runs in eval mode under `torch.enable_grad()`; parameter `.grad`s are not touched, and no
     hook stays registered, also when the metric raises.
     """
+    _check_can_attribute(model, hook, metric)
+    tokens, key_valid = _prompts(model, corrupt, attention_mask)
+    source = _source(model, clean, _names(model, hook, HEAD_HOOKS + RESID_HOOKS), tokens, key_valid)
+    if hook in HEAD_HOOKS:
+        variants = _head_variants(model, hook, source, positions)
+    else:
+        variants = _resid_variants(model, hook, source, _grid_positions(tokens, key_valid, positions))
+    planned = plan_variants(model, variants, tokens.shape)  # checks every selector before the forward runs
+
+    # float32 at least (float64 for a float64 model): the estimate sums many small products
+    points = _PatchedPoints(planned, torch.promote_types(model.dtype, torch.float32))
+    base, gradients = _corrupt_gradients(model, tokens, key_valid, metric, points)
+    estimates = points.estimates(gradients, [v.name for v in planned], tokens)
+    provenance = sweep_provenance(model, planned, metric, task, tokens)
+    provenance["patch"] = {"method": "attribution patching (gradient x (clean - corrupt))", "hook": hook}
+    return SweepResult(
+        variants=[v.name for v in planned],
+        values=base[None] + estimates.float().cpu(),
+        base=base,
+        metric=getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__)),
+        provenance=provenance,
+    )
+
+
+def _check_can_attribute(model: HookedTransformer, hook: str, metric: Callable) -> None:
+    """Refuse, before anything runs, what attribution cannot estimate or would estimate wrong."""
     if hook not in HEAD_HOOKS + RESID_HOOKS:
         raise ValueError(f"attribution patches a head hook {HEAD_HOOKS} or a residual hook {RESID_HOOKS}, not {hook!r}")
     if getattr(metric, "needs_base", False) is True:
@@ -240,67 +266,67 @@ def attribution(
             f"attribution runs the model without outside hooks, but hooks are registered at {registered[:3]};"
             " remove them (model.reset_hooks())"
         )
-    tokens, key_valid = _prompts(model, corrupt, attention_mask)
-    source = _source(model, clean, _names(model, hook, HEAD_HOOKS + RESID_HOOKS), tokens, key_valid)
-    if hook in HEAD_HOOKS:
-        variants = _head_variants(model, hook, source, positions)
-    else:
-        variants = _resid_variants(model, hook, source, _grid_positions(tokens, key_valid, positions))
-    planned = plan_variants(model, variants, tokens.shape)  # checks every selector before the forward runs
 
-    by_point: dict[str, list[tuple[str, Patch]]] = {}
-    for variant in planned:
-        for name, fn in variant.hooks:
-            by_point.setdefault(name, []).append((variant.name, fn))
-    # float32 at least (float64 for a float64 model): the estimate sums many small products
-    precision = torch.promote_types(model.dtype, torch.float32)
-    activations: dict[str, Tensor] = {}
-    deltas: dict[str, Tensor] = {}  # clean - corrupt, per point
-    selections: dict[tuple[str, str], Tensor | None] = {}  # (variant, point) -> elements its patch writes
 
-    def keep(activation: Tensor, point: HookPoint) -> Tensor:
+class _PatchedPoints:
+    """The hook at every point some variant patches, during the corrupt run: it keeps the activation (to take
+    the gradient at), `clean - corrupt` there, and the elements each variant's patch writes; then it turns
+    the gradients into each variant's estimate."""
+
+    def __init__(self, planned: list[PlannedVariant], precision: torch.dtype):
+        self.by_point: dict[str, list[tuple[str, Patch]]] = {}  # point -> (variant, its patch there)
+        for variant in planned:
+            for name, fn in variant.hooks:
+                self.by_point.setdefault(name, []).append((variant.name, fn))
+        self.precision = precision  # of the deltas and the estimates
+        self.activations: dict[str, Tensor] = {}
+        self.deltas: dict[str, Tensor] = {}  # clean - corrupt, per point
+        self.selections: dict[tuple[str, str], Tensor | None] = {}  # (variant, point) -> elements its patch writes
+
+    def __call__(self, activation: Tensor, point: HookPoint) -> Tensor:
         if not activation.requires_grad:  # frozen parameters: nothing upstream needs a gradient
             activation = activation.detach().requires_grad_(True)
-        activations[point.name] = activation
+        self.activations[point.name] = activation
         with torch.no_grad():
-            patches = by_point[point.name]  # one source for all: any patch at the point reads it
-            deltas[point.name] = patches[0][1].replacement(activation, point).to(precision) - activation.to(precision)
+            patches = self.by_point[point.name]  # one source for all: any patch at the point reads it
+            clean = patches[0][1].replacement(activation, point).to(self.precision)
+            self.deltas[point.name] = clean - activation.to(self.precision)
             for variant_name, fn in patches:
-                selections[variant_name, point.name] = fn.selection(activation, point)
+                self.selections[variant_name, point.name] = fn.selection(activation, point)
         return activation
 
+    def estimates(self, gradients: dict[str, Tensor | None], variants: list[str], tokens: Tensor) -> Tensor:
+        """[variant batch]: each variant's `sum over its elements of grad * (clean - corrupt)`, per prompt."""
+        estimates = torch.zeros(len(variants), tokens.shape[0], dtype=self.precision, device=tokens.device)
+        index = {name: i for i, name in enumerate(variants)}
+        for name, grad in gradients.items():
+            if grad is None:  # the metric does not read this point at all: every estimate there is 0
+                continue
+            product = grad.to(self.precision) * self.deltas.pop(name)  # [batch ...]
+            for variant_name, _ in self.by_point[name]:
+                selected = self.selections[variant_name, name]
+                written = product if selected is None else product * selected
+                estimates[index[variant_name]] += written.flatten(1).sum(1)
+        return estimates
+
+
+def _corrupt_gradients(
+    model: HookedTransformer, tokens: Tensor, key_valid: Tensor | None, metric: Callable, points: _PatchedPoints
+) -> tuple[Tensor, dict[str, Tensor | None]]:
+    """The corrupt run: the metric per prompt (float32, on the CPU), and the gradient of its sum at every
+    patched point, in forward order (None where the metric does not read the point)."""
     was_training = model.training
     model.eval()
     try:
-        with torch.enable_grad(), model.hooks(fwd_hooks=[(name, keep) for name in by_point]):
+        with torch.enable_grad(), model.hooks(fwd_hooks=[(name, points) for name in points.by_point]):
             logits = model(tokens, attention_mask=_explicit_mask(tokens, key_valid))
             values = _evaluate(metric, logits, key_valid)
-            names = list(activations)
+            names = list(points.activations)
             # autograd.grad, not .backward(): the parameters' .grad stay as the caller left them
-            grads = torch.autograd.grad(values.sum(), [activations[name] for name in names], allow_unused=True)
+            grads = torch.autograd.grad(values.sum(), [points.activations[name] for name in names], allow_unused=True)
     finally:
         model.train(was_training)
-
-    base = values.detach().float().cpu()
-    estimates = torch.zeros(len(planned), tokens.shape[0], dtype=precision, device=tokens.device)
-    index = {variant.name: i for i, variant in enumerate(planned)}
-    for name, grad in zip(names, grads):
-        if grad is None:  # the metric does not read this point at all: every estimate there is 0
-            continue
-        product = grad.to(precision) * deltas.pop(name)  # [batch ...]
-        for variant_name, _ in by_point[name]:
-            selected = selections[variant_name, name]
-            written = product if selected is None else product * selected
-            estimates[index[variant_name]] += written.flatten(1).sum(1)
-    provenance = sweep_provenance(model, planned, metric, task, tokens)
-    provenance["patch"] = {"method": "attribution patching (gradient x (clean - corrupt))", "hook": hook}
-    return SweepResult(
-        variants=[v.name for v in planned],
-        values=base[None] + estimates.float().cpu(),
-        base=base,
-        metric=getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__)),
-        provenance=provenance,
-    )
+    return values.detach().float().cpu(), dict(zip(names, grads, strict=True))
 
 
 # ----------------------------------------------------------------------------- shared pieces

@@ -2,27 +2,31 @@
 
     result = hooked.sweep(model, tokens, {"L9H9": ablate.hooks(model, "L9H9"), ...}, metric)
 
-How a variant becomes a number in the table, step by step:
+How a variant becomes a number in the table, step by step (the functions named follow `sweep` in this
+file, in the order it calls them):
 
+0. **The plan.** Each entry of the dict becomes a `PlannedVariant` (`plan_variants`): its name, its
+   (hook name, callback) pairs with every name resolved and every callback checked, and its first stage.
 1. **Rows.** The prompts are B rows. Each variant gets its own block of B rows; its callbacks are
    wrapped so they see only that block (`activation[rows]`, and a hook view whose `position_ids`,
-   `attention_mask` and `slot_experts` are cut to the same rows). A callback written for a single
-   run therefore works unchanged, and in-place edits stay in its rows.
+   `attention_mask` and `slot_experts` are cut to the same rows: `OnRows` in `_run_chunk`). A callback
+   written for a single run therefore works unchanged, and in-place edits stay in its rows.
 2. **Where a variant starts.** A forward is a list of stages: embedding, then per block its attention
    half (`hook_resid_pre` .. `hook_resid_mid`) and its MLP half (`ln2` .. `hook_resid_post`), then the
    final norm. A variant's rows are identical to the base run's until the first stage one of its
-   hooks sits in, so the base run is computed once, keeping the residual stream entering every stage,
-   and a variant's rows join the batch only at its first stage, as copies of that residual.
+   hooks sits in, so the base run is computed once (`_base_run`), keeping the residual stream entering
+   every stage, and a variant's rows join the batch only at its first stage, as copies of that residual.
 3. **Chunks.** Variants are sorted by first stage and cut into chunks of at most `max_rows` rows (by
-   default a memory budget, `max_bytes`). A chunk runs from the first stage of its first variant;
-   later variants' rows are appended as the forward reaches their stage, so row blocks never move.
+   default a memory budget, `max_bytes`: `_chunks`). A chunk runs from the first stage of its first
+   variant; later variants' rows are appended as the forward reaches their stage, so row blocks never
+   move (`_run_chunk`).
 4. **Only what the metric reads.** Only the positions and vocabulary columns the metric declares
-   (`metric.position`, `metric.columns`) are computed at the end: a logit difference needs 2 columns
-   at the last position, not [rows pos d_vocab]; and when it reads the last position only, the last
-   block's MLP half (position-wise, like everything after it) runs on that position alone unless a
-   hook of the chunk sits there.
+   (`metric.position`, `metric.columns`) are computed at the end (`MetricReads`): a logit difference
+   needs 2 columns at the last position, not [rows pos d_vocab]; and when it reads the last position
+   only, the last block's MLP half (position-wise, like everything after it) runs on that position
+   alone unless a hook of the chunk sits there.
 5. **The table.** Each variant's block of B values is the metric on its rows, compared with the base
-   run's (`SweepResult`).
+   run's (`_table`, then `SweepResult`).
 
 Sweeps run under `torch.no_grad()`.
 """
@@ -66,7 +70,9 @@ def run_stage(model: HookedTransformer, stage: int, resid: Tensor, inputs: tuple
 
 # ----------------------------------------------------------------------------- the sweep
 @dataclass(frozen=True)
-class _Variant:
+class PlannedVariant:
+    """One variant as the sweep runs it: its name (the table's row), its hooks, the stage its rows join at."""
+
     name: str
     hooks: list[tuple[str, HookFn]]  # resolved to single hook names
     stage: int  # first stage it touches
@@ -103,64 +109,21 @@ def sweep(
     """
     if not isinstance(variants, Mapping) or not variants:
         raise ValueError("variants must be a non-empty dict: {name: [(hook_name, callback), ...]}")
-    from hooked.distributed import agree
-
     group = _data_parallel_group(model, data_parallel)
     with torch.no_grad():
-        error = None
-        try:
-            tokens, key_valid = model.tokens_and_mask(input, attention_mask, prepend_bos=None)
-            registered_hooks(model, "hooked.sweep")
-            planned = plan_variants(model, variants, tokens.shape)
-            reads = MetricReads.of(metric, model)
-        except Exception as caught:
-            error = caught
-        # Under torch.distributed a mistake on one rank stops every rank here, before any variant runs.
-        calls = (
-            None if error is not None else ("hooked.sweep", [(v.name, [name for name, _ in v.hooks]) for v in planned])
-        )
-        if getattr(model, "tensor_parallel", False):
-            model.parallel.agree(error, calls, what="hooked.sweep")
-        if group is not None:
-            agree(group, error, calls, "hooked.sweep (its variants)", same=True)
-        elif error is not None:
-            raise error
+        # The plan (step 0 of the module docstring): every variant resolved and checked before anything runs.
+        tokens, key_valid, planned, reads = _checked_plan(model, input, attention_mask, variants, metric, group)
         prompts = Prompts(tokens, position_ids_for(tokens, key_valid), key_valid)
 
-        # 1. The base run, keeping the residual stream entering every stage a variant starts at.
-        starts = {v.stage for v in planned}
-        base_resid, base_reduced = _base_run(model, prompts, starts, reads)
+        # The base run (step 2), keeping the residual stream entering every stage a variant starts at.
+        base_resid, base_reduced = _base_run(model, prompts, {v.stage for v in planned}, reads)
         base_value = reads.evaluate(base_reduced, base_reduced, key_valid)
 
-        # 2. Chunks of variants, sorted by the stage they start at; under data parallelism, this rank's share.
-        order = sorted(range(len(planned)), key=lambda i: planned[i].stage)
-        if group is not None:  # dealt in turn: early-stage variants (which recompute more blocks) are spread evenly
-            order = order[dist.get_rank(group) :: dist.get_world_size(group)]
-        per_chunk = _rows_per_chunk(model, tokens.shape, reads, max_rows, max_bytes) // tokens.shape[0]
-        per_chunk = max(per_chunk, 1)
-        chunks = [order[i : i + per_chunk] for i in range(0, len(order), per_chunk)]
-        values = torch.zeros(len(planned), tokens.shape[0], dtype=torch.float32)
-        first_rank = not dist.is_initialized() or dist.get_rank() == 0
-        bar = _progress(len(chunks), len(order), progress) if first_rank else None
-        error = None
-        try:
-            for chunk in chunks:
-                reduced = _run_chunk(model, prompts, [planned[i] for i in chunk], base_resid, reads)
-                batch = tokens.shape[0]
-                for block, index in enumerate(chunk):
-                    rows = slice(block * batch, (block + 1) * batch)
-                    values[index] = reads.evaluate(reduced[rows], base_reduced, key_valid).cpu()
-                bar.update(len(chunk)) if bar is not None else None
-        except Exception as caught:
-            if group is None:
-                raise
-            error = caught
-        finally:
-            if bar is not None:
-                bar.close()
-        if group is not None:  # every rank learns of a failure, then the shares are summed (zeros elsewhere)
-            agree(group, error, what="its share of the sweep")
-            values = _sum_across(group, values, model.device)
+        # Chunks of variants (step 3), sorted by the stage they start at; under data parallelism, this rank's share.
+        chunks = _chunks(model, planned, tokens.shape, reads, max_rows, max_bytes, group)
+
+        # The table (steps 1, 4, 5): each chunk's forward; each variant's block of B rows is its row of the table.
+        values = _table(model, prompts, planned, chunks, base_resid, base_reduced, reads, progress, group)
     return SweepResult(
         variants=[v.name for v in planned],
         values=values,
@@ -185,14 +148,34 @@ def _data_parallel_group(model: HookedTransformer, data_parallel: bool | None):
     return dist.group.WORLD
 
 
-def _sum_across(group, values: Tensor, device: torch.device) -> Tensor:
-    """Each rank filled its own variants' rows (zeros elsewhere): their sum is the whole table, exactly."""
-    on_device = values.to(device)  # NCCL reduces CUDA tensors only
-    dist.all_reduce(on_device, group=group)
-    return on_device.cpu()
+def _checked_plan(
+    model: HookedTransformer, input, attention_mask: Tensor | None, variants: Variants, metric: Callable, group
+) -> tuple[Tensor, Tensor | None, list[PlannedVariant], MetricReads]:
+    """The prompts (token ids and which are real), the planned variants and what the metric reads.
+
+    Under torch.distributed a mistake on one rank stops every rank here, before any variant runs.
+    """
+    from hooked.distributed import agree
+
+    error = None
+    try:
+        tokens, key_valid = model.tokens_and_mask(input, attention_mask, prepend_bos=None)
+        registered_hooks(model, "hooked.sweep")
+        planned = plan_variants(model, variants, tokens.shape)
+        reads = MetricReads.of(metric, model)
+    except Exception as caught:
+        error = caught
+    calls = None if error is not None else ("hooked.sweep", [(v.name, [name for name, _ in v.hooks]) for v in planned])
+    if getattr(model, "tensor_parallel", False):
+        model.parallel.agree(error, calls, what="hooked.sweep")
+    if group is not None:
+        agree(group, error, calls, "hooked.sweep (its variants)", same=True)
+    elif error is not None:
+        raise error
+    return tokens, key_valid, planned, reads
 
 
-def plan_variants(model: HookedTransformer, variants: Variants, shape: torch.Size) -> list[_Variant]:
+def plan_variants(model: HookedTransformer, variants: Variants, shape: torch.Size) -> list[PlannedVariant]:
     """Resolve every variant's hook names, check its callbacks, and find its first stage."""
     planned = []
     no_hooks = 2 * model.cfg.n_layers  # a variant with no hook joins at the final norm: the base run's logits
@@ -213,7 +196,7 @@ def plan_variants(model: HookedTransformer, variants: Variants, shape: torch.Siz
             message = error.args[0] if error.args else error  # KeyError's str() would quote it again
             raise type(error)(f"sweep variant {name!r}: {message}") from error
         stage = min((stage_of(model, hook_name) for hook_name, _ in resolved), default=no_hooks)
-        planned.append(_Variant(name, resolved, stage))
+        planned.append(PlannedVariant(name, resolved, stage))
     return planned
 
 
@@ -232,8 +215,92 @@ def _base_run(model, prompts: Prompts, starts: set[int], reads: MetricReads) -> 
         return kept, reads.logits(model, resid, prompts.key_valid)
 
 
+def _chunks(
+    model,
+    planned: list[PlannedVariant],
+    shape: torch.Size,
+    reads: MetricReads,
+    max_rows: int | None,
+    max_bytes: int | None,
+    group,
+) -> list[list[int]]:
+    """Indices into `planned`, sorted by the stage each variant starts at and cut into chunks of whole variants
+    (`max_rows` or `max_bytes`); under data parallelism, only this rank's share."""
+    order = sorted(range(len(planned)), key=lambda i: planned[i].stage)
+    if group is not None:  # dealt in turn: early-stage variants (which recompute more blocks) are spread evenly
+        order = order[dist.get_rank(group) :: dist.get_world_size(group)]
+    per_chunk = _rows_per_chunk(model, shape, reads, max_rows, max_bytes) // shape[0]
+    per_chunk = max(per_chunk, 1)
+    return [order[i : i + per_chunk] for i in range(0, len(order), per_chunk)]
+
+
+def _rows_per_chunk(model, shape: torch.Size, reads: MetricReads, max_rows: int | None, max_bytes: int | None) -> int:
+    """Rows per chunk: `max_rows`, or as many as fit `max_bytes` of activations."""
+    batch, pos = shape
+    if max_rows is not None:
+        if max_rows < batch:
+            raise ValueError(f"max_rows={max_rows} is smaller than one variant's {batch} rows")
+        return max_rows
+    cfg = model.cfg
+    if max_bytes is None:
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        max_bytes = max(weights // 4, 256 * 2**20)
+    itemsize = model.dtype.itemsize
+    d_mlp = max(cfg.d_mlp, getattr(cfg, "d_expert_mlp", 0) * getattr(cfg, "top_k", 0))
+    # Live at once in a stage: a few residual-sized tensors, q/k/v/z, the MLP's hidden layers, and
+    # the scores/pattern if the eager path runs.
+    per_row = pos * itemsize * (8 * cfg.d_model + 3 * cfg.n_heads * cfg.d_head + 3 * d_mlp + 2 * cfg.n_heads * pos)
+    positions = 1 if reads.position == -1 else pos
+    columns = cfg.d_vocab if reads.columns is None else len(reads.columns)
+    per_row += positions * columns * 4 * 3  # logits, and the metric's float32 softmax of them
+    return max(batch, int(max_bytes // per_row) // batch * batch)
+
+
+def _table(
+    model,
+    prompts: Prompts,
+    planned: list[PlannedVariant],
+    chunks: list[list[int]],
+    base_resid: dict[int, Tensor],
+    base_reduced: Tensor,
+    reads: MetricReads,
+    progress: bool | None,
+    group,
+) -> Tensor:
+    """[variant B] float32: the metric on each variant's block of rows, compared with the base run's logits.
+
+    The variant `chunk[block]` owns rows block*B .. (block+1)*B of its chunk's forward. Under data parallelism
+    each rank fills its own variants' rows (zeros elsewhere) and every rank returns the sum: the whole table.
+    """
+    batch = prompts.tokens.shape[0]
+    values = torch.zeros(len(planned), batch, dtype=torch.float32)
+    first_rank = not dist.is_initialized() or dist.get_rank() == 0
+    bar = _progress(len(chunks), sum(map(len, chunks)), progress) if first_rank else None
+    error = None
+    try:
+        for chunk in chunks:
+            reduced = _run_chunk(model, prompts, [planned[i] for i in chunk], base_resid, reads)
+            for block, index in enumerate(chunk):
+                rows = slice(block * batch, (block + 1) * batch)
+                values[index] = reads.evaluate(reduced[rows], base_reduced, prompts.key_valid).cpu()
+            bar.update(len(chunk)) if bar is not None else None
+    except Exception as caught:
+        if group is None:
+            raise
+        error = caught
+    finally:
+        if bar is not None:
+            bar.close()
+    if group is not None:  # every rank learns of a failure, then the shares are summed (zeros elsewhere)
+        from hooked.distributed import agree
+
+        agree(group, error, what="its share of the sweep")
+        values = _sum_across(group, values, model.device)
+    return values
+
+
 def _run_chunk(
-    model, prompts: Prompts, chunk: list[_Variant], base_resid: dict[int, Tensor], reads: MetricReads
+    model, prompts: Prompts, chunk: list[PlannedVariant], base_resid: dict[int, Tensor], reads: MetricReads
 ) -> Tensor:
     """Forward the chunk's variants, rows joining at their first stage; the reduced logits of all rows."""
     batch = prompts.tokens.shape[0]
@@ -280,6 +347,21 @@ def _run_chunk(
         _, rows, _ = prompts.repeated(joined)
         with running_rows(rows):
             return reads.logits(model, resid, None if resid.shape[1] == 1 else prompts.key_valid)
+
+
+def _progress(n_chunks: int, n_variants: int, progress: bool | None):
+    if progress is False or (progress is None and n_chunks <= 1):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=n_variants, desc="sweep", unit="variant")
+
+
+def _sum_across(group, values: Tensor, device: torch.device) -> Tensor:
+    """Each rank filled its own variants' rows (zeros elsewhere): their sum is the whole table, exactly."""
+    on_device = values.to(device)  # NCCL reduces CUDA tensors only
+    dist.all_reduce(on_device, group=group)
+    return on_device.cpu()
 
 
 # ----------------------------------------------------------------------------- what the metric reads
@@ -347,37 +429,7 @@ def metric_values(metric: Callable, values: Any, batch: int) -> Tensor:
     )
 
 
-def _rows_per_chunk(model, shape: torch.Size, reads: MetricReads, max_rows: int | None, max_bytes: int | None) -> int:
-    """Rows per chunk: `max_rows`, or as many as fit `max_bytes` of activations."""
-    batch, pos = shape
-    if max_rows is not None:
-        if max_rows < batch:
-            raise ValueError(f"max_rows={max_rows} is smaller than one variant's {batch} rows")
-        return max_rows
-    cfg = model.cfg
-    if max_bytes is None:
-        weights = sum(p.numel() * p.element_size() for p in model.parameters())
-        max_bytes = max(weights // 4, 256 * 2**20)
-    itemsize = model.dtype.itemsize
-    d_mlp = max(cfg.d_mlp, getattr(cfg, "d_expert_mlp", 0) * getattr(cfg, "top_k", 0))
-    # Live at once in a stage: a few residual-sized tensors, q/k/v/z, the MLP's hidden layers, and
-    # the scores/pattern if the eager path runs.
-    per_row = pos * itemsize * (8 * cfg.d_model + 3 * cfg.n_heads * cfg.d_head + 3 * d_mlp + 2 * cfg.n_heads * pos)
-    positions = 1 if reads.position == -1 else pos
-    columns = cfg.d_vocab if reads.columns is None else len(reads.columns)
-    per_row += positions * columns * 4 * 3  # logits, and the metric's float32 softmax of them
-    return max(batch, int(max_bytes // per_row) // batch * batch)
-
-
-def _progress(n_chunks: int, n_variants: int, progress: bool | None):
-    if progress is False or (progress is None and n_chunks <= 1):
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=n_variants, desc="sweep", unit="variant")
-
-
-def sweep_provenance(model, planned: list[_Variant], metric, task, tokens: Tensor) -> dict:
+def sweep_provenance(model, planned: list[PlannedVariant], metric, task, tokens: Tensor) -> dict:
     cfg = model.cfg
     task_info = task.to_dict() if hasattr(task, "to_dict") else (repr(task) if task is not None else None)
     return {
