@@ -198,6 +198,11 @@ def test_the_docs_example_declares_a_dictionary_feature_kind():
         assert features.hook_name(3) == "blocks.3.sae.hook_feature_acts"
         assert kinds.match("L3.F123@-1")[0] is features and "L{layer}.F{feature}" in kinds.address_forms()
         assert repr(ablate.zero(features=123, positions=-1)) == "zero(features=[123], positions=[-1])"
+        gpt2 = random_model("gpt2")  # no dictionary, no d_sae: its kind is not suggested there, and not counted
+        with pytest.raises(ValueError, match="did you mean 'L1H1'"):
+            parse_address(gpt2, "L1.H1")
+        with pytest.raises(KeyError, match="blocks.1.sae.hook_feature_acts"):
+            parse_address(gpt2, "L1.F3")
     finally:
         if "features" in kinds.KINDS:
             kinds.remove("features")

@@ -89,11 +89,11 @@ def parse_address(model: HookedTransformer, address: str) -> Component:
 
 
 def _nearest(model: HookedTransformer, address: str) -> str:
-    """ "; did you mean ...?" with the closest names of every kind that suggests its names, or ""."""
+    """The hint "; did you mean ...?" with the closest names of the kinds that suggest theirs, or ""."""
     candidates = [
         name
         for kind in kinds.KINDS.values()
-        if kind.suggest is not None
+        if kind.suggest is not None and all(kind.count(model, placeholder) is not None for placeholder in kind.indices)
         for layer in range(model.cfg.n_layers)
         for name in kind.names(model, layer, first=kind.suggest == "first")
     ]
