@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 
+from hooked.interventions import kinds
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TASKS = ("ioi", "facts")
 _METHODS = ("zero", "mean", "resample")
 _METRICS = ("logit_diff", "log_prob", "probability", "rank", "kl_div")
-_WHOLE_KINDS = ("heads", "attn", "mlps", "layers")  # kinds of ablate.components without a layer
-_LAYER_KINDS = ("neurons", "experts")  # kinds with one: "neurons:5"
-_NEURONS_PER_ROW = 64  # the neurons:L heatmap wraps a layer's neurons into rows of this many
+_PER_ROW = 64  # a heatmap of one layer's components (neurons:L) wraps them into rows of this many
 
 _SWEEP_HELP = """\
 Ablate every component of a kind, one at a time, on a task's prompts, in one batched hooked.sweep,
@@ -46,8 +46,9 @@ value the component has on the task's corrupt prompt paired with each clean prom
 same prompt with the giver replaced by the indirect object), so corrupt prompts must have the same
 token length as their clean ones.
 
-Heatmaps: heads is layer x head; attn, mlps and layers are part x layer; neurons:L wraps the layer's
-neurons into rows of 64 (row = first neuron of the row, column = offset); experts:L is one row.
+Heatmaps: heads is layer x head; attn, mlps and layers are part x layer; a kind of one layer (neurons:L,
+experts:L) is one row, or, past 64 components, rows of 64 (row = first component of the row, column =
+offset).
 """
 
 
@@ -83,18 +84,25 @@ def top_next_tokens(model_name: str, prompt: str, top: int, dtype: str, device: 
 
 
 # ----------------------------------------------------------------------------- sweep
+def component_kinds() -> str:
+    """The kinds --components takes, from hooked/interventions/kinds.py: "heads, attn, mlps, layers,
+    neurons:LAYER or experts:LAYER"."""
+    whole, per_layer = kinds.listings()
+    choices = whole + [f"{kind}:LAYER" for kind in per_layer]
+    return ", ".join(choices[:-1]) + f" or {choices[-1]}"
+
+
 def component_kind(text: str) -> str:
     """argparse type of --components: heads, attn, mlps, layers, neurons:L or experts:L (L an int)."""
     kind, colon, layer = text.partition(":")
-    if kind in _WHOLE_KINDS and not colon:
+    whole, per_layer = kinds.listings()
+    if kind in whole and not colon:
         return text
-    if kind in _LAYER_KINDS and re.fullmatch(r"-?\d+", layer):
+    if kind in per_layer and re.fullmatch(r"-?\d+", layer):
         return text
-    if kind in _LAYER_KINDS:
+    if kind in per_layer:
         raise argparse.ArgumentTypeError(f"{text!r}: {kind} needs a layer number, e.g. {kind}:0")
-    raise argparse.ArgumentTypeError(
-        f"unknown component kind {text!r}; choose heads, attn, mlps, layers, neurons:LAYER or experts:LAYER"
-    )
+    raise argparse.ArgumentTypeError(f"unknown component kind {text!r}; choose {component_kinds()}")
 
 
 def sweep_addresses(model, kind: str) -> tuple[str, list[str]]:
@@ -103,22 +111,21 @@ def sweep_addresses(model, kind: str) -> tuple[str, list[str]]:
     from hooked import ablate
 
     name, _, layer_text = kind.partition(":")
-    if name in _LAYER_KINDS:
+    if name in kinds.listings()[1]:
         n_layers = model.cfg.n_layers
         layer = int(layer_text)
         if not -n_layers <= layer < n_layers:
             raise _UsageError(
                 f"--components {kind}: layer {layer} is out of range; this model has {n_layers} layers (0..{n_layers - 1})"
             )
-        sparse = model.cfg.is_sparse(layer % n_layers)
-        if name == "neurons" and sparse:
-            raise _UsageError(
-                f"--components {kind}: layer {layer % n_layers} is a mixture of experts; use experts:{layer_text}"
-            )
-        if name == "experts" and not sparse:
-            raise _UsageError(
-                f"--components {kind}: layer {layer % n_layers} has no experts (a dense MLP); use neurons:{layer_text}"
-            )
+        # A layer that has the other kind instead (experts for neurons) is a usage error naming it; what a
+        # layer lacks otherwise (an MLP) ablate.components names.
+        for condition in kinds.KINDS[name].layers:
+            if condition.instead is not None and not condition.holds(model, layer % n_layers):
+                raise _UsageError(
+                    f"--components {kind}: layer {layer % n_layers} {condition.lacking}; use"
+                    f" {condition.instead}:{layer_text}"
+                )
         kind = f"{name}:{layer % n_layers}"
     return kind, ablate.components(model, kind)
 
@@ -183,25 +190,28 @@ def run_sweep(args: argparse.Namespace):
 
 
 def plot_components(result, kind: str, path: Path) -> None:
-    """The heatmap of a sweep over `kind`: result.heatmap where the names form a useful grid, else a
-    part x layer grid (attn, mlps, layers) or the layer's neurons wrapped into rows (neurons:L)."""
-    name = kind.partition(":")[0]
-    if name in ("heads", "experts"):
+    """The heatmap of a sweep over `kind`: result.heatmap where the names form a useful grid (heads: layer x
+    head; one layer's experts: one row), a part x layer grid for kinds without an index (attn, mlps, layers),
+    or one layer's components wrapped into rows of 64 (neurons:L)."""
+    name, _, layer = kind.partition(":")
+    listed = kinds.listed(name)
+    indexed = len(listed) == 1 and len(listed[0].indices) == 1
+    if indexed and (listed[0].listing == "model" or len(result) <= _PER_ROW):
         figure = result.heatmap(path)
         import matplotlib.pyplot as plt
 
         plt.close(figure)
         return
     change = result.change
-    if name == "neurons":
-        layer = kind.partition(":")[2]
-        neurons = [int(variant.rsplit(".N", 1)[1]) for variant in result.variants]
-        width = min(_NEURONS_PER_ROW, max(neurons) + 1)
-        grid = torch.full((math.ceil((max(neurons) + 1) / width), width), float("nan"))
-        for variant, neuron in zip(result.variants, neurons):
-            grid[neuron // width, neuron % width] = change[variant]
+    if indexed:
+        ((placeholder, index),) = listed[0].indices.items()
+        numbers = [int(kinds.match(variant)[1][placeholder]) for variant in result.variants]
+        width = min(_PER_ROW, max(numbers) + 1)
+        grid = torch.full((math.ceil((max(numbers) + 1) / width), width), float("nan"))
+        for variant, number in zip(result.variants, numbers, strict=True):
+            grid[number // width, number % width] = change[variant]
         rows = [str(r * width) for r in range(grid.shape[0])]
-        labels = ("first neuron of the row", "+ neuron offset", f"layer {layer} neurons: ")
+        labels = (f"first {index.noun} of the row", f"+ {index.noun} offset", f"layer {layer} {index.noun}s: ")
         figsize = (10, max(3, 0.18 * grid.shape[0] + 1.5))
     else:
         parts = [part for part in ("attn", "mlp") if any(v.endswith("." + part) for v in result.variants)]
@@ -225,9 +235,7 @@ def plot_components(result, kind: str, path: Path) -> None:
     step = 1 if columns <= 32 else 8
     axes.set_xticks(
         range(0, columns, step),
-        [str(c) for c in range(0, columns, step)]
-        if name == "neurons"
-        else [str(layers[c]) for c in range(0, columns, step)],
+        [str(c) for c in range(0, columns, step)] if indexed else [str(layers[c]) for c in range(0, columns, step)],
     )
     row_step = 1 if len(rows) <= 32 else math.ceil(len(rows) / 32)
     axes.set_yticks(range(0, len(rows), row_step), rows[::row_step])
@@ -496,7 +504,7 @@ def make_parser() -> argparse.ArgumentParser:
         type=component_kind,
         required=True,
         metavar="KIND",
-        help="heads, attn, mlps, layers, neurons:LAYER (every neuron of that MLP) or experts:LAYER",
+        help=f"{component_kinds()} (:LAYER: every component of that layer, e.g. neurons:5, every neuron of its MLP)",
     )
     sweep.add_argument(
         "--method",

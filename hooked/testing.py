@@ -263,41 +263,58 @@ def addresses(
 
     Kinds: "heads" (`L1H2`, `L1H2.q`, `.k`, `.v`, or a grouped key/value head's `L1KV0.k`, `.v`), "attn"
     (`L0.attn`), "mlps" (`L1.mlp`), "neurons" (`L0.N7` on a dense layer, `L1.E3.N5` on a sparse one),
-    "experts" (`L1.E3`, sparse layers only); kinds the model lacks are skipped. Layers are sometimes
+    "experts" (`L1.E3`, sparse layers only), or the name of a kind declared in hooked.interventions.kinds
+    (any layer that has it, any index); kinds the model lacks are skipped. Layers are sometimes
     counted from the end (`L-1H0`); with `positions`, sometimes `@pos` with pos in -max_pos..max_pos-1.
     A position a prompt does not have raises when the hook runs, so pass the shortest prompt's length
     as `max_pos`.
     """
     from hypothesis import strategies as st
 
+    from hooked.interventions import kinds as registry
     from hooked.interventions.addresses import head_names
 
     cfg = model.cfg
     sparse = _sparse_layers(model)
     mlp_layers = [i for i, block in enumerate(model.blocks) if block.mlp is not None]  # none when cfg.attn_only
     dense = [i for i in mlp_layers if i not in sparse]
+    built_in = {"heads", "attn", "mlps", "neurons", "experts"}
+    declared = {  # a declared kind -> the layers that have it
+        kind: [layer for layer in range(cfg.n_layers) if registry.KINDS[kind].lacking(model, layer) is None]
+        for kind in registry.KINDS
+        if kind not in registry.BUILT_IN_KINDS  # drawn as above: heads (with kv_heads), neurons (with expert_neurons)
+    }
     available = [
-        kind for kind in kinds if (kind != "experts" or sparse) and (kind not in ("mlps", "neurons") or mlp_layers)
+        kind
+        for kind in kinds
+        if (kind != "experts" or sparse)
+        and (kind not in ("mlps", "neurons") or mlp_layers)
+        and (kind in built_in or declared.get(kind))
     ]
-    unknown = set(kinds) - {"heads", "attn", "mlps", "neurons", "experts"}
+    unknown = set(kinds) - built_in - set(declared)
     if unknown or not available:
         raise ValueError(
             f"kinds {list(kinds)}: this model offers heads, attn"
             + (", mlps, neurons" if mlp_layers else "")
             + (", experts" if sparse else "")
+            + "".join(f", {kind}" for kind, layers in declared.items() if layers)
             + (f"; unknown {sorted(unknown)}" if unknown else "")
         )
+
+    layers_of = {"experts": sparse, "mlps": mlp_layers, "neurons": mlp_layers, **declared}  # else every layer
 
     @st.composite
     def draw_address(draw):
         kind = draw(st.sampled_from(available))
-        layer = draw(
-            st.sampled_from(
-                sparse if kind == "experts" else mlp_layers if kind in ("mlps", "neurons") else range(cfg.n_layers)
-            )
-        )
+        layer = draw(st.sampled_from(layers_of.get(kind, range(cfg.n_layers))))
         shown = layer - cfg.n_layers if draw(st.booleans()) and draw(st.booleans()) else layer  # now and then L-1
-        if kind == "heads":
+        if kind in declared:
+            other = registry.KINDS[kind]
+            values = {
+                placeholder: draw(st.integers(0, other.count(model, placeholder) - 1)) for placeholder in other.indices
+            }
+            address = other.address(shown, draw(st.sampled_from(other.named_parts())), **values)
+        elif kind == "heads":
             part = draw(st.sampled_from(["", ".q", ".k", ".v"]))
             axes = model.hook_dict[f"blocks.{layer}.attn.hook_{part[1:] or 'z'}"].axes
             head = draw(

@@ -39,11 +39,15 @@ import torch
 from torch import Tensor
 
 from hooked.interventions.addresses import kv_head_name
+from hooked.interventions.kinds import KINDS
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
 INPUT, LOGITS = "input", "logits"
+# A node is named as the component it is (hooked/interventions/kinds.py): a head `L2H2` and its query input
+# `L2H2.q`, a layer's attention `L2.attn` and MLP `L3.mlp`; a key/value input as its key/value head (`L2KV1.k`).
+_HEAD, _ATTENTION, _MLP = KINDS["heads"], KINDS["attn"], KINDS["mlps"]
 
 
 @dataclass(frozen=True, order=True)
@@ -341,7 +345,8 @@ def graph_of_shape(
         upstream = len(sources)
         block = f"blocks.{layer}."
         receivers += [
-            Receiver(f"L{layer}H{h}.q", block + "hook_q_input", h, 2 * layer, upstream) for h in range(n_heads)
+            Receiver(_HEAD.address(layer, ".q", head=h), block + "hook_q_input", h, 2 * layer, upstream)
+            for h in range(n_heads)
         ]
         kv_names = [kv_head_name(layer, g, n_heads, n_kv_heads) for g in range(n_kv_heads)]  # L0KV1 where grouped
         receivers += [
@@ -351,17 +356,18 @@ def graph_of_shape(
             Receiver(f"{kv}.v", block + "hook_v_input", g, 2 * layer, upstream) for g, kv in enumerate(kv_names)
         ]
         if layer in whole_attention:
-            sources.append(Source(f"L{layer}.attn", block + "hook_attn_out", None, 2 * layer, attention=True))
+            sources.append(Source(_ATTENTION.address(layer), block + "hook_attn_out", None, 2 * layer, attention=True))
         else:
             sources += [
-                Source(f"L{layer}H{h}", block + "attn.hook_result", h, 2 * layer, attention=True)
+                Source(_HEAD.address(layer, head=h), block + "attn.hook_result", h, 2 * layer, attention=True)
                 for h in range(n_heads)
             ]
         if mlp_layers is None or layer in mlp_layers:
             parallel = layer in parallel_layers
             stage, mlp_upstream = (2 * layer, upstream) if parallel else (2 * layer + 1, len(sources))
-            receivers.append(Receiver(f"L{layer}.mlp", block + "hook_mlp_in", None, stage, mlp_upstream))
-            sources.append(Source(f"L{layer}.mlp", block + "hook_mlp_out", None, stage))
+            mlp = _MLP.address(layer)
+            receivers.append(Receiver(mlp, block + "hook_mlp_in", None, stage, mlp_upstream))
+            sources.append(Source(mlp, block + "hook_mlp_out", None, stage))
     last = n_layers - 1
     receivers.append(
         Receiver(

@@ -10,6 +10,7 @@
 | `metrics` | per-prompt metrics that declare what they read (`logit_diff`, `kl_div`, ...) |
 | `tasks` | prompt sets as data (IOI, factual recall) |
 | `addresses` | component addresses (`L9H9`, `L8.mlp`, `L3.E5`) and every component of a kind |
+| `kinds` | the kinds of component, one declaration each: address form, hook point, selector, count |
 | `positions` | positions in each prompt, turned into the padded batch's columns |
 
 `hooked.ablate`, `hooked.patch`, `hooked.sweeps`, `hooked.metrics`, `hooked.tasks`, ... are the same modules

@@ -14,6 +14,9 @@ so one callback serves every point that has the axis:
 | `experts=` | `n_experts` (router logits), or the slots holding that expert (`top_k`) | `mlp.hook_router_logits`, `mlp.hook_expert_post` |
 | `positions=` | `pos` / `query_pos`, by position in the prompt | every point |
 
+Each selector and its axes are declared in hooked/interventions/kinds.py (`kinds.SELECTORS`); a kind
+declared there may add one (`features=` along `d_sae`), which every ablation then takes as a keyword.
+
 `positions` are positions in each prompt, not padded columns: in a left-padded batch, position 3 of
 a short prompt sits further right, and -1 is every prompt's last token. An int or a list is a set of
 positions selected in every prompt; a 1-D integer tensor `[batch]` (or `per_prompt([...])`) is one
@@ -34,6 +37,7 @@ head's z; `L9H9.q`, `.k`, `.v` its query, key, value), `L3KV1.k` / `.v` (the key
 key/value head a group of query heads shares, on grouped-query models), `L9.attn` (the attention
 output), `L8.mlp` (the MLP output), `L8.N1234` (a neuron), `L3.E5` (an expert), `L3.E5.N12` (a neuron
 of an expert), each optionally `@pos` (`L9H9@-1`). Layers may be negative (`L-1H0`: the last block).
+Each kind's form, point and selector is declared once, in hooked/interventions/kinds.py.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ from torch import Tensor
 
 from hooked.cache import ActivationCache
 from hooked.hooks import HookFn, HookPoint
-from hooked.interventions.addresses import ADDRESS_FORMS, Component, components, parse_address  # noqa: F401  (part of hooked.interventions.ablate)
+from hooked.interventions import kinds
+from hooked.interventions.addresses import Component, components, parse_address  # noqa: F401  (part of hooked.interventions.ablate)
 from hooked.interventions.positions import PerPrompt, Positions, as_ints, as_positions, per_prompt, positions_mask  # noqa: F401  (per_prompt, PerPrompt: part of hooked.interventions.ablate)
 from hooked.layers import all_experts_removed
 
@@ -58,23 +63,26 @@ if TYPE_CHECKING:
 Selector = Union[int, Sequence[int], None]
 Method = Literal["zero", "mean", "resample"]
 
-# selector -> the axes it may select on, in order of preference
-_SELECTOR_AXES = {
-    "heads": ("head_index", "kv_head_index"),
-    "neurons": ("d_mlp", "d_expert_mlp"),
-    "experts": ("n_experts", "top_k"),  # top_k: the slots that hold the expert (needs hook.slot_experts)
-}
-_POSITION_AXES = ("pos", "query_pos")
+
+def __getattr__(name: str) -> str:
+    if name == "ADDRESS_FORMS":  # the forms errors list (hooked.interventions.addresses.ADDRESS_FORMS)
+        return kinds.address_forms()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
 class Ablation(abc.ABC):
-    """What every ablation shares: the selectors, where they apply, and the write."""
+    """What every ablation shares: the selectors, where they apply, and the write.
+
+    Which axes each selector selects on is declared in hooked/interventions/kinds.py (`kinds.SELECTORS`); a
+    selector a declared kind adds (`features=`) is kept in `more`, and reads like the others everywhere.
+    """
 
     heads: tuple[int, ...] | None = None
     neurons: tuple[int, ...] | None = None
     experts: tuple[int, ...] | None = None
     positions: tuple[int, ...] | PerPrompt | None = None  # a set for every prompt, or one per prompt
+    more: tuple[tuple[str, tuple[int, ...]], ...] = ()  # declared kinds' selectors: (("features", (12,)),)
 
     def __post_init__(self):
         for name in ("heads", "neurons", "experts"):
@@ -82,6 +90,28 @@ class Ablation(abc.ABC):
         object.__setattr__(self, "positions", as_positions(self.positions))
         if self.experts is not None and min(self.experts) < 0:
             raise ValueError(f"experts= takes expert ids 0..n_experts-1, got {list(self.experts)}")
+        more = dict(self.more)
+        unknown = [name for name in more if name not in kinds.SELECTORS or name in ("heads", "neurons", "experts")]
+        if unknown:
+            raise TypeError(
+                f"{self.kind}() has no selector {unknown[0]}=; its selectors are {', '.join(kinds.SELECTORS)} and"
+                " positions (a kind declared in hooked.interventions.kinds adds its own)"
+            )
+        given = {name: as_ints(values, name) for name, values in more.items()}
+        ordered = tuple((name, given[name]) for name in kinds.SELECTORS if given.get(name) is not None)
+        object.__setattr__(self, "more", ordered)
+
+    @property
+    def selectors(self) -> dict[str, tuple[int, ...]]:
+        """The selectors given, but positions, in the order kinds.SELECTORS declares them: {"heads": (9,)}."""
+        given = {"heads": self.heads, "neurons": self.neurons, "experts": self.experts, **dict(self.more)}
+        return {name: given[name] for name in kinds.SELECTORS if given.get(name) is not None}
+
+    def selector_fields(self) -> dict:
+        """The keyword arguments that give another ablation class the same selection (patch.hooks)."""
+        return dict(
+            heads=self.heads, neurons=self.neurons, experts=self.experts, positions=self.positions, more=self.more
+        )
 
     # ----------------------------------------------------------------- the callback
     def __call__(self, activation: Tensor, hook: HookPoint) -> Tensor:
@@ -101,14 +131,14 @@ class Ablation(abc.ABC):
     def selected_axes(self, point: HookPoint) -> dict[str, str]:
         """selector name -> the axis of `point` it selects on; a clear error when there is none."""
         found = {}
-        for name, axes in _SELECTOR_AXES.items():
-            if getattr(self, name) is None:
-                continue
-            axis = next((a for a in axes if a in point.axes), None)
+        for name in self.selectors:
+            selector = kinds.SELECTORS[name]
+            axis = next((a for a in selector.axes if a in point.axes), None)
             if axis is None:
+                axes = " or ".join(selector.axes)
                 raise ValueError(
-                    f"{self!r}: {name}= selects on a {' or '.join(axes)} axis, but {point.name or 'this point'} has axes"
-                    f" ({' '.join(point.axes)}); {_where_selector_applies(name)}"
+                    f"{self!r}: {name}= selects on a {axes} axis, but {point.name or 'this point'} has axes"
+                    f" ({' '.join(point.axes)}); {selector.where}"
                 )
             found[name] = axis
         if found.get("experts") == "top_k" and not point.knows_slot_experts:
@@ -116,7 +146,7 @@ class Ablation(abc.ABC):
                 f"{self!r}: {point.name} does not know which expert each slot holds; select experts at"
                 " mlp.hook_router_logits, hook_expert_weights, hook_expert_pre or hook_expert_post"
             )
-        if self.positions is not None and not any(a in point.axes for a in _POSITION_AXES):
+        if self.positions is not None and not any(a in point.axes for a in kinds.POSITION_AXES):
             raise ValueError(
                 f"{self!r}: positions= needs a pos axis, but {point.name} has axes ({' '.join(point.axes)})"
             )
@@ -133,11 +163,12 @@ class Ablation(abc.ABC):
         if model is None:
             return
         sizes = model.axis_sizes()
+        selected = self.selectors
         for name, axis in found.items():
-            size = sizes.get("n_experts" if axis == "top_k" else axis)
+            size = sizes.get(kinds.SELECTORS[name].size_axis(axis))
             if size is None:
                 continue
-            bad = [i for i in getattr(self, name) if not -size <= i < size]
+            bad = [i for i in selected[name] if not -size <= i < size]
             if bad:
                 raise IndexError(
                     f"{self!r} at {point.name}: {name} {bad} out of range; this model has {size} ({axis}: 0..{size - 1})"
@@ -156,8 +187,9 @@ class Ablation(abc.ABC):
             nonlocal mask
             mask = part if mask is None else mask & part
 
+        selected = self.selectors
         for name, axis in self.selected_axes(hook).items():
-            values = getattr(self, name)
+            values = selected[name]
             if axis == "top_k":  # the slots whose expert is one of `experts`
                 slot_experts = hook.slot_experts
                 if slot_experts is None:
@@ -174,7 +206,7 @@ class Ablation(abc.ABC):
             shape[dim] = size
             combine(along.view(shape))
         if self.positions is not None:
-            dim = next(axes.index(a) for a in _POSITION_AXES if a in axes)
+            dim = next(axes.index(a) for a in kinds.POSITION_AXES if a in axes)
             at = _positions_mask(self, hook)  # [batch pos]
             shape = [1] * activation.ndim
             shape[0], shape[dim] = at.shape
@@ -185,13 +217,11 @@ class Ablation(abc.ABC):
         return f"{self.kind}({', '.join(self._repr_fields())})"
 
     def _repr_fields(self) -> list[str]:
-        fields = []
-        for name in ("heads", "neurons", "experts", "positions"):
-            value = getattr(self, name)
-            if isinstance(value, PerPrompt):
-                fields.append(f"{name}={value!r}")
-            elif value is not None:
-                fields.append(f"{name}={list(value)}")
+        fields = [f"{name}={list(values)}" for name, values in self.selectors.items()]
+        if isinstance(self.positions, PerPrompt):
+            fields.append(f"positions={self.positions!r}")
+        elif self.positions is not None:
+            fields.append(f"positions={list(self.positions)}")
         return fields
 
     kind = "ablation"
@@ -208,14 +238,6 @@ def _positions_mask(ablation: Ablation, hook: HookPoint) -> Tensor:
         generating=rows.lengths is not None,
         what=f"{ablation!r} at {hook.name}",
     )
-
-
-def _where_selector_applies(name: str) -> str:
-    return {
-        "heads": "put it on a per-head point such as blocks.L.attn.hook_z (or use the address 'L{layer}H{head}')",
-        "neurons": "put it on blocks.L.mlp.hook_post (or use the address 'L{layer}.N{neuron}')",
-        "experts": "put it on blocks.L.mlp.hook_router_logits (or use the address 'L{layer}.E{expert}')",
-    }[name]
 
 
 # ----------------------------------------------------------------------------- zero
@@ -239,16 +261,21 @@ class Zero(Ablation):
 
 
 def zero(
-    heads: Selector = None, neurons: Selector = None, positions: Positions = None, experts: Selector = None
+    heads: Selector = None,
+    neurons: Selector = None,
+    positions: Positions = None,
+    experts: Selector = None,
+    **more: Selector,
 ) -> Zero:
     """Zero-ablate the selected part of a hook point (all of it with no selector).
 
     `model.run_with_hooks(tokens, fwd_hooks=[("blocks.9.attn.hook_z", zero(heads=9))])`
 
     `positions`: an int or list selects those positions in every prompt; a 1-D tensor [batch] (or
-    `per_prompt([...])`) one position per prompt.
+    `per_prompt([...])`) one position per prompt. `more`: the selectors of kinds declared in
+    hooked.interventions.kinds (`zero(features=12)`).
     """
-    return Zero(heads=heads, neurons=neurons, experts=experts, positions=positions)
+    return Zero(heads=heads, neurons=neurons, experts=experts, positions=positions, more=tuple(more.items()))
 
 
 # ----------------------------------------------------------------------------- references
@@ -397,19 +424,21 @@ def mean(
     *,
     per_position: bool = False,
     model: HookedTransformer | None = None,
+    **more: Selector,
 ) -> Mean:
     """Mean-ablate: write the reference set's mean activation (over real tokens) at the selection.
 
     `reference` is an ActivationCache (`_, ref = model.run_with_cache(prompts)`), a tensor of
     activations with the point's axes (or an already-averaged one without batch and pos), or tokens /
     prompts run once without hooks (pass `model=`). Pooled over prompts and positions, or per
-    position in the prompt with `per_position=True`.
+    position in the prompt with `per_position=True`. Selectors as `zero`'s.
     """
     return Mean(
         heads=heads,
         neurons=neurons,
         experts=experts,
         positions=positions,
+        more=tuple(more.items()),
         reference=reference,
         model=model,
         per_position=per_position,
@@ -460,7 +489,7 @@ class Resample(_FromReference):
 def _columns_of(ablation, source: Tensor, source_mask: Tensor | None, activation: Tensor, hook: HookPoint, rows):
     """The source's columns that the running call computes: all of them for a plain forward, columns
     start.. for a generation step on a KV cache (keys too: the first L of them)."""
-    dim = next((hook.axes.index(a) for a in ("pos", "query_pos") if a in hook.axes), None)
+    dim = next((hook.axes.index(a) for a in kinds.POSITION_AXES if a in hook.axes), None)
     start = rows.start
     if dim is None or (start == 0 and source.shape == activation.shape):
         return source, source_mask
@@ -485,7 +514,7 @@ def _columns_of(ablation, source: Tensor, source_mask: Tensor | None, activation
 
 def _prompts_differ(source: Tensor, source_mask: Tensor | None, hook: HookPoint) -> str:
     """How the source's prompts differ from the running ones (count, and the token length of each), and the fix."""
-    dim = next((hook.axes.index(a) for a in ("pos", "query_pos") if a in hook.axes), None)
+    dim = next((hook.axes.index(a) for a in kinds.POSITION_AXES if a in hook.axes), None)
     width = source.shape[dim] if dim is not None and source.ndim > dim else "?"
     source_lengths = [width] * source.shape[0] if source_mask is None else source_mask.sum(-1).tolist()
     run_lengths = hook.rows.prompt_lengths()[:, 0].tolist()
@@ -530,19 +559,27 @@ def resample(
     *,
     seed: int | None = None,
     model: HookedTransformer | None = None,
+    **more: Selector,
 ) -> Resample:
     """Resample-ablate: write a paired source's activation at the same place, or (with `seed=`) another row's.
 
     `source` is an ActivationCache of prompts of the same count and token length as the input (e.g. the
     corrupt prompts of a task), or those prompts / tokens with `model=`. With `seed=` and no source,
-    each row takes the value of another row of the same batch (a seeded derangement).
+    each row takes the value of another row of the same batch (a seeded derangement). Selectors as `zero`'s.
     """
     if (source is None) == (seed is None):
         raise ValueError(
             "resample() takes a source (a cache or tokens of the same shape) or seed=, exactly one of them"
         )
     return Resample(
-        heads=heads, neurons=neurons, experts=experts, positions=positions, reference=source, model=model, seed=seed
+        heads=heads,
+        neurons=neurons,
+        experts=experts,
+        positions=positions,
+        more=tuple(more.items()),
+        reference=source,
+        model=model,
+        seed=seed,
     )
 
 
@@ -597,8 +634,9 @@ def hooks(
             raise ValueError(
                 f"{address!r} names its position and positions={positions!r} was given too; use one of them"
             )
-        # A neuron of an expert selects experts x neurons: merging two would select their product.
-        own = address if "experts" in component.selectors and "neurons" in component.selectors else None
+        # A component of two selectors (a neuron of an expert: experts x neurons) is their product: merging
+        # two such would select the product of their unions, components neither address names.
+        own = address if len(set(component.selectors) - {"positions"}) > 1 else None
         key = (component.hook_name, positions if at is None else at, own)
         merged = groups.setdefault(key, {})
         for name, values in component.selectors.items():

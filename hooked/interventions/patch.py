@@ -90,6 +90,7 @@ def activation(
     experts: Selector = None,
     *,
     model: HookedTransformer | None = None,
+    **more: Selector,
 ) -> Patch:
     """Patch: write `source`'s activation (same prompt, same place) over the running one, at the selection.
 
@@ -98,7 +99,15 @@ def activation(
     `source` is an ActivationCache of prompts of the same count and token lengths as the input (the
     clean prompts of a task), or those prompts / tokens with `model=`. Selectors as in `hooked.interventions.ablate`.
     """
-    return Patch(heads=heads, neurons=neurons, experts=experts, positions=positions, reference=source, model=model)
+    return Patch(
+        heads=heads,
+        neurons=neurons,
+        experts=experts,
+        positions=positions,
+        more=tuple(more.items()),
+        reference=source,
+        model=model,
+    )
 
 
 def hooks(
@@ -112,20 +121,7 @@ def hooks(
     every address without its own `@pos` (`task.positions["S2"]`: one position per prompt).
     """
     pairs = ablate.hooks(model, addresses, "resample", source=source, positions=positions)
-    return [
-        (
-            name,
-            Patch(
-                heads=fn.heads,
-                neurons=fn.neurons,
-                experts=fn.experts,
-                positions=fn.positions,
-                reference=fn.reference,
-                model=model,
-            ),
-        )
-        for name, fn in pairs
-    ]
+    return [(name, Patch(**fn.selector_fields(), reference=fn.reference, model=model)) for name, fn in pairs]
 
 
 # ----------------------------------------------------------------------------- sweeps

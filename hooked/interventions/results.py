@@ -20,16 +20,23 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-# Variant names a heatmap understands: "L9H9" (layer x head), "L3KV1" (layer x key/value head, of a
-# grouped-query model), "L9@3" / "L9.resid_pre@3" (layer x position), "L9.N12" (layer x neuron),
-# "L3.E5" (layer x expert).
-_GRID_NAMES = (
-    (re.compile(r"^L(?P<row>-?\d+)H(?P<col>\d+)$"), "layer", "head"),
-    (re.compile(r"^L(?P<row>-?\d+)KV(?P<col>\d+)$"), "layer", "key/value head"),
-    (re.compile(r"^L(?P<row>-?\d+)(?:\.[A-Za-z_]+)?@(?P<col>-?\d+)$"), "layer", "position"),
-    (re.compile(r"^L(?P<row>-?\d+)\.N(?P<col>\d+)$"), "layer", "neuron"),
-    (re.compile(r"^L(?P<row>-?\d+)\.E(?P<col>\d+)$"), "layer", "expert"),
-)
+from hooked.interventions import kinds
+
+# Variant names of a layer x position grid: "L9@3", "L9.resid_pre@3" (patch.resid_sweep's, "L9@S2" aside).
+_POSITION_GRID = (re.compile(r"^L(?P<row>-?\d+)(?:\.[A-Za-z_]+)?@(?P<col>-?\d+)$"), "layer", "position")
+
+
+def grid_names() -> list[tuple[re.Pattern, str, str]]:
+    """The variant names a heatmap understands, (pattern with `row` and `col`, row label, column label): every
+    kind of one index (hooked/interventions/kinds.py: "L9H9" layer x head, "L3KV1" layer x key/value head,
+    "L9.N12" layer x neuron, "L3.E5" layer x expert, and any declared one), and "L9@3" (layer x position)."""
+    grids = []
+    for kind in kinds.KINDS.values():
+        pattern = kind.grid_pattern()
+        if pattern is not None:
+            (index,) = kind.indices.values()
+            grids.append((pattern, "layer", index.noun))
+    return grids + [_POSITION_GRID]
 
 
 BASE = "base"  # the name of the run without any variant's hooks: the first row of every table
@@ -175,8 +182,8 @@ class SweepResult:
     # ----------------------------------------------------------------- grids
     def grid(self, value: str = "change") -> tuple[Tensor, str, str, list[int], list[int]] | None:
         """The variants as a [row col] grid (NaN where absent), with axis labels, when every name has
-        one of the grid forms (L9H9, L3KV1, L9@3, L9.N12, L3.E5); else None."""
-        for pattern, row_label, col_label in _GRID_NAMES:
+        one of the grid forms (L9H9, L3KV1, L9@3, L9.N12, L3.E5: `grid_names()`); else None."""
+        for pattern, row_label, col_label in grid_names():
             matches = [pattern.match(name) for name in self.variants]
             if all(matches):
                 break
@@ -196,7 +203,7 @@ class SweepResult:
         found = self.grid(value)
         if found is None:
             raise ValueError(
-                f"the variant names ({self.variants[:3]}...) do not form a grid; name them like L9H9, L3KV1, L9@3, L9.N12 or L3.E5"
+                f"the variant names ({self.variants[:3]}...) do not form a grid; name them like {_grid_examples()}"
             )
         import matplotlib
 
@@ -224,6 +231,14 @@ class SweepResult:
     def __repr__(self) -> str:
         top = ", ".join(f"{name} {change:+.3f}" for name, change in self.top(3))
         return f"SweepResult({len(self)} variants x {self.base.shape[0]} prompts, {self.metric}; base {self.base_score:+.4f}; top: {top})"
+
+
+def _grid_examples() -> str:
+    """ "L9H9, L9KV9, L9.N9, L9.E9 or L9@3": one name of each grid form."""
+    examples = [
+        kind.address(9, **dict.fromkeys(kind.indices, 9)) for kind in kinds.KINDS.values() if kind.grid_pattern()
+    ]
+    return ", ".join(examples) + " or L9@3"
 
 
 def write_json(path: str | Path, data: dict) -> Path:

@@ -563,15 +563,9 @@ class HookedTransformer(
         return {name: tuple(sizes[axis] for axis in point.axes) for name, point in self.hook_dict.items()}
 
     def axis_sizes(self) -> dict[str, int]:
-        cfg = self.cfg
-        return {
-            "d_model": cfg.d_model,
-            "head_index": cfg.n_heads,
-            "kv_head_index": cfg.n_kv_heads,
-            "d_head": cfg.d_head,
-            "d_mlp": cfg.d_mlp,
-            "d_vocab": cfg.d_vocab,
-        }
+        """The size of every axis this model's hook points have, but batch and positions: {"d_model": 768, ...},
+        as its config declares them (`ModelConfig.axis_fields`)."""
+        return {axis: getattr(self.cfg, name) for axis, name in self.cfg.axis_fields.items()}
 
     # ----------------------------------------------------------------- tokenization
 

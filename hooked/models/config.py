@@ -12,6 +12,10 @@ import torch
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
+# The axes a mixture-of-experts family adds to `ModelConfig.axis_fields`: experts, the slots a token routes to,
+# and each expert's MLP width.
+EXPERT_AXIS_FIELDS = {"n_experts": "n_experts", "top_k": "top_k", "d_expert_mlp": "d_expert_mlp"}
+
 
 class ModelConfig:
     """What every architecture's config dataclass shares: fields fixed once built, TransformerLens' names.
@@ -93,6 +97,17 @@ class ModelConfig:
     use_hook_tokens = False  # True: the model has `hook_tokens` on the token ids (HookedTransformerConfig)
 
     transformer_lens_shape: ClassVar[str | None] = None  # the TransformerLens fields that pick this family, for errors
+
+    # Axis -> the field that sizes it: `model.axis_sizes()`, which hook shapes, selector ranges and the component
+    # kinds (hooked/interventions/kinds.py, counted along these axes) read. A family with more axes extends it.
+    axis_fields: ClassVar[dict[str, str]] = {
+        "d_model": "d_model",
+        "head_index": "n_heads",
+        "kv_head_index": "n_kv_heads",
+        "d_head": "d_head",
+        "d_mlp": "d_mlp",
+        "d_vocab": "d_vocab",
+    }
 
     @classmethod
     def from_transformer_lens(cls, tl: dict) -> tuple[ModelConfig | None, list[str] | None]:

@@ -33,6 +33,7 @@ from torch import nn
 from hooked.hooks import HookPoint
 from hooked.layers import RMSNorm
 from hooked.models.base import HookedTransformer
+from hooked.models.config import EXPERT_AXIS_FIELDS
 from hooked.models.llama import Mistral, MistralConfig
 from hooked.models.qwen3 import Qwen3Attention, Qwen3Block
 from hooked.models.qwen3_moe import Qwen3MoeSparseMLP
@@ -47,6 +48,7 @@ class MixtralConfig(MistralConfig):
     top_k: int  # experts per token (num_experts_per_tok)
 
     original_architecture = "MixtralForCausalLM"
+    axis_fields = {**MistralConfig.axis_fields, **EXPERT_AXIS_FIELDS}
     norm_topk_prob = True  # transformers' MixtralTopKRouter renormalises the top-k weights unconditionally
 
     @property
@@ -168,14 +170,6 @@ class Mixtral(Mistral):
             d_mlp=draw(st.sampled_from([8, 12, 16])), n_experts=n_experts, top_k=draw(st.integers(1, min(3, n_experts)))
         )
         return sizes
-
-    def axis_sizes(self) -> dict[str, int]:
-        return {
-            **super().axis_sizes(),
-            "n_experts": self.cfg.n_experts,
-            "top_k": self.cfg.top_k,
-            "d_expert_mlp": self.cfg.d_expert_mlp,
-        }
 
     checkpoint_table = _CHECKPOINT_RENAMES
 

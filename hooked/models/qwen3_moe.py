@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
 from hooked.layers import GatedMLP, Projection, Split, all_experts_removed
+from hooked.models.config import EXPERT_AXIS_FIELDS
 from hooked.models.qwen3 import Qwen3, Qwen3Block, Qwen3Config
 
 
@@ -49,6 +50,7 @@ class Qwen3MoeConfig(Qwen3Config):
     norm_topk_prob: bool = False  # renormalise the top-k probabilities to sum to 1
 
     original_architecture = "Qwen3MoeForCausalLM"
+    axis_fields = {**Qwen3Config.axis_fields, **EXPERT_AXIS_FIELDS}
 
     def __post_init__(self):
         super().__post_init__()
@@ -290,14 +292,6 @@ class Qwen3Moe(Qwen3):
     def make_block(cfg: Qwen3MoeConfig, layer: int) -> Qwen3Block:
         mlp = Qwen3MoeSparseMLP(cfg) if cfg.is_sparse(layer) else GatedMLP(cfg.d_model, cfg.d_mlp)
         return Qwen3Block(cfg, mlp)
-
-    def axis_sizes(self) -> dict[str, int]:
-        return {
-            **super().axis_sizes(),
-            "n_experts": self.cfg.n_experts,
-            "top_k": self.cfg.top_k,
-            "d_expert_mlp": self.cfg.d_expert_mlp,
-        }
 
     @property
     def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
