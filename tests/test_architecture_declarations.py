@@ -159,7 +159,7 @@ def test_generic_modules_learn_architectures_only_from_declarations(rules):
     "snippet, expected",
     [
         ("from hooked.models.gpt2 import GPT2Attention", "imports the model module"),
-        ("from hooked.models import Qwen3Attention", "imports the model class"),
+        ("from hooked.models import Olmo2Attention", "imports the model class"),
         ("ok = isinstance(module, GPT2Attention)", "names the model class GPT2Attention"),
         ("sparse = f'blocks.{i}.mlp.hook_router_logits' in model.hook_dict", "probes for the hook"),
         ("bias = getattr(block.attn, 'c_proj').bias", "a leaf name only some families have"),
