@@ -21,6 +21,12 @@ are annotations and do not count, imports inside functions do):
    low-floor module or a kernel;
 6. no intervention imports a circuit: circuits are built on the interventions, not the reverse.
 
+And a family's model file reads on its own plus the shared parts (`family_import_violations`):
+
+7. no family's model file imports another family's model file, or the registry `hooked.models` (which imports
+   every family): what two families share lives in a module named for it (hooked/models/rotary_decoder.py,
+   grouped_query_attention.py, moe.py, sandwich_decoder.py), which is not a family module.
+
 Each rule is also run on a snippet that breaks it, so the checker is seen to catch what it claims to.
 """
 
@@ -44,13 +50,9 @@ VOCABULARY = {"bias", "lm_head", "experts"}
 
 
 def family_modules() -> set[str]:
-    shared = {"hooked.models.base", "hooked.models.views", "hooked.models.tokens", "hooked.models.transformer_lens"}
-    return {
-        klass.__module__
-        for model_class in MODEL_CLASSES
-        for klass in model_class.__mro__
-        if klass.__module__.startswith("hooked.models.") and klass.__module__ not in shared
-    }
+    """The model files of the registered families: where each model class and its config are defined. The shared
+    parts they are built from (base.py, rotary_decoder.py, ...) define no registered class, so they are not here."""
+    return {klass.__module__ for model_class in MODEL_CLASSES for klass in (model_class, model_class.config_class)}
 
 
 def family_class_names() -> set[str]:
@@ -159,7 +161,7 @@ def test_generic_modules_learn_architectures_only_from_declarations(rules):
     "snippet, expected",
     [
         ("from hooked.models.gpt2 import GPT2Attention", "imports the model module"),
-        ("from hooked.models import Qwen3Attention", "imports the model class"),
+        ("from hooked.models import Olmo2Attention", "imports the model class"),
         ("ok = isinstance(module, GPT2Attention)", "names the model class GPT2Attention"),
         ("sparse = f'blocks.{i}.mlp.hook_router_logits' in model.hook_dict", "probes for the hook"),
         ("bias = getattr(block.attn, 'c_proj').bias", "a leaf name only some families have"),
@@ -309,3 +311,55 @@ def test_every_family_declares_what_generic_code_reads():
             for path, how in module.tp_plan().items():
                 assert how.axis in ("heads", "kv_heads", "d_mlp", "experts"), (model_class.__name__, path, how)
                 module.get_parameter(path)  # names a real parameter
+
+
+# ----------------------------------------------------------------------------- no family imports another
+def family_import_violations(source: str, importer: str, families: set[str]) -> list[str]:
+    found = []
+    for line, imported in imported_modules(ast.parse(source)):
+        where = f"{importer}:{line}"
+        if imported in families and imported != importer:
+            found.append(f"{where} the family module {importer} imports the family module {imported}")
+        elif imported == "hooked.models":
+            found.append(f"{where} the family module {importer} imports the registry hooked.models (every family)")
+    return found
+
+
+def test_no_family_imports_another():
+    families = family_modules()
+    found = [
+        problem
+        for module in sorted(families)
+        for problem in family_import_violations(
+            (ROOT / (module.replace(".", "/") + ".py")).read_text(), module, families
+        )
+    ]
+    assert not found, (
+        "a family's model file reads another family's; move what they share into a module named for it"
+        " (docs/adding-a-model.md):\n" + "\n".join(found)
+    )
+
+
+@pytest.mark.parametrize(
+    "importer, snippet, expected",
+    [
+        (
+            "hooked.models.mixtral",
+            "from hooked.models.llama import Mistral, MistralConfig",
+            "imports the family module",
+        ),
+        ("hooked.models.gemma3", "def f():\n    from hooked.models import gemma2", "imports the family module"),
+        ("hooked.models.qwen3_moe", "import hooked.models.qwen3", "imports the family module hooked.models.qwen3"),
+        ("hooked.models.llama", "from hooked.models import Qwen3", "imports the registry"),
+        ("hooked.models.llama", "from hooked.models.rotary_decoder import PreNormBlock", None),
+        ("hooked.models.llama", "from hooked.models.llama import LlamaConfig", None),
+    ],
+)
+def test_the_family_import_checker_catches_a_family_importing_another(importer, snippet, expected):
+    families = family_modules()
+    assert "hooked.models.rotary_decoder" not in families and "hooked.models.llama" in families
+    found = family_import_violations(snippet, importer, families)
+    if expected is None:
+        assert found == []
+    else:
+        assert any(expected in problem for problem in found), found

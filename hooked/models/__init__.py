@@ -1,7 +1,13 @@
-"""The architectures `hooked` implements, one file each, and the registry generic code knows them by.
+"""The architectures `hooked` implements, the shared parts they are built from, and the registry generic code knows
+them by.
 
-Generic code reaches a family only through `MODEL_CLASSES` and what each class declares
-(docs/adding-a-model.md): adding a family is its model file and one entry here.
+Each family is one file (`llama.py` serves Llama and Mistral): its config, the model assembled from the shared parts,
+and its declarations. The shared parts are files named for what they are: `rotary_decoder.py` (the embedding ->
+blocks -> unembedding skeleton of every rotary family, its pre-norm block and config names),
+`grouped_query_attention.py`, `moe.py` (the sparse MLP of Qwen3-MoE and Mixtral) and `sandwich_decoder.py` (what
+Gemma 2 and Gemma 3 share); `base.py` holds what every model shares. Generic code reaches a family only through
+`MODEL_CLASSES` and what each class declares (docs/adding-a-model.md): adding a family is its model file and one
+entry here.
 """
 
 from hooked.models.base import HookedTransformer

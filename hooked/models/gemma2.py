@@ -1,57 +1,30 @@
 """Gemma 2 (`Gemma2ForCausalLM`), with a hook point on every activation TransformerLens names and on the
 intermediates its post-norms add.
 
-Numerics follow Hugging Face transformers 5.24 `models/gemma2/modeling_gemma2.py` operation for operation:
-
-    resid  = embed_tokens[tokens] * normalizer      # normalizer = float32(sqrt(hidden_size)) cast to the weights' dtype
-    resid_mid  = resid_pre + ln1_post(attn(ln1(resid_pre)))      # input_layernorm, post_attention_layernorm
-    resid_post = resid_mid + ln2_post(mlp(ln2(resid_mid)))       # pre_feedforward_layernorm, post_feedforward_layernorm
-    logits = cap * tanh((ln_final(resid) @ W_U) / cap)           # final_logit_softcapping
-
-Every norm is Gemma's RMSNorm: `x * rsqrt(mean(x^2) + eps)` in float32, times `(1 + weight)` in float32, cast
-back at the end (the weight stores the gain minus one; Qwen3's casts before its weight). Attention: q/k/v/o
-projections, half-split RoPE (cos/sin cast to the activation dtype), scores scaled by
-`query_pre_attn_scalar ** -0.5` (not d_head's), capped at `attn_logit_softcapping * tanh(scores / cap)` before
-the mask, grouped-query heads, softmax in float32; layers whose `layer_types` entry is "sliding_attention"
-see only the last `sliding_window` columns. The MLP is gated by `gelu_pytorch_tanh` (`hidden_activation`;
-transformers 5.24 never reads `hidden_act` for Gemma 2). The unembedding is tied by default.
-
-Names are TransformerLens 3.9's (`components/transformer_block.py` with `use_normalization_before_and_after`,
-`pretrained/weight_conversions/gemma.py`): `ln1` / `ln2` the pre-norms, `ln1_post` / `ln2_post` the
-post-norms, `hook_attn_out` / `hook_mlp_out` after the post-norm (what the residual stream gains); hooked adds
-`hook_attn_out_pre_norm` / `hook_mlp_out_pre_norm` before it (as OLMo 2). The attention is Qwen3's
-(hooked/models/qwen3.py) with the scale and softcap above.
-
-Built to be extended (Gemma 3): a block knows its layer type and picks its mask and rotary pair from
-`block_inputs`, which holds every variant once per forward (global and local cos/sin, full and windowed masks);
-`Gemma2Attention(cfg, qk_norm=True)` adds per-head Gemma norms. See docs/gemma2.md.
+Numerics follow Hugging Face transformers 5.24 `models/gemma2/modeling_gemma2.py` operation for operation. Gemma 2
+is the sandwich-norm decoder (hooked/models/sandwich_decoder.py: pre- and post-norms, Gemma's `(1 + weight)`
+RMSNorm in float32, embeddings times `sqrt(hidden_size)` cast to the weights' dtype, a gelu_tanh-gated MLP, per-layer
+sliding windows, the final logit cap `final_logit_softcapping`) with one rotary table and this attention
+(hooked/models/grouped_query_attention.py): q/k/v/o projections, half-split RoPE (cos/sin cast to the activation
+dtype), scores scaled by `query_pre_attn_scalar ** -0.5` (not d_head's), capped at
+`attn_logit_softcapping * tanh(scores / cap)` before the mask, grouped-query heads, softmax in float32. The MLP's
+activation is `hidden_activation` (transformers 5.24 never reads `hidden_act` for Gemma 2). The unembedding is
+tied by default. This file holds the config, the model built from those parts, and its declarations. See
+docs/gemma2.md.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 from dataclasses import dataclass
-from typing import ClassVar
 
-import torch
-import torch.nn.functional as F
-from jaxtyping import Float
-from torch import Tensor, nn
-
-from hooked.hooks import HookPoint
-from hooked.kv_cache import LayerKV
-from hooked.layers import AttentionMask, GatedMLP, RMSNorm, attention_input, mlp_input, softcap_
-from hooked.models.base import HookedTransformer
-from hooked.models.config import ModelConfig
-from hooked.models.qwen3 import Qwen3, Qwen3Attention, RotaryRMSNames
+from hooked.models.grouped_query_attention import GroupedQueryAttention
+from hooked.models.sandwich_decoder import SandwichDecoder, SandwichDecoderConfig, SandwichNormBlock
 from hooked.rotary import RotaryEmbedding
 
-LAYER_TYPES = ("sliding_attention", "full_attention")
 
-
+# ============================================================================= config
 @dataclass
-class Gemma2Config(RotaryRMSNames, ModelConfig):
+class Gemma2Config(SandwichDecoderConfig):
     n_layers: int  # transformer blocks (num_hidden_layers)
     d_model: int  # residual stream width (hidden_size)
     n_heads: int  # query heads (num_attention_heads)
@@ -71,84 +44,8 @@ class Gemma2Config(RotaryRMSNames, ModelConfig):
     final_logit_softcapping: float | None = 30.0  # logits -> cap * tanh(logits / cap); None: off
     default_prepend_bos: bool = True  # Gemma's tokenizer starts with <bos>
 
-    # TransformerLens' names for what the architecture fixes
-    normalization_type = "RMS"
-    positional_embedding_type = "rotary"
-    act_fn = "gelu_pytorch_tanh"
+    # TransformerLens' name of the architecture (its other names are the sandwich decoder's, SandwichDecoderConfig)
     original_architecture = "Gemma2ForCausalLM"
-    gated_mlp = True
-    final_rms = True
-    use_normalization_before_and_after = True  # ln1_post / ln2_post
-    rotary_adjacent_pairs = False  # half-split RoPE
-    use_attn_scale = True
-
-    def __post_init__(self):
-        if self.layer_types is None:  # transformers' Gemma2Config: layer i slides iff (i + 1) % 2, so 0, 2, 4, ...
-            types = tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(self.n_layers))
-        else:
-            types = tuple(self.layer_types)
-        object.__setattr__(self, "layer_types", types)  # fields are frozen once set: a derived value, set once
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
-            )
-        if self.d_head % 2:
-            raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
-        if len(types) != self.n_layers or set(types) - set(LAYER_TYPES):
-            raise ValueError(
-                f"layer_types {list(types)} must list one of {list(LAYER_TYPES)} per layer"
-                f" (num_hidden_layers = {self.n_layers}), or be null for transformers' alternation"
-            )
-        window = self.sliding_window
-        if window is not None and not (isinstance(window, int) and 0 < window <= self.max_position_embeddings):
-            raise ValueError(
-                f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
-                f" ({self.max_position_embeddings})"
-            )
-        if window is None and "sliding_attention" in types:
-            raise ValueError(
-                "sliding_window is null but layer_types has sliding_attention layers: give a window,"
-                " or make every layer full_attention"
-            )
-        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
-            cap = getattr(self, name)
-            if cap is not None and not cap > 0:
-                raise ValueError(f"{name} {cap!r} must be positive (cap * tanh(x / cap)), or null for no cap")
-        if not self.query_pre_attn_scalar > 0:
-            raise ValueError(
-                f"query_pre_attn_scalar {self.query_pre_attn_scalar!r} must be positive: scores are scaled"
-                " by its inverse square root"
-            )
-
-    # TransformerLens' names for the same settings (its Gemma 2 configs, loading_from_pretrained.py)
-    @property
-    def attn_scale(self) -> float:
-        return math.sqrt(self.query_pre_attn_scalar)
-
-    @property
-    def attn_scores_soft_cap(self) -> float:
-        return (
-            -1.0 if self.attn_logit_softcapping is None else self.attn_logit_softcapping
-        )  # -1: off, as TransformerLens
-
-    @property
-    def output_logits_soft_cap(self) -> float:
-        return -1.0 if self.final_logit_softcapping is None else self.final_logit_softcapping
-
-    @property
-    def window_size(self) -> int | None:
-        return self.sliding_window
-
-    @property
-    def use_local_attn(self) -> bool:
-        return "sliding_attention" in self.layer_types
-
-    @property
-    def attn_types(self) -> list[str]:
-        return ["local" if kind == "sliding_attention" else "global" for kind in self.layer_types]
-
-    def is_sliding(self, layer: int) -> bool:
-        return self.layer_types[layer] == "sliding_attention"
 
     @classmethod
     def from_hf(cls, config: dict) -> Gemma2Config:
@@ -195,162 +92,47 @@ class Gemma2Config(RotaryRMSNames, ModelConfig):
         )
 
 
-class Gemma2RMSNorm(RMSNorm):
-    """transformers' Gemma2RMSNorm: normalise in float32, multiply by `1 + weight` in float32, cast back.
-
-    `hook_scale` is sqrt(mean(x^2) + eps) in float32; `hook_normalized` x / scale cast to the model dtype,
-    before the gain. `gain` (the factor the normalised input is multiplied by) is `1 + weight`, and so is
-    TransformerLens' `w` (its converter adds the one): the checkpoint's `weight` stays the parameter.
-    """
-
-    def __init__(self, d: int, eps: float, axes: str = "batch pos"):
-        super().__init__(d, eps, axes)
-        nn.init.zeros_(self.weight)  # gain 1, as transformers initialises it
-
-    def affine(self, normalized: Tensor) -> Tensor:
-        return (normalized.float() * (1.0 + self.weight.float())).to(normalized.dtype)
-
-    def unhooked(self, x: Tensor) -> Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * (1.0 + self.weight.float())).to(x.dtype)
-
-    @property
-    def gain(self) -> Tensor:
-        """`1 + weight`, computed in float32 as the forward does and cast to the weight's dtype (TransformerLens'
-        `w` in a model of that dtype: its converter adds 1 in float32, the model stores it in its dtype)."""
-        return (1.0 + self.weight.float()).to(self.weight.dtype)
-
-    def set_unit_gain(self) -> None:
-        self.weight.zero_()
-
-    w = property(
-        lambda self: self.gain, doc="TransformerLens' `w`: the gain `1 + weight` (a new tensor, not the parameter)"
-    )
-
-
-class Gemma2PostNorm(Gemma2RMSNorm):
-    """A Gemma RMSNorm on a sublayer's output, before the residual add (`ln1_post`, `ln2_post`). Nothing reads
-    the residual stream through it, so weight processing leaves it alone and `apply_ln_to_stack` has no use for it."""
-
-    def normalize_with_scale(self, x: Tensor, scale: Tensor) -> Tensor:
-        raise ValueError(
-            "ln1_post / ln2_post normalise a sublayer's output, not the residual stream: no residual"
-            " component is read through them"
-        )
-
-
-class Gemma2Attention(Qwen3Attention):
-    """Qwen3's attention (projections, hooks, TransformerLens weight views, tensor-parallel plan, forward) with
-    Gemma's score scale `query_pre_attn_scalar ** -0.5` and tanh cap; `qk_norm=True` (Gemma 3) adds per-head Gemma
-    norms. Qwen3's rotary cast back to q's dtype is a no-op here: cos/sin come in the activation dtype."""
-
-    def __init__(self, cfg: Gemma2Config, qk_norm: bool = False):
-        super().__init__(cfg, qk_norm=qk_norm)
-        if qk_norm:  # replaced in place: the module order, and so hook_names, stays Qwen3's
-            self.q_norm = Gemma2RMSNorm(cfg.d_head, cfg.rms_norm_eps, axes="batch pos head_index")
-            self.k_norm = Gemma2RMSNorm(cfg.d_head, cfg.rms_norm_eps, axes="batch pos kv_head_index")
-        self.scaling = cfg.query_pre_attn_scalar**-0.5
-        self.softcap = cfg.attn_logit_softcapping
-
-
-class Gemma2Block(nn.Module):
-    """Pre- and post-norm block: ln1 -> attention -> ln1_post -> add; ln2 -> MLP -> ln2_post -> add. It knows its
-    layer type and picks, from every block's inputs, the windowed mask (and local rotary) or the full ones."""
-
-    mlp_stage: ClassVar[tuple[str, ...]] = (
-        "hook_mlp_in",
-        "ln2",
-        "mlp",
-        "hook_mlp_out_pre_norm",
-        "ln2_post",
-        "hook_mlp_out",
-        "hook_resid_post",
-    )
-    # Norms between a sublayer's output and the residual add: a head's or neuron's write is not additive
-    # (hooked.components.additive_writes refuses the per-head / per-neuron stacks for this block; the circuits
-    # graph takes its attention as one node, L{l}.attn).
-    output_norms: ClassVar[tuple[str, ...]] = ("ln1_post", "ln2_post")
-
-    def __init__(self, cfg: Gemma2Config, layer: int, attn: nn.Module | None = None):
-        super().__init__()
-        self.sliding = cfg.is_sliding(layer)
-        self.hook_resid_pre = HookPoint("batch pos d_model")
-        self.hook_q_input = HookPoint("batch pos head_index d_model")  # each head's copy of resid_pre (attention_input)
-        self.hook_k_input = HookPoint("batch pos kv_head_index d_model")
-        self.hook_v_input = HookPoint("batch pos kv_head_index d_model")
-        self.ln1 = Gemma2RMSNorm(cfg.d_model, cfg.rms_norm_eps)  # input_layernorm
-        self.attn = Gemma2Attention(cfg) if attn is None else attn
-        self.hook_attn_out_pre_norm = HookPoint("batch pos d_model")  # o_proj's output, before ln1_post
-        self.ln1_post = Gemma2PostNorm(cfg.d_model, cfg.rms_norm_eps)  # post_attention_layernorm
-        self.hook_attn_out = HookPoint("batch pos d_model")  # ln1_post's output: what the residual gains
-        self.hook_resid_mid = HookPoint("batch pos d_model")
-        self.hook_mlp_in = HookPoint("batch pos d_model")  # what the MLP half reads, before ln2
-        self.ln2 = Gemma2RMSNorm(cfg.d_model, cfg.rms_norm_eps)  # pre_feedforward_layernorm
-        self.mlp = GatedMLP(cfg.d_model, cfg.d_mlp, activation=functools.partial(F.gelu, approximate="tanh"))
-        self.hook_mlp_out_pre_norm = HookPoint("batch pos d_model")  # down_proj's output, before ln2_post
-        self.ln2_post = Gemma2PostNorm(cfg.d_model, cfg.rms_norm_eps)  # post_feedforward_layernorm
-        self.hook_mlp_out = HookPoint("batch pos d_model")  # ln2_post's output: what the residual gains
-        self.hook_resid_post = HookPoint("batch pos d_model")
-
-    def forward(self, resid_pre: Tensor, *inputs, kv: LayerKV | None = None) -> Tensor:
-        return self.mlp_half(self.attn_half(resid_pre, *inputs, kv=kv))
-
-    def attn_half(
-        self,
-        resid_pre: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        local_cos: Tensor,
-        local_sin: Tensor,
-        mask: AttentionMask,
-        local_mask: AttentionMask,
-        kv: LayerKV | None = None,
-    ) -> Tensor:
-        if self.sliding:
-            cos, sin, mask = local_cos, local_sin, local_mask
-        resid_pre = self.hook_resid_pre(resid_pre)
-        attn_in = attention_input(self, resid_pre, self.attn.n_heads, self.attn.n_kv_heads)
-        attn_out_pre_norm = self.hook_attn_out_pre_norm(self.attn(attn_in, cos, sin, mask, kv))
-        attn_out = self.hook_attn_out(self.ln1_post(attn_out_pre_norm))
-        return self.hook_resid_mid(resid_pre + attn_out)
-
-    def mlp_half(self, resid_mid: Tensor) -> Tensor:
-        mlp_out_pre_norm = self.hook_mlp_out_pre_norm(self.mlp(self.ln2(mlp_input(self, resid_mid))))
-        mlp_out = self.hook_mlp_out(self.ln2_post(mlp_out_pre_norm))
-        return self.hook_resid_post(resid_mid + mlp_out)
-
-
-_CHECKPOINT_RENAMES = (
-    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1_post.weight"),
-    (r"model\.layers\.(\d+)\.pre_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
-    (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2_post.weight"),
-    (
-        r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
-        r"blocks.\1.attn.\2.\3",
-    ),
-    (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-    (r"model\.norm\.weight", r"ln_final.weight"),
-)
-
-
-class Gemma2(HookedTransformer):
+# ============================================================================= modules and forward
+class Gemma2(SandwichDecoder):
     """Gemma 2 with TransformerLens hook names. Load with `hooked.load("google/gemma-2-2b")`."""
 
+    def __init__(self, cfg: Gemma2Config):
+        super().__init__(cfg, RotaryEmbedding(cfg.d_head, cfg.rope_theta))
+
+    @staticmethod
+    def make_block(cfg: Gemma2Config, layer: int) -> SandwichNormBlock:
+        scaling = cfg.query_pre_attn_scalar**-0.5
+        return SandwichNormBlock(
+            cfg, layer, GroupedQueryAttention(cfg, scaling=scaling, softcap=cfg.attn_logit_softcapping)
+        )
+
+    # ------------------------------------------------------------------------- declarations
+    # What the rest of the library reads about Gemma 2 (docs/adding-a-model.md); draw_sizes is the sandwich decoder's.
     config_class = Gemma2Config
     architectures = ("Gemma2ForCausalLM", "gemma2")
-    family: ClassVar[str] = "gemma2"
-    # TransformerLens 3.9's official names (supported_models.py) of Gemma 2 checkpoints -> its aliases (hooked.transformer_lens.aliases)
-    transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
+    family = "gemma2"
+    title = "Gemma 2"
+    checkpoint_table = (
+        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
+        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1_post.weight"),
+        (r"model\.layers\.(\d+)\.pre_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
+        (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2_post.weight"),
+        (
+            r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
+            r"blocks.\1.attn.\2.\3",
+        ),
+        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
+        (r"model\.norm\.weight", r"ln_final.weight"),
+    )
+    # TransformerLens 3.9's official names (supported_models.py) of Gemma 2 checkpoints -> its aliases
+    # (hooked.transformer_lens.aliases)
+    transformer_lens_names = {
         f"google/gemma-2-{size}{tuned}": (f"gemma-2-{size}{tuned}",)
         for size in ("2b", "9b", "27b")
         for tuned in ("", "-it")
     }
-    title: ClassVar[str] = "Gemma 2"
-    embedding_hook_names = ("hook_embed",)
-    random_sizes: ClassVar[dict] = dict(
+    random_sizes = dict(
         n_layers=2,
         d_model=32,
         n_heads=4,
@@ -363,100 +145,54 @@ class Gemma2(HookedTransformer):
         attn_logit_softcapping=5.0,
         final_logit_softcapping=3.0,
     )
-    hook_docs: ClassVar[dict[str, str]] = {  # what each hook holds here, for docs/hooks-reference.md
-        "hook_embed": "token embeddings times `sqrt(d_model)` (the normalizer in the weights' dtype, as transformers and TransformerLens' `W_E`), which are block 0's `hook_resid_pre`",
-        "blocks.{i}.hook_q_input": "one copy of `resid_pre` per query head, each normalised by `ln1` on its own; listening switches to per-head projections",
+    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
+        "hook_embed": "token embeddings times `sqrt(d_model)` (the normalizer in the weights' dtype, as transformers"
+        " and TransformerLens' `W_E`), which are block 0's `hook_resid_pre`",
+        "blocks.{i}.hook_q_input": "one copy of `resid_pre` per query head, each normalised by `ln1` on its own;"
+        " listening switches to per-head projections",
         "blocks.{i}.hook_k_input": "one copy of `resid_pre` per kv head, read through `ln1` by `k_proj`",
         "blocks.{i}.hook_v_input": "one copy of `resid_pre` per kv head, read through `ln1` by `v_proj`",
-        "blocks.{i}.ln1.hook_scale": "the pre-attention RMSNorm's scale `sqrt(mean(x^2) + eps)` of `resid_pre`; float32",
+        "blocks.{i}.ln1.hook_scale": "the pre-attention RMSNorm's scale `sqrt(mean(x^2) + eps)` of `resid_pre`;"
+        " float32",
         "blocks.{i}.ln1.hook_normalized": "`resid_pre / scale` cast to the model dtype, before the gain `1 + weight`",
         "blocks.{i}.attn.hook_q": "`q_proj(ln1 output)` (its bias included) split by head, before RoPE",
         "blocks.{i}.attn.hook_k": "`k_proj(ln1 output)` split by kv head, before RoPE",
         "blocks.{i}.attn.hook_v": "`v_proj(ln1 output)` split by kv head",
         "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin`",
         "blocks.{i}.attn.hook_rot_k": "k after RoPE",
-        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * query_pre_attn_scalar**-0.5`, then CAPPED `cap * tanh(s / cap)` (attn_logit_softcapping, TransformerLens' order), kv heads repeated, set to the dtype's minimum on future keys and, on sliding_attention layers, on keys `sliding_window` or more columns back; listening switches the layer to the eager attention path",
-        "blocks.{i}.attn.hook_pattern": "softmax of the capped scores, computed in float32 and cast back (transformers' eager `attn_weights`)",
-        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes what the projection reads",
-        "blocks.{i}.attn.hook_result": "each head's write `z[h] @ W_O[h]` BEFORE the post-norm: with `b_O` they sum to `hook_attn_out_pre_norm`, not to `hook_attn_out` (ln1_post is not linear)",
-        "blocks.{i}.hook_attn_out_pre_norm": "`o_proj`'s output, the attention's raw write, before the post-attention norm `ln1_post`",
-        "blocks.{i}.ln1_post.hook_scale": "the post-attention RMSNorm's scale of the attention output (not of the residual stream); float32",
-        "blocks.{i}.ln1_post.hook_normalized": "the attention output divided by that scale, before the gain `1 + weight`",
-        "blocks.{i}.hook_attn_out": "`ln1_post(o_proj output)`: what the attention adds to the residual stream (after the post-norm, as TransformerLens)",
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * query_pre_attn_scalar**-0.5`, then CAPPED"
+        " `cap * tanh(s / cap)` (attn_logit_softcapping, TransformerLens' order), kv heads repeated, set to the"
+        " dtype's minimum on future keys and, on sliding_attention layers, on keys `sliding_window` or more columns"
+        " back; listening switches the layer to the eager attention path",
+        "blocks.{i}.attn.hook_pattern": "softmax of the capped scores, computed in float32 and cast back"
+        " (transformers' eager `attn_weights`)",
+        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
+        " what the projection reads",
+        "blocks.{i}.attn.hook_result": "each head's write `z[h] @ W_O[h]` BEFORE the post-norm: with `b_O` they sum to"
+        " `hook_attn_out_pre_norm`, not to `hook_attn_out` (ln1_post is not linear)",
+        "blocks.{i}.hook_attn_out_pre_norm": "`o_proj`'s output, the attention's raw write, before the post-attention"
+        " norm `ln1_post`",
+        "blocks.{i}.ln1_post.hook_scale": "the post-attention RMSNorm's scale of the attention output (not of the"
+        " residual stream); float32",
+        "blocks.{i}.ln1_post.hook_normalized": "the attention output divided by that scale, before the gain"
+        " `1 + weight`",
+        "blocks.{i}.hook_attn_out": "`ln1_post(o_proj output)`: what the attention adds to the residual stream (after"
+        " the post-norm, as TransformerLens)",
         "blocks.{i}.hook_mlp_in": "what the MLP half reads, `resid_mid`, before `ln2` (a copy when hooked)",
         "blocks.{i}.ln2.hook_scale": "the pre-feedforward RMSNorm's scale of `resid_mid`; float32",
         "blocks.{i}.ln2.hook_normalized": "`resid_mid / scale` cast to the model dtype, before the gain `1 + weight`",
         "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(ln2 output)`",
         "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(ln2 output)`",
         "blocks.{i}.mlp.hook_post": "the neurons, `gelu_tanh(pre) * pre_linear` = `down_proj`'s input",
-        "blocks.{i}.hook_mlp_out_pre_norm": "`down_proj`'s output, the MLP's raw write, before the post-feedforward norm `ln2_post`",
-        "blocks.{i}.ln2_post.hook_scale": "the post-feedforward RMSNorm's scale of the MLP output (not of the residual stream); float32",
+        "blocks.{i}.hook_mlp_out_pre_norm": "`down_proj`'s output, the MLP's raw write, before the post-feedforward"
+        " norm `ln2_post`",
+        "blocks.{i}.ln2_post.hook_scale": "the post-feedforward RMSNorm's scale of the MLP output (not of the residual"
+        " stream); float32",
         "blocks.{i}.ln2_post.hook_normalized": "the MLP output divided by that scale, before the gain `1 + weight`",
-        "blocks.{i}.hook_mlp_out": "`ln2_post(down_proj output)`: what the MLP adds to the residual stream (after the post-norm, as TransformerLens)",
-        "ln_final.hook_scale": "the final RMSNorm's scale; float32. The logits are `cap * tanh((ln_final @ W_U) / cap)` (final_logit_softcapping): direct logit attribution, which is linear, attributes the PRE-cap logits",
+        "blocks.{i}.hook_mlp_out": "`ln2_post(down_proj output)`: what the MLP adds to the residual stream (after the"
+        " post-norm, as TransformerLens)",
+        "ln_final.hook_scale": "the final RMSNorm's scale; float32. The logits are"
+        " `cap * tanh((ln_final @ W_U) / cap)` (final_logit_softcapping): direct logit attribution, which is linear,"
+        " attributes the PRE-cap logits",
         "ln_final.hook_normalized": "the final residual stream divided by its scale, before the gain `1 + weight`",
     }
-
-    def __init__(self, cfg: Gemma2Config):
-        super().__init__(cfg)
-        self.embed_tokens = nn.Embedding(cfg.d_vocab, cfg.d_model)
-        self.hook_embed = HookPoint("batch pos d_model")
-        self.rotary = RotaryEmbedding(cfg.d_head, cfg.rope_theta)
-        self.blocks = nn.ModuleList(self.make_block(cfg, layer) for layer in range(cfg.n_layers))
-        self.ln_final = Gemma2RMSNorm(cfg.d_model, cfg.rms_norm_eps)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
-        self.setup_hooks()
-
-    @staticmethod
-    def make_block(cfg: Gemma2Config, layer: int) -> Gemma2Block:
-        return Gemma2Block(cfg, layer)
-
-    @classmethod
-    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
-        """Qwen3's attention sizes, plus Gemma's window, scale, softcaps and a layer pattern."""
-        sizes = Qwen3.draw_sizes(draw, st, n_layers, n_heads)
-        sizes.update(
-            sliding_window=draw(st.sampled_from([1, 2, 4])),
-            query_pre_attn_scalar=draw(st.sampled_from([8.0, 16.0, 256.0])),
-            attn_logit_softcapping=draw(st.sampled_from([None, 2.0, 50.0])),
-            final_logit_softcapping=draw(st.sampled_from([None, 1.5, 30.0])),
-            layer_types=draw(
-                st.sampled_from([None, ("full_attention",) * n_layers, ("sliding_attention",) * n_layers])
-            ),
-        )
-        return sizes
-
-    def normalizer(self, dtype: torch.dtype) -> Tensor:
-        """sqrt(d_model) as transformers' Gemma2TextScaledWordEmbedding: a float32 scalar cast to `dtype`."""
-        return torch.tensor(self.cfg.d_model**0.5, dtype=torch.float32).to(dtype)
-
-    def resid_from_tokens(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
-        weight = self.embed_tokens.weight
-        return self.hook_embed(self.embed_tokens(tokens) * self.normalizer(weight.dtype).to(weight.device))
-
-    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
-        """Every variant a block may pick, each computed once per forward: (global cos, sin, local cos, sin,
-        full mask, windowed mask). Gemma 2 has one RoPE base, so the local pair is the global one."""
-        cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head]
-        return cos, sin, cos, sin, mask, mask.windowed(self.cfg.sliding_window)
-
-    def logits_from_resid(self, resid: Float[Tensor, "batch pos d_model"], columns: Tensor | None = None) -> Tensor:
-        """Final norm, unembedding, then `final_logit_softcapping` (every logit path of the library comes here)."""
-        return softcap_(super().logits_from_resid(resid, columns), self.cfg.final_logit_softcapping)
-
-    @property
-    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
-        """TransformerLens' W_E: the embedding times sqrt(d_model), what `hook_embed` holds (a new tensor, not
-        the parameter `embed_tokens.weight`)."""
-        weight = self.embed_tokens.weight
-        return weight * self.normalizer(weight.dtype).to(weight.device)
-
-    @property
-    def token_embedding_weight(self) -> Tensor:
-        return self.embed_tokens.weight  # W_E is derived from it (scaled)
-
-    unembed_weight = Qwen3.unembed_weight
-    embedding_writers = Qwen3.embedding_writers
-
-    checkpoint_table = _CHECKPOINT_RENAMES

@@ -2,9 +2,10 @@
 hook point on every activation TransformerLens names.
 
 Numerics follow Hugging Face transformers 5.24 `models/gemma3/modeling_gemma3.py` operation for operation. Gemma 3
-is Gemma 2 (hooked/models/gemma2.py: pre- and post-norms, Gemma's `(1 + weight)` RMSNorm in float32, embeddings
-times `sqrt(hidden_size)` cast to the weights' dtype, `query_pre_attn_scalar ** -0.5` scores, a gelu_tanh-gated
-MLP, an optional final logit cap) plus:
+is, as Gemma 2, the sandwich-norm decoder (hooked/models/sandwich_decoder.py: pre- and post-norms, Gemma's
+`(1 + weight)` RMSNorm in float32, embeddings times `sqrt(hidden_size)` cast to the weights' dtype, a gelu_tanh-gated
+MLP, an optional final logit cap) with grouped-query attention (hooked/models/grouped_query_attention.py) scaled by
+`query_pre_attn_scalar ** -0.5`, plus:
 
     q = rope(q_norm(q_proj(x)), local or global)   # per-head Gemma RMSNorms over d_head, BEFORE RoPE
     k = rope(k_norm(k_proj(x)), local or global)
@@ -23,15 +24,22 @@ Names are TransformerLens 3.9's (`loading_from_pretrained.py` for google/gemma-3
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from hooked.layers import AttentionMask
-from hooked.models.gemma2 import LAYER_TYPES, Gemma2, Gemma2Attention, Gemma2Block, Gemma2Config
+from hooked.models.grouped_query_attention import GroupedQueryAttention
+from hooked.models.sandwich_decoder import (
+    LAYER_TYPES,
+    GemmaRMSNorm,
+    SandwichDecoder,
+    SandwichDecoderConfig,
+    SandwichNormBlock,
+)
 from hooked.rotary import LinearScaling, RotaryEmbedding
 
+# ============================================================================= config
 # transformers 5.24 `Gemma3TextConfig`'s defaults, for keys a config.json leaves out (the 4B+ models' text_config
 # lists only what differs from them).
 _HF_DEFAULTS = dict(
@@ -55,19 +63,32 @@ ROPE_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}  # t
 
 
 @dataclass
-class Gemma3Config(Gemma2Config):
-    """Gemma 2's fields with Gemma 3's defaults, plus the local rotary table and the layer pattern."""
-
+class Gemma3Config(SandwichDecoderConfig):
+    n_layers: int  # transformer blocks (num_hidden_layers)
+    d_model: int  # residual stream width (hidden_size)
+    n_heads: int  # query heads (num_attention_heads)
+    n_kv_heads: int  # key/value heads (num_key_value_heads)
+    d_head: int  # per-head width (head_dim), independent of d_model / n_heads
+    d_mlp: int  # MLP width (intermediate_size)
+    d_vocab: int  # vocabulary size
+    rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0  # RoPE base of full_attention layers
-    max_position_embeddings: int = 131_072  # bounds sliding_window
+    tie_word_embeddings: bool = True  # unembedding = the token embedding
+    attention_bias: bool = False  # biases on q/k/v/o projections
+    max_position_embeddings: int = 131_072  # bounds sliding_window (RoPE itself has no hard limit)
+    query_pre_attn_scalar: float = 256.0  # scores are scaled by query_pre_attn_scalar ** -0.5
+    sliding_window: int | None = 4096  # keys at most this many columns back on "sliding_attention" layers
+    layer_types: tuple[str, ...] | None = None  # per layer: "sliding_attention" / "full_attention"; None: the pattern
     attn_logit_softcapping: float | None = None  # must stay None (transformers 5.24 never applies it to Gemma 3)
     final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap); None: off
+    default_prepend_bos: bool = True  # Gemma's tokenizer starts with <bos>
     rope_local_theta: float = 10_000.0  # RoPE base of sliding_attention layers (rope_local_base_freq)
     rope_scaling: LinearScaling | None = None  # full_attention layers' scaling ("linear"); None: plain RoPE
     rope_local_scaling: LinearScaling | None = None  # sliding_attention layers' scaling; None: plain RoPE
     sliding_window_pattern: int = 6  # without layer_types: layer i is full_attention iff (i + 1) % pattern == 0
     multimodal_checkpoint: bool = False  # a Gemma3ForConditionalGeneration checkpoint: its text model, vision skipped
 
+    # TransformerLens' names of what Gemma 3 fixes (the rest are the sandwich decoder's, SandwichDecoderConfig)
     original_architecture = "Gemma3ForCausalLM"
     use_qk_norm = True  # per-head q_norm / k_norm
 
@@ -123,8 +144,8 @@ class Gemma3Config(Gemma2Config):
 
     @classmethod
     def _fields_from_hf(cls, config: dict) -> dict:
-        """Gemma 2's reading of a `gemma3_text` config (or the `text_config` of a multimodal one) over transformers'
-        defaults, plus the per-layer-type rotary parameters and the layer pattern."""
+        """A `gemma3_text` config (or the `text_config` of a multimodal one) over transformers' defaults: Gemma 2's
+        keys (docs/gemma2.md), the per-layer-type rotary parameters and the layer pattern."""
         if config.get("use_bidirectional_attention"):
             raise ValueError(
                 "use_bidirectional_attention is true (EmbeddingGemma: every text token attends both ways)"
@@ -139,11 +160,34 @@ class Gemma3Config(Gemma2Config):
             },
         }
         rope = _rope_from_hf(config)
-        fields = super()._fields_from_hf(
-            {k: v for k, v in config.items() if k not in ("rope_parameters", "rope_scaling")}
+        # transformers 5.24 reads hidden_activation only (a hub config's hidden_act is ignored there, and here).
+        activation = config.get("hidden_activation") or "gelu_pytorch_tanh"
+        if activation != "gelu_pytorch_tanh":
+            raise ValueError(
+                f"{cls.original_architecture} with hidden_activation {activation!r} is not supported by hooked"
+                " (gelu_pytorch_tanh)"
+            )
+        layer_types = config.get("layer_types")
+        return dict(  # every key but layer_types is there: _HF_DEFAULTS fills what the config leaves out
+            n_layers=config["num_hidden_layers"],
+            d_model=config["hidden_size"],
+            n_heads=config["num_attention_heads"],
+            n_kv_heads=config["num_key_value_heads"] or config["num_attention_heads"],
+            d_head=config["head_dim"] or _HF_DEFAULTS["head_dim"],
+            d_mlp=config["intermediate_size"],
+            d_vocab=config["vocab_size"],
+            rms_norm_eps=config["rms_norm_eps"],
+            tie_word_embeddings=config["tie_word_embeddings"],
+            attention_bias=config["attention_bias"],
+            max_position_embeddings=config["max_position_embeddings"],
+            query_pre_attn_scalar=config["query_pre_attn_scalar"],
+            sliding_window=config["sliding_window"],
+            layer_types=None if layer_types is None else tuple(layer_types),
+            attn_logit_softcapping=config["attn_logit_softcapping"],
+            final_logit_softcapping=config["final_logit_softcapping"],
+            **rope,
+            sliding_window_pattern=config.get("sliding_window_pattern", 6),
         )
-        fields.update(rope, sliding_window_pattern=config.get("sliding_window_pattern", 6))
-        return fields
 
 
 def _rope_from_hf(config: dict) -> dict:
@@ -197,72 +241,18 @@ def _rope_from_hf(config: dict) -> dict:
     )
 
 
-class Gemma3(Gemma2):
+# ============================================================================= modules and forward
+class Gemma3(SandwichDecoder):
     """Gemma 3 (text) with TransformerLens hook names. Load with `hooked.load("google/gemma-3-270m")`."""
 
-    config_class = Gemma3Config
-    architectures = ("Gemma3ForCausalLM", "gemma3_text", "Gemma3ForConditionalGeneration", "gemma3")
-    family: ClassVar[str] = "gemma3"
-    # TransformerLens 3.9's official names (supported_models.py) of Gemma 3 checkpoints -> its aliases (hooked.transformer_lens.aliases)
-    transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
-        **{
-            f"google/gemma-3-{name}": (f"gemma-3-{name}",)
-            for name in ("270m", "270m-it", "1b-pt", "1b-it", "4b-pt", "4b-it", "12b-pt", "12b-it", "27b-pt", "27b-it")
-        },
-        **{f"google/medgemma-{name}": (f"medgemma-{name}",) for name in ("4b-pt", "4b-it", "27b-it", "27b-text-it")},
-    }
-    title: ClassVar[str] = "Gemma 3"
-    random_sizes: ClassVar[dict] = dict(
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        n_kv_heads=2,
-        d_head=8,
-        d_mlp=48,
-        d_vocab=64,
-        sliding_window=3,
-        query_pre_attn_scalar=16.0,
-        sliding_window_pattern=2,
-        rope_scaling=LinearScaling(8.0),
-        final_logit_softcapping=3.0,
-    )
-    hook_docs: ClassVar[dict[str, str]] = {
-        **Gemma2.hook_docs,
-        "blocks.{i}.attn.hook_q": "`q_proj(ln1 output)` split by head, before `q_norm` and RoPE",
-        "blocks.{i}.attn.hook_k": "`k_proj(ln1 output)` split by kv head, before `k_norm` and RoPE",
-        "blocks.{i}.attn.q_norm.hook_scale": "each query head's Gemma RMSNorm scale `sqrt(mean(q^2) + eps)` over d_head; float32",
-        "blocks.{i}.attn.q_norm.hook_normalized": "`q / scale` cast to the model dtype, before the gain `1 + q_norm.weight`",
-        "blocks.{i}.attn.hook_q_normed": "`q_norm(q)`: each query head normalised over d_head with the gain `1 + weight`, before RoPE",
-        "blocks.{i}.attn.k_norm.hook_scale": "each kv head's Gemma RMSNorm scale over d_head; float32",
-        "blocks.{i}.attn.k_norm.hook_normalized": "`k / scale` cast to the model dtype, before the gain `1 + k_norm.weight`",
-        "blocks.{i}.attn.hook_k_normed": "`k_norm(k)`, before RoPE",
-        "blocks.{i}.attn.hook_rot_q": "q_normed after RoPE with the layer's table: base `rope_local_theta` on sliding_attention layers, `rope_theta` (and its linear scaling) on full_attention layers",
-        "blocks.{i}.attn.hook_rot_k": "k_normed after RoPE with the layer's table",
-        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * query_pre_attn_scalar**-0.5` (no cap), kv heads repeated, set to the dtype's minimum on future keys and, on sliding_attention layers, on keys `sliding_window` or more columns back; listening switches the layer to the eager attention path",
-        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back (transformers' eager `attn_weights`)",
-        "ln_final.hook_scale": "the final RMSNorm's scale; float32. With `final_logit_softcapping` the logits are `cap * tanh((ln_final @ W_U) / cap)`, and direct logit attribution (linear) attributes the pre-cap logits",
-    }
-
     def __init__(self, cfg: Gemma3Config):
-        super().__init__(cfg)
-        self.rotary = RotaryEmbedding(cfg.d_head, cfg.rope_theta, cfg.rope_scaling)  # full_attention layers
+        super().__init__(cfg, RotaryEmbedding(cfg.d_head, cfg.rope_theta, cfg.rope_scaling))  # full_attention layers
         self.rotary_local = RotaryEmbedding(cfg.d_head, cfg.rope_local_theta, cfg.rope_local_scaling)
 
     @staticmethod
-    def make_block(cfg: Gemma3Config, layer: int) -> Gemma2Block:
-        return Gemma2Block(cfg, layer, attn=Gemma2Attention(cfg, qk_norm=True))
-
-    @classmethod
-    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
-        """Gemma 2's draws without an attention cap, plus the local base, a linear scaling and a layer pattern."""
-        sizes = super().draw_sizes(draw, st, n_layers, n_heads)
-        sizes.update(
-            attn_logit_softcapping=None,
-            rope_local_theta=draw(st.sampled_from([100.0, 10_000.0])),
-            rope_scaling=draw(st.sampled_from([None, LinearScaling(8.0)])),
-            sliding_window_pattern=draw(st.sampled_from([1, 2, 6])),
-        )
-        return sizes
+    def make_block(cfg: Gemma3Config, layer: int) -> SandwichNormBlock:
+        attn = GroupedQueryAttention(cfg, qk_norm=GemmaRMSNorm, scaling=cfg.query_pre_attn_scalar**-0.5)
+        return SandwichNormBlock(cfg, layer, attn)
 
     def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
         """(global cos, sin, local cos, sin, full mask, windowed mask), each table computed once per forward and
@@ -272,9 +262,29 @@ class Gemma3(Gemma2):
         local_cos, local_sin = self.rotary_local(position_ids, dtype) if "sliding_attention" in kinds else (None, None)
         return cos, sin, local_cos, local_sin, mask, mask.windowed(self.cfg.sliding_window)
 
+    # ------------------------------------------------------------------------- declarations
+    # What the rest of the library reads about Gemma 3 (docs/adding-a-model.md).
+    config_class = Gemma3Config
+    architectures = ("Gemma3ForCausalLM", "gemma3_text", "Gemma3ForConditionalGeneration", "gemma3")
+    family = "gemma3"
+    title = "Gemma 3"
+    checkpoint_table = (
+        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
+        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1_post.weight"),
+        (r"model\.layers\.(\d+)\.pre_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
+        (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2_post.weight"),
+        (
+            r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
+            r"blocks.\1.attn.\2.\3",
+        ),
+        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
+        (r"model\.norm\.weight", r"ln_final.weight"),
+    )
+
     @property
     def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
-        """Gemma 2's table; a multimodal checkpoint's text weights sit under `language_model.model.` (as transformers
+        """The table; a multimodal checkpoint's text weights sit under `language_model.model.` (as transformers
         5.24 saves them) or `model.language_model.` (depending on the version that saved it) instead of `model.`."""
         renames = super().checkpoint_renames
         if not self.cfg.multimodal_checkpoint:
@@ -294,3 +304,101 @@ class Gemma3(Gemma2):
             return super().checkpoint_ignored
         head = (r"(?:language_model\.)?lm_head\.weight",) if self.cfg.tie_word_embeddings else ()
         return head + (r"(?:model\.)?(?:vision_tower|multi_modal_projector)\..+",)
+
+    # TransformerLens 3.9's official names (supported_models.py) of Gemma 3 checkpoints -> its aliases
+    # (hooked.transformer_lens.aliases)
+    transformer_lens_names = {
+        **{
+            f"google/gemma-3-{name}": (f"gemma-3-{name}",)
+            for name in ("270m", "270m-it", "1b-pt", "1b-it", "4b-pt", "4b-it", "12b-pt", "12b-it", "27b-pt", "27b-it")
+        },
+        **{f"google/medgemma-{name}": (f"medgemma-{name}",) for name in ("4b-pt", "4b-it", "27b-it", "27b-text-it")},
+    }
+    random_sizes = dict(
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        d_head=8,
+        d_mlp=48,
+        d_vocab=64,
+        sliding_window=3,
+        query_pre_attn_scalar=16.0,
+        sliding_window_pattern=2,
+        rope_scaling=LinearScaling(8.0),
+        final_logit_softcapping=3.0,
+    )
+
+    @classmethod
+    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
+        """The sandwich decoder's draws without an attention cap, plus the local base, a linear scaling and a layer
+        pattern."""
+        sizes = super().draw_sizes(draw, st, n_layers, n_heads)
+        sizes.update(
+            attn_logit_softcapping=None,
+            rope_local_theta=draw(st.sampled_from([100.0, 10_000.0])),
+            rope_scaling=draw(st.sampled_from([None, LinearScaling(8.0)])),
+            sliding_window_pattern=draw(st.sampled_from([1, 2, 6])),
+        )
+        return sizes
+
+    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
+        "hook_embed": "token embeddings times `sqrt(d_model)` (the normalizer in the weights' dtype, as transformers"
+        " and TransformerLens' `W_E`), which are block 0's `hook_resid_pre`",
+        "blocks.{i}.hook_q_input": "one copy of `resid_pre` per query head, each normalised by `ln1` on its own;"
+        " listening switches to per-head projections",
+        "blocks.{i}.hook_k_input": "one copy of `resid_pre` per kv head, read through `ln1` by `k_proj`",
+        "blocks.{i}.hook_v_input": "one copy of `resid_pre` per kv head, read through `ln1` by `v_proj`",
+        "blocks.{i}.ln1.hook_scale": "the pre-attention RMSNorm's scale `sqrt(mean(x^2) + eps)` of `resid_pre`;"
+        " float32",
+        "blocks.{i}.ln1.hook_normalized": "`resid_pre / scale` cast to the model dtype, before the gain `1 + weight`",
+        "blocks.{i}.attn.hook_q": "`q_proj(ln1 output)` split by head, before `q_norm` and RoPE",
+        "blocks.{i}.attn.hook_k": "`k_proj(ln1 output)` split by kv head, before `k_norm` and RoPE",
+        "blocks.{i}.attn.hook_v": "`v_proj(ln1 output)` split by kv head",
+        "blocks.{i}.attn.hook_rot_q": "q_normed after RoPE with the layer's table: base `rope_local_theta` on"
+        " sliding_attention layers, `rope_theta` (and its linear scaling) on full_attention layers",
+        "blocks.{i}.attn.hook_rot_k": "k_normed after RoPE with the layer's table",
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * query_pre_attn_scalar**-0.5` (no cap), kv heads"
+        " repeated, set to the dtype's minimum on future keys and, on sliding_attention layers, on keys"
+        " `sliding_window` or more columns back; listening switches the layer to the eager attention path",
+        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back (transformers' eager"
+        " `attn_weights`)",
+        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
+        " what the projection reads",
+        "blocks.{i}.attn.hook_result": "each head's write `z[h] @ W_O[h]` BEFORE the post-norm: with `b_O` they sum to"
+        " `hook_attn_out_pre_norm`, not to `hook_attn_out` (ln1_post is not linear)",
+        "blocks.{i}.hook_attn_out_pre_norm": "`o_proj`'s output, the attention's raw write, before the post-attention"
+        " norm `ln1_post`",
+        "blocks.{i}.ln1_post.hook_scale": "the post-attention RMSNorm's scale of the attention output (not of the"
+        " residual stream); float32",
+        "blocks.{i}.ln1_post.hook_normalized": "the attention output divided by that scale, before the gain"
+        " `1 + weight`",
+        "blocks.{i}.hook_attn_out": "`ln1_post(o_proj output)`: what the attention adds to the residual stream (after"
+        " the post-norm, as TransformerLens)",
+        "blocks.{i}.hook_mlp_in": "what the MLP half reads, `resid_mid`, before `ln2` (a copy when hooked)",
+        "blocks.{i}.ln2.hook_scale": "the pre-feedforward RMSNorm's scale of `resid_mid`; float32",
+        "blocks.{i}.ln2.hook_normalized": "`resid_mid / scale` cast to the model dtype, before the gain `1 + weight`",
+        "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(ln2 output)`",
+        "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(ln2 output)`",
+        "blocks.{i}.mlp.hook_post": "the neurons, `gelu_tanh(pre) * pre_linear` = `down_proj`'s input",
+        "blocks.{i}.hook_mlp_out_pre_norm": "`down_proj`'s output, the MLP's raw write, before the post-feedforward"
+        " norm `ln2_post`",
+        "blocks.{i}.ln2_post.hook_scale": "the post-feedforward RMSNorm's scale of the MLP output (not of the residual"
+        " stream); float32",
+        "blocks.{i}.ln2_post.hook_normalized": "the MLP output divided by that scale, before the gain `1 + weight`",
+        "blocks.{i}.hook_mlp_out": "`ln2_post(down_proj output)`: what the MLP adds to the residual stream (after the"
+        " post-norm, as TransformerLens)",
+        "ln_final.hook_scale": "the final RMSNorm's scale; float32. With `final_logit_softcapping` the logits are"
+        " `cap * tanh((ln_final @ W_U) / cap)`, and direct logit attribution (linear) attributes the pre-cap logits",
+        "ln_final.hook_normalized": "the final residual stream divided by its scale, before the gain `1 + weight`",
+        "blocks.{i}.attn.q_norm.hook_scale": "each query head's Gemma RMSNorm scale `sqrt(mean(q^2) + eps)` over"
+        " d_head; float32",
+        "blocks.{i}.attn.q_norm.hook_normalized": "`q / scale` cast to the model dtype, before the gain"
+        " `1 + q_norm.weight`",
+        "blocks.{i}.attn.hook_q_normed": "`q_norm(q)`: each query head normalised over d_head with the gain"
+        " `1 + weight`, before RoPE",
+        "blocks.{i}.attn.k_norm.hook_scale": "each kv head's Gemma RMSNorm scale over d_head; float32",
+        "blocks.{i}.attn.k_norm.hook_normalized": "`k / scale` cast to the model dtype, before the gain"
+        " `1 + k_norm.weight`",
+        "blocks.{i}.attn.hook_k_normed": "`k_norm(k)`, before RoPE",
+    }

@@ -43,6 +43,7 @@ from hooked.models.config import ModelConfig
 from hooked.rows import current_rows
 
 
+# ============================================================================= config
 @dataclass
 class GPT2Config(ModelConfig):
     n_layers: int  # transformer blocks
@@ -145,6 +146,7 @@ class GPT2Config(ModelConfig):
         )
 
 
+# ============================================================================= modules and forward
 class GPT2Attention(nn.Module):
     def __init__(self, cfg: GPT2Config, layer: int):
         super().__init__()
@@ -238,7 +240,8 @@ class GPT2Attention(nn.Module):
             "c_proj.weight": Split("heads", 0, self.d_head, reduce=True),
         }
 
-    # For weight processing (hooked.transformer_lens.processing): c_attn reads ln1's output along its rows (Conv1D [in, out]).
+    # For weight processing (hooked.transformer_lens.processing): c_attn reads ln1's output along its rows
+    # (Conv1D [in, out]).
     def residual_readers(self) -> tuple[Projection, ...]:
         return (Projection(self.c_attn.weight, 0, self.c_attn.bias),)
 
@@ -342,46 +345,20 @@ class GPT2Block(nn.Module):
         return self.hook_resid_post(resid_mid + mlp_out)
 
 
+def _padded_columns(tokens: Tensor) -> Tensor | None:
+    """[batch pos] True at the padded columns of `tokens` in the running forward (None: none padded, or
+    called outside a forward). A generation step's columns are the last of the forward's mask."""
+    try:
+        mask = current_rows().attention_mask
+    except RuntimeError:
+        return None
+    if mask is None or mask.shape[0] != tokens.shape[0] or bool(mask[:, -tokens.shape[1] :].all()):
+        return None
+    return ~mask[:, -tokens.shape[1] :].to(tokens.device)
+
+
 class GPT2(HookedTransformer):
     """GPT-2 with TransformerLens hook names. Load with `hooked.load("gpt2")`."""
-
-    family = "gpt2"
-    # TransformerLens 3.9's official names (supported_models.py) of GPT-2 checkpoints -> its aliases (hooked.transformer_lens.aliases)
-    transformer_lens_names = {
-        "gpt2": ("gpt2-small",),
-        "gpt2-medium": (),
-        "gpt2-large": (),
-        "gpt2-xl": (),
-        "distilgpt2": ("distillgpt2", "distill-gpt2", "distil-gpt2", "gpt2-xs"),
-    }
-    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, d_vocab=64, n_ctx=32)
-
-    title = "GPT-2"
-    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
-        "hook_embed": "token embeddings `wte[tokens]`",
-        "blocks.{i}.ln1.hook_scale": "the LayerNorm's scale `sqrt(var(x) + eps)`, before attention",
-        "blocks.{i}.ln1.hook_normalized": "`(x - mean) / scale`, before the norm's weight and bias",
-        "blocks.{i}.attn.hook_q": "queries, split by head: a view of the fused `c_attn` output",
-        "blocks.{i}.attn.hook_k": "keys, split by head: a view of the fused `c_attn` output",
-        "blocks.{i}.attn.hook_v": "values, split by head: a view of the fused `c_attn` output",
-        "blocks.{i}.attn.hook_attn_scores": "`q @ k^T * d_head**-0.5`, masked entries set to the dtype's minimum (not -inf); listening switches the layer to the eager attention path",
-        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `c_proj`'s input, so an in-place edit changes what the projection reads",
-        "blocks.{i}.mlp.hook_pre": "`c_fc` output, the pre-activation",
-        "blocks.{i}.mlp.hook_post": "the neurons, `gelu_new(pre)`",
-        "hook_pos_embed": "position embeddings `wpe[position_ids]` (position ids skip left padding)",
-    }
-
-    @classmethod
-    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
-        return dict(
-            d_model=draw(st.sampled_from([d for d in range(16, 49, 4) if d % n_heads == 0])),
-            d_mlp=draw(st.sampled_from([32, 48, 64])),
-            n_ctx=32,
-        )
-
-    config_class = GPT2Config
-    architectures = ("GPT2LMHeadModel", "gpt2")
-    embedding_hook_names = ("hook_embed", "hook_pos_embed")
 
     def __init__(self, cfg: GPT2Config):
         super().__init__(cfg)
@@ -428,6 +405,13 @@ class GPT2(HookedTransformer):
     def max_positions(self) -> int:
         return self.cfg.n_ctx
 
+    # ------------------------------------------------------------------------- declarations
+    # What the rest of the library reads about GPT-2 (docs/adding-a-model.md).
+    config_class = GPT2Config
+    architectures = ("GPT2LMHeadModel", "gpt2")
+    family = "gpt2"
+    title = "GPT-2"
+    embedding_hook_names = ("hook_embed", "hook_pos_embed")
     # Checkpoint key -> parameter name. Both layouts: transformers' (`transformer.` prefix) and
     # the hub's original file (no prefix, plus causal-mask buffers `attn.bias` / `attn.masked_bias`).
     checkpoint_renames = (
@@ -438,15 +422,37 @@ class GPT2(HookedTransformer):
         (r"(?:transformer\.)?ln_f\.(weight|bias)", r"ln_final.\1"),
     )
     checkpoint_ignored = (r"(?:transformer\.)?h\.\d+\.attn\.(bias|masked_bias)", r"lm_head\.weight")
+    # TransformerLens 3.9's official names (supported_models.py) of GPT-2 checkpoints -> its aliases
+    # (hooked.transformer_lens.aliases)
+    transformer_lens_names = {
+        "gpt2": ("gpt2-small",),
+        "gpt2-medium": (),
+        "gpt2-large": (),
+        "gpt2-xl": (),
+        "distilgpt2": ("distillgpt2", "distill-gpt2", "distil-gpt2", "gpt2-xs"),
+    }
+    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, d_vocab=64, n_ctx=32)
 
+    @classmethod
+    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
+        return dict(
+            d_model=draw(st.sampled_from([d for d in range(16, 49, 4) if d % n_heads == 0])),
+            d_mlp=draw(st.sampled_from([32, 48, 64])),
+            n_ctx=32,
+        )
 
-def _padded_columns(tokens: Tensor) -> Tensor | None:
-    """[batch pos] True at the padded columns of `tokens` in the running forward (None: none padded, or
-    called outside a forward). A generation step's columns are the last of the forward's mask."""
-    try:
-        mask = current_rows().attention_mask
-    except RuntimeError:
-        return None
-    if mask is None or mask.shape[0] != tokens.shape[0] or bool(mask[:, -tokens.shape[1] :].all()):
-        return None
-    return ~mask[:, -tokens.shape[1] :].to(tokens.device)
+    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
+        "hook_embed": "token embeddings `wte[tokens]`",
+        "blocks.{i}.ln1.hook_scale": "the LayerNorm's scale `sqrt(var(x) + eps)`, before attention",
+        "blocks.{i}.ln1.hook_normalized": "`(x - mean) / scale`, before the norm's weight and bias",
+        "blocks.{i}.attn.hook_q": "queries, split by head: a view of the fused `c_attn` output",
+        "blocks.{i}.attn.hook_k": "keys, split by head: a view of the fused `c_attn` output",
+        "blocks.{i}.attn.hook_v": "values, split by head: a view of the fused `c_attn` output",
+        "blocks.{i}.attn.hook_attn_scores": "`q @ k^T * d_head**-0.5`, masked entries set to the dtype's minimum (not"
+        " -inf); listening switches the layer to the eager attention path",
+        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `c_proj`'s input, so an in-place edit changes"
+        " what the projection reads",
+        "blocks.{i}.mlp.hook_pre": "`c_fc` output, the pre-activation",
+        "blocks.{i}.mlp.hook_post": "the neurons, `gelu_new(pre)`",
+        "hook_pos_embed": "position embeddings `wpe[position_ids]` (position ids skip left padding)",
+    }

@@ -47,6 +47,7 @@ from hooked.models.config import ModelConfig
 from hooked.rotary import RotaryEmbedding, apply_rotary
 
 
+# ============================================================================= config
 def gelu_fast(x: Tensor) -> Tensor:
     """transformers' FastGELUActivation (GPT-NeoX-20B's `hidden_act`), in its operation order."""
     return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
@@ -240,6 +241,7 @@ def _rope_from_hf(config: dict) -> tuple[float, float]:
     return theta, rotary_pct
 
 
+# ============================================================================= modules and forward
 def rotate_leading(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """RoPE on the first cos.shape[-1] dimensions of x [batch pos head d_head], the rest passed through
     (transformers' `apply_rotary_pos_emb` for GPT-NeoX: rotate, then concatenate)."""
@@ -460,11 +462,69 @@ class GPTNeoXParallelBlock(GPTNeoXBlock):
 class GPTNeoX(HookedTransformer):
     """GPT-NeoX / Pythia with TransformerLens hook names. Load a checkpoint with `hooked.load(directory_or_hub_id)`."""
 
+    def __init__(self, cfg: GPTNeoXConfig):
+        super().__init__(cfg)
+        self.embed_in = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.hook_embed = HookPoint("batch pos d_model")
+        self.rotary = RotaryEmbedding(cfg.rotary_dim, cfg.rope_theta)  # cos/sin over the rotary dims only
+        block = GPTNeoXParallelBlock if cfg.use_parallel_residual else GPTNeoXBlock
+        self.blocks = nn.ModuleList(block(cfg) for _ in range(cfg.n_layers))
+        self.ln_final = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        self.setup_hooks()
+
+    def resid_from_tokens(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
+        return self.hook_embed(self.embed_in(tokens))
+
+    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
+        cos, sin = self.rotary(position_ids, dtype)  # [batch pos rotary_dim], once for all blocks
+        return cos, sin, mask
+
+    @property
+    def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.embed_in.weight if self.lm_head is None else self.lm_head.weight  # lm_head: untied or processed
+
+    def embedding_writers(self) -> tuple[Projection, ...]:
+        return (Projection(self.embed_in.weight, 1),)
+
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.embed_in.weight
+
+    # ------------------------------------------------------------------------- declarations
+    # What the rest of the library reads about GPT-NeoX (docs/adding-a-model.md).
     config_class = GPTNeoXConfig
     architectures = ("GPTNeoXForCausalLM", "gpt_neox")
-    family: ClassVar[str] = "gpt_neox"
-    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.transformer_lens.aliases)
-    transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
+    family = "gpt_neox"
+    title = "GPT-NeoX / Pythia"
+    embedding_hook_names = ("hook_embed",)
+    checkpoint_table = (
+        (r"gpt_neox\.embed_in\.weight", r"embed_in.weight"),
+        (r"gpt_neox\.layers\.(\d+)\.input_layernorm\.(weight|bias)", r"blocks.\1.ln1.\2"),
+        (r"gpt_neox\.layers\.(\d+)\.post_attention_layernorm\.(weight|bias)", r"blocks.\1.ln2.\2"),
+        (r"gpt_neox\.layers\.(\d+)\.attention\.(query_key_value|dense)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+        (r"gpt_neox\.layers\.(\d+)\.mlp\.(dense_h_to_4h|dense_4h_to_h)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+        (r"gpt_neox\.final_layer_norm\.(weight|bias)", r"ln_final.\1"),
+    )
+
+    @property
+    def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
+        """Checkpoint key -> parameter name; the unembedding (`embed_out` on disk, transformers 5.24's `lm_head`)
+        when untied."""
+        head = () if self.cfg.tie_word_embeddings else ((r"(?:embed_out|lm_head)\.weight", r"lm_head.weight"),)
+        return self.checkpoint_table + head
+
+    @property
+    def checkpoint_ignored(self) -> tuple[str, ...]:
+        # Older checkpoints carry the causal-mask and RoPE buffers; a tied one may carry a copy of the embedding.
+        buffers = (r"gpt_neox\.layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)",)
+        return buffers + ((r"(?:embed_out|lm_head)\.weight",) if self.cfg.tie_word_embeddings else ())
+
+    checkpoint_stacked: tuple[tuple, ...] = ()  # nothing stacked: the fused q|k|v stays one parameter
+    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases
+    # (hooked.transformer_lens.aliases)
+    transformer_lens_names = {
         "EleutherAI/gpt-neox-20b": ("gpt-neox-20b", "gpt-neox", "neox"),
         "EleutherAI/pythia-1.4b": ("pythia-1.4b", "EleutherAI/pythia-1.3b", "pythia-1.3b"),
         "EleutherAI/pythia-1.4b-deduped": (
@@ -556,45 +616,7 @@ class GPTNeoX(HookedTransformer):
         ),
         "EleutherAI/pythia-70m-v0": ("pythia-70m-v0", "pythia-v0", "EleutherAI/pythia-19m-v0", "pythia-19m-v0"),
     }
-    title: ClassVar[str] = "GPT-NeoX / Pythia"
-    embedding_hook_names = ("hook_embed",)
-    random_sizes: ClassVar[dict] = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, d_vocab=64, rotary_dim=4)
-    hook_docs: ClassVar[dict[str, str]] = {
-        "hook_embed": "token embeddings `embed_in[tokens]`, which are block 0's `hook_resid_pre` (RoPE acts on q and k)",
-        "blocks.{i}.ln1.hook_scale": "the LayerNorm's scale `sqrt(var(x) + eps)`, before attention",
-        "blocks.{i}.ln1.hook_normalized": "`(x - mean) / scale`, before the norm's weight and bias",
-        "blocks.{i}.ln2.hook_scale": "the LayerNorm's scale before the MLP (a parallel block: of resid_pre)",
-        "blocks.{i}.ln2.hook_normalized": "`(x - mean) / scale`, before the norm's weight and bias",
-        "blocks.{i}.attn.hook_q": "queries: head h's first d_head outputs of its [q k v] slice of `query_key_value`, before RoPE",
-        "blocks.{i}.attn.hook_k": "keys: head h's middle d_head outputs of `query_key_value`, before RoPE",
-        "blocks.{i}.attn.hook_v": "values: head h's last d_head outputs of `query_key_value`",
-        "blocks.{i}.attn.hook_rot_q": "q with RoPE on its first `rotary_dim` dimensions (pairs i, i + rotary_dim / 2);"
-        " the other dimensions as in `hook_q`",
-        "blocks.{i}.attn.hook_rot_k": "k with RoPE on its first `rotary_dim` dimensions, as for q",
-        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, masked entries set to the dtype's minimum;"
-        " listening switches the layer to the eager attention path",
-        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
-        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `dense`'s input, so an in-place edit changes what"
-        " the projection reads",
-        "blocks.{i}.hook_mlp_in": "what ln2 reads: resid_mid, or resid_pre in a parallel block (TransformerLens'"
-        " `use_hook_mlp_in`); computed only when a hook listens",
-        "blocks.{i}.mlp.hook_pre": "`dense_h_to_4h(x)`, before the activation",
-        "blocks.{i}.mlp.hook_post": "the neurons: `act(pre)` (`hidden_act`, Pythia: exact-erf GELU), `dense_4h_to_h`'s input",
-        "blocks.{i}.hook_mlp_out": "MLP output, `dense_4h_to_h(post)`",
-        "blocks.{i}.hook_resid_post": "`resid_mid + mlp_out`; a parallel block: `(mlp_out + attn_out) + resid_pre`",
-    }
-
-    def __init__(self, cfg: GPTNeoXConfig):
-        super().__init__(cfg)
-        self.embed_in = nn.Embedding(cfg.d_vocab, cfg.d_model)
-        self.hook_embed = HookPoint("batch pos d_model")
-        self.rotary = RotaryEmbedding(cfg.rotary_dim, cfg.rope_theta)  # cos/sin over the rotary dims only
-        block = GPTNeoXParallelBlock if cfg.use_parallel_residual else GPTNeoXBlock
-        self.blocks = nn.ModuleList(block(cfg) for _ in range(cfg.n_layers))
-        self.ln_final = LayerNorm(cfg.d_model, cfg.layer_norm_eps)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
-        self.setup_hooks()
+    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, d_vocab=64, rotary_dim=4)
 
     @classmethod
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
@@ -610,44 +632,30 @@ class GPTNeoX(HookedTransformer):
             activation=draw(st.sampled_from(["gelu", "gelu_new", "relu"])),
         )
 
-    def resid_from_tokens(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
-        return self.hook_embed(self.embed_in(tokens))
-
-    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
-        cos, sin = self.rotary(position_ids, dtype)  # [batch pos rotary_dim], once for all blocks
-        return cos, sin, mask
-
-    @property
-    def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
-        return self.embed_in.weight if self.lm_head is None else self.lm_head.weight  # lm_head: untied or processed
-
-    def embedding_writers(self) -> tuple[Projection, ...]:
-        return (Projection(self.embed_in.weight, 1),)
-
-    @property
-    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
-        return self.embed_in.weight
-
-    @property
-    def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
-        """Checkpoint key -> parameter name; the unembedding (`embed_out` on disk, transformers 5.24's `lm_head`) when untied."""
-        head = () if self.cfg.tie_word_embeddings else ((r"(?:embed_out|lm_head)\.weight", r"lm_head.weight"),)
-        return _CHECKPOINT_RENAMES + head
-
-    @property
-    def checkpoint_ignored(self) -> tuple[str, ...]:
-        # Older checkpoints carry the causal-mask and RoPE buffers; a tied one may carry a copy of the embedding.
-        buffers = (r"gpt_neox\.layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)",)
-        return buffers + ((r"(?:embed_out|lm_head)\.weight",) if self.cfg.tie_word_embeddings else ())
-
-    checkpoint_stacked: tuple[tuple, ...] = ()  # nothing stacked: the fused q|k|v stays one parameter
-
-
-_CHECKPOINT_RENAMES = (
-    (r"gpt_neox\.embed_in\.weight", r"embed_in.weight"),
-    (r"gpt_neox\.layers\.(\d+)\.input_layernorm\.(weight|bias)", r"blocks.\1.ln1.\2"),
-    (r"gpt_neox\.layers\.(\d+)\.post_attention_layernorm\.(weight|bias)", r"blocks.\1.ln2.\2"),
-    (r"gpt_neox\.layers\.(\d+)\.attention\.(query_key_value|dense)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-    (r"gpt_neox\.layers\.(\d+)\.mlp\.(dense_h_to_4h|dense_4h_to_h)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
-    (r"gpt_neox\.final_layer_norm\.(weight|bias)", r"ln_final.\1"),
-)
+    hook_docs = {
+        "hook_embed": "token embeddings `embed_in[tokens]`, which are block 0's `hook_resid_pre` (RoPE acts on q and"
+        " k)",
+        "blocks.{i}.ln1.hook_scale": "the LayerNorm's scale `sqrt(var(x) + eps)`, before attention",
+        "blocks.{i}.ln1.hook_normalized": "`(x - mean) / scale`, before the norm's weight and bias",
+        "blocks.{i}.ln2.hook_scale": "the LayerNorm's scale before the MLP (a parallel block: of resid_pre)",
+        "blocks.{i}.ln2.hook_normalized": "`(x - mean) / scale`, before the norm's weight and bias",
+        "blocks.{i}.attn.hook_q": "queries: head h's first d_head outputs of its [q k v] slice of `query_key_value`,"
+        " before RoPE",
+        "blocks.{i}.attn.hook_k": "keys: head h's middle d_head outputs of `query_key_value`, before RoPE",
+        "blocks.{i}.attn.hook_v": "values: head h's last d_head outputs of `query_key_value`",
+        "blocks.{i}.attn.hook_rot_q": "q with RoPE on its first `rotary_dim` dimensions (pairs i, i + rotary_dim / 2);"
+        " the other dimensions as in `hook_q`",
+        "blocks.{i}.attn.hook_rot_k": "k with RoPE on its first `rotary_dim` dimensions, as for q",
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, masked entries set to the dtype's"
+        " minimum; listening switches the layer to the eager attention path",
+        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
+        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `dense`'s input, so an in-place edit changes"
+        " what the projection reads",
+        "blocks.{i}.hook_mlp_in": "what ln2 reads: resid_mid, or resid_pre in a parallel block (TransformerLens'"
+        " `use_hook_mlp_in`); computed only when a hook listens",
+        "blocks.{i}.mlp.hook_pre": "`dense_h_to_4h(x)`, before the activation",
+        "blocks.{i}.mlp.hook_post": "the neurons: `act(pre)` (`hidden_act`, Pythia: exact-erf GELU), `dense_4h_to_h`'s"
+        " input",
+        "blocks.{i}.hook_mlp_out": "MLP output, `dense_4h_to_h(post)`",
+        "blocks.{i}.hook_resid_post": "`resid_mid + mlp_out`; a parallel block: `(mlp_out + attn_out) + resid_pre`",
+    }

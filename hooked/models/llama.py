@@ -12,28 +12,35 @@ column j only if i - j < sliding_window (the window lives in the mask, `Attentio
 forward, generation with a KV cache and left-padded batches all apply it; docs/attention.md). Float32
 logits equal transformers' bit for bit (tests/test_llama_parity.py, tests/test_mistral_parity.py).
 
-The attention and block are Qwen3's (hooked/models/qwen3.py) without its per-head q/k norms: the same
-module tree, checkpoint leaf names and TransformerLens hook names (hook_q/k/v, hook_rot_q/k, ...).
-See docs/llama.md.
+Both are the shared rotary decoder (hooked/models/rotary_decoder.py) of pre-norm blocks, each grouped-query
+attention without per-head q/k norms (hooked/models/grouped_query_attention.py) and Llama's MLP below: the
+module tree, checkpoint leaf names and TransformerLens hook names (hook_q/k/v, hook_rot_q/k, ...) of Qwen3's,
+less the q/k norms. This file holds the configs, the MLP, the models built from those parts, and their
+declarations. See docs/llama.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hooked.hooks import HookPoint
-from hooked.layers import AttentionMask, GatedMLP, Projection, RMSNorm
-from hooked.models.base import HookedTransformer
+from hooked.layers import AttentionMask, GatedMLP, Projection
 from hooked.models.config import ModelConfig
-from hooked.models.qwen3 import Qwen3, Qwen3Attention, Qwen3Block, RotaryRMSNames, rms_rotary_fields
+from hooked.models.grouped_query_attention import GroupedQueryAttention
+from hooked.models.rotary_decoder import (
+    PreNormBlock,
+    RotaryDecoder,
+    RotaryRMSNames,
+    rms_rotary_fields,
+    rope_default_linear_or_llama3,
+)
 from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
 
 
+# ============================================================================= config
 @dataclass
 class LlamaConfig(RotaryRMSNames, ModelConfig):
     n_layers: int  # transformer blocks (num_hidden_layers)
@@ -115,7 +122,7 @@ class LlamaConfig(RotaryRMSNames, ModelConfig):
                 f"{family} with hidden_act {config['hidden_act']!r} is not supported by hooked (silu only)"
             )
         # pretraining_tp > 1 is accepted: transformers 5.24's Llama never reads it (4.x sliced the same matmuls).
-        theta, scaling = _rope_from_hf(config, family)
+        theta, scaling = rope_default_linear_or_llama3(config, family)
         n_heads = config["num_attention_heads"]
         return dict(
             n_layers=config["num_hidden_layers"],
@@ -161,42 +168,7 @@ class MistralConfig(LlamaConfig):
         return fields
 
 
-def _rope_from_hf(config: dict, family: str) -> tuple[float, LinearScaling | Llama3Scaling | None]:
-    """RoPE base and scaling from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (hub)."""
-    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise ValueError(
-            f"{family} with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole heads)"
-        )
-    if rope_type == "default":
-        return theta, None
-
-    def field(name: str) -> float:
-        if rope.get(name) is None:
-            raise ValueError(
-                f"rope_scaling of type {rope_type!r} needs {name!r} (config.json rope_scaling / rope_parameters)"
-            )
-        return float(rope[name])
-
-    if rope_type == "linear":
-        return theta, LinearScaling(field("factor"))
-    if rope_type == "llama3":
-        # As transformers' standardize_rope_params: a top-level original_max_position_embeddings wins.
-        original = (
-            config.get("original_max_position_embeddings")
-            or rope.get("original_max_position_embeddings")
-            or config.get("max_position_embeddings", 2048)
-        )
-        return theta, Llama3Scaling(field("factor"), field("low_freq_factor"), field("high_freq_factor"), int(original))
-    raise ValueError(
-        f"rope_type {rope_type!r} (config.json rope_scaling / rope_parameters) is not supported for"
-        f" {family}: hooked implements 'default', 'linear' and 'llama3'"
-    )
-
-
+# ============================================================================= modules and forward
 class LlamaMLP(GatedMLP):
     """`GatedMLP` (hook_pre = gate, hook_pre_linear = up, hook_post = silu(gate) * up), with biases under `mlp_bias`."""
 
@@ -233,33 +205,39 @@ class LlamaMLP(GatedMLP):
         return linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
 
 
-class LlamaBlock(Qwen3Block):
-    """Qwen3's pre-norm block with attention that has no per-head q/k norms and Llama's MLP."""
-
-    mlp_stage: ClassVar[tuple[str, ...]] = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out", "hook_resid_post")
-
-    def __init__(self, cfg: LlamaConfig):
-        super().__init__(cfg, LlamaMLP(cfg), Qwen3Attention(cfg, qk_norm=False))
-
-
-_CHECKPOINT_RENAMES = (
-    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-    (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
-    (r"model\.norm\.weight", r"ln_final.weight"),
-)
-
-
-class Llama(HookedTransformer):
+class Llama(RotaryDecoder):
     """Llama 2 / 3 / 3.1 / 3.2 with TransformerLens hook names. Load with `hooked.load("meta-llama/Llama-3.2-1B")`."""
 
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__(cfg, RotaryEmbedding(cfg.d_head, cfg.rope_theta, cfg.rope_scaling))
+
+    @staticmethod
+    def make_block(cfg: LlamaConfig, layer: int) -> PreNormBlock:
+        return PreNormBlock(cfg, LlamaMLP(cfg), GroupedQueryAttention(cfg))
+
+    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
+        cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head], once for all blocks
+        return cos, sin, mask.windowed(self.cfg.sliding_window)  # every block: one (windowed) mask
+
+    # ------------------------------------------------------------------------- declarations
+    # What the rest of the library reads about Llama (docs/adding-a-model.md).
     config_class = LlamaConfig
     architectures = ("LlamaForCausalLM", "llama")
-    family: ClassVar[str] = "llama"
-    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.transformer_lens.aliases); Llama 1's names are local paths there
-    transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
+    family = "llama"
+    title = "Llama"
+    checkpoint_table = (
+        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
+        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
+        (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+        (r"model\.norm\.weight", r"ln_final.weight"),
+    )
+    # Older checkpoints saved RoPE's inv_freq (recomputed here).
+    checkpoint_extra_ignored = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
+    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases
+    # (hooked.transformer_lens.aliases); Llama 1's names are local paths there
+    transformer_lens_names = {
         "codellama/CodeLlama-7b-hf": ("CodeLlamallama-2-7b",),
         "codellama/CodeLlama-7b-Instruct-hf": ("CodeLlama-7b-instruct",),
         "codellama/CodeLlama-7b-Python-hf": ("CodeLlama-7b-python",),
@@ -282,82 +260,64 @@ class Llama(HookedTransformer):
         "meta-llama/Meta-Llama-3-8B": (),
         "meta-llama/Meta-Llama-3-8B-Instruct": (),
     }
-    title: ClassVar[str] = "Llama"
-    embedding_hook_names = ("hook_embed",)
-    random_sizes: ClassVar[dict] = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
-    hook_docs: ClassVar[dict[str, str]] = {  # what each hook holds here, for docs/hooks-reference.md
-        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position embedding: RoPE acts on q and k)",
+    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
+
+    @classmethod
+    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
+        """The rotary decoder's draws, plus Llama's MLP biases and rope scalings."""
+        return dict(
+            super().draw_sizes(draw, st, n_layers, n_heads),
+            mlp_bias=draw(st.booleans()),
+            rope_scaling=draw(st.sampled_from([None, LinearScaling(2.0), Llama3Scaling(8.0, 1.0, 4.0, 16)])),
+        )
+
+    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
+        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
+        " embedding: RoPE acts on q and k)",
         "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
         "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
         "blocks.{i}.attn.hook_q": "`q_proj` output (its bias included) split by head, before RoPE",
         "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before RoPE",
         "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
-        "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin`, frequencies plain, `linear` or `llama3`-scaled",
-        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the layer to the eager attention path",
+        "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin`, frequencies plain, `linear` or"
+        " `llama3`-scaled",
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads"
+        " kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the"
+        " layer to the eager attention path",
         "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
         "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(x)` (with its bias under `mlp_bias`)",
         "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(x)`",
         "blocks.{i}.mlp.hook_post": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
     }
 
-    def __init__(self, cfg: LlamaConfig):
-        super().__init__(cfg)
-        self.embed_tokens = nn.Embedding(cfg.d_vocab, cfg.d_model)
-        self.hook_embed = HookPoint("batch pos d_model")
-        self.rotary = RotaryEmbedding(cfg.d_head, cfg.rope_theta, cfg.rope_scaling)
-        self.blocks = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.n_layers))
-        self.ln_final = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
-        self.setup_hooks()
-
-    @classmethod
-    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
-        """Qwen3's draws (the same attention sizes), plus Llama's MLP biases and rope scalings."""
-        return dict(
-            Qwen3.draw_sizes(draw, st, n_layers, n_heads),
-            mlp_bias=draw(st.booleans()),
-            rope_scaling=draw(st.sampled_from([None, LinearScaling(2.0), Llama3Scaling(8.0, 1.0, 4.0, 16)])),
-        )
-
-    # The embedding, unembedding and their weight views are Qwen3's: the same parameters, the same names.
-    resid_from_tokens = Qwen3.resid_from_tokens
-    unembed_weight = Qwen3.unembed_weight
-    embedding_writers = Qwen3.embedding_writers
-    W_E = Qwen3.W_E
-
-    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
-        cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head], once for all blocks
-        return cos, sin, mask.windowed(self.cfg.sliding_window)  # every block: one (windowed) mask
-
-    checkpoint_table = _CHECKPOINT_RENAMES
-
-    # Older checkpoints saved RoPE's inv_freq (recomputed here).
-    checkpoint_extra_ignored = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
-
 
 class Mistral(Llama):
     """Mistral with TransformerLens hook names: Llama without biases, plus a sliding window when the
     config sets one. Load with `hooked.load("mistralai/Mistral-7B-v0.1")`."""
 
+    # ------------------------------------------------------------------------- declarations
     config_class = MistralConfig
     architectures = ("MistralForCausalLM", "mistral")
-    family: ClassVar[str] = "mistral"
-    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.transformer_lens.aliases)
-    transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
+    family = "mistral"
+    title = "Mistral"
+    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases
+    # (hooked.transformer_lens.aliases)
+    transformer_lens_names = {
         "mistralai/Mistral-7B-Instruct-v0.1": ("mistral-7b-instruct",),
         "mistralai/Mistral-7B-v0.1": ("mistral-7b",),
         "mistralai/Mistral-Nemo-Base-2407": ("mistral-nemo-base-2407",),
         "mistralai/Mistral-Small-24B-Base-2501": (),
     }
-    title: ClassVar[str] = "Mistral"
-    random_sizes: ClassVar[dict] = dict(
+    random_sizes = dict(
         n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64, sliding_window=4
     )
-    hook_docs: ClassVar[dict[str, str]] = {
+    hook_docs = {
         **Llama.hook_docs,
-        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated, set to the dtype's minimum on future keys and on keys `sliding_window` or more columns back; listening switches the layer to the eager attention path",
-        "blocks.{i}.attn.hook_pattern": "softmax of the scores (float32, cast back): exactly zero outside the sliding window",
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated, set to the dtype's"
+        " minimum on future keys and on keys `sliding_window` or more columns back; listening switches the layer to"
+        " the eager attention path",
+        "blocks.{i}.attn.hook_pattern": "softmax of the scores (float32, cast back): exactly zero outside the sliding"
+        " window",
     }
 
     @classmethod

@@ -2,8 +2,10 @@
 MLP in every block.
 
 Numerics follow Hugging Face transformers 5.24 `models/mixtral/modeling_mixtral.py` operation for operation.
-Attention, norms, RoPE and the sliding window are Mistral's (hooked/models/llama.py: no biases, the window in
-the mask). The MLP is Qwen3-MoE's sparse MLP (hooked/models/qwen3_moe.py) with Mixtral's router:
+Attention, norms, RoPE and the sliding window are Mistral's: the shared rotary decoder
+(hooked/models/rotary_decoder.py) of pre-norm blocks with grouped-query attention
+(hooked/models/grouped_query_attention.py), no biases, the window in the mask. The MLP is the sparse MLP Qwen3-MoE
+has too (hooked/models/moe.py) with Mixtral's router:
 
     logits = x @ gate.weight.T                    in the model dtype         hook_router_logits
     p      = softmax(logits) over ALL experts     in float32
@@ -25,46 +27,93 @@ Checkpoints: the hub's (and transformers 5.24's save_pretrained's) per-expert
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import KW_ONLY, dataclass
 
-from torch import nn
+import torch
+from torch import Tensor
 
-from hooked.hooks import HookPoint
-from hooked.layers import RMSNorm
-from hooked.models.base import HookedTransformer
-from hooked.models.config import EXPERT_AXIS_FIELDS
-from hooked.models.llama import Mistral, MistralConfig
-from hooked.models.qwen3 import Qwen3Attention, Qwen3Block
-from hooked.models.qwen3_moe import Qwen3MoeSparseMLP
-from hooked.rotary import RotaryEmbedding
+from hooked.layers import AttentionMask
+from hooked.models.config import EXPERT_AXIS_FIELDS, ModelConfig
+from hooked.models.grouped_query_attention import GroupedQueryAttention
+from hooked.models.moe import SparseMoeMLP
+from hooked.models.rotary_decoder import PreNormBlock, RotaryDecoder, RotaryRMSNames, rope_default_linear_or_llama3
+from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
 
 
-@dataclass(kw_only=True)
-class MixtralConfig(MistralConfig):
-    """Mistral's config (d_mlp is each expert's width, intermediate_size) plus the experts."""
+# ============================================================================= config
+@dataclass
+class MixtralConfig(RotaryRMSNames, ModelConfig):
+    """Mistral's fields (d_mlp is each expert's width, intermediate_size; no biases) plus the experts."""
 
+    n_layers: int  # transformer blocks (num_hidden_layers)
+    d_model: int  # residual stream width (hidden_size)
+    n_heads: int  # query heads (num_attention_heads)
+    n_kv_heads: int  # key/value heads (num_key_value_heads); n_heads / n_kv_heads queries share one
+    d_head: int  # per-head width (head_dim; hidden_size / num_attention_heads when the config has none)
+    d_mlp: int  # each expert's MLP width (intermediate_size)
+    d_vocab: int  # vocabulary size
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0  # RoPE base
+    rope_scaling: LinearScaling | Llama3Scaling | None = None  # rope_type "linear" / "llama3"; None: plain RoPE
+    tie_word_embeddings: bool = False  # unembedding = the token embedding
+    attention_bias: bool = False  # always False from a config.json: transformers' Mixtral has no biases
+    mlp_bias: bool = False  # always False (every MLP is sparse, its experts without biases)
+    sliding_window: int | None = None  # keys at most this many columns back, the query's own included
+    max_position_embeddings: int = 2048  # informative (RoPE has no hard limit); bounds sliding_window
+    default_prepend_bos: bool = True  # Mixtral's tokenizer starts with <s>
+    _: KW_ONLY
     n_experts: int  # experts per block (num_local_experts)
     top_k: int  # experts per token (num_experts_per_tok)
 
+    # TransformerLens' names for what the architecture fixes
+    normalization_type = "RMS"
+    positional_embedding_type = "rotary"
+    act_fn = "silu"
     original_architecture = "MixtralForCausalLM"
-    axis_fields = {**MistralConfig.axis_fields, **EXPERT_AXIS_FIELDS}
+    axis_fields = {**ModelConfig.axis_fields, **EXPERT_AXIS_FIELDS}
+    gated_mlp = True
+    final_rms = True
+    rotary_adjacent_pairs = False  # half-split RoPE
     norm_topk_prob = True  # transformers' MixtralTopKRouter renormalises the top-k weights unconditionally
 
     @property
     def d_expert_mlp(self) -> int:
         return self.d_mlp  # every MLP is sparse: the expert width is intermediate_size
 
+    # TransformerLens' names for the same settings
     @property
-    def num_experts(self) -> int:  # TransformerLens' names
+    def num_experts(self) -> int:
         return self.n_experts
 
     @property
     def experts_per_token(self) -> int:
         return self.top_k
 
+    @property
+    def use_NTK_by_parts_rope(self) -> bool:  # the "llama3" scaling
+        return isinstance(self.rope_scaling, Llama3Scaling)
+
+    @property
+    def window_size(self) -> int | None:  # TransformerLens' Mistral: attn_types "local"
+        return self.sliding_window
+
+    @property
+    def use_local_attn(self) -> bool:
+        return self.sliding_window is not None
+
     def __post_init__(self):
-        super().__post_init__()
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
+            )
+        if self.d_head % 2:
+            raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
+        window = self.sliding_window
+        if window is not None and not (isinstance(window, int) and 0 < window <= self.max_position_embeddings):
+            raise ValueError(
+                f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
+                f" ({self.max_position_embeddings}), or null for plain causal attention"
+            )
         if not (isinstance(self.n_experts, int) and self.n_experts >= 1):
             raise ValueError(f"num_local_experts {self.n_experts!r} must be a whole number >= 1")
         if not (isinstance(self.top_k, int) and 1 <= self.top_k <= self.n_experts):
@@ -73,105 +122,94 @@ class MixtralConfig(MistralConfig):
     def is_sparse(self, layer: int) -> bool:
         return True  # every Mixtral block routes
 
-    # HookedTransformer(cfg) builds no Mixtral: hooked.transformer_lens.config refuses TransformerLens' num_experts, and the
-    # inherited from_transformer_lens answers (None, None) for every subclass of LlamaConfig.
-    transformer_lens_shape = None
+    # HookedTransformer(cfg) builds no Mixtral: hooked.transformer_lens.config refuses TransformerLens' num_experts,
+    # and from_transformer_lens keeps ModelConfig's answer, (None, None).
 
     @classmethod
-    def _fields_from_hf(cls, config: dict) -> dict:
-        # transformers' MixtralConfig defaults, where they differ from Mistral's: rope_theta 1e6 (its
-        # default_theta), no sliding window, rms_norm_eps 1e-5.
+    def from_hf(cls, config: dict) -> MixtralConfig:
+        """Mistral's keys with transformers' MixtralConfig defaults where they differ from Mistral's (rope_theta 1e6,
+        its default_theta; no sliding window; rms_norm_eps 1e-5), plus the experts."""
         config = {"rope_theta": 1e6, "sliding_window": None, "rms_norm_eps": 1e-5, **config}
-        fields = super()._fields_from_hf(config)
+        family = cls.original_architecture
+        layer_types = set(config.get("layer_types") or ())
+        if len(layer_types) > 1:  # Ministral's interleaving: transformers' Mistral would ignore it
+            raise ValueError(
+                f"{family} with layer_types {sorted(layer_types)} (interleaved sliding and full"
+                " attention) is not supported by hooked: every layer must attend alike"
+            )
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(
+                f"{family} with hidden_act {config['hidden_act']!r} is not supported by hooked (silu only)"
+            )
+        theta, scaling = rope_default_linear_or_llama3(config, family)
+        n_heads = config["num_attention_heads"]
         # router_jitter_noise is ignored: transformers multiplies the MLP input by U(1 - noise, 1 + noise) only
         # when training (`self.training and jitter_noise > 0`); hooked computes the inference forward.
         # output_router_logits / router_aux_loss_coef are training losses, attention_dropout training only.
-        fields.update(n_experts=config["num_local_experts"], top_k=config["num_experts_per_tok"])
-        return fields
+        return cls(
+            n_layers=config["num_hidden_layers"],
+            d_model=config["hidden_size"],
+            n_heads=n_heads,
+            n_kv_heads=config.get("num_key_value_heads") or n_heads,
+            d_head=config.get("head_dim") or config["hidden_size"] // n_heads,
+            d_mlp=config["intermediate_size"],
+            d_vocab=config["vocab_size"],
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            tie_word_embeddings=config.get("tie_word_embeddings", False),
+            sliding_window=config.get("sliding_window", 4096),
+            max_position_embeddings=config.get("max_position_embeddings", 4096 * 32),
+            n_experts=config["num_local_experts"],
+            top_k=config["num_experts_per_tok"],
+        )
 
 
-class MixtralSparseMLP(Qwen3MoeSparseMLP):
-    """Qwen3-MoE's sparse MLP with `norm_topk_prob` always on and float32 routing weights (see the module docstring)."""
+# ============================================================================= modules and forward
+class MixtralSparseMLP(SparseMoeMLP):
+    """The sparse MLP with `norm_topk_prob` always on and float32 routing weights (see the module docstring)."""
 
     float32_expert_weights = True
 
 
-class MixtralBlock(Qwen3Block):
-    """Mistral's pre-norm block (attention without q/k norms or biases) with the sparse MLP."""
-
-    def __init__(self, cfg: MixtralConfig):
-        super().__init__(cfg, MixtralSparseMLP(cfg), Qwen3Attention(cfg, qk_norm=False))
-
-
-_CHECKPOINT_RENAMES = (
-    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.weight", r"blocks.\1.attn.\2.weight"),
-    (r"model\.norm\.weight", r"ln_final.weight"),
-    (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.gate\.weight", r"blocks.\1.mlp.gate.weight"),  # the router
-    # transformers' in-memory layout, already fused and stacked
-    (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(gate_up_proj|down_proj)", r"blocks.\1.mlp.experts.\2"),
-)
-
-
-class Mixtral(Mistral):
-    """Mixtral with TransformerLens hook names plus Qwen3-MoE's router and per-slot expert hooks.
+class Mixtral(RotaryDecoder):
+    """Mixtral with TransformerLens hook names plus the router and per-slot expert hooks.
 
     Load with `hooked.load("mistralai/Mixtral-8x7B-v0.1")`; everything but the MLP is Mistral's.
     """
 
+    def __init__(self, cfg: MixtralConfig):
+        super().__init__(cfg, RotaryEmbedding(cfg.d_head, cfg.rope_theta, cfg.rope_scaling))
+
+    @staticmethod
+    def make_block(cfg: MixtralConfig, layer: int) -> PreNormBlock:
+        return PreNormBlock(cfg, MixtralSparseMLP(cfg), GroupedQueryAttention(cfg))
+
+    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
+        cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head], once for all blocks
+        return cos, sin, mask.windowed(self.cfg.sliding_window)  # every block: one (windowed) mask
+
+    # ------------------------------------------------------------------------- declarations
+    # What the rest of the library reads about Mixtral (docs/adding-a-model.md).
     config_class = MixtralConfig
     architectures = ("MixtralForCausalLM", "mixtral")
-    family: ClassVar[str] = "mixtral"
-    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases (hooked.transformer_lens.aliases)
-    transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
-        "mistralai/Mixtral-8x7B-Instruct-v0.1": ("mixtral-instruct", "mixtral-8x7b-instruct"),
-        "mistralai/Mixtral-8x7B-v0.1": ("mixtral", "mixtral-8x7b"),
-    }
-    title: ClassVar[str] = "Mixtral"
-    random_sizes: ClassVar[dict] = dict(
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        n_kv_heads=2,
-        d_head=8,
-        d_mlp=16,
-        d_vocab=64,
-        sliding_window=4,
-        n_experts=4,
-        top_k=2,
+    family = "mixtral"
+    title = "Mixtral"
+    checkpoint_table = (
+        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
+        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
+        (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.weight", r"blocks.\1.attn.\2.weight"),
+        (r"model\.norm\.weight", r"ln_final.weight"),
+        (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.gate\.weight", r"blocks.\1.mlp.gate.weight"),  # the router
+        # transformers' in-memory layout, already fused and stacked
+        (
+            r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(gate_up_proj|down_proj)",
+            r"blocks.\1.mlp.experts.\2",
+        ),
     )
-    random_std: ClassVar[dict[str, float]] = {"mlp.gate.weight": 0.6}  # router logits apart: top-k decided by margins
-    hook_docs: ClassVar[dict[str, str]] = {  # Mistral's, less its dense MLP's
-        **{name: text for name, text in Mistral.hook_docs.items() if not name.startswith("blocks.{i}.mlp.")},
-        "blocks.{i}.hook_mlp_out": "MLP output: `sum_j weight_j * down_e(j)(expert_post_j)` over the top_k slots,"
-        " weighted and summed in float32, cast to the model dtype",
-        "blocks.{i}.mlp.hook_expert_weights": "the top_k routing weights `top-k(softmax(router_logits)) / their sum`;"
-        " float32 whatever the model dtype, as transformers' Mixtral",
-    }
-
-    def __init__(self, cfg: MixtralConfig):
-        HookedTransformer.__init__(self, cfg)  # not Llama's __init__: the blocks differ
-        self.embed_tokens = nn.Embedding(cfg.d_vocab, cfg.d_model)
-        self.hook_embed = HookPoint("batch pos d_model")
-        self.rotary = RotaryEmbedding(cfg.d_head, cfg.rope_theta, cfg.rope_scaling)
-        self.blocks = nn.ModuleList(MixtralBlock(cfg) for _ in range(cfg.n_layers))
-        self.ln_final = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
-        self.setup_hooks()
-
-    @classmethod
-    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
-        sizes = super().draw_sizes(draw, st, n_layers, n_heads)
-        n_experts = draw(st.integers(2, 6))
-        sizes.update(
-            d_mlp=draw(st.sampled_from([8, 12, 16])), n_experts=n_experts, top_k=draw(st.integers(1, min(3, n_experts)))
-        )
-        return sizes
-
-    checkpoint_table = _CHECKPOINT_RENAMES
+    # Older checkpoints saved RoPE's inv_freq (recomputed here).
+    checkpoint_extra_ignored = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
 
     # Per-expert keys on disk -> one expert of a stacked parameter (`expert` indexes axis 0); (part, parts) places
     # w1 (gate) and w3 (up) in the two halves of gate_up_proj's axis 1, as transformers' MergeModulelist + Concatenate.
@@ -191,3 +229,59 @@ class Mixtral(Mistral):
             r"blocks.\1.mlp.experts.down_proj",
         ),
     )
+    # TransformerLens 3.9's official names (supported_models.py) of these checkpoints -> its aliases
+    # (hooked.transformer_lens.aliases)
+    transformer_lens_names = {
+        "mistralai/Mixtral-8x7B-Instruct-v0.1": ("mixtral-instruct", "mixtral-8x7b-instruct"),
+        "mistralai/Mixtral-8x7B-v0.1": ("mixtral", "mixtral-8x7b"),
+    }
+    random_sizes = dict(
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        d_head=8,
+        d_mlp=16,
+        d_vocab=64,
+        sliding_window=4,
+        n_experts=4,
+        top_k=2,
+    )
+    random_std = {"mlp.gate.weight": 0.6}  # router logits apart: top-k decided by margins
+
+    @classmethod
+    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
+        """The rotary decoder's draws without biases, plus Llama's rope scalings, a window and the experts."""
+        sizes = super().draw_sizes(draw, st, n_layers, n_heads)
+        sizes.update(
+            attention_bias=False,
+            mlp_bias=False,
+            rope_scaling=draw(st.sampled_from([None, LinearScaling(2.0), Llama3Scaling(8.0, 1.0, 4.0, 16)])),
+            sliding_window=draw(st.sampled_from([None, 1, 2, 4])),
+        )
+        n_experts = draw(st.integers(2, 6))
+        sizes.update(
+            d_mlp=draw(st.sampled_from([8, 12, 16])), n_experts=n_experts, top_k=draw(st.integers(1, min(3, n_experts)))
+        )
+        return sizes
+
+    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
+        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
+        " embedding: RoPE acts on q and k)",
+        "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
+        "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
+        "blocks.{i}.attn.hook_q": "`q_proj` output (its bias included) split by head, before RoPE",
+        "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before RoPE",
+        "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
+        "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin`, frequencies plain, `linear` or"
+        " `llama3`-scaled",
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated, set to the dtype's"
+        " minimum on future keys and on keys `sliding_window` or more columns back; listening switches the layer to"
+        " the eager attention path",
+        "blocks.{i}.attn.hook_pattern": "softmax of the scores (float32, cast back): exactly zero outside the sliding"
+        " window",
+        "blocks.{i}.hook_mlp_out": "MLP output: `sum_j weight_j * down_e(j)(expert_post_j)` over the top_k slots,"
+        " weighted and summed in float32, cast to the model dtype",
+        "blocks.{i}.mlp.hook_expert_weights": "the top_k routing weights `top-k(softmax(router_logits)) / their sum`;"
+        " float32 whatever the model dtype, as transformers' Mixtral",
+    }

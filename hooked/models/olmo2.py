@@ -17,8 +17,9 @@ in float32 and casts back before its weight. Float32 logits equal transformers' 
 
 Names are TransformerLens 3.9's (`components/transformer_block.py` for its POST_NORM_ARCHITECTURES):
 `ln1` is the post-attention norm and `ln2` the post-feedforward norm, so `hook_attn_out` / `hook_mlp_out`
-hold what is added to the residual stream (after the post-norm). The attention is Qwen3's
-(hooked/models/qwen3.py) with its q/k norms replaced by norms over every head at once. Under tensor
+hold what is added to the residual stream (after the post-norm). The attention is the shared grouped-query
+attention (hooked/models/grouped_query_attention.py) with its q/k norms replaced by norms over every head at
+once, in the shared rotary decoder (hooked/models/rotary_decoder.py) with OLMo 2's post-norm block. Under tensor
 parallelism a rank holds some heads, so each rank sums its heads' squares and ONE all-reduce per layer (q's
 and k's sums stacked) gives both norms their whole-projection scale. What does not apply to a post-norm model
 is refused, naming the reason: folding norms into the next weights (`fold_ln`) and `apply_ln_to_stack` before
@@ -36,9 +37,9 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, Projection, RMSNorm, Split, mlp_input
-from hooked.models.base import HookedTransformer
 from hooked.models.config import ModelConfig
-from hooked.models.qwen3 import Qwen3, Qwen3Attention, RotaryRMSNames
+from hooked.models.grouped_query_attention import GroupedQueryAttention
+from hooked.models.rotary_decoder import RotaryDecoder, RotaryRMSNames
 from hooked.rotary import RotaryEmbedding
 
 _NO_PRE_NORM = (
@@ -47,6 +48,7 @@ _NO_PRE_NORM = (
 )
 
 
+# ============================================================================= config
 @dataclass
 class Olmo2Config(RotaryRMSNames, ModelConfig):
     n_layers: int  # transformer blocks (num_hidden_layers)
@@ -123,6 +125,7 @@ class Olmo2Config(RotaryRMSNames, ModelConfig):
         )
 
 
+# ============================================================================= modules and forward
 class Olmo2RMSNorm(RMSNorm):
     """transformers' Olmo2RMSNorm: normalise in float32 and multiply by the weight in float32 too, casting back
     only then (Qwen3's and Llama's cast before the weight: the two round differently in bfloat16).
@@ -220,13 +223,13 @@ class WholeProjectionRMSNorm(Olmo2RMSNorm):
         return self.whole_sum_of_squares
 
 
-class Olmo2Attention(Qwen3Attention):
-    """Qwen3's attention (q/k/v/o projections, hooks, TransformerLens weight views) with `q_norm` / `k_norm`
+class Olmo2Attention(GroupedQueryAttention):
+    """The grouped-query attention (q/k/v/o projections, hooks, TransformerLens weight views) with `q_norm` / `k_norm`
     over the whole projection: a head's normalised q depends on every head's q through the shared scale,
     which holds for the per-head split inputs too (`hook_q_input`: editing one head's input moves the others')."""
 
     def __init__(self, cfg: Olmo2Config):
-        super().__init__(cfg, qk_norm=True)
+        super().__init__(cfg, qk_norm=RMSNorm)
         # Replacing the per-head norms keeps their place in the module order (and so in hook_names).
         self.q_norm = WholeProjectionRMSNorm(cfg.n_heads, cfg.d_head, cfg.rms_norm_eps, "head_index")
         self.k_norm = WholeProjectionRMSNorm(cfg.n_kv_heads, cfg.d_head, cfg.rms_norm_eps, "kv_head_index")
@@ -321,90 +324,22 @@ class Olmo2Block(nn.Module):
                 "the split q/k/v inputs are not supported under tensor parallelism (hooked.load(..., tp=N))"
             )
         inputs = []
-        for point, count in zip(points, (self.n_heads, self.n_kv_heads, self.n_kv_heads)):
+        for point, count in zip(points, (self.n_heads, self.n_kv_heads, self.n_kv_heads), strict=True):
             shared = resid_pre[:, :, None].expand(-1, -1, count, -1)  # [batch pos heads d_model]
             inputs.append(point(shared.clone()) if point.listening else shared)
         return tuple(inputs)
 
 
-_CHECKPOINT_RENAMES = (
-    (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1.weight"),
-    (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
-    (
-        r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
-        r"blocks.\1.attn.\2.\3",
-    ),
-    (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-    (r"model\.norm\.weight", r"ln_final.weight"),
-)
-
-
-class Olmo2(HookedTransformer):
+class Olmo2(RotaryDecoder):
     """OLMo 2 with TransformerLens hook names. Load with `hooked.load("allenai/OLMo-2-0425-1B")`."""
 
-    config_class = Olmo2Config
-    architectures = ("Olmo2ForCausalLM", "olmo2")
-    family: ClassVar[str] = "olmo2"
-    # TransformerLens 3.9's official names (supported_models.py) of OLMo 2 checkpoints -> its aliases (hooked.transformer_lens.aliases)
-    transformer_lens_names: ClassVar[dict[str, tuple[str, ...]]] = {
-        "allenai/OLMo-2-0425-1B": ("olmo-2-1b",),
-        "allenai/OLMo-2-1124-7B": ("olmo-2-7b",),
-    }
-    title: ClassVar[str] = "OLMo 2"
-    embedding_hook_names = ("hook_embed",)
-    random_sizes: ClassVar[dict] = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
-    hook_docs: ClassVar[dict[str, str]] = {  # what each hook holds here, for docs/hooks-reference.md
-        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position embedding: RoPE acts on q and k)",
-        "blocks.{i}.hook_q_input": "one copy of `resid_pre` per query head (no norm follows: OLMo 2 attention reads the residual stream as it is); listening switches to per-head projections",
-        "blocks.{i}.hook_k_input": "one copy of `resid_pre` per kv head, read by `k_proj`",
-        "blocks.{i}.hook_v_input": "one copy of `resid_pre` per kv head, read by `v_proj`",
-        "blocks.{i}.attn.hook_q": "`q_proj(resid_pre)` (its bias included) split by head, before `q_norm` and RoPE",
-        "blocks.{i}.attn.hook_k": "`k_proj(resid_pre)` split by kv head, before `k_norm` and RoPE",
-        "blocks.{i}.attn.hook_v": "`v_proj(resid_pre)` split by kv head",
-        "blocks.{i}.attn.q_norm.hook_scale": "the scale `sqrt(mean(q^2) + eps)` over ALL heads' q at once (one per position, float32)",
-        "blocks.{i}.attn.q_norm.hook_normalized": "q divided by that shared scale, split by head, before `q_norm`'s weight (TransformerLens holds it flat)",
-        "blocks.{i}.attn.hook_q_normed": "`q_norm(q)`: normalised over every head at once, times the weight, split by head, before RoPE",
-        "blocks.{i}.attn.k_norm.hook_scale": "the scale over ALL kv heads' k at once (one per position, float32)",
-        "blocks.{i}.attn.k_norm.hook_normalized": "k divided by that shared scale, split by kv head, before `k_norm`'s weight",
-        "blocks.{i}.attn.hook_k_normed": "`k_norm(k)`: normalised over every kv head at once, times the weight, before RoPE",
-        "blocks.{i}.attn.hook_rot_q": "`q_norm(q)` after RoPE: `x * cos + rotate_half(x) * sin`, computed in float32 (cos/sin are not cast, as transformers') and cast back",
-        "blocks.{i}.attn.hook_rot_k": "`k_norm(k)` after RoPE",
-        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the layer to the eager attention path",
-        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
-        "blocks.{i}.attn.hook_result": "each head's write `z[h] @ W_O[h]` BEFORE the post-norm: with `b_O` they sum to `hook_attn_out_pre_norm`, not to `hook_attn_out` (ln1 is not linear)",
-        "blocks.{i}.hook_attn_out_pre_norm": "`o_proj`'s output, the attention sublayer's raw write, before the post-attention norm `ln1`",
-        "blocks.{i}.ln1.hook_scale": "the post-attention RMSNorm's scale `sqrt(mean(a^2) + eps)` of the attention output `a` (not of the residual stream); float32",
-        "blocks.{i}.ln1.hook_normalized": "the attention output divided by that scale, before `ln1`'s weight",
-        "blocks.{i}.hook_attn_out": "`ln1(o_proj output)`: what the attention adds to the residual stream (after OLMo 2's post-norm, as TransformerLens)",
-        "blocks.{i}.hook_mlp_in": "what the MLP reads: `resid_mid` as it is, no norm in between (a copy when hooked)",
-        "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(resid_mid)`",
-        "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(resid_mid)`",
-        "blocks.{i}.mlp.hook_post": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
-        "blocks.{i}.hook_mlp_out_pre_norm": "`down_proj`'s output, the MLP's raw write, before the post-feedforward norm `ln2`",
-        "blocks.{i}.ln2.hook_scale": "the post-feedforward RMSNorm's scale of the MLP output (not of the residual stream); float32",
-        "blocks.{i}.ln2.hook_normalized": "the MLP output divided by that scale, before `ln2`'s weight",
-        "blocks.{i}.hook_mlp_out": "`ln2(down_proj output)`: what the MLP adds to the residual stream (after the post-norm, as TransformerLens)",
-    }
-
     def __init__(self, cfg: Olmo2Config):
-        super().__init__(cfg)
-        self.embed_tokens = nn.Embedding(cfg.d_vocab, cfg.d_model)
-        self.hook_embed = HookPoint("batch pos d_model")
-        self.rotary = RotaryEmbedding(cfg.d_head, cfg.rope_theta)
-        self.blocks = nn.ModuleList(Olmo2Block(cfg) for _ in range(cfg.n_layers))
-        self.ln_final = Olmo2RMSNorm(cfg.d_model, cfg.rms_norm_eps)  # a true pre-norm: the unembedding reads it
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
-        self.setup_hooks()
+        # The final norm is a true pre-norm: the unembedding reads it.
+        super().__init__(cfg, RotaryEmbedding(cfg.d_head, cfg.rope_theta), final_norm=Olmo2RMSNorm)
 
-    draw_sizes = Qwen3.draw_sizes  # the same fields, drawn alike (hooked.testing.models)
-
-    # The embedding, unembedding and their weight views are Qwen3's: the same parameters, the same names.
-    resid_from_tokens = Qwen3.resid_from_tokens
-    unembed_weight = Qwen3.unembed_weight
-    embedding_writers = Qwen3.embedding_writers
-    W_E = Qwen3.W_E
+    @staticmethod
+    def make_block(cfg: Olmo2Config, layer: int) -> Olmo2Block:
+        return Olmo2Block(cfg)
 
     def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
         # [batch pos d_head] in float32 whatever the model's dtype: transformers' Olmo2RotaryEmbedding returns
@@ -412,4 +347,76 @@ class Olmo2(HookedTransformer):
         cos, sin = self.rotary(position_ids, torch.float32)
         return cos, sin, mask
 
-    checkpoint_table = _CHECKPOINT_RENAMES
+    # ------------------------------------------------------------------------- declarations
+    # What the rest of the library reads about OLMo 2 (docs/adding-a-model.md); draw_sizes is the rotary decoder's.
+    config_class = Olmo2Config
+    architectures = ("Olmo2ForCausalLM", "olmo2")
+    family = "olmo2"
+    title = "OLMo 2"
+    checkpoint_table = (
+        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1.weight"),
+        (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
+        (
+            r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
+            r"blocks.\1.attn.\2.\3",
+        ),
+        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
+        (r"model\.norm\.weight", r"ln_final.weight"),
+    )
+    # TransformerLens 3.9's official names (supported_models.py) of OLMo 2 checkpoints -> its aliases
+    # (hooked.transformer_lens.aliases)
+    transformer_lens_names = {
+        "allenai/OLMo-2-0425-1B": ("olmo-2-1b",),
+        "allenai/OLMo-2-1124-7B": ("olmo-2-7b",),
+    }
+    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
+    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
+        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
+        " embedding: RoPE acts on q and k)",
+        "blocks.{i}.hook_q_input": "one copy of `resid_pre` per query head (no norm follows: OLMo 2 attention reads"
+        " the residual stream as it is); listening switches to per-head projections",
+        "blocks.{i}.hook_k_input": "one copy of `resid_pre` per kv head, read by `k_proj`",
+        "blocks.{i}.hook_v_input": "one copy of `resid_pre` per kv head, read by `v_proj`",
+        "blocks.{i}.attn.hook_q": "`q_proj(resid_pre)` (its bias included) split by head, before `q_norm` and RoPE",
+        "blocks.{i}.attn.hook_k": "`k_proj(resid_pre)` split by kv head, before `k_norm` and RoPE",
+        "blocks.{i}.attn.hook_v": "`v_proj(resid_pre)` split by kv head",
+        "blocks.{i}.attn.q_norm.hook_scale": "the scale `sqrt(mean(q^2) + eps)` over ALL heads' q at once (one per"
+        " position, float32)",
+        "blocks.{i}.attn.q_norm.hook_normalized": "q divided by that shared scale, split by head, before `q_norm`'s"
+        " weight (TransformerLens holds it flat)",
+        "blocks.{i}.attn.hook_q_normed": "`q_norm(q)`: normalised over every head at once, times the weight, split by"
+        " head, before RoPE",
+        "blocks.{i}.attn.k_norm.hook_scale": "the scale over ALL kv heads' k at once (one per position, float32)",
+        "blocks.{i}.attn.k_norm.hook_normalized": "k divided by that shared scale, split by kv head, before `k_norm`'s"
+        " weight",
+        "blocks.{i}.attn.hook_k_normed": "`k_norm(k)`: normalised over every kv head at once, times the weight, before"
+        " RoPE",
+        "blocks.{i}.attn.hook_rot_q": "`q_norm(q)` after RoPE: `x * cos + rotate_half(x) * sin`, computed in float32"
+        " (cos/sin are not cast, as transformers') and cast back",
+        "blocks.{i}.attn.hook_rot_k": "`k_norm(k)` after RoPE",
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads"
+        " kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the"
+        " layer to the eager attention path",
+        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
+        "blocks.{i}.attn.hook_result": "each head's write `z[h] @ W_O[h]` BEFORE the post-norm: with `b_O` they sum to"
+        " `hook_attn_out_pre_norm`, not to `hook_attn_out` (ln1 is not linear)",
+        "blocks.{i}.hook_attn_out_pre_norm": "`o_proj`'s output, the attention sublayer's raw write, before the"
+        " post-attention norm `ln1`",
+        "blocks.{i}.ln1.hook_scale": "the post-attention RMSNorm's scale `sqrt(mean(a^2) + eps)` of the attention"
+        " output `a` (not of the residual stream); float32",
+        "blocks.{i}.ln1.hook_normalized": "the attention output divided by that scale, before `ln1`'s weight",
+        "blocks.{i}.hook_attn_out": "`ln1(o_proj output)`: what the attention adds to the residual stream (after OLMo"
+        " 2's post-norm, as TransformerLens)",
+        "blocks.{i}.hook_mlp_in": "what the MLP reads: `resid_mid` as it is, no norm in between (a copy when hooked)",
+        "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(resid_mid)`",
+        "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(resid_mid)`",
+        "blocks.{i}.mlp.hook_post": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
+        "blocks.{i}.hook_mlp_out_pre_norm": "`down_proj`'s output, the MLP's raw write, before the post-feedforward"
+        " norm `ln2`",
+        "blocks.{i}.ln2.hook_scale": "the post-feedforward RMSNorm's scale of the MLP output (not of the residual"
+        " stream); float32",
+        "blocks.{i}.ln2.hook_normalized": "the MLP output divided by that scale, before `ln2`'s weight",
+        "blocks.{i}.hook_mlp_out": "`ln2(down_proj output)`: what the MLP adds to the residual stream (after the"
+        " post-norm, as TransformerLens)",
+    }

@@ -1,47 +1,54 @@
-"""Qwen3-MoE (`Qwen3MoeForCausalLM`): Qwen3 attention with sparse mixture-of-experts MLPs.
+"""Qwen3-MoE (`Qwen3MoeForCausalLM`): Qwen3's attention with sparse mixture-of-experts MLPs.
 
-Attention, norms, rotary embeddings and the block are Qwen3's (`hooked.models.qwen3`). Layer i is
-sparse iff `i not in mlp_only_layers and n_experts > 0 and (i + 1) % decoder_sparse_step == 0`;
-the other layers are dense SiLU-gated MLPs of width `intermediate_size`.
+Numerics follow Hugging Face transformers 5.24 `models/qwen3_moe/modeling_qwen3_moe.py` operation for operation.
+Attention, norms, rotary embeddings and the pre-norm block are Qwen3's: grouped-query attention with per-head
+RMSNorms on q and k (hooked/models/grouped_query_attention.py) in the shared rotary decoder
+(hooked/models/rotary_decoder.py). Layer i is sparse iff `i not in mlp_only_layers and n_experts > 0 and
+(i + 1) % decoder_sparse_step == 0`, its MLP the top-k router and stacked experts of hooked/models/moe.py
+(routing weights cast to the model dtype, renormalised only with `norm_topk_prob`); the other layers are dense
+SiLU-gated MLPs of width `intermediate_size`. Float32 logits are bit-identical to `Qwen3MoeForCausalLM`
+(tests/test_qwen3_moe.py).
 
-The router follows transformers 5.24 `models/qwen3_moe/modeling_qwen3_moe.py`:
-logits = x @ gate.weight.T in the model dtype; p = softmax(logits) in float32 over ALL experts;
-top-k of p; divided by their sum if `norm_topk_prob`; cast to the model dtype. Each slot's expert
-computes down_e(silu(gate_e(x)) * up_e(x)); the output is sum over slots of weight * expert output,
-summed over the top_k axis as transformers' default ("grouped_mm") expert kernel does, so float32
-logits are bit-identical to `Qwen3MoeForCausalLM` (tests/test_qwen3_moe.py).
-
-Experts are stored stacked, [n_experts, ...], in `nn.Linear` layout and in transformers 5.24's
-in-memory layout: `experts.gate_up_proj` [n_experts 2*d_expert_mlp d_model] (gate rows, then up
-rows) and `experts.down_proj` [n_experts d_model d_expert_mlp], assembled at load from the per-expert
-keys on disk (`checkpoint_stacked`). Fusing gate and up makes one GEMM per expert (measurably faster
-on CPU than two) and makes SiLU read the gate half as a strided view exactly as transformers does:
-SiLU's vectorised kernel rounds the tail of a row differently, so a contiguous gate would differ in
-the last bit whenever d_expert_mlp is not a multiple of the SIMD block. `W_gate`, `W_in`, `W_out`
-give per-expert views.
-
-Hooks on sparse layers are all per token, never ragged: `hook_router_logits` [batch pos n_experts],
-`hook_expert_weights` / `hook_expert_indices` [batch pos top_k], and per-slot neurons
-`hook_expert_pre` / `hook_expert_post` [batch pos top_k d_expert_mlp]. See docs/qwen3.md.
+Checkpoints store each expert's `gate_proj` / `up_proj` / `down_proj` on its own; they are stacked at load into
+`experts.gate_up_proj` and `experts.down_proj` (`checkpoint_stacked`). See docs/qwen3.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
-import torch
-import torch.nn.functional as F
-from jaxtyping import Float, Int
-from torch import Tensor, nn
+from hooked.layers import GatedMLP, RMSNorm
+from hooked.models.config import EXPERT_AXIS_FIELDS, ModelConfig
+from hooked.models.grouped_query_attention import GroupedQueryAttention
+from hooked.models.moe import SparseMoeMLP
+from hooked.models.rotary_decoder import (
+    PreNormBlock,
+    RotaryDecoder,
+    RotaryRMSNames,
+    rms_rotary_fields,
+    rope_default_or_yarn,
+)
+from hooked.rotary import RotaryEmbedding, YarnScaling
 
-from hooked.hooks import HookPoint
-from hooked.layers import GatedMLP, Projection, Split, all_experts_removed
-from hooked.models.config import EXPERT_AXIS_FIELDS
-from hooked.models.qwen3 import Qwen3, Qwen3Block, Qwen3Config
 
-
-@dataclass(kw_only=True)
-class Qwen3MoeConfig(Qwen3Config):
+# ============================================================================= config
+@dataclass
+class Qwen3MoeConfig(RotaryRMSNames, ModelConfig):
+    n_layers: int  # transformer blocks (num_hidden_layers)
+    d_model: int  # residual stream width (hidden_size)
+    n_heads: int  # query heads (num_attention_heads)
+    n_kv_heads: int  # key/value heads (num_key_value_heads); n_heads / n_kv_heads queries share one
+    d_head: int  # per-head width (head_dim; hidden_size / num_attention_heads when the config has none)
+    d_mlp: int  # dense MLP width (intermediate_size)
+    d_vocab: int  # vocabulary size
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0  # RoPE base
+    yarn: YarnScaling | None = None  # rope_type "yarn"; None: plain RoPE
+    tie_word_embeddings: bool = False  # unembedding = the token embedding
+    attention_bias: bool = False  # biases on q/k/v/o projections
+    max_position_embeddings: int = 32768  # informative only: RoPE has no hard limit
+    default_prepend_bos: bool = False  # Qwen3 has no BOS token; settable, read by to_tokens and the forward
+    _: KW_ONLY
     n_experts: int  # routed experts per sparse layer (num_experts / num_local_experts)
     top_k: int  # experts per token (num_experts_per_tok)
     d_expert_mlp: int  # each expert's MLP width (moe_intermediate_size)
@@ -49,24 +56,57 @@ class Qwen3MoeConfig(Qwen3Config):
     mlp_only_layers: tuple[int, ...] = field(default=())  # layers kept dense regardless
     norm_topk_prob: bool = False  # renormalise the top-k probabilities to sum to 1
 
+    # TransformerLens' names for what the architecture fixes
+    normalization_type = "RMS"
+    positional_embedding_type = "rotary"
+    act_fn = "silu"
     original_architecture = "Qwen3MoeForCausalLM"
-    axis_fields = {**Qwen3Config.axis_fields, **EXPERT_AXIS_FIELDS}
+    axis_fields = {**ModelConfig.axis_fields, **EXPERT_AXIS_FIELDS}
+    gated_mlp = True
+    final_rms = True
 
     def __post_init__(self):
-        super().__post_init__()
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.n_experts and not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k {self.top_k} must lie in 1..n_experts ({self.n_experts})")
 
     def is_sparse(self, layer: int) -> bool:
         return layer not in self.mlp_only_layers and self.n_experts > 0 and (layer + 1) % self.decoder_sparse_step == 0
 
+    transformer_lens_shape = (
+        "normalization_type='RMS', positional_embedding_type='rotary', act_fn='silu', gated_mlp=True,"
+        " use_qk_norm=True, final_rms=True"
+    )
+
     @classmethod
-    def _fields_from_hf(cls, config: dict) -> dict:
-        fields = super()._fields_from_hf(config)
-        # transformers' Qwen3MoeConfig has no head_dim default: it falls back to hidden_size / heads.
-        fields["d_head"] = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-        return dict(
-            fields,
+    def from_transformer_lens(cls, tl: dict) -> tuple[Qwen3MoeConfig | None, list[str] | None]:
+        """None: TransformerLens' config has no experts, so one that fits is Qwen3's (hooked.models.Qwen3); one that
+        is Qwen3-shaped but differs gets Qwen3's problems, named for this family too."""
+        return None, rms_rotary_fields(tl, "Qwen3", qk_norm=True)[1]
+
+    @classmethod
+    def from_hf(cls, config: dict) -> Qwen3MoeConfig:
+        if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []):
+            raise ValueError("Qwen3 with sliding-window attention is not supported by hooked")
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"Qwen3 activation {config['hidden_act']!r} is not supported (silu)")
+        theta, yarn = rope_default_or_yarn(config, "Qwen3")
+        return cls(
+            n_layers=config["num_hidden_layers"],
+            d_model=config["hidden_size"],
+            n_heads=config["num_attention_heads"],
+            n_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+            # transformers' Qwen3MoeConfig has no head_dim default: it falls back to hidden_size / heads.
+            d_head=config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
+            d_mlp=config["intermediate_size"],
+            d_vocab=config["vocab_size"],
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=theta,
+            yarn=yarn,
+            tie_word_embeddings=config.get("tie_word_embeddings", False),
+            attention_bias=config.get("attention_bias", False),
+            max_position_embeddings=config.get("max_position_embeddings", 32768),
             n_experts=config.get("num_experts", config.get("num_local_experts", 0)),  # hub: num_experts
             top_k=config["num_experts_per_tok"],
             d_expert_mlp=config["moe_intermediate_size"],
@@ -76,222 +116,38 @@ class Qwen3MoeConfig(Qwen3Config):
         )
 
 
-class Qwen3MoeExperts(nn.Module):
-    """The stacked weights of one layer's experts (no forward: the sparse MLP indexes them)."""
-
-    def __init__(self, n_experts: int, d_model: int, d_expert_mlp: int):
-        super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.empty(n_experts, 2 * d_expert_mlp, d_model))  # gate rows, then up rows
-        self.down_proj = nn.Parameter(torch.empty(n_experts, d_model, d_expert_mlp))
-
-
-class Qwen3MoeSparseMLP(nn.Module):
-    """Top-k routed experts. Only experts that received tokens run, each once on all its tokens."""
-
-    # Qwen3-MoE casts the routing weights to the model dtype before weighting the slots; Mixtral keeps them
-    # float32, so a bf16 model weights and sums its slots in float32 and casts the sum (hooked/models/mixtral.py).
-    float32_expert_weights = False
-
-    def __init__(self, cfg: Qwen3MoeConfig):
-        super().__init__()
-        self.n_experts, self.top_k, self.norm_topk_prob = cfg.n_experts, cfg.top_k, cfg.norm_topk_prob
-        self.gate = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)  # the router
-        self.experts = Qwen3MoeExperts(cfg.n_experts, cfg.d_model, cfg.d_expert_mlp)
-        # Hooks in forward order.
-        self.hook_router_logits = HookPoint("batch pos n_experts")  # raw logits, before softmax and top-k
-        self.hook_expert_weights = HookPoint("batch pos top_k")  # after top-k (and renormalisation)
-        self.hook_expert_indices = HookPoint("batch pos top_k")  # which expert each slot holds (int64)
-        self.hook_expert_pre = HookPoint("batch pos top_k d_expert_mlp")  # slot expert's gate pre-activation
-        self.hook_expert_post = HookPoint("batch pos top_k d_expert_mlp")  # slot expert's neurons: silu(gate) * up
-        for point in (self.hook_expert_weights, self.hook_expert_pre, self.hook_expert_post):
-            point.knows_slot_experts = True  # hook.slot_experts says which expert each slot holds
-        # Expert parallelism (hooked.distributed): the experts this rank holds (experts.* are their
-        # weights, in order) and the group whose ranks hold the others; one process holds them all.
-        self.local_experts = range(cfg.n_experts)
-        self.parallel = None
-
-    def tp_plan(self) -> dict[str, Split]:
-        """Expert parallelism: each rank holds whole experts; the router is replicated."""
-        return {"experts.gate_up_proj": Split("experts", 0), "experts.down_proj": Split("experts", 0)}
-
-    def tp_applied(self, parallel, local: dict[str, tuple[int, int]]) -> None:
-        """After the cut: run only this rank's experts, and sum every rank's slots."""
-        self.local_experts = range(*local["experts"])
-        self.parallel = parallel
-
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        router_logits = self.hook_router_logits(self.gate(x))
-        if self.hook_router_logits.listening and bool(torch.isneginf(router_logits).all(-1).any()):  # no expert left
-            raise ValueError(all_experts_removed(self.hook_router_logits.name, self.n_experts))
-        probs = F.softmax(router_logits, dim=-1, dtype=torch.float32)  # over ALL experts
-        top_probs, top_indices = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            top_probs = top_probs / top_probs.sum(-1, keepdim=True)
-        self.hook_expert_weights.slot_experts = top_indices
-        try:
-            expert_weights = self.hook_expert_weights(
-                top_probs if self.float32_expert_weights else top_probs.to(router_logits.dtype)
-            )
-        finally:
-            self.hook_expert_weights.slot_experts = None
-        expert_indices = self.hook_expert_indices(top_indices)
-        slot_out = self.run_experts(x, expert_indices)  # [batch pos top_k d_model]
-        out = (slot_out * expert_weights[..., None]).sum(2).to(x.dtype)  # a no-op unless the weights are float32
-        return out if self.parallel is None else self.parallel.all_reduce(out)  # slots of other ranks' experts
-
-    def run_experts(
-        self, x: Float[Tensor, "batch pos d_model"], expert_indices: Int[Tensor, "batch pos top_k"]
-    ) -> Float[Tensor, "batch pos top_k d_model"]:
-        """Each slot's expert applied to its token, unweighted.
-
-        Slots are sorted by expert so each routed expert runs once on a contiguous block of rows;
-        the per-slot neuron hooks see (and may replace) them back in [batch pos top_k ...] order.
-        Under expert parallelism, slots routed to another rank's experts are zeros here.
-        """
-        batch, pos, d_model = x.shape
-        flat_indices = expert_indices.reshape(-1)  # slot s holds token s // top_k
-        if self.hook_expert_indices.listening and bool(((flat_indices < 0) | (flat_indices >= self.n_experts)).any()):
-            raise ValueError(f"hook_expert_indices must hold expert ids in 0..{self.n_experts - 1}")
-        # Slots grouped by expert. A GEMM's float32 result for a row depends on the row's place in its
-        # block, so the rows of a group come in transformers' order: its (unstable) torch.sort.
-        _, order = torch.sort(flat_indices)
-        unsort = torch.argsort(order)
-        counts = torch.bincount(flat_indices, minlength=self.n_experts).tolist()
-        routed = [expert for expert, n in enumerate(counts) if n]  # experts with no token never run
-        splits = [counts[expert] for expert in routed]
-        x_sorted = x.reshape(-1, d_model).index_select(0, order // self.top_k)
-        gate_up_proj, down_proj = self.experts.gate_up_proj, self.experts.down_proj
-        local, first = self.local_experts, self.local_experts.start
-        if not (self.hook_expert_pre.listening or self.hook_expert_post.listening):
-            outs = []
-            for expert, rows in zip(routed, x_sorted.split(splits)):
-                if expert not in local:
-                    outs.append(rows.new_zeros(rows.shape[0], d_model))
-                    continue
-                gate, up = F.linear(rows, gate_up_proj[expert - first]).chunk(2, dim=-1)
-                outs.append(F.linear(F.silu(gate) * up, down_proj[expert - first]))
-        else:  # the per-slot neurons, in [batch pos top_k d_expert_mlp] order for the hooks
-            gate_up = torch.cat(
-                [
-                    F.linear(rows, gate_up_proj[e - first])
-                    if e in local
-                    else rows.new_zeros(rows.shape[0], gate_up_proj.shape[1])
-                    for e, rows in zip(routed, x_sorted.split(splits))
-                ]
-            )
-            gate, up = gate_up.index_select(0, unsort).view(batch, pos, self.top_k, -1).chunk(2, dim=-1)
-            self.hook_expert_pre.slot_experts = self.hook_expert_post.slot_experts = expert_indices
-            try:
-                pre = self.hook_expert_pre(gate)
-                post = self.hook_expert_post(F.silu(pre) * up)
-            finally:
-                self.hook_expert_pre.slot_experts = self.hook_expert_post.slot_experts = None
-            post_sorted = post.reshape(-1, post.shape[-1]).index_select(0, order)
-            outs = [
-                F.linear(rows, down_proj[e - first]) if e in local else rows.new_zeros(rows.shape[0], d_model)
-                for e, rows in zip(routed, post_sorted.split(splits))
-            ]
-        return torch.cat(outs).index_select(0, unsort).view(batch, pos, self.top_k, d_model)
-
-    # What a cache needs to split this MLP's output into its experts (hooked.cache.get_expert_results).
-    expert_result_hooks = ("hook_expert_post", "hook_expert_weights", "hook_expert_indices")
-
-    def expert_results(
-        self,
-        expert_post: Float[Tensor, "... top_k d_expert_mlp"],
-        expert_weights: Float[Tensor, "... top_k"],
-        expert_indices: Int[Tensor, "... top_k"],
-    ) -> Float[Tensor, "... n_experts d_model"]:
-        """Each expert's write to the residual stream, from the per-slot hooks as cached: [..., n_experts, d_model].
-
-        Expert e's write at a token is the sum, over the slots that hold e, of the slot's weight times
-        `down_e(expert_post)`; an expert no slot holds writes zeros. Summed over experts this is the MLP's
-        output (there is no shared expert and no bias), up to float rounding.
-        """
-        n_tokens = expert_indices[..., 0].numel()
-        post = expert_post.reshape(n_tokens * self.top_k, -1)  # slot s holds token s // top_k
-        weights, indices = expert_weights.reshape(-1, 1), expert_indices.reshape(-1)
-        token_of_slot = torch.arange(indices.numel(), device=indices.device) // self.top_k
-        down_proj = self.experts.down_proj.detach()
-        results = post.new_zeros(n_tokens, self.n_experts, down_proj.shape[1])
-        for expert in self.local_experts:
-            slots = (indices == expert).nonzero()[:, 0]
-            if len(slots):
-                weight = down_proj[expert - self.local_experts.start].to(post.device, post.dtype)
-                write = (F.linear(post[slots], weight) * weights[slots]).to(results.dtype)
-                # accumulate: a hook that edited the indices may have put one expert in two slots of a token
-                results.index_put_((token_of_slot[slots], slots.new_full(slots.shape, expert)), write, accumulate=True)
-        if self.parallel is not None:  # each rank wrote its own experts' columns
-            results = self.parallel.all_reduce(results)
-        return results.view(*expert_indices.shape[:-1], self.n_experts, -1)
-
-    # For weight processing (hooked.transformer_lens.processing): the router and every expert read ln2's output.
-    def residual_readers(self) -> tuple[Projection, ...]:
-        return (Projection(self.gate.weight, 1), Projection(self.experts.gate_up_proj, 2))
-
-    def residual_writers(self) -> tuple[Projection, ...]:
-        return (Projection(self.experts.down_proj, 1),)
-
-    @property
-    def b_out(self) -> Float[Tensor, " d_model"]:
-        """Zeros: the experts' down projections have no bias (what accumulated_bias adds for this MLP)."""
-        return self.gate.weight.new_zeros(self.gate.weight.shape[1])
-
-    @property
-    def W_gate(self) -> Float[Tensor, "n_experts d_model d_expert_mlp"]:
-        return self.experts.gate_up_proj.chunk(2, dim=1)[0].transpose(1, 2)
-
-    @property
-    def W_in(self) -> Float[Tensor, "n_experts d_model d_expert_mlp"]:
-        return self.experts.gate_up_proj.chunk(2, dim=1)[1].transpose(1, 2)
-
-    @property
-    def W_out(self) -> Float[Tensor, "n_experts d_expert_mlp d_model"]:
-        return self.experts.down_proj.transpose(1, 2)
-
-
-class Qwen3Moe(Qwen3):
+# ============================================================================= modules and forward
+class Qwen3Moe(RotaryDecoder):
     """Qwen3-MoE with TransformerLens hook names plus router and per-slot expert hooks.
 
     Load with `hooked.load("Qwen/Qwen3-30B-A3B")`; everything but the sparse MLP is Qwen3's.
     """
 
-    family = "qwen3_moe"
-    transformer_lens_names = {}  # TransformerLens 3.9 lists no Qwen3-MoE model
-    random_sizes = dict(Qwen3.random_sizes, n_experts=4, top_k=2, d_expert_mlp=16)
-    random_std = {"mlp.gate.weight": 0.6}  # router logits a few units apart: top-k decided by margins, not rounding
-
-    title = "Qwen3-MoE"
-    docs_sizes = {"n_layers": 2, "mlp_only_layers": (0,), "decoder_sparse_step": 1}  # both MLP kinds in the reference
-    hook_docs = {
-        **Qwen3.hook_docs,
-        "blocks.{i}.hook_mlp_out": "MLP output; on a sparse layer `sum_j weight_j * down_e(j)(post_j)` over the slots",
-    }
-
-    @classmethod
-    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
-        sizes = super().draw_sizes(draw, st, n_layers, n_heads)
-        sizes.update(
-            n_experts=draw(st.integers(4, 6)),
-            top_k=draw(st.integers(1, 3)),
-            d_expert_mlp=draw(st.sampled_from([8, 12, 16])),
-            norm_topk_prob=draw(st.booleans()),
-        )
-        step = draw(st.sampled_from([1, 1, 2])) if n_layers > 1 else 1
-        dense = draw(st.sets(st.integers(0, n_layers - 1), max_size=n_layers - 1)) if n_layers > 1 else set()
-        sparse = [i for i in range(n_layers) if i not in dense and (i + 1) % step == 0]
-        if not sparse:  # keep one sparse layer: the expert properties need it
-            dense.discard(step - 1)
-        sizes.update(decoder_sparse_step=step, mlp_only_layers=tuple(sorted(dense)))
-        return sizes
-
-    config_class = Qwen3MoeConfig
-    architectures = ("Qwen3MoeForCausalLM", "qwen3_moe")
+    def __init__(self, cfg: Qwen3MoeConfig):
+        super().__init__(cfg, RotaryEmbedding(cfg.d_head, cfg.rope_theta, cfg.yarn))
 
     @staticmethod
-    def make_block(cfg: Qwen3MoeConfig, layer: int) -> Qwen3Block:
-        mlp = Qwen3MoeSparseMLP(cfg) if cfg.is_sparse(layer) else GatedMLP(cfg.d_model, cfg.d_mlp)
-        return Qwen3Block(cfg, mlp)
+    def make_block(cfg: Qwen3MoeConfig, layer: int) -> PreNormBlock:
+        mlp = SparseMoeMLP(cfg) if cfg.is_sparse(layer) else GatedMLP(cfg.d_model, cfg.d_mlp)
+        return PreNormBlock(cfg, mlp, GroupedQueryAttention(cfg, qk_norm=RMSNorm))
+
+    # ------------------------------------------------------------------------- declarations
+    # What the rest of the library reads about Qwen3-MoE (docs/adding-a-model.md).
+    config_class = Qwen3MoeConfig
+    architectures = ("Qwen3MoeForCausalLM", "qwen3_moe")
+    family = "qwen3_moe"
+    title = "Qwen3-MoE"
+    checkpoint_table = (
+        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
+        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
+        (
+            r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
+            r"blocks.\1.attn.\2.\3",
+        ),
+        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
+        (r"model\.norm\.weight", r"ln_final.weight"),
+    )
 
     @property
     def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
@@ -314,3 +170,60 @@ class Qwen3Moe(Qwen3):
         ),
         (r"model\.layers\.(\d+)\.mlp\.experts\.(?P<expert>\d+)\.down_proj\.weight", r"blocks.\1.mlp.experts.down_proj"),
     )
+    transformer_lens_names = {}  # TransformerLens 3.9 lists no Qwen3-MoE model
+    random_sizes = dict(
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        d_head=8,
+        d_mlp=48,
+        d_vocab=64,
+        n_experts=4,
+        top_k=2,
+        d_expert_mlp=16,
+    )
+    random_std = {"mlp.gate.weight": 0.6}  # router logits a few units apart: top-k decided by margins, not rounding
+    docs_sizes = {"n_layers": 2, "mlp_only_layers": (0,), "decoder_sparse_step": 1}  # both MLP kinds in the reference
+
+    @classmethod
+    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
+        sizes = super().draw_sizes(draw, st, n_layers, n_heads)
+        sizes.update(
+            n_experts=draw(st.integers(4, 6)),
+            top_k=draw(st.integers(1, 3)),
+            d_expert_mlp=draw(st.sampled_from([8, 12, 16])),
+            norm_topk_prob=draw(st.booleans()),
+        )
+        step = draw(st.sampled_from([1, 1, 2])) if n_layers > 1 else 1
+        dense = draw(st.sets(st.integers(0, n_layers - 1), max_size=n_layers - 1)) if n_layers > 1 else set()
+        sparse = [i for i in range(n_layers) if i not in dense and (i + 1) % step == 0]
+        if not sparse:  # keep one sparse layer: the expert properties need it
+            dense.discard(step - 1)
+        sizes.update(decoder_sparse_step=step, mlp_only_layers=tuple(sorted(dense)))
+        return sizes
+
+    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
+        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
+        " embedding: RoPE acts on q and k)",
+        "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
+        "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
+        "blocks.{i}.attn.hook_q": "`q_proj` output split by head, before `q_norm` and RoPE",
+        "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before `k_norm` and RoPE",
+        "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads"
+        " kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the"
+        " layer to the eager attention path",
+        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
+        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
+        " what the projection reads",
+        "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(x)`",
+        "blocks.{i}.mlp.hook_post": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
+        "blocks.{i}.attn.q_norm.hook_scale": "the per-head RMSNorm's scale of q",
+        "blocks.{i}.attn.q_norm.hook_normalized": "q divided by its per-head scale, before `q_norm`'s weight",
+        "blocks.{i}.attn.hook_q_normed": "`q_norm(q)`: after the per-head RMSNorm and its weight, before RoPE",
+        "blocks.{i}.attn.k_norm.hook_scale": "the per-head RMSNorm's scale of k",
+        "blocks.{i}.attn.k_norm.hook_normalized": "k divided by its per-head scale, before `k_norm`'s weight",
+        "blocks.{i}.attn.hook_k_normed": "`k_norm(k)`: after the per-head RMSNorm and its weight, before RoPE",
+        "blocks.{i}.hook_mlp_out": "MLP output; on a sparse layer `sum_j weight_j * down_e(j)(post_j)` over the slots",
+    }

@@ -1,0 +1,256 @@
+"""The rotary decoder every RoPE family but GPT-NeoX is built on, and its pre-norm block.
+
+`RotaryDecoder` is the model: token embedding (`embed_tokens`, `hook_embed`; no position embedding) -> blocks,
+each given the cos/sin of the positions and the mask (`block_inputs`) -> final norm (`ln_final`) -> unembedding,
+tied to the embedding or its own (`lm_head`), as transformers 5.24's `Qwen3ForCausalLM`, `LlamaForCausalLM`,
+`Olmo2ForCausalLM`, `Gemma2ForCausalLM`, .... A family gives it a rotary table and the block of each layer
+(`make_block`). `PreNormBlock` is the block of Qwen3, Qwen3-MoE, Llama, Mistral and Mixtral: an RMSNorm before
+attention and before the MLP; OLMo 2 (post-norms, hooked/models/olmo2.py) and Gemma (sandwich norms,
+hooked/models/sandwich_decoder.py) build their own. `RotaryRMSNames` and `rms_rotary_fields` are the config
+side: TransformerLens' names for such a model's settings, and its fields read from TransformerLens' config;
+`rope_default_or_yarn` and `rope_default_linear_or_llama3` read the RoPE settings of a Hugging Face config.json.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from hooked.hooks import HookPoint
+from hooked.kv_cache import LayerKV
+from hooked.layers import AttentionMask, Projection, RMSNorm, attention_input, mlp_input
+from hooked.models.base import HookedTransformer
+from hooked.models.config import ModelConfig
+from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding, YarnScaling
+
+
+# ============================================================================= config
+class RotaryRMSNames:
+    """TransformerLens' names for a config with RMSNorm (`rms_norm_eps`) and RoPE over whole heads (`d_head`,
+    `rope_theta`, `max_position_embeddings`), mixed into every rotary decoder's config."""
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.d_head  # RoPE turns every pair of a head's dimensions
+
+    @property
+    def n_ctx(self) -> int:
+        """Where `to_tokens(truncate=True)` cuts: the config's length (TransformerLens caps some at 2048)."""
+        return self.max_position_embeddings
+
+    @property
+    def eps(self) -> float:
+        return self.rms_norm_eps
+
+    @property
+    def rotary_base(self) -> float:
+        return self.rope_theta
+
+
+def rms_rotary_fields(tl: dict, family: str, qk_norm: bool) -> tuple[dict | None, list[str] | None]:
+    """TransformerLens' fields for an RMSNorm, rotary, SiLU-gated model (Qwen3 with per-head q/k norms, Llama
+    without) as a rotary decoder's config fields: (fields, []), (None, problems naming each field) when the
+    shape is RMS + rotary but something differs, (None, None) for another shape (hooked.transformer_lens.config)."""
+    if (tl["normalization_type"], tl["positional_embedding_type"]) != ("RMS", "rotary"):
+        return None, None
+    d_head, rotary_dim = tl["d_head"], tl["rotary_dim"]
+    problems = [
+        f"attn_only=True ({family} blocks have an MLP; attention-only models are GPT-2-shaped: LN, standard)"
+        if tl["attn_only"]
+        else None,
+        f"act_fn={tl['act_fn']!r} ({family} has silu)" if tl["act_fn"] != "silu" else None,
+        f"gated_mlp=False ({family}'s MLP is gated)" if not tl["gated_mlp"] else None,
+        (
+            f"use_qk_norm={tl['use_qk_norm']} ({family} "
+            + ("normalises" if qk_norm else "does not normalise")
+            + " each head's q and k)"
+        )
+        if tl["use_qk_norm"] != qk_norm
+        else None,
+        f"final_rms=False ({family}'s final norm is RMSNorm)" if not tl["final_rms"] else None,
+        f"rotary_dim={rotary_dim} ({family} rotates all of d_head={d_head})"
+        if rotary_dim not in (None, d_head)
+        else None,
+        "scale_attn_by_inverse_layer_idx=True" if tl["scale_attn_by_inverse_layer_idx"] else None,
+        "parallel_attn_mlp=True" if tl["parallel_attn_mlp"] else None,
+    ]
+    problems = [problem for problem in problems if problem]
+    if problems:
+        return None, problems
+    return dict(
+        n_layers=tl["n_layers"],
+        d_model=tl["d_model"],
+        n_heads=tl["n_heads"],
+        n_kv_heads=tl["n_key_value_heads"] or tl["n_heads"],
+        d_head=d_head,
+        d_mlp=tl["d_mlp"],
+        d_vocab=tl["d_vocab"],
+        rms_norm_eps=tl["eps"],
+        rope_theta=float(tl["rotary_base"]),
+        tie_word_embeddings=tl["tie_word_embeddings"],
+        max_position_embeddings=tl["n_ctx"],
+    ), []
+
+
+def rope_default_or_yarn(config: dict, family: str) -> tuple[float, YarnScaling | None]:
+    """RoPE base and scaling, plain or YaRN (Qwen3, Qwen3-MoE), from `rope_parameters` (transformers 5) or
+    `rope_theta` + `rope_scaling` (hub)."""
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError(f"{family} with partial_rotary_factor != 1 is not supported by hooked")
+    if rope_type == "default":
+        return theta, None
+    if rope_type != "yarn":
+        raise ValueError(f"rope_type {rope_type!r} is not supported for {family} (default, yarn)")
+    # As transformers' standardize_rope_params: a top-level original_max_position_embeddings wins.
+    original = config.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
+    original = original or config.get("max_position_embeddings", 32768)
+    factor = rope.get("factor") or config.get("max_position_embeddings", 32768) / original
+    yarn = YarnScaling(
+        factor=float(factor),
+        original_max_positions=int(original),
+        beta_fast=float(rope.get("beta_fast") or 32),
+        beta_slow=float(rope.get("beta_slow") or 1),
+        attention_factor=rope.get("attention_factor"),
+        mscale=rope.get("mscale"),
+        mscale_all_dim=rope.get("mscale_all_dim"),
+        truncate=rope.get("truncate", True),
+    )
+    return theta, yarn
+
+
+def rope_default_linear_or_llama3(config: dict, family: str) -> tuple[float, LinearScaling | Llama3Scaling | None]:
+    """RoPE base and scaling, plain, "linear" or "llama3" (Llama, Mistral, Mixtral), from `rope_parameters`
+    (transformers 5) or `rope_theta` + `rope_scaling` (hub)."""
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(
+            f"{family} with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole heads)"
+        )
+    if rope_type == "default":
+        return theta, None
+
+    def field(name: str) -> float:
+        if rope.get(name) is None:
+            raise ValueError(
+                f"rope_scaling of type {rope_type!r} needs {name!r} (config.json rope_scaling / rope_parameters)"
+            )
+        return float(rope[name])
+
+    if rope_type == "linear":
+        return theta, LinearScaling(field("factor"))
+    if rope_type == "llama3":
+        # As transformers' standardize_rope_params: a top-level original_max_position_embeddings wins.
+        original = (
+            config.get("original_max_position_embeddings")
+            or rope.get("original_max_position_embeddings")
+            or config.get("max_position_embeddings", 2048)
+        )
+        return theta, Llama3Scaling(field("factor"), field("low_freq_factor"), field("high_freq_factor"), int(original))
+    raise ValueError(
+        f"rope_type {rope_type!r} (config.json rope_scaling / rope_parameters) is not supported for"
+        f" {family}: hooked implements 'default', 'linear' and 'llama3'"
+    )
+
+
+# ============================================================================= modules and forward
+class PreNormBlock(nn.Module):
+    """The pre-norm block: resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid)),
+    both norms RMSNorms. The attention (`GroupedQueryAttention`, with or without per-head q/k norms) and the MLP
+    (`GatedMLP`, Llama's with biases, or a sparse mixture of experts: hooked.models.moe) are given."""
+
+    mlp_stage = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out", "hook_resid_post")  # what mlp_half computes
+
+    def __init__(self, cfg: ModelConfig, mlp: nn.Module, attn: nn.Module):
+        super().__init__()
+        self.hook_resid_pre = HookPoint("batch pos d_model")
+        self.hook_q_input = HookPoint("batch pos head_index d_model")  # each head's copy of resid_pre (attention_input)
+        self.hook_k_input = HookPoint("batch pos kv_head_index d_model")
+        self.hook_v_input = HookPoint("batch pos kv_head_index d_model")
+        self.ln1 = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
+        self.attn = attn
+        self.hook_attn_out = HookPoint("batch pos d_model")
+        self.hook_resid_mid = HookPoint("batch pos d_model")
+        self.hook_mlp_in = HookPoint("batch pos d_model")  # what the MLP half reads, before ln2
+        self.ln2 = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
+        self.mlp = mlp
+        self.hook_mlp_out = HookPoint("batch pos d_model")
+        self.hook_resid_post = HookPoint("batch pos d_model")
+
+    def forward(
+        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
+    ) -> Tensor:
+        return self.mlp_half(self.attn_half(resid_pre, cos, sin, mask, kv=kv))
+
+    def attn_half(
+        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
+    ) -> Tensor:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        attn_in = attention_input(self, resid_pre, self.attn.n_heads, self.attn.n_kv_heads)
+        attn_out = self.hook_attn_out(self.attn(attn_in, cos, sin, mask, kv))
+        return self.hook_resid_mid(resid_pre + attn_out)
+
+    def mlp_half(self, resid_mid: Tensor) -> Tensor:
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(mlp_input(self, resid_mid))))
+        return self.hook_resid_post(resid_mid + mlp_out)
+
+
+class RotaryDecoder(HookedTransformer):
+    """Embedding -> blocks -> final norm -> unembedding, positions entering through RoPE in every block.
+
+    A family calls `super().__init__(cfg, rotary, final_norm)` and defines `make_block(cfg, layer)`; the modules are
+    built in the order the forward runs them, which is the order of `hook_names` and of the parameters."""
+
+    embedding_hook_names = ("hook_embed",)
+
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, final_norm: type[RMSNorm] = RMSNorm):
+        super().__init__(cfg)
+        self.embed_tokens = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.hook_embed = HookPoint("batch pos d_model")
+        self.rotary = rotary
+        self.blocks = nn.ModuleList(self.make_block(cfg, layer) for layer in range(cfg.n_layers))
+        self.ln_final = final_norm(cfg.d_model, cfg.rms_norm_eps)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        self.setup_hooks()
+
+    @staticmethod
+    def make_block(cfg: ModelConfig, layer: int) -> nn.Module:
+        """Block `layer` of the model (the family's)."""
+        raise NotImplementedError
+
+    def resid_from_tokens(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
+        return self.hook_embed(self.embed_tokens(tokens))
+
+    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
+        cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head], once for all blocks
+        return cos, sin, mask
+
+    @property
+    def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # lm_head: untied or processed
+
+    def embedding_writers(self) -> tuple[Projection, ...]:
+        return (Projection(self.embed_tokens.weight, 1),)
+
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.embed_tokens.weight
+
+    @classmethod
+    def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
+        """The sizes every rotary decoder has, drawn for hooked.testing's random models; a family adds its own."""
+        return dict(
+            d_model=draw(st.sampled_from([16, 24, 32, 48])),
+            n_kv_heads=draw(st.sampled_from([k for k in range(1, n_heads + 1) if n_heads % k == 0])),
+            d_head=draw(st.sampled_from([4, 8, 16])),  # even (half-split rotary), not d_model / n_heads
+            d_mlp=draw(st.sampled_from([32, 48])),
+            tie_word_embeddings=draw(st.booleans()),
+            attention_bias=draw(st.booleans()),
+        )
