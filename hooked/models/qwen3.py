@@ -5,7 +5,7 @@ Numerics follow Hugging Face transformers 5.24 `models/qwen3/modeling_qwen3.py` 
 half-split RoPE with cos/sin computed in float32 and cast to the activation dtype (plain or YaRN,
 `hooked.rotary.rotary_frequencies`); grouped-query attention with the softmax in float32; a
 SiLU-gated MLP; tied or untied unembedding. Float32 logits are bit-identical to `Qwen3ForCausalLM`
-(tests/test_qwen3_parity.py). `head_dim` comes from the config and may differ from d_model / n_heads.
+(tests/families/test_qwen3_parity.py). `head_dim` comes from the config and may differ from d_model / n_heads.
 
 Weights keep the checkpoint's leaf names (`q_proj`, `q_norm`, `gate_proj`, ...) and `nn.Linear`
 layout, under a module tree named like the hooks. The attention and block classes serve

@@ -9,7 +9,7 @@ logits = x @ gate.weight.T in the model dtype; p = softmax(logits) in float32 ov
 top-k of p; divided by their sum if `norm_topk_prob`; cast to the model dtype. Each slot's expert
 computes down_e(silu(gate_e(x)) * up_e(x)); the output is sum over slots of weight * expert output,
 summed over the top_k axis as transformers' default ("grouped_mm") expert kernel does, so float32
-logits are bit-identical to `Qwen3MoeForCausalLM` (tests/test_qwen3_moe.py).
+logits are bit-identical to `Qwen3MoeForCausalLM` (tests/families/test_qwen3_moe.py).
 
 Experts are stored stacked, [n_experts, ...], in `nn.Linear` layout and in transformers 5.24's
 in-memory layout: `experts.gate_up_proj` [n_experts 2*d_expert_mlp d_model] (gate rows, then up
