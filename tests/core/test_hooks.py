@@ -5,40 +5,33 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-GOLDEN_GPT2_HOOKS = [
-    "hook_embed",
-    "hook_pos_embed",
-    *[
-        f"blocks.{layer}.{name}"
-        for layer in range(2)
-        for name in [
-            "hook_resid_pre",
-            "hook_q_input",
-            "hook_k_input",
-            "hook_v_input",
-            "ln1.hook_scale",
-            "ln1.hook_normalized",
-            "attn.hook_q",
-            "attn.hook_k",
-            "attn.hook_v",
-            "attn.hook_attn_scores",
-            "attn.hook_pattern",
-            "attn.hook_z",
-            "attn.hook_result",
-            "hook_attn_out",
-            "hook_resid_mid",
-            "hook_mlp_in",
-            "ln2.hook_scale",
-            "ln2.hook_normalized",
-            "mlp.hook_pre",
-            "mlp.hook_post",
-            "hook_mlp_out",
-            "hook_resid_post",
-        ]
-    ],
-    "ln_final.hook_scale",
-    "ln_final.hook_normalized",
+from tests.families.parity import golden_hook_names
+
+GPT2_BLOCK = [  # the hook points of one block, in forward order
+    "hook_resid_pre",
+    "hook_q_input",
+    "hook_k_input",
+    "hook_v_input",
+    "ln1.hook_scale",
+    "ln1.hook_normalized",
+    "attn.hook_q",
+    "attn.hook_k",
+    "attn.hook_v",
+    "attn.hook_attn_scores",
+    "attn.hook_pattern",
+    "attn.hook_z",
+    "attn.hook_result",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_in",
+    "ln2.hook_scale",
+    "ln2.hook_normalized",
+    "mlp.hook_pre",
+    "mlp.hook_post",
+    "hook_mlp_out",
+    "hook_resid_post",
 ]
+GOLDEN_GPT2_HOOKS = golden_hook_names([GPT2_BLOCK] * 2, embed=("hook_embed", "hook_pos_embed"))
 
 hypothesis_settings = settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -15,7 +15,6 @@ SDPA, which sums in another order: logits <= 1e-6, residual streams (magnitude ~
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 import torch
@@ -24,22 +23,24 @@ import transformers  # the reference implementation (the dev extra): a missing o
 import hooked
 from hooked.models.gemma2 import Gemma2Config as HookedGemma2Config
 from tests.families.parity import (
-    build_checkpoint,
+    UNEMBED_POINTS,
+    build_checkpoints,
+    check_greedy_generation,
     check_hook_shapes,
+    check_left_padded_batch,
     check_post_norm_decomposition,
+    check_sweep_equals_each_alone,
     check_zero_heads_equals_zeroing_o_proj,
     compare_with_transformer_lens,
+    edited_checkpoint,
+    golden_hook_names,
     hf_outputs,
     hf_reference,
     hooked_outputs,
+    ln1_head_zero,
     max_diffs,
     random_tokens,
-)
-from tests.families.test_llama_parity import (
-    check_greedy_generation,
-    check_left_padded_batch,
-    check_sweep_equals_each_alone,
-    edited_checkpoint,
+    tl_model,
 )
 
 VOCAB = 96
@@ -98,15 +99,10 @@ CASES = {
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     # Neutral directory names: TransformerLens' convert_hf_model_config reads family names out of paths.
-    return {
-        name: build_checkpoint(
-            tmp_path_factory.mktemp(f"case{index}"),
-            transformers.Gemma2Config(vocab_size=VOCAB, pad_token_id=0, **kwargs),
-            HF,
-            seed=index,
-        )
-        for index, (name, kwargs) in enumerate(CASES.items())
+    configs = {
+        name: transformers.Gemma2Config(vocab_size=VOCAB, pad_token_id=0, **kwargs) for name, kwargs in CASES.items()
     }
+    return build_checkpoints(tmp_path_factory, configs, HF)
 
 
 @pytest.fixture(scope="module")
@@ -255,53 +251,43 @@ def test_triton_kernel_serves_the_softcap_and_the_window(models, references):
 
 
 # ----------------------------------------------------------------------------- TransformerLens 3.9
+def tl_config_fields(c) -> dict:
+    """TransformerLens' Gemma 2 config fields, as its loading_from_pretrained.py sets them for google/gemma-2-2b,
+    built by hand from the checkpoint's sizes."""
+    return dict(
+        d_model=c.hidden_size,
+        d_head=c.head_dim,
+        n_heads=c.num_attention_heads,
+        d_mlp=c.intermediate_size,
+        n_layers=c.num_hidden_layers,
+        n_ctx=c.max_position_embeddings,
+        eps=c.rms_norm_eps,
+        d_vocab=c.vocab_size,
+        act_fn="gelu_pytorch_tanh",
+        normalization_type="RMS",
+        rotary_base=c.rope_parameters["rope_theta"],
+        positional_embedding_type="rotary",
+        use_attn_scale=True,
+        attn_scale=c.query_pre_attn_scalar**0.5,
+        n_key_value_heads=c.num_key_value_heads,
+        window_size=c.sliding_window,
+        use_local_attn=True,
+        attn_types=["local" if kind == "sliding_attention" else "global" for kind in c.layer_types],
+        attn_scores_soft_cap=c.attn_logit_softcapping,
+        output_logits_soft_cap=c.final_logit_softcapping,
+        gated_mlp=True,
+        final_rms=True,
+        use_normalization_before_and_after=True,
+        original_architecture="Gemma2ForCausalLM",
+    )
+
+
 def tl_gemma2(directory, **processing):
-    """TransformerLens' HookedTransformer on a checkpoint's weights: the Gemma 2 config fields its
-    loading_from_pretrained.py sets for google/gemma-2-2b, built by hand from the checkpoint's sizes, and its own
-    converter (pretrained/weight_conversions/gemma.py), processed as `processing` says (default: not at all)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
-        from transformer_lens.pretrained.weight_conversions import convert_gemma_weights
-
-        hf = HF.from_pretrained(directory, dtype=torch.float32).eval()
-        c = hf.config
-        cfg = HookedTransformerConfig(
-            d_model=c.hidden_size,
-            d_head=c.head_dim,
-            n_heads=c.num_attention_heads,
-            d_mlp=c.intermediate_size,
-            n_layers=c.num_hidden_layers,
-            n_ctx=c.max_position_embeddings,
-            eps=c.rms_norm_eps,
-            d_vocab=c.vocab_size,
-            act_fn="gelu_pytorch_tanh",
-            normalization_type="RMS",
-            rotary_base=c.rope_parameters["rope_theta"],
-            positional_embedding_type="rotary",
-            use_attn_scale=True,
-            attn_scale=c.query_pre_attn_scalar**0.5,
-            n_key_value_heads=c.num_key_value_heads,
-            window_size=c.sliding_window,
-            use_local_attn=True,
-            attn_types=["local" if kind == "sliding_attention" else "global" for kind in c.layer_types],
-            attn_scores_soft_cap=c.attn_logit_softcapping,
-            output_logits_soft_cap=c.final_logit_softcapping,
-            gated_mlp=True,
-            final_rms=True,
-            use_normalization_before_and_after=True,
-            original_architecture="Gemma2ForCausalLM",
-            device="cpu",
-            dtype=torch.float32,
-        )
-        model = HookedTransformer(cfg)
-        flags = dict(fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False)
-        with torch.no_grad():
-            model.load_and_process_state_dict(convert_gemma_weights(hf, cfg), **{**flags, **processing})
-    return model.eval()
+    """TransformerLens' HookedTransformer on a checkpoint's weights: the fields above and its own converter
+    (pretrained/weight_conversions/gemma.py), processed as `processing` says (default: not at all)."""
+    return tl_model(directory, HF, "convert_gemma_weights", tl_config_fields, **processing)
 
 
-ONLY_TRANSFORMER_LENS = {"unembed.hook_in", "unembed.hook_out"}  # hooked's unembedding has no hooks
 ONLY_HOOKED = {"hook_attn_out_pre_norm", "hook_mlp_out_pre_norm"}
 
 
@@ -312,12 +298,11 @@ def test_every_hook_equals_transformer_lens(models, dirs):
     TransformerLens normalises each head's copy (its ln1 hooks are per head): head 0's is compared."""
     model, tl = models["mha"], tl_gemma2(dirs["mha"])
     tokens = random_tokens(2, 11)
-    head_zero = lambda name, ours, theirs: (ours, theirs[:, :, 0] if ".ln1." in name else theirs)  # noqa: E731
     # The scores before the cap are O(100) here (wide weights, so that the cap bites): their float32 rounding
     # (the two sum q.k in other orders, and scale before / after) reaches 2e-5 after the cap; measured.
     scores_wider = lambda name: 5e-5 if name.endswith("hook_attn_scores") else 1e-5  # noqa: E731
     compare_with_transformer_lens(
-        model, tl, tokens, ONLY_HOOKED, ONLY_TRANSFORMER_LENS, adjust=head_zero, atol=scores_wider
+        model, tl, tokens, ONLY_HOOKED, UNEMBED_POINTS, adjust=ln1_head_zero, atol=scores_wider
     )
     # TransformerLens' norm weights are the gains: its converter adds the one; hooked's `w` is the same.
     for name in ("ln1", "ln1_post", "ln2", "ln2_post"):
@@ -403,47 +388,40 @@ def test_direct_logit_attribution_sums_to_the_pre_cap_logits(models):
 
 
 # ----------------------------------------------------------------------------- hook names and shapes
-GOLDEN_HOOK_NAMES = (
-    ["hook_embed"]
-    + [
-        f"blocks.{i}.{name}"
-        for i in range(2)
-        for name in [
-            "hook_resid_pre",
-            "hook_q_input",
-            "hook_k_input",
-            "hook_v_input",
-            "ln1.hook_scale",
-            "ln1.hook_normalized",
-            "attn.hook_q",
-            "attn.hook_k",
-            "attn.hook_v",
-            "attn.hook_rot_q",
-            "attn.hook_rot_k",
-            "attn.hook_attn_scores",
-            "attn.hook_pattern",
-            "attn.hook_z",
-            "attn.hook_result",
-            "hook_attn_out_pre_norm",
-            "ln1_post.hook_scale",
-            "ln1_post.hook_normalized",
-            "hook_attn_out",
-            "hook_resid_mid",
-            "hook_mlp_in",
-            "ln2.hook_scale",
-            "ln2.hook_normalized",
-            "mlp.hook_pre",
-            "mlp.hook_pre_linear",
-            "mlp.hook_post",
-            "hook_mlp_out_pre_norm",
-            "ln2_post.hook_scale",
-            "ln2_post.hook_normalized",
-            "hook_mlp_out",
-            "hook_resid_post",
-        ]
-    ]
-    + ["ln_final.hook_scale", "ln_final.hook_normalized"]
-)
+GEMMA2_BLOCK = [  # the hook points of one block, in forward order
+    "hook_resid_pre",
+    "hook_q_input",
+    "hook_k_input",
+    "hook_v_input",
+    "ln1.hook_scale",
+    "ln1.hook_normalized",
+    "attn.hook_q",
+    "attn.hook_k",
+    "attn.hook_v",
+    "attn.hook_rot_q",
+    "attn.hook_rot_k",
+    "attn.hook_attn_scores",
+    "attn.hook_pattern",
+    "attn.hook_z",
+    "attn.hook_result",
+    "hook_attn_out_pre_norm",
+    "ln1_post.hook_scale",
+    "ln1_post.hook_normalized",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_in",
+    "ln2.hook_scale",
+    "ln2.hook_normalized",
+    "mlp.hook_pre",
+    "mlp.hook_pre_linear",
+    "mlp.hook_post",
+    "hook_mlp_out_pre_norm",
+    "ln2_post.hook_scale",
+    "ln2_post.hook_normalized",
+    "hook_mlp_out",
+    "hook_resid_post",
+]
+GOLDEN_HOOK_NAMES = golden_hook_names([GEMMA2_BLOCK] * 2)
 
 
 def test_golden_hook_names(models):

@@ -25,24 +25,26 @@ import hooked
 from hooked.models.gemma3 import Gemma3Config as HookedGemma3Config
 from hooked.rotary import LinearScaling
 from tests.families.parity import (
+    UNEMBED_POINTS,
     bf16_spread,
     build_checkpoint,
-    check_hook_shapes,
-    check_zero_heads_equals_zeroing_o_proj,
-    compare_with_transformer_lens,
-    hf_outputs,
-    hf_reference,
-    hooked_outputs,
-    max_diffs,
-    random_tokens,
-)
-from tests.families.test_gemma2_parity import rms
-from tests.families.test_llama_parity import (
+    build_checkpoints,
+    check_bit_exact,
     check_greedy_generation,
+    check_hook_shapes,
     check_left_padded_batch,
     check_sweep_equals_each_alone,
+    check_zero_heads_equals_zeroing_o_proj,
+    compare_with_transformer_lens,
     edited_checkpoint,
+    golden_hook_names,
+    hf_reference,
+    hooked_outputs,
+    ln1_head_zero,
+    random_tokens,
+    tl_model,
 )
+from tests.families.test_gemma2_parity import rms
 
 VOCAB = 96
 HF = transformers.Gemma3ForCausalLM
@@ -105,15 +107,11 @@ CASES = {
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     # Neutral directory names: TransformerLens' convert_hf_model_config reads family names out of paths.
-    return {
-        name: build_checkpoint(
-            tmp_path_factory.mktemp(f"case{index}"),
-            transformers.Gemma3TextConfig(vocab_size=VOCAB, pad_token_id=0, **kwargs),
-            HF,
-            seed=index,
-        )
-        for index, (name, kwargs) in enumerate(CASES.items())
+    configs = {
+        name: transformers.Gemma3TextConfig(vocab_size=VOCAB, pad_token_id=0, **kwargs)
+        for name, kwargs in CASES.items()
     }
+    return build_checkpoints(tmp_path_factory, configs, HF)
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +135,7 @@ def test_float32_equals_transformers(models, references, case, path):
     logits, every block's residual stream and the final norm."""
     model = models[case]
     assert type(model) is hooked.models.Gemma3
-    tokens = random_tokens(3, 13)
-    diffs = max_diffs(hooked_outputs(model, tokens, eager=path == "eager"), hf_outputs(references[case, path], tokens))
-    assert diffs == dict.fromkeys(diffs, 0.0), diffs
+    check_bit_exact(model, references[case, path], random_tokens(3, 13), eager=path == "eager")
 
 
 def test_config_read_from_each_case(models):
@@ -280,58 +276,47 @@ def test_generation_untied_multi_query(models, references):
 
 
 # ----------------------------------------------------------------------------- TransformerLens 3.9
+def tl_config_fields(c) -> dict:
+    """TransformerLens' Gemma 3 config fields, as its loading_from_pretrained.py sets them for google/gemma-3-270m
+    (rotary_base_local, rotary_scaling_factor, use_qk_norm, ...), built by hand from the checkpoint's config."""
+    full, local = c.rope_parameters["full_attention"], c.rope_parameters["sliding_attention"]
+    assert local["rope_type"] == "default"  # TransformerLens scales the global table only
+    return dict(
+        d_model=c.hidden_size,
+        d_head=c.head_dim,
+        n_heads=c.num_attention_heads,
+        d_mlp=c.intermediate_size,
+        n_layers=c.num_hidden_layers,
+        n_ctx=c.max_position_embeddings,
+        eps=c.rms_norm_eps,
+        d_vocab=c.vocab_size,
+        act_fn="gelu_pytorch_tanh",
+        normalization_type="RMS",
+        rotary_base=full["rope_theta"],
+        rotary_base_local=local["rope_theta"],
+        rotary_scaling_factor=full.get("factor", 1.0),
+        positional_embedding_type="rotary",
+        use_attn_scale=True,
+        attn_scale=c.query_pre_attn_scalar**0.5,
+        n_key_value_heads=c.num_key_value_heads,
+        gated_mlp=True,
+        final_rms=True,
+        use_normalization_before_and_after=True,
+        use_qk_norm=True,
+        window_size=c.sliding_window,
+        use_local_attn=True,
+        attn_types=["local" if kind == "sliding_attention" else "global" for kind in c.layer_types],
+        output_logits_soft_cap=c.final_logit_softcapping or -1.0,
+        original_architecture="Gemma3ForCausalLM",
+    )
+
+
 def tl_gemma3(directory, **processing):
-    """TransformerLens' HookedTransformer on a checkpoint's weights: the fields its loading_from_pretrained.py sets
-    for google/gemma-3-270m (rotary_base_local, rotary_scaling_factor, use_qk_norm, ...), built by hand from the
-    checkpoint's config, and its own converter (pretrained/weight_conversions/gemma.py), processed as `processing`
-    says (default: not at all)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
-        from transformer_lens.pretrained.weight_conversions import convert_gemma_weights
-
-        hf = HF.from_pretrained(directory, dtype=torch.float32).eval()
-        c = hf.config
-        full, local = c.rope_parameters["full_attention"], c.rope_parameters["sliding_attention"]
-        assert local["rope_type"] == "default"  # TransformerLens scales the global table only
-        cfg = HookedTransformerConfig(
-            d_model=c.hidden_size,
-            d_head=c.head_dim,
-            n_heads=c.num_attention_heads,
-            d_mlp=c.intermediate_size,
-            n_layers=c.num_hidden_layers,
-            n_ctx=c.max_position_embeddings,
-            eps=c.rms_norm_eps,
-            d_vocab=c.vocab_size,
-            act_fn="gelu_pytorch_tanh",
-            normalization_type="RMS",
-            rotary_base=full["rope_theta"],
-            rotary_base_local=local["rope_theta"],
-            rotary_scaling_factor=full.get("factor", 1.0),
-            positional_embedding_type="rotary",
-            use_attn_scale=True,
-            attn_scale=c.query_pre_attn_scalar**0.5,
-            n_key_value_heads=c.num_key_value_heads,
-            gated_mlp=True,
-            final_rms=True,
-            use_normalization_before_and_after=True,
-            use_qk_norm=True,
-            window_size=c.sliding_window,
-            use_local_attn=True,
-            attn_types=["local" if kind == "sliding_attention" else "global" for kind in c.layer_types],
-            output_logits_soft_cap=c.final_logit_softcapping or -1.0,
-            original_architecture="Gemma3ForCausalLM",
-            device="cpu",
-            dtype=torch.float32,
-        )
-        model = HookedTransformer(cfg)
-        flags = dict(fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False)
-        with torch.no_grad():
-            model.load_and_process_state_dict(convert_gemma_weights(hf, cfg), **{**flags, **processing})
-    return model.eval()
+    """TransformerLens' HookedTransformer on a checkpoint's weights: the fields above and its own converter
+    (pretrained/weight_conversions/gemma.py), processed as `processing` says (default: not at all)."""
+    return tl_model(directory, HF, "convert_gemma_weights", tl_config_fields, **processing)
 
 
-ONLY_TRANSFORMER_LENS = {"unembed.hook_in", "unembed.hook_out"}  # hooked's unembedding has no hooks
 ONLY_HOOKED = {"hook_attn_out_pre_norm", "hook_mlp_out_pre_norm", "attn.hook_q_normed", "attn.hook_k_normed"}
 
 
@@ -349,13 +334,12 @@ def test_every_hook_equals_transformer_lens(models, dirs):
     # float32 rounding that grows through three layers: measured <= 2.1e-5 absolute (logits 1.96e-5, hook_pre 2.05e-5
     # near zero) and <= 1.5e-6 relative, so atol 5e-5 with rtol 1e-5.
     def layouts(name, ours, theirs):
-        if ".ln1." in name:
-            theirs = theirs[:, :, 0]
+        ours, theirs = ln1_head_zero(name, ours, theirs)
         if "_norm." in name:  # [batch * pos * heads, ...] there
             theirs = theirs.reshape(ours.shape)
         return ours, theirs
 
-    compare_with_transformer_lens(model, tl, tokens, ONLY_HOOKED, ONLY_TRANSFORMER_LENS, adjust=layouts, atol=5e-5)
+    compare_with_transformer_lens(model, tl, tokens, ONLY_HOOKED, UNEMBED_POINTS, adjust=layouts, atol=5e-5)
     for name in ("q_norm", "k_norm"):  # TransformerLens' norm weights are the gains (its converter adds the one)
         torch.testing.assert_close(
             getattr(model.blocks[1].attn, name).w, getattr(tl.blocks[1].attn, name).w, rtol=0, atol=0
@@ -406,50 +390,46 @@ def test_from_pretrained_equals_transformer_lens_processing(dirs, models):
 
 
 # ----------------------------------------------------------------------------- hook names and shapes
-GOLDEN_HOOK_NAMES = ["hook_embed"] + [
-    f"blocks.{i}.{name}"
-    for i in range(3)
-    for name in [
-        "hook_resid_pre",
-        "hook_q_input",
-        "hook_k_input",
-        "hook_v_input",
-        "ln1.hook_scale",
-        "ln1.hook_normalized",
-        "attn.hook_q",
-        "attn.hook_k",
-        "attn.hook_v",
-        "attn.q_norm.hook_scale",
-        "attn.q_norm.hook_normalized",
-        "attn.hook_q_normed",
-        "attn.k_norm.hook_scale",
-        "attn.k_norm.hook_normalized",
-        "attn.hook_k_normed",
-        "attn.hook_rot_q",
-        "attn.hook_rot_k",
-        "attn.hook_attn_scores",
-        "attn.hook_pattern",
-        "attn.hook_z",
-        "attn.hook_result",
-        "hook_attn_out_pre_norm",
-        "ln1_post.hook_scale",
-        "ln1_post.hook_normalized",
-        "hook_attn_out",
-        "hook_resid_mid",
-        "hook_mlp_in",
-        "ln2.hook_scale",
-        "ln2.hook_normalized",
-        "mlp.hook_pre",
-        "mlp.hook_pre_linear",
-        "mlp.hook_post",
-        "hook_mlp_out_pre_norm",
-        "ln2_post.hook_scale",
-        "ln2_post.hook_normalized",
-        "hook_mlp_out",
-        "hook_resid_post",
-    ]
+GEMMA3_BLOCK = [  # the hook points of one block, in forward order
+    "hook_resid_pre",
+    "hook_q_input",
+    "hook_k_input",
+    "hook_v_input",
+    "ln1.hook_scale",
+    "ln1.hook_normalized",
+    "attn.hook_q",
+    "attn.hook_k",
+    "attn.hook_v",
+    "attn.q_norm.hook_scale",
+    "attn.q_norm.hook_normalized",
+    "attn.hook_q_normed",
+    "attn.k_norm.hook_scale",
+    "attn.k_norm.hook_normalized",
+    "attn.hook_k_normed",
+    "attn.hook_rot_q",
+    "attn.hook_rot_k",
+    "attn.hook_attn_scores",
+    "attn.hook_pattern",
+    "attn.hook_z",
+    "attn.hook_result",
+    "hook_attn_out_pre_norm",
+    "ln1_post.hook_scale",
+    "ln1_post.hook_normalized",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_in",
+    "ln2.hook_scale",
+    "ln2.hook_normalized",
+    "mlp.hook_pre",
+    "mlp.hook_pre_linear",
+    "mlp.hook_post",
+    "hook_mlp_out_pre_norm",
+    "ln2_post.hook_scale",
+    "ln2_post.hook_normalized",
+    "hook_mlp_out",
+    "hook_resid_post",
 ]
-GOLDEN_HOOK_NAMES += ["ln_final.hook_scale", "ln_final.hook_normalized"]
+GOLDEN_HOOK_NAMES = golden_hook_names([GEMMA3_BLOCK] * 3)
 
 
 def test_golden_hook_names(models):

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import hooked
 from hooked.testing import build_gpt2_checkpoint
+from tests.families.parity import read_pattern
 
 
 def hf_model(directory, attn_implementation, dtype=torch.float32):
@@ -40,10 +41,6 @@ def hf_block_outputs(model, tokens, **kwargs):
         for handle in handles:
             handle.remove()
     return logits, outputs
-
-
-def read_pattern(activation, hook):
-    return None  # listening to the pattern switches attention to the eager path
 
 
 @pytest.mark.parametrize("path, hf_implementation", [("sdpa", "sdpa"), ("eager", "eager")])

@@ -11,9 +11,7 @@ are bit-identical on both attention paths: measured max abs difference 0.0 in ev
 
 from __future__ import annotations
 
-import copy
 import json
-import shutil
 import warnings
 
 import pytest
@@ -27,13 +25,19 @@ from hooked.interventions.metrics import kl_div
 from hooked.models.gpt_neox import ACTIVATIONS
 from hooked.models.gpt_neox import GPTNeoXConfig as HookedGPTNeoXConfig
 from tests.families.parity import (
+    UNEMBED_POINTS,
     bf16_spread,
     build_checkpoint,
-    hf_outputs,
+    build_checkpoints,
+    check_bit_exact,
+    check_hook_shapes,
+    check_zero_heads_equals_zeroing_o_proj,
+    copy_checkpoint,
+    golden_hook_names,
     hf_reference,
-    hooked_outputs,
-    max_diffs,
+    left_padded,
     random_tokens,
+    tl_model,
 )
 
 VOCAB = 96
@@ -69,15 +73,8 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    return {
-        name: build_checkpoint(
-            tmp_path_factory.mktemp(f"neox-{name}"),
-            transformers.GPTNeoXConfig(vocab_size=VOCAB, **kwargs),
-            HF,
-            seed=index,
-        )
-        for index, (name, kwargs) in enumerate(CASES.items())
-    }
+    configs = {name: transformers.GPTNeoXConfig(vocab_size=VOCAB, **kwargs) for name, kwargs in CASES.items()}
+    return build_checkpoints(tmp_path_factory, configs, HF)
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +117,7 @@ def test_configs_read_every_option(models):
 @pytest.mark.parametrize("path", ["sdpa", "eager"])
 def test_float32_bit_exact(dirs, models, case, path):
     """Logits, resid_pre of every block and the final norm's output: 0.0 (the same operations in the same order)."""
-    reference = hf_outputs(hf_reference(dirs[case], HF, path), random_tokens(3, 17))
-    diffs = max_diffs(hooked_outputs(models[case], random_tokens(3, 17), eager=path == "eager"), reference)
-    assert diffs == dict.fromkeys(diffs, 0.0), diffs
+    check_bit_exact(models[case], hf_reference(dirs[case], HF, path), random_tokens(3, 17), eager=path == "eager")
 
 
 @pytest.mark.parametrize("activation", list(ACTIVATIONS))
@@ -155,16 +150,6 @@ def test_bfloat16_bit_identical(dirs, case):
         logits = hooked.load(dirs[case], dtype=torch.bfloat16)(tokens)
     assert logits.dtype == torch.bfloat16 and spread > 0
     assert torch.equal(logits.float(), reference), ((logits.float() - reference).abs().max().item(), spread)
-
-
-def left_padded(lengths, seed=10):
-    prompts = [random_tokens(1, n, seed=seed + i)[0] for i, n in enumerate(lengths)]
-    tokens = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
-    mask = torch.zeros_like(tokens)
-    for row, prompt in enumerate(prompts):
-        tokens[row, -len(prompt) :] = prompt
-        mask[row, -len(prompt) :] = 1
-    return prompts, tokens, mask
 
 
 @pytest.mark.parametrize("case", ["pythia", "sequential"])
@@ -203,20 +188,13 @@ def test_greedy_equals_transformers_generate(models, references, case, batch, pa
 
 
 # ----------------------------------------------------------------------------- TransformerLens 3.9
-def tl_neox(hf):
-    """TransformerLens' HookedTransformer on a transformers GPTNeoXForCausalLM's weights: its config fields for
-    GPTNeoXForCausalLM (loading_from_pretrained.convert_hf_model_config) written out, its own converter
-    (weight_conversions/neox.py), unfolded."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
-        from transformer_lens.pretrained.weight_conversions import convert_neox_weights
-
-    c = hf.config
+def tl_config_fields(c) -> dict:
+    """TransformerLens' config fields for GPTNeoXForCausalLM (loading_from_pretrained.convert_hf_model_config),
+    written out."""
     if not c.attention_bias:  # the converter reads the biases unconditionally
         raise ValueError("tl_neox needs a checkpoint with attention biases")
     d_head = c.hidden_size // c.num_attention_heads
-    cfg = HookedTransformerConfig(
+    return dict(
         n_layers=c.num_hidden_layers,
         d_model=c.hidden_size,
         n_heads=c.num_attention_heads,
@@ -234,18 +212,13 @@ def tl_neox(hf):
         parallel_attn_mlp=c.use_parallel_residual,
         original_architecture="GPTNeoXForCausalLM",
         default_prepend_bos=False,
-        device="cpu",
-        dtype=torch.float32,
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = HookedTransformer(cfg)
-    state = convert_neox_weights(hf, cfg)
-    with torch.no_grad():
-        model.load_and_process_state_dict(
-            state, fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False
-        )
-    return model.eval()
+
+
+def tl_neox(directory):
+    """TransformerLens' HookedTransformer on a GPT-NeoX checkpoint's weights: the fields above and its own
+    converter (weight_conversions/neox.py), unfolded."""
+    return tl_model(directory, HF, "convert_neox_weights", tl_config_fields)
 
 
 def every_hook_cache(model, tokens, split_inputs: bool = True):
@@ -274,7 +247,7 @@ def assert_shared_hooks_equal(ours, theirs, atol: float) -> list[str]:
 
 
 @pytest.mark.parametrize("case", ["pythia", "sequential"])
-def test_every_shared_hook_equals_transformer_lens(models, references, case):
+def test_every_shared_hook_equals_transformer_lens(dirs, models, case):
     """Same weights, unfolded: every hook point both have agrees to 1e-5 (float32 rounding only, measured
     <= 6e-7: TransformerLens sums resid_pre + attn_out + mlp_out in another order, projects with einsum and
     computes its RoPE angles as pos / freq rather than pos * inv_freq). Masked attention scores are compared
@@ -284,7 +257,7 @@ def test_every_shared_hook_equals_transformer_lens(models, references, case):
     head's copy, so its `ln1.hook_scale` / `hook_normalized` gain a head axis and hold the value inputs' (the
     last of three calls); hooked's ln1 hooks fire once on the unsplit stream (hooked.layers.attention_input).
     So the split inputs are compared in a second run, the ln1 hooks in the first."""
-    model, tl = models[case], tl_neox(references[case])
+    model, tl = models[case], tl_neox(dirs[case])
     tokens = random_tokens(2, 9)
     logits, ours = every_hook_cache(model, tokens, split_inputs=False)
     tl_logits, theirs = every_hook_cache(tl, tokens, split_inputs=False)
@@ -292,7 +265,7 @@ def test_every_shared_hook_equals_transformer_lens(models, references, case):
     torch.testing.assert_close(logits, tl_logits, rtol=0, atol=1e-5)
     assert {name for name in ours.keys() if name not in theirs.cache_dict} == set()
     # TransformerLens 3.9's unembedding hooks (its input is ln_final's output, its output the logits): not hook points here
-    assert {name for name in theirs.cache_dict if name not in ours.keys()} == {"unembed.hook_in", "unembed.hook_out"}
+    assert {name for name in theirs.cache_dict if name not in ours.keys()} == UNEMBED_POINTS
     mids = {name for name in shared if name.endswith("hook_resid_mid")}
     assert len(mids) == (0 if model.cfg.use_parallel_residual else model.cfg.n_layers)  # none in a parallel block
     assert (
@@ -306,14 +279,14 @@ def test_every_shared_hook_equals_transformer_lens(models, references, case):
     per_head = {name: value for name, value in ours.items() if ".ln1." not in name}
     split_shared = assert_shared_hooks_equal(per_head, theirs, atol=1e-5)
     assert {f"blocks.{i}.hook_{x}_input" for i in range(model.cfg.n_layers) for x in "qkv"} <= set(split_shared)
-    assert set(theirs.cache_dict) - set(ours.keys()) == {"unembed.hook_in", "unembed.hook_out"}
+    assert set(theirs.cache_dict) - set(ours.keys()) == UNEMBED_POINTS
 
 
-def test_transformer_lens_processing_gives_the_same_weights_and_activations(dirs, references):
+def test_transformer_lens_processing_gives_the_same_weights_and_activations(dirs):
     """`HookedTransformer.from_pretrained` (fold_ln, centring, value biases folded out of the interleaved
     q|k|v bias) against TransformerLens processing the same weights with its own code."""
     ours = hooked.HookedTransformer.from_pretrained(dirs["pythia"])
-    theirs = tl_neox(references["pythia"])
+    theirs = tl_neox(dirs["pythia"])
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         theirs.load_and_process_state_dict(
@@ -373,13 +346,13 @@ def test_transformer_lens_config_builds_the_same_function(dirs, models, referenc
     ours.load_state_dict(state)
     tokens = random_tokens(2, 9)
     with torch.no_grad():
-        torch.testing.assert_close(ours(tokens), tl_neox(references["sequential"])(tokens), rtol=0, atol=1e-5)
+        torch.testing.assert_close(ours(tokens), tl_neox(dirs["sequential"])(tokens), rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="GPTNeoX-shaped.*rotary_dim=5"):
         hooked.HookedTransformerConfig(**{**fields, "rotary_dim": 5})
 
 
 # ----------------------------------------------------------------------------- hooks
-GOLDEN_PARALLEL_BLOCK = [
+PARALLEL_BLOCK = [  # the hook points of one parallel block (Pythia's), in forward order
     "hook_resid_pre",
     "hook_q_input",
     "hook_k_input",
@@ -404,23 +377,10 @@ GOLDEN_PARALLEL_BLOCK = [
     "hook_mlp_out",
     "hook_resid_post",
 ]
+SEQUENTIAL_BLOCK = [*PARALLEL_BLOCK[:16], "hook_resid_mid", *PARALLEL_BLOCK[16:]]  # after hook_attn_out
 GOLDEN_HOOK_NAMES = {
-    "pythia": [
-        "hook_embed",
-        *(f"blocks.{i}.{name}" for i in range(2) for name in GOLDEN_PARALLEL_BLOCK),
-        "ln_final.hook_scale",
-        "ln_final.hook_normalized",
-    ],
-    "sequential": [
-        "hook_embed",
-        *(
-            f"blocks.{i}.{name}"
-            for i in range(2)
-            for name in [*GOLDEN_PARALLEL_BLOCK[:16], "hook_resid_mid", *GOLDEN_PARALLEL_BLOCK[16:]]
-        ),
-        "ln_final.hook_scale",
-        "ln_final.hook_normalized",
-    ],
+    "pythia": golden_hook_names([PARALLEL_BLOCK] * 2),
+    "sequential": golden_hook_names([SEQUENTIAL_BLOCK] * 2),
 }
 
 
@@ -428,11 +388,7 @@ GOLDEN_HOOK_NAMES = {
 def test_golden_hook_names_and_shapes(models, case):
     model = models[case]
     assert model.hook_names == GOLDEN_HOOK_NAMES[case]
-    _, cache = every_hook_cache(model, random_tokens(2, 7))
-    expected = model.hook_shapes(batch=2, pos=7)
-    assert set(cache.keys()) == set(model.hook_names)
-    for name in model.hook_names:
-        assert tuple(cache[name].shape) == expected[name], name
+    expected = check_hook_shapes(model)
     assert expected["blocks.0.attn.hook_q"] == (2, 7, 4, model.cfg.d_head)
     assert expected["blocks.0.hook_q_input"] == (2, 7, 4, model.cfg.d_model)
 
@@ -505,16 +461,7 @@ def test_weight_views_reproduce_the_activations(models):
 
 # ----------------------------------------------------------------------------- features on the family
 def test_zeroing_heads_at_z_equals_zeroing_their_dense_columns(models):
-    model = models["pythia"]
-    tokens = random_tokens(2, 8)
-    d_head = model.cfg.d_head
-    with torch.no_grad():
-        ablated = model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", ablate.zero(heads=[0, 2]))])
-        edited = copy.deepcopy(model)
-        for head in (0, 2):
-            edited.blocks[1].attn.dense.weight[:, head * d_head : (head + 1) * d_head] = 0.0
-        assert torch.equal(ablated, edited(tokens))
-        assert not torch.allclose(ablated, model(tokens))
+    check_zero_heads_equals_zeroing_o_proj(models["pythia"], heads=[0, 2], output_projection="dense", atol=0)
 
 
 @pytest.mark.parametrize("case", ["pythia", "sequential"])
@@ -538,11 +485,6 @@ def test_sweep_equals_each_variant_alone(models, case):
 
 
 # ----------------------------------------------------------------------------- loading and bad input
-def copy_checkpoint(source, destination):
-    shutil.copytree(source, destination)
-    return destination
-
-
 def edit_config(directory, **changes):
     config = json.loads((directory / "config.json").read_text())
     config.update(changes)

@@ -13,26 +13,31 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-import warnings
 
 import pytest
 import torch
 import transformers  # the reference implementation (the dev extra): a missing one is a failure, not a skip
 
 import hooked
-from hooked import ablate
 from hooked.models.llama import LlamaConfig as HookedLlamaConfig
 from hooked.rotary import LinearScaling, Llama3Scaling
 from tests.families.parity import (
-    bf16_spread,
-    build_checkpoint,
+    UNEMBED_POINTS,
+    build_checkpoints,
+    check_bf16_within_spread,
+    check_bit_exact,
+    check_greedy_generation,
+    check_hook_shapes,
+    check_left_padded_batch,
+    check_sweep_equals_each_alone,
     check_zero_heads_equals_zeroing_o_proj,
-    hf_outputs,
+    compare_with_transformer_lens,
+    edited_checkpoint,
+    golden_hook_names,
     hf_reference,
-    hooked_outputs,
-    max_diffs,
+    ln1_head_zero,
     random_tokens,
+    tl_model,
 )
 
 VOCAB = 96
@@ -93,15 +98,8 @@ CASES = {
 def dirs(tmp_path_factory):
     # Directory names without "llama": TransformerLens 3.9's convert_hf_model_config takes any path containing
     # "llama" for one of its named Llama checkpoints and never reads its config.json.
-    return {
-        name: build_checkpoint(
-            tmp_path_factory.mktemp(f"case{index}"),
-            transformers.LlamaConfig(vocab_size=VOCAB, **kwargs),
-            transformers.LlamaForCausalLM,
-            seed=index,
-        )
-        for index, (name, kwargs) in enumerate(CASES.items())
-    }
+    configs = {name: transformers.LlamaConfig(vocab_size=VOCAB, **kwargs) for name, kwargs in CASES.items()}
+    return build_checkpoints(tmp_path_factory, configs, transformers.LlamaForCausalLM)
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +112,8 @@ def models(dirs):
 def test_float32_bit_exact(dirs, models, case, path):
     model = models[case]
     assert type(model) is hooked.models.Llama
-    reference = hf_outputs(hf_reference(dirs[case], transformers.LlamaForCausalLM, path), random_tokens(3, 17))
-    diffs = max_diffs(hooked_outputs(model, random_tokens(3, 17), eager=path == "eager"), reference)
-    assert diffs == dict.fromkeys(diffs, 0.0), diffs
+    reference = hf_reference(dirs[case], transformers.LlamaForCausalLM, path)
+    check_bit_exact(model, reference, random_tokens(3, 17), eager=path == "eager")
 
 
 def test_config_read_from_each_case(models):
@@ -150,38 +147,7 @@ def test_bfloat16_within_transformers_own_spread(dirs):
     """bf16: |hooked - transformers sdpa| <= transformers' |eager - sdpa| (measured: bit-equal, 0.0)."""
     tokens = random_tokens(2, 11)
     for case in ("gqa_llama3_tied", "mqa_bias_linear"):
-        model = hooked.load(dirs[case], dtype=torch.bfloat16)
-        reference, spread = bf16_spread(dirs[case], transformers.LlamaForCausalLM, tokens)
-        with torch.no_grad():
-            logits = model(tokens)
-        assert logits.dtype == torch.bfloat16
-        assert (logits.float() - reference).abs().max().item() <= spread, case
-
-
-def left_padded(lengths, seed=10):
-    prompts = [random_tokens(1, n, seed=seed + i)[0] for i, n in enumerate(lengths)]
-    tokens = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
-    mask = torch.zeros_like(tokens)
-    for row, prompt in enumerate(prompts):
-        tokens[row, -len(prompt) :] = prompt
-        mask[row, -len(prompt) :] = 1
-    return prompts, tokens, mask
-
-
-def check_left_padded_batch(model, hf, lengths):
-    """A left-padded batch equals transformers with its attention_mask (SDPA and eager paths: the padded
-    rows' masks are built differently, so float32 rounding, <= 1e-5), and each prompt run alone."""
-    prompts, tokens, mask = left_padded(lengths)
-    with torch.no_grad():
-        batched = model(tokens, attention_mask=mask)
-        with hooked.layers.attention_backend("eager"):
-            eager = model(tokens, attention_mask=mask)
-        reference = hf(tokens, attention_mask=mask).logits
-        real = mask.bool()
-        assert (batched[real] - reference[real]).abs().max().item() <= 1e-5
-        assert (eager[real] - reference[real]).abs().max().item() <= 1e-5
-        for row, prompt in enumerate(prompts):
-            torch.testing.assert_close(batched[row, -len(prompt) :], model(prompt[None])[0], rtol=0, atol=1e-5)
+        check_bf16_within_spread(dirs[case], transformers.LlamaForCausalLM, tokens)
 
 
 def test_left_padded_batch(dirs, models):
@@ -191,20 +157,6 @@ def test_left_padded_batch(dirs, models):
         )
 
 
-def check_greedy_generation(model, hf, lengths, new_tokens=12):
-    """`model.generate` greedy (with its KV cache, and without: a full forward per step) equals transformers'
-    generate(do_sample=False), token for token."""
-    _, tokens, mask = left_padded(lengths, seed=20)
-    with torch.no_grad():
-        reference = hf.generate(
-            tokens, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
-        )
-    ours = model.generate(tokens, new_tokens, attention_mask=mask, stop_at_eos=False)
-    assert torch.equal(ours, reference), (ours, reference)
-    without_cache = model.generate(tokens, new_tokens, attention_mask=mask, stop_at_eos=False, use_past_kv_cache=False)
-    assert torch.equal(without_cache, reference)
-
-
 @pytest.mark.parametrize("lengths", [[7], [9, 4, 6]])
 def test_greedy_generation_equals_transformers(dirs, models, lengths):
     hf = hf_reference(dirs["gqa_llama3_tied"], transformers.LlamaForCausalLM, "sdpa")
@@ -212,114 +164,47 @@ def test_greedy_generation_equals_transformers(dirs, models, lengths):
 
 
 # ----------------------------------------------------------------------------- TransformerLens 3.9
-def tl_model(directory, hf_class, converter):
-    """TransformerLens' HookedTransformer on a saved checkpoint's weights: TransformerLens' own config mapping
-    (convert_hf_model_config, which reads the directory) and weight converter, loaded unprocessed, float32."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
-        from transformer_lens.loading_from_pretrained import convert_hf_model_config
-
-        hf = hf_class.from_pretrained(directory, dtype=torch.float32).eval()
-        fields = {field.name for field in dataclasses.fields(HookedTransformerConfig)} - {"tokenizer_name"}
-        mapped = convert_hf_model_config(str(directory))
-        cfg = HookedTransformerConfig(
-            **{k: v for k, v in mapped.items() if k in fields}, device="cpu", dtype=torch.float32
-        )
-        model = HookedTransformer(cfg)
-    with torch.no_grad():
-        model.load_and_process_state_dict(
-            converter(hf, cfg),
-            fold_ln=False,
-            center_writing_weights=False,
-            center_unembed=False,
-            fold_value_biases=False,
-        )
-    return model.eval()
-
-
-ONLY_TRANSFORMER_LENS = {"unembed.hook_in", "unembed.hook_out"}  # hooked's unembedding has no hooks
-
-
 def check_against_transformer_lens(model, tl, tokens):
     """Every hook point both have holds the same tensor up to float32 rounding (rtol = atol = 1e-5; measured
-    <= 1e-6). The scores are compared where a key is visible: TransformerLens masks with -inf, hooked with
-    the dtype's minimum (transformers' value), and the two masks must agree exactly."""
-    for setting in ("set_use_split_qkv_input", "set_use_attn_result", "set_use_hook_mlp_in"):
-        for each in (model, tl):
-            getattr(each, setting)(True)
-    try:
-        with torch.no_grad():
-            tl_logits, tl_cache = tl.run_with_cache(tokens)
-            logits, cache = model.run_with_cache(
-                tokens, names_filter=lambda name: not name.startswith("blocks.") or ".ln1." not in name
-            )
-            _, ln1 = model.run_with_cache(
-                tokens, names_filter=lambda name: ".ln1." in name
-            )  # TL's ln1 is per head here
-    finally:
-        for setting in ("set_use_split_qkv_input", "set_use_attn_result", "set_use_hook_mlp_in"):
-            for each in (model, tl):
-                getattr(each, setting)(False)
-    assert set(tl_cache.keys()) - set(model.hook_names) == ONLY_TRANSFORMER_LENS
-    assert set(model.hook_names) <= set(tl_cache.keys())
-    torch.testing.assert_close(logits, tl_logits, rtol=1e-5, atol=1e-5)
-    for name in model.hook_names:
-        ours = ln1[name] if ".ln1." in name else cache[name]
-        theirs = tl_cache[name]
-        if ".ln1." in name:  # TransformerLens' split inputs normalise each head's copy: compare head 0's
-            theirs = theirs[:, :, 0]
-        if name.endswith("hook_attn_scores"):
-            visible = torch.isfinite(theirs)
-            assert torch.equal(visible, ours > torch.finfo(ours.dtype).min), name
-            ours, theirs = ours[visible], theirs[visible]
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5, msg=name)
+    <= 1e-6), TransformerLens' per-head ln1 at head 0 (tests/families/parity.py)."""
+    compare_with_transformer_lens(model, tl, tokens, set(), UNEMBED_POINTS, adjust=ln1_head_zero)
 
 
 def test_every_hook_equals_transformer_lens(dirs, models):
-    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
-
     for case in ("mha", "gqa_llama3"):
-        tl = tl_model(dirs[case], transformers.LlamaForCausalLM, convert_llama_weights)
+        tl = tl_model(dirs[case], transformers.LlamaForCausalLM, "convert_llama_weights")
         check_against_transformer_lens(models[case], tl, random_tokens(2, 19))
 
 
 # ----------------------------------------------------------------------------- hook names and shapes
-GOLDEN_HOOK_NAMES = (
-    ["hook_embed"]
-    + [
-        f"blocks.{i}.{name}"
-        for i in range(2)
-        for name in [
-            "hook_resid_pre",
-            "hook_q_input",
-            "hook_k_input",
-            "hook_v_input",
-            "ln1.hook_scale",
-            "ln1.hook_normalized",
-            "attn.hook_q",
-            "attn.hook_k",
-            "attn.hook_v",
-            "attn.hook_rot_q",
-            "attn.hook_rot_k",
-            "attn.hook_attn_scores",
-            "attn.hook_pattern",
-            "attn.hook_z",
-            "attn.hook_result",
-            "hook_attn_out",
-            "hook_resid_mid",
-            "hook_mlp_in",
-            "ln2.hook_scale",
-            "ln2.hook_normalized",
-            "mlp.hook_pre",
-            "mlp.hook_pre_linear",
-            "mlp.hook_post",
-            "hook_mlp_out",
-            "hook_resid_post",
-        ]
-    ]
-    + ["ln_final.hook_scale", "ln_final.hook_normalized"]
-)
+LLAMA_BLOCK = [  # the hook points of one block, in forward order
+    "hook_resid_pre",
+    "hook_q_input",
+    "hook_k_input",
+    "hook_v_input",
+    "ln1.hook_scale",
+    "ln1.hook_normalized",
+    "attn.hook_q",
+    "attn.hook_k",
+    "attn.hook_v",
+    "attn.hook_rot_q",
+    "attn.hook_rot_k",
+    "attn.hook_attn_scores",
+    "attn.hook_pattern",
+    "attn.hook_z",
+    "attn.hook_result",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_in",
+    "ln2.hook_scale",
+    "ln2.hook_normalized",
+    "mlp.hook_pre",
+    "mlp.hook_pre_linear",
+    "mlp.hook_post",
+    "hook_mlp_out",
+    "hook_resid_post",
+]
+GOLDEN_HOOK_NAMES = golden_hook_names([LLAMA_BLOCK] * 2)
 
 
 def test_golden_hook_names(models):
@@ -327,18 +212,7 @@ def test_golden_hook_names(models):
 
 
 def test_hook_shapes_match_declared_axes(models):
-    model = models["gqa_llama3_tied"]
-    for setting in ("set_use_split_qkv_input", "set_use_attn_result", "set_use_hook_mlp_in"):
-        getattr(model, setting)(True)
-    try:
-        _, cache = model.run_with_cache(random_tokens(2, 7))
-    finally:
-        for setting in ("set_use_split_qkv_input", "set_use_attn_result", "set_use_hook_mlp_in"):
-            getattr(model, setting)(False)
-    expected = model.hook_shapes(batch=2, pos=7)
-    assert set(cache.keys()) == set(model.hook_names)
-    for name in model.hook_names:
-        assert tuple(cache[name].shape) == expected[name], name
+    expected = check_hook_shapes(models["gqa_llama3_tied"])
     assert expected["blocks.0.attn.hook_k"] == (2, 7, 2, 16) and expected["blocks.0.attn.hook_q"] == (2, 7, 8, 16)
     assert expected["blocks.0.hook_k_input"] == (2, 7, 2, 64) and expected["blocks.0.mlp.hook_post"] == (2, 7, 80)
 
@@ -377,27 +251,6 @@ def test_zero_heads_at_z_equals_zeroing_o_proj_columns(models):
     check_zero_heads_equals_zeroing_o_proj(models["gqa_llama3_tied"], heads=[2, 5])
 
 
-def last_token_kl(logits, base_logits=None, attention_mask=None):
-    base = base_logits[:, -1].float().log_softmax(-1)
-    return (base.exp() * (base - logits[:, -1].float().log_softmax(-1))).sum(-1)
-
-
-def check_sweep_equals_each_alone(model, tokens, attention_mask=None):
-    variants = {
-        "L0H1": [("blocks.0.attn.hook_z", ablate.zero(heads=1))],
-        "L1H0": [("blocks.1.attn.hook_z", ablate.zero(heads=0))],
-    }
-    result = hooked.sweep(model, tokens, variants, last_token_kl, attention_mask=attention_mask, progress=False)
-    with torch.no_grad():
-        base = model(tokens, attention_mask=attention_mask)
-        for name, pairs in variants.items():
-            alone = last_token_kl(
-                model.run_with_hooks(tokens, attention_mask=attention_mask, fwd_hooks=pairs), base_logits=base
-            )
-            assert alone.abs().max() > 1e-6, name  # the ablation does something
-            torch.testing.assert_close(result[name], alone, rtol=0, atol=2e-6, msg=name)
-
-
 def test_sweep_of_two_head_ablations_equals_each_alone(models):
     check_sweep_equals_each_alone(models["gqa_llama3_tied"], random_tokens(3, 9))
 
@@ -413,13 +266,6 @@ def test_run_with_cache_equals_the_forward(models):
 
 
 # ----------------------------------------------------------------------------- bad input
-def edited_checkpoint(source, destination, **changes):
-    shutil.copytree(source, destination)
-    config = json.loads((destination / "config.json").read_text())
-    (destination / "config.json").write_text(json.dumps({**config, **changes}))
-    return destination
-
-
 @pytest.mark.parametrize(
     "change, message",
     [

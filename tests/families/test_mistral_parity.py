@@ -21,23 +21,18 @@ import hooked
 from hooked import layers
 from hooked.models.llama import MistralConfig as HookedMistralConfig
 from tests.families.parity import (
-    bf16_spread,
-    build_checkpoint,
-    hf_outputs,
-    hf_reference,
-    hooked_outputs,
-    max_diffs,
-    random_tokens,
-)
-from tests.families.test_llama_parity import (
-    GOLDEN_HOOK_NAMES,
-    check_against_transformer_lens,
+    build_checkpoints,
+    check_bf16_within_spread,
+    check_bit_exact,
     check_greedy_generation,
     check_left_padded_batch,
     check_sweep_equals_each_alone,
     edited_checkpoint,
+    hf_reference,
+    random_tokens,
     tl_model,
 )
+from tests.families.test_llama_parity import GOLDEN_HOOK_NAMES, check_against_transformer_lens
 
 VOCAB = 96
 
@@ -78,15 +73,8 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
-    return {
-        name: build_checkpoint(
-            tmp_path_factory.mktemp(f"case{index}"),
-            transformers.MistralConfig(vocab_size=VOCAB, **kwargs),
-            transformers.MistralForCausalLM,
-            seed=index,
-        )
-        for index, (name, kwargs) in enumerate(CASES.items())
-    }
+    configs = {name: transformers.MistralConfig(vocab_size=VOCAB, **kwargs) for name, kwargs in CASES.items()}
+    return build_checkpoints(tmp_path_factory, configs, transformers.MistralForCausalLM)
 
 
 @pytest.fixture(scope="module")
@@ -100,9 +88,8 @@ def test_float32_bit_exact(dirs, models, case, path):
     model = models[case]
     assert type(model) is hooked.models.Mistral
     assert model.cfg.sliding_window == CASES[case]["sliding_window"]
-    reference = hf_outputs(hf_reference(dirs[case], transformers.MistralForCausalLM, path), random_tokens(3, 17))
-    diffs = max_diffs(hooked_outputs(model, random_tokens(3, 17), eager=path == "eager"), reference)
-    assert diffs == dict.fromkeys(diffs, 0.0), diffs
+    reference = hf_reference(dirs[case], transformers.MistralForCausalLM, path)
+    check_bit_exact(model, reference, random_tokens(3, 17), eager=path == "eager")
 
 
 def test_pattern_is_zero_outside_the_window_only(models):
@@ -127,10 +114,7 @@ def test_pattern_is_zero_outside_the_window_only(models):
 def test_bfloat16_within_transformers_own_spread(dirs):
     tokens = random_tokens(2, 13)
     for case in ("window", "window_mqa_tied"):
-        model = hooked.load(dirs[case], dtype=torch.bfloat16)
-        reference, spread = bf16_spread(dirs[case], transformers.MistralForCausalLM, tokens)
-        with torch.no_grad():
-            assert (model(tokens).float() - reference).abs().max().item() <= spread, case
+        check_bf16_within_spread(dirs[case], transformers.MistralForCausalLM, tokens)
 
 
 def test_left_padded_batch(dirs, models):
@@ -151,10 +135,8 @@ def test_greedy_generation_equals_transformers(dirs, models, case, lengths):
 
 def test_every_hook_equals_transformer_lens(dirs, models):
     """TransformerLens 3.9 maps Mistral's sliding_window to local attention (attn_types "local", window_size)."""
-    from transformer_lens.pretrained.weight_conversions import convert_mistral_weights
-
     for case in ("window", "no_window"):
-        tl = tl_model(dirs[case], transformers.MistralForCausalLM, convert_mistral_weights)
+        tl = tl_model(dirs[case], transformers.MistralForCausalLM, "convert_mistral_weights")
         assert tl.cfg.window_size == CASES[case]["sliding_window"]
         check_against_transformer_lens(models[case], tl, random_tokens(2, 15))
 

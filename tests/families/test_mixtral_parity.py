@@ -27,16 +27,21 @@ import hooked
 from hooked import ablate
 from hooked.models.mixtral import MixtralConfig as HookedMixtralConfig
 from tests.families.parity import (
+    SWITCHES,
+    UNEMBED_POINTS,
     bf16_spread,
-    build_checkpoint,
-    hf_outputs,
+    build_checkpoints,
+    check_bit_exact,
+    check_greedy_generation,
+    check_left_padded_batch,
+    edited_checkpoint,
+    golden_hook_names,
     hf_reference,
-    hooked_outputs,
-    max_diffs,
+    last_token_kl,
+    listening_to_expert_slots,
     random_tokens,
-    read_pattern,
+    tl_model,
 )
-from tests.families.test_llama_parity import check_greedy_generation, check_left_padded_batch, edited_checkpoint
 
 VOCAB = 96
 HF = transformers.MixtralForCausalLM
@@ -91,10 +96,7 @@ def hf_config(case: str, **changes) -> transformers.MixtralConfig:
 def dirs(tmp_path_factory):
     # Neutral directory names: TransformerLens 3.9's convert_hf_model_config takes any path containing a family
     # name ("mistral", "mixtral") for one of its named checkpoints and never reads its config.json.
-    return {
-        name: build_checkpoint(tmp_path_factory.mktemp(f"case{index}"), hf_config(name), HF, seed=index)
-        for index, name in enumerate(CASES)
-    }
+    return build_checkpoints(tmp_path_factory, {name: hf_config(name) for name in CASES}, HF)
 
 
 @pytest.fixture(scope="module")
@@ -108,16 +110,12 @@ def test_float32_bit_exact(dirs, models, case, path):
     model = models[case]
     assert type(model) is hooked.models.Mixtral
     tokens = random_tokens(3, 17)
-    reference = hf_outputs(hf_reference(dirs[case], HF, "sdpa" if path == "sdpa" else "eager"), tokens)
+    reference = hf_reference(dirs[case], HF, "sdpa" if path == "sdpa" else "eager")
     if path == "expert_hooks":  # listening to the per-slot neurons takes the other branch of run_experts
-        with model.hooks(
-            fwd_hooks=[(lambda name: name.endswith("hook_pattern") or "hook_expert_p" in name, read_pattern)]
-        ):
-            result = hooked_outputs(model, tokens, eager=False)
+        with listening_to_expert_slots(model):
+            check_bit_exact(model, reference, tokens, eager=False)
     else:
-        result = hooked_outputs(model, tokens, eager=path == "eager")
-    diffs = max_diffs(result, reference)
-    assert diffs == dict.fromkeys(diffs, 0.0), diffs
+        check_bit_exact(model, reference, tokens, eager=path == "eager")
 
 
 def test_config_read_from_each_case(models):
@@ -169,31 +167,9 @@ def test_greedy_generation_equals_transformers(dirs, models, case, lengths):
 def tl_mixtral(directory):
     """TransformerLens' HookedTransformer on a saved checkpoint: its own config mapping (convert_hf_model_config
     reads the directory; its Mixtral entry pins dtype bfloat16, replaced here by float32) and converter, unfolded."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
-        from transformer_lens.loading_from_pretrained import convert_hf_model_config
-        from transformer_lens.pretrained.weight_conversions import convert_mixtral_weights
-
-        hf = HF.from_pretrained(directory, dtype=torch.float32).eval()
-        fields = {field.name for field in dataclasses.fields(HookedTransformerConfig)} - {"tokenizer_name", "dtype"}
-        mapped = convert_hf_model_config(str(directory))
-        cfg = HookedTransformerConfig(
-            **{k: v for k, v in mapped.items() if k in fields}, device="cpu", dtype=torch.float32
-        )
-        model = HookedTransformer(cfg)
-    with torch.no_grad():
-        model.load_and_process_state_dict(
-            convert_mixtral_weights(hf, cfg),
-            fold_ln=False,
-            center_writing_weights=False,
-            center_unembed=False,
-            fold_value_biases=False,
-        )
-    return model.eval()
+    return tl_model(directory, HF, "convert_mixtral_weights")
 
 
-SETTINGS = ("set_use_split_qkv_input", "set_use_attn_result", "set_use_hook_mlp_in")
 OURS_ONLY = ("mlp.hook_router_logits", "mlp.hook_expert_pre", "mlp.hook_expert_post")  # per token, per slot
 THEIRS_ONLY = ("hook_gate", "hook_pre", "hook_post")  # TransformerLens' per-expert points: ragged rows
 
@@ -201,7 +177,7 @@ THEIRS_ONLY = ("hook_gate", "hook_pre", "hook_post")  # TransformerLens' per-exp
 def check_against_transformer_lens(model, tl, tokens):
     """Every hook point both have holds the same tensor (rtol = atol = 1e-5); the MoE points where the names
     mean different things are mapped explicitly (docs/mixtral.md lists them)."""
-    for setting in SETTINGS:
+    for setting in SWITCHES:
         for each in (model, tl):
             getattr(each, setting)(True)
     try:
@@ -212,12 +188,12 @@ def check_against_transformer_lens(model, tl, tokens):
                 tokens, names_filter=lambda name: ".ln1." in name
             )  # TL's ln1 is per head here
     finally:
-        for setting in SETTINGS:
+        for setting in SWITCHES:
             for each in (model, tl):
                 getattr(each, setting)(False)
     cfg, (batch, pos) = model.cfg, tokens.shape
     layers = range(cfg.n_layers)
-    theirs_only = {"unembed.hook_in", "unembed.hook_out"} | {
+    theirs_only = UNEMBED_POINTS | {
         f"blocks.{layer}.mlp.experts.{expert}.{name}"
         for layer in layers
         for expert in range(cfg.n_experts)
@@ -265,43 +241,36 @@ def test_every_hook_equals_transformer_lens(dirs, models):
 
 
 # ----------------------------------------------------------------------------- hook names, shapes, meanings
-GOLDEN_HOOK_NAMES = (
-    ["hook_embed"]
-    + [
-        f"blocks.{i}.{name}"
-        for i in range(2)
-        for name in [
-            "hook_resid_pre",
-            "hook_q_input",
-            "hook_k_input",
-            "hook_v_input",
-            "ln1.hook_scale",
-            "ln1.hook_normalized",
-            "attn.hook_q",
-            "attn.hook_k",
-            "attn.hook_v",
-            "attn.hook_rot_q",
-            "attn.hook_rot_k",
-            "attn.hook_attn_scores",
-            "attn.hook_pattern",
-            "attn.hook_z",
-            "attn.hook_result",
-            "hook_attn_out",
-            "hook_resid_mid",
-            "hook_mlp_in",
-            "ln2.hook_scale",
-            "ln2.hook_normalized",
-            "mlp.hook_router_logits",
-            "mlp.hook_expert_weights",
-            "mlp.hook_expert_indices",
-            "mlp.hook_expert_pre",
-            "mlp.hook_expert_post",
-            "hook_mlp_out",
-            "hook_resid_post",
-        ]
-    ]
-    + ["ln_final.hook_scale", "ln_final.hook_normalized"]
-)
+MIXTRAL_BLOCK = [  # the hook points of one block, in forward order
+    "hook_resid_pre",
+    "hook_q_input",
+    "hook_k_input",
+    "hook_v_input",
+    "ln1.hook_scale",
+    "ln1.hook_normalized",
+    "attn.hook_q",
+    "attn.hook_k",
+    "attn.hook_v",
+    "attn.hook_rot_q",
+    "attn.hook_rot_k",
+    "attn.hook_attn_scores",
+    "attn.hook_pattern",
+    "attn.hook_z",
+    "attn.hook_result",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_in",
+    "ln2.hook_scale",
+    "ln2.hook_normalized",
+    "mlp.hook_router_logits",
+    "mlp.hook_expert_weights",
+    "mlp.hook_expert_indices",
+    "mlp.hook_expert_pre",
+    "mlp.hook_expert_post",
+    "hook_mlp_out",
+    "hook_resid_post",
+]
+GOLDEN_HOOK_NAMES = golden_hook_names([MIXTRAL_BLOCK] * 2)
 
 
 def test_golden_hook_names(models):
@@ -373,11 +342,6 @@ def test_expert_neuron_ablation_equals_zeroing_its_down_proj_column(dirs, models
         )
         torch.testing.assert_close(ablated, hf(tokens).logits, rtol=0, atol=1e-5)
         assert (ablated - models[case](tokens)).abs().max() > 1e-4
-
-
-def last_token_kl(logits, base_logits=None, attention_mask=None):
-    base = base_logits[:, -1].float().log_softmax(-1)
-    return (base.exp() * (base - logits[:, -1].float().log_softmax(-1))).sum(-1)
 
 
 def test_sweep_on_a_left_padded_batch_equals_each_alone(models):

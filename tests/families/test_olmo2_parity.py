@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
 
 import pytest
 import torch
@@ -21,23 +20,22 @@ import transformers  # the reference implementation (the dev extra): a missing o
 import hooked
 from hooked.models.olmo2 import Olmo2Config as HookedOlmo2Config
 from tests.families.parity import (
-    bf16_spread,
-    build_checkpoint,
+    UNEMBED_POINTS,
+    build_checkpoints,
+    check_bf16_within_spread,
+    check_bit_exact,
+    check_greedy_generation,
     check_hook_shapes,
+    check_left_padded_batch,
     check_post_norm_decomposition,
+    check_sweep_equals_each_alone,
     check_zero_heads_equals_zeroing_o_proj,
     compare_with_transformer_lens,
-    hf_outputs,
-    hf_reference,
-    hooked_outputs,
-    max_diffs,
-    random_tokens,
-)
-from tests.families.test_llama_parity import (
-    check_greedy_generation,
-    check_left_padded_batch,
-    check_sweep_equals_each_alone,
     edited_checkpoint,
+    golden_hook_names,
+    hf_reference,
+    random_tokens,
+    tl_model,
 )
 
 VOCAB = 96
@@ -77,15 +75,11 @@ CASES = {
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     # Neutral directory names: TransformerLens' convert_hf_model_config reads family names out of paths.
-    return {
-        name: build_checkpoint(
-            tmp_path_factory.mktemp(f"case{index}"),
-            transformers.Olmo2Config(vocab_size=VOCAB, pad_token_id=0, eos_token_id=1, **kwargs),
-            HF,
-            seed=index,
-        )
-        for index, (name, kwargs) in enumerate(CASES.items())
+    configs = {
+        name: transformers.Olmo2Config(vocab_size=VOCAB, pad_token_id=0, eos_token_id=1, **kwargs)
+        for name, kwargs in CASES.items()
     }
+    return build_checkpoints(tmp_path_factory, configs, HF)
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +92,7 @@ def models(dirs):
 def test_float32_bit_exact(dirs, models, case, path):
     model = models[case]
     assert type(model) is hooked.models.Olmo2
-    reference = hf_outputs(hf_reference(dirs[case], HF, path), random_tokens(3, 17))
-    diffs = max_diffs(hooked_outputs(model, random_tokens(3, 17), eager=path == "eager"), reference)
-    assert diffs == dict.fromkeys(diffs, 0.0), diffs
+    check_bit_exact(model, hf_reference(dirs[case], HF, path), random_tokens(3, 17), eager=path == "eager")
 
 
 def test_config_read_from_each_case(models):
@@ -146,12 +138,7 @@ def test_bfloat16_within_transformers_own_spread(dirs):
     """bf16: |hooked - transformers sdpa| <= transformers' |eager - sdpa|."""
     tokens = random_tokens(2, 11)
     for case in ("gqa_bias_tied", "mqa"):
-        model = hooked.load(dirs[case], dtype=torch.bfloat16)
-        reference, spread = bf16_spread(dirs[case], HF, tokens)
-        with torch.no_grad():
-            logits = model(tokens)
-        assert logits.dtype == torch.bfloat16
-        assert (logits.float() - reference).abs().max().item() <= spread, case
+        check_bf16_within_spread(dirs[case], HF, tokens)
 
 
 def test_left_padded_batch(dirs, models):
@@ -165,49 +152,34 @@ def test_greedy_generation_equals_transformers(dirs, models, lengths):
 
 
 # ----------------------------------------------------------------------------- TransformerLens 3.9
+def tl_config_fields(c) -> dict:
+    """TransformerLens' OLMo 2 config fields, built by hand from the checkpoint's config: TransformerLens 3.9 maps
+    only its two named OLMo 2 checkpoints (loading_from_pretrained.get_pretrained_model_config)."""
+    return dict(
+        d_model=c.hidden_size,
+        d_head=c.hidden_size // c.num_attention_heads,
+        n_heads=c.num_attention_heads,
+        d_mlp=c.intermediate_size,
+        n_layers=c.num_hidden_layers,
+        n_ctx=c.max_position_embeddings,
+        eps=c.rms_norm_eps,
+        d_vocab=c.vocab_size,
+        act_fn="silu",
+        normalization_type="RMS",
+        positional_embedding_type="rotary",
+        rotary_base=c.rope_parameters["rope_theta"],
+        attn_types=["global"] * c.num_hidden_layers,
+        gated_mlp=True,
+        original_architecture="Olmo2ForCausalLM",
+    )
+
+
 def tl_olmo2(directory):
-    """TransformerLens' HookedTransformer on a checkpoint's weights: its OLMo 2 config fields built by hand (TransformerLens
-    3.9 maps only its two named OLMo 2 checkpoints, loading_from_pretrained.get_pretrained_model_config) and its own
-    converter (pretrained/weight_conversions/olmo2.py, MHA only: it splits k/v by n_heads), unprocessed, float32."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
-        from transformer_lens.pretrained.weight_conversions import convert_olmo2_weights
-
-        hf = HF.from_pretrained(directory, dtype=torch.float32).eval()
-        c = hf.config
-        cfg = HookedTransformerConfig(
-            d_model=c.hidden_size,
-            d_head=c.hidden_size // c.num_attention_heads,
-            n_heads=c.num_attention_heads,
-            d_mlp=c.intermediate_size,
-            n_layers=c.num_hidden_layers,
-            n_ctx=c.max_position_embeddings,
-            eps=c.rms_norm_eps,
-            d_vocab=c.vocab_size,
-            act_fn="silu",
-            normalization_type="RMS",
-            positional_embedding_type="rotary",
-            rotary_base=c.rope_parameters["rope_theta"],
-            attn_types=["global"] * c.num_hidden_layers,
-            gated_mlp=True,
-            original_architecture="Olmo2ForCausalLM",
-            device="cpu",
-            dtype=torch.float32,
-        )
-        model = HookedTransformer(cfg)
-    with torch.no_grad():
-        model.load_and_process_state_dict(
-            convert_olmo2_weights(hf, cfg),
-            fold_ln=False,
-            center_writing_weights=False,
-            center_unembed=False,
-            fold_value_biases=False,
-        )
-    return model.eval()
+    """TransformerLens' HookedTransformer on a checkpoint's weights: the fields above and its own converter
+    (pretrained/weight_conversions/olmo2.py, MHA only: it splits k/v by n_heads), unprocessed, float32."""
+    return tl_model(directory, HF, "convert_olmo2_weights", tl_config_fields)
 
 
-ONLY_TRANSFORMER_LENS = {"unembed.hook_in", "unembed.hook_out"}  # hooked's unembedding has no hooks
 ONLY_HOOKED = {"attn.hook_q_normed", "attn.hook_k_normed", "hook_attn_out_pre_norm", "hook_mlp_out_pre_norm"}
 
 
@@ -221,7 +193,7 @@ def test_every_hook_equals_transformer_lens(dirs, models):
     def flat(name, ours, theirs):  # TransformerLens holds the norms' hook_normalized flat
         return (ours.flatten(-2) if name.endswith("_norm.hook_normalized") else ours), theirs
 
-    compare_with_transformer_lens(model, tl, tokens, ONLY_HOOKED, ONLY_TRANSFORMER_LENS, adjust=flat)
+    compare_with_transformer_lens(model, tl, tokens, ONLY_HOOKED, UNEMBED_POINTS, adjust=flat)
 
 
 def test_transformer_lens_names_resolve():
@@ -230,49 +202,42 @@ def test_transformer_lens_names_resolve():
 
 
 # ----------------------------------------------------------------------------- hook names and shapes
-GOLDEN_HOOK_NAMES = (
-    ["hook_embed"]
-    + [
-        f"blocks.{i}.{name}"
-        for i in range(2)
-        for name in [
-            "hook_resid_pre",
-            "hook_q_input",
-            "hook_k_input",
-            "hook_v_input",
-            "attn.hook_q",
-            "attn.hook_k",
-            "attn.hook_v",
-            "attn.q_norm.hook_scale",
-            "attn.q_norm.hook_normalized",
-            "attn.hook_q_normed",
-            "attn.k_norm.hook_scale",
-            "attn.k_norm.hook_normalized",
-            "attn.hook_k_normed",
-            "attn.hook_rot_q",
-            "attn.hook_rot_k",
-            "attn.hook_attn_scores",
-            "attn.hook_pattern",
-            "attn.hook_z",
-            "attn.hook_result",
-            "hook_attn_out_pre_norm",
-            "ln1.hook_scale",
-            "ln1.hook_normalized",
-            "hook_attn_out",
-            "hook_resid_mid",
-            "hook_mlp_in",
-            "mlp.hook_pre",
-            "mlp.hook_pre_linear",
-            "mlp.hook_post",
-            "hook_mlp_out_pre_norm",
-            "ln2.hook_scale",
-            "ln2.hook_normalized",
-            "hook_mlp_out",
-            "hook_resid_post",
-        ]
-    ]
-    + ["ln_final.hook_scale", "ln_final.hook_normalized"]
-)
+OLMO2_BLOCK = [  # the hook points of one block, in forward order
+    "hook_resid_pre",
+    "hook_q_input",
+    "hook_k_input",
+    "hook_v_input",
+    "attn.hook_q",
+    "attn.hook_k",
+    "attn.hook_v",
+    "attn.q_norm.hook_scale",
+    "attn.q_norm.hook_normalized",
+    "attn.hook_q_normed",
+    "attn.k_norm.hook_scale",
+    "attn.k_norm.hook_normalized",
+    "attn.hook_k_normed",
+    "attn.hook_rot_q",
+    "attn.hook_rot_k",
+    "attn.hook_attn_scores",
+    "attn.hook_pattern",
+    "attn.hook_z",
+    "attn.hook_result",
+    "hook_attn_out_pre_norm",
+    "ln1.hook_scale",
+    "ln1.hook_normalized",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_in",
+    "mlp.hook_pre",
+    "mlp.hook_pre_linear",
+    "mlp.hook_post",
+    "hook_mlp_out_pre_norm",
+    "ln2.hook_scale",
+    "ln2.hook_normalized",
+    "hook_mlp_out",
+    "hook_resid_post",
+]
+GOLDEN_HOOK_NAMES = golden_hook_names([OLMO2_BLOCK] * 2)
 
 
 def test_golden_hook_names(models):

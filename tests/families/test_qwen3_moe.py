@@ -24,17 +24,18 @@ from safetensors.torch import load_file, save_file
 
 import hooked
 from hooked.models.qwen3_moe import Qwen3MoeConfig as HookedQwen3MoeConfig
-from tests.families.test_qwen3_parity import (
-    VOCAB,
+from tests.families.parity import (
     build_checkpoint,
+    build_checkpoints,
+    check_bit_exact,
     copy_checkpoint,
-    hf_outputs,
+    golden_hook_names,
     hf_reference,
-    hooked_outputs,
-    max_diffs,
+    left_padded,
+    listening_to_expert_slots,
     random_tokens,
-    read_pattern,
 )
+from tests.families.test_qwen3_parity import QWEN3_BLOCK, VOCAB
 
 COMMON = dict(
     hidden_size=64,
@@ -95,15 +96,8 @@ MOE_CASES = {
 
 @pytest.fixture(scope="module")
 def moe_dirs(tmp_path_factory):
-    return {
-        name: build_checkpoint(
-            tmp_path_factory.mktemp(f"qwen3moe-{name}"),
-            transformers.Qwen3MoeConfig(vocab_size=VOCAB, **kwargs),
-            transformers.Qwen3MoeForCausalLM,
-            seed=index,
-        )
-        for index, (name, kwargs) in enumerate(MOE_CASES.items())
-    }
+    configs = {name: transformers.Qwen3MoeConfig(vocab_size=VOCAB, **kwargs) for name, kwargs in MOE_CASES.items()}
+    return build_checkpoints(tmp_path_factory, configs, transformers.Qwen3MoeForCausalLM)
 
 
 @pytest.fixture(scope="module")
@@ -120,17 +114,12 @@ def sparse_layers(model) -> list[int]:
 def test_float32_parity(moe_dirs, moe_models, case, path):
     model = moe_models[case]
     tokens = random_tokens(3, 17)
-    reference = hf_outputs(
-        hf_reference(moe_dirs[case], transformers.Qwen3MoeForCausalLM, "sdpa" if path == "sdpa" else "eager"), tokens
-    )
+    reference = hf_reference(moe_dirs[case], transformers.Qwen3MoeForCausalLM, "sdpa" if path == "sdpa" else "eager")
     if path == "expert_hooks":  # listening to the per-slot neurons takes the other branch of run_experts
-        fwd_hooks = [(lambda name: name.endswith("hook_pattern") or "hook_expert_p" in name, read_pattern)]
-        with model.hooks(fwd_hooks=fwd_hooks):
-            result = hooked_outputs(model, tokens, eager=False)
+        with listening_to_expert_slots(model):
+            check_bit_exact(model, reference, tokens, eager=False)
     else:
-        result = hooked_outputs(model, tokens, eager=path == "eager")
-    diffs = max_diffs(result, reference)
-    assert diffs == dict.fromkeys(diffs, 0.0), diffs
+        check_bit_exact(model, reference, tokens, eager=path == "eager")
 
 
 def test_layer_kinds_follow_decoder_sparse_step_and_mlp_only_layers(moe_models):
@@ -374,13 +363,7 @@ def test_replacing_expert_indices_reroutes(moe_models):
 
 def test_left_padded_batch_matches_each_prompt_alone(moe_models):
     model = moe_models["k2_norm"]
-    lengths = [10, 3, 7]
-    prompts = [random_tokens(1, n, seed=20 + i)[0] for i, n in enumerate(lengths)]
-    tokens = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
-    mask = torch.zeros_like(tokens)
-    for row, prompt in enumerate(prompts):
-        tokens[row, -len(prompt) :] = prompt
-        mask[row, -len(prompt) :] = 1
+    prompts, tokens, mask = left_padded([10, 3, 7], seed=20)
     with torch.no_grad():
         batched = model(tokens, attention_mask=mask)
         for row, prompt in enumerate(prompts):
@@ -401,75 +384,43 @@ def test_sharded_checkpoint_loads_identically(tmp_path, moe_models):
         assert torch.equal(sharded(tokens), moe_models["k3_step2"](tokens))
 
 
-GOLDEN_MOE_HOOK_NAMES = [
-    "hook_embed",
-    "blocks.0.hook_resid_pre",
-    "blocks.0.hook_q_input",
-    "blocks.0.hook_k_input",
-    "blocks.0.hook_v_input",
-    "blocks.0.ln1.hook_scale",
-    "blocks.0.ln1.hook_normalized",
-    "blocks.0.attn.hook_q",
-    "blocks.0.attn.hook_k",
-    "blocks.0.attn.hook_v",
-    "blocks.0.attn.q_norm.hook_scale",
-    "blocks.0.attn.q_norm.hook_normalized",
-    "blocks.0.attn.hook_q_normed",
-    "blocks.0.attn.k_norm.hook_scale",
-    "blocks.0.attn.k_norm.hook_normalized",
-    "blocks.0.attn.hook_k_normed",
-    "blocks.0.attn.hook_rot_q",
-    "blocks.0.attn.hook_rot_k",
-    "blocks.0.attn.hook_attn_scores",
-    "blocks.0.attn.hook_pattern",
-    "blocks.0.attn.hook_z",
-    "blocks.0.attn.hook_result",
-    "blocks.0.hook_attn_out",
-    "blocks.0.hook_resid_mid",
-    "blocks.0.hook_mlp_in",
-    "blocks.0.ln2.hook_scale",
-    "blocks.0.ln2.hook_normalized",
-    "blocks.0.mlp.hook_pre",
-    "blocks.0.mlp.hook_pre_linear",
-    "blocks.0.mlp.hook_post",
-    "blocks.0.hook_mlp_out",
-    "blocks.0.hook_resid_post",
-    "blocks.1.hook_resid_pre",
-    "blocks.1.hook_q_input",
-    "blocks.1.hook_k_input",
-    "blocks.1.hook_v_input",
-    "blocks.1.ln1.hook_scale",
-    "blocks.1.ln1.hook_normalized",
-    "blocks.1.attn.hook_q",
-    "blocks.1.attn.hook_k",
-    "blocks.1.attn.hook_v",
-    "blocks.1.attn.q_norm.hook_scale",
-    "blocks.1.attn.q_norm.hook_normalized",
-    "blocks.1.attn.hook_q_normed",
-    "blocks.1.attn.k_norm.hook_scale",
-    "blocks.1.attn.k_norm.hook_normalized",
-    "blocks.1.attn.hook_k_normed",
-    "blocks.1.attn.hook_rot_q",
-    "blocks.1.attn.hook_rot_k",
-    "blocks.1.attn.hook_attn_scores",
-    "blocks.1.attn.hook_pattern",
-    "blocks.1.attn.hook_z",
-    "blocks.1.attn.hook_result",
-    "blocks.1.hook_attn_out",
-    "blocks.1.hook_resid_mid",
-    "blocks.1.hook_mlp_in",
-    "blocks.1.ln2.hook_scale",
-    "blocks.1.ln2.hook_normalized",
-    "blocks.1.mlp.hook_router_logits",
-    "blocks.1.mlp.hook_expert_weights",
-    "blocks.1.mlp.hook_expert_indices",
-    "blocks.1.mlp.hook_expert_pre",
-    "blocks.1.mlp.hook_expert_post",
-    "blocks.1.hook_mlp_out",
-    "blocks.1.hook_resid_post",
-    "ln_final.hook_scale",
-    "ln_final.hook_normalized",
+QWEN3_MOE_SPARSE_BLOCK = [  # the hook points of a sparse block, in forward order
+    "hook_resid_pre",
+    "hook_q_input",
+    "hook_k_input",
+    "hook_v_input",
+    "ln1.hook_scale",
+    "ln1.hook_normalized",
+    "attn.hook_q",
+    "attn.hook_k",
+    "attn.hook_v",
+    "attn.q_norm.hook_scale",
+    "attn.q_norm.hook_normalized",
+    "attn.hook_q_normed",
+    "attn.k_norm.hook_scale",
+    "attn.k_norm.hook_normalized",
+    "attn.hook_k_normed",
+    "attn.hook_rot_q",
+    "attn.hook_rot_k",
+    "attn.hook_attn_scores",
+    "attn.hook_pattern",
+    "attn.hook_z",
+    "attn.hook_result",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_in",
+    "ln2.hook_scale",
+    "ln2.hook_normalized",
+    "mlp.hook_router_logits",
+    "mlp.hook_expert_weights",
+    "mlp.hook_expert_indices",
+    "mlp.hook_expert_pre",
+    "mlp.hook_expert_post",
+    "hook_mlp_out",
+    "hook_resid_post",
 ]
+# Layer 0 dense (a Qwen3 block), layer 1 sparse (decoder_sparse_step 2)
+GOLDEN_MOE_HOOK_NAMES = golden_hook_names([QWEN3_BLOCK, QWEN3_MOE_SPARSE_BLOCK])
 
 
 def test_golden_hook_names(moe_models):

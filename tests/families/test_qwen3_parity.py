@@ -10,7 +10,6 @@ difference 0.0 for logits and every hidden state in every case.
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -19,14 +18,17 @@ from safetensors.torch import load_file, save_file
 
 import hooked
 from hooked.models.qwen3 import Qwen3Config as HookedQwen3Config
-from tests.families.parity import (  # noqa: F401
+from tests.families.parity import (
     build_checkpoint,
-    hf_outputs,
+    build_checkpoints,
+    check_bit_exact,
+    check_zero_heads_equals_zeroing_o_proj,
+    copy_checkpoint,
+    edited_checkpoint,
+    golden_hook_names,
     hf_reference,
-    hooked_outputs,
-    max_diffs,
+    left_padded,
     random_tokens,
-    read_pattern,
 )
 
 VOCAB = 96
@@ -70,15 +72,8 @@ DENSE_CASES = {
 
 @pytest.fixture(scope="module")
 def dense_dirs(tmp_path_factory):
-    return {
-        name: build_checkpoint(
-            tmp_path_factory.mktemp(f"qwen3-{name}"),
-            transformers.Qwen3Config(vocab_size=VOCAB, **kwargs),
-            transformers.Qwen3ForCausalLM,
-            seed=index,
-        )
-        for index, (name, kwargs) in enumerate(DENSE_CASES.items())
-    }
+    configs = {name: transformers.Qwen3Config(vocab_size=VOCAB, **kwargs) for name, kwargs in DENSE_CASES.items()}
+    return build_checkpoints(tmp_path_factory, configs, transformers.Qwen3ForCausalLM)
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +86,8 @@ def dense_models(dense_dirs):
 def test_float32_bit_exact(dense_dirs, dense_models, case, path):
     model = dense_models[case]
     assert isinstance(model, hooked.models.Qwen3)
-    reference = hf_outputs(hf_reference(dense_dirs[case], transformers.Qwen3ForCausalLM, path), random_tokens(3, 17))
-    diffs = max_diffs(hooked_outputs(model, random_tokens(3, 17), eager=path == "eager"), reference)
-    assert diffs == dict.fromkeys(diffs, 0.0), diffs
+    reference = hf_reference(dense_dirs[case], transformers.Qwen3ForCausalLM, path)
+    check_bit_exact(model, reference, random_tokens(3, 17), eager=path == "eager")
 
 
 def test_single_token_and_single_prompt(dense_dirs, dense_models):
@@ -185,32 +179,12 @@ def test_hooks_hold_what_the_docs_say(dense_models):
 
 
 def test_zeroing_a_head_at_z_equals_zeroing_its_o_proj_columns(dense_models):
-    import copy
-
-    model = dense_models["gqa_tied"]
-    tokens = random_tokens(2, 8)
-    layer, head, d_head = 1, 3, model.cfg.d_head
-
-    def zero_head(z, hook):
-        z[:, :, head] = 0.0
-
-    with torch.no_grad():
-        hooked_logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head)])
-        edited = copy.deepcopy(model)
-        edited.blocks[layer].attn.o_proj.weight[:, head * d_head : (head + 1) * d_head] = 0.0
-        assert torch.equal(hooked_logits, edited(tokens))
-        assert not torch.equal(hooked_logits, model(tokens))
+    check_zero_heads_equals_zeroing_o_proj(dense_models["gqa_tied"], heads=[3], atol=0)  # bit for bit
 
 
 def test_left_padded_batch_matches_each_prompt_alone(dense_models):
     model = dense_models["gqa_tied"]
-    lengths = [9, 4, 6]
-    prompts = [random_tokens(1, n, seed=10 + i)[0] for i, n in enumerate(lengths)]
-    tokens = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
-    mask = torch.zeros_like(tokens)
-    for row, prompt in enumerate(prompts):
-        tokens[row, -len(prompt) :] = prompt
-        mask[row, -len(prompt) :] = 1
+    prompts, tokens, mask = left_padded([9, 4, 6])
     with torch.no_grad():
         batched = model(tokens, attention_mask=mask)
         for row, prompt in enumerate(prompts):
@@ -243,73 +217,40 @@ def test_bfloat16_matches_transformers_bit_for_bit(dense_dirs):
         assert torch.equal(logits, reference(tokens).logits)
 
 
-GOLDEN_DENSE_HOOK_NAMES = [
-    "hook_embed",
-    "blocks.0.hook_resid_pre",
-    "blocks.0.hook_q_input",
-    "blocks.0.hook_k_input",
-    "blocks.0.hook_v_input",
-    "blocks.0.ln1.hook_scale",
-    "blocks.0.ln1.hook_normalized",
-    "blocks.0.attn.hook_q",
-    "blocks.0.attn.hook_k",
-    "blocks.0.attn.hook_v",
-    "blocks.0.attn.q_norm.hook_scale",
-    "blocks.0.attn.q_norm.hook_normalized",
-    "blocks.0.attn.hook_q_normed",
-    "blocks.0.attn.k_norm.hook_scale",
-    "blocks.0.attn.k_norm.hook_normalized",
-    "blocks.0.attn.hook_k_normed",
-    "blocks.0.attn.hook_rot_q",
-    "blocks.0.attn.hook_rot_k",
-    "blocks.0.attn.hook_attn_scores",
-    "blocks.0.attn.hook_pattern",
-    "blocks.0.attn.hook_z",
-    "blocks.0.attn.hook_result",
-    "blocks.0.hook_attn_out",
-    "blocks.0.hook_resid_mid",
-    "blocks.0.hook_mlp_in",
-    "blocks.0.ln2.hook_scale",
-    "blocks.0.ln2.hook_normalized",
-    "blocks.0.mlp.hook_pre",
-    "blocks.0.mlp.hook_pre_linear",
-    "blocks.0.mlp.hook_post",
-    "blocks.0.hook_mlp_out",
-    "blocks.0.hook_resid_post",
-    "blocks.1.hook_resid_pre",
-    "blocks.1.hook_q_input",
-    "blocks.1.hook_k_input",
-    "blocks.1.hook_v_input",
-    "blocks.1.ln1.hook_scale",
-    "blocks.1.ln1.hook_normalized",
-    "blocks.1.attn.hook_q",
-    "blocks.1.attn.hook_k",
-    "blocks.1.attn.hook_v",
-    "blocks.1.attn.q_norm.hook_scale",
-    "blocks.1.attn.q_norm.hook_normalized",
-    "blocks.1.attn.hook_q_normed",
-    "blocks.1.attn.k_norm.hook_scale",
-    "blocks.1.attn.k_norm.hook_normalized",
-    "blocks.1.attn.hook_k_normed",
-    "blocks.1.attn.hook_rot_q",
-    "blocks.1.attn.hook_rot_k",
-    "blocks.1.attn.hook_attn_scores",
-    "blocks.1.attn.hook_pattern",
-    "blocks.1.attn.hook_z",
-    "blocks.1.attn.hook_result",
-    "blocks.1.hook_attn_out",
-    "blocks.1.hook_resid_mid",
-    "blocks.1.hook_mlp_in",
-    "blocks.1.ln2.hook_scale",
-    "blocks.1.ln2.hook_normalized",
-    "blocks.1.mlp.hook_pre",
-    "blocks.1.mlp.hook_pre_linear",
-    "blocks.1.mlp.hook_post",
-    "blocks.1.hook_mlp_out",
-    "blocks.1.hook_resid_post",
-    "ln_final.hook_scale",
-    "ln_final.hook_normalized",
+QWEN3_BLOCK = [  # the hook points of one block, in forward order
+    "hook_resid_pre",
+    "hook_q_input",
+    "hook_k_input",
+    "hook_v_input",
+    "ln1.hook_scale",
+    "ln1.hook_normalized",
+    "attn.hook_q",
+    "attn.hook_k",
+    "attn.hook_v",
+    "attn.q_norm.hook_scale",
+    "attn.q_norm.hook_normalized",
+    "attn.hook_q_normed",
+    "attn.k_norm.hook_scale",
+    "attn.k_norm.hook_normalized",
+    "attn.hook_k_normed",
+    "attn.hook_rot_q",
+    "attn.hook_rot_k",
+    "attn.hook_attn_scores",
+    "attn.hook_pattern",
+    "attn.hook_z",
+    "attn.hook_result",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_in",
+    "ln2.hook_scale",
+    "ln2.hook_normalized",
+    "mlp.hook_pre",
+    "mlp.hook_pre_linear",
+    "mlp.hook_post",
+    "hook_mlp_out",
+    "hook_resid_post",
 ]
+GOLDEN_DENSE_HOOK_NAMES = golden_hook_names([QWEN3_BLOCK] * 2)
 
 
 def test_golden_hook_names(dense_models):
@@ -317,16 +258,10 @@ def test_golden_hook_names(dense_models):
 
 
 # ----------------------------------------------------------------------------- bad input
-def copy_checkpoint(source, destination):
-    shutil.copytree(source, destination)
-    return destination
-
-
 def test_unknown_architecture_names_the_supported_ones(tmp_path, dense_dirs):
-    directory = copy_checkpoint(dense_dirs["mha"], tmp_path / "unknown")
-    config = json.loads((directory / "config.json").read_text())
-    config.update(architectures=["Qwen9ForCausalLM"], model_type="qwen9")
-    (directory / "config.json").write_text(json.dumps(config))
+    directory = edited_checkpoint(
+        dense_dirs["mha"], tmp_path / "unknown", architectures=["Qwen9ForCausalLM"], model_type="qwen9"
+    )
     with pytest.raises(
         hooked.CheckpointError, match="Qwen9ForCausalLM.*supported.*Qwen3ForCausalLM.*Qwen3MoeForCausalLM"
     ):
@@ -376,9 +311,7 @@ def test_tied_checkpoint_lacks_lm_head_and_untied_needs_it(tmp_path, dense_dirs,
     ],
 )
 def test_unsupported_config_is_refused(tmp_path, dense_dirs, change, message):
-    directory = copy_checkpoint(dense_dirs["mha"], tmp_path / "unsupported")
-    config = json.loads((directory / "config.json").read_text())
-    (directory / "config.json").write_text(json.dumps({**config, **change}))
+    directory = edited_checkpoint(dense_dirs["mha"], tmp_path / "unsupported", **change)
     with pytest.raises(ValueError, match=message):
         hooked.load(directory)
 

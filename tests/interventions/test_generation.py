@@ -18,7 +18,7 @@ import hooked
 from hooked import ablate
 from hooked.testing import ablatable_hook_names, empties_a_router, interventions, models, random_model
 from hooked.testing import tokens as token_strategy
-from tests.families.test_qwen3_parity import build_checkpoint
+from tests.families.parity import build_checkpoint
 
 VOCAB = 96
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -97,8 +97,9 @@ def qwen_models(tmp_path_factory):
     """Qwen3 with GQA 8->2 and with multi-query + YaRN, and a top-2 Qwen3-MoE, built as in their parity tests."""
     import transformers
 
+    from tests.families.parity import build_checkpoint
     from tests.families.test_qwen3_moe import MOE_CASES
-    from tests.families.test_qwen3_parity import DENSE_CASES, VOCAB, build_checkpoint
+    from tests.families.test_qwen3_parity import DENSE_CASES, VOCAB
 
     models = {}
     for name in QWEN_CASES[:2]:
