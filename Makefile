@@ -41,7 +41,7 @@ bench-sweep: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/sweep.py
 
 # Everything GPU-specific in one run of ~8 minutes (docs/benchmarks.md, "GPU check"); results in
-# runs/gpu-check/. GPU_CHECK_ARGS=--dry-run runs it on the CPU with tiny shapes (tests/test_gpu_check.py).
+# runs/gpu-check/. GPU_CHECK_ARGS=--dry-run runs it on the CPU with tiny shapes (tests/infrastructure/test_gpu_check.py).
 # A machine whose python3 already has a CUDA torch (a device machine has no network, so no venv can be
 # installed there) runs the checkout with it; elsewhere the project's venv is used.
 gpu-check:

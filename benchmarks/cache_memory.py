@@ -120,7 +120,7 @@ def main() -> None:
     ours = results["hooked"]
     wrong_shapes = ours[
         "wrong_shapes"
-    ]  # the values are compared with TransformerLens' in tests/test_cache_transformer_lens.py
+    ]  # the values are compared with TransformerLens' in tests/transformer_lens/test_cache_transformer_lens.py
 
     rows = []
     for library, result in results.items():

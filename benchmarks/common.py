@@ -66,7 +66,8 @@ def transformer_lens_gpt2(directory: Path):
 
     TransformerLens' own converter (transformer_lens 3.9, pretrained/weight_conversions/gpt2.py) maps
     transformers' `GPT2LMHeadModel`; `load_and_process_state_dict` with every processing flag off keeps the
-    weights as `hooked.load` does, so both compute the same function (tests/tl_reference.py does the same).
+    weights as `hooked.load` does, so both compute the same function (tests/transformer_lens/tl_reference.py does
+    the same).
     """
     import warnings
 

@@ -9,7 +9,7 @@ copy `.to(device)` makes) unless nothing could edit it after the cache saw it, w
 * the cache's hooks are the only hooks of the call: no hook added to the model, none of an enclosing
   `model.hooks()` block (any other hook might edit in place what it is handed, or a view of it);
 * the model's forward never edits a hooked tensor in place (`HookedRootModule.edits_hooked_tensors`,
-  False for the audited architectures: tests/test_cache.py checks every point of each after the
+  False for the audited architectures: tests/core/test_cache.py checks every point of each after the
   forward); not under tensor parallelism, whose hooks see gathered tensors;
 * the tensor is compact (not a view into a bigger buffer, such as GPT-2's q/k/v, slices of the fused
   `c_attn` output, or a `pos_slice`: those are copied so they do not pin the buffer) and is neither

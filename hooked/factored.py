@@ -4,7 +4,7 @@ A head's OV circuit W_V @ W_O and QK circuit W_Q @ W_K^T are [d_model d_model] m
 most d_head. Kept factored, their SVD, eigenvalues and norm cost O(d_model * d_head^2) instead of
 O(d_model^3), and a product with an embedding or unembedding ([d_vocab d_model]) stays factored
 through the narrow middle. The semantics follow TransformerLens 3.9's `FactoredMatrix`
-(transformer_lens/FactoredMatrix.py), method for method; tests/test_factored.py compares the two on
+(transformer_lens/FactoredMatrix.py), method for method; tests/transformer_lens/test_factored.py compares the two on
 the same weights.
 
 Axes: A is [... ldim mdim], B is [... mdim rdim]; leading axes broadcast (a model's `OV` is

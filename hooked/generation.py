@@ -13,7 +13,7 @@ is a no-op on decode steps that do not contain it. Negative positions count back
 *prompt*: `positions=[-1]` is the prompt's last token on every step, not each newly generated one.
 
 Since keys and values are kept after their hooks ran, a position-wise intervention generates exactly
-what a loop of full forwards with the same hook generates (tests/test_generation.py checks it with
+what a loop of full forwards with the same hook generates (tests/interventions/test_generation.py checks it with
 hypothesis); an intervention that reads other positions (a mean over the sequence) can differ, since
 a cached column is never recomputed.
 

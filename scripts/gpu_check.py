@@ -9,7 +9,7 @@ the cache emptied, and the step goes on.
 
     0. CUDA build of torch: on a machine with `nvidia-smi` whose torch is the CPU build, install
        torch==<constraints.txt pin> from the PyTorch CUDA index, then re-exec this script.
-    1. tests/test_attention_kernel.py compiled for real (TRITON_INTERPRET=0), and logit parity of
+    1. tests/kernels/test_attention_kernel.py compiled for real (TRITON_INTERPRET=0), and logit parity of
        hooked vs transformers on the device, float32 and bfloat16, GPT-2 / Qwen3 / Qwen3-MoE.
     2. Kernel vs torch SDPA (flash backend) vs eager, bf16, causal, d_head 64/128, seq 512..8192:
        forward and forward+backward ms, TFLOP/s and the fraction of the H200's bf16 dense peak.
@@ -24,7 +24,7 @@ Output (--out, default runs/gpu-check/): gpu-check.json (environment + every res
 `--dry-run` runs every step on the CPU with tiny shapes (Triton through its interpreter, torch.compile
 with the aot_eager backend); what needs CUDA (the flash SDPA backend, TFLOP/s fractions, CUDA timers)
 reports "skipped: no CUDA". Its times mean nothing; it exists so the script cannot rot
-(tests/test_gpu_check.py).
+(tests/infrastructure/test_gpu_check.py).
 
 Usage: python scripts/gpu_check.py [--dry-run] [--out DIR] [--steps 1 2 3 4 5]
 """
@@ -254,7 +254,7 @@ def step_correctness(args, record: Recorder) -> None:
         "-q",
         "-p",
         "no:cacheprovider",
-        "tests/test_attention_kernel.py",
+        "tests/kernels/test_attention_kernel.py",
         *selection,
     ]
     budget = max(10, int(record.deadline - time.time() - 20))  # leave ~20 s for the parity checks

@@ -24,7 +24,7 @@ receivers, then the forward.
 
 Patching no edge gives the clean run, every edge the corrupt run, every edge into one receiver the
 corrupt value of that receiver's input: each up to float rounding, since per-head inputs sum in another
-order than the fused projection (tests/test_circuits.py checks each against a plain-hook computation).
+order than the fused projection (tests/circuits/test_circuits.py checks each against a plain-hook computation).
 """
 
 from __future__ import annotations

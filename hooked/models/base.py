@@ -50,7 +50,7 @@ class HookedTransformer(
     architectures: ClassVar[tuple[str, ...]]  # config.json "architectures" / "model_type" it serves
     embedding_hook_names: ClassVar[tuple[str, ...]]  # the hooks whose sum is resid_pre of block 0
     # GPT-2, Qwen3 and Qwen3-MoE never edit a hooked tensor in place (HookedRootModule.edits_hooked_tensors;
-    # tests/test_cache.py checks each point after the forward). A new architecture must keep it so, or set True.
+    # tests/core/test_cache.py checks each point after the forward). A new architecture must keep it so, or set True.
     edits_hooked_tensors: ClassVar[bool] = False
     # `model.generate`'s defaults where the caller leaves them out. hooked's own models (`hooked.load`) decode
     # greedily and quietly; a model built the TransformerLens way (`HookedTransformer.from_pretrained`,

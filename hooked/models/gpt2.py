@@ -4,7 +4,7 @@ Numerics follow Hugging Face transformers 5.24 `models/gpt2/modeling_gpt2.py` ex
 added to token embeddings, pre-norm blocks, fused q|k|v projection, attention scaled by
 d_head**-0.5 with the softmax in the input dtype, GPT-2's tanh GELU (`gelu_new`), final LayerNorm,
 and the unembedding tied to the token embedding. Float32 logits are bit-identical to
-`GPT2LMHeadModel` (tests/test_gpt2_parity.py).
+`GPT2LMHeadModel` (tests/families/test_gpt2_parity.py).
 
 Weights keep the checkpoint's names and layout: `c_attn`, `c_proj`, `c_fc` are GPT-2's Conv1D
 matrices, [in, out], applied with `torch.addmm` as Hugging Face does. An `nn.Linear` layout (transposed

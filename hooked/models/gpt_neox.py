@@ -10,7 +10,7 @@ float32; a two-layer MLP with biases (`hidden_act`, Pythia's exact-erf "gelu"); 
 resid_post = (mlp_out + attn_out) + resid_pre, in that order. Without it the block is sequential, as
 GPT-2's. An untied unembedding (`embed_out` on disk, `lm_head` in transformers 5.24 and here) unless
 `tie_word_embeddings`. Float32 logits are bit-identical to `GPTNeoXForCausalLM`
-(tests/test_gpt_neox_parity.py).
+(tests/families/test_gpt_neox_parity.py).
 
 Hooks follow TransformerLens 3.9 (`pretrained/weight_conversions/neox.py`, `components/transformer_block.py`):
 a parallel block has no `hook_resid_mid` (nothing there is ever a sum the model forms), and its

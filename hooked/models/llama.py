@@ -10,7 +10,7 @@ with the softmax in float32; a SiLU-gated MLP (biases with `mlp_bias`, Llama onl
 unembedding. Mistral is Llama without biases plus an optional `sliding_window`: query column i sees key
 column j only if i - j < sliding_window (the window lives in the mask, `AttentionMask.windowed`, so the
 forward, generation with a KV cache and left-padded batches all apply it; docs/attention.md). Float32
-logits equal transformers' bit for bit (tests/test_llama_parity.py, tests/test_mistral_parity.py).
+logits equal transformers' bit for bit (tests/families/test_llama_parity.py, tests/families/test_mistral_parity.py).
 
 Both are the shared rotary decoder (hooked/models/rotary_decoder.py) of pre-norm blocks, each grouped-query
 attention without per-head q/k norms (hooked/models/grouped_query_attention.py) and Llama's MLP below: the

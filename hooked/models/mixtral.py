@@ -15,7 +15,7 @@ has too (hooked/models/moe.py) with Mixtral's router:
 Unlike Qwen3-MoE, transformers' Mixtral never casts the routing weights to the model dtype: in bf16 each
 slot's output is multiplied by a float32 weight, summed over slots in float32 and cast once
 (`integrations/moe.py`, grouped_mm_experts_forward), and so it is here (`float32_expert_weights`).
-Float32 logits equal transformers' bit for bit; bf16 too on the cases tests/test_mixtral_parity.py measures.
+Float32 logits equal transformers' bit for bit; bf16 too on the cases tests/families/test_mixtral_parity.py measures.
 
 Checkpoints: the hub's (and transformers 5.24's save_pretrained's) per-expert
 `model.layers.{i}.block_sparse_moe.experts.{e}.w1/w2/w3.weight` (gate, down, up) and

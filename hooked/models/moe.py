@@ -6,8 +6,8 @@ logits = x @ gate.weight.T in the model dtype; p = softmax(logits) in float32 ov
 divided by their sum if `norm_topk_prob` (always for Mixtral); cast to the model dtype, except Mixtral's, kept
 float32 (`float32_expert_weights`). Each slot's expert computes down_e(silu(gate_e(x)) * up_e(x)); the output is
 the sum over slots of weight * expert output, summed over the top_k axis as transformers' default ("grouped_mm")
-expert kernel does, so float32 logits are bit-identical to transformers' (tests/test_qwen3_moe.py,
-tests/test_mixtral_parity.py).
+expert kernel does, so float32 logits are bit-identical to transformers' (tests/families/test_qwen3_moe.py,
+tests/families/test_mixtral_parity.py).
 
 Experts are stored stacked, [n_experts, ...], in `nn.Linear` layout and in transformers 5.24's in-memory layout:
 `experts.gate_up_proj` [n_experts 2*d_expert_mlp d_model] (gate rows, then up rows) and `experts.down_proj`

@@ -13,7 +13,7 @@ n_kv_heads * d_head wide), before the head split and RoPE, not per head as Qwen3
 (plain, cos/sin in float32 cast to the activation dtype), grouped-query attention with the softmax in
 float32, a SiLU-gated MLP without biases, a final RMSNorm and a tied or untied unembedding. RMSNorm runs
 in float32 and casts back before its weight. Float32 logits equal transformers' bit for bit
-(tests/test_olmo2_parity.py).
+(tests/families/test_olmo2_parity.py).
 
 Names are TransformerLens 3.9's (`components/transformer_block.py` for its POST_NORM_ARCHITECTURES):
 `ln1` is the post-attention norm and `ln2` the post-feedforward norm, so `hook_attn_out` / `hook_mlp_out`

@@ -5,7 +5,7 @@ and cast back before the weight; q/k/v projections (biases only with `attention_
 `q_norm`/`k_norm` over d_head BEFORE RoPE; half-split RoPE with cos/sin computed in float32 and cast to the
 activation dtype (plain or YaRN, `hooked.rotary.rotary_frequencies`); grouped-query attention with the softmax in
 float32; a SiLU-gated MLP; tied or untied unembedding. Float32 logits are bit-identical to `Qwen3ForCausalLM`
-(tests/test_qwen3_parity.py). `head_dim` comes from the config and may differ from d_model / n_heads.
+(tests/families/test_qwen3_parity.py). `head_dim` comes from the config and may differ from d_model / n_heads.
 
 Qwen3 is the shared rotary decoder (hooked/models/rotary_decoder.py) of pre-norm blocks, each grouped-query
 attention with per-head RMSNorms on q and k (hooked/models/grouped_query_attention.py) and a SiLU-gated MLP.

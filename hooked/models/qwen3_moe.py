@@ -7,7 +7,7 @@ RMSNorms on q and k (hooked/models/grouped_query_attention.py) in the shared rot
 (i + 1) % decoder_sparse_step == 0`, its MLP the top-k router and stacked experts of hooked/models/moe.py
 (routing weights cast to the model dtype, renormalised only with `norm_topk_prob`); the other layers are dense
 SiLU-gated MLPs of width `intermediate_size`. Float32 logits are bit-identical to `Qwen3MoeForCausalLM`
-(tests/test_qwen3_moe.py).
+(tests/families/test_qwen3_moe.py).
 
 Checkpoints store each expert's `gate_proj` / `up_proj` / `down_proj` on its own; they are stacked at load into
 `experts.gate_up_proj` and `experts.down_proj` (`checkpoint_stacked`). See docs/qwen3.md.

@@ -5,7 +5,7 @@
     evals.induction_loss(model)                  # loss on the repeated half of random token sequences
     evals.ioi_eval(model)["Logit Difference"]    # indirect object identification, TransformerLens' templates
 
-Same arguments, defaults and numbers as TransformerLens (tests/test_evals.py runs both on the same
+Same arguments, defaults and numbers as TransformerLens (tests/transformer_lens/test_evals.py runs both on the same
 weights), with two differences. `device` defaults to the model's device rather than "cuda". And the
 evaluations TransformerLens builds from hub data sets (`evaluate` over wikitext / OpenWebText / the
 Pile / code, `mmlu_eval`) are not fetched here: `evaluate` takes your own data loaders

@@ -11,7 +11,7 @@
 
 hooked/models/base.py imports this module and no other of this folder: the model's TransformerLens face is
 written here, with the rest of the compatibility layer, and the models never reach further into it
-(tests/test_architecture_declarations.py).
+(tests/infrastructure/test_architecture_declarations.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
     results = patching.get_act_patch_resid_pre(model, corrupted_tokens, clean_cache, metric)   # [n_layers pos]
 
 Each function has TransformerLens' signature `(model, corrupted_tokens, clean_cache, patching_metric)`,
-its output shape and axis order, and its numbers (tests/test_tl_patching.py compares them on the same
+its output shape and axis order, and its numbers (tests/transformer_lens/test_tl_patching.py compares them on the same
 weights). What differs is how they run: TransformerLens runs one forward per patch; here every patch is
 a variant of one `hooked.sweep` over the corrupted tokens, so the corrupted run up to a patch's layer is
 computed once and the patches run batched (a block of `batch` rows each).

@@ -1,7 +1,7 @@
 """TransformerLens-compatible helpers, so `from transformer_lens import utils` ports as `from hooked import utils`.
 
 Each follows TransformerLens 3.9 (`transformer_lens/utilities/`: `lm_utils.py`, `tokenize_utils.py`,
-`exploratory_utils.py`, `tensors.py`); tests/test_transformer_lens.py compares their outputs.
+`exploratory_utils.py`, `tensors.py`); tests/transformer_lens/test_transformer_lens.py compares their outputs.
 """
 
 from __future__ import annotations

@@ -1,0 +1,365 @@
+"""Generic code learns an architecture only from what its model file declares (docs/adding-a-model.md).
+
+The generic modules (everything in `hooked/` but the model files, the shared layers they are built from and
+the package's re-exports; plus the docs' hook reference generator) are parsed, and each must not:
+
+1. import a family's model module or name a class defined in one (no `isinstance(module, GPT2Attention)`);
+2. probe a hook name to learn what a model is (`"...hook_router_logits" in model.hook_dict`), or compare
+   against a family name;
+3. reach for a submodule or parameter by a leaf name only some families have (`getattr(attn, "c_proj")`).
+
+The forbidden names are computed from the registered families themselves (hooked.models.MODEL_CLASSES), so
+a new family is covered the moment it is registered.
+
+The package's wings also import in one direction only (`import_violations`; imports under `if TYPE_CHECKING:`
+are annotations and do not count, imports inside functions do):
+
+4. no model file (hooked/models/) imports an intervention (hooked/interventions/), a circuit
+   (hooked/circuits/) or a compatibility module (hooked/transformer_lens/), except the one edge that gives
+   the model class its TransformerLens face: hooked/models/base.py -> hooked.transformer_lens.model;
+5. no low-floor module (the hook core and the layers models are built from) imports anything but another
+   low-floor module or a kernel;
+6. no intervention imports a circuit: circuits are built on the interventions, not the reverse.
+
+And a family's model file reads on its own plus the shared parts (`family_import_violations`):
+
+7. no family's model file imports another family's model file, or the registry `hooked.models` (which imports
+   every family): what two families share lives in a module named for it (hooked/models/rotary_decoder.py,
+   grouped_query_attention.py, moe.py, sandwich_decoder.py), which is not a family module.
+
+Each rule is also run on a snippet that breaks it, so the checker is seen to catch what it claims to.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import hooked
+from hooked.models import MODEL_CLASSES
+from hooked.testing import ARCHITECTURES, random_model
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "hooked"
+# Not generic: the model files, the layers they are assembled from, and the package namespace re-exporting them.
+BUILDING = {PACKAGE / "layers.py", PACKAGE / "__init__.py"}
+# Leaf names every reader may use whatever the family (generic attributes, ablation selectors).
+VOCABULARY = {"bias", "lm_head", "experts"}
+
+
+def family_modules() -> set[str]:
+    """The model files of the registered families: where each model class and its config are defined. The shared
+    parts they are built from (base.py, rotary_decoder.py, ...) define no registered class, so they are not here."""
+    return {klass.__module__ for model_class in MODEL_CLASSES for klass in (model_class, model_class.config_class)}
+
+
+def family_class_names() -> set[str]:
+    names = set()
+    for module in family_modules():
+        tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+        names |= {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    return names
+
+
+def family_leaf_names() -> set[str]:
+    """Submodule and parameter names some families have and others lack (`c_proj`, `q_norm`, ...)."""
+    per_family = []
+    for architecture in ARCHITECTURES:
+        model = random_model(architecture)
+        names = {part for name, _ in [*model.named_modules(), *model.named_parameters()] for part in name.split(".")}
+        per_family.append({name for name in names if name and not name.isdigit()})
+    return set.union(*per_family) - set.intersection(*per_family) - VOCABULARY
+
+
+def generic_files() -> list[Path]:
+    files = [
+        path
+        for path in PACKAGE.rglob("*.py")
+        if path.relative_to(PACKAGE).parts[0] != "models" and path not in BUILDING
+    ]
+    return sorted(files) + [ROOT / "docs" / "hooks_reference.py"]
+
+
+def _strings(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.JoinedStr):  # an f-string: its literal parts
+        return ["".join(str(part.value) for part in node.values if isinstance(part, ast.Constant))]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [text for element in node.elts for text in _strings(element)]
+    return []
+
+
+def violations(
+    source: str, where: str, classes: set[str], modules: set[str], leaves: set[str], families: set[str]
+) -> list[str]:
+    tree = ast.parse(source)
+    # A name this file imports from outside hooked (transformers' GPT2Config) is not ours.
+    foreign = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and not (node.module or "").startswith("hooked")
+        for alias in node.names
+    }
+    found = []
+    for node in ast.walk(tree):
+        line = f"{where}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.ImportFrom) and node.module in modules:
+            found.append(f"{line} imports the model module {node.module}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "hooked.models":
+            found += [f"{line} imports the model class {alias.name}" for alias in node.names if alias.name in classes]
+        elif isinstance(node, ast.Name) and node.id in classes and node.id not in foreign:
+            found.append(f"{line} names the model class {node.id}")
+        elif isinstance(node, ast.Attribute) and node.attr in classes:
+            found.append(f"{line} names the model class {node.attr}")
+        elif isinstance(node, ast.Attribute) and node.attr in leaves:
+            found.append(f"{line} reaches for .{node.attr}, which only some families have")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) > 1
+            and any(text in leaves for text in _strings(node.args[1]))
+        ):
+            found.append(
+                f"{line} {node.func.id}(..., {_strings(node.args[1])[0]!r}): a leaf name only some families have"
+            )
+        elif isinstance(node, ast.Compare):
+            for operator, right in zip(node.ops, node.comparators):
+                left_texts = _strings(node.left)
+                if isinstance(operator, (ast.In, ast.NotIn)) and any("hook_" in text for text in left_texts):
+                    found.append(f"{line} probes for the hook {left_texts[0]!r}")
+                if isinstance(operator, (ast.Eq, ast.NotEq)) and any(
+                    text in families for text in left_texts + _strings(right)
+                ):
+                    found.append(f"{line} compares against a family name")
+    return found
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return dict(
+        classes=family_class_names(),
+        modules=family_modules(),
+        leaves=family_leaf_names(),
+        families={model_class.family for model_class in MODEL_CLASSES},
+    )
+
+
+def test_generic_modules_learn_architectures_only_from_declarations(rules):
+    found = [
+        problem
+        for path in generic_files()
+        for problem in violations(path.read_text(), str(path.relative_to(ROOT)), **rules)
+    ]
+    assert not found, "generic code recognises architectures by hand; read a declaration instead:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "snippet, expected",
+    [
+        ("from hooked.models.gpt2 import GPT2Attention", "imports the model module"),
+        ("from hooked.models import Olmo2Attention", "imports the model class"),
+        ("ok = isinstance(module, GPT2Attention)", "names the model class GPT2Attention"),
+        ("sparse = f'blocks.{i}.mlp.hook_router_logits' in model.hook_dict", "probes for the hook"),
+        ("bias = getattr(block.attn, 'c_proj').bias", "a leaf name only some families have"),
+        ("bias = block.attn.o_proj.bias", "reaches for .o_proj"),
+        ("if architecture == 'qwen3_moe': pass", "compares against a family name"),
+    ],
+)
+def test_the_checker_catches_each_kind_of_violation(rules, snippet, expected):
+    found = violations(snippet, "snippet", **rules)
+    assert any(expected in problem for problem in found), found
+
+
+# ----------------------------------------------------------------------------- which wing imports which
+# The low floor: hook points, rows, names and the layers every model is built from. They import each other
+# and the kernels, nothing higher.
+LOW_FLOOR = {
+    "hooked.hooks",
+    "hooked.rows",
+    "hooked.names",
+    "hooked.layers",
+    "hooked.rotary",
+    "hooked.kv_cache",
+    "hooked.factored",
+    "hooked.tokenizer",
+    "hooked.version",
+}
+# (importing module's prefix, imported module's prefix, except these (importer, imported) pairs, why)
+WING_RULES = [
+    (
+        "hooked.models.",
+        ("hooked.interventions", "hooked.circuits", "hooked.transformer_lens"),
+        {("hooked.models.base", "hooked.transformer_lens.model")},
+        "a model file imports an intervention, circuit or compatibility module",
+    ),
+    ("hooked.interventions.", ("hooked.circuits",), set(), "an intervention imports a circuit module"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) for every hooked module the code imports, outside `if TYPE_CHECKING:` blocks;
+    `from hooked import ablate` names the module `hooked.ablate` stands for (hooked.MODULE_PATHS)."""
+    annotation_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for statement in block.body
+        for node in ast.walk(statement)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in annotation_only:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                short = candidate.removeprefix("hooked.")
+                if node.module == "hooked" and short in hooked.MODULE_PATHS:
+                    candidate = hooked.MODULE_PATHS[short]
+                file = ROOT / candidate.replace(".", "/")
+                is_module = file.with_suffix(".py").is_file() or (file / "__init__.py").is_file()
+                found.append((node.lineno, candidate if is_module else node.module))
+    return [(line, name) for line, name in found if name == "hooked" or name.startswith("hooked.")]
+
+
+def import_violations(source: str, importer: str) -> list[str]:
+    found = []
+    for line, imported in imported_modules(ast.parse(source)):
+        where = f"{importer}:{line}"
+        if importer in LOW_FLOOR and imported not in LOW_FLOOR and not imported.startswith("hooked.kernels"):
+            found.append(f"{where} the low-floor module {importer} imports {imported}, a higher one")
+        for prefix, forbidden, allowed, what in WING_RULES:
+            if importer.startswith(prefix) and imported.startswith(forbidden) and (importer, imported) not in allowed:
+                found.append(f"{where} {what}: {imported}")
+    return found
+
+
+def test_wings_import_in_one_direction():
+    found = [
+        problem
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for problem in import_violations(path.read_text(), module_name(path))
+    ]
+    assert not found, "an import against the package's layering (docs/adding-a-model.md):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "importer, snippet, expected",
+    [
+        (
+            "hooked.models.qwen3_moe",
+            "from hooked.interventions.ablate import all_experts_removed",
+            "a model file imports",
+        ),
+        ("hooked.models.gpt2", "def f():\n    from hooked.circuits import graph", "a model file imports"),
+        ("hooked.models.llama", "from hooked import utils", "compatibility module: hooked.transformer_lens.utils"),
+        ("hooked.models.base", "from hooked.transformer_lens.config import build_model", "a model file imports"),
+        (
+            "hooked.hooks",
+            "def f():\n    from hooked.cache import ActivationCache",
+            "the low-floor module hooked.hooks imports",
+        ),
+        (
+            "hooked.layers",
+            "from hooked.transformer_lens.processing import Projection",
+            "the low-floor module hooked.layers",
+        ),
+        ("hooked.interventions.sweeps", "import hooked.circuits.engine", "an intervention imports a circuit"),
+    ],
+)
+def test_the_import_checker_catches_each_kind_of_violation(importer, snippet, expected):
+    assert any(expected in problem for problem in import_violations(snippet, importer)), import_violations(
+        snippet, importer
+    )
+
+
+def test_annotation_only_imports_and_the_allowed_edge_pass():
+    snippet = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hooked.interventions.ablate import Ablation\n"
+    )
+    assert import_violations(snippet, "hooked.models.gpt2") == []
+    assert import_violations("from hooked.transformer_lens.model import WeightStacks", "hooked.models.base") == []
+
+
+def test_every_family_declares_what_generic_code_reads():
+    for model_class in MODEL_CLASSES:
+        model = random_model(model_class.family)
+        assert model_class.random_sizes and model_class.config_class and model_class.architectures
+        for block in model.blocks:
+            assert isinstance(type(block).mlp_stage, tuple), type(block).__name__
+        stages = {point.stage for point in model.hook_dict.values()}
+        assert stages <= set(range(-1, 2 * model.cfg.n_layers + 1)), (model_class.family, stages)
+        assert all(
+            model.hook_dict[name].stage == 2 * model.cfg.n_layers
+            for name in model.hook_dict
+            if name.startswith("ln_final.")
+        )
+        planned = [module for module in model.modules() if hasattr(module, "tp_plan")]
+        assert planned, f"{model_class.__name__} declares no tensor-parallel plan on any module"
+        for module in planned:
+            for path, how in module.tp_plan().items():
+                assert how.axis in ("heads", "kv_heads", "d_mlp", "experts"), (model_class.__name__, path, how)
+                module.get_parameter(path)  # names a real parameter
+
+
+# ----------------------------------------------------------------------------- no family imports another
+def family_import_violations(source: str, importer: str, families: set[str]) -> list[str]:
+    found = []
+    for line, imported in imported_modules(ast.parse(source)):
+        where = f"{importer}:{line}"
+        if imported in families and imported != importer:
+            found.append(f"{where} the family module {importer} imports the family module {imported}")
+        elif imported == "hooked.models":
+            found.append(f"{where} the family module {importer} imports the registry hooked.models (every family)")
+    return found
+
+
+def test_no_family_imports_another():
+    families = family_modules()
+    found = [
+        problem
+        for module in sorted(families)
+        for problem in family_import_violations(
+            (ROOT / (module.replace(".", "/") + ".py")).read_text(), module, families
+        )
+    ]
+    assert not found, (
+        "a family's model file reads another family's; move what they share into a module named for it"
+        " (docs/adding-a-model.md):\n" + "\n".join(found)
+    )
+
+
+@pytest.mark.parametrize(
+    "importer, snippet, expected",
+    [
+        (
+            "hooked.models.mixtral",
+            "from hooked.models.llama import Mistral, MistralConfig",
+            "imports the family module",
+        ),
+        ("hooked.models.gemma3", "def f():\n    from hooked.models import gemma2", "imports the family module"),
+        ("hooked.models.qwen3_moe", "import hooked.models.qwen3", "imports the family module hooked.models.qwen3"),
+        ("hooked.models.llama", "from hooked.models import Qwen3", "imports the registry"),
+        ("hooked.models.llama", "from hooked.models.rotary_decoder import PreNormBlock", None),
+        ("hooked.models.llama", "from hooked.models.llama import LlamaConfig", None),
+    ],
+)
+def test_the_family_import_checker_catches_a_family_importing_another(importer, snippet, expected):
+    families = family_modules()
+    assert "hooked.models.rotary_decoder" not in families and "hooked.models.llama" in families
+    found = family_import_violations(snippet, importer, families)
+    if expected is None:
+        assert found == []
+    else:
+        assert any(expected in problem for problem in found), found

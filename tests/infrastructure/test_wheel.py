@@ -1,0 +1,59 @@
+"""The wheel carries the bundled IOI models, and a wheel installed outside the checkout loads them offline.
+
+Built with `python -m build --wheel --no-isolation` (the `build` package of the dev extra, with the
+setuptools already installed, so nothing is fetched), installed with `pip install --no-deps --target`
+into a temporary directory, and imported from there by a fresh interpreter whose working directory is
+not the checkout.
+"""
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out
+
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLED = ("ioi-gpt2", "ioi-qwen3moe")
+
+
+def test_an_installed_wheel_loads_the_bundled_models(tmp_path):
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    wheel = next(dist.glob("hooked-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for model in BUNDLED:
+        for file in ("config.json", "model.safetensors", "tokenizer.json"):
+            assert f"hooked/bundled/{model}/{file}" in names, (model, file)
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    script = (
+        "import json, sys, torch, hooked\n"
+        "from hooked import metrics, tasks\n"
+        "task = tasks.ioi(n=8, seed=5)\n"
+        "out = {'file': hooked.__file__}\n"
+        f"for name in {[f'hooked/{m}' for m in BUNDLED]!r}:\n"
+        "    model = hooked.load(name)\n"
+        "    with torch.no_grad():\n"
+        "        out[name] = metrics.logit_diff(model, task.correct, task.incorrect)(model(model.to_tokens(task.clean))).mean().item()\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {"PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert Path(out["file"]).is_relative_to(target), out["file"]  # the installed copy, not the checkout
+    for model in BUNDLED:
+        assert out[f"hooked/{model}"] > 1.0, out  # a trained model: the right name is clearly preferred
