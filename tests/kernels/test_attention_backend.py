@@ -151,7 +151,7 @@ def test_automatic_triton_only_where_the_kernel_compiles(monkeypatch):
 
     asked = []
     capability = {"cuda:0": (9, 0), "cuda:1": (7, 5)}
-    monkeypatch.setattr(layers, "triton_available", lambda device=None: True)
+    monkeypatch.setattr(layers.attention, "triton_available", lambda device=None: True)
     monkeypatch.setattr(
         torch.cuda, "get_device_capability", lambda device: asked.append(str(device)) or capability[str(device)]
     )

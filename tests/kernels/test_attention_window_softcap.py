@@ -89,7 +89,7 @@ def test_softcap_refuses_sdpa_and_the_kernel_serves_windows_on_a_gpu(monkeypatch
     ):
         attend(q, k, v, mask, 0.25, point, point, softmax_in_float32=True, softcap=CAP)
     # pretending a GPU: windows and softcaps go to the kernel; a softcapped decode step goes to eager
-    monkeypatch.setattr(layers, "triton_compiles_on", lambda device: True)
+    monkeypatch.setattr(layers.attention, "triton_compiles_on", lambda device: True)
     gpu_q = SimpleNamespace(is_cuda=True, device=torch.device("cuda:0"))
     assert choose_backend(gpu_q, mask, point, point) == "triton"
     assert choose_backend(gpu_q, mask, point, point, softcap=CAP) == "triton"

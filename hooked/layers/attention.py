@@ -1,12 +1,8 @@
-"""Layers shared by every architecture: norms with scale hooks, the attention core, linear layers and the
-gated MLP (rotary embeddings are in hooked/rotary.py).
-
-Each layer reproduces the Hugging Face (transformers 5.24) operation order so that float32 results are
-bit-identical, and computes the costly hook points (scores, pattern) only when something listens:
-the branch is visible in `attend`.
-
-Axis vocabulary (used in every hook declaration, see docs/hooks.md): batch, pos, d_model,
-head_index, kv_head_index, d_head, query_pos, key_pos, d_mlp, n_experts, top_k, d_vocab.
+"""The attention core every architecture shares: each head's own copy of its input (`attention_input`, for
+`hook_q_input` / `hook_k_input` / `hook_v_input`), the mask and positions of a padded batch (`AttentionMask`,
+`position_ids_for`), the choice of path (eager, SDPA or the Triton kernel: `attention_backend`, `choose_backend`)
+and `attend`, which computes the costly points (scores, pattern) only when something listens, in a visible
+branch (docs/attention.md).
 """
 
 from __future__ import annotations
@@ -14,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
-import math
 import os
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -26,137 +21,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
-
-
-class HookedNorm(nn.Module):
-    """A norm with TransformerLens' hooks `hook_scale` and `hook_normalized` (subclasses: the arithmetic).
-
-    Without listeners it runs `unhooked` (the checkpoint's own kernel, bit-identical to Hugging Face). With
-    listeners the hooks see, and may replace, the step-by-step intermediates; when they change nothing (no
-    replacement, no in-place edit: the tensors' version counters say so) the output is still `unhooked`'s,
-    so caching or watching a norm never moves any later number by a rounding (a pattern cached with or
-    without the norm's hooks is the same tensor). Gradients flow through the hooked intermediates either way.
-    Under `torch.inference_mode()`, where tensors keep no version counter, an in-place edit cannot be ruled
-    out and the step-by-step output is used.
-    """
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not (self.hook_scale.listening or self.hook_normalized.listening):
-            return self.unhooked(x)
-        return self.fire(x)[0]
-
-    def fire(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """The output through the hooks, and what it is had they changed nothing, by the same arithmetic (so
-        `output - reference` is exactly 0 wherever the hooks left the values alone)."""
-        scale = self.scale(x)
-        tracked = not scale.is_inference()
-        scale_version = scale._version if tracked else None
-        hooked_scale = self.hook_scale(scale)
-        normalized = self.normalize(x, hooked_scale)
-        normalized_version = normalized._version if tracked else None
-        hooked_normalized = self.hook_normalized(normalized)
-        untouched = (
-            tracked
-            and hooked_scale is scale
-            and hooked_normalized is normalized
-            and scale._version == scale_version
-            and normalized._version == normalized_version
-        )
-        if not untouched:
-            return self.affine(hooked_normalized), self.stepwise(x)
-        exact = self.unhooked(x)
-        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
-            stepwise = self.affine(hooked_normalized)  # the value of `exact`, the gradient of the hooked path
-            exact = exact.detach() + (stepwise - stepwise.detach())
-        return exact, exact
-
-    def stepwise(self, x: Tensor) -> Tensor:
-        """The hooked arithmetic without the hooks."""
-        return self.affine(self.normalize(x, self.scale(x)))
-
-    @property
-    def gain(self) -> Tensor:
-        """The elementwise factor applied to the normalised input ([d]): what a direction read out through
-        this norm is multiplied by (the weight here; a norm computing `(1 + weight) * x` says so)."""
-        return self.weight
-
-    def set_unit_gain(self) -> None:
-        """Make `gain` all ones: weight processing folded it into the weights that read this norm's output
-        (a norm whose gain is not its weight overrides this with its own)."""
-        self.weight.fill_(1.0)
-
-
-class LayerNorm(HookedNorm):
-    """LayerNorm with TransformerLens' hooks: `hook_scale` [batch pos 1], `hook_normalized`.
-
-    `hook_normalized` holds (x - mean) / scale, before the weight and bias are applied (HookedNorm says
-    when the output is `F.layer_norm`'s and when the step-by-step one).
-    """
-
-    def __init__(self, d_model: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))
-        self.bias = nn.Parameter(torch.zeros(d_model))
-        self.hook_scale = HookPoint("batch pos 1")
-        self.hook_normalized = HookPoint("batch pos d_model")
-
-    def scale(self, x: Tensor) -> Tensor:
-        centered = x - x.mean(-1, keepdim=True)
-        return (centered.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
-
-    def normalize(self, x: Tensor, scale: Tensor) -> Tensor:
-        return (x - x.mean(-1, keepdim=True)) / scale
-
-    def affine(self, normalized: Tensor) -> Tensor:
-        return normalized * self.weight + self.bias
-
-    def unhooked(self, x: Tensor) -> Tensor:
-        """The norm without firing its hooks (per-head split inputs: `attention_input`)."""
-        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
-
-    def normalize_with_scale(self, x: Tensor, scale: Tensor) -> Tensor:
-        """What this norm does to `x` given the scale it used in the real forward (no weight)."""
-        return (x - x.mean(-1, keepdim=True)) / scale
-
-    # TransformerLens' names for the parameters (`model.ln_final.w`, `blocks[i].ln1.b`): the same tensors.
-    w = property(lambda self: self.weight, doc="The weight, as TransformerLens names it: [d_model]")
-    b = property(lambda self: self.bias, doc="The bias, as TransformerLens names it: [d_model]")
-
-
-class RMSNorm(HookedNorm):
-    """RMSNorm as Qwen3: normalise in float32, cast back, then multiply by the weight.
-
-    `hook_scale` holds sqrt(mean(x^2) + eps) in float32 ([batch pos 1]); `hook_normalized` the
-    normalised input in the model dtype, before the weight.
-    """
-
-    def __init__(self, d: int, eps: float, axes: str = "batch pos"):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d))
-        self.hook_scale = HookPoint(f"{axes} 1")
-        self.hook_normalized = HookPoint(f"{axes} {'d_model' if axes == 'batch pos' else 'd_head'}")
-
-    def scale(self, x: Tensor) -> Tensor:
-        return (x.float().pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
-
-    def normalize(self, x: Tensor, scale: Tensor) -> Tensor:
-        return (x.float() / scale).to(x.dtype)
-
-    def affine(self, normalized: Tensor) -> Tensor:
-        return self.weight * normalized
-
-    def unhooked(self, x: Tensor) -> Tensor:
-        """The norm without firing its hooks (per-head split inputs: `attention_input`)."""
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-    def normalize_with_scale(self, x: Tensor, scale: Tensor) -> Tensor:
-        return x / scale
-
-    w = property(lambda self: self.weight, doc="The weight, as TransformerLens names it (RMSNorm has no bias)")
 
 
 def attention_input(
@@ -213,13 +77,6 @@ def attention_input(
             shared = shared.detach() + (per_head - per_head.detach())  # the shared value, the copy's gradient
         inputs.append(torch.where(edited, per_head, shared))
     return tuple(inputs)
-
-
-def mlp_input(block: nn.Module, resid_mid: Tensor) -> Tensor:
-    """`blocks.{i}.hook_mlp_in`: what the MLP half reads before its norm. A copy when hooked, so an in-place
-    edit changes the MLP's input and not the residual stream (TransformerLens' `use_hook_mlp_in`)."""
-    point = block.hook_mlp_in
-    return point(resid_mid.clone()) if point.listening else resid_mid
 
 
 @dataclass(frozen=True)
@@ -291,6 +148,8 @@ def position_ids_for(tokens: Tensor, key_valid: Tensor | None) -> Tensor:
 
 
 AttentionBackend = Literal["triton", "sdpa", "eager"]
+
+
 _forced_backend: ContextVar[str | None] = ContextVar("hooked_attention_backend", default=None)
 
 
@@ -488,156 +347,3 @@ def writable(z: Tensor) -> Tensor:
     treatment: they are `unbind` views of the fused projection, which autograd forbids editing in place.
     """
     return z.clone() if z.requires_grad else z
-
-
-def gelu_new(x: Tensor) -> Tensor:
-    """GPT-2's tanh GELU in Hugging Face's exact operation order (F.gelu(approximate='tanh') differs).
-
-    Without autograd the same operations run in place on one buffer: bit-identical (each step
-    rounds the same; halving is exact), and about 3x faster on activations larger than the cache,
-    where the seven temporaries of the plain expression are memory-bound (a fifth of a sweep's time).
-    """
-    if torch.is_grad_enabled() and x.requires_grad:
-        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
-    return torch.pow(x, 3.0).mul_(0.044715).add_(x).mul_(math.sqrt(2.0 / math.pi)).tanh_().add_(1.0).mul_(x).mul_(0.5)
-
-
-# ----------------------------------------------------------------------------- linear layers
-class Conv1D(nn.Module):
-    """GPT-2's linear layer as stored: `x @ weight + bias` with weight [in, out], via `addmm` (transformers'
-    `pytorch_utils.Conv1D`; other families use `nn.Linear`, [out, in])."""
-
-    def __init__(self, d_in: int, d_out: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(d_in, d_out))
-        self.bias = nn.Parameter(torch.zeros(d_out))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
-
-    def partial_product(self, x: Tensor) -> Tensor:
-        """`x @ weight` without the bias (a row-parallel layer all-reduces it before adding the bias)."""
-        return torch.mm(x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
-
-    def add_bias(self, partial: Tensor) -> Tensor:
-        """The output from a sum of per-head (or per-row-block) products: the bias added (tensor
-        parallelism first all-reduces the partial sums, hooked.distributed.RowParallel)."""
-        return partial + self.bias
-
-
-@dataclass(frozen=True)
-class Split:
-    """How tensor parallelism cuts one parameter, as a module declares it in `tp_plan()`.
-
-    `axis` names the count whose range a rank holds ("heads", "kv_heads", "d_mlp", "experts"); `dim` is
-    the tensor dimension cut; `unit` the elements per head / neuron / expert along `dim` (d_head for a
-    q_proj row block); `parts` > 1 when `dim` holds that many equal blocks cut alike (GPT-2's fused
-    q|k|v); `reduce=True` on the weight of a layer whose *input* is cut: the layer all-reduces its
-    partial product before adding its (whole) bias. hooked.distributed.parallelize applies it.
-    """
-
-    axis: str
-    dim: int
-    unit: int = 1
-    parts: int = 1
-    reduce: bool = False
-
-
-@dataclass(frozen=True)
-class Projection:
-    """A weight that reads the residual stream (after a norm) or writes to it, as weight processing
-    (hooked/transformer_lens/processing.py) and the residual decomposition see it: each attention and MLP module
-    declares its `residual_readers()` and `residual_writers()`.
-
-    `axis` is the weight's d_model axis. `bias` is the output's bias, or None where there is none: for a
-    reader the weight's shape without that axis, for a writer [d_model].
-    """
-
-    weight: Tensor
-    axis: int
-    bias: Tensor | None = None
-
-
-# ----------------------------------------------------------------------------- gated MLP
-def add_bias(linear: nn.Linear, partial: Tensor) -> Tensor:
-    """`linear`'s output from a sum of partial products (per head): its bias added, if any; a tensor-parallel
-    layer (hooked.distributed.RowParallel) first all-reduces the partial sums."""
-    if hasattr(linear, "add_bias"):
-        return linear.add_bias(partial)
-    return partial + linear.bias if linear.bias is not None else partial
-
-
-class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)), no biases (Llama / Qwen style), with TransformerLens' hooks.
-
-    `hook_pre` is the gate's pre-activation, `hook_pre_linear` the up projection, and `hook_post`
-    the neurons, act(gate) * up: the down projection's input.
-    """
-
-    def __init__(self, d_model: int, d_mlp: int, activation=F.silu):
-        super().__init__()
-        self.gate_proj = nn.Linear(d_model, d_mlp, bias=False)
-        self.up_proj = nn.Linear(d_model, d_mlp, bias=False)
-        self.down_proj = nn.Linear(d_mlp, d_model, bias=False)
-        self.activation = activation
-        self.hook_pre = HookPoint("batch pos d_mlp")  # gate pre-activation
-        self.hook_pre_linear = HookPoint("batch pos d_mlp")  # up projection
-        self.hook_post = HookPoint("batch pos d_mlp")  # the neurons: act(gate) * up
-
-    def forward(self, x: Tensor) -> Tensor:
-        pre = self.hook_pre(self.gate_proj(x))
-        pre_linear = self.hook_pre_linear(self.up_proj(x))
-        post = self.hook_post(self.activation(pre) * pre_linear)
-        return self.down_proj(post)
-
-    def tp_plan(self) -> dict[str, Split]:
-        """Tensor parallelism: each rank holds some neurons' gate/up rows and down_proj's columns."""
-        plan = {"down_proj.weight": Split("d_mlp", 1, reduce=True)}
-        for child in ("gate_proj", "up_proj"):
-            plan[f"{child}.weight"] = Split("d_mlp", 0)
-            if getattr(self, child).bias is not None:
-                plan[f"{child}.bias"] = Split("d_mlp", 0)
-        return plan
-
-    def residual_readers(self) -> tuple[Projection, ...]:
-        """What reads the norm before it, for weight processing (hooked.transformer_lens.processing): nn.Linear [out, in]."""
-        return (Projection(self.gate_proj.weight, 1), Projection(self.up_proj.weight, 1))
-
-    def residual_writers(self) -> tuple[Projection, ...]:
-        return (Projection(self.down_proj.weight, 0),)
-
-    @property
-    def W_gate(self) -> Tensor:
-        """[d_model d_mlp], TransformerLens' layout (a transposed view)."""
-        return self.gate_proj.weight.T
-
-    @property
-    def W_in(self) -> Tensor:
-        """[d_model d_mlp]: the up projection."""
-        return self.up_proj.weight.T
-
-    @property
-    def W_out(self) -> Tensor:
-        """[d_mlp d_model]."""
-        return self.down_proj.weight.T
-
-    @property
-    def b_in(self) -> Tensor:
-        """[d_mlp] zeros: no biases (TransformerLens' gated MLP has zeros there)."""
-        return self.up_proj.weight.new_zeros(self.up_proj.weight.shape[0])
-
-    @property
-    def b_out(self) -> Tensor:
-        """[d_model] zeros: no biases."""
-        return self.down_proj.weight.new_zeros(self.down_proj.weight.shape[0])
-
-
-# ----------------------------------------------------------------------------- routers
-def all_experts_removed(point: str, n_experts: int) -> str:
-    """Why routing cannot run with every expert's router logit at -inf (the softmax would be 0 / 0)."""
-    layer = point.split(".")[1] if point.startswith("blocks.") else "{layer}"
-    return (
-        f"{point}: every one of the layer's {n_experts} experts is ablated at the router (-inf), which leaves no"
-        " expert to route to (the softmax would be 0 / 0 and the MLP output NaN). To remove the whole MoE"
-        f" layer, zero its output instead: the address 'L{layer}.mlp', or blocks.{layer}.hook_mlp_out"
-    )
