@@ -1,6 +1,8 @@
 """The package's front faces name every registered family (hooked.models.MODEL_CLASSES), so none drifts when a
 family is added: the package docstring and `__all__`, `hooked.models.__all__`, pyproject's description, the
-site's description, the README's and the docs home page's family sentence, and the TransformerLens guide."""
+site's description, the README's and the docs home page's family sentence, and the TransformerLens guide.
+And the README's "What is where" table (and the docs home page's copy) names every module of the package, so a
+newcomer finds any public function from it in one step."""
 
 from __future__ import annotations
 
@@ -70,3 +72,48 @@ def test_every_short_module_path_is_the_module_itself(short, module):
     import importlib
 
     assert importlib.import_module(f"hooked.{short}") is importlib.import_module(module)
+
+
+def what_is_where() -> dict[str, str]:
+    """The README's "What is where" table: first cell (the paths, as written) -> the whole row."""
+    section = (ROOT / "README.md").read_text().split("## What is where", 1)[1].split("\n## ", 1)[0]
+    return {row.split("|")[1].strip(): row for row in section.splitlines() if row.startswith("| `")}
+
+
+def unlisted_modules(table: dict[str, str]) -> list[str]:
+    """The modules under hooked/ the table does not name: by path in the first cell, or by their path inside a
+    folder whose row is theirs (`hooked/weights/` names `sources.py`; `hooked/kernels/` names `attention/forward.py`)."""
+    missing = []
+    for path in sorted((ROOT / "hooked").rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if path.name == "__init__.py" and relative != "hooked/__init__.py":
+            continue  # a folder's namespace: its row names the folder
+        if any(f"`{relative}`" in first for first in table):
+            continue
+        folders = [f"hooked/{'/'.join(path.relative_to(ROOT / 'hooked').parts[:depth])}/" for depth in (1, 2)]
+        inside = [
+            (row, relative.removeprefix(folder)) for folder in folders for first, row in table.items() if first == f"`{folder}`"
+        ]
+        if not any(f"`{name}`" in row or f"`{name.rsplit('/', 1)[-1]}`" in row for row, name in inside):
+            missing.append(relative)
+    return missing
+
+
+def test_the_readme_names_every_module():
+    missing = unlisted_modules(what_is_where())
+    assert not missing, f"README.md's 'What is where' table does not name {missing}"
+
+
+def test_the_module_checker_sees_an_unlisted_module():
+    table = what_is_where()
+    del table["`hooked/distributed.py`"]
+    assert unlisted_modules(table) == ["hooked/distributed.py"]
+
+
+def test_the_docs_home_page_has_the_readmes_rows():
+    """docs/index.md repeats the README's rows for the package and the tests (the site cannot link to the README)."""
+    section = (ROOT / "docs" / "index.md").read_text().split("## What is where", 1)[1].split("\n## ", 1)[0]
+    rows = {row.split("|")[1].strip(): row for row in section.splitlines() if row.startswith("| `")}
+    readme = {first: row for first, row in what_is_where().items() if first.startswith(("`hooked/", "`tests/"))}
+    assert set(rows) >= set(readme), set(readme) - set(rows)
+    assert unlisted_modules(rows) == []
