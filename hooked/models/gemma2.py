@@ -299,10 +299,10 @@ class Gemma2Block(nn.Module):
     def attn_half(
         self,
         resid_pre: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        local_cos: Tensor,
-        local_sin: Tensor,
+        cos: Tensor | None,  # None for a layer type the model has not (Gemma 3's block_inputs)
+        sin: Tensor | None,
+        local_cos: Tensor | None,
+        local_sin: Tensor | None,
         mask: AttentionMask,
         local_mask: AttentionMask,
         kv: LayerKV | None = None,

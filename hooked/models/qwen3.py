@@ -208,7 +208,7 @@ class Qwen3Attention(nn.Module):
     """Grouped-query attention with RoPE; `qk_norm=False` drops the per-head norms (Llama, Mistral:
     hooked/models/llama.py), and with them q_norm, k_norm and hook_q_normed / hook_k_normed."""
 
-    def __init__(self, cfg: Qwen3Config, qk_norm: bool = True):
+    def __init__(self, cfg: RotaryRMSNames, qk_norm: bool = True):  # Qwen3's, Llama's, OLMo 2's or Gemma's config
         super().__init__()
         self.n_heads, self.n_kv_heads, self.d_head = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
         self.qk_norm = qk_norm
@@ -391,7 +391,7 @@ class Qwen3Block(nn.Module):
 
     mlp_stage = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out", "hook_resid_post")  # what mlp_half computes
 
-    def __init__(self, cfg: Qwen3Config, mlp: nn.Module, attn: nn.Module | None = None):
+    def __init__(self, cfg: RotaryRMSNames, mlp: nn.Module, attn: nn.Module | None = None):  # Qwen3, Llama or Mixtral
         super().__init__()
         self.hook_resid_pre = HookPoint("batch pos d_model")
         self.hook_q_input = HookPoint(

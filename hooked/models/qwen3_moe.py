@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
 from hooked.layers import GatedMLP, Projection, Split, all_experts_removed
+from hooked.models.config import ModelConfig
 from hooked.models.qwen3 import Qwen3, Qwen3Block, Qwen3Config
 
 
@@ -90,7 +91,7 @@ class Qwen3MoeSparseMLP(nn.Module):
     # float32, so a bf16 model weights and sums its slots in float32 and casts the sum (hooked/models/mixtral.py).
     float32_expert_weights = False
 
-    def __init__(self, cfg: Qwen3MoeConfig):
+    def __init__(self, cfg: ModelConfig):  # Qwen3-MoE's or Mixtral's config
         super().__init__()
         self.n_experts, self.top_k, self.norm_topk_prob = cfg.n_experts, cfg.top_k, cfg.norm_topk_prob
         self.gate = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)  # the router
