@@ -62,7 +62,7 @@ def run_with_cache(
     incl_bwd: bool = False,
     pos_slice: PosSlice = None,
     **model_kwargs,
-) -> tuple[Tensor, ActivationCache]:
+) -> tuple[Tensor | tuple[Tensor, Tensor] | None, ActivationCache]:  # the forward's output (by return_type)
     # Resolved by model.hooks() (a bad name there raises on every rank of a tensor-parallel group).
     names = model.default_cache_names() if names_filter is None else names_filter
     by_reference = _by_reference(model)

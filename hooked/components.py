@@ -471,7 +471,7 @@ class ComponentWrites:
         return total
 
 
-def _has_experts(mlp: torch.nn.Module) -> bool:
+def _has_experts(mlp: torch.nn.Module | None) -> bool:  # None: an attn_only block's
     """Whether `mlp` is a mixture of experts: it declares `expert_results` and the hooks that feed it."""
     return hasattr(mlp, "expert_results")
 

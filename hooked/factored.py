@@ -101,7 +101,7 @@ class FactoredMatrix:
         return self.A @ self.B
 
     @property
-    def BA(self) -> Float[Tensor, "... rdim ldim"]:
+    def BA(self) -> Float[Tensor, "... mdim mdim"]:
         """The product the other way round, B @ A [... mdim mdim]: needs ldim == rdim. It has AB's non-zero eigenvalues."""
         if self.ldim != self.rdim:
             raise ValueError(f"BA needs a square FactoredMatrix (ldim == rdim), this one has shape {tuple(self.shape)}")
@@ -170,7 +170,7 @@ class FactoredMatrix:
             square = square.float()
         return torch.linalg.eigvals(square)
 
-    def norm(self) -> Float[Tensor, ...]:
+    def norm(self) -> Float[Tensor, "..."]:
         """The Frobenius norm, from the singular values: sqrt(sum S^2), one per leading index."""
         return self.S.pow(2).sum(-1).sqrt()
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Union
 
 import torch
+from jaxtyping import Int
 from torch import Tensor
 
 from hooked.hooks import HookPoint
@@ -100,7 +101,11 @@ _LAYER_TYPE_ALIASES = {"a": "attn", "attention": "attn", "m": "mlp", "b": "", "b
 _COMPACT_KEY = re.compile(r"([a-z_]+?)(\d+)([a-z]?.*)")  # name, layer, layer type: "scale4ln1", "k6a", "resid_pre5"
 
 
-def act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+def act_name(
+    name: str,
+    layer: int | Int[Tensor, ""] | None = None,  # a 0-d tensor too, as TransformerLens' demos index caches
+    layer_type: str | None = None,
+) -> str:
     """Expand a TransformerLens shorthand: `act_name("z", 9)` -> `"blocks.9.attn.hook_z"`.
 
     Compact keys put the layer (and layer type) in the name, as TransformerLens' `get_act_name`:

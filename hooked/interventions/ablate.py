@@ -55,12 +55,13 @@ from hooked.hooks import HookFn, HookPoint
 from hooked.interventions import kinds
 from hooked.interventions.addresses import Component, components, parse_address  # noqa: F401  (part of hooked.interventions.ablate)
 from hooked.interventions.positions import PerPrompt, Positions, as_ints, as_positions, per_prompt, positions_mask  # noqa: F401  (per_prompt, PerPrompt: part of hooked.interventions.ablate)
+from hooked.interventions.row_blocks import RowsView
 from hooked.layers import all_experts_removed
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
-Selector = Union[int, Sequence[int], None]
+Selector = int | Sequence[int] | Tensor | None  # an integer tensor too (hooked.interventions.positions.as_ints)
 Method = Literal["zero", "mean", "resample"]
 
 
@@ -78,11 +79,12 @@ class Ablation(abc.ABC):
     selector a declared kind adds (`features=`) is kept in `more`, and reads like the others everywhere.
     """
 
-    heads: tuple[int, ...] | None = None
-    neurons: tuple[int, ...] | None = None
-    experts: tuple[int, ...] | None = None
-    positions: tuple[int, ...] | PerPrompt | None = None  # a set for every prompt, or one per prompt
-    more: tuple[tuple[str, tuple[int, ...]], ...] = ()  # declared kinds' selectors: (("features", (12,)),)
+    # As given; __post_init__ keeps heads, neurons and experts as tuples of ints, positions as a tuple or PerPrompt.
+    heads: Selector = None
+    neurons: Selector = None
+    experts: Selector = None
+    positions: Positions = None  # a set for every prompt, or one per prompt
+    more: tuple[tuple[str, Selector], ...] = ()  # declared kinds' selectors, as given: (("features", 12),)
 
     def __post_init__(self):
         for name in ("heads", "neurons", "experts"):
@@ -114,7 +116,7 @@ class Ablation(abc.ABC):
         )
 
     # ----------------------------------------------------------------- the callback
-    def __call__(self, activation: Tensor, hook: HookPoint) -> Tensor:
+    def __call__(self, activation: Tensor, hook: HookPoint | RowsView) -> Tensor:
         selected = self.selection(activation, hook)
         if self.positions is not None and not bool(selected.any()):
             return activation  # no selected position in these columns (e.g. a decode step past them)
@@ -124,11 +126,11 @@ class Ablation(abc.ABC):
         return torch.where(selected, replacement.to(activation.dtype), activation)
 
     @abc.abstractmethod
-    def replacement(self, activation: Tensor, hook: HookPoint) -> Tensor:
+    def replacement(self, activation: Tensor, hook: HookPoint | RowsView) -> Tensor:
         """The values written where the selection is true (broadcastable to the activation)."""
 
     # ----------------------------------------------------------------- selection
-    def selected_axes(self, point: HookPoint) -> dict[str, str]:
+    def selected_axes(self, point: HookPoint | RowsView) -> dict[str, str]:
         """selector name -> the axis of `point` it selects on; a clear error when there is none."""
         found = {}
         for name in self.selectors:
@@ -178,7 +180,7 @@ class Ablation(abc.ABC):
     def validate_source(self, point: HookPoint, model: HookedTransformer) -> None:
         """Check a reference or source against the point (mean / resample override it)."""
 
-    def selection(self, activation: Tensor, hook: HookPoint) -> Tensor | None:
+    def selection(self, activation: Tensor, hook: HookPoint | RowsView) -> Tensor | None:
         """A boolean mask broadcastable to the activation, True where the ablation writes (None: everywhere)."""
         axes = hook.axes
         mask = None
@@ -227,7 +229,7 @@ class Ablation(abc.ABC):
     kind = "ablation"
 
 
-def _positions_mask(ablation: Ablation, hook: HookPoint) -> Tensor:
+def _positions_mask(ablation: Ablation, hook: HookPoint | RowsView) -> Tensor:
     """[batch pos] True at the real tokens whose position in their prompt is selected (a set, or one per row)."""
     rows = hook.rows
     return positions_mask(
@@ -247,7 +249,7 @@ class Zero(Ablation):
 
     kind = "zero"
 
-    def replacement(self, activation: Tensor, hook: HookPoint) -> Tensor:
+    def replacement(self, activation: Tensor, hook: HookPoint | RowsView) -> Tensor:
         if "n_experts" in hook.axes and self.experts is not None:
             return torch.tensor(float("-inf"), dtype=activation.dtype, device=activation.device)
         return torch.zeros((), dtype=activation.dtype, device=activation.device)
@@ -296,7 +298,7 @@ class _FromReference(Ablation):
     model: object = None  # runs token references once, without hooks
     _runs: dict = field(default_factory=dict, compare=False)  # hook name -> (activations, Rows-like info)
 
-    def reference_at(self, point: HookPoint) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def reference_at(self, point: HookPoint | RowsView) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """The reference's activation at `point`, with its position ids and mask (None: unknown / no padding)."""
         reference = self.reference
         if isinstance(reference, ActivationCache):
@@ -320,7 +322,7 @@ class _FromReference(Ablation):
             f"{self.kind}() takes an ActivationCache, a tensor of activations or tokens, not {type(reference).__name__}"
         )
 
-    def _run_tokens(self, point: HookPoint):
+    def _run_tokens(self, point: HookPoint | RowsView):
         model = self.model
         if model is None:
             raise ValueError(
@@ -355,7 +357,7 @@ class Mean(_FromReference):
     per_position: bool = False
     kind = "mean"
 
-    def replacement(self, activation: Tensor, hook: HookPoint) -> Tensor:
+    def replacement(self, activation: Tensor, hook: HookPoint | RowsView) -> Tensor:
         key = (hook.name, activation.device, activation.dtype)
         if key not in self._runs:
             self._runs[key] = self._mean(hook).to(device=activation.device, dtype=activation.dtype)
@@ -378,7 +380,7 @@ class Mean(_FromReference):
             )
         return mean[position_ids]  # [batch pos ...]
 
-    def _mean(self, hook: HookPoint) -> Tensor:
+    def _mean(self, hook: HookPoint | RowsView) -> Tensor:
         """Mean over real tokens: without batch and pos axes (pooled) or [position ...] (per position)."""
         acts, position_ids, mask = self.reference_at(hook)
         acts = acts.float()
@@ -453,7 +455,7 @@ class Resample(_FromReference):
     seed: int | None = None
     kind = "resample"
 
-    def replacement(self, activation: Tensor, hook: HookPoint) -> Tensor:
+    def replacement(self, activation: Tensor, hook: HookPoint | RowsView) -> Tensor:
         if self.reference is None:
             return activation[self._derangement(activation, hook)]
         whole, _, whole_mask = self.reference_at(hook)
@@ -468,7 +470,7 @@ class Resample(_FromReference):
             raise ValueError(f"{self!r} at {hook.name}: {_prompts_differ(whole, whole_mask, hook)}")
         return source.to(device=activation.device)
 
-    def _derangement(self, activation: Tensor, hook: HookPoint) -> Tensor:
+    def _derangement(self, activation: Tensor, hook: HookPoint | RowsView) -> Tensor:
         batch = activation.shape[0]
         if batch < 2:
             raise ValueError(
@@ -486,7 +488,9 @@ class Resample(_FromReference):
         return source + super()._repr_fields()
 
 
-def _columns_of(ablation, source: Tensor, source_mask: Tensor | None, activation: Tensor, hook: HookPoint, rows):
+def _columns_of(
+    ablation, source: Tensor, source_mask: Tensor | None, activation: Tensor, hook: HookPoint | RowsView, rows
+):
     """The source's columns that the running call computes: all of them for a plain forward, columns
     start.. for a generation step on a KV cache (keys too: the first L of them)."""
     dim = next((hook.axes.index(a) for a in kinds.POSITION_AXES if a in hook.axes), None)
@@ -512,7 +516,7 @@ def _columns_of(ablation, source: Tensor, source_mask: Tensor | None, activation
     return source, None if source_mask is None else source_mask[:, start : start + n]
 
 
-def _prompts_differ(source: Tensor, source_mask: Tensor | None, hook: HookPoint) -> str:
+def _prompts_differ(source: Tensor, source_mask: Tensor | None, hook: HookPoint | RowsView) -> str:
     """How the source's prompts differ from the running ones (count, and the token length of each), and the fix."""
     dim = next((hook.axes.index(a) for a in kinds.POSITION_AXES if a in hook.axes), None)
     width = source.shape[dim] if dim is not None and source.ndim > dim else "?"

@@ -10,7 +10,7 @@ A metric is a frozen dataclass. Called on the full logits [batch pos d_vocab] of
     name        what tables and plots call it ("logit_diff")
 
 `compute(logits, base_logits, attention_mask)` takes logits already reduced to
-[batch, 1 or pos, len(columns) or d_vocab] (`attention_mask` keeps every position), and
+[batch, read_pos, len(columns) or d_vocab], read_pos 1 or pos (`attention_mask` keeps every position), and
 `metric(logits)` is `reduce` followed by `compute`. Everything is computed in float32. With
 position=None a metric scores every position and averages each prompt's real ones (the attention
 mask's True entries; every position when the mask is None).
@@ -38,6 +38,7 @@ from torch import Tensor
 from hooked.interventions.positions import last_real
 
 Answers = Union[Sequence[str], Sequence[int], Int[Tensor, " batch"]]
+Mask = Bool[Tensor, "batch pos"] | Int[Tensor, "batch pos"]  # True (or 1, as a tokenizer gives it) at real tokens
 
 
 @runtime_checkable
@@ -70,7 +71,7 @@ class _Metric:
         logits: Float[Tensor, "batch pos d_vocab"],
         *,
         base_logits: Float[Tensor, "batch pos d_vocab"] | None = None,
-        attention_mask: Bool[Tensor, "batch pos"] | None = None,
+        attention_mask: Mask | None = None,
     ) -> Float[Tensor, " batch"]:
         _check_rank(logits, "logits")
         if self.needs_base:
@@ -175,9 +176,9 @@ class LogitDiff(_Metric):
 
     def compute(
         self,
-        logits: Float[Tensor, "batch pos columns"],
+        logits: Float[Tensor, "batch read_pos columns"],
         base_logits: None = None,
-        attention_mask: Bool[Tensor, "batch pos"] | None = None,
+        attention_mask: Mask | None = None,
     ) -> Float[Tensor, " batch"]:
         self._check_reduced(logits, attention_mask, len(self.correct))
         logits = logits.float()
@@ -201,9 +202,9 @@ class _TokenMetric(_Metric):
 
     def compute(
         self,
-        logits: Float[Tensor, "batch pos d_vocab"],
+        logits: Float[Tensor, "batch read_pos d_vocab"],
         base_logits: None = None,
-        attention_mask: Bool[Tensor, "batch pos"] | None = None,
+        attention_mask: Mask | None = None,
     ) -> Float[Tensor, " batch"]:
         self._check_reduced(logits, attention_mask, len(self.tokens))
         if max(self.tokens) >= logits.shape[-1]:
@@ -263,9 +264,9 @@ class KLDiv(_Metric):
 
     def compute(
         self,
-        logits: Float[Tensor, "batch pos d_vocab"],
-        base_logits: Float[Tensor, "batch pos d_vocab"] | None = None,
-        attention_mask: Bool[Tensor, "batch pos"] | None = None,
+        logits: Float[Tensor, "batch read_pos d_vocab"],
+        base_logits: Float[Tensor, "batch read_pos d_vocab"] | None = None,
+        attention_mask: Mask | None = None,
     ) -> Float[Tensor, " batch"]:
         self._check_reduced(logits, attention_mask, None)
         if base_logits is None:
@@ -287,7 +288,7 @@ class Loss(_Metric):
     """Each prompt's mean next-token cross-entropy over its real targets (as HookedTransformer.loss, per prompt)."""
 
     tokens: Int[Tensor, "batch pos"]  # the inputs of the run whose logits are scored
-    mask: Bool[Tensor, "batch pos"] | None = None  # their attention mask; a call's attention_mask overrides it
+    mask: Mask | None = None  # their attention mask (kept as bool); a call's attention_mask overrides it
 
     name: ClassVar[str] = "loss"
     position: ClassVar[None] = None
@@ -318,7 +319,7 @@ class Loss(_Metric):
         self,
         logits: Float[Tensor, "batch pos d_vocab"],
         base_logits: None = None,
-        attention_mask: Bool[Tensor, "batch pos"] | None = None,
+        attention_mask: Mask | None = None,
     ) -> Float[Tensor, " batch"]:
         self._check_reduced(logits, attention_mask, None)
         if tuple(logits.shape[:2]) != tuple(self.tokens.shape):

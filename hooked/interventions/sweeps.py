@@ -398,7 +398,7 @@ class MetricReads:
         logits = model.logits_from_resid(resid, self.columns)
         return last_real(logits, key_valid) if self.position == -1 else logits
 
-    def evaluate(self, logits: Tensor, base: Tensor, key_valid: Tensor | None) -> Tensor:
+    def evaluate(self, logits: Tensor, base: Tensor | None, key_valid: Tensor | None) -> Tensor:
         if hasattr(self.metric, "compute"):
             values = self.metric.compute(logits, base if self.needs_base else None, key_valid)
         else:

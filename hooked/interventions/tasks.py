@@ -258,7 +258,8 @@ class Task:
     incorrect: list[str]  # the distractor a metric compares it with
     seed: int
     params: dict[str, Any] = field(default_factory=dict)
-    token_positions: dict[str, Tensor] | None = field(default=None, compare=False)  # slot -> [batch], see `positions`
+    # slot -> [batch], see `positions`; lists (from JSON) become tensors
+    token_positions: dict[str, Tensor | list[int]] | None = field(default=None, compare=False)
 
     def __post_init__(self):
         lengths = {name: len(getattr(self, name)) for name in ("clean", "corrupt", "correct", "incorrect")}

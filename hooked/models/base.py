@@ -151,7 +151,7 @@ class HookedTransformer(
     # ----------------------------------------------------------------- forward
     def forward(
         self,
-        input: ModelInput,
+        input: ModelInput | Float[Tensor, "batch pos d_model"],  # the residual stream with start_at_layer
         *,
         attention_mask: Tensor | None = None,
         prepend_bos: bool | None = None,
@@ -526,7 +526,7 @@ class HookedTransformer(
         return next(self.parameters()).dtype
 
     # ----------------------------------------------------------------- hooks and caching
-    def run_with_cache(self, *model_args, **kwargs) -> tuple[Tensor, ActivationCache]:
+    def run_with_cache(self, *model_args, **kwargs) -> tuple[Tensor | tuple[Tensor, Tensor] | None, ActivationCache]:
         """Run once and keep activations: `logits, cache = model.run_with_cache(tokens)`.
 
         Keyword options as TransformerLens: names_filter (name, list or filter function), device,

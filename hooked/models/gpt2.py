@@ -53,7 +53,7 @@ class GPT2Config(ModelConfig):
     d_vocab: int  # vocabulary size
     n_ctx: int  # learned positions (n_positions)
     layer_norm_eps: float = 1e-5
-    activation: Literal["gelu_new", "gelu"] = "gelu_new"
+    activation: Literal["gelu_new", "gelu"] | None = "gelu_new"  # None in an attn_only model (no MLP)
     scale_attn_by_inverse_layer_idx: bool = False  # divide scores by (layer + 1) as well
     attn_only: bool = False  # TransformerLens' toy models: blocks without MLP (HookedTransformerConfig only)
     default_prepend_bos: bool = True  # as TransformerLens; settable, read by to_tokens and the forward
@@ -397,7 +397,7 @@ class GPT2(HookedTransformer):
         return self.wpe.weight
 
     @property
-    def W_E_pos(self) -> Float[Tensor, "d_vocab+n_ctx d_model"]:
+    def W_E_pos(self) -> Float[Tensor, "d_vocab_plus_n_ctx d_model"]:
         """W_E and W_pos stacked, as TransformerLens: every input direction, for full QK and OV circuits."""
         return torch.cat([self.W_E, self.W_pos])
 

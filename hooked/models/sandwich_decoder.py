@@ -221,10 +221,10 @@ class SandwichNormBlock(nn.Module):
     def attn_half(
         self,
         resid_pre: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        local_cos: Tensor,
-        local_sin: Tensor,
+        cos: Tensor | None,  # None: a table the model has no layer for (Gemma 3 without global or local layers)
+        sin: Tensor | None,
+        local_cos: Tensor | None,
+        local_sin: Tensor | None,
         mask: AttentionMask,
         local_mask: AttentionMask,
         kv: LayerKV | None = None,

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from hooked.cache import ActivationCache, act_name
 from hooked.hooks import HookPoint
+from hooked.interventions.row_blocks import RowsView
 from hooked.interventions.sweeps import sweep
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class SetterPatch:
     index: tuple[int, ...]
     clean: Tensor  # the clean run's activation at this hook point, all prompts
 
-    def __call__(self, activation: Tensor, hook: HookPoint) -> Tensor:
+    def __call__(self, activation: Tensor, hook: HookPoint | RowsView) -> Tensor:
         return self.setter(activation, list(self.index), self.clean.to(activation.device, activation.dtype))
 
     def __repr__(self) -> str:

@@ -1099,6 +1099,7 @@ def test_split_input_points_hold_the_residual_stream_per_head(arch):
     assert no_hooks(model)
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize("batch_edges", [0, -1, 2.5, True])
 def test_acdc_batch_edges_must_be_a_positive_int(batch_edges):
     model = small_model("gpt2", seed=14)
@@ -1298,6 +1299,7 @@ def test_eap_ig_in_chunks_of_steps_equals_one_batch():
         circuits.attribute(model, clean, corrupt, metric, method="eap-ig", steps_per_forward=0, attention_mask=mask)
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize("steps", [0, -1, 2.5])
 def test_eap_ig_steps_must_be_a_positive_int_before_anything_runs(steps):
     model = small_model("gpt2", seed=14)

@@ -32,6 +32,7 @@ def test_empty_input(gpt2):
         gpt2([])
 
 
+@pytest.mark.unchecked
 def test_float_tokens_and_bad_masks(gpt2):
     with pytest.raises(TypeError, match="integer"):
         gpt2(torch.zeros(1, 3))
@@ -120,6 +121,7 @@ def test_cli_reports_errors_without_a_traceback(tmp_path, capsys):
     assert "config.json" in capsys.readouterr().err
 
 
+@pytest.mark.unchecked
 def test_unknown_return_type_is_refused_before_running(gpt2):
     with pytest.raises(ValueError, match="return_type"):
         gpt2(torch.tensor([[1, 2]]), return_type="logit")

@@ -333,6 +333,7 @@ def test_transformer_lens_weight_views_reproduce_the_activations(gpt2, tokens):
     assert gpt2.W_U.shape == (gpt2.cfg.d_model, gpt2.cfg.d_vocab)
 
 
+@pytest.mark.unchecked
 def test_reset_hooks_clears_contexts_and_keeps_a_direction(gpt2, tokens):
     """As TransformerLens 3.9 HookedRootModule.reset_hooks(clear_contexts=True, direction=..., including_permanent=...)."""
     point = gpt2.hook_dict["blocks.0.hook_mlp_out"]

@@ -555,6 +555,7 @@ def test_unsupported_config_is_refused_naming_the_field(tmp_path, dirs, change, 
         hooked.load(directory)
 
 
+@pytest.mark.unchecked
 def test_config_dataclass_refuses_inconsistent_sizes():
     with pytest.raises(ValueError, match="rotary_dim 3"):
         HookedGPTNeoXConfig(n_layers=1, d_model=32, n_heads=4, d_mlp=16, d_vocab=8, rotary_dim=3)

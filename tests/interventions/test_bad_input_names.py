@@ -35,6 +35,7 @@ def no_hook_left(model) -> bool:
 
 
 # ----------------------------------------------------------------------------- 5. variant names
+@pytest.mark.unchecked
 def test_variant_names_that_read_the_same_are_refused(gpt2):
     tokens = tokens_of(gpt2)
     variants = {1: ablate.hooks(gpt2, "L0H0"), "1": ablate.hooks(gpt2, "L0H1")}
@@ -236,6 +237,7 @@ def test_the_hub_message_states_the_actual_reason(monkeypatch):
         hooked.load("someone/not-a-model")
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize("selector", ["heads", "neurons", "experts", "positions"])
 @pytest.mark.parametrize("value", [2.0, [1, 2.0], True, torch.tensor([1.0]), "1"])
 def test_a_selector_that_is_not_ints_names_the_argument(selector, value):
@@ -243,6 +245,7 @@ def test_a_selector_that_is_not_ints_names_the_argument(selector, value):
         ablate.zero(**{selector: value})
 
 
+@pytest.mark.unchecked
 def test_selectors_of_every_entry_point_name_the_argument(gpt2):
     with pytest.raises(TypeError, match=r"heads= takes an int.*got 2.0 \(float\)"):
         patch.activation(tokens_of(gpt2), heads=2.0, model=gpt2)

@@ -310,6 +310,7 @@ def test_answer_count_must_match_the_batch(logits):
         metrics.rank(None, [1, 2, 3])(logits)
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize("shape", [(BATCH, VOCAB), (VOCAB,), (1, BATCH, POS, VOCAB)])
 def test_logits_of_the_wrong_rank_are_refused(shape):
     with pytest.raises(ValueError, match=r"\[batch pos d_vocab\]"):
@@ -331,6 +332,7 @@ def test_only_the_last_position_or_every_position(position):
         metrics.kl_div(position=position)
 
 
+@pytest.mark.unchecked
 def test_bad_answers_are_refused(logits):
     with pytest.raises(TypeError, match="one answer per prompt"):
         metrics.probability(None, " Mary")
@@ -355,6 +357,7 @@ def test_answer_ids_beyond_the_models_vocabulary_are_refused(gpt2):
         metrics.probability(gpt2, [gpt2.cfg.d_vocab])
 
 
+@pytest.mark.unchecked
 def test_kl_div_needs_base_logits_of_the_same_shape(logits, base_logits):
     with pytest.raises(ValueError, match="base_logits"):
         metrics.kl_div()(logits)
@@ -373,6 +376,7 @@ def test_loss_checks_its_tokens(logits):
         metrics.loss(None, ["some text"])
 
 
+@pytest.mark.unchecked
 def test_attention_mask_of_the_wrong_shape_is_refused(logits, base_logits):
     with pytest.raises(ValueError, match="attention_mask has shape"):
         metrics.kl_div(position=None)(logits, base_logits=base_logits, attention_mask=MASK[:, 1:])

@@ -437,6 +437,7 @@ def test_attribution_leaves_no_hook_and_the_mode_as_it_was_when_the_metric_raise
     assert not any(point.listening for point in gpt2.hook_dict.values())
 
 
+@pytest.mark.unchecked
 def test_attribution_refuses_what_it_cannot_differentiate(gpt2):
     clean, corrupt = pair(gpt2)
     with pytest.raises(ValueError, match="compares with the base run"):

@@ -167,6 +167,7 @@ def test_n_prompts_and_a_prefix_of_a_longer_task(n):
     assert task == tasks.ioi(64, seed=9, corruption="abc")[:n]
 
 
+@pytest.mark.unchecked
 @pytest.mark.parametrize(
     "kwargs, error, words",
     [

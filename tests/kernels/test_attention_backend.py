@@ -33,6 +33,7 @@ def test_forced_eager_is_the_pattern_path_bit_for_bit(gpt2, tokens):
     assert torch.equal(sdpa, gpt2(tokens).detach())
 
 
+@pytest.mark.unchecked
 def test_forcing_a_path_that_cannot_serve_raises(gpt2, tokens):
     with pytest.raises(RuntimeError, match=r"cannot serve blocks\.0\.attn\.hook_pattern"):
         with hooked.attention_backend("sdpa"):
@@ -142,6 +143,7 @@ def test_qwen_models_with_the_triton_kernel_forced(qwen_models, case):
     torch.testing.assert_close(grad[real], reference_grad[real], rtol=0, atol=3e-5)
 
 
+@pytest.mark.unchecked
 def test_automatic_triton_only_where_the_kernel_compiles(monkeypatch):
     """bf16 tl.dot and tf32x3 need compute capability >= 8.0: older GPUs fall back to SDPA on their own,
     and a forced Triton path says why. The capability asked is that of the inputs' device."""

@@ -470,6 +470,7 @@ def test_softcap_bounds_the_scores_and_matches_the_reference():
     )
 
 
+@pytest.mark.unchecked
 def test_input_validation():
     q = torch.randn(1, 4, 3, 16, device=DEVICE)
     kv = torch.randn(1, 4, 2, 16, device=DEVICE)

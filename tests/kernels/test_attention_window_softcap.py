@@ -78,6 +78,7 @@ def test_hook_attn_scores_sees_the_capped_scores():
     assert (seen["scores"][~visible] == torch.finfo(torch.float32).min).all()
 
 
+@pytest.mark.unchecked
 def test_softcap_refuses_sdpa_and_the_kernel_serves_windows_on_a_gpu(monkeypatch):
     q, k, v, mask = qkv_and_mask(window=6)
     point = hooked.HookPoint("batch head_index query_pos key_pos")

@@ -212,6 +212,7 @@ def test_every_method_equals_transformer_lens(pair):
 
 
 # ----------------------------------------------------------------------------- errors
+@pytest.mark.unchecked
 def test_bad_shapes_and_operands_raise():
     m = FactoredMatrix(torch.randn(2, 4, 3), torch.randn(3, 5))
     with pytest.raises(ValueError, match="inner axis"):

@@ -432,6 +432,7 @@ def test_refactoring_a_rotary_model_is_refused(qwen3_dirs):
         hooked.HookedTransformer.from_pretrained(directory, refactor_factored_attn_matrices=True)
 
 
+@pytest.mark.unchecked
 def test_bad_processing_requests_are_refused(gpt2_dir):
     model = hooked.HookedTransformer.from_pretrained(gpt2_dir)
     with pytest.raises(ValueError, match=r"already processed \(fold_ln, center_writing_weights"):

@@ -282,6 +282,7 @@ def test_to_str_tokens_squeezes_as_transformer_lens(gpt2, tl):
     ]
 
 
+@pytest.mark.unchecked
 def test_single_tokens_and_positions(gpt2, tl):
     token = gpt2.to_single_token(" John")
     assert token == tl.to_single_token(" John")

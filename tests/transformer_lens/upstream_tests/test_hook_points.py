@@ -226,6 +226,7 @@ class TestHookPointHasHooks:
         with pytest.raises(ValueError, match=LEVEL_ERROR):
             self.hook_point.has_hooks(dir="bwd", level=1, including_permanent=False)
 
+    @pytest.mark.unchecked
     def test_invalid_direction_raises_error(self):
         """Test that invalid direction parameter raises error (hooked: ValueError, DIFFERENCES)."""
         with pytest.raises(ValueError, match="fwd"):
