@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # nnsight's dependencies are not pinned in constraints.txt and the tests never use them.
 BENCH_VENV ?= /tmp/hooked-bench/venv
 
-.PHONY: demo test test-fast bench bench-sweep install gpu-check
+.PHONY: demo test test-fast lint format bench bench-sweep install gpu-check
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,11 +18,20 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) -m hooked.demo
 
-test: $(VENV)/.installed
+test: lint
 	$(PY) -m pytest -q
 
-test-fast: $(VENV)/.installed  # everything but the tests marked slow (wheel, notebooks, demos, torchrun, site build)
+test-fast: lint  # everything but the tests marked slow (wheel, notebooks, demos, torchrun, site build)
 	$(PY) -m pytest -q -m "not slow"
+
+# ruff's lint and format check (config in pyproject.toml), run first by `make test` and so by CI.
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(VENV)/.installed  # rewrite the tree the way `make lint` checks it
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/forward.py

@@ -9,7 +9,8 @@ Two uses:
 Every hook name of a tiny random model of each family (`hooked.testing.random_model`; the Qwen3-MoE
 one has a dense layer and a sparse layer, so both MLP kinds appear) is listed with its block index
 generalised (`blocks.{i}.attn.hook_z`), its axes (`HookPoint.axes`) and a meaning: the family's own `hook_docs`
-(declared on its model class), else the shared `MEANINGS` below. A hook neither describes, an axis the legend does not name, or a table entry no model
+(declared on its model class), else the shared `MEANINGS` below. A hook neither describes, an axis the legend does not
+name, or a table entry no model
 uses raises `UndocumentedHookError`, so a new hook point cannot go undocumented and a removed one
 cannot stay documented.
 """
@@ -57,43 +58,73 @@ AXES: dict[str, str] = {
 # text (its model class's `hook_docs`, next to the model) wins.
 MEANINGS: dict[str, str] = {
     "hook_embed": "token embeddings",
-    "blocks.{i}.ln1.hook_scale": "the norm's scale before attention (LayerNorm `sqrt(var(x) + eps)`, RMSNorm `sqrt(mean(x^2) + eps)`)",
+    "blocks.{i}.ln1.hook_scale": (
+        "the norm's scale before attention (LayerNorm `sqrt(var(x) + eps)`, RMSNorm `sqrt(mean(x^2) + eps)`)"
+    ),
     "blocks.{i}.ln1.hook_normalized": "the normalised input, before the norm's weight (and bias)",
     "blocks.{i}.attn.hook_q": "queries, split by head",
     "blocks.{i}.attn.hook_k": "keys, split by key/value head",
     "blocks.{i}.attn.hook_v": "values, split by key/value head",
-    "blocks.{i}.attn.hook_attn_scores": "scaled `q @ k^T`, masked entries set to the dtype's minimum; listening switches the layer to the eager attention path",
+    "blocks.{i}.attn.hook_attn_scores": (
+        "scaled `q @ k^T`, masked entries set to the dtype's minimum; listening switches the layer to the eager "
+        "attention path"
+    ),
     "blocks.{i}.attn.hook_pattern": "softmax of the scores",
-    "blocks.{i}.attn.hook_z": "per-head attention output; a view of the output projection's input, so an in-place edit changes what the projection reads",
+    "blocks.{i}.attn.hook_z": (
+        "per-head attention output; a view of the output projection's input, so an in-place edit changes what the "
+        "projection reads"
+    ),
     "blocks.{i}.mlp.hook_pre": "the MLP's pre-activation",
     "blocks.{i}.mlp.hook_post": "the neurons: the down projection's input",
     "blocks.{i}.hook_mlp_out": "MLP output",
     "blocks.{i}.hook_resid_pre": "residual stream entering block i",
-    "blocks.{i}.hook_q_input": "one copy of `resid_pre` per query head, each normalised by `ln1` on its own before the head's query projection (TransformerLens' split inputs); computed only when a hook listens; the receiver of circuit edges into `L{i}H{h}.q`",
+    "blocks.{i}.hook_q_input": (
+        "one copy of `resid_pre` per query head, each normalised by `ln1` on its own before the head's query projection"
+        " (TransformerLens' split inputs); computed only when a hook listens; the receiver of circuit edges into "
+        "`L{i}H{h}.q`"
+    ),
     "blocks.{i}.hook_k_input": "as `hook_q_input`, one copy per key/value head, read by its key projection",
     "blocks.{i}.hook_v_input": "as `hook_q_input`, one copy per key/value head, read by its value projection",
-    "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin` (cos/sin include YaRN's attention factor)",
+    "blocks.{i}.attn.hook_rot_q": (
+        "q after RoPE: `x * cos + rotate_half(x) * sin` (cos/sin include YaRN's attention factor)"
+    ),
     "blocks.{i}.attn.hook_rot_k": "k after RoPE, as for q",
-    "blocks.{i}.attn.hook_result": "each head's write `z[..., h, :] @ W_O[h]`, before the output projection's bias; computed only when something listens",
+    "blocks.{i}.attn.hook_result": (
+        "each head's write `z[..., h, :] @ W_O[h]`, before the output projection's bias; computed only when something "
+        "listens"
+    ),
     "blocks.{i}.hook_attn_out": "attention output, as added to the residual stream",
     "blocks.{i}.hook_resid_mid": "`resid_pre + attn_out`",
-    "blocks.{i}.hook_mlp_in": "what the MLP half reads before `ln2` (`resid_mid`; a copy when hooked, so an edit changes the MLP's input only); the receiver of circuit edges into `L{i}.mlp`",
+    "blocks.{i}.hook_mlp_in": (
+        "what the MLP half reads before `ln2` (`resid_mid`; a copy when hooked, so an edit changes the MLP's input "
+        "only); the receiver of circuit edges into `L{i}.mlp`"
+    ),
     "blocks.{i}.ln2.hook_scale": "as `ln1.hook_scale`, for the norm before the MLP",
     "blocks.{i}.ln2.hook_normalized": "as `ln1.hook_normalized`, for the norm before the MLP",
     "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(x)`",
-    "blocks.{i}.mlp.hook_router_logits": "raw router logits `x @ gate.weight^T`, in the model dtype, before softmax and top-k",
-    "blocks.{i}.mlp.hook_expert_weights": "the slots' weights: top-k of the softmax over all experts (float32), divided by their sum if `norm_topk_prob`, cast to the model dtype; slot j is the j-th largest",
+    "blocks.{i}.mlp.hook_router_logits": (
+        "raw router logits `x @ gate.weight^T`, in the model dtype, before softmax and top-k"
+    ),
+    "blocks.{i}.mlp.hook_expert_weights": (
+        "the slots' weights: top-k of the softmax over all experts (float32), divided by their sum if `norm_topk_prob`,"
+        " cast to the model dtype; slot j is the j-th largest"
+    ),
     "blocks.{i}.mlp.hook_expert_indices": "the expert each slot holds (int64); a returned tensor re-routes the token",
     "blocks.{i}.mlp.hook_expert_pre": "for each token and slot, the gate pre-activation of the expert in that slot",
-    "blocks.{i}.mlp.hook_expert_post": "for each token and slot, that expert's neurons, `silu(pre) * up` = its `down_proj` input",
+    "blocks.{i}.mlp.hook_expert_post": (
+        "for each token and slot, that expert's neurons, `silu(pre) * up` = its `down_proj` input"
+    ),
     "blocks.{i}.hook_resid_post": "`resid_mid + mlp_out`",
     "ln_final.hook_scale": "the final norm's scale, as `ln1.hook_scale`",
-    "ln_final.hook_normalized": "the final norm's normalised input, as `ln1.hook_normalized`; the unembedding reads the norm's output",
+    "ln_final.hook_normalized": (
+        "the final norm's normalised input, as `ln1.hook_normalized`; the unembedding reads the norm's output"
+    ),
 }
 
 
 class UndocumentedHookError(ValueError):
-    """A model has a hook point (or an axis) the reference does not describe, or the reference describes one no model has."""
+    """A model has a hook point (or an axis) the reference does not describe, or the reference describes one no
+    model has."""
 
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")

@@ -63,7 +63,7 @@ class PositionAttention:
         """One dict per head: layer, head, then the mean attention to each name."""
         mean = self.mean.tolist()
         return [
-            {"layer": layer, "head": head, **dict(zip(self.names, values))}
+            {"layer": layer, "head": head, **dict(zip(self.names, values, strict=True))}
             for layer, heads in enumerate(mean)
             for head, values in enumerate(heads)
         ]

@@ -80,7 +80,7 @@ def top_next_tokens(model_name: str, prompt: str, top: int, dtype: str, device: 
         logits = model(prompt, prepend_bos=prepend_bos)
     probs = logits[0, -1].float().softmax(-1)
     values, ids = probs.topk(min(top, probs.shape[-1]))
-    return [(model.to_str_tokens(torch.tensor([i]))[0], int(i), float(p)) for p, i in zip(values, ids)]
+    return [(model.to_str_tokens(torch.tensor([i]))[0], int(i), float(p)) for p, i in zip(values, ids, strict=True)]
 
 
 # ----------------------------------------------------------------------------- sweep
@@ -116,7 +116,8 @@ def sweep_addresses(model, kind: str) -> tuple[str, list[str]]:
         layer = int(layer_text)
         if not -n_layers <= layer < n_layers:
             raise _UsageError(
-                f"--components {kind}: layer {layer} is out of range; this model has {n_layers} layers (0..{n_layers - 1})"
+                f"--components {kind}: layer {layer} is out of range; this model has {n_layers} layers "
+                f"(0..{n_layers - 1})"
             )
         # A layer that has the other kind instead (experts for neurons) is a usage error naming it; what a
         # layer lacks otherwise (an MLP) ablate.components names.
@@ -337,11 +338,13 @@ def check_circuit_args(args: argparse.Namespace) -> None:
     if args.method == "acdc":
         if args.threshold is None:
             raise _UsageError(
-                "--method acdc needs --threshold T (an edge is removed when removing it moves the metric by less than T)"
+                "--method acdc needs --threshold T (an edge is removed when removing it moves the metric by less than "
+                "T)"
             )
         if args.edges is not None:
             raise _UsageError(
-                "--edges belongs to --method eap / eap-ig (the top N edges); acdc's circuit size follows from --threshold"
+                "--edges belongs to --method eap / eap-ig (the top N edges); acdc's circuit size follows from "
+                "--threshold"
             )
     else:
         if args.edges is None:

@@ -275,7 +275,8 @@ class ComponentWrites:
         return stack
 
     def get_expert_results(self, layer: int, pos_slice: PosSlice = None) -> Tensor:
-        """Each expert's write to the residual stream in mixture-of-experts block `layer`: [batch pos n_experts d_model].
+        """Each expert's write to the residual stream in mixture-of-experts block `layer`: [batch pos n_experts
+        d_model].
 
         Expert e's write at a token is its routing weight times its output, `weight * down_e(expert_post)`,
         summed over the slots that hold e; an expert the token was not routed to writes zeros. Summed
@@ -484,7 +485,8 @@ def additive_writes(model: HookedTransformer, layer: int, what: str) -> None:
     norms = getattr(type(model.blocks[layer]), "output_norms", ())
     if norms:
         raise ValueError(
-            f"{what}: block {layer} normalises its sublayer outputs ({', '.join(norms)}) before adding them to the residual"
+            f"{what}: block {layer} normalises its sublayer outputs ({', '.join(norms)}) before adding them to the "
+            "residual"
             " stream, so a head's hook_result, a neuron's post * W_out or a bias is not what it adds and these terms do"
             " not sum to the residual stream; pass through_post_norm=True for each term carried through that norm at"
             " its cached scale (stack_head_results, stack_neuron_results, get_neuron_results,"

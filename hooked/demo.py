@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> Path:
     per_prompt = metric(clean_logits)
     clean_score = per_prompt.mean().item()
     print(
-        f"   clean logit difference {clean_score:+.3f}; right name on top in {int((per_prompt > 0).sum())}/{len(per_prompt)} prompts"
+        f"   clean logit difference {clean_score:+.3f}; right name on top in "
+        f"{int((per_prompt > 0).sum())}/{len(per_prompt)} prompts"
     )
 
     # 2. Every head resampled from the corrupt prompts, as one sweep.
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> Path:
     )
     print(
         f"\n7. saved to {out}/: head-sweep-resample.csv/.json/.png (layer x head), circuit.png, circuit.json,"
-        f" circuit-edges.csv, circuit-faithfulness.csv/.json/.png, story.json; {time.perf_counter() - started:.1f}s in all"
+        f" circuit-edges.csv, circuit-faithfulness.csv/.json/.png, story.json; {time.perf_counter() - started:.1f}s "
+        "in all"
     )
     return out
 
@@ -218,7 +220,8 @@ def _circuit_chapter(model, task, metric, args, out: Path):
     print(
         f"\n6. circuit discovery: EAP-IG scores all {len(graph.edges)} edges of the residual graph (a writer -> an"
         f" input that reads it);\n   the top {n_edges} (10%), pruned to the {len(circuit.edges)} on paths from input"
-        f" to logits, join {len(circuit.nodes)} nodes.\n   Its heads, the inputs its edges feed, and the strongest edge in:"
+        f" to logits, join {len(circuit.nodes)} nodes.\n   Its heads, the inputs its edges feed, and the strongest "
+        "edge in:"
     )
     for head, inputs in circuit.heads.items():
         feeding = [edge for edge in circuit.edges if head in circuit.graph.heads_reading(edge.receiver)]

@@ -258,7 +258,7 @@ class HookShard:
             return local
         pieces = self.parallel.all_gather(local, self.axis, [stop - start for start, stop in self.ranges])
         distinct, seen = [], set()
-        for piece, span in sorted(zip(pieces, self.ranges), key=lambda item: item[1]):
+        for piece, span in sorted(zip(pieces, self.ranges, strict=True), key=lambda item: item[1]):
             if span not in seen:  # a replicated key/value head is taken once
                 seen.add(span)
                 distinct.append(piece)

@@ -37,7 +37,8 @@ class FactoredMatrix:
     def __init__(self, A: Float[Tensor, "... ldim mdim"], B: Float[Tensor, "... mdim rdim"]):
         if A.ndim < 2 or B.ndim < 2:
             raise ValueError(
-                f"FactoredMatrix takes two factors of at least two axes, got shapes {tuple(A.shape)} and {tuple(B.shape)}"
+                f"FactoredMatrix takes two factors of at least two axes, got shapes {tuple(A.shape)} and "
+                f"{tuple(B.shape)}"
             )
         if A.shape[-1] != B.shape[-2]:
             raise ValueError(
@@ -65,7 +66,8 @@ class FactoredMatrix:
             return (self.A @ (self.B @ other.unsqueeze(-1))).squeeze(-1)
         if other.shape[-2] != self.rdim:
             raise ValueError(
-                f"cannot multiply a FactoredMatrix of shape {tuple(self.shape)} by a matrix of shape {tuple(other.shape)}"
+                f"cannot multiply a FactoredMatrix of shape {tuple(self.shape)} by a matrix of shape "
+                f"{tuple(other.shape)}"
             )
         # Keep the narrower of the two middles: mdim, or rdim when that is already narrower.
         if self.rdim > self.mdim:
@@ -76,7 +78,8 @@ class FactoredMatrix:
         """`other @ self`: a FactoredMatrix for a matrix, a tensor [... rdim] for a vector."""
         if other.shape[-1] != self.ldim:
             raise ValueError(
-                f"cannot multiply a matrix of shape {tuple(other.shape)} by a FactoredMatrix of shape {tuple(self.shape)}"
+                f"cannot multiply a matrix of shape {tuple(other.shape)} by a FactoredMatrix of shape "
+                f"{tuple(self.shape)}"
             )
         if other.ndim < 2:
             return ((other.unsqueeze(-2) @ self.A) @ self.B).squeeze(-2)
@@ -88,7 +91,8 @@ class FactoredMatrix:
         """Scaled by a number (or a one-element tensor): A is scaled, B is kept."""
         if isinstance(scalar, Tensor) and scalar.numel() != 1:
             raise ValueError(
-                f"a FactoredMatrix is multiplied by a scalar, not a tensor of shape {tuple(scalar.shape)}; use @ for matrices"
+                f"a FactoredMatrix is multiplied by a scalar, not a tensor of shape {tuple(scalar.shape)}; use @ for "
+                "matrices"
             )
         return FactoredMatrix(self.A * scalar, self.B)
 
@@ -102,7 +106,8 @@ class FactoredMatrix:
 
     @property
     def BA(self) -> Float[Tensor, "... mdim mdim"]:
-        """The product the other way round, B @ A [... mdim mdim]: needs ldim == rdim. It has AB's non-zero eigenvalues."""
+        """The product the other way round, B @ A [... mdim mdim]: needs ldim == rdim. It has AB's non-zero
+        eigenvalues."""
         if self.ldim != self.rdim:
             raise ValueError(f"BA needs a square FactoredMatrix (ldim == rdim), this one has shape {tuple(self.shape)}")
         return self.B @ self.A
@@ -170,7 +175,7 @@ class FactoredMatrix:
             square = square.float()
         return torch.linalg.eigvals(square)
 
-    def norm(self) -> Float[Tensor, "..."]:
+    def norm(self) -> Float[Tensor, ...]:
         """The Frobenius norm, from the singular values: sqrt(sum S^2), one per leading index."""
         return self.S.pow(2).sum(-1).sqrt()
 

@@ -182,7 +182,8 @@ def generate(
     if model.max_positions is not None and int(lengths.max()) + max_new_tokens > model.max_positions:
         raise ValueError(
             f"the longest prompt has {int(lengths.max())} tokens and max_new_tokens is {max_new_tokens}, but this model"
-            f" has {model.max_positions} positions; ask for at most {model.max_positions - int(lengths.max())} new tokens"
+            f" has {model.max_positions} positions; ask for at most {model.max_positions - int(lengths.max())} new "
+            "tokens"
         )
     recorder = _Recorder(model, names_filter) if return_cache else None
     hooks = list(fwd_hooks) + ([] if recorder is None else [(recorder.names, recorder)])

@@ -38,14 +38,14 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal
 
 from torch import Tensor, nn
 
 from hooked.rows import Rows, current_rows
 
 HookFn = Callable[[Tensor, "HookPoint"], Tensor | None]
-NameFilter = Union[str, Sequence[str], Callable[[str], bool]]
+NameFilter = str | Sequence[str] | Callable[[str], bool]
 Direction = Literal["fwd", "bwd"]
 
 _owner_ids = itertools.count(1)

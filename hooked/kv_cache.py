@@ -78,7 +78,10 @@ class KVCache:
         return self.length
 
     def __repr__(self) -> str:
-        return f"KVCache(batch_size={self.batch_size}, length={self.length}, capacity={self.capacity}, {len(self.keys)} layers)"
+        return (
+            f"KVCache(batch_size={self.batch_size}, length={self.length}, capacity={self.capacity},"
+            f" {len(self.keys)} layers)"
+        )
 
     def layer(self, index: int) -> LayerKV:
         return LayerKV(self, index)
@@ -145,7 +148,8 @@ class LayerKV:
         self.cache, self.index = cache, index
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write this call's k, v [batch n kv_head_index d_head]; return every column's [batch L kv_head_index d_head] (views)."""
+        """Write this call's k, v [batch n kv_head_index d_head]; return every column's [batch L kv_head_index
+        d_head] (views)."""
         cache = self.cache
         start, n, _ = cache._pending
         keys, values = cache.keys[self.index], cache.values[self.index]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Union
 
 import torch
 from jaxtyping import Int
@@ -17,7 +16,7 @@ from torch import Tensor
 
 from hooked.hooks import HookPoint
 
-SliceInput = Union[None, int, slice, tuple, Sequence[int], Tensor]
+SliceInput = int | slice | tuple | Sequence[int] | Tensor | None
 
 
 class Slice:
@@ -73,7 +72,7 @@ class Slice:
         return f"Slice: {self.slice} Mode: {self.mode} "
 
 
-PosSlice = Union[SliceInput, Slice]
+PosSlice = SliceInput | Slice
 
 _ATTN_NAMES = {"q", "k", "v", "z", "rot_q", "rot_k", "q_normed", "k_normed", "result", "pattern", "attn_scores"}
 _MLP_NAMES = {

@@ -104,7 +104,7 @@ def attention_to_positions(table: PositionAttention, path: str | Path | None = N
         1, n_names, figsize=(width * n_names + 1.5, min(30.0, max(3.0, 0.45 * n_layers + 1.8))), squeeze=False
     )
     high = max(float(mean.max()), 1e-9)
-    for index, (axes, name) in enumerate(zip(grid_axes[0], table.names)):
+    for index, (axes, name) in enumerate(zip(grid_axes[0], table.names, strict=True)):
         image = _draw_grid(axes, mean[..., index], "Blues", 0.0, high)
         axes.set_title(f"{table.query} → {name}")
         if index:

@@ -180,7 +180,7 @@ class HookedTokenizer:
             edge = (~mask).sum(-1) + bos_run  # [batch]: where each prompt's own text begins
         rows = [
             i
-            for i, (row, at) in enumerate(zip(tokens.tolist(), edge.tolist()))
+            for i, (row, at) in enumerate(zip(tokens.tolist(), edge.tolist(), strict=True))
             if 0 <= at < len(row) and row[at] == self.pad_token_id
         ]
         which = "prompt " + ", ".join(map(str, rows)) if rows else "a prompt"

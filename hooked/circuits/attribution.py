@@ -82,7 +82,7 @@ class EdgeScores:
         return sorted(
             (
                 {"edge": str(e), "source": e.source, "receiver": e.receiver, "score": v, "rank": rank[e]}
-                for e, v in zip(self.graph.edges, values)
+                for e, v in zip(self.graph.edges, values, strict=True)
             ),
             key=lambda row: row["rank"],
         )
@@ -107,7 +107,7 @@ class EdgeScores:
     def to_dict(self) -> dict:
         return {
             "method": self.method,
-            "scores": {str(e): v for e, v in zip(self.graph.edges, self.values().tolist())},
+            "scores": {str(e): v for e, v in zip(self.graph.edges, self.values().tolist(), strict=True)},
             "provenance": self.provenance,
         }
 
@@ -220,7 +220,7 @@ def _gradients_at(experiment: Experiment, alphas: list[float], points: list[str]
             )
         grads = torch.autograd.grad(values.float().sum(), [inputs[p] for p in points], allow_unused=True)
     out = {}
-    for point, grad in zip(points, grads):
+    for point, grad in zip(points, grads, strict=True):
         shape = inputs[point].shape
         grad = torch.zeros(shape, dtype=clean_input.dtype, device=clean_input.device) if grad is None else grad
         out[point] = grad.view(copies, batch, *shape[1:])

@@ -141,7 +141,10 @@ class Circuit:
         ranking = self.ranking()
         circuits = [prune(self.graph, ranking[:size], self.ablation) for size in sizes]
         values = _faithfulness(experiment, torch.stack([self.graph.mask(c) for c in circuits]))
-        return [{"size": size, "edges": len(c), "faithfulness": f} for size, c, f in zip(sizes, circuits, values)]
+        return [
+            {"size": size, "edges": len(c), "faithfulness": f}
+            for size, c, f in zip(sizes, circuits, values, strict=True)
+        ]
 
     def _experiment(self, clean, corrupt, metric, attention_mask):
         if self.model is None:
@@ -268,7 +271,7 @@ def discover(
         provenance["circuits"] = {"method": "acdc", "threshold": threshold, "ablation": ablation, **stats}
     else:
         matrix = scores_from_gradients(experiment, receiver_gradients(experiment, alphas))
-        scores = dict(zip(map(str, g.edges), matrix[g.coordinates()].tolist()))
+        scores = dict(zip(map(str, g.edges), matrix[g.coordinates()].tolist(), strict=True))
         provenance["circuits"] = {"method": method, "steps": len(alphas), "n_edges": n_edges, "ablation": ablation}
     ranking = _ranking(g, scores)
     order = {e: i for i, e in enumerate(ranking)}
@@ -303,7 +306,7 @@ def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tup
                 state = trial
         values = experiment.values(torch.stack(masks)).mean(1).tolist()
         forwards += 1
-        for edge, value in zip(batch, values):
+        for edge, value in zip(batch, values, strict=True):
             position += 1
             move = abs(value - current)
             moves[str(edge)] = move

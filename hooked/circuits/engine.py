@@ -126,7 +126,7 @@ def patched_values(ablation: Ablation, clean: Run, corrupt: Run | None, key_vali
 def first_stage(graph: Graph, masks: Tensor) -> int:
     """The earliest stage at which a receiver of any mask reads a patched edge (2L: none)."""
     patched = masks.any(0).any(0)
-    stages = [receiver.start for receiver, hit in zip(graph.receivers, patched.tolist()) if hit]
+    stages = [receiver.start for receiver, hit in zip(graph.receivers, patched.tolist(), strict=True) if hit]
     return min(stages, default=2 * graph.n_layers)
 
 

@@ -139,7 +139,8 @@ class Graph:
         layer = int(match[1])
         return (
             f"{name!r} is not a node: block {layer} normalises its attention output before adding it to the residual"
-            f" stream, so no head's write is a term of it and the layer's attention writes as one node, 'L{layer}.attn';"
+            f" stream, so no head's write is a term of it and the layer's attention writes as one node, "
+            f"'L{layer}.attn';"
             f" its heads' inputs are still receivers ('L{layer}H{match[2]}.q', ...)"
         )
 
@@ -173,7 +174,10 @@ class Graph:
             kv = index // group
             sharing = ", ".join(f"L{layer}H{h}" for h in range(kv * group, (kv + 1) * group))
             what = "key" if part == "k" else "value"
-            return f"{name!r} is not a receiver: query heads {sharing} share key/value head {kv}, whose {what} input is 'L{layer}KV{kv}.{part}'"
+            return (
+                f"{name!r} is not a receiver: query heads {sharing} share key/value head {kv}, whose {what} input"
+                f" is 'L{layer}KV{kv}.{part}'"
+            )
         return None
 
     def edge(self, edge: str | Edge | tuple[str, str]) -> Edge:
@@ -244,7 +248,8 @@ class Graph:
         """The edges a [n_sources, n_receivers] mask marks, in `edges` order."""
         sources, receivers = torch.nonzero(mask & self.edge_mask(), as_tuple=True)
         found = [
-            Edge(self.sources[s].name, self.receivers[r].name) for s, r in zip(sources.tolist(), receivers.tolist())
+            Edge(self.sources[s].name, self.receivers[r].name)
+            for s, r in zip(sources.tolist(), receivers.tolist(), strict=True)
         ]
         return sorted(found, key=self._edge_index.__getitem__)
 
@@ -299,7 +304,8 @@ class Graph:
 def graph(model: HookedTransformer) -> Graph:
     """The residual graph of `model`: `len(circuits.graph(model).edges)` is 32,491 for GPT-2 small's shapes."""
     mlp_layers = tuple(layer for layer, block in enumerate(model.blocks) if block.mlp is not None)  # attn_only: none
-    # A block that declares no MLP stage computes attention and MLP from the same resid_pre (GPT-NeoX's parallel residual).
+    # A block that declares no MLP stage computes attention and MLP from the same resid_pre (GPT-NeoX's parallel
+    # residual).
     parallel = tuple(layer for layer in mlp_layers if not type(model.blocks[layer]).mlp_stage)
     for name in ("hook_q_input", "hook_k_input", "hook_v_input"):
         model._check_name(f"blocks.0.{name}")  # an architecture without the split input points has no circuits

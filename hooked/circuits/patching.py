@@ -63,7 +63,8 @@ def patch_edges(
     `variants` maps a name to a list of edges (`"L1H0->L2H2.v"`, `(source, receiver)` or `Edge`); a plain
     list of edges is one variant named "edges". An edge may carry a position, `"L1H0->L2H2.q@-1"` or
     `(source, receiver, -1)`: it is then patched at that position of each prompt only (a position in the
-    prompt, negative from its end, as `positions=` elsewhere; every prompt must have it). `base` is the clean run, so `result.change` is
+    prompt, negative from its end, as `positions=` elsewhere; every prompt must have it). `base` is the clean run, so
+    `result.change` is
     metric(patched) - metric(clean). `ablation`: "corrupt" (the paired corrupt prompt's write), "mean"
     (the write averaged over the corrupt prompts' real tokens) or "zero" (corrupt may then be None).
     """
@@ -76,7 +77,7 @@ def patch_edges(
         model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.patch_edges"
     )
     g = experiment.graph
-    everywhere, at = zip(*(_mask(g, name, edges) for name, edges in variants.items()))
+    everywhere, at = zip(*(_mask(g, name, edges) for name, edges in variants.items()), strict=True)
     masks = torch.stack(everywhere)
     positions = sorted({p for variant in at for p in variant})
     empty = torch.zeros_like(masks[0])
@@ -84,7 +85,7 @@ def patch_edges(
     values = experiment.values(masks, at_positions)
     listed = {
         name: [str(e) for e in g.edges_of(m)] + [f"{e}@{p}" for p, pm in sorted(a.items()) for e in g.edges_of(pm)]
-        for name, m, a in zip(names, everywhere, at)
+        for name, m, a in zip(names, everywhere, at, strict=True)
     }
     return _result(experiment, names, values, task, {"method": "edge patching", "ablation": ablation, "edges": listed})
 
@@ -146,7 +147,7 @@ def path_patch_sweep(
         model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.path_patch"
     )
     g = experiment.graph
-    resolved = {name: _resolve_pair(g, name, pair) for name, pair in zip(names, pairs.values())}
+    resolved = {name: _resolve_pair(g, name, pair) for name, pair in zip(names, pairs.values(), strict=True)}
     if method == "direct":
         masks = torch.stack([g.mask(Edge(s, r) for s, r in _direct_edges(g, *pair)) for pair in resolved.values()])
         values = experiment.values(masks)

@@ -49,7 +49,7 @@ def measure_circuit(circuit, sizes: list[int], held_out=None) -> dict:
             "held_out_faithfulness": circuit.faithfulness(*held_out) if held_out is not None else None,
         }
     if held_curve is not None:
-        for row, other in zip(curve, held_curve):
+        for row, other in zip(curve, held_curve, strict=True):
             row["held_out_faithfulness"] = other["faithfulness"]
     report["curve"] = curve
     return report

@@ -38,14 +38,14 @@ key/value head a group of query heads shares, on grouped-query models), `L9.attn
 output), `L8.mlp` (the MLP output), `L8.N1234` (a neuron), `L3.E5` (an expert), `L3.E5.N12` (a neuron
 of an expert), each optionally `@pos` (`L9H9@-1`). Layers may be negative (`L-1H0`: the last block).
 Each kind's form, point and selector is declared once, in hooked/interventions/kinds.py.
-"""
+"""  # noqa: E501  (a Markdown table: its rows cannot wrap)
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
@@ -173,12 +173,13 @@ class Ablation(abc.ABC):
             bad = [i for i in selected[name] if not -size <= i < size]
             if bad:
                 raise IndexError(
-                    f"{self!r} at {point.name}: {name} {bad} out of range; this model has {size} ({axis}: 0..{size - 1})"
+                    f"{self!r} at {point.name}: {name} {bad} out of range; this model has {size} ({axis}: "
+                    f"0..{size - 1})"
                 )
         self.validate_source(point, model)
 
-    def validate_source(self, point: HookPoint, model: HookedTransformer) -> None:
-        """Check a reference or source against the point (mean / resample override it)."""
+    def validate_source(self, point: HookPoint, model: HookedTransformer) -> None:  # noqa: B027  (optional)
+        """Check a reference or source against the point: nothing to check for `zero`; mean / resample override it."""
 
     def selection(self, activation: Tensor, hook: HookPoint | RowsView) -> Tensor | None:
         """A boolean mask broadcastable to the activation, True where the ablation writes (None: everywhere)."""
@@ -281,7 +282,7 @@ def zero(
 
 
 # ----------------------------------------------------------------------------- references
-Reference = Union[ActivationCache, Tensor, str, Sequence[str]]
+Reference = ActivationCache | Tensor | str | Sequence[str]
 
 
 def is_tokens(reference) -> bool:
@@ -339,7 +340,7 @@ class _FromReference(Ablation):
             sizes = model.axis_sizes()
             cached = reference.cache_dict[point.name]
             expected = [sizes.get(axis) for axis in point.axes]
-            for axis, want, got in zip(point.axes, expected, cached.shape):
+            for axis, want, got in zip(point.axes, expected, cached.shape, strict=True):
                 if want is not None and want != got:
                     raise ValueError(
                         f"{self!r}: the reference's {point.name} has {axis} {got}, but this model's has {want};"
@@ -388,7 +389,8 @@ class Mean(_FromReference):
             return acts  # already a mean: no batch, no pos axis
         if acts.ndim != len(hook.axes):
             raise ValueError(
-                f"{self!r}: the reference for {hook.name} has shape {tuple(acts.shape)}, expected axes ({' '.join(hook.axes)})"
+                f"{self!r}: the reference for {hook.name} has shape {tuple(acts.shape)}, expected axes "
+                f"({' '.join(hook.axes)})"
             )
         if "key_pos" in hook.axes:  # a pattern: average over prompts only, which must be unpadded
             if mask is not None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, Union, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -37,7 +37,7 @@ from torch import Tensor
 
 from hooked.interventions.positions import last_real
 
-Answers = Union[Sequence[str], Sequence[int], Int[Tensor, " batch"]]
+Answers = Sequence[str] | Sequence[int] | Int[Tensor, " batch"]
 Mask = Bool[Tensor, "batch pos"] | Int[Tensor, "batch pos"]  # True (or 1, as a tokenizer gives it) at real tokens
 
 
@@ -83,7 +83,8 @@ class _Metric:
                 )
         if attention_mask is not None and tuple(attention_mask.shape) != tuple(logits.shape[:2]):
             raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)} but the logits are [batch pos] = {tuple(logits.shape[:2])}"
+                f"attention_mask has shape {tuple(attention_mask.shape)} but the logits are [batch pos] = "
+                f"{tuple(logits.shape[:2])}"
             )
         if self.columns is not None and self.columns[-1] >= logits.shape[-1]:
             raise ValueError(
@@ -162,7 +163,8 @@ class LogitDiff(_Metric):
         _set(self, correct=_as_ids(self.correct, "correct"), incorrect=_as_ids(self.incorrect, "incorrect"))
         if len(self.correct) != len(self.incorrect):
             raise ValueError(
-                f"one incorrect answer per correct one: got {len(self.correct)} correct and {len(self.incorrect)} incorrect"
+                f"one incorrect answer per correct one: got {len(self.correct)} correct and {len(self.incorrect)} "
+                "incorrect"
             )
         _check_position(self.position)
         columns = tuple(sorted(set(self.correct) | set(self.incorrect)))
@@ -324,11 +326,13 @@ class Loss(_Metric):
         self._check_reduced(logits, attention_mask, None)
         if tuple(logits.shape[:2]) != tuple(self.tokens.shape):
             raise ValueError(
-                f"{self!r} scores tokens of shape {tuple(self.tokens.shape)}, but the logits are for {tuple(logits.shape[:2])}"
+                f"{self!r} scores tokens of shape {tuple(self.tokens.shape)}, but the logits are for "
+                f"{tuple(logits.shape[:2])}"
             )
         if int(self.tokens.max()) >= logits.shape[-1]:
             raise ValueError(
-                f"{self!r} has token id {int(self.tokens.max())}, but the logits have a vocabulary of {logits.shape[-1]}"
+                f"{self!r} has token id {int(self.tokens.max())}, but the logits have a vocabulary of "
+                f"{logits.shape[-1]}"
             )
         tokens = self.tokens.to(logits.device)
         log_probs = logits[:, :-1].float().log_softmax(-1)

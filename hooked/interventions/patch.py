@@ -360,7 +360,7 @@ def _grid_positions(tokens: Tensor, key_valid: Tensor | None, positions) -> dict
         if not positions:
             raise ValueError("positions= is an empty dict; name at least one column, e.g. {'S2': task.positions['S2']}")
         labels = variant_names(positions, "positions= label", reserved=())  # {1: ..., "1": ...} would lose a column
-        return {label: as_positions(value) for label, value in zip(labels, positions.values())}
+        return {label: as_positions(value) for label, value in zip(labels, positions.values(), strict=True)}
     if isinstance(as_positions(positions), PerPrompt):
         raise ValueError(
             f"positions={as_positions(positions)!r} is one position per prompt, but a layer x position grid patches one"

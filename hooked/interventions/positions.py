@@ -8,7 +8,8 @@ A position counts a prompt's own tokens (BOS included) from 0, or back from its 
 so padding, left or right, never shifts it (`positions=-1` is each prompt's last real token, also in a
 right-padded batch, where the last column is padding for the shorter prompts). A position some prompt
 does not have raises, naming the prompt lengths.
-`hooked.interventions.ablate`, `hooked.interventions.patch` and the position-aware edges of `hooked.circuits` share these rules.
+`hooked.interventions.ablate`, `hooked.interventions.patch` and the position-aware edges of `hooked.circuits` share
+these rules.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def per_prompt(positions: Sequence[int] | Tensor) -> PerPrompt:
             or positions.is_complex()
         ):
             raise TypeError(
-                f"per_prompt() takes a 1-D integer tensor [batch], got {positions.dtype} of shape {list(positions.shape)}"
+                f"per_prompt() takes a 1-D integer tensor [batch], got {positions.dtype} of shape "
+                f"{list(positions.shape)}"
             )
         positions = positions.tolist()
     if isinstance(positions, (int, str)):

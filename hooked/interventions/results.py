@@ -76,7 +76,8 @@ class SweepResult:
         self.variants = variant_names(self.variants)
         if self.values.shape != (len(self.variants), self.base.shape[0]):
             raise ValueError(
-                f"values {tuple(self.values.shape)} do not match {len(self.variants)} variants x {self.base.shape[0]} prompts"
+                f"values {tuple(self.values.shape)} do not match {len(self.variants)} variants x {self.base.shape[0]} "
+                "prompts"
             )
 
     def __len__(self) -> int:
@@ -94,7 +95,7 @@ class SweepResult:
     @property
     def scores(self) -> dict[str, float]:
         """variant -> mean over prompts."""
-        return dict(zip(self.variants, self.values.mean(1).tolist()))
+        return dict(zip(self.variants, self.values.mean(1).tolist(), strict=True))
 
     @property
     def base_score(self) -> float:
@@ -117,7 +118,9 @@ class SweepResult:
                 **{f"p{i}": float(v) for i, v in enumerate(values)},
             }
 
-        return [row(BASE, self.base)] + [row(name, values) for name, values in zip(self.variants, self.values)]
+        return [row(BASE, self.base)] + [
+            row(name, values) for name, values in zip(self.variants, self.values, strict=True)
+        ]
 
     def table(self):
         """A pandas DataFrame (one row per variant, the base run first), or a list of dict rows without pandas."""
@@ -183,20 +186,26 @@ class SweepResult:
     def grid(self, value: str = "change") -> tuple[Tensor, str, str, list[int], list[int]] | None:
         """The variants as a [row col] grid (NaN where absent), with axis labels, when every name has
         one of the grid forms (L9H9, L3KV1, L9@3, L9.N12, L3.E5: `grid_names()`); else None."""
-        for pattern, row_label, col_label in grid_names():
-            matches = [pattern.match(name) for name in self.variants]
-            if all(matches):
-                break
-        else:
+        form = self._grid_form()
+        if form is None:
             return None
+        row_label, col_label, matches = form
         values = self.change if value == "change" else self.scores
-        cells = {(int(m["row"]), int(m["col"])): values[name] for m, name in zip(matches, self.variants)}
+        cells = {(int(m["row"]), int(m["col"])): values[name] for m, name in zip(matches, self.variants, strict=True)}
         rows = sorted({r for r, _ in cells})
         cols = sorted({c for _, c in cells})
         grid = torch.full((len(rows), len(cols)), float("nan"))
         for (r, c), v in cells.items():
             grid[rows.index(r), cols.index(c)] = v
         return grid, row_label, col_label, rows, cols
+
+    def _grid_form(self) -> tuple[str, str, list[re.Match]] | None:
+        """The first grid form every variant name has: its row and column labels and each name's match."""
+        for pattern, row_label, col_label in grid_names():
+            matches = [pattern.match(name) for name in self.variants]
+            if all(matches):
+                return row_label, col_label, matches
+        return None
 
     def heatmap(self, path: str | Path | None = None, value: str = "change", title: str | None = None):
         """Plot the grid of changes (or `value="score"`) as a heatmap; save to `path` if given. Returns the figure."""
@@ -230,7 +239,10 @@ class SweepResult:
 
     def __repr__(self) -> str:
         top = ", ".join(f"{name} {change:+.3f}" for name, change in self.top(3))
-        return f"SweepResult({len(self)} variants x {self.base.shape[0]} prompts, {self.metric}; base {self.base_score:+.4f}; top: {top})"
+        return (
+            f"SweepResult({len(self)} variants x {self.base.shape[0]} prompts, {self.metric};"
+            f" base {self.base_score:+.4f}; top: {top})"
+        )
 
 
 def _grid_examples() -> str:

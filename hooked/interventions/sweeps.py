@@ -179,7 +179,7 @@ def plan_variants(model: HookedTransformer, variants: Variants, shape: torch.Siz
     """Resolve every variant's hook names, check its callbacks, and find its first stage."""
     planned = []
     no_hooks = 2 * model.cfg.n_layers  # a variant with no hook joins at the final norm: the base run's logits
-    for name, pairs in zip(variant_names(variants), variants.values()):
+    for name, pairs in zip(variant_names(variants), variants.values(), strict=True):
         if isinstance(pairs, tuple) and len(pairs) == 2 and callable(pairs[1]):
             pairs = [pairs]  # a single (name, fn) pair
         resolved = []

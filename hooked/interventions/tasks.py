@@ -24,7 +24,8 @@ Token positions depend on the tokenizer, so a task knows them only for a model:
 `ioi(8, model=model)` (or `task.with_positions(model)`) fills `task.positions["IO"]`, `["S1"]`,
 `["S2"]` and `["END"]`, each a LongTensor [batch] of positions in the clean prompt as that model
 tokenizes it (0 is the first token, BOS included when the model prepends one; END is the last
-token). They plug straight into `positions=` of `hooked.interventions.ablate` and `hooked.interventions.patch` (one position per
+token). They plug straight into `positions=` of `hooked.interventions.ablate` and `hooked.interventions.patch` (one
+position per
 prompt). They come from the character spans of the name slots, recorded at generation in
 `params["per_prompt"]["spans"]`: a name's position is its first token (the one holding its first
 character, e.g. " John" with its space). With the "swap" corruption the corrupt prompt has the same

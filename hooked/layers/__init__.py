@@ -15,7 +15,7 @@ is visible in `attend`. Every name is importable from `hooked.layers` itself.
 
 Axis vocabulary (used in every hook declaration, see docs/hooks.md): batch, pos, d_model, head_index,
 kv_head_index, d_head, query_pos, key_pos, d_mlp, n_experts, top_k, d_vocab.
-"""
+"""  # noqa: E501  (a Markdown table: its rows cannot wrap)
 
 from hooked.layers.attention import (
     MIN_TRITON_CAPABILITY,

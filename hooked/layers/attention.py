@@ -51,7 +51,7 @@ def attention_input(
     heads = (n_heads, n_kv_heads, n_kv_heads)
     copies = [
         point(resid_pre[:, :, None].expand(-1, -1, count, -1).clone()) if point.listening else None
-        for point, count in zip(points, heads)
+        for point, count in zip(points, heads, strict=True)
     ]
     edit = None
     if block.ln1.hook_scale.listening or block.ln1.hook_normalized.listening:  # ln1's hooks fire here, once
@@ -61,7 +61,7 @@ def attention_input(
     else:
         normalized = block.ln1(resid_pre)
     inputs = []
-    for copy, count in zip(copies, heads):
+    for copy, count in zip(copies, heads, strict=True):
         shared = normalized[:, :, None].expand(-1, -1, count, -1)
         if copy is None:
             inputs.append(shared)

@@ -12,7 +12,7 @@ here once.
 from __future__ import annotations
 
 import contextlib
-from typing import ClassVar, Literal, Union
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ from hooked.rows import Rows, running_rows
 from hooked.tokenizer import HookedTokenizer
 from hooked.transformer_lens.model import BuildsFromConfig, TransformerLensMethods, WeightStacks, unprocessed
 
-ModelInput = Union[str, list[str], Int[Tensor, "batch pos"], Int[Tensor, " pos"]]
+ModelInput = str | list[str] | Int[Tensor, "batch pos"] | Int[Tensor, " pos"]
 ReturnType = Literal["logits", "loss", "both", None]
 
 
@@ -168,7 +168,8 @@ class HookedTransformer(
         Text is tokenized with left padding (`padding_side="right"`, or a tokenizer whose `padding_side` is
         "right", pads after each prompt); token ids may come with an `attention_mask` (True or 1 = real
         token), else their padding is read from the ids on that side (`HookedTokenizer.mask_for`).
-        Position ids are derived from the mask, so a padded row gives the same result as the prompt alone. `return_type="loss"` gives the mean next-token cross-entropy
+        Position ids are derived from the mask, so a padded row gives the same result as the prompt alone.
+        `return_type="loss"` gives the mean next-token cross-entropy
         over real tokens (with `loss_per_token=True`, [batch pos-1] with 0 where the target or the
         predicting token is padding, as TransformerLens); `"both"` gives (logits, loss).
 
@@ -480,7 +481,8 @@ class HookedTransformer(
                 attention_mask = attention_mask[None] if attention_mask.ndim == 1 else attention_mask
                 if attention_mask.shape != tokens.shape:
                     raise ValueError(
-                        f"attention_mask has shape {tuple(attention_mask.shape)} but the tokens have {tuple(tokens.shape)}"
+                        f"attention_mask has shape {tuple(attention_mask.shape)} but the tokens have "
+                        f"{tuple(tokens.shape)}"
                     )
                 key_valid = attention_mask.to(device=device, dtype=torch.bool)
             tokens = tokens.to(device=device, dtype=torch.long)
@@ -503,7 +505,8 @@ class HookedTransformer(
         if low < 0 or high >= self.cfg.d_vocab:
             bad = high if high >= self.cfg.d_vocab else low
             raise ValueError(
-                f"token id {bad} is out of range for this model's vocabulary of {self.cfg.d_vocab} (ids 0..{self.cfg.d_vocab - 1})"
+                f"token id {bad} is out of range for this model's vocabulary of {self.cfg.d_vocab} (ids "
+                f"0..{self.cfg.d_vocab - 1})"
             )
         max_positions = self.max_positions
         if max_positions is not None and tokens.shape[1] > max_positions:

@@ -171,7 +171,9 @@ class GPT2Attention(nn.Module):
         if isinstance(x, tuple):  # per-head inputs [batch pos head_index d_model] (hooked.layers.attention_input)
             q, k, v = (
                 torch.einsum("bphm,hmd->bphd", inputs, weight) + bias
-                for inputs, weight, bias in zip(x, (self.W_Q, self.W_K, self.W_V), (self.b_Q, self.b_K, self.b_V))
+                for inputs, weight, bias in zip(
+                    x, (self.W_Q, self.W_K, self.W_V), (self.b_Q, self.b_K, self.b_V), strict=True
+                )
             )
         else:
             batch, pos, _ = x.shape

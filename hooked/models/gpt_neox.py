@@ -132,7 +132,8 @@ class GPTNeoXConfig(ModelConfig):
             )
         if self.activation not in ACTIVATIONS:
             raise ValueError(
-                f"hidden_act {self.activation!r} is not supported by hooked's GPT-NeoX; supported: {', '.join(ACTIVATIONS)}"
+                f"hidden_act {self.activation!r} is not supported by hooked's GPT-NeoX; supported: "
+                f"{', '.join(ACTIVATIONS)}"
             )
 
     transformer_lens_shape: ClassVar[str] = (
@@ -301,7 +302,8 @@ class GPTNeoXAttention(nn.Module):
         return self.dense(z.reshape(batch, pos, -1))  # a view (z is contiguous): editing z edits dense's input
 
     def _qkv(self, part: int) -> Tensor:
-        """Rows of query_key_value for q (0), k (1) or v (2), as TransformerLens: [head_index d_model d_head] (a view)."""
+        """Rows of query_key_value for q (0), k (1) or v (2), as TransformerLens: [head_index d_model d_head] (a
+        view)."""
         return self.query_key_value.weight.view(self.n_heads, 3, self.d_head, -1)[:, part].transpose(1, 2)
 
     def _qkv_bias(self, part: int) -> Tensor:

@@ -102,7 +102,8 @@ class LlamaConfig(RotaryRMSNames, ModelConfig):
 
     @classmethod
     def from_transformer_lens(cls, tl: dict) -> tuple[LlamaConfig | None, list[str] | None]:
-        """A Llama from TransformerLens' fields (hooked.transformer_lens.config); plain RoPE (TransformerLens' NTK-by-parts
+        """A Llama from TransformerLens' fields (hooked.transformer_lens.config); plain RoPE (TransformerLens'
+        NTK-by-parts
         and sliding-window fields are refused there, so neither reaches here)."""
         if cls is not LlamaConfig or tl["use_qk_norm"]:
             return None, None  # Mistral without a window is this same Llama; with q/k norms it is Qwen3

@@ -101,7 +101,8 @@ class Olmo2Config(RotaryRMSNames, ModelConfig):
         partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
         if partial != 1.0:
             raise ValueError(
-                f"Olmo2ForCausalLM with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole heads)"
+                f"Olmo2ForCausalLM with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole "
+                "heads)"
             )
         n_heads = config["num_attention_heads"]
         if not config.get("head_dim") and config["hidden_size"] % n_heads:

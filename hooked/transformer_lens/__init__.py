@@ -12,4 +12,4 @@
 
 See docs/transformer-lens.md for the migration table. Nothing here is imported by this folder's
 `__init__`: the model base class reaches `model` alone (hooked/models/base.py).
-"""
+"""  # noqa: E501  (a Markdown table: its rows cannot wrap)

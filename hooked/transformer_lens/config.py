@@ -27,7 +27,7 @@ Initialisation follows TransformerLens' `init_mode="gpt2"`: every weight matrix 
 N(0, initializer_range) (default 0.8 / sqrt(d_model)), biases 0, norm weights 1; `seed` seeds torch when
 the config is made, as TransformerLens does. The draws are hooked's own (the parameters are laid out
 differently), so the same seed does not give TransformerLens' numbers, only their distribution.
-"""
+"""  # noqa: E501  (a Markdown table: its rows cannot wrap)
 
 from __future__ import annotations
 
@@ -140,7 +140,8 @@ def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a
     parallel_attn_mlp: bool = False,
     **fields: Any,
 ) -> HookedTransformerConfigSpec:
-    """TransformerLens' config, mapped to the family it describes (module docstring); raises naming what no family has."""
+    """TransformerLens' config, mapped to the family it describes (module docstring); raises naming what no family
+    has."""
     for name, value in fields.items():
         if name in _FIXED:
             if value != _FIXED[name] and not (name == "d_vocab_out" and value == d_vocab):

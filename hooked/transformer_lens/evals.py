@@ -105,7 +105,8 @@ def evaluate(
     the Pile and a code set here; hooked does not: pass `data_loaders={"wiki": loader, ...}`."""
     if not data_loaders:
         raise ValueError(
-            "hooked.transformer_lens.evals.evaluate does not download TransformerLens' evaluation sets (wikitext, OpenWebText,"
+            "hooked.transformer_lens.evals.evaluate does not download TransformerLens' evaluation sets (wikitext, "
+            "OpenWebText,"
             " the Pile, code); pass data_loaders={'wiki': loader, ...}, each yielding {'tokens': [batch pos]}"
         )
     losses = {}

@@ -77,7 +77,8 @@ class TransformerLensMethods:
 
         Takes TransformerLens 3.9's keyword arguments with its defaults: the norms are folded into the
         next weights, the writing weights and the unembedding centred, the value biases folded
-        (`hooked.transformer_lens.processing`; `from_pretrained_no_processing` or `hooked.load` keep the checkpoint's own
+        (`hooked.transformer_lens.processing`; `from_pretrained_no_processing` or `hooked.load` keep the checkpoint's
+        own
         weights). Every other argument is either honoured or refused; none is ignored. On the base class
         the architecture is read from config.json, as `hooked.load`.
 
@@ -151,7 +152,8 @@ class TransformerLensMethods:
         fold_value_biases: bool = True,
     ) -> None:
         """Process this model's weights in place, as TransformerLens' `process_weights_` (its defaults; value
-        biases are folded there too). See `hooked.transformer_lens.processing.process_weights`; refused on a processed model."""
+        biases are folded there too). See `hooked.transformer_lens.processing.process_weights`; refused on a processed
+        model."""
         process_weights(
             self,
             fold_ln=fold_ln,
@@ -321,7 +323,8 @@ class WeightStacks:
         return self.unembed_weight.new_zeros(self.cfg.d_vocab) if bias is None else bias
 
     # TransformerLens' stacked weights, [n_layers, ...]: copies, built on each access, of the model's own
-    # weights (processed only where the model was: hooked.transformer_lens.processing). Grouped-query key/value heads are repeated to one per query head, as
+    # weights (processed only where the model was: hooked.transformer_lens.processing). Grouped-query key/value heads
+    # are repeated to one per query head, as
     # TransformerLens does (blocks[i].attn.W_K_grouped keeps them grouped).
     def _stack_blocks(self, module: str, name: str) -> Tensor:
         if any(getattr(block, module) is None for block in self.blocks):  # cfg.attn_only: block.mlp is None

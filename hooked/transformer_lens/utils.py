@@ -97,7 +97,7 @@ def test_prompt(
     prompt_tokens = model.to_tokens(prompt, prepend_bos=prepend_bos)  # [1 pos]
     # One row per answer, each tokenized alone: left padding would put pad ids before a short answer.
     answer_rows = [model.to_tokens(a, prepend_bos=False)[0] for a in answers]
-    for answer, row in zip(answers, answer_rows):
+    for answer, row in zip(answers, answer_rows, strict=True):
         model.tokenizer.check_known(answer, row.tolist())  # an unknown answer would rank the unknown token
     if several:
         answer_rows = [row[:1] for row in answer_rows]
@@ -122,7 +122,7 @@ def test_prompt(
         token_probs = probs[:, index - 1]  # the position before predicts this one
         sorted_probs, sorted_tokens = token_probs.sort(descending=True)
         answer_ranks = sorted_tokens.argsort(-1)[range(len(answers)), targets.cpu()].tolist()
-        ranks.append(list(zip(strings, answer_ranks)))
+        ranks.append(list(zip(strings, answer_ranks, strict=True)))
         if print_details:
             print(f"Performance on answer token{'s' if several else ''}:")
             for i in range(len(answers)):

@@ -88,7 +88,7 @@ def test_the_heatmap_draws_one_grid_per_name(model, task, tmp_path):
         assert path.stat().st_size > 5_000
         grids = [axes for axes in figure.axes if axes.images]
         assert [axes.get_title() for axes in grids] == ["END → IO", "END → S1", "END → S2"]
-        for axes, name in zip(grids, att.names):
+        for axes, name in zip(grids, att.names, strict=True):
             shown = axes.images[0].get_array()
             assert shown.shape == (model.cfg.n_layers, model.cfg.n_heads)
             torch.testing.assert_close(torch.as_tensor(shown.data), att[name])

@@ -445,7 +445,7 @@ def test_every_single_edge_equals_brute_force(arch, padded):
         "logits": r"->logits$",
     }
     for kind, pattern in kinds.items():  # each kind of edge was really exercised: some edge of it moves the metric
-        assert any(m > 1e-3 for e, m in zip(edges, moved.tolist()) if re.search(pattern, e)), kind
+        assert any(m > 1e-3 for e, m in zip(edges, moved.tolist(), strict=True) if re.search(pattern, e)), kind
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "qwen3", "qwen3_moe", "gpt_neox", "olmo2", "gemma2"])
@@ -587,8 +587,8 @@ def test_faithfulness_is_its_formula(data):
         empty = float(brute_patch(model, clean, corrupt, edges, metric, mask, ablation).mean())
     assume(abs(full - empty) > 0.2)
     keep = data.draw(st.lists(st.booleans(), min_size=len(edges), max_size=len(edges)), label="kept")
-    kept = [e for e, k in zip(edges, keep) if k]
-    complement = [e for e, k in zip(edges, keep) if not k]
+    kept = [e for e, k in zip(edges, keep, strict=True) if k]
+    complement = [e for e, k in zip(edges, keep, strict=True) if not k]
     g = circuits.graph(model)
     circuit = circuits.Circuit(g, [g.edge(e) for e in kept], {}, "manual", ablation, {}, model, None)
     value = float(brute_patch(model, clean, corrupt, complement, metric, mask, ablation).mean())
@@ -613,7 +613,7 @@ def hand_gradients(model, clean, metric, mask, points, embedding=None):
     logits = model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=hooks)
     total = score(model, metric, logits, mask).sum()
     grads = torch.autograd.grad(total, [perturbations[p] for p in points])
-    return dict(zip(points, grads))
+    return dict(zip(points, grads, strict=True))
 
 
 def hand_scores(model, clean, corrupt, metric, mask, alphas=None, ablation="corrupt"):
@@ -783,7 +783,8 @@ def test_path_patching_direct_and_wang_equal_brute_force(arch):
 def test_path_patching_property(data):
     # float64: the brute-force references patch by hand in another order, and where an ablation leaves a residual
     # stream near zero an RMSNorm amplifies float32 rounding past TOL (a zero-ablated input into a Qwen3-MoE: the
-    # reference 1e-4 off in float32, while both agree with the engine exactly in float64). A copy: drawn models are shared.
+    # reference 1e-4 off in float32, while both agree with the engine exactly in float64). A copy: drawn models are
+    # shared.
     model = copy.deepcopy(data.draw(models(CIRCUIT_FAMILIES), label="model")).double()
     clean, corrupt, mask, metric = draw_prompts(data, model)
     n_layers, n_heads, n_kv = shape(model)
@@ -1069,7 +1070,7 @@ def test_split_input_points_hold_the_residual_stream_per_head(arch):
         )
         split, cache = model.run_with_cache(clean, attention_mask=mask, names_filter=names)
     resid = base[f"blocks.{layer}.hook_resid_pre"]
-    for name, heads in zip(names[:3], (n_heads, n_kv, n_kv)):
+    for name, heads in zip(names[:3], (n_heads, n_kv, n_kv), strict=True):
         assert cache[name].shape == (*resid.shape[:2], heads, resid.shape[-1])
         torch.testing.assert_close(cache[name], resid[:, :, None].expand_as(cache[name]), rtol=0, atol=1e-6)
     torch.testing.assert_close(cache[names[3]], base[f"blocks.{layer}.hook_resid_mid"], rtol=0, atol=1e-6)
@@ -1132,7 +1133,7 @@ def test_eap_scores_are_the_derivative_of_patching_a_little_of_the_edge(arch):
         direction = slot(corrupt_cache[point], head) - slot(clean_cache[point], head)
         at, at_head = receiver_point(n_layers, receiver)
 
-        def nudged(sign):
+        def nudged(sign, at=at, at_head=at_head, direction=direction):
             def add(activation, hook):
                 activation = activation.clone()
                 slot(activation, at_head)[...] += sign * eps * direction
@@ -1249,11 +1250,11 @@ def test_an_edge_at_one_position_patches_that_position_only(arch):
         columns = [int(pads[b]) + position if position >= 0 else clean.shape[1] + position for b in range(3)]
         current = {}
 
-        def capture(activation, hook, point=point, head=head):
+        def capture(activation, hook, point=point, head=head, current=current):
             if hook.name == point:
                 current["value"] = slot(activation, head).clone()
 
-        def add(activation, hook, point=point, head=head, at_head=at_head, columns=columns):
+        def add(activation, hook, point=point, head=head, at_head=at_head, columns=columns, current=current):
             activation = activation.clone()
             for row, column in enumerate(columns):
                 target = slot(activation, at_head)

@@ -335,7 +335,8 @@ def test_transformer_lens_weight_views_reproduce_the_activations(gpt2, tokens):
 
 @pytest.mark.unchecked
 def test_reset_hooks_clears_contexts_and_keeps_a_direction(gpt2, tokens):
-    """As TransformerLens 3.9 HookedRootModule.reset_hooks(clear_contexts=True, direction=..., including_permanent=...)."""
+    """As TransformerLens 3.9 HookedRootModule.reset_hooks(clear_contexts=True, direction=...,
+    including_permanent=...)."""
     point = gpt2.hook_dict["blocks.0.hook_mlp_out"]
     gpt2.add_hook("blocks.0.hook_mlp_out", lambda x, hook: hook.ctx.__setitem__("seen", True))
     with torch.no_grad():

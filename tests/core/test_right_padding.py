@@ -234,7 +234,7 @@ def test_sweep_on_right_padding_equals_left(right):
     torch.testing.assert_close(read.values, on_left.values, rtol=1e-4, atol=1e-4)
     # ... and each variant is its own run_with_hooks on each prompt alone.
     one = metrics.logit_diff(right, [" Mary"], [" John"])
-    for index, (name, hooks) in enumerate(variants.items()):
+    for index, hooks in enumerate(variants.values()):
         alone = torch.stack([one(right.run_with_hooks(p, fwd_hooks=hooks))[0] for p in PROMPTS])
         torch.testing.assert_close(on_right.values[index], alone, rtol=1e-4, atol=1e-4)
 

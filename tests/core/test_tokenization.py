@@ -83,7 +83,7 @@ def test_a_padded_batch_keeps_its_mask_however_the_tensor_travels(gpt2, tmp_path
         ):
             logits = gpt2(travelled)
             rows = range(3) if travelled.shape[0] == 3 else (2, 1)
-            for row, prompt_logits in zip(range(travelled.shape[0]), [alone[i] for i in rows]):
+            for row, prompt_logits in zip(range(travelled.shape[0]), [alone[i] for i in rows], strict=True):
                 torch.testing.assert_close(logits[row, -prompt_logits.shape[0] :], prompt_logits, rtol=0, atol=1e-5)
 
 
@@ -194,7 +194,7 @@ def test_a_slice_of_a_padded_batch_without_its_longest_row_needs_its_mask(gpt2):
         with pytest.raises(ValueError, match="pass attention_mask="):  # rows 0 and 2, padded unequally
             gpt2(tokens[[0, 2]])
         logits = gpt2(tokens[[0, 2]], attention_mask=mask[[0, 2]])
-        for row, prompt_logits in zip(range(2), (alone[0], alone[2])):
+        for row, prompt_logits in zip(range(2), (alone[0], alone[2]), strict=True):
             torch.testing.assert_close(logits[row, -prompt_logits.shape[0] :], prompt_logits, rtol=0, atol=1e-5)
         # One padded row alone reads as a prompt of pad ids, as a real one would: only its mask can say.
         torch.testing.assert_close(

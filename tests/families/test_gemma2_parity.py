@@ -442,7 +442,8 @@ def rms(x, weight, eps):
 
 
 def test_hooks_hold_what_the_docs_say(models):
-    """embed = W[tokens] * sqrt(d_model); q = q_proj(ln1(resid_pre)); attn_out = ln1_post(o_proj(z)) is what the residual
+    """embed = W[tokens] * sqrt(d_model); q = q_proj(ln1(resid_pre)); attn_out = ln1_post(o_proj(z)) is what the
+    residual
     gains; the MLP reads ln2(resid_mid) through gelu_tanh(gate) * up; mlp_out = ln2_post(down_proj(post))."""
     model = models["uncapped_mqa"]
     tokens = random_tokens(2, 9)

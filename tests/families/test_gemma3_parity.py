@@ -681,7 +681,8 @@ def test_multimodal_checkpoint_with_a_final_softcap_is_refused(tmp_path):
     assert capped.abs().max() > 0.5  # not capped
     with pytest.raises(
         ValueError,
-        match="text_config.final_logit_softcapping 0.5: transformers 5.24's Gemma3ForConditionalGeneration never applies it",
+        match="text_config.final_logit_softcapping 0.5: transformers 5.24's Gemma3ForConditionalGeneration never "
+        "applies it",
     ):
         hooked.load(directory)
 
@@ -742,7 +743,8 @@ def test_multimodal_hub_config_reads_as_transformer_lens_4b():
 
 @pytest.mark.parametrize("pattern", [1, 2, 3, 6])
 def test_default_layer_pattern_equals_transformers(pattern):
-    """Without layer_types, sliding_window_pattern gives transformers 5.24 Gemma3TextConfig's pattern, for 1-13 layers."""
+    """Without layer_types, sliding_window_pattern gives transformers 5.24 Gemma3TextConfig's pattern, for 1-13
+    layers."""
     for n_layers in range(1, 14):
         sizes = dict(
             hidden_size=16,

@@ -264,7 +264,8 @@ def test_every_shared_hook_equals_transformer_lens(dirs, models, case):
     shared = assert_shared_hooks_equal(ours, theirs, atol=1e-5)
     torch.testing.assert_close(logits, tl_logits, rtol=0, atol=1e-5)
     assert {name for name in ours.keys() if name not in theirs.cache_dict} == set()
-    # TransformerLens 3.9's unembedding hooks (its input is ln_final's output, its output the logits): not hook points here
+    # TransformerLens 3.9's unembedding hooks (its input is ln_final's output, its output the logits): not hook
+    # points here
     assert {name for name in theirs.cache_dict if name not in ours.keys()} == UNEMBED_POINTS
     mids = {name for name in shared if name.endswith("hook_resid_mid")}
     assert len(mids) == (0 if model.cfg.use_parallel_residual else model.cfg.n_layers)  # none in a parallel block

@@ -218,7 +218,8 @@ def test_hook_shapes_match_declared_axes(models):
 
 
 def test_hooks_hold_what_the_docs_say(models):
-    """q = q_proj(ln1) before RoPE, rot_q after it; z = o_proj's input; the biased MLP's hooks; result sums to attn_out."""
+    """q = q_proj(ln1) before RoPE, rot_q after it; z = o_proj's input; the biased MLP's hooks; result sums to
+    attn_out."""
     model = models["mqa_bias_linear"]
     tokens = random_tokens(2, 9)
     _, cache = model.run_with_cache(tokens, names_filter=lambda name: True)

@@ -307,7 +307,8 @@ def test_hook_shapes_and_routing_semantics(models):
     assert torch.all(top1["expert_weights", 0] == 1.0)
 
 
-# ----------------------------------------------------------------------------- ablations against edited transformers models
+# ----------------------------------------------------------------------------- ablations against edited transformers
+# models
 def test_expert_ablation_equals_transformers_without_the_expert(dirs, models):
     """zero(experts=e) at the router writes -inf: the softmax runs over the other experts, which is transformers'
     Mixtral with expert e deleted (its router row and its weights) in that layer."""
@@ -345,7 +346,8 @@ def test_expert_neuron_ablation_equals_zeroing_its_down_proj_column(dirs, models
 
 
 def test_sweep_on_a_left_padded_batch_equals_each_alone(models):
-    """Head, expert and expert-neuron ablations in one sweep, each equal to its own run (the window read from the model)."""
+    """Head, expert and expert-neuron ablations in one sweep, each equal to its own run (the window read from the
+    model)."""
     model = models["window_k2"]
     tokens = random_tokens(3, 11, seed=4)
     mask = torch.ones_like(tokens)
@@ -433,7 +435,7 @@ def test_a_checkpoint_with_both_expert_layouts_is_refused_in_either_order(tmp_pa
         (directory / "model.safetensors").unlink()
         shards = {"model-00001-of-00002.safetensors": fused, "model-00002-of-00002.safetensors": per_expert}
         if order != "fused first":
-            shards = dict(zip(shards, reversed(list(shards.values()))))
+            shards = dict(zip(shards, reversed(list(shards.values())), strict=True))
         for name, tensors in shards.items():
             save_file(tensors, directory / name, metadata={"format": "pt"})
         weight_map = {key: name for name, tensors in shards.items() for key in tensors}

@@ -260,7 +260,8 @@ def rms(x, weight, eps):
 
 def test_hooks_hold_what_the_docs_say(models):
     """q = q_proj(resid_pre) un-normalised; q_normed = RMSNorm over ALL heads of q; attn_out = ln1(o_proj(z)) is what
-    the residual gains; mlp reads resid_mid itself; mlp_out = ln2(down_proj(post)); head results sum to the pre-norm write."""
+    the residual gains; mlp reads resid_mid itself; mlp_out = ln2(down_proj(post)); head results sum to the pre-norm
+    write."""
     model = models["gqa_bias_tied"]
     tokens = random_tokens(2, 9)
     _, cache = model.run_with_cache(tokens, names_filter=lambda name: True)
@@ -432,7 +433,8 @@ def test_unsupported_config_is_refused(tmp_path, dirs, change, message):
 
 
 def test_config_reads_hub_layout(dirs):
-    """Hub configs of the released checkpoints carry rope_theta at the top level; transformers 5 writes rope_parameters."""
+    """Hub configs of the released checkpoints carry rope_theta at the top level; transformers 5 writes
+    rope_parameters."""
     written = json.loads((dirs["gqa_bias_tied"] / "config.json").read_text())
     hub = {key: value for key, value in written.items() if key != "rope_parameters"}
     hub.update(rope_theta=5e5, rope_scaling=None)

@@ -246,7 +246,10 @@ def test_removing_every_expert_of_a_layer_is_refused_not_nan(moe_models):
     layer, n_experts = sparse_layers(model)[-1], model.cfg.n_experts
     tokens = random_tokens(2, 5, seed=3)
     point = f"blocks.{layer}.mlp.hook_router_logits"
-    message = rf"{point}: every one of the layer's {n_experts} experts is ablated.*'L{layer}.mlp', or blocks.{layer}.hook_mlp_out"
+    message = (
+        rf"{point}: every one of the layer's {n_experts} experts is ablated.*'L{layer}.mlp', or"
+        rf" blocks.{layer}.hook_mlp_out"
+    )
     with pytest.raises(ValueError, match=message):
         hooked.ablate.hooks(model, [f"L{layer}.E{e}" for e in range(n_experts)], "zero")
     with pytest.raises(ValueError, match=message):

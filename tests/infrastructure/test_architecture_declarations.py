@@ -128,7 +128,7 @@ def violations(
                 f"{line} {node.func.id}(..., {_strings(node.args[1])[0]!r}): a leaf name only some families have"
             )
         elif isinstance(node, ast.Compare):
-            for operator, right in zip(node.ops, node.comparators):
+            for operator, right in zip(node.ops, node.comparators, strict=True):
                 left_texts = _strings(node.left)
                 if isinstance(operator, (ast.In, ast.NotIn)) and any("hook_" in text for text in left_texts):
                     found.append(f"{line} probes for the hook {left_texts[0]!r}")

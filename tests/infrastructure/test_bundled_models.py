@@ -95,7 +95,7 @@ def test_every_name_is_one_token_and_bos_follows_the_architecture(model):
     ids = [model.to_single_token(" " + name) for name in tasks.NAMES]
     assert len(set(ids)) == len(tasks.NAMES)
     assert model.tokenizer.convert_tokens_to_ids("<|unk|>") not in ids
-    assert all(model.to_string([token]) == name for token, name in zip(ids, tasks.NAMES))
+    assert all(model.to_string([token]) == name for token, name in zip(ids, tasks.NAMES, strict=True))
     prompt = "When Mary and John went to the store, John gave a drink to"
     assert model.to_string(model.to_tokens(prompt, prepend_bos=False)[0]) == prompt
     starts_with_bos = model.to_tokens(prompt)[0, 0].item() == model.tokenizer.bos_token_id

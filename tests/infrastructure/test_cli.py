@@ -1,4 +1,5 @@
-"""The `hooked` console script: `hooked hooks MODEL`, `hooked run MODEL PROMPT`, `hooked sweep MODEL ...`, `hooked demo`."""
+"""The `hooked` console script: `hooked hooks MODEL`, `hooked run MODEL PROMPT`, `hooked sweep MODEL ...`, `hooked
+demo`."""
 
 import csv
 import json

@@ -60,8 +60,8 @@ def work(model, tokens, worker: int, call: int):
     if kind == 2:  # a sweep refuses outside hooks: another thread's must not count as outside
         metric = metrics.logit_diff(model, [1, 2], [3, 4])
         variants = {
-            f"L{l}H{h}": [(f"blocks.{l}.attn.hook_z", ablate.zero(heads=h))]
-            for l in range(model.cfg.n_layers)
+            f"L{layer}H{h}": [(f"blocks.{layer}.attn.hook_z", ablate.zero(heads=h))]
+            for layer in range(model.cfg.n_layers)
             for h in (head, (head + 1) % model.cfg.n_heads)
         }
         return hooked.sweep(model, tokens, variants, metric).values

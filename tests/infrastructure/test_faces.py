@@ -82,7 +82,8 @@ def what_is_where() -> dict[str, str]:
 
 def unlisted_modules(table: dict[str, str]) -> list[str]:
     """The modules under hooked/ the table does not name: by path in the first cell, or by their path inside a
-    folder whose row is theirs (`hooked/weights/` names `sources.py`; `hooked/kernels/` names `attention/forward.py`)."""
+    folder whose row is theirs (`hooked/weights/` names `sources.py`; `hooked/kernels/` names
+    `attention/forward.py`)."""
     missing = []
     for path in sorted((ROOT / "hooked").rglob("*.py")):
         relative = path.relative_to(ROOT).as_posix()
@@ -92,7 +93,10 @@ def unlisted_modules(table: dict[str, str]) -> list[str]:
             continue
         folders = [f"hooked/{'/'.join(path.relative_to(ROOT / 'hooked').parts[:depth])}/" for depth in (1, 2)]
         inside = [
-            (row, relative.removeprefix(folder)) for folder in folders for first, row in table.items() if first == f"`{folder}`"
+            (row, relative.removeprefix(folder))
+            for folder in folders
+            for first, row in table.items()
+            if first == f"`{folder}`"
         ]
         if not any(f"`{name}`" in row or f"`{name.rsplit('/', 1)[-1]}`" in row for row, name in inside):
             missing.append(relative)

@@ -65,7 +65,7 @@ def _malformed_copies(original: bytes):
     header = json.loads(original[8 : 8 + length])
     data = original[8 + length :]
     rng = random.Random(0)
-    for i in range(150):
+    for _ in range(150):
         position = rng.randrange(8 + length)
         mutated = bytearray(original)
         mutated[position] = rng.randrange(256)

@@ -47,7 +47,8 @@ def test_an_installed_wheel_loads_the_bundled_models(tmp_path):
         f"for name in {[f'hooked/{m}' for m in BUNDLED]!r}:\n"
         "    model = hooked.load(name)\n"
         "    with torch.no_grad():\n"
-        "        out[name] = metrics.logit_diff(model, task.correct, task.incorrect)(model(model.to_tokens(task.clean))).mean().item()\n"
+        "        out[name] = metrics.logit_diff(model, task.correct, "
+        "task.incorrect)(model(model.to_tokens(task.clean))).mean().item()\n"
         "print(json.dumps(out))\n"
     )
     env = {"PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}

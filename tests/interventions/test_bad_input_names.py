@@ -145,7 +145,7 @@ def test_an_in_place_edit_of_q_k_v_backpropagates_as_an_out_of_place_one(archite
         results.append((logits.detach(), grads))
     (logits, grads), (expected_logits, expected_grads) = results
     assert torch.allclose(logits, expected_logits, atol=1e-6)
-    for grad, expected in zip(grads, expected_grads):
+    for grad, expected in zip(grads, expected_grads, strict=True):
         assert torch.allclose(grad, expected, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(expected_logits, model(tokens), atol=1e-4)  # the edit did something
     assert no_hook_left(model)

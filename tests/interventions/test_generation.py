@@ -243,7 +243,7 @@ def test_generating_with_hooks_equals_a_greedy_loop_of_full_forwards(data):
         chosen = out[:, tokens.shape[1] + step]
         best = logits.max(-1).values
         assert bool((logits.gather(-1, chosen[:, None])[:, 0] >= best - 1e-4 * (1 + best.abs())).all()), step
-    if all(bool(((l.topk(2).values[:, 0] - l.topk(2).values[:, 1]) > 1e-3).all()) for l in step_logits):
+    if all(bool(((s.topk(2).values[:, 0] - s.topk(2).values[:, 1]) > 1e-3).all()) for s in step_logits):
         reference, _ = greedy_loop(model, tokens, mask, new, fwd_hooks)
         assert torch.equal(out, reference)
     assert torch.equal(

@@ -107,7 +107,8 @@ def test_patching_clean_into_clean_changes_nothing(gpt2):
 
 
 def test_patching_the_whole_residual_stream_gives_the_clean_run(gpt2):
-    """Everything after blocks.0.hook_resid_pre reads only it (and the positions): patching all of it is the clean run."""
+    """Everything after blocks.0.hook_resid_pre reads only it (and the positions): patching all of it is the clean
+    run."""
     clean, corrupt = pair(gpt2)
     _, cache = gpt2.run_with_cache(clean, names_filter="blocks.0.hook_resid_pre")
     with torch.no_grad():
@@ -179,7 +180,7 @@ def test_head_sweep_at_positions_patches_only_those(gpt2):
     result = patch.head_sweep(gpt2, corrupt, cache, metric, positions=[3, -1], max_rows=6)
     for layer, head in [(0, 0), (1, 2)]:
 
-        def by_hand(z, hook):
+        def by_hand(z, hook, layer=layer, head=head):
             z = z.clone()
             z[:, [3, -1], head] = cache["z", layer][:, [3, -1], head]
             return z
@@ -199,7 +200,7 @@ def test_resid_sweep_equals_each_patch_alone(gpt2, hook, tmp_path):
     for layer in range(gpt2.cfg.n_layers):
         for position in range(6):
 
-            def by_hand(activation, hook_point):
+            def by_hand(activation, hook_point, layer=layer, position=position):
                 activation = activation.clone()
                 activation[:, position] = cache[name.format(layer)][:, position]
                 return activation
@@ -238,7 +239,7 @@ def test_resid_sweep_on_left_padded_prompts_counts_positions_from_the_end(gpt2):
         name = f"blocks.{layer}.hook_resid_pre"
         for position in range(-4, 0):
 
-            def by_hand(activation, hook):
+            def by_hand(activation, hook, name=name, position=position):
                 activation = activation.clone()
                 activation[:, 7 + position] = cache[name][:, 7 + position]
                 return activation
@@ -345,7 +346,7 @@ def test_attribution_is_the_same_on_every_attention_path(gpt2):
     for backend in ("sdpa", "triton"):
         torch.testing.assert_close(results[backend].values, results["eager"].values, rtol=0, atol=1e-5)
     assert min(abs(change) for change in results["eager"].change.values()) > 1e-4
-    for before, parameter in zip(grads_before, gpt2.parameters()):  # the model's .grad as it was
+    for before, parameter in zip(grads_before, gpt2.parameters(), strict=True):  # the model's .grad as it was
         assert (parameter.grad is None) if before is None else torch.equal(parameter.grad, before)
 
 

@@ -133,12 +133,12 @@ def test_a_vector_of_another_length_names_both_numbers(gpt2):
 
 def test_positions_a_prompt_does_not_have_raise_with_the_lengths(gpt2):
     tokens, mask = padded_batch(gpt2, [8, 5], 8, seed=4)
-    for given in (100, -9, [1, 7]):
+    for position in (100, -9, [1, 7]):
         with pytest.raises(
             ValueError, match=r"does not exist in prompt \d, which has \d tokens \(prompt lengths: \[8, 5\]\)"
         ):
             gpt2.run_with_hooks(
-                tokens, attention_mask=mask, fwd_hooks=[("blocks.0.hook_resid_post", ablate.zero(positions=given))]
+                tokens, attention_mask=mask, fwd_hooks=[("blocks.0.hook_resid_post", ablate.zero(positions=position))]
             )
     with pytest.raises(ValueError, match="position 5 does not exist in prompt 1, which has 5 tokens"):
         gpt2.run_with_hooks(
@@ -264,7 +264,7 @@ def test_any_per_prompt_positions_equal_each_prompt_alone_or_raise(gpt2, data):
     name, head = "blocks.1.attn.hook_z", data.draw(st.integers(0, gpt2.cfg.n_heads - 1), label="head")
     hook = ablate.zero(heads=head, positions=torch.tensor(positions))
     with torch.no_grad():
-        if any(not -n <= p < n for p, n in zip(positions, lengths)):
+        if any(not -n <= p < n for p, n in zip(positions, lengths, strict=True)):
             with pytest.raises(ValueError, match=r"does not exist in prompt \d+, which has \d+ tokens"):
                 gpt2.run_with_hooks(tokens, attention_mask=mask, fwd_hooks=[(name, hook)])
             return

@@ -157,7 +157,7 @@ def test_outside_hooks_are_refused(gpt2):
 
 
 def test_result_table_exports_and_provenance(gpt2, tmp_path):
-    variants = {f"L{l}H{h}": ablate.hooks(gpt2, f"L{l}H{h}") for l in range(2) for h in range(4)}
+    variants = {f"L{layer}H{h}": ablate.hooks(gpt2, f"L{layer}H{h}") for layer in range(2) for h in range(4)}
     result = hooked.sweep(gpt2, tokens_of(gpt2), variants, LastTokenDiff(5, 9), task={"name": "random tokens"})
     table = result.table()
     assert list(table.index[:2]) == ["base", "L0H0"] and list(table.columns[:2]) == ["diff", "change"]

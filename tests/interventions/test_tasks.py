@@ -72,7 +72,7 @@ def test_every_prompt_fills_its_template_and_ends_before_the_io(template):
     templates = BABA_TEMPLATES if template == "baba" else ABBA_TEMPLATES
     assert set(task.per_prompt["template_id"]) == set(range(15))  # 120 draws reach every template
     for prompt, correct, incorrect, template_id in zip(
-        task.clean, task.correct, task.incorrect, task.per_prompt["template_id"]
+        task.clean, task.correct, task.incorrect, task.per_prompt["template_id"], strict=True
     ):
         io, s = correct[1:], incorrect[1:]
         assert correct == " " + io and incorrect == " " + s and io != s
@@ -83,23 +83,23 @@ def test_every_prompt_fills_its_template_and_ends_before_the_io(template):
 
 
 def test_baba_names_the_subject_first_and_abba_the_indirect_object():
-    for prompt, correct, incorrect in zip(*_columns(tasks.ioi(40, seed=2, template="baba"))):
+    for prompt, correct, incorrect in zip(*_columns(tasks.ioi(40, seed=2, template="baba")), strict=True):
         assert names_in(prompt) == [incorrect[1:], correct[1:], incorrect[1:]]  # S1, IO, S2
-    for prompt, correct, incorrect in zip(*_columns(tasks.ioi(40, seed=2, template="abba"))):
+    for prompt, correct, incorrect in zip(*_columns(tasks.ioi(40, seed=2, template="abba")), strict=True):
         assert names_in(prompt) == [correct[1:], incorrect[1:], incorrect[1:]]  # IO, S1, S2
 
 
 def test_mixed_alternates_abba_and_baba():
     task = tasks.ioi(10, seed=3)
     assert task.per_prompt["order"] == ["ABBA", "BABA"] * 5
-    for prompt, correct, incorrect, order in zip(*_columns(task), task.per_prompt["order"]):
+    for prompt, correct, incorrect, order in zip(*_columns(task), task.per_prompt["order"], strict=True):
         io, s = correct[1:], incorrect[1:]
         assert names_in(prompt) == ([io, s, s] if order == "ABBA" else [s, io, s])
 
 
 def test_store_template_prompts():
     task = tasks.ioi(6, seed=4, template="store")
-    for prompt, correct, incorrect, order in zip(*_columns(task), task.per_prompt["order"]):
+    for prompt, correct, incorrect, order in zip(*_columns(task), task.per_prompt["order"], strict=True):
         first, second = (correct[1:], incorrect[1:]) if order == "ABBA" else (incorrect[1:], correct[1:])
         assert prompt == f"When {first} and {second} went to the store, {incorrect[1:]} gave a drink to"
     assert task.per_prompt["order"] == ["ABBA", "BABA"] * 3
@@ -109,10 +109,10 @@ def test_store_template_prompts():
 @pytest.mark.parametrize("template", ["mixed", "baba", "abba", "store"])
 def test_swap_replaces_only_the_giver_by_the_indirect_object(template):
     task = tasks.ioi(30, seed=5, template=template, corruption="swap")
-    for clean, corrupt, correct, incorrect in zip(task.clean, task.corrupt, task.correct, task.incorrect):
+    for clean, corrupt, correct, incorrect in zip(task.clean, task.corrupt, task.correct, task.incorrect, strict=True):
         clean_words, corrupt_words = clean.split(" "), corrupt.split(" ")
         assert len(clean_words) == len(corrupt_words)
-        changed = [i for i, (a, b) in enumerate(zip(clean_words, corrupt_words)) if a != b]
+        changed = [i for i, (a, b) in enumerate(zip(clean_words, corrupt_words, strict=True)) if a != b]
         assert len(changed) == 1
         # The changed word is S2, the last name of the prompt; in the corrupt prompt it is the IO.
         assert clean_words[changed[0]].strip(",.") == incorrect[1:]
@@ -125,7 +125,7 @@ def test_abc_fills_the_three_name_slots_with_three_new_names():
     abc = tasks.ioi(40, seed=6, corruption="abc")
     # Same clean prompts and answers: only the corrupt prompts change with the corruption.
     assert (abc.clean, abc.correct, abc.incorrect) == (swap.clean, swap.correct, swap.incorrect)
-    for clean, corrupt, correct, incorrect in zip(abc.clean, abc.corrupt, abc.correct, abc.incorrect):
+    for clean, corrupt, correct, incorrect in zip(abc.clean, abc.corrupt, abc.correct, abc.incorrect, strict=True):
         new_names = names_in(corrupt)
         assert len(new_names) == 3 and len(set(new_names)) == 3
         assert not set(new_names) & {correct[1:], incorrect[1:]}
@@ -203,7 +203,9 @@ def test_facts_table():
 def test_facts_pairs_each_prompt_with_another_fact_of_its_relation():
     task = tasks.facts(seed=0)
     assert len(task) == len(FACT_OF) and sorted(task.clean) == sorted(FACT_OF)
-    for clean, corrupt, correct, incorrect, relation in zip(*_columns(task, corrupt=True), task.per_prompt["relation"]):
+    for clean, corrupt, correct, incorrect, relation in zip(
+        *_columns(task, corrupt=True), task.per_prompt["relation"], strict=True
+    ):
         assert FACT_OF[clean] == (relation, correct)
         assert FACT_OF[corrupt] == (relation, incorrect)
         assert incorrect != correct and corrupt != clean
@@ -335,7 +337,9 @@ def test_sweep_on_facts_refuses_answers_the_model_does_not_know(tmp_path, capsys
 
 def test_name_spans_are_where_the_names_are():
     task = tasks.ioi(40, seed=7)
-    for prompt, correct, incorrect, spans in zip(task.clean, task.correct, task.incorrect, task.per_prompt["spans"]):
+    for prompt, correct, incorrect, spans in zip(
+        task.clean, task.correct, task.incorrect, task.per_prompt["spans"], strict=True
+    ):
         io, s = correct[1:], incorrect[1:]
         starts = {name: [m.start() for m in re.finditer(rf"\b{name}\b", prompt)] for name in (io, s)}
         assert starts == {io: [spans["IO"][0]], s: [spans["S1"][0], spans["S2"][0]]}
@@ -347,7 +351,7 @@ def test_positions_point_at_the_names_for_a_word_level_tokenizer(ioi_model):
     assert set(task.positions) == {"IO", "S1", "S2", "END"}
     assert all(p.dtype == torch.long and p.shape == (16,) for p in task.positions.values())
     assert len({len(ioi_model.to_str_tokens(prompt)) for prompt in task.clean}) > 1  # mixed templates: lengths differ
-    for row, (prompt, correct, incorrect) in enumerate(zip(*_columns(task))):
+    for row, (prompt, correct, incorrect) in enumerate(zip(*_columns(task), strict=True)):
         tokens = ioi_model.to_str_tokens(prompt)
         at = {slot: int(p[row]) for slot, p in task.positions.items()}
         assert tokens[0] == ioi_model.tokenizer.bos_token  # position 0 is the BOS
@@ -362,7 +366,7 @@ def test_positions_point_at_the_names_for_a_byte_level_tokenizer(gpt2, names):
     """Names of one token carry their leading space (" John"); a name of several tokens gets its first."""
     task = tasks.ioi(16, seed=0, names=names, model=gpt2)
     spaced = 0
-    for row, (prompt, spans) in enumerate(zip(task.clean, task.per_prompt["spans"])):
+    for row, (prompt, spans) in enumerate(zip(task.clean, task.per_prompt["spans"], strict=True)):
         tokens = gpt2.to_str_tokens(prompt)
         assert tokens[0] == "<|endoftext|>"
         for slot, (start, end) in spans.items():
@@ -384,7 +388,7 @@ def test_positions_point_at_the_names_for_a_byte_level_tokenizer(gpt2, names):
 def test_positions_need_a_model_and_follow_slicing_and_json(ioi_model):
     task = tasks.ioi(8, seed=2)
     with pytest.raises(AttributeError, match=r"tasks.ioi\(..., model=model\) or call task.with_positions\(model\)"):
-        task.positions
+        _ = task.positions
     full = task.with_positions(ioi_model)
     assert full == task and tasks.ioi(8, seed=2, model=ioi_model).to_dict() == full.to_dict()
     part = full[2:6]

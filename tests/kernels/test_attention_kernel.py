@@ -145,7 +145,7 @@ def run_case(
 
     assert out.dtype == dtype and out.shape == (batch, q_pos, n_heads * d_head)
     errs = {"out": rel_err(out, ref)}
-    for i, (a, b) in enumerate(zip(kern_leaves, ref_leaves)):
+    for i, (a, b) in enumerate(zip(kern_leaves, ref_leaves, strict=True)):
         errs[f"grad{i}"] = rel_err(a.grad, b.grad)
     assert errs["out"] <= FWD_TOL[dtype], errs
     for name, e in errs.items():
@@ -298,7 +298,7 @@ def test_grad_through_z_view():
     ref_leaves = [x.detach().clone().requires_grad_() for x in leaves]
     ref_z = attention_reference(*ref_leaves).view(b, p, H, d)
     (ref_z[:, :, 1] ** 2).sum().backward()
-    for a, r in zip(leaves, ref_leaves):
+    for a, r in zip(leaves, ref_leaves, strict=True):
         torch.testing.assert_close(a.grad, r.grad, rtol=1e-4, atol=1e-5)
     assert (leaves[0].grad[:, :, 0] == 0).all()  # head 0 got no gradient
 
@@ -311,7 +311,7 @@ def test_expanded_and_list_inputs():
         flash_attention(*leaves, key_start=[2, 0]).sum().backward()
     ref_leaves = [x.detach().clone().requires_grad_() for x in leaves]
     attention_reference(*ref_leaves, key_start=torch.tensor([2, 0])).sum().backward()
-    for a, r in zip(leaves, ref_leaves):
+    for a, r in zip(leaves, ref_leaves, strict=True):
         torch.testing.assert_close(a.grad, r.grad, rtol=1e-4, atol=1e-5)
 
 
@@ -443,7 +443,7 @@ def test_window_skips_key_tiles_outside_it():
     out = flash_attention(*poisoned, window=window, softcap=2.0)
     out.backward(grad)
     assert rel_err(out, ref) < 1e-5
-    for kernel_leaf, ref_leaf in zip(poisoned, clean):
+    for kernel_leaf, ref_leaf in zip(poisoned, clean, strict=True):
         assert rel_err(kernel_leaf.grad, ref_leaf.grad) < 2e-5
     assert (poisoned[1].grad[:, :45] == 0).all() and (poisoned[2].grad[:, :45] == 0).all()
 

@@ -96,7 +96,8 @@ def test_an_alias_not_in_the_cache_names_its_hub_id(hub_cache):
 
 
 def test_names_are_transformer_lens_3_9s():
-    """Every name is TransformerLens', with exactly its aliases; the names of the implemented families TransformerLens lists
+    """Every name is TransformerLens', with exactly its aliases; the names of the implemented families TransformerLens
+    lists
     are all here except the Stanford CRFM GPT-2s (refused: reorder_and_upcast_attn, revisions as checkpoints)."""
     for official, aliases in TRANSFORMER_LENS_NAMES.items():
         assert official in OFFICIAL_MODEL_NAMES

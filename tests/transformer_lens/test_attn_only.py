@@ -287,7 +287,7 @@ def test_what_an_attention_only_model_has_not_is_refused(models):
     with pytest.raises(ValueError, match="attention-only"):
         ours.set_use_hook_mlp_in(True)
     with pytest.raises(ValueError, match="model.W_in: this model's blocks have no mlp"):
-        ours.W_in
+        _ = ours.W_in
     with pytest.raises(ValueError, match="attn_only=True"):
         hooked.HookedTransformerConfig(
             n_layers=1,

@@ -112,7 +112,7 @@ def test_eigenvalues_are_those_of_the_dense_matrix(pair):
     eigenvalues = m.eigenvalues
     assert eigenvalues.is_complex() and eigenvalues.shape == (*dense.shape[:-2], m.mdim)
     flat_ours, flat_dense = eigenvalues.reshape(-1, m.mdim), torch.linalg.eigvals(dense).reshape(-1, m.ldim)
-    for ours, theirs in zip(flat_ours, flat_dense):
+    for ours, theirs in zip(flat_ours, flat_dense, strict=True):
         same_multiset(ours, theirs, atol=1e-6)
 
 
@@ -222,9 +222,9 @@ def test_bad_shapes_and_operands_raise():
     with pytest.raises(ValueError, match="at least two axes"):
         FactoredMatrix(torch.randn(4), torch.randn(4, 2))
     with pytest.raises(ValueError, match="BA needs a square"):
-        m.BA
+        _ = m.BA
     with pytest.raises(ValueError, match="BA needs a square"):
-        m.eigenvalues
+        _ = m.eigenvalues
     with pytest.raises(ValueError, match="too many entries"):
         m[0, 1, 2, 3]
     with pytest.raises(ValueError, match="scalar"):
@@ -272,7 +272,7 @@ WEIGHT_NAMES = (
 def assert_weights_match(ours, theirs, names):
     for name in names:
         close(getattr(ours, name).detach(), getattr(theirs, name).detach(), atol=0)
-    for i, (block, tl_block) in enumerate(zip(ours.blocks, theirs.blocks)):
+    for block, tl_block in zip(ours.blocks, theirs.blocks, strict=True):
         for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
             close(getattr(block.attn, name).detach(), getattr(tl_block.attn, name).detach(), atol=0)
         for name in ("W_in", "W_out", "b_in", "b_out"):
@@ -308,7 +308,7 @@ def test_grouped_query_weights_are_repeated_per_query_head_as_transformer_lens(q
     assert ours.W_K.shape == (2, 4, 32, 8) and ours.b_V.shape == (2, 4, 8)
     assert_weights_match(ours, theirs, WEIGHT_NAMES)
     assert_circuits_match(ours, theirs)
-    for block, tl_block in zip(ours.blocks, theirs.blocks):
+    for block, tl_block in zip(ours.blocks, theirs.blocks, strict=True):
         close(block.attn.W_K_grouped.detach(), tl_block.attn._W_K.detach(), atol=0)
         close(block.attn.W_V_grouped.detach(), tl_block.attn._W_V.detach(), atol=0)
         close(block.attn.W_K[3], block.attn.W_K_grouped[1], atol=0)  # query head 3 reads key/value head 3 // 2

@@ -387,7 +387,7 @@ def test_value_biases_fold_into_the_output_bias():
     """Qwen3 with attention biases and grouped key/value heads: b_O gains sum_h b_V[kv(h)] @ W_O[h], b_V is 0."""
     model, reference = (random_model("qwen3", seed=7, attention_bias=True) for _ in range(2))
     process_weights(model, fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=True)
-    for block, before in zip(model.blocks, reference.blocks):
+    for block, before in zip(model.blocks, reference.blocks, strict=True):
         assert not block.attn.v_proj.bias.any()
         expected = before.attn.o_proj.bias + torch.einsum("hd,hdm->m", before.attn.b_V, before.attn.W_O)
         close(block.attn.o_proj.bias, expected)

@@ -1,4 +1,5 @@
-"""The modules, weights and config fields TransformerLens notebooks read, against TransformerLens 3.9 on the same weights.
+"""The modules, weights and config fields TransformerLens notebooks read, against TransformerLens 3.9 on the same
+weights.
 
 `model.embed.W_E`, `model.pos_embed.W_pos`, `model.unembed.W_U` / `b_U`, the norms' `w` / `b`, every block's
 attention and MLP weights under TransformerLens' names, and `model.cfg`'s fields, on a GPT-2 and a
@@ -107,7 +108,7 @@ def test_rotary_models_have_no_pos_embed_and_rms_norms_no_bias(qwen3_pair):
     assert_same(ours.ln_final.w, theirs.ln_final.w, "ln_final.w")
     assert not hasattr(ours.ln_final, "b") and not hasattr(theirs.ln_final, "b")
     with pytest.raises(AttributeError, match="W_pos"):
-        ours.embed.W_pos
+        _ = ours.embed.W_pos
 
 
 def test_unembed_b_U_follows_weight_processing(gpt2_dir):

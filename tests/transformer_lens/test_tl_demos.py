@@ -195,7 +195,10 @@ def hooked_attn_only(weights: dict[str, torch.Tensor], tokenizer_dir: Path, **pr
         "lm_head.weight": weights["unembed.W_U"].T,
     }
     for layer in range(ATTN_ONLY_2L["n_layers"]):
-        theirs = lambda name: weights[f"blocks.{layer}.{name}"]  # noqa: E731
+
+        def theirs(name, layer=layer):
+            return weights[f"blocks.{layer}.{name}"]
+
         ours |= {
             f"blocks.{layer}.ln1.weight": theirs("ln1.w"),
             f"blocks.{layer}.ln1.bias": theirs("ln1.b"),
@@ -296,7 +299,7 @@ def run_script(path: Path, library: str, checkpoints: dict[str, Path]) -> dict:
     exec(compile(pieces[0], f"{path.name} preamble", "exec"), namespace)  # the docstring and NOT_COMPARED
     cells = {}
     torch.manual_seed(0)
-    for number, code in zip(pieces[1::2], pieces[2::2]):
+    for number, code in zip(pieces[1::2], pieces[2::2], strict=True):
         tree = ast.parse(code)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         printed, shown, error, start = io.StringIO(), None, None, len(plotted)
@@ -332,7 +335,7 @@ def text_differences(where: str, ours: str, theirs: str) -> list[str]:
     if "".join(our_text.split()) != "".join(their_text.split()):  # TransformerLens wraps some lines differently
         return [f"{where}: text differs\n  hooked: {ours[:400]!r}\n  TL:     {theirs[:400]!r}"]
     problems = []
-    for index, ((got, _), (expected, decimals)) in enumerate(zip(our_numbers, their_numbers)):
+    for index, ((got, _), (expected, decimals)) in enumerate(zip(our_numbers, their_numbers, strict=True)):
         tolerance = max(1e-4, 1e-4 * abs(expected), 10.0**-decimals if decimals else 0.0)
         if not (math.isclose(got, expected, abs_tol=tolerance) or (math.isnan(got) and math.isnan(expected))):
             problems.append(f"{where}: number {index} is {got} on hooked, {expected} on TL")
@@ -363,7 +366,7 @@ def value_differences(where: str, ours, theirs) -> list[str]:
             return [f"{where}: {ours!r:.200} on hooked, {theirs!r:.200} on TL"]
         return [
             problem
-            for index, (a, b) in enumerate(zip(ours, theirs))
+            for index, (a, b) in enumerate(zip(ours, theirs, strict=True))
             for problem in value_differences(f"{where}[{index}]", a, b)
         ]
     if isinstance(theirs, (int, float)) and not isinstance(theirs, bool):
@@ -404,7 +407,7 @@ def differences(ours: dict, theirs: dict) -> list[str]:
         if len(our_cell["plotted"]) != len(their_cell["plotted"]):
             problems.append(f"{where}: {len(our_cell['plotted'])} plots on hooked, {len(their_cell['plotted'])} on TL")
         for index, ((name, args, kwargs), (_, their_args, their_kwargs)) in enumerate(
-            zip(our_cell["plotted"], their_cell["plotted"])
+            zip(our_cell["plotted"], their_cell["plotted"], strict=True)
         ):
             for key in set(kwargs) | {str(i) for i in range(len(args))}:
                 a = args[int(key)] if key.isdigit() else kwargs.get(key)

@@ -307,12 +307,12 @@ def test_accumulated_resid_with_apply_ln():
     assert torch.isclose(ref_scaled_residual_stack, scaled_residual_stack, atol=1e-7).all()
 
     expected_labels = []
-    for l in range(model.cfg.n_layers + 1):
-        if l == model.cfg.n_layers:
+    for layer in range(model.cfg.n_layers + 1):
+        if layer == model.cfg.n_layers:
             expected_labels.append("final_post")
             continue
-        expected_labels.append(f"{l}_pre")
-        expected_labels.append(f"{l}_mid")
+        expected_labels.append(f"{layer}_pre")
+        expected_labels.append(f"{layer}_mid")
 
     assert labels == expected_labels
 
@@ -359,7 +359,7 @@ def test_decompose_resid_including_attention():
     tokens, _ = get_ioi_tokens_and_answer_tokens(model)
     _, cache = model.run_with_cache(tokens)
 
-    ref_attention_resids = torch.stack([cache["attn_out", l][:, -1] for l in range(model.cfg.n_layers)])
+    ref_attention_resids = torch.stack([cache["attn_out", layer][:, -1] for layer in range(model.cfg.n_layers)])
     residual_stack = cache.decompose_resid(
         layer=1, pos_slice=Slice(-1), mlp_input=True, apply_ln=False, incl_embeds=False, mode="attn"
     )
@@ -541,7 +541,9 @@ def test_get_items():
 
     assert all(
         cache_key == cache_dict_key and torch.equal(cache_val, cache_dict_val)
-        for (cache_key, cache_val), (cache_dict_key, cache_dict_val) in zip(cache.items(), cache.cache_dict.items())
+        for (cache_key, cache_val), (cache_dict_key, cache_dict_val) in zip(
+            cache.items(), cache.cache_dict.items(), strict=True
+        )
     )
 
 
@@ -553,7 +555,7 @@ def test_get_values():
 
     assert all(
         torch.equal(cache_val, cache_dict_val)
-        for cache_val, cache_dict_val in zip(cache.values(), cache.cache_dict.values())
+        for cache_val, cache_dict_val in zip(cache.values(), cache.cache_dict.values(), strict=True)
     )
 
 
@@ -563,7 +565,10 @@ def test_get_keys():
     tokens, _ = get_ioi_tokens_and_answer_tokens(model)
     _, cache = model.run_with_cache(tokens)
 
-    assert all(cache_key == cache_dict_key for cache_key, cache_dict_key in zip(cache.keys(), cache.cache_dict.keys()))
+    assert all(
+        cache_key == cache_dict_key
+        for cache_key, cache_dict_key in zip(cache.keys(), cache.cache_dict.keys(), strict=True)
+    )
 
 
 @torch.no_grad

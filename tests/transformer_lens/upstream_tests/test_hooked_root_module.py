@@ -43,7 +43,10 @@ def attached(model, direction):
 
 def test_enable_hook_with_name():
     model = TwoPoints()
-    hook = lambda x, hook: None
+
+    def hook(x, hook):
+        return None
+
     model.add_hook("linear", hook, dir="fwd")
     assert attached(model, "fwd") == {"linear": 1, "attn": 0}
     assert attached(model, "bwd") == {"linear": 0, "attn": 0}
@@ -52,8 +55,13 @@ def test_enable_hook_with_name():
 
 def test_enable_hooks_for_points():
     model = TwoPoints()
-    enabled = lambda x: x == "attn"
-    hook = lambda x, hook: None
+
+    def enabled(x):
+        return x == "attn"
+
+    def hook(x, hook):
+        return None
+
     model.add_hook(enabled, hook, dir="bwd")
     assert attached(model, "bwd") == {"linear": 0, "attn": 1}
     assert attached(model, "fwd") == {"linear": 0, "attn": 0}
@@ -72,7 +80,10 @@ def test_enable_hook_with_string_param():
 def test_enable_hook_with_callable_param():
     model = TwoPoints()
     seen = []
-    enabled = lambda x: x == "attn"
+
+    def enabled(x):
+        return x == "attn"
+
     model.add_hook(enabled, lambda x, hook: seen.append(hook.name), dir="fwd")
     model(torch.zeros(2))
     assert seen == ["attn"]

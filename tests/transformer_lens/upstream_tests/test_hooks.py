@@ -26,7 +26,10 @@ DIFFERENCES = [
 
 prompt = "Hello World!"
 model = HookedTransformer.from_pretrained(checkpoint(1))
-embed = lambda name: name == "hook_embed"
+
+
+def embed(name):
+    return name == "hook_embed"
 
 
 class Counter:
@@ -247,7 +250,7 @@ def test_conditional_hooks():
 
         cache = model.run_with_cache(
             prompt,
-            names_filter=lambda x: x == hook_name,
+            names_filter=lambda x, hook_name=hook_name: x == hook_name,
         )[1]
 
         assert list(cache.keys()) == [hook_name]

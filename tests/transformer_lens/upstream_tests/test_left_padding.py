@@ -140,6 +140,7 @@ class TestLeftPadding:
                 prompts,
                 left_first_token_positions.tolist(),
                 (right_last_token_positions + 1).tolist(),
+                strict=True,
             )
         ):
             single_logits, single_cache = model.run_with_cache(prompt)

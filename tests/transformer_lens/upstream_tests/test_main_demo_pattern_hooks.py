@@ -61,7 +61,8 @@ class TestMainDemoPatternHooks:
             return pattern
 
         # Filter for pattern hooks (like Main_Demo)
-        pattern_hook_names_filter = lambda name: name.endswith("pattern")
+        def pattern_hook_names_filter(name):
+            return name.endswith("pattern")
 
         # Run with hooks (should not raise any errors)
         model.run_with_hooks(
@@ -95,7 +96,8 @@ class TestMainDemoPatternHooks:
             return pattern
 
         # Filter for pattern hooks
-        pattern_filter = lambda name: name.endswith("pattern")
+        def pattern_filter(name):
+            return name.endswith("pattern")
 
         # Run with hooks
         model.run_with_hooks(tokens, return_type=None, fwd_hooks=[(pattern_filter, tracking_hook)])
@@ -125,7 +127,8 @@ class TestMainDemoPatternHooks:
             return pattern
 
         # Filter for pattern hooks
-        pattern_filter = lambda name: name.endswith("pattern")
+        def pattern_filter(name):
+            return name.endswith("pattern")
 
         # Run with hooks
         model.run_with_hooks(tokens, return_type=None, fwd_hooks=[(pattern_filter, layer_tracking_hook)])

@@ -28,7 +28,8 @@ reference = tl_gpt2(checkpoint(1), fold_ln=True)
 
 
 def tl_printed_tokens(prompt, answer, prepend_space_to_answer):
-    """What TransformerLens 3.9's `utils.test_prompt` prints first: ("Tokenized prompt:", ...), ("Tokenized answer:", ...)."""
+    """What TransformerLens 3.9's `utils.test_prompt` prints first: ("Tokenized prompt:", ...), ("Tokenized
+    answer:", ...)."""
     import transformer_lens.utils as tl_utils
 
     with mock.patch("builtins.print") as printed:
@@ -111,7 +112,8 @@ def test_test_prompt(
     tokenized_answer,
 ):
     """
-    Tests that utils.test_prompt produces the correct tokenization. In particular, when prepend_space_to_answer = False, the last token of the prompt
+    Tests that utils.test_prompt produces the correct tokenization. In particular, when prepend_space_to_answer =
+    False, the last token of the prompt
     and the first answer token should not be turned into one token (e.g. 'circ' and 'le' don't become 'circle'). See https://github.com/TransformerLensOrg/TransformerLens/issues/271
     for a more detailed explanation.
     """
