@@ -1,6 +1,8 @@
-"""Every path under tests/ that the repository cites exists: the README, the docs, the docstrings and comments of
-hooked/, scripts/, benchmarks/ and the tests themselves, the notebooks and the build files. A test file that moves
-or is renamed must take its citations with it, or a reader is sent looking for a file that is not there."""
+"""Every path under tests/ or hooked/ that the repository cites exists: the README, the docs, the docstrings and
+comments of hooked/, scripts/, benchmarks/ and the tests themselves, the notebooks and the build files. A file that
+moves or is renamed must take its citations with it, or a reader is sent looking for a file that is not there.
+(Under hooked/ a citation is a module, `hooked/interventions/sweeps.py`, or a folder, `hooked/models/`:
+`hooked/ioi-gpt2` is a bundled model's name, not a path.)"""
 
 import re
 from pathlib import Path
@@ -20,10 +22,14 @@ CITING = [
     "tests/**/*.py",
 ]
 # A path under tests/ as prose, comments and commands write it; not inside another path or a URL.
-CITED = re.compile(r"(?<![\w/.-])tests/[\w/.<>-]*[\w>]")
+CITED = re.compile(r"(?<![\w/.-])tests/[\w/.<>-]*[\w>]|(?<![\w/.-])hooked/(?:[\w/<>]*\.py|(?:[\w]+/)+)(?![\w-])")
 # TransformerLens' own test folders (tests/unit/, tests/integration/, tests/acceptance/ there): docs/transformer-lens.md
 # and the ported tests name the upstream files the ports come from, which are not this repository's.
 UPSTREAM_FOLDERS = ("unit", "integration", "acceptance")
+
+
+def upstream(cited: str) -> bool:
+    return cited.startswith("tests/") and cited.split("/")[1] in UPSTREAM_FOLDERS
 
 
 def citations() -> dict[str, list[str]]:
@@ -32,7 +38,7 @@ def citations() -> dict[str, list[str]]:
     for pattern in CITING:
         for path in sorted(ROOT.glob(pattern)):
             text = path.read_text(encoding="utf-8")
-            cited = [c for c in CITED.findall(text) if c.split("/")[1] not in UPSTREAM_FOLDERS]
+            cited = [c for c in CITED.findall(text) if not upstream(c)]
             if cited:
                 found[str(path.relative_to(ROOT))] = cited
     return found
@@ -43,7 +49,7 @@ def exists(cited: str) -> bool:
     return any(ROOT.glob(re.sub(r"<\w+>", "*", cited))) if "<" in cited else (ROOT / cited).exists()
 
 
-def test_every_cited_test_path_exists():
+def test_every_cited_path_exists():
     found = citations()
     assert len(found) > 40  # the docs, hooked/ and the tests cite tests; finding none means the search broke
     missing = [f"{path}: {cited}" for path, cited_paths in found.items() for cited in cited_paths if not exists(cited)]
