@@ -74,9 +74,9 @@ MODULE_PATHS = {
     "evals": "hooked.transformer_lens.evals",
     "utils": "hooked.transformer_lens.utils",
     "aliases": "hooked.transformer_lens.aliases",
-    "processing": "hooked.transformer_lens.processing",
-    "models.transformer_lens": "hooked.transformer_lens.model",
-    "models.views": "hooked.transformer_lens.model",
+    "transformer_lens.processing": "hooked.processing",
+    "models.transformer_lens": "hooked.models.building",
+    "models.views": "hooked.models.weight_views",
 }
 for _short, _module in MODULE_PATHS.items():
     _parent, _, _leaf = f"hooked.{_short}".rpartition(".")
@@ -110,7 +110,7 @@ def load(
     The weights are the checkpoint's own unless a processing flag is set: `fold_ln`,
     `center_writing_weights`, `center_unembed`, `fold_value_biases`, `refactor_factored_attn_matrices`
     process them in place as TransformerLens does (`HookedTransformer.from_pretrained` sets its defaults;
-    `hooked.transformer_lens.processing`, docs/transformer-lens.md).
+    `hooked.processing`, docs/transformer-lens.md).
 
     `tp=N` (under `torchrun`, whose processes form groups of N consecutive ranks) splits the model over
     each group: heads, MLP columns, experts and the vocabulary, each rank reading only its slices of the

@@ -436,9 +436,7 @@ def sweep_provenance(model, planned: list[PlannedVariant], metric, task, tokens:
         "model": getattr(model, "name_or_path", None) or type(model).__name__,
         "architecture": type(model).__name__,
         "config": {k: v for k, v in vars(cfg).items() if isinstance(v, (int, float, str, bool, type(None)))},
-        "processing": dict(
-            getattr(model, "processing", {})
-        ),  # TransformerLens' weight processing (hooked.transformer_lens.processing)
+        "processing": dict(getattr(model, "processing", {})),  # TransformerLens' weight processing (hooked.processing)
         "dtype": str(model.dtype).removeprefix("torch."),
         "device": str(model.device),
         "metric": repr(metric),

@@ -31,7 +31,7 @@ class Split:
 @dataclass(frozen=True)
 class Projection:
     """A weight that reads the residual stream (after a norm) or writes to it, as weight processing
-    (hooked/transformer_lens/processing.py) and the residual decomposition see it: each attention and MLP module
+    (hooked/processing.py) and the residual decomposition see it: each attention and MLP module
     declares its `residual_readers()` and `residual_writers()`.
 
     `axis` is the weight's d_model axis. `bias` is the output's bias, or None where there is none: for a

@@ -67,7 +67,7 @@ class GatedMLP(nn.Module):
         return plan
 
     def residual_readers(self) -> tuple[Projection, ...]:
-        """What reads the norm before it, for weight processing (hooked.transformer_lens.processing): nn.Linear
+        """What reads the norm before it, for weight processing (hooked.processing): nn.Linear
         [out, in]."""
         return (Projection(self.gate_proj.weight, 1), Projection(self.up_proj.weight, 1))
 

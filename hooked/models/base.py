@@ -23,18 +23,18 @@ from hooked.cache import ActivationCache, accumulated_bias, run_with_cache
 from hooked.hooks import EMBED_STAGE, HookedRootModule, HookPoint
 from hooked.kv_cache import KVCache
 from hooked.layers import AttentionMask, position_ids_for
+from hooked.models.building import BuildingMethods, BuildsFromConfig
 from hooked.models.tokens import TokenMethods
+from hooked.models.weight_views import WeightStacks
+from hooked.processing import unprocessed
 from hooked.rows import Rows, running_rows
 from hooked.tokenizer import HookedTokenizer
-from hooked.transformer_lens.model import BuildsFromConfig, TransformerLensMethods, WeightStacks, unprocessed
 
 ModelInput = str | list[str] | Int[Tensor, "batch pos"] | Int[Tensor, " pos"]
 ReturnType = Literal["logits", "loss", "both", None]
 
 
-class HookedTransformer(
-    TransformerLensMethods, TokenMethods, WeightStacks, HookedRootModule, metaclass=BuildsFromConfig
-):
+class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootModule, metaclass=BuildsFromConfig):
     """Base of every model. Subclasses set `config_class`, `architectures`, `embedding_hook_names`."""
 
     config_class: ClassVar[type]
@@ -55,7 +55,7 @@ class HookedTransformer(
     # `model.generate`'s defaults where the caller leaves them out. hooked's own models (`hooked.load`) decode
     # greedily and quietly; a model built the TransformerLens way (`HookedTransformer.from_pretrained`,
     # `from_pretrained_no_processing`, `HookedTransformer(cfg)`) samples and shows a progress bar, as
-    # TransformerLens 3.9's `generate` does (hooked.transformer_lens.model.TRANSFORMER_LENS_GENERATE).
+    # TransformerLens 3.9's `generate` does (hooked.models.building.TRANSFORMER_LENS_GENERATE).
     generate_defaults: dict = {}
 
     # The checkpoint's layout, read by hooked.weights: key pattern -> parameter name, without the unembedding,
@@ -87,7 +87,7 @@ class HookedTransformer(
         # The unembedding's own weights when it is not the embedding (an untied checkpoint, or after weight
         # processing, which changes W_E and W_U differently); None while tied. Set by the architecture.
         self.lm_head: nn.Linear | None = None
-        # TransformerLens' weight processing applied to this model (hooked.transformer_lens.processing): flag -> done.
+        # TransformerLens' weight processing applied to this model (hooked.processing): flag -> done.
         self.processing: dict[str, bool] = unprocessed()
         if (
             cfg.use_hook_tokens
@@ -106,6 +106,52 @@ class HookedTransformer(
         self.set_use_split_qkv_input(False)  # as TransformerLens: a default cache leaves these out
         self.set_use_attn_result(False)
         self.set_use_hook_mlp_in(False)
+
+    # ----------------------------------------------------------------- what a default cache keeps
+    # TransformerLens' switches. Each is answered: a no-op where hooked already behaves so, an error
+    # naming the hooked way where it has no such hook point.
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """TransformerLens' switch for `blocks.{i}.attn.hook_result` ([batch pos head_index d_model]).
+
+        The point always exists and is computed whenever a hook listens to it; the switch decides only
+        whether `run_with_cache()` without a names_filter keeps it (off by default, as TransformerLens':
+        it is n_heads copies of the residual stream per layer, and `cache.stack_head_results` computes
+        it from `hook_z` when it is absent)."""
+        for block in self.blocks:
+            block.attn.hook_result.cached_by_default = bool(use_attn_result)
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """TransformerLens' switch for `blocks.{i}.hook_q_input` / `hook_k_input` / `hook_v_input`.
+
+        Those points always exist here and are computed whenever a hook listens to them
+        (`hooked.layers.attention_input`); the switch decides only whether `run_with_cache()` without a
+        names_filter keeps them.
+        """
+        for block in self.blocks:
+            for point in (block.hook_q_input, block.hook_k_input, block.hook_v_input):
+                point.cached_by_default = bool(use_split_qkv_input)
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """TransformerLens' switch for `blocks.{i}.hook_mlp_in`: computed whenever a hook listens; on, a
+        `run_with_cache()` without a names_filter keeps it too."""
+        if use_hook_mlp_in and any(block.mlp is None for block in self.blocks):
+            raise ValueError("this model is attention-only (cfg.attn_only): its blocks have no MLP, so no hook_mlp_in")
+        for block in self.blocks:
+            if block.mlp is not None:
+                block.hook_mlp_in.cached_by_default = bool(use_hook_mlp_in)
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        if use_attn_in:
+            raise ValueError(
+                "hooked has no hook_attn_in: attention reads the normalised blocks.{i}.hook_resid_pre; hook"
+                " blocks.{i}.ln1.hook_normalized to change what attention alone sees"
+            )
+
+    def set_ungroup_grouped_query_attention(self, ungroup_grouped_query_attention: bool) -> None:
+        if ungroup_grouped_query_attention:
+            raise ValueError(
+                "hooked keeps grouped k/v heads (kv_head_index); head h reads k/v head h // (n_heads // n_kv_heads)"
+            )
 
     @classmethod
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:

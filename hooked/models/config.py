@@ -55,7 +55,7 @@ class ModelConfig:
         attribute of this config alone, so a config copied with `dataclasses.replace` builds an unprocessed model."""
         object.__setattr__(self, "normalization_type", normalization_type)
 
-    def _set_use_hook_tokens(self, use_hook_tokens: bool) -> None:
+    def set_use_hook_tokens(self, use_hook_tokens: bool) -> None:
         """TransformerLens' `use_hook_tokens`, read by the model built from this config (it declares
         `hook_tokens` only when True); set by `HookedTransformerConfig(use_hook_tokens=True)`."""
         object.__setattr__(self, "use_hook_tokens", bool(use_hook_tokens))

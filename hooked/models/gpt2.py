@@ -242,7 +242,7 @@ class GPT2Attention(nn.Module):
             "c_proj.weight": Split("heads", 0, self.d_head, reduce=True),
         }
 
-    # For weight processing (hooked.transformer_lens.processing): c_attn reads ln1's output along its rows
+    # For weight processing (hooked.processing): c_attn reads ln1's output along its rows
     # (Conv1D [in, out]).
     def residual_readers(self) -> tuple[Projection, ...]:
         return (Projection(self.c_attn.weight, 0, self.c_attn.bias),)

@@ -344,7 +344,7 @@ class GPTNeoXAttention(nn.Module):
             plan["query_key_value.bias"] = Split("heads", 0, 3 * self.d_head)
         return plan
 
-    # For weight processing (hooked.transformer_lens.processing): nn.Linear weights are [out, in].
+    # For weight processing (hooked.processing): nn.Linear weights are [out, in].
     def residual_readers(self) -> tuple[Projection, ...]:
         return (Projection(self.query_key_value.weight, 1, self.query_key_value.bias),)
 

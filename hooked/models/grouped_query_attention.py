@@ -202,7 +202,7 @@ class GroupedQueryAttention(nn.Module):
         plan["o_proj.weight"] = Split("heads", 1, self.d_head, reduce=True)
         return plan
 
-    # For weight processing (hooked.transformer_lens.processing): nn.Linear weights are [out, in], d_model the
+    # For weight processing (hooked.processing): nn.Linear weights are [out, in], d_model the
     # last axis of a reader.
     def residual_readers(self) -> tuple[Projection, ...]:
         return tuple(Projection(linear.weight, 1, linear.bias) for linear in (self.q_proj, self.k_proj, self.v_proj))

@@ -185,7 +185,7 @@ class SparseMoeMLP(nn.Module):
             results = self.parallel.all_reduce(results)
         return results.view(*expert_indices.shape[:-1], self.n_experts, -1)
 
-    # For weight processing (hooked.transformer_lens.processing): the router and every expert read ln2's output.
+    # For weight processing (hooked.processing): the router and every expert read ln2's output.
     def residual_readers(self) -> tuple[Projection, ...]:
         return (Projection(self.gate.weight, 1), Projection(self.experts.gate_up_proj, 2))
 

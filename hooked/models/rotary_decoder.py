@@ -13,6 +13,8 @@ side: TransformerLens' names for such a model's settings, and its fields read fr
 
 from __future__ import annotations
 
+import abc
+
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
@@ -221,9 +223,9 @@ class RotaryDecoder(HookedTransformer):
         self.setup_hooks()
 
     @staticmethod
+    @abc.abstractmethod
     def make_block(cfg: ModelConfig, layer: int) -> nn.Module:
-        """Block `layer` of the model (the family's)."""
-        raise NotImplementedError
+        """Block `layer` of the model: each family defines it."""
 
     def resid_from_tokens(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
         return self.hook_embed(self.embed_tokens(tokens))

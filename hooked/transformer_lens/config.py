@@ -31,17 +31,14 @@ differently), so the same seed does not give TransformerLens' numbers, only thei
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
-from hooked.layers import Conv1D
+from hooked.models.base import HookedTransformer
 from hooked.models.config import ModelConfig
-from hooked.transformer_lens.model import TRANSFORMER_LENS_GENERATE
 
 # TransformerLens 3.9 fields that change the function, with the value every hooked family has (its default).
 _FIXED = {
@@ -102,6 +99,20 @@ class HookedTransformerConfigSpec:
     dtype: torch.dtype = torch.float32
     tie_word_embeddings: bool = False  # W_U is W_E (TransformerLens' default: an unembedding of its own)
     extra: dict[str, Any] = field(default_factory=dict)  # accepted TransformerLens fields, readable back
+
+    def build_model(self, tokenizer=None, move_to_device: bool = True, default_padding_side: str = "right"):
+        """`HookedTransformer(cfg)`: the family's model with randomly initialised weights (module docstring)."""
+        return HookedTransformer.from_config(
+            self.family,
+            tokenizer,
+            move_to_device,
+            default_padding_side,
+            initializer_range=self.initializer_range,
+            init_weights=self.init_weights,
+            tie_word_embeddings=self.tie_word_embeddings,
+            device=self.device,
+            dtype=self.dtype,
+        )
 
     def __getattr__(self, name: str):  # only for names the dataclass lacks
         if name.startswith("__") or name in ("family", "extra"):  # copy / pickle probe before fields exist
@@ -184,7 +195,7 @@ def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a
     initializer_range = 0.8 / math.sqrt(d_model) if initializer_range < 0 else initializer_range
     extra = {k: v for k, v in fields.items() if k in _ACCEPTED}
     family.default_prepend_bos = fields.get("default_prepend_bos", True)
-    family._set_use_hook_tokens(bool(use_hook_tokens))
+    family.set_use_hook_tokens(bool(use_hook_tokens))
     return HookedTransformerConfigSpec(
         family,
         initializer_range,
@@ -243,49 +254,3 @@ def _why(name: str) -> str:
             " only (hooked.load(path) or HookedTransformer.from_pretrained(path)), not from a HookedTransformerConfig"
         )
     return "no hooked family has it"
-
-
-def build_model(
-    cfg: HookedTransformerConfigSpec | ModelConfig,
-    tokenizer=None,
-    move_to_device: bool = True,
-    default_padding_side: str = "right",
-):
-    """`HookedTransformer(cfg)`: the family's model with randomly initialised weights (module docstring)."""
-    from hooked.models import MODEL_CLASSES
-
-    if tokenizer is not None:
-        raise ValueError(
-            "HookedTransformer(cfg, tokenizer=...) is not supported: hooked reads tokenizers from checkpoints"
-        )
-    if isinstance(cfg, ModelConfig):  # a family's own config
-        cfg = HookedTransformerConfigSpec(cfg, 0.8 / math.sqrt(cfg.d_model))
-    if not isinstance(cfg, HookedTransformerConfigSpec):
-        raise TypeError(f"HookedTransformer(cfg) takes hooked.HookedTransformerConfig(...), got {type(cfg).__name__}")
-    family = dataclasses.replace(cfg.family)  # a config is bound to its one model: never share it
-    family._set_use_hook_tokens(cfg.family.use_hook_tokens)  # not a dataclass field: replace() drops it
-    model = next(model_class for model_class in MODEL_CLASSES if type(family) is model_class.config_class)(family)
-    if not cfg.tie_word_embeddings and model.lm_head is None:
-        model.untie_unembedding()  # TransformerLens' default: an unembedding of its own (a family may tie by default)
-    if cfg.init_weights:
-        init_weights(model, cfg.initializer_range)
-    device = cfg.device if cfg.device is not None else "cpu"
-    model.generate_defaults = dict(TRANSFORMER_LENS_GENERATE)
-    return model.to(device=device if move_to_device else "cpu", dtype=cfg.dtype).eval()
-
-
-@torch.no_grad()
-def init_weights(model: nn.Module, initializer_range: float) -> None:
-    """TransformerLens' "gpt2" initialisation: weights and embeddings N(0, initializer_range), biases 0,
-    norm weights (anything 1-D not named bias) 1."""
-    for module in model.modules():
-        if isinstance(module, (nn.Linear, Conv1D, nn.Embedding)):
-            module.weight.normal_(0.0, initializer_range)
-            if getattr(module, "bias", None) is not None:
-                module.bias.zero_()
-        elif not any(True for _ in module.children()):
-            for name, parameter in module.named_parameters(recurse=False):
-                if parameter.ndim > 1:
-                    parameter.normal_(0.0, initializer_range)
-                else:
-                    parameter.zero_() if name == "bias" else parameter.fill_(1.0)

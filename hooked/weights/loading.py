@@ -5,7 +5,7 @@ build the model it names on the meta device (`architecture`), read every tensor 
 files straight into the target dtype and device, renamed and checked (`state_dict`), and only then
 assign them. Any failure raises before a model exists, so a caller gets a fully loaded model or an
 exception, never a half-loaded one. Processing flags (TransformerLens' `fold_ln`, centring, ...;
-hooked.transformer_lens.processing) are applied in place after the read; with `tp` the process
+hooked.processing) are applied in place after the read; with `tp` the process
 reads only its shard (hooked.distributed, docs/scaling.md).
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from hooked.distributed import Parallel, parallelize
+from hooked.processing import FLAGS, check_flags, process_weights, unprocessed
 from hooked.tokenizer import HookedTokenizer
-from hooked.transformer_lens.processing import FLAGS, check_flags, process_weights, unprocessed
 from hooked.weights.architecture import architecture_for, build_on_meta, read_config
 from hooked.weights.errors import CheckpointError
 from hooked.weights.sources import from_the_hub, hub_name_for, resolve
@@ -35,7 +35,7 @@ def load_model(
 ):
     """Build the model a checkpoint describes and fill it from its safetensors files.
 
-    `processing` (flag -> bool, `hooked.transformer_lens.processing.FLAGS`) processes the weights in place once read, as
+    `processing` (flag -> bool, `hooked.processing.FLAGS`) processes the weights in place once read, as
     TransformerLens' `from_pretrained` does; refused, before anything is read, under tensor parallelism.
     With `tp` (under torchrun), this process builds and reads only its shard (hooked.distributed);
     the ranks of a group agree at the end, so either every rank has its shard or every rank raises.

@@ -24,8 +24,8 @@ import transformers
 
 import hooked
 from hooked.cache import Slice
+from hooked.processing import FLAGS, process_weights
 from hooked.testing import build_gpt2_checkpoint, random_model, randomize_norms
-from hooked.transformer_lens.processing import FLAGS, process_weights
 from tests.transformer_lens.tl_reference import tl_gpt2, tl_qwen3
 
 with warnings.catch_warnings():

@@ -65,7 +65,7 @@ def process_weights(
     `fold_ln`). Activations keep their meaning; see docs/transformer-lens.md for which hook values change.
 
         model = hooked.load("gpt2")
-        hooked.transformer_lens.processing.process_weights(model)   # = HookedTransformer.from_pretrained("gpt2")
+        hooked.processing.process_weights(model)   # = HookedTransformer.from_pretrained("gpt2")
     """
     flags = dict(
         fold_ln=fold_ln,
