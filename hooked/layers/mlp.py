@@ -47,11 +47,14 @@ class GatedMLP(nn.Module):
         self.up_proj = nn.Linear(d_model, d_mlp, bias=False)
         self.down_proj = nn.Linear(d_mlp, d_model, bias=False)
         self.activation = activation
+        self.hook_in = HookPoint("batch pos d_model")  # what the MLP reads: after ln2 (its weight included)
+        self.hook_in.cached_by_default = False  # as hook_mlp_in: a copy of a neighbour, cached on request
         self.hook_pre = HookPoint("batch pos d_mlp")  # gate pre-activation
         self.hook_pre_linear = HookPoint("batch pos d_mlp")  # up projection
         self.hook_post = HookPoint("batch pos d_mlp")  # the neurons: act(gate) * up
 
     def forward(self, x: Tensor) -> Tensor:
+        x = self.hook_in(x)
         pre = self.hook_pre(self.gate_proj(x))
         pre_linear = self.hook_pre_linear(self.up_proj(x))
         post = self.hook_post(self.activation(pre) * pre_linear)

@@ -262,10 +262,13 @@ class GPT2MLP(nn.Module):
         self.c_fc = Conv1D(cfg.d_model, cfg.d_mlp)
         self.c_proj = Conv1D(cfg.d_mlp, cfg.d_model)
         self.activation = gelu_new if cfg.activation == "gelu_new" else F.gelu
+        self.hook_in = HookPoint("batch pos d_model")  # what the MLP reads: after ln2 (its weight included)
+        self.hook_in.cached_by_default = False  # as hook_mlp_in: a copy of a neighbour, cached on request
         self.hook_pre = HookPoint("batch pos d_mlp")
         self.hook_post = HookPoint("batch pos d_mlp")  # the neurons
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        x = self.hook_in(x)
         pre = self.hook_pre(self.c_fc(x))
         post = self.hook_post(self.activation(pre))
         return self.c_proj(post)

@@ -366,10 +366,13 @@ class GPTNeoXMLP(nn.Module):
         self.dense_h_to_4h = nn.Linear(cfg.d_model, cfg.d_mlp)
         self.dense_4h_to_h = nn.Linear(cfg.d_mlp, cfg.d_model)
         self.activation = ACTIVATIONS[cfg.activation]
+        self.hook_in = HookPoint("batch pos d_model")  # what the MLP reads: after ln2 (its weight included)
+        self.hook_in.cached_by_default = False  # as hook_mlp_in: a copy of a neighbour, cached on request
         self.hook_pre = HookPoint("batch pos d_mlp")
         self.hook_post = HookPoint("batch pos d_mlp")  # the neurons: dense_4h_to_h's input
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        x = self.hook_in(x)
         pre = self.hook_pre(self.dense_h_to_4h(x))
         post = self.hook_post(self.activation(pre))
         return self.dense_4h_to_h(post)

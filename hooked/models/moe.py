@@ -58,6 +58,8 @@ class SparseMoeMLP(nn.Module):
         self.gate = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)  # the router
         self.experts = StackedExperts(cfg.n_experts, cfg.d_model, cfg.d_expert_mlp)
         # Hooks in forward order.
+        self.hook_in = HookPoint("batch pos d_model")  # what the MLP reads: after ln2 (its weight included)
+        self.hook_in.cached_by_default = False  # as hook_mlp_in: a copy of a neighbour, cached on request
         self.hook_router_logits = HookPoint("batch pos n_experts")  # raw logits, before softmax and top-k
         self.hook_expert_weights = HookPoint("batch pos top_k")  # after top-k (and renormalisation)
         self.hook_expert_indices = HookPoint("batch pos top_k")  # which expert each slot holds (int64)
@@ -80,6 +82,7 @@ class SparseMoeMLP(nn.Module):
         self.parallel = parallel
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        x = self.hook_in(x)
         router_logits = self.hook_router_logits(self.gate(x))
         if self.hook_router_logits.listening and bool(torch.isneginf(router_logits).all(-1).any()):  # no expert left
             raise ValueError(all_experts_removed(self.hook_router_logits.name, self.n_experts))
