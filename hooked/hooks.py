@@ -135,6 +135,9 @@ class HookPoint(nn.Module):
         # TransformerLens computes only behind a flag (the split q/k/v inputs, hook_mlp_in): caching them
         # by default would multiply a full cache's memory; `set_use_split_qkv_input(True)` turns them on.
         self.cached_by_default = True
+        # Sizes of axes the model does not size, known to this point alone: a spliced dictionary's `d_sae`
+        # (hooked.sae). `model.axis_sizes(point_name)` merges them over the model's.
+        self.sizes: dict[str, int] = {}
         self._fwd: list[_Registration] = []
         self._bwd: list[_Registration] = []
 

@@ -164,7 +164,7 @@ class Ablation(abc.ABC):
         found = self.selected_axes(point)
         if model is None:
             return
-        sizes = model.axis_sizes()
+        sizes = model.axis_sizes(point.name)
         selected = self.selectors
         for name, axis in found.items():
             size = sizes.get(kinds.SELECTORS[name].size_axis(axis))
@@ -337,7 +337,7 @@ class _FromReference(Ablation):
     def validate_source(self, point: HookPoint, model: HookedTransformer) -> None:
         reference = self.reference
         if isinstance(reference, ActivationCache) and point.name in reference.cache_dict:
-            sizes = model.axis_sizes()
+            sizes = model.axis_sizes(point.name)
             cached = reference.cache_dict[point.name]
             expected = [sizes.get(axis) for axis in point.axes]
             for axis, want, got in zip(point.axes, expected, cached.shape, strict=True):

@@ -78,12 +78,19 @@ def parse_address(model: HookedTransformer, address: str) -> Component:
     lacking = kind.lacking(model, layer)
     if lacking is not None:
         raise ValueError(f"{address!r}: layer {layer} {lacking.lacking}; {lacking.hint.replace('{layer}', str(layer))}")
-    name = model._check_name(kind.hook_name(layer, match["part"] if kind.parts else None))
+    name = kind.hook_name(layer, match["part"] if kind.parts else None)
+    if kind.only_where_present and name not in model.hook_dict:
+        present = sorted({n for n in model.hook_dict if kind.pattern_of_points.match(n)})
+        raise ValueError(
+            f"{address!r}: {name} is not on the model now; {kind.absent.format(name=name)}"
+            + (f" (there now: {', '.join(present)})" if present else "")
+        )
+    name = model._check_name(name)
     values = {placeholder: int(match[placeholder]) for placeholder in kind.indices}
     if kind.check is not None:
         kind.check(model, address, layer, name, values)
     for placeholder, index in kind.indices.items():
-        kinds.check_range(address, layer, index.noun, values[placeholder], kind.count(model, placeholder))
+        kinds.check_range(address, layer, index.noun, values[placeholder], kind.count(model, placeholder, name))
         selectors[index.selector.name] = (values[placeholder],)
     return Component(address, name, selectors)
 
@@ -93,7 +100,8 @@ def _nearest(model: HookedTransformer, address: str) -> str:
     candidates = [
         name
         for kind in kinds.KINDS.values()
-        if kind.suggest is not None and all(kind.count(model, placeholder) is not None for placeholder in kind.indices)
+        if kind.suggest is not None
+        and (kind.only_where_present or all(kind.count(model, placeholder) is not None for placeholder in kind.indices))
         for layer in range(model.cfg.n_layers)
         for name in kind.names(model, layer, first=kind.suggest == "first")
     ]

@@ -114,6 +114,8 @@ class Kind:
     # one, or index 0 of each (a layer's 16,384 features are not worth comparing one by one); None: none
     shown: str | None = None  # the forms errors list, where not `form`
     check: Check | None = None  # checks beyond the layer conditions and index ranges (heads: grouping)
+    only_where_present: bool = False  # its points exist only at times (a spliced dictionary's): list those there
+    absent: str = ""  # for such a kind, the fix an address names when its point is not there ("{name}": the point)
     pattern: re.Pattern = field(init=False, repr=False, compare=False)  # the form as a regex, made from it
 
     def __post_init__(self):
@@ -137,6 +139,12 @@ class Kind:
         if len(set(selectors)) != len(selectors):
             raise ValueError(f"kind {self.name!r}: two indices fill one selector ({selectors})")
         object.__setattr__(self, "pattern", re.compile(_regex(self, "address"), re.IGNORECASE))  # "l9h9" is as clear
+
+    @property
+    def pattern_of_points(self) -> re.Pattern:
+        """The hook names this kind's components live at, in any layer and part."""
+        hooks = [self.hook.format(part=p) for p in self.parts.values()] if self.parts else [self.hook]
+        return re.compile(rf"^blocks\.\d+\.(?:{'|'.join(map(re.escape, hooks))})$")
 
     # ----------------------------------------------------------------- names
     def address(self, layer: int, part: str = "", **values: int) -> str:
@@ -168,28 +176,34 @@ class Kind:
         """The first condition layer `layer` fails for this kind (None: the layer has it)."""
         return next((condition for condition in self.layers if not condition.holds(model, layer)), None)
 
-    def count(self, model: HookedTransformer, placeholder: str) -> int | None:
-        """How many values `{placeholder}` takes in a layer (None: the model declares no size for its axis)."""
-        return model.axis_sizes().get(self.indices[placeholder].axis)
+    def count(self, model: HookedTransformer, placeholder: str, point: str | None = None) -> int | None:
+        """How many values `{placeholder}` takes in a layer (None: the model declares no size for its axis), at
+        hook point `point` where the size is the point's own (a spliced dictionary's d_sae)."""
+        return model.axis_sizes(point).get(self.indices[placeholder].axis)
 
     def names(self, model: HookedTransformer, layer: int, first: bool = False) -> list[str]:
         """Every component of this kind in layer `layer`, in index order (`first`: only index 0 of each)."""
         if self.lacking(model, layer) is not None:
             return []
-        counts = []
-        for placeholder, index in self.indices.items():
-            count = self.count(model, placeholder)
-            if count is None:
-                raise KeyError(
-                    f"kind {self.name!r} counts along {index.axis}, which model.axis_sizes() does not give;"
-                    " the model declares the sizes of its axes (ModelConfig.axis_fields)"
-                )
-            counts.append(range(min(count, 1) if first else count))
-        return [
-            self.address(layer, part, **dict(zip(self.indices, values, strict=True)))
-            for part in self.named_parts()
-            for values in itertools.product(*counts)
-        ]
+        names = []
+        for part in self.named_parts():
+            point = self.hook_name(layer, part)
+            if self.only_where_present and point not in model.hook_dict:
+                continue  # a feature point of a dictionary not spliced here
+            counts = []
+            for placeholder, index in self.indices.items():
+                count = self.count(model, placeholder, point)
+                if count is None:
+                    raise KeyError(
+                        f"kind {self.name!r} counts along {index.axis}, which model.axis_sizes() does not give;"
+                        " the model declares the sizes of its axes (ModelConfig.axis_fields)"
+                    )
+                counts.append(range(min(count, 1) if first else count))
+            names += [
+                self.address(layer, part, **dict(zip(self.indices, values, strict=True)))
+                for values in itertools.product(*counts)
+            ]
+        return names
 
     def named_parts(self) -> tuple[str, ...]:
         """The parts its listed names carry: `listed_parts`, or every part ("" for a kind of no part)."""
@@ -279,7 +293,24 @@ POSITION_AXES = ("pos", "query_pos")  # positions= (every kind's `@pos`) selects
 # by _check_head naming the right one, not reported as no address at all.
 _HEAD_PARTS = {"": "z", ".q": "q", ".k": "k", ".v": "v"}
 
-SELECTORS: dict[str, Selector] = {selector.name: selector for selector in (HEADS, NEURONS, EXPERTS)}
+# The features of a dictionary spliced into the model (hooked.sae): its activations `hook_sae_acts_post`, under
+# the point it writes (an SAE's own point; a transcoder's output point). The part names the point.
+FEATURES = Selector(
+    "features",
+    axes=("d_sae",),
+    where="put it on a spliced dictionary's blocks.L.<point>.hook_sae_acts_post (or use 'L{layer}.resid_post.F{feature}')",
+)
+FEATURE_POINTS = {
+    ".resid_pre": "hook_resid_pre",
+    ".resid_mid": "hook_resid_mid",
+    ".resid_post": "hook_resid_post",
+    ".attn_out": "hook_attn_out",
+    ".mlp_out": "hook_mlp_out",
+    ".z": "attn.hook_z",
+    ".mlp_in": "hook_mlp_in",
+}
+
+SELECTORS: dict[str, Selector] = {selector.name: selector for selector in (HEADS, NEURONS, EXPERTS, FEATURES)}
 KINDS: dict[str, Kind] = {
     kind.name: kind
     for kind in (
@@ -334,6 +365,17 @@ KINDS: dict[str, Kind] = {
             },
             layers=(HAS_MLP, SPARSE_MLP),
             suggest=None,
+        ),
+        Kind(
+            "features",
+            "L{layer}{part}.F{feature}",
+            hook="{part}.hook_sae_acts_post",
+            indices={"feature": Index(FEATURES, "d_sae", "feature")},
+            parts=FEATURE_POINTS,
+            listing="layer",
+            shown="L{layer}.resid_pre|resid_mid|resid_post|attn_out|mlp_out|z|mlp_in.F{feature}",
+            only_where_present=True,
+            absent="splice a dictionary there first (`with model.saes([sae]):`, hooked.sae)",
         ),
     )
 }

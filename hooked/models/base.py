@@ -584,6 +584,37 @@ class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootM
         """
         return run_with_cache(self, *model_args, **kwargs)
 
+    # ----------------------------------------------------------------- sparse dictionaries (hooked/sae/splice.py)
+    def saes(self, saes=(), use_error_term: bool | None = None):
+        """SAELens' `with model.saes(saes=[sae]):` splice dictionaries for the block (docs/saes.md)."""
+        from hooked.sae.splice import saes as splice
+
+        return splice(self, saes, use_error_term=use_error_term)
+
+    def run_with_saes(self, *model_args, saes=(), use_error_term: bool | None = None, **kwargs):
+        """SAELens' `run_with_saes`: the forward with `saes` spliced for this call."""
+        from hooked.sae.splice import run_with_saes
+
+        return run_with_saes(self, *model_args, saes=saes, use_error_term=use_error_term, **kwargs)
+
+    def run_with_cache_with_saes(self, *model_args, saes=(), use_error_term: bool | None = None, **kwargs):
+        """SAELens' `run_with_cache_with_saes`: `run_with_cache` with `saes` spliced for this call."""
+        from hooked.sae.splice import run_with_cache_with_saes
+
+        return run_with_cache_with_saes(self, *model_args, saes=saes, use_error_term=use_error_term, **kwargs)
+
+    def add_sae(self, sae, use_error_term: bool | None = None) -> None:
+        """SAELens' `add_sae`: splice `sae` until `reset_saes()`."""
+        from hooked.sae.splice import add_sae
+
+        add_sae(self, sae, use_error_term=use_error_term)
+
+    def reset_saes(self, saes=None) -> None:
+        """SAELens' `reset_saes`: take out what `add_sae` spliced (all, or those in `saes`)."""
+        from hooked.sae.splice import reset_saes
+
+        reset_saes(self, saes)
+
     def generate(self, input="", max_new_tokens: int = 10, **kwargs):
         """Continue `input` by `max_new_tokens` tokens with a KV cache; hooks fire on the prompt and every step.
 
@@ -609,12 +640,18 @@ class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootM
     def hook_shapes(self, batch: int = 1, pos: int = 8) -> dict[str, tuple[int, ...]]:
         """Every hook name with its shape for an input of [batch pos], from the declared axes."""
         sizes = {"batch": batch, "pos": pos, "query_pos": pos, "key_pos": pos, "1": 1, **self.axis_sizes()}
-        return {name: tuple(sizes[axis] for axis in point.axes) for name, point in self.hook_dict.items()}
+        return {
+            name: tuple({**sizes, **point.sizes}[axis] for axis in point.axes) for name, point in self.hook_dict.items()
+        }
 
-    def axis_sizes(self) -> dict[str, int]:
+    def axis_sizes(self, point: str | None = None) -> dict[str, int]:
         """The size of every axis this model's hook points have, but batch and positions: {"d_model": 768, ...},
-        as its config declares them (`ModelConfig.axis_fields`)."""
-        return {axis: getattr(self.cfg, name) for axis, name in self.cfg.axis_fields.items()}
+        as its config declares them (`ModelConfig.axis_fields`). With a hook name, also the sizes that point
+        alone knows (a spliced dictionary's `d_sae`, hooked.sae)."""
+        sizes = {axis: getattr(self.cfg, name) for axis, name in self.cfg.axis_fields.items()}
+        if point is not None and point in self.hook_dict:
+            sizes.update(self.hook_dict[point].sizes)
+        return sizes
 
     # ----------------------------------------------------------------- tokenization
 

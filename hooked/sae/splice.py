@@ -1,0 +1,265 @@
+"""Splicing dictionaries into a model: SAELens' `HookedSAETransformer` API on any `hooked` model.
+
+A spliced dictionary replaces the activation at the point it writes with its output: an SAE reads and rewrites
+one point; a transcoder reads `hook_name` (the MLP's input, `blocks.L.mlp.hook_in`) and rewrites `hook_name_out`
+(`blocks.L.hook_mlp_out`). Its own hook points join the model's under the point it writes, with SAELens' names
+(`blocks.3.hook_resid_post.hook_sae_acts_post`), so hooks, caches, ablations, sweeps and patching reach its
+features as they reach neurons. `use_error_term=True` adds the reconstruction error back (taken without
+gradient), so the model's output is unchanged while the features stay editable.
+
+The splice is a pair of hooks: `with model.saes([sae]):` registers them for the block (for the calling thread,
+as `model.hooks()` does) and names the dictionary's points; leaving the block, also by an exception, removes
+both. A hook registered at the written point inside the block runs after the splice (it sees the dictionary's
+output, as `hook_sae_output` holds it); one registered before the block runs before it (the dictionary reads its
+edit). Everything is checked before anything is attached: the hook names, the widths (`d_in`, `d_out`), dtype and
+device, the weight processing the dictionary was trained on, and that no two dictionaries write one point.
+
+Where SAELens differs (`analysis/hooked_sae_transformer.py`, 6.54): it leaves a skip transcoder's `W_skip` out of
+the spliced output (its own `SkipTranscoder.forward` includes it), silently skips an SAE whose hook the model
+lacks, and fails with a raw shape error for a `d_in` that does not match. Here the skip term is part of the
+output, and the other two are refused with the fix named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from hooked.hooks import HookPoint, _HookContext
+from hooked.sae.dictionary import Dictionary
+
+if TYPE_CHECKING:
+    from hooked.models.base import HookedTransformer
+
+
+class _Splice:
+    """One dictionary spliced into one model: its checked points, its hooks, and the names it gave."""
+
+    def __init__(self, model: HookedTransformer, dictionary: Dictionary, use_error_term: bool | None):
+        if not isinstance(dictionary, Dictionary):
+            raise TypeError(
+                f"saes= takes hooked.sae dictionaries (hooked.sae.load(...)), not {type(dictionary).__name__};"
+                " a SAELens SAE converts with hooked.sae.from_saelens(sae)"
+            )
+        self.model, self.dictionary = model, dictionary
+        self.use_error_term = dictionary.use_error_term if use_error_term is None else use_error_term
+        self.read = _point(model, dictionary.hook_name, dictionary, "hook_name")
+        self.write = _point(model, dictionary.hook_name_out, dictionary, "hook_name_out")
+        names = model.hook_names
+        if names.index(self.read) > names.index(self.write):
+            raise ValueError(
+                f"{dictionary!r} reads {self.read}, which the forward reaches after {self.write}, the point it writes;"
+                " a transcoder reads a point before the one it replaces"
+            )
+        _check_width(model, dictionary, self.read, dictionary.cfg.d_in, "d_in", "reads")
+        _check_width(model, dictionary, self.write, dictionary.cfg.d_out, "d_out", "writes")
+        if dictionary.dtype != model.dtype or dictionary.device != model.device:
+            raise ValueError(
+                f"{dictionary!r} is {dictionary.dtype} on {dictionary.device}, the model {model.dtype} on"
+                f" {model.device}; convert it first: sae.to(model.dtype).to(model.device)"
+            )
+        _check_processing(model, dictionary)
+        if any(point.name and point.name != local for point, local in _named(dictionary)):
+            raise ValueError(f"{dictionary!r} is already spliced ({dictionary.hook_sae_input.name}); one place at once")
+        self.stash: dict[int, Tensor] = {}
+
+    # ----------------------------------------------------------------- the hooks
+    def hooks(self) -> list[tuple[str, object]]:
+        if self.read == self.write:
+            return [(self.write, self._rewrite)]
+        return [(self.read, self._capture), (self.write, self._replace)]
+
+    def _rewrite(self, activation: Tensor, hook: HookPoint) -> Tensor:
+        return self.dictionary(activation, use_error_term=self.use_error_term)
+
+    def _capture(self, activation: Tensor, hook: HookPoint) -> None:
+        self.stash[0] = activation
+
+    def _replace(self, activation: Tensor, hook: HookPoint) -> Tensor:
+        x = self.stash.pop(0, None)
+        if x is None or x.shape[:-1] != activation.shape[:-1]:
+            raise RuntimeError(
+                f"{self.dictionary!r} writes {self.write} but {self.read}, which it reads, did not fire for the same"
+                f" rows ({None if x is None else tuple(x.shape)} vs {tuple(activation.shape)}): a forward that starts"
+                " between the two points (run_stage, a sweep joining rows there) cannot run this transcoder"
+            )
+        return self.dictionary(x, x_out=activation, use_error_term=self.use_error_term)
+
+    # ----------------------------------------------------------------- the names
+    def attach_points(self) -> None:
+        """Put the dictionary's points into the model's hook_dict, after the point it writes, named under it."""
+        written = self.model.hook_dict[self.write]
+        read = self.model.hook_dict[self.read]
+        added = {}
+        for point, local in _named(self.dictionary):
+            point.name = f"{self.write}.{local}"
+            point.stage = read.stage  # a sweep's variant on a feature joins where the dictionary reads
+            point.shard = None
+            if local in ("hook_sae_error", "hook_sae_output"):
+                point.axes = written.axes
+            added[point.name] = point
+        entries = list(self.model.hook_dict.items())
+        at = [name for name, _ in entries].index(self.write) + 1
+        self.model.hook_dict = dict(entries[:at] + list(added.items()) + entries[at:])
+
+    def detach_points(self) -> None:
+        for point, local in _named(self.dictionary):
+            self.model.hook_dict.pop(point.name, None)
+            point.name, point.stage = local, None
+            if local in ("hook_sae_error", "hook_sae_output"):
+                point.axes = ()
+
+
+def _named(dictionary: Dictionary) -> list[tuple[HookPoint, str]]:
+    return [(getattr(dictionary, local), local) for local in _POINTS]
+
+
+_POINTS = (
+    "hook_sae_input",
+    "hook_sae_acts_pre",
+    "hook_sae_acts_post",
+    "hook_sae_recons",
+    "hook_sae_error",
+    "hook_sae_output",
+)
+
+
+def _point(model: HookedTransformer, name: str, dictionary: Dictionary, field: str) -> str:
+    """`name` as a hook point of `model`, or a KeyError naming the nearest real ones (SAELens skips it silently)."""
+    try:
+        return model._check_name(name)
+    except KeyError as error:
+        raise KeyError(
+            f"{dictionary!r}: its {field} {name!r} is not a hook point of this model ({error.args[0]}); give the"
+            f" point by hooked's name, e.g. hooked.sae.load(path, {field}='blocks.3.hook_resid_post')"
+        ) from None
+
+
+def _check_width(model, dictionary: Dictionary, name: str, width: int, field: str, verb: str) -> None:
+    shape = model.hook_shapes(batch=1, pos=1)[name][2:]
+    if dictionary.cfg.reshape_activations == "hook_z" and len(shape) == 2:
+        have = shape[0] * shape[1]
+    elif len(shape) == 1:
+        have = shape[0]
+    else:
+        raise ValueError(
+            f"{dictionary!r} {verb} {name}, whose activation is [batch pos {' '.join(map(str, shape))}]; a dictionary"
+            " reads a vector per position (a dictionary on attn.hook_z sets reshape_activations='hook_z')"
+        )
+    if have != width:
+        raise ValueError(
+            f"{dictionary!r}: cfg.{field} is {width}, but {name} of this model is {have} wide; the dictionary was made"
+            " for another model or another point (check cfg.hook_name and the model)"
+        )
+
+
+def _check_processing(model: HookedTransformer, dictionary: Dictionary) -> None:
+    """Refuse a dictionary trained on differently processed weights (fold_ln, centring) than the model has."""
+    trained = dictionary.cfg.processing
+    if trained is None:
+        return
+    has = {flag: bool(value) for flag, value in getattr(model, "processing", {}).items()}
+    differ = sorted(flag for flag in set(trained) | set(has) if bool(trained.get(flag)) != has.get(flag, False))
+    if differ:
+        want = ", ".join(f"{flag}={bool(trained.get(flag))}" for flag in differ)
+        raise ValueError(
+            f"{dictionary!r} was trained on a model with {want}, and this model differs; its activations are not the"
+            f" ones the dictionary reads. Load the model so (hooked.load(name, {want})) or reload it unprocessed"
+        )
+
+
+# ----------------------------------------------------------------------------- the public API
+def _splices(model: HookedTransformer, saes, use_error_term: bool | None) -> list[_Splice]:
+    if isinstance(saes, Dictionary):
+        saes = [saes]
+    if not isinstance(saes, Sequence):
+        raise TypeError(f"saes= is a list of dictionaries, not {type(saes).__name__}")
+    splices = [_Splice(model, d, use_error_term) for d in saes]
+    spliced = getattr(model, "_spliced", {})
+    writes: dict[str, Dictionary] = {s.write: s.dictionary for s in spliced.values()}
+    for splice in splices:
+        other = writes.get(splice.write)
+        if other is not None:
+            raise ValueError(
+                f"two dictionaries write {splice.write} ({other!r} and {splice.dictionary!r}); which output would"
+                " flow on is ambiguous: splice one of them"
+            )
+        writes[splice.write] = splice.dictionary
+    if len({id(s.dictionary) for s in splices}) != len(splices):
+        raise ValueError("a dictionary appears twice in saes=")
+    return splices
+
+
+@contextlib.contextmanager
+def saes(
+    model: HookedTransformer, saes: Sequence[Dictionary] | Dictionary = (), *, use_error_term: bool | None = None
+) -> Iterator[HookedTransformer]:
+    """Splice `saes` into `model` for the body of a `with` block (SAELens' `model.saes(saes=[...])`).
+
+    `use_error_term=None` takes each dictionary's own `use_error_term` (False unless set), as SAELens does."""
+    splices = _splices(model, saes, use_error_term)
+    for splice in splices:
+        splice.attach_points()
+    try:
+        with model.hooks(fwd_hooks=[hook for splice in splices for hook in splice.hooks()]):
+            yield model
+    finally:
+        for splice in reversed(splices):
+            splice.detach_points()
+
+
+def run_with_saes(model: HookedTransformer, *model_args, saes=(), use_error_term: bool | None = None, **kwargs):
+    """The model's forward with `saes` spliced for this call only."""
+    with globals()["saes"](model, saes, use_error_term=use_error_term):
+        return model(*model_args, **kwargs)
+
+
+def run_with_cache_with_saes(
+    model: HookedTransformer, *model_args, saes=(), use_error_term: bool | None = None, **kwargs
+):
+    """`run_with_cache` with `saes` spliced for this call: the cache holds their points (`...hook_sae_acts_post`)."""
+    with globals()["saes"](model, saes, use_error_term=use_error_term):
+        return model.run_with_cache(*model_args, **kwargs)
+
+
+def add_sae(model: HookedTransformer, sae: Dictionary, use_error_term: bool | None = None) -> None:
+    """Splice `sae` until `reset_saes` (SAELens' `add_sae`): for every caller, as `model.add_hook` is."""
+    (splice,) = _splices(model, [sae], use_error_term)
+    splice.attach_points()
+    context = _HookContext()
+    try:
+        for name, fn in splice.hooks():
+            model._add(context, name, fn, "fwd", permanent=True)
+    except Exception:
+        _remove(model, splice, context)
+        raise
+    model.__dict__.setdefault("_spliced", {})[id(sae)] = splice
+    splice.context = context
+
+
+def reset_saes(model: HookedTransformer, saes: Sequence[Dictionary] | None = None) -> None:
+    """Take out the dictionaries `add_sae` spliced (all of them, or those in `saes`)."""
+    spliced = model.__dict__.get("_spliced", {})
+    chosen = list(spliced) if saes is None else [id(d) for d in saes]
+    for key in chosen:
+        splice = spliced.pop(key, None)
+        if splice is None:
+            raise ValueError("reset_saes: that dictionary is not spliced with add_sae")
+        _remove(model, splice, splice.context)
+
+
+def _remove(model: HookedTransformer, splice: _Splice, context: _HookContext) -> None:
+    for registration in context.registrations:
+        registration.live = False
+        for point in model.hook_dict.values():
+            if registration in point._fwd:
+                point._fwd.remove(registration)
+    splice.detach_points()
+
+
+def spliced(model: HookedTransformer) -> list[Dictionary]:
+    """The dictionaries `add_sae` has spliced into `model` (those of a `saes()` block are the block's own)."""
+    return [splice.dictionary for splice in model.__dict__.get("_spliced", {}).values()]
