@@ -298,7 +298,7 @@ _HEAD_PARTS = {"": "z", ".q": "q", ".k": "k", ".v": "v"}
 FEATURES = Selector(
     "features",
     axes=("d_sae",),
-    where="put it on a spliced dictionary's blocks.L.<point>.hook_sae_acts_post (or use 'L{layer}.resid_post.F{feature}')",
+    where="put it on a spliced dictionary's blocks.L.<point>.hook_sae_acts_post (or 'L{layer}.resid_post.F{feature}')",
 )
 FEATURE_POINTS = {
     ".resid_pre": "hook_resid_pre",
