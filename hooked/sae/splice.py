@@ -54,17 +54,18 @@ class _Splice:
                 f"{dictionary!r} reads {self.read}, which the forward reaches after {self.write}, the point it writes;"
                 " a transcoder reads a point before the one it replaces"
             )
-        _check_width(model, dictionary, self.read, dictionary.cfg.d_in, "d_in", "reads")
-        _check_width(model, dictionary, self.write, dictionary.cfg.d_out, "d_out", "writes")
-        if dictionary.dtype != model.dtype or dictionary.device != model.device:
-            raise ValueError(
-                f"{dictionary!r} is {dictionary.dtype} on {dictionary.device}, the model {model.dtype} on"
-                f" {model.device}; convert it first: sae.to(model.dtype).to(model.device)"
-            )
+        heads = dictionary.cfg.reshape_activations == "hook_z"
+        _check_width(model, dictionary, self.read, dictionary.cfg.d_in, "d_in", "reads", heads)
+        _check_width(model, dictionary, self.write, dictionary.cfg.d_out, "d_out", "writes", heads)
+        _check_dtype_device(model, dictionary)
         _check_processing(model, dictionary)
-        if any(point.name and point.name != local for point, local in _named(dictionary)):
-            raise ValueError(f"{dictionary!r} is already spliced ({dictionary.hook_sae_input.name}); one place at once")
+        _check_not_spliced(dictionary, _named(dictionary))
         self.stash: dict[int, Tensor] = {}
+
+    @property
+    def writes(self) -> list[str]:
+        """The points it replaces (one; a cross-layer transcoder's splice has one per layer)."""
+        return [self.write]
 
     # ----------------------------------------------------------------- the hooks
     def hooks(self) -> list[tuple[str, object]]:
@@ -90,31 +91,41 @@ class _Splice:
 
     # ----------------------------------------------------------------- the names
     def attach_points(self) -> None:
-        """Put the dictionary's points into the model's hook_dict, after the point it writes, named under it."""
-        written = self.model.hook_dict[self.write]
-        read = self.model.hook_dict[self.read]
-        added = {}
-        for point, local in _named(self.dictionary):
-            point.name = f"{self.write}.{local}"
-            point.stage = read.stage  # a sweep's variant on a feature joins where the dictionary reads
-            point.shard = None
-            if local in ("hook_sae_error", "hook_sae_output"):
-                point.axes = written.axes
-            added[point.name] = point
-        entries = list(self.model.hook_dict.items())
-        at = [name for name, _ in entries].index(self.write) + 1
-        self.model.hook_dict = dict(entries[:at] + list(added.items()) + entries[at:])
+        """Put the dictionary's points into the model's hook_dict, after the point it writes, named under it; a
+        sweep's variant on a feature joins where the dictionary reads."""
+        _attach(self.model, _named(self.dictionary), self.write, self.model.hook_dict[self.read].stage)
 
     def detach_points(self) -> None:
-        for point, local in _named(self.dictionary):
-            self.model.hook_dict.pop(point.name, None)
-            point.name, point.stage = local, None
-            if local in ("hook_sae_error", "hook_sae_output"):
-                point.axes = ()
+        _detach(self.model, _named(self.dictionary))
 
 
 def _named(dictionary: Dictionary) -> list[tuple[HookPoint, str]]:
     return [(getattr(dictionary, local), local) for local in _POINTS]
+
+
+def _attach(model: HookedTransformer, named: list[tuple[HookPoint, str]], write: str, stage: int) -> None:
+    """Name a dictionary's points under the point `write` they belong to, and put them into the model's hook_dict
+    right after it, with the `stage` a sweep's variant on them joins at."""
+    written = model.hook_dict[write]
+    added = {}
+    for point, local in named:
+        point.name = f"{write}.{local}"
+        point.stage = stage
+        point.shard = None
+        if local in ("hook_sae_error", "hook_sae_output"):
+            point.axes = written.axes
+        added[point.name] = point
+    entries = list(model.hook_dict.items())
+    at = [name for name, _ in entries].index(write) + 1
+    model.hook_dict = dict(entries[:at] + list(added.items()) + entries[at:])
+
+
+def _detach(model: HookedTransformer, named: list[tuple[HookPoint, str]]) -> None:
+    for point, local in named:
+        model.hook_dict.pop(point.name, None)
+        point.name, point.stage = local, None
+        if local in ("hook_sae_error", "hook_sae_output"):
+            point.axes = ()
 
 
 _POINTS = (
@@ -138,9 +149,11 @@ def _point(model: HookedTransformer, name: str, dictionary: Dictionary, field: s
         ) from None
 
 
-def _check_width(model, dictionary: Dictionary, name: str, width: int, field: str, verb: str) -> None:
+def _check_width(model, dictionary, name: str, width: int, field: str, verb: str, heads: bool = False) -> None:
+    """Refuse a `width` (cfg.d_in or d_out) other than point `name`'s (`heads`: a dictionary on hook_z, which
+    reads the heads flattened)."""
     shape = model.hook_shapes(batch=1, pos=1)[name][2:]
-    if dictionary.cfg.reshape_activations == "hook_z" and len(shape) == 2:
+    if heads and len(shape) == 2:
         have = shape[0] * shape[1]
     elif len(shape) == 1:
         have = shape[0]
@@ -156,7 +169,21 @@ def _check_width(model, dictionary: Dictionary, name: str, width: int, field: st
         )
 
 
-def _check_processing(model: HookedTransformer, dictionary: Dictionary) -> None:
+def _check_dtype_device(model: HookedTransformer, dictionary) -> None:
+    if dictionary.dtype != model.dtype or dictionary.device != model.device:
+        raise ValueError(
+            f"{dictionary!r} is {dictionary.dtype} on {dictionary.device}, the model {model.dtype} on"
+            f" {model.device}; convert it first: sae.to(model.dtype).to(model.device)"
+        )
+
+
+def _check_not_spliced(dictionary, named: list[tuple[HookPoint, str]]) -> None:
+    spliced_at = next((point.name for point, local in named if point.name and point.name != local), None)
+    if spliced_at is not None:
+        raise ValueError(f"{dictionary!r} is already spliced ({spliced_at}); one place at once")
+
+
+def _check_processing(model: HookedTransformer, dictionary) -> None:
     """Refuse a dictionary trained on differently processed weights (fold_ln, centring) than the model has."""
     trained = dictionary.cfg.processing
     if trained is None:
@@ -179,15 +206,16 @@ def _splices(model: HookedTransformer, saes, use_error_term: bool | None) -> lis
         raise TypeError(f"saes= is a list of dictionaries, not {type(saes).__name__}")
     splices = [_Splice(model, d, use_error_term) for d in saes]
     spliced = getattr(model, "_spliced", {})
-    writes: dict[str, Dictionary] = {s.write: s.dictionary for s in spliced.values()}
+    writes: dict[str, Dictionary] = {write: s.dictionary for s in spliced.values() for write in s.writes}
     for splice in splices:
-        other = writes.get(splice.write)
-        if other is not None:
-            raise ValueError(
-                f"two dictionaries write {splice.write} ({other!r} and {splice.dictionary!r}); which output would"
-                " flow on is ambiguous: splice one of them"
-            )
-        writes[splice.write] = splice.dictionary
+        for write in splice.writes:
+            other = writes.get(write)
+            if other is not None:
+                raise ValueError(
+                    f"two dictionaries write {write} ({other!r} and {splice.dictionary!r}); which output would"
+                    " flow on is ambiguous: splice one of them"
+                )
+            writes[write] = splice.dictionary
     if len({id(s.dictionary) for s in splices}) != len(splices):
         raise ValueError("a dictionary appears twice in saes=")
     return splices
