@@ -100,9 +100,16 @@ class OnRows:
             activation[self.rows] = result
 
 
-def registered_hooks(model: HookedTransformer, caller: str) -> None:
-    """Refuse to run variants while outside hooks are registered: they would apply to every row."""
-    registered = [name for name, point in model.hook_dict.items() if point.listening]
+def registered_hooks(model: HookedTransformer, caller: str, splices: bool = False) -> None:
+    """Refuse to run variants while outside hooks are registered: they would apply to every row. With `splices`,
+    a spliced dictionary's hooks (hooked.sae; they mark themselves `part_of_model`) are let be: they are part of
+    the model every row runs, as its own layers are."""
+
+    def outside(point: HookPoint) -> bool:
+        hooks = [*point.fwd_hooks, *point.bwd_hooks]
+        return not (splices and all(getattr(r.fn, "part_of_model", False) for r in hooks))
+
+    registered = [name for name, point in model.hook_dict.items() if point.listening and outside(point)]
     if registered:
         raise RuntimeError(
             f"{caller} runs the model without outside hooks, but hooks are registered at {registered[:3]};"

@@ -23,9 +23,10 @@ output, and the other two are refused with the fix named.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from torch import Tensor
 
@@ -37,6 +38,18 @@ if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
 Spliceable = Dictionary | CrossLayerTranscoder  # what saes= takes
+
+
+@dataclass(frozen=True)
+class _SpliceHook:
+    """A hook of a splice: part of the spliced model, so hooked.sweep runs it on every row of a batch of variants
+    (row_blocks.registered_hooks lets what is `part_of_model` be)."""
+
+    fn: Callable[[Tensor, HookPoint], Tensor | None]
+    part_of_model: ClassVar[bool] = True
+
+    def __call__(self, activation: Tensor, hook: HookPoint) -> Tensor | None:
+        return self.fn(activation, hook)
 
 
 class _Splice:
@@ -69,8 +82,8 @@ class _Splice:
     # ----------------------------------------------------------------- the hooks
     def hooks(self) -> list[tuple[str, object]]:
         if self.read == self.write:
-            return [(self.write, self._rewrite)]
-        return [(self.read, self._capture), (self.write, self._replace)]
+            return [(self.write, _SpliceHook(self._rewrite))]
+        return [(self.read, _SpliceHook(self._capture)), (self.write, _SpliceHook(self._replace))]
 
     def _rewrite(self, activation: Tensor, hook: HookPoint) -> Tensor:
         return self.dictionary(activation, use_error_term=self.use_error_term)
@@ -130,8 +143,8 @@ class _CrossLayerSplice:
         self.state = CLTForward()
 
     def hooks(self) -> list[tuple[str, object]]:
-        reads = [(read, partial(self._read, layer)) for layer, read in enumerate(self.reads)]
-        return reads + [(write, partial(self._write, layer)) for layer, write in enumerate(self.writes)]
+        reads = [(read, _SpliceHook(partial(self._read, layer))) for layer, read in enumerate(self.reads)]
+        return reads + [(write, _SpliceHook(partial(self._write, layer))) for layer, write in enumerate(self.writes)]
 
     def _read(self, layer: int, activation: Tensor, hook: HookPoint) -> None:
         self.dictionary.read(layer, activation, self.state, self.use_error_term)

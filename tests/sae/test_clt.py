@@ -263,3 +263,55 @@ def test_a_config_names_one_point_per_layer():
         CLTConfig(n_layers=2, d_in=4, d_sae=4, hook_name="blocks.0.mlp.hook_in")
     with pytest.raises(ValueError, match="relu, or circuit-tracer's JumpReLU"):
         CLTConfig(n_layers=2, d_in=4, d_sae=4, architecture="topk")
+
+
+# ----------------------------------------------------------------------------- sweeps
+def each_alone(model, tokens, variants: dict, metric) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.stack([metric(model.run_with_hooks(tokens, fwd_hooks=hooks)) for hooks in variants.values()])
+
+
+@pytest.mark.parametrize("use_error_term", [False, True])
+def test_a_sweep_over_clt_features_equals_each_variant_alone(use_error_term):
+    """Variants on any layer's features join where layer 0 reads, so each sees every layer's features; a variant
+    before the CLT's first read (a head of layer 0) and one with no hook share the batch."""
+    import hooked
+    from hooked.interventions.metrics import logit_diff
+
+    model, tokens = model_and_tokens()
+    clt = random_clt(skip=True)
+    metric = logit_diff(model, [3, 5], [7, 9])
+    addresses = [f"L{layer}.mlp_out.F{feature}" for layer in range(N_LAYERS) for feature in (1, 4, 9)]
+    with model.saes([clt], use_error_term=use_error_term):
+        variants = {address: ablate.hooks(model, address) for address in [*addresses, "L0H1"]}
+        variants["steer L1.F2"] = [("blocks.1.hook_mlp_out.hook_sae_acts_post", steer_feature_2)]
+        variants["nothing"] = []
+        swept = hooked.sweep(model, tokens, variants, metric, max_rows=4 * tokens.shape[0])
+        alone = each_alone(model, tokens, variants, metric)
+    torch.testing.assert_close(swept.values, alone, atol=1e-5, rtol=1e-5)
+    assert (alone[:-1] - alone[-1]).abs().amax(-1).gt(1e-4).sum() >= len(variants) // 2  # most variants matter
+
+
+def steer_feature_2(activation, hook):
+    activation[..., 2] = 3.0
+
+
+def test_a_sweep_variant_joining_after_the_clts_first_read_is_refused_with_the_fix():
+    """A head of layer 1 would join the batch after layer 0's features were read: refused, naming the fix, which
+    then gives the same numbers as the variant alone."""
+    import hooked
+    from hooked.interventions.metrics import logit_diff
+
+    model, tokens = model_and_tokens()
+    clt = random_clt()
+    metric = logit_diff(model, [3, 5], [7, 9])
+    with model.saes([clt]):
+        variants = {"L0.mlp_out.F1": ablate.hooks(model, "L0.mlp_out.F1"), "L1H0": ablate.hooks(model, "L1H0")}
+        with pytest.raises(RuntimeError, match=r"give a variant whose first hook comes after blocks.0.mlp.hook_in"):
+            hooked.sweep(model, tokens, variants, metric)
+        variants["L1H0"] = [*variants["L1H0"], ("blocks.0.mlp.hook_in", lambda activation, hook: None)]
+        swept = hooked.sweep(model, tokens, variants, metric)
+        alone = each_alone(model, tokens, variants, metric)
+    torch.testing.assert_close(swept.values, alone, atol=1e-5, rtol=1e-5)
+    names = list(model.hook_dict)
+    assert not any("sae" in name for name in names)
