@@ -40,6 +40,16 @@ from hooked.hooks import HookedRootModule, HookPoint
 from hooked.sae.dictionary import POINT_NAMES
 
 CLT_ARCHITECTURES = ("standard", "jumprelu")  # relu, and circuit-tracer's JumpReLU
+# circuit-tracer's files are read and written in hooked/sae/formats/circuit_tracer_clt.py; imported on first use
+_FORMAT_NAMES = ("load_circuit_tracer_clt", "save_circuit_tracer")
+
+
+def __getattr__(name: str):
+    if name not in _FORMAT_NAMES:
+        raise AttributeError(f"module 'hooked.sae.clt' has no attribute {name!r}")
+    from hooked.sae.formats import circuit_tracer_clt
+
+    return getattr(circuit_tracer_clt, name)
 
 
 @dataclass

@@ -315,3 +315,174 @@ def test_a_sweep_variant_joining_after_the_clts_first_read_is_refused_with_the_f
     torch.testing.assert_close(swept.values, alone, atol=1e-5, rtol=1e-5)
     names = list(model.hook_dict)
     assert not any("sae" in name for name in names)
+
+
+# ----------------------------------------------------------------------------- circuit-tracer's files
+def write_circuit_tracer_clt(folder, weights: dict, config: str | None) -> None:
+    """A CLT folder as circuit-tracer lays it out, written with the safetensors package (not hooked's writer)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    n_layers = len(weights["W_enc"])
+    for i in range(n_layers):
+        encoder = {
+            f"W_enc_{i}": weights["W_enc"][i],
+            f"b_enc_{i}": weights["b_enc"][i],
+            f"b_dec_{i}": weights["b_dec"][i],
+        }
+        encoder |= {f"threshold_{i}": weights["threshold"][i]} if "threshold" in weights else {}
+        save_file(encoder, folder / f"W_enc_{i}.safetensors")
+        save_file({f"W_dec_{i}": weights["W_dec"][i]}, folder / f"W_dec_{i}.safetensors")
+    if config is not None:
+        (folder / "config.yaml").write_text(config)
+
+
+def random_circuit_tracer_weights(n_layers: int = N_LAYERS, seed: int = 3) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=generator) * 0.3
+
+    return {
+        "W_enc": [draw(D_SAE, D_MODEL) for _ in range(n_layers)],  # F.linear's [d_transcoder, d_model]
+        "b_enc": [draw(D_SAE) for _ in range(n_layers)],
+        "b_dec": [draw(D_MODEL) for _ in range(n_layers)],
+        "threshold": [draw(D_SAE).abs() for _ in range(n_layers)],
+        "W_dec": [draw(D_SAE, n_layers - i, D_MODEL) for i in range(n_layers)],
+    }
+
+
+def test_a_circuit_tracer_folder_loads_and_computes_what_its_weights_say(tmp_path):
+    from hooked.sae.clt import load_circuit_tracer_clt
+
+    weights = random_circuit_tracer_weights()
+    config = "model_kind: cross_layer_transcoder\nfeature_input_hook: mlp.hook_in\nfeature_output_hook: mlp.hook_out\n"
+    write_circuit_tracer_clt(tmp_path / "clt", weights, config)
+    clt = load_circuit_tracer_clt(tmp_path / "clt")
+    assert clt.cfg.hook_names()[1] == "blocks.1.mlp.hook_in" and clt.cfg.hook_names_out()[2] == "blocks.2.hook_mlp_out"
+    assert clt.cfg.architecture == "jumprelu" and not clt.has_skip
+
+    x = torch.randn(N_LAYERS, 4, D_MODEL, generator=torch.Generator().manual_seed(4))
+    expected = torch.zeros(N_LAYERS, 4, D_MODEL)  # circuit-tracer's arithmetic, on its own layout
+    for source in range(N_LAYERS):
+        pre = torch.nn.functional.linear(x[source], weights["W_enc"][source], weights["b_enc"][source])
+        acts = pre * (pre > weights["threshold"][source])
+        for target in range(source, N_LAYERS):
+            expected[target] += acts @ weights["W_dec"][source][:, target - source]
+    expected += torch.stack(weights["b_dec"])[:, None]
+    assert all(module.W_dec is None for module in clt.layers)  # decoders wait until first used
+    with torch.no_grad():
+        torch.testing.assert_close(clt(x), expected)
+    assert all(module.W_dec is not None for module in clt.layers)
+
+
+def test_lazy_decoders_are_read_in_the_dtype_the_clt_has_by_then(tmp_path):
+    from hooked.sae.clt import load_circuit_tracer_clt
+
+    write_circuit_tracer_clt(tmp_path / "clt", random_circuit_tracer_weights(), None)  # no config.yaml
+    clt = load_circuit_tracer_clt(tmp_path / "clt", hook_name="mlp.hook_in").to(torch.float64)
+    eager = load_circuit_tracer_clt(tmp_path / "clt", dtype=torch.float64, lazy_decoder=False)
+    assert clt.cfg.hook_name_out == "blocks.{layer}.hook_mlp_out"  # circuit-tracer's load_clt defaults
+    assert eager.cfg.hook_name == "blocks.{layer}.hook_resid_mid" and clt.cfg.hook_name == "blocks.{layer}.mlp.hook_in"
+    assert clt.layers[2].W_dec is None and eager.layers[2].W_dec.dtype == torch.float64
+    assert clt.decoder(2).dtype == torch.float64
+    torch.testing.assert_close(clt.decoder(0), eager.decoder(0))
+
+
+def test_hooked_writes_circuit_tracers_layout_and_reads_it_back(tmp_path):
+    from safetensors import safe_open
+
+    from hooked.sae.clt import load_circuit_tracer_clt, save_circuit_tracer
+
+    clt = random_clt(skip=False)
+    save_circuit_tracer(clt, tmp_path / "clt")
+    import yaml
+
+    assert yaml.safe_load((tmp_path / "clt" / "config.yaml").read_text()) == {
+        "model_kind": "cross_layer_transcoder",
+        "feature_input_hook": "mlp.hook_in",
+        "feature_output_hook": "hook_mlp_out",
+    }
+    with safe_open(tmp_path / "clt" / "W_enc_1.safetensors", "pt") as file:
+        assert set(file.keys()) == {"W_enc_1", "b_enc_1", "b_dec_1", "threshold_1"}
+        torch.testing.assert_close(file.get_tensor("W_enc_1"), clt.layers[1].W_enc.T)
+    with safe_open(tmp_path / "clt" / "W_dec_1.safetensors", "pt") as file:
+        torch.testing.assert_close(file.get_tensor("W_dec_1"), clt.decoder(1))
+    back = load_circuit_tracer_clt(tmp_path / "clt")
+    x = torch.randn(N_LAYERS, 3, D_MODEL)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), clt(x))
+
+    skip = random_clt(skip=True)
+    with pytest.warns(UserWarning, match="circuit-tracer 0.5.0 does not read a CLT's skip"):
+        save_circuit_tracer(skip, tmp_path / "skip")
+    with torch.no_grad():
+        torch.testing.assert_close(load_circuit_tracer_clt(tmp_path / "skip")(x), skip(x))
+
+
+def test_a_transcoder_set_is_written_as_circuit_tracer_lays_it_out(tmp_path):
+    from safetensors import safe_open
+
+    from hooked.sae import Dictionary, DictionaryConfig
+    from hooked.sae.clt import save_circuit_tracer
+
+    def transcoder(layer: int, architecture: str = "jumprelu", **cfg) -> Dictionary:
+        names = {"hook_name": f"blocks.{layer}.mlp.hook_in", "hook_name_out": f"blocks.{layer}.hook_mlp_out"}
+        tc = Dictionary(
+            DictionaryConfig(d_in=D_MODEL, d_sae=D_SAE, architecture=architecture, **names, **cfg), skip=True
+        )
+        with torch.no_grad():
+            for parameter in tc.parameters():
+                parameter.normal_().abs_()
+        return tc
+
+    transcoders = [transcoder(layer) for layer in range(N_LAYERS)]
+    save_circuit_tracer(transcoders, tmp_path / "set")
+    assert "model_kind: transcoder_set" in (tmp_path / "set" / "config.yaml").read_text()
+    with safe_open(tmp_path / "set" / "layer_2.safetensors", "pt") as file:
+        assert set(file.keys()) == {"W_enc", "W_dec", "b_enc", "b_dec", "activation_function.threshold", "W_skip"}
+        torch.testing.assert_close(file.get_tensor("W_enc"), transcoders[2].W_enc.T)
+        torch.testing.assert_close(file.get_tensor("W_skip"), transcoders[2].W_skip)
+
+    with pytest.raises(
+        ValueError, match="transcoder 1 of the set.*circuit-tracer 0.5.0's transcoders are relu or JumpReLU"
+    ):
+        save_circuit_tracer([transcoders[0], transcoder(1, "topk", k=3)], tmp_path / "topk")
+    with pytest.raises(ValueError, match="transcoder 1 of the set.*at its layer, the set's transcoder reads blocks.1"):
+        save_circuit_tracer([transcoders[0], transcoders[2]], tmp_path / "order")
+    with pytest.raises(FileExistsError, match="layer_2.safetensors"):
+        save_circuit_tracer(transcoders[:2], tmp_path / "set")
+
+
+@pytest.mark.parametrize(
+    "config, error, message",
+    [
+        ("model_kind: transcoder_set\n", ValueError, r"model_kind: transcoder_set.*hooked.sae.load\(path\)"),
+        (
+            "feature_input_hook: hook_resid_middle\n",
+            ValueError,
+            r"'hook_resid_middle' has no equivalent.*'hook_resid_mid'",
+        ),
+        ("feature_output_hook: mlp.hook_post\n", ValueError, r"no equivalent hook point.*hook_name_out="),
+    ],
+)
+def test_a_folder_hooked_cannot_read_is_refused_naming_the_fix(tmp_path, config, error, message):
+    from hooked.sae.clt import load_circuit_tracer_clt
+
+    write_circuit_tracer_clt(tmp_path, random_circuit_tracer_weights(), config)
+    with pytest.raises(error, match=message):
+        load_circuit_tracer_clt(tmp_path)
+
+
+def test_a_folder_with_missing_or_mismatched_files_is_refused(tmp_path):
+    from hooked.sae.clt import load_circuit_tracer_clt
+
+    weights = random_circuit_tracer_weights()
+    write_circuit_tracer_clt(tmp_path / "gap", weights, None)
+    (tmp_path / "gap" / "W_enc_1.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="has no W_enc_1.safetensors"):
+        load_circuit_tracer_clt(tmp_path / "gap")
+    weights["W_dec"][1] = weights["W_dec"][1][:, :1].contiguous()
+    write_circuit_tracer_clt(tmp_path / "short", weights, None)
+    with pytest.raises(ValueError, match=r"W_dec_1 \[24, 1, 32\]; this CLT's layer 1 decodes .* \[24, 2, 32\]"):
+        load_circuit_tracer_clt(tmp_path / "short")
