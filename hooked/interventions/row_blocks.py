@@ -5,7 +5,8 @@ Its callbacks are wrapped (`OnRows`) so they see only that block, `activation[ro
 (`RowsView`) whose `position_ids`, `attention_mask` and `slot_experts` are cut to the same rows: a callback
 written for a single run works unchanged, and its in-place edits stay in its rows. `hooked.sweep`,
 `hooked.generate_variants` and the circuits engine build on this protocol; outside hooks would apply to
-every row, so each refuses to run while any is registered (`registered_hooks`).
+every row, so each refuses to run while any is registered (`registered_hooks`; a sweep lets a spliced
+dictionary's be, as part of the model every row runs).
 """
 
 from __future__ import annotations
