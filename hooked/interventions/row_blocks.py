@@ -5,7 +5,8 @@ Its callbacks are wrapped (`OnRows`) so they see only that block, `activation[ro
 (`RowsView`) whose `position_ids`, `attention_mask` and `slot_experts` are cut to the same rows: a callback
 written for a single run works unchanged, and its in-place edits stay in its rows. `hooked.sweep`,
 `hooked.generate_variants` and the circuits engine build on this protocol; outside hooks would apply to
-every row, so each refuses to run while any is registered (`registered_hooks`).
+every row, so each refuses to run while any is registered (`registered_hooks`; a sweep lets a spliced
+dictionary's be, as part of the model every row runs).
 """
 
 from __future__ import annotations
@@ -100,9 +101,16 @@ class OnRows:
             activation[self.rows] = result
 
 
-def registered_hooks(model: HookedTransformer, caller: str) -> None:
-    """Refuse to run variants while outside hooks are registered: they would apply to every row."""
-    registered = [name for name, point in model.hook_dict.items() if point.listening]
+def registered_hooks(model: HookedTransformer, caller: str, splices: bool = False) -> None:
+    """Refuse to run variants while outside hooks are registered: they would apply to every row. With `splices`,
+    a spliced dictionary's hooks (hooked.sae; they mark themselves `part_of_model`) are let be: they are part of
+    the model every row runs, as its own layers are."""
+
+    def outside(point: HookPoint) -> bool:
+        hooks = [*point.fwd_hooks, *point.bwd_hooks]
+        return not (splices and all(getattr(r.fn, "part_of_model", False) for r in hooks))
+
+    registered = [name for name, point in model.hook_dict.items() if point.listening and outside(point)]
     if registered:
         raise RuntimeError(
             f"{caller} runs the model without outside hooks, but hooks are registered at {registered[:3]};"

@@ -16,6 +16,8 @@ file, in the order it calls them):
    final norm. A variant's rows are identical to the base run's until the first stage one of its
    hooks sits in, so the base run is computed once (`_base_run`), keeping the residual stream entering
    every stage, and a variant's rows join the batch only at its first stage, as copies of that residual.
+   Dictionaries spliced by `model.saes(...)` (hooked.sae) are part of the model every row runs; the points
+   of their features sit at the stage where they read (a cross-layer transcoder's: where layer 0 reads).
 3. **Chunks.** Variants are sorted by first stage and cut into chunks of at most `max_rows` rows (by
    default a memory budget, `max_bytes`: `_chunks`). A chunk runs from the first stage of its first
    variant; later variants' rows are appended as the forward reaches their stage, so row blocks never
@@ -160,7 +162,7 @@ def _checked_plan(
     error = None
     try:
         tokens, key_valid = model.tokens_and_mask(input, attention_mask, prepend_bos=None)
-        registered_hooks(model, "hooked.sweep")
+        registered_hooks(model, "hooked.sweep", splices=True)
         planned = plan_variants(model, variants, tokens.shape)
         reads = MetricReads.of(metric, model)
     except Exception as caught:
@@ -311,8 +313,12 @@ def _run_chunk(
         for hook_name, fn in variant.hooks
     ]
     # The last block's MLP half, the final norm and the unembedding act per position: when the metric
-    # reads the last position only and no hook of the chunk sits there, the rest runs on that position.
-    last_hooked = max((stage_of(model, name) for variant in chunk for name, _ in variant.hooks), default=EMBED_STAGE)
+    # reads the last position only and no hook of the chunk sits there, the rest runs on that position. The
+    # hooks of a spliced dictionary count too (the only ones registered_hooks let be): a cross-layer transcoder
+    # decodes its last layer's output from the earlier layers' features at every position.
+    spliced = [point.stage for point in model.hook_dict.values() if point.listening]
+    hooked_stages = [stage_of(model, name) for variant in chunk for name, _ in variant.hooks] + spliced
+    last_hooked = max(hooked_stages, default=EMBED_STAGE)
     trim_at = n_stages - 1 if reads.position == -1 and last_hooked < n_stages - 1 else None
     joined = 0  # variants whose rows are in the batch so far
     resid = None

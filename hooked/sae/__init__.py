@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 
+from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.sae.splice import add_sae, reset_saes, run_with_cache_with_saes, run_with_saes, saes, spliced
 
@@ -38,6 +39,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "CLTConfig",
+    "CrossLayerTranscoder",
     "Dictionary",
     "DictionaryConfig",
     "add_sae",

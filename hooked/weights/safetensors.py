@@ -126,6 +126,10 @@ class SafetensorsFile:
     def shape(self, key: str) -> torch.Size:
         return torch.Size(self.header[key]["shape"])
 
+    def dtype(self, key: str) -> torch.dtype:
+        """The dtype tensor `key` is stored in."""
+        return _SAFETENSORS_DTYPES[self.header[key]["dtype"]]
+
     def read_part_into(self, key: str, dim: int, start: int, stop: int, destination: Tensor) -> Tensor:
         """Copy indices [start, stop) along `dim` of tensor `key` into `destination` (that part's shape, any
         dtype, possibly a strided view), reading only those bytes: one contiguous run per index of the
