@@ -340,6 +340,28 @@ def test_model_checks_names_and_gives_its_dtype(gpt2, tmp_path):
     assert hooked.sae.load(tmp_path / "fits", hook_name="blocks.1.hook_resid_postt").hook_name.endswith("postt")
 
 
+def test_proxy_model_module_names_are_translated(tmp_path):
+    """SAELens' HookedProxyLM (model_class_name AutoModelForCausalLM) names Hugging Face modules and never
+    processes weights."""
+    metadata = {"hook_name": "model.layers.1", "model_class_name": "AutoModelForCausalLM"}
+    dictionary = hooked.sae.load(saved(saelens_sae("standard", metadata=metadata), tmp_path))
+    assert dictionary.hook_name == "blocks.1.hook_resid_post"
+    assert dictionary.cfg.processing == dict.fromkeys(hooked.processing.FLAGS, False)
+
+
+def test_circuit_tracer_mlp_hook_out_is_the_mlp_modules_output():
+    """circuit-tracer's mlp.hook_out is the MLP module's output: before the post-MLP norm where there is one."""
+    from hooked.sae.formats.names import to_hooked, to_transformer_lens
+    from hooked.testing import random_model
+
+    gemma, gpt2 = random_model("gemma2"), random_model("gpt2")
+    assert to_hooked("blocks.0.mlp.hook_out", gemma) == "blocks.0.hook_mlp_out_pre_norm"
+    assert to_hooked("blocks.0.mlp.hook_out", gpt2) == "blocks.0.hook_mlp_out"
+    assert to_transformer_lens("blocks.0.hook_mlp_out_pre_norm") == "blocks.0.mlp.hook_out"
+    assert to_hooked("unembed.hook_in", gpt2) == "ln_final.hook_normalized"
+    assert to_hooked("blocks.0.attn.hook_z") == "blocks.0.attn.hook_z"
+
+
 # ----------------------------------------------------------------------------- eai-sparsify
 def sparsify_coder(directory: Path, transcode: bool = False, skip: bool = False, seed: int = 0):
     from sparsify import SparseCoder, SparseCoderConfig
@@ -533,6 +555,84 @@ def test_circuit_tracer_save_round_trips(tmp_path):
             torch.testing.assert_close(written[key], value, rtol=0, atol=0)
 
 
+CIRCUIT_TRACER_SCRIPT = """
+import sys, torch, yaml
+sys.path.insert(0, sys.argv[1])
+from circuit_tracer.transcoder.activation_functions import JumpReLU
+from circuit_tracer.transcoder.single_layer_transcoder import SingleLayerTranscoder, TranscoderSet, load_transcoder_set
+ours, theirs, x = sys.argv[2], sys.argv[3], torch.load(sys.argv[4])
+cpu = torch.device("cpu")
+hooks = {"feature_input_hook": "mlp.hook_in", "feature_output_hook": "hook_mlp_out"}
+files = {i: f"{ours}/layer_{i}.safetensors" for i in range(2)}
+loaded = load_transcoder_set(files, scan="t", **hooks, device=cpu, lazy_encoder=False, lazy_decoder=False)
+transcoders = {}
+for layer in range(2):
+    generator = torch.Generator().manual_seed(10 + layer)
+    threshold = torch.rand(32, generator=generator) * 0.3
+    activation = JumpReLU(threshold, 0.1)
+    transcoder = SingleLayerTranscoder(16, 32, activation, layer, skip_connection=True, device=cpu, dtype=torch.float32)
+    with torch.no_grad():
+        for name, parameter in transcoder.named_parameters():
+            if "threshold" not in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    transcoders[layer] = transcoder
+made = TranscoderSet(transcoders, **hooks, scan="t")
+made.to_safetensors(theirs)
+config = {"model_kind": "transcoder_set", **hooks, "scan": "t"}
+open(f"{theirs}/config.yaml", "w").write(yaml.dump(config))  # as save_transcoders_to_cache writes it
+with torch.no_grad():
+    torch.save({"loaded": [t(x) for t in loaded], "made": [t(x) for t in made]}, sys.argv[5])
+"""
+
+
+@pytest.mark.slow
+def test_circuit_tracer_reads_what_hooked_writes_and_hooked_reads_what_it_writes(tmp_path):
+    """circuit-tracer's own code (0.5.0, from PyPI without its dependencies: it pins transformers<=4.57.3, and
+    its transcoder module needs only torch, safetensors and PyYAML) in a process of its own: its
+    load_transcoder_set reads a set hooked saved, and hooked reads a set its TranscoderSet.to_safetensors saved;
+    the forwards agree."""
+    import subprocess
+    import sys
+    import zipfile
+
+    download = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "circuit-tracer==0.5.0", "-d", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    wheels = list(tmp_path.glob("circuit_tracer-*.whl"))
+    if download.returncode != 0 or not wheels:
+        pytest.skip(f"circuit-tracer 0.5.0 could not be downloaded: {download.stderr[-300:]}")
+    zipfile.ZipFile(wheels[0]).extractall(tmp_path / "circuit_tracer_src")
+    transcoders = []
+    for layer in range(2):
+        cfg = hooked.sae.DictionaryConfig(
+            d_in=D_IN,
+            d_sae=D_SAE,
+            hook_name=f"blocks.{layer}.mlp.hook_in",
+            hook_name_out=f"blocks.{layer}.hook_mlp_out",
+            architecture="jumprelu",
+        )
+        transcoder = hooked.sae.Dictionary(cfg, skip=True)
+        randomize(transcoder, layer)
+        transcoders.append(transcoder)
+    hooked.sae.save(transcoders, tmp_path / "ours", format="circuit-tracer")
+    (tmp_path / "theirs").mkdir()
+    x = inputs(6, D_IN)
+    torch.save(x, tmp_path / "x.pt")
+    paths = [tmp_path / name for name in ("circuit_tracer_src", "ours", "theirs", "x.pt", "out.pt")]
+    run = subprocess.run(
+        [sys.executable, "-c", CIRCUIT_TRACER_SCRIPT, *map(str, paths)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    outputs = torch.load(tmp_path / "out.pt")
+    theirs = hooked.sae.load(tmp_path / "theirs")
+    for layer in range(2):
+        torch.testing.assert_close(outputs["loaded"][layer], transcoders[layer](x))
+        torch.testing.assert_close(theirs[layer](x), outputs["made"][layer])
+        assert theirs[layer].cfg.architecture == "jumprelu" and theirs[layer].W_skip is not None
+
+
 def test_circuit_tracer_gpt2_transcoders_splice(gpt2, tmp_path):
     """A set saved by hooked from dictionaries fitted to the tiny GPT-2 loads against it and splices."""
     d_model = gpt2.cfg.d_model
@@ -647,5 +747,5 @@ def test_save_refuses_what_the_format_cannot_hold(tmp_path):
     sae = hooked.sae.Dictionary(hooked.sae.DictionaryConfig(d_in=8, d_sae=16, hook_name=SAE_HOOK))
     with pytest.raises(ValueError, match="format='safetensors'"):
         hooked.sae.save(sae, tmp_path / "b", format="safetensors")
-    with pytest.raises(ValueError, match="is an SAE; circuit-tracer's sets hold transcoders"):
+    with pytest.raises(ValueError, match="cannot be a circuit-tracer transcoder: it is an SAE"):
         hooked.sae.save([sae], tmp_path / "c", format="circuit-tracer")

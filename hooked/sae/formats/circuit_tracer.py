@@ -26,6 +26,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from hooked.processing import unprocessed
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.sae.formats import gemma_scope
@@ -159,6 +161,7 @@ def _read_layer(
         return build(cfg, source, layout, skip)
 
 
+@torch.no_grad()
 def write(transcoders: Sequence[Dictionary], directory: Path) -> Path:
     """Save a list of transcoders, layer i at index i, as circuit-tracer's transcoder set (the layout
     `load_transcoders_from_cache` reads: config.yaml and layer_{i}.safetensors)."""
@@ -167,44 +170,18 @@ def write(transcoders: Sequence[Dictionary], directory: Path) -> Path:
     if not transcoders or not all(isinstance(t, Dictionary) for t in transcoders):
         raise TypeError("format='circuit-tracer' saves a list of hooked.sae transcoders, layer i at index i")
     first = transcoders[0].cfg
-    points = []
+    points = set()
     for layer, transcoder in enumerate(transcoders):
-        cfg = transcoder.cfg
-        if not cfg.is_transcoder:
-            raise ValueError(f"{transcoder!r} (index {layer}) is an SAE; circuit-tracer's sets hold transcoders")
-        problems = [
-            f"{what}"
-            for what, bad in (
-                (f"architecture {cfg.architecture} (relu, jumprelu or topk)", cfg.architecture == "gated"),
-                (f"run-time normalisation {cfg.normalize_activations}", cfg.normalize_activations != "none"),
-                ("a hook_z input", cfg.reshape_activations != "none"),
-                (f"d_in {cfg.d_in} != d_out {cfg.d_out}", cfg.d_in != cfg.d_out),
-                (
-                    "a different architecture or k than layer 0's",
-                    (cfg.architecture, cfg.k) != (first.architecture, first.k),
-                ),
-            )
-            if bad
-        ]
-        if problems:
+        _check_writable(transcoder, layer, first)
+        names = [_BLOCK.match(to_transformer_lens(name)) for name in (transcoder.hook_name, transcoder.hook_name_out)]
+        if not all(match and int(match.group(1)) == layer for match in names):
             raise ValueError(
-                f"{transcoder!r} (index {layer}) cannot be a circuit-tracer transcoder: {'; '.join(problems)}"
+                f"{transcoder!r} is at index {layer} but reads or writes another layer's point; circuit-tracer's set"
+                " holds the transcoder of layer i at index i, at blocks.i.<point>"
             )
-        names = []
-        for name in (cfg.hook_name, cfg.hook_name_out):
-            match = _BLOCK.match(to_transformer_lens(name))
-            if match is None or int(match.group(1)) != layer:
-                raise ValueError(
-                    f"{transcoder!r} is at index {layer} but reads or writes {name}; circuit-tracer's set has the"
-                    f" transcoder of layer i at index i, at blocks.i.<point>"
-                )
-            names.append(match.group(2))
-        points.append(tuple(names))
-    if len(set(points)) != 1:
-        raise ValueError(
-            f"the transcoders read and write different points per layer ({sorted(set(points))}); circuit-tracer's"
-            " set names one pair"
-        )
+        points.add((names[0].group(2), names[1].group(2)))
+    if len(points) != 1:
+        raise ValueError(f"the transcoders read and write different points ({sorted(points)}); a set names one pair")
     directory.mkdir(parents=True, exist_ok=True)
     for layer, transcoder in enumerate(transcoders):
         W_enc, W_dec, b_enc = transcoder.W_enc, transcoder.W_dec, transcoder.b_enc
@@ -217,12 +194,36 @@ def write(transcoders: Sequence[Dictionary], directory: Path) -> Path:
         if transcoder.W_skip is not None:
             tensors["W_skip"] = transcoder.W_skip
         write_safetensors(tensors, directory / f"layer_{layer}.safetensors")
-    config = {key: value for key, value in first.metadata.items() if key not in ("source", "layer", "k", "activation")}
-    config |= {"model_kind": "transcoder_set", "feature_input_hook": points[0][0], "feature_output_hook": points[0][1]}
-    config.setdefault("scan", directory.name)
+    ((hook_in, hook_out),) = points
+    kept = {key: value for key, value in first.metadata.items() if key in ("scan", "model_name") and _plain(value)}
+    config = {"model_kind": "transcoder_set", "feature_input_hook": hook_in, "feature_output_hook": hook_out}
+    config |= {"scan": directory.name} | kept
     if first.architecture != "jumprelu":  # circuit-tracer reads a JumpReLU's threshold from the weights
         config["activation"] = {"standard": "relu", "topk": "topk"}[first.architecture]
     if first.architecture == "topk":
         config["k"] = first.k
     (directory / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
     return directory
+
+
+def _check_writable(transcoder: Dictionary, layer: int, first: DictionaryConfig) -> None:
+    """Refuse a dictionary circuit-tracer's SingleLayerTranscoder cannot hold, naming each reason."""
+    cfg = transcoder.cfg
+    problems = [
+        what
+        for what, bad in (
+            ("it is an SAE, not a transcoder", not cfg.is_transcoder),
+            (f"architecture {cfg.architecture} (circuit-tracer has relu, jumprelu, topk)", cfg.architecture == "gated"),
+            (f"run-time normalisation {cfg.normalize_activations}", cfg.normalize_activations != "none"),
+            ("a hook_z input", cfg.reshape_activations != "none"),
+            (f"d_in {cfg.d_in} != d_out {cfg.d_out}", cfg.d_in != cfg.d_out),
+            ("another architecture or k than index 0's", (cfg.architecture, cfg.k) != (first.architecture, first.k)),
+        )
+        if bad
+    ]
+    if problems:
+        raise ValueError(f"{transcoder!r} (index {layer}) cannot be a circuit-tracer transcoder: {'; '.join(problems)}")
+
+
+def _plain(value) -> bool:
+    return isinstance(value, str | int | float | bool)

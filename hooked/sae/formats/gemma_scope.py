@@ -84,9 +84,8 @@ def read(
         if skip:
             layout["W_skip"] = Stored("affine_skip_connection", transposed=True)
         d_out = source.shape(layout["W_dec"].key)[-1] if layout["W_dec"].key in keys else d_in
-        inferred = _infer(path) if hook_name is None or (skip and hook_name_out is None) else (None, None)
-        hook_in = hook_name or inferred[0]
-        hook_out = hook_name_out or (inferred[1] if hook_name is None else None)
+        inferred = _infer(path) if hook_name is None else (None, None)  # a given hook_name: the user names both
+        hook_in, hook_out = hook_name or inferred[0], hook_name_out or inferred[1]
         if hook_in is None:
             raise ValueError(
                 f"{path} does not record the hook point it reads, and its path does not say it unambiguously;"

@@ -2,9 +2,10 @@
 
 SAELens and circuit-tracer name TransformerLens points, and `hooked` keeps TransformerLens' names, so most
 names pass unchanged: `blocks.3.hook_resid_post`, `blocks.3.attn.hook_z`, `blocks.3.mlp.hook_in` (the MLP's
-input after ln2, which SAELens' `HookedSAETransformer` and circuit-tracer add to TransformerLens). The
-exceptions are in `_RENAMES`. eai-sparsify and SAELens' `HookedProxyLM` name Hugging Face modules instead
-(`layers.3`, `model.layers.3.mlp`): `from_module_name` maps the ones with a clear equivalent.
+input after ln2, which SAELens' `HookedSAETransformer` and circuit-tracer add to TransformerLens); circuit-tracer's
+`mlp.hook_out` and TransformerLens' `unembed.hook_in` are renamed (`to_hooked`). eai-sparsify and SAELens'
+`HookedProxyLM` name Hugging Face modules instead (`layers.3`, `model.layers.3.mlp`): `from_module_name` maps
+the ones with a clear equivalent.
 
 A name with no equivalent is refused only against a model (`hooked.sae.load(..., model=model)`), naming the
 nearest of its hook points; without one it is kept, and the splice refuses it then.
@@ -15,35 +16,23 @@ from __future__ import annotations
 import difflib
 import re
 
-# name (TransformerLens' or circuit-tracer's) -> hooked's; `{L}` a layer index
-_RENAMES = {
-    "unembed.hook_in": "ln_final.hook_normalized",  # TransformerLens 3.9's unembedding input: the final norm's output
-    "blocks.{L}.mlp.hook_out": "blocks.{L}.hook_mlp_out",  # circuit-tracer's MLP output (see `to_hooked`)
-}
-# the MLP module's own output where a post-MLP norm follows it (Gemma 2 and 3, OLMo 2)
-_PRE_NORM_MLP_OUT = "blocks.{L}.hook_mlp_out_pre_norm"
-
-
-def _pattern(template: str) -> re.Pattern:
-    return re.compile("^" + re.escape(template).replace(re.escape("{L}"), r"(\d+)") + "$")
-
-
-_RENAME_PATTERNS = [(_pattern(source), target) for source, target in _RENAMES.items()]
+_MLP_HOOK_OUT = re.compile(r"^blocks\.(\d+)\.mlp\.hook_out$")  # circuit-tracer's MLP output (ReplacementMLP.hook_out)
+_PRE_NORM_MLP_OUT = re.compile(r"^blocks\.(\d+)\.hook_mlp_out_pre_norm$")
 
 
 def to_hooked(name: str, model=None) -> str:
     """`name` (TransformerLens' or circuit-tracer's spelling) as `hooked` spells it; with `model`, checked to be
-    one of its hook points. circuit-tracer's `mlp.hook_out` is the MLP module's output: `hook_mlp_out`, or
-    `hook_mlp_out_pre_norm` on a model whose MLP output passes a norm before the residual add."""
-    for pattern, target in _RENAME_PATTERNS:
-        match = pattern.match(name)
-        if match:
-            layer = match.group(1) if match.groups() else None
-            name = target.replace("{L}", layer or "")
-            if target == _RENAMES["blocks.{L}.mlp.hook_out"] and model is not None:
-                pre_norm = _PRE_NORM_MLP_OUT.replace("{L}", layer)
-                name = pre_norm if pre_norm in model.hook_dict else name
-            break
+    one of its hook points. TransformerLens' `unembed.hook_in` is the final norm's output; circuit-tracer's
+    `mlp.hook_out` is the MLP module's output: `hook_mlp_out`, or `hook_mlp_out_pre_norm` on a model whose MLP
+    output passes a norm before the residual add (Gemma 2 and 3, OLMo 2)."""
+    match = _MLP_HOOK_OUT.match(name)
+    if match:
+        pre_norm = f"blocks.{match.group(1)}.hook_mlp_out_pre_norm"
+        name = (
+            pre_norm if model is not None and pre_norm in model.hook_dict else f"blocks.{match.group(1)}.hook_mlp_out"
+        )
+    elif name == "unembed.hook_in":
+        name = "ln_final.hook_normalized"
     if model is not None and name not in model.hook_dict:
         nearest = difflib.get_close_matches(name, model.hook_names, n=3, cutoff=0.5)
         hint = f"; the nearest are {', '.join(repr(n) for n in nearest)}" if nearest else "; see model.hook_names"
@@ -54,7 +43,7 @@ def to_hooked(name: str, model=None) -> str:
 def to_transformer_lens(name: str) -> str:
     """A `hooked` hook name as TransformerLens (and so SAELens) spells it: the same for every point SAELens uses;
     the MLP output before a post-MLP norm is circuit-tracer's `mlp.hook_out`."""
-    match = _pattern(_PRE_NORM_MLP_OUT).match(name)
+    match = _PRE_NORM_MLP_OUT.match(name)
     return f"blocks.{match.group(1)}.mlp.hook_out" if match else name
 
 

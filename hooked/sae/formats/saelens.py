@@ -163,31 +163,11 @@ def from_config(
         if not isinstance(raw.get(field), int) or raw[field] <= 0:
             raise ValueError(f"{config_file}: {field} is {raw.get(field)!r}; it must be a positive int")
     normalize = raw.get("normalize_activations") or "none"
-    if normalize not in _NORMALIZATIONS:
-        raise ValueError(
-            f"{config_file}: normalize_activations {normalize!r} is not one of {', '.join(_NORMALIZATIONS)}"
-        )
-    factor = _scaling_factor(normalize, norm_scaling_factor, statistics, config_file)
-    if normalize == "covariance_whitening" and "whitening" not in statistics:
-        raise ValueError(
-            f"{config_file}: normalize_activations is 'covariance_whitening' but there is no {WHITENING} beside it"
-            " (SAELens folds the whitening into the weights at the end of training; a checkpoint keeps it there)."
-            " Copy the checkpoint's whitening file next to the config, or load the final save"
-        )
-    if transcoder and normalize in ("constant_norm_rescale", "layer_norm", "covariance_whitening"):
-        raise ValueError(
-            f"{config_file}: a {architecture} with normalize_activations={normalize!r}: SAELens normalises a"
-            " transcoder's input but not its output (Transcoder.decode), which hooked.sae does not reproduce;"
-            " retrain it with normalize_activations='none' or 'expected_average_only_in'"
-        )
+    factor = _normalization(normalize, architecture, norm_scaling_factor, statistics, config_file)
     rescale = bool(raw.get("rescale_acts_by_decoder_norm", architecture in _BATCH_TOPK))
-    k = None
-    if kind == "topk":
-        k = raw.get("k", 100)  # TopKSAEConfig's default
-        if not isinstance(k, int) or isinstance(k, bool):
-            raise ValueError(f"{config_file}: k is {k!r}; a topk SAE keeps an int number of features")
-    reshape = raw.get("reshape_activations") or "none"
-    processing = _processing(metadata)
+    k = raw.get("k", 100) if kind == "topk" else None  # TopKSAEConfig's default
+    if kind == "topk" and (not isinstance(k, int) or isinstance(k, bool)):
+        raise ValueError(f"{config_file}: k is {k!r}; a topk SAE keeps an int number of features")
     cfg = DictionaryConfig(
         d_in=raw["d_in"],
         d_sae=raw["d_sae"],
@@ -199,47 +179,88 @@ def from_config(
         normalize_activations=normalize if normalize in ("constant_norm_rescale", "layer_norm") else "none",
         rescale_acts_by_decoder_norm=rescale and kind == "topk",
         k=k,
-        reshape_activations=reshape,
+        reshape_activations=raw.get("reshape_activations") or "none",
         dtype=dtype or dtype_name(raw.get("dtype", "float32"), f"{config_file}'s dtype"),
         device=device,
-        processing=processing,
+        processing=_processing(metadata),
         metadata=metadata,
     )
+    keys = set(source.keys())
     layout = {name: Stored(name) for name in ("W_enc", "W_dec", "b_dec")}
     layout |= (
         {name: Stored(name) for name in ("b_gate", "b_mag", "r_mag")} if kind == "gated" else {"b_enc": Stored("b_enc")}
     )
-    extra = {"scaling_factor", "finetuning_scaling_factor"} & set(source.keys())
-    if architecture in _BATCH_TOPK:
-        if "topk_threshold" not in source.keys():
+    extra = {"scaling_factor", "finetuning_scaling_factor"} & keys
+    if architecture in _BATCH_TOPK:  # its threshold is filled from the running topk_threshold below
+        if "topk_threshold" not in keys:
             raise ValueError(f"{source.path} has no topk_threshold, which a {architecture} checkpoint keeps")
         extra.add("topk_threshold")
     elif kind == "jumprelu":
-        layout["threshold"] = Stored("log_threshold" if "log_threshold" in source.keys() else "threshold")
+        layout["threshold"] = Stored("log_threshold" if "log_threshold" in keys else "threshold")
     if skip:
         layout["W_skip"] = Stored("W_skip")
     check(cfg, source, layout, skip, config_file, extra, model=model)
     dictionary = build(cfg, source, layout, skip)
-    with torch.no_grad():
-        if layout.get("threshold") == Stored("log_threshold"):  # older JumpReLU checkpoints (JumpReLUTrainingSAE)
-            dictionary.threshold.exp_()
-        for key in extra & {"scaling_factor", "finetuning_scaling_factor"}:  # (acts * scale) @ W_dec
-            dictionary.W_dec.mul_(source.read(key, dictionary.dtype, dictionary.device)[:, None])
-        if architecture in _BATCH_TOPK:
-            threshold = source.read("topk_threshold", torch.float64).item()
-            if factor is not None and rescale:  # BatchTopKTrainingSAE.fold_activation_norm_scaling_factor
-                threshold /= factor
-            if factor is not None:
-                dictionary.fold_scaling_factor(factor)
-                factor = None
-            if rescale:
-                fold_decoder_norms(dictionary)
-            dictionary.threshold.fill_(threshold)
-        if factor is not None:
-            dictionary.fold_scaling_factor(factor)
-        if "whitening" in statistics:
-            _fold_whitening(dictionary, **statistics["whitening"])
+    _fold(dictionary, source, architecture, layout, extra, factor, rescale, statistics)
     return dictionary
+
+
+@torch.no_grad()
+def _fold(dictionary: Dictionary, source: TensorSource, architecture: str, layout, extra, factor, rescale, statistics):
+    """What SAELens does to the weights after loading or at the end of training, done to the read dictionary."""
+    if layout.get("threshold") == Stored("log_threshold"):  # older JumpReLU checkpoints (JumpReLUTrainingSAE)
+        dictionary.threshold.exp_()
+    for key in extra & {"scaling_factor", "finetuning_scaling_factor"}:  # pre-6 decode: (acts * scale) @ W_dec
+        dictionary.W_dec.mul_(source.read(key, dictionary.dtype, dictionary.device)[:, None])
+    if factor is not None:
+        dictionary.fold_scaling_factor(factor)
+    if architecture in _BATCH_TOPK:  # BatchTopKTrainingSAE: fold the factor, then save for inference
+        threshold = source.read("topk_threshold", torch.float64).item()
+        if factor is not None and rescale:  # the threshold is in units of pre * ||W_dec row||
+            threshold /= factor
+        if rescale:
+            fold_decoder_norms(dictionary)
+        dictionary.threshold.fill_(threshold)
+    if "whitening" in statistics:
+        _fold_whitening(dictionary, **statistics["whitening"])
+
+
+def _normalization(
+    normalize: str, architecture: str, given: float | None, statistics, config_file: str
+) -> float | None:
+    """Refuse a normalisation hooked cannot run or fold; the input scale to fold (expected_average_only_in)."""
+    if normalize not in _NORMALIZATIONS:
+        raise ValueError(
+            f"{config_file}: normalize_activations {normalize!r} is not one of {', '.join(_NORMALIZATIONS)}"
+        )
+    if normalize == "covariance_whitening" and "whitening" not in statistics:
+        raise ValueError(
+            f"{config_file}: normalize_activations is 'covariance_whitening' but there is no {WHITENING} beside it"
+            " (SAELens folds the whitening into the weights at the end of training; a checkpoint keeps it there)."
+            " Copy the checkpoint's whitening file next to the config, or load the final save"
+        )
+    if ARCHITECTURES[architecture][1] and normalize in ("constant_norm_rescale", "layer_norm", "covariance_whitening"):
+        raise ValueError(
+            f"{config_file}: a {architecture} with normalize_activations={normalize!r}: SAELens normalises a"
+            " transcoder's input but not its output (Transcoder.decode), which hooked.sae does not reproduce;"
+            " retrain it with normalize_activations='none' or 'expected_average_only_in'"
+        )
+    if normalize != "expected_average_only_in":
+        if given is not None:
+            raise ValueError(
+                f"norm_scaling_factor={given} is given, but {config_file} says normalize_activations={normalize!r};"
+                " the factor is for a dictionary trained with 'expected_average_only_in' (leave it out)"
+            )
+        return None
+    factor = given if given is not None else statistics.get("scaling_factor")
+    if factor is None:
+        raise ValueError(
+            f"{config_file}: normalize_activations is 'expected_average_only_in', so the dictionary was trained on"
+            " inputs times a constant factor, and no factor is known: there is no activation_scaler.json beside it."
+            " Pass the factor: hooked.sae.load(path, norm_scaling_factor=...) (a SAELens release lists it as"
+            " norm_scaling_factor in pretrained_saes.yaml)"
+        )
+    return float(factor)
 
 
 def upgrade(raw: dict[str, Any]) -> dict[str, Any]:
@@ -344,25 +365,6 @@ def _statistics(directory: Path, raw: dict[str, Any]) -> dict[str, Any]:
                 "inverse": file.read("inverse_matrix", torch.float64),
             }
     return statistics
-
-
-def _scaling_factor(normalize: str, given: float | None, statistics: dict[str, Any], config_file: str) -> float | None:
-    if normalize != "expected_average_only_in":
-        if given is not None:
-            raise ValueError(
-                f"norm_scaling_factor={given} is given, but {config_file} says normalize_activations={normalize!r};"
-                " the factor is for a dictionary trained with 'expected_average_only_in' (leave it out)"
-            )
-        return None
-    factor = given if given is not None else statistics.get("scaling_factor")
-    if factor is None:
-        raise ValueError(
-            f"{config_file}: normalize_activations is 'expected_average_only_in', so the dictionary was trained on"
-            " inputs times a constant factor, and no factor is known: there is no activation_scaler.json beside it."
-            " Pass the factor: hooked.sae.load(path, norm_scaling_factor=...) (a SAELens release lists it as"
-            " norm_scaling_factor in pretrained_saes.yaml)"
-        )
-    return float(factor)
 
 
 # ----------------------------------------------------------------------------- folds into the weights
