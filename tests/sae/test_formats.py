@@ -264,6 +264,11 @@ def test_from_saelens_copies_an_sae_in_memory():
     sae = saelens_sae("gated")
     dictionary = hooked.sae.from_saelens(sae)
     assert_same(dictionary, sae, inputs(3, 5, D_IN))
+    assert not dictionary.use_error_term
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SAELens deprecates setting it on the SAE
+        sae.use_error_term = True
+    assert hooked.sae.from_saelens(sae).use_error_term
     with torch.no_grad():
         dictionary.W_dec.zero_()
     assert sae.W_dec.abs().sum() > 0  # a copy, not a view of SAELens' tensors
@@ -723,6 +728,8 @@ def test_circuit_tracer_bad_sets_are_refused(tmp_path):
     (tmp_path / "gap" / "layer_1.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match=r"not for \[1\]"):
         hooked.sae.load(tmp_path / "gap")
+    with pytest.raises(ValueError, match=r"give the directory .* config\.yaml"):
+        hooked.sae.load(tmp_path / "gap" / "layer_0.safetensors")
     circuit_tracer_set(tmp_path / "clt", n_layers=1)
     (tmp_path / "clt" / "config.yaml").write_text(
         yaml.safe_dump(

@@ -24,6 +24,7 @@ from torch import nn
 
 from hooked.sae.dictionary import Dictionary
 from hooked.sae.formats import circuit_tracer, gemma_scope, saelens, sparsify
+from hooked.sae.formats.files import Safetensors
 from hooked.sae.formats.layout import dtype_name
 from hooked.sae.formats.saelens import from_saelens
 from hooked.weights import check_device
@@ -119,9 +120,12 @@ def _locate(path: Path) -> tuple[str, Path]:
             return "gemma-scope", path
         if path.name == saelens.WEIGHTS or path.name in (saelens.CONFIG, circuit_tracer.CONFIG, sparsify.WEIGHTS):
             return _locate(path.parent)
-        if path.suffix == ".safetensors":
-            return "gemma-scope", path  # a Gemma Scope 2 file under another name; its keys are checked
-        raise ValueError(f"{path} is not a dictionary file hooked.sae reads (give the dictionary's directory)")
+        if path.suffix == ".safetensors" and _holds(path, "w_enc"):
+            return "gemma-scope", path  # a Gemma Scope 2 file under another name
+        raise ValueError(
+            f"{path} is not a dictionary file hooked.sae reads on its own; give the directory that holds it (a"
+            " circuit-tracer layer_{i}.safetensors: the set's directory, with its config.yaml)"
+        )
     if (path / circuit_tracer.CONFIG).exists():
         kind = circuit_tracer.read_config(path).get("model_kind")
         if kind == "cross_layer_transcoder":
@@ -143,6 +147,11 @@ def _locate(path: Path) -> tuple[str, Path]:
         " cfg.json + sae.safetensors (eai-sparsify), params.npz / params.safetensors (Gemma Scope), or config.yaml"
         " (circuit-tracer)"
     )
+
+
+def _holds(path: Path, key: str) -> bool:
+    with Safetensors(path) as source:
+        return key in source.keys()
 
 
 def _is_sparsify_config(path: Path) -> bool:

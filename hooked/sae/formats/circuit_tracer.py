@@ -71,7 +71,7 @@ def read(directory: Path, *, device: str, dtype: str | None, model=None) -> list
     for layer, path in enumerate(paths):
         hook_in = to_hooked(f"blocks.{layer}.{config['feature_input_hook']}", model)
         hook_out = to_hooked(f"blocks.{layer}.{config['feature_output_hook']}", model)
-        if path.suffix == ".npz" or _is_gemma_scope_2(path):
+        if path.suffix == ".npz" or _holds_gemma_scope_2(path):
             transcoder = gemma_scope.read(
                 path, hook_name=hook_in, hook_name_out=hook_out, device=device, dtype=dtype, model=model
             )
@@ -114,7 +114,7 @@ def _layer_paths(directory: Path, config: dict) -> list[Path]:
     return paths
 
 
-def _is_gemma_scope_2(path: Path) -> bool:
+def _holds_gemma_scope_2(path: Path) -> bool:
     with Safetensors(path) as source:
         return "w_enc" in source.keys()
 

@@ -124,9 +124,9 @@ class InMemory(TensorSource):
         return destination.copy_(self.tensors[key].detach())
 
 
-def write_safetensors(tensors: dict[str, Tensor], path: Path, metadata: dict[str, str] | None = None) -> Path:
+def write_safetensors(tensors: dict[str, Tensor], path: Path) -> Path:
     """Write `tensors` to `path` in the safetensors format (readable by the safetensors package and SAELens)."""
-    header: dict = {"__metadata__": metadata} if metadata else {}
+    header: dict = {}
     blobs, offset = [], 0
     for key in sorted(tensors):
         tensor = tensors[key].detach().to("cpu").contiguous()

@@ -112,7 +112,7 @@ def from_saelens(
     model=None,
 ) -> Dictionary:
     """A SAELens SAE, transcoder or training SAE in memory as a `hooked` dictionary, on its device and dtype (a copy:
-    the two share no tensor).
+    the two share no tensor), with its `use_error_term`.
 
         dictionary = hooked.sae.from_saelens(sae_lens.SAE.load_from_disk(path))
     """
@@ -120,7 +120,7 @@ def from_saelens(
     tensors = dict(sae.state_dict())
     source = InMemory(tensors, f"the {type(sae).__name__}'s state_dict")
     device = str(next(iter(tensors.values())).device)
-    return from_config(
+    dictionary = from_config(
         raw,
         source,
         config_file=f"the {type(sae).__name__}'s cfg",
@@ -132,6 +132,10 @@ def from_saelens(
         norm_scaling_factor=norm_scaling_factor,
         statistics={},
     )
+    dictionary.use_error_term = bool(
+        getattr(sae, "use_error_term", False)
+    )  # run_with_saes(use_error_term=None) reads it
+    return dictionary
 
 
 def from_config(
