@@ -286,7 +286,7 @@ def upgrade(raw: dict[str, Any]) -> dict[str, Any]:
         new["architecture"], new["k"] = "topk", old["activation_fn_kwargs"]["k"]
     if isinstance(new.get("normalize_activations"), bool):
         new["normalize_activations"] = "expected_average_only_in" if new["normalize_activations"] else "none"
-    new.setdefault("reshape_activations", "hook_z" if "hook_z" in str(new.get("hook_name", "")) else "none")
+    new.setdefault("reshape_activations", "hook_z" if str(new.get("hook_name", "")).endswith("hook_z") else "none")
     metadata_keys = (
         "model_name",
         "hook_name",
