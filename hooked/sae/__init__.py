@@ -23,6 +23,7 @@ from hooked.sae.splice import add_sae, reset_saes, run_with_cache_with_saes, run
 _LAZY = {
     "load": "hooked.sae.formats",
     "save": "hooked.sae.formats",
+    "from_saelens": "hooked.sae.formats",
     "attribute": "hooked.sae.attribution",
     "train": "hooked.sae.training",
     "evaluate": "hooked.sae.evaluation",

@@ -161,7 +161,12 @@ class SafetensorsFile:
         """Copy tensor `key` into `destination` (same shape, any dtype and device), chunk by chunk."""
         info = self.header[key]
         source_dtype = _SAFETENSORS_DTYPES[info["dtype"]]
-        target = destination if destination.is_contiguous() else torch.empty_like(destination)
+        # a strided destination (a transposed view) is read into a contiguous copy: empty_like would keep its strides
+        target = (
+            destination
+            if destination.is_contiguous()
+            else torch.empty(destination.shape, dtype=destination.dtype, device=destination.device)
+        )
         self._stream(key, info["data_offsets"][0], source_dtype, target.view(-1))
         return destination if target is destination else destination.copy_(target)
 
