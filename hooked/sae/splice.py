@@ -11,7 +11,9 @@ The splice is a pair of hooks: `with model.saes([sae]):` registers them for the 
 as `model.hooks()` does) and names the dictionary's points; leaving the block, also by an exception, removes
 both. A hook registered at the written point inside the block runs after the splice (it sees the dictionary's
 output, as `hook_sae_output` holds it); one registered before the block runs before it (the dictionary reads its
-edit). Everything is checked before anything is attached: the hook names, the widths (`d_in`, `d_out`), dtype and
+edit). The splice's hooks are part of the model while registered (`part_of_model`, hooked/hooks.py): a reference
+computed with hooks suspended (a mean, a resample source) runs through them, and `hooked.sweep` runs every variant
+with them. Everything is checked before anything is attached: the hook names, the widths (`d_in`, `d_out`), dtype and
 device, the weight processing the dictionary was trained on, and that no two dictionaries write one point.
 
 Where SAELens differs (`analysis/hooked_sae_transformer.py`, 6.54): it leaves a skip transcoder's `W_skip` out of
@@ -23,7 +25,8 @@ output, and the other two are refused with the fix named.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torch import Tensor
@@ -33,6 +36,20 @@ from hooked.sae.dictionary import Dictionary
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
+
+
+@dataclass(frozen=True)
+class SpliceHook:
+    """One hook of a splice: part of the model while registered (hooked/hooks.py), so `hooks_suspended()` keeps
+    it and sweeps run every row through it. `reads_from`: the point whose activation it takes from earlier in the
+    same forward (a transcoder's input), which a sweep's rows must not join after."""
+
+    fn: Callable[[Tensor, HookPoint], Tensor | None]
+    reads_from: str | None = None
+    part_of_model = True
+
+    def __call__(self, activation: Tensor, hook: HookPoint) -> Tensor | None:
+        return self.fn(activation, hook)
 
 
 class _Splice:
@@ -67,10 +84,10 @@ class _Splice:
         self.stash: dict[int, Tensor] = {}
 
     # ----------------------------------------------------------------- the hooks
-    def hooks(self) -> list[tuple[str, object]]:
+    def hooks(self) -> list[tuple[str, SpliceHook]]:
         if self.read == self.write:
-            return [(self.write, self._rewrite)]
-        return [(self.read, self._capture), (self.write, self._replace)]
+            return [(self.write, SpliceHook(self._rewrite))]
+        return [(self.read, SpliceHook(self._capture)), (self.write, SpliceHook(self._replace, reads_from=self.read))]
 
     def _rewrite(self, activation: Tensor, hook: HookPoint) -> Tensor:
         return self.dictionary(activation, use_error_term=self.use_error_term)
