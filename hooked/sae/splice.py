@@ -121,13 +121,20 @@ class _Splice:
         entries = list(self.model.hook_dict.items())
         at = [name for name, _ in entries].index(self.write) + 1
         self.model.hook_dict = dict(entries[:at] + list(added.items()) + entries[at:])
+        _written(self.model)[self.write] = self.dictionary
 
     def detach_points(self) -> None:
+        _written(self.model).pop(self.write, None)
         for point, local in _named(self.dictionary):
             self.model.hook_dict.pop(point.name, None)
             point.name, point.stage = local, None
             if local in ("hook_sae_error", "hook_sae_output"):
                 point.axes = ()
+
+
+def _written(model: HookedTransformer) -> dict[str, Dictionary]:
+    """The points spliced dictionaries write now, by `saes()` blocks and `add_sae` alike, and which writes each."""
+    return model.__dict__.setdefault("_written_by_dictionaries", {})
 
 
 def _named(dictionary: Dictionary) -> list[tuple[HookPoint, str]]:
@@ -194,9 +201,10 @@ def _splices(model: HookedTransformer, saes, use_error_term: bool | None) -> lis
         saes = [saes]
     if not isinstance(saes, Sequence):
         raise TypeError(f"saes= is a list of dictionaries, not {type(saes).__name__}")
+    if len({id(d) for d in saes}) != len(saes):
+        raise ValueError("a dictionary appears twice in saes=")
     splices = [_Splice(model, d, use_error_term) for d in saes]
-    spliced = getattr(model, "_spliced", {})
-    writes: dict[str, Dictionary] = {s.write: s.dictionary for s in spliced.values()}
+    writes = dict(_written(model))
     for splice in splices:
         other = writes.get(splice.write)
         if other is not None:
@@ -205,8 +213,6 @@ def _splices(model: HookedTransformer, saes, use_error_term: bool | None) -> lis
                 " flow on is ambiguous: splice one of them"
             )
         writes[splice.write] = splice.dictionary
-    if len({id(s.dictionary) for s in splices}) != len(splices):
-        raise ValueError("a dictionary appears twice in saes=")
     return splices
 
 
