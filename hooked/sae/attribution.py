@@ -178,12 +178,11 @@ def attribute(
         model.train(was_training)
 
     precision = torch.promote_types(model.dtype, torch.float32)  # the estimate sums many small products
-    real = mask[..., None].to(precision)  # padding reads nothing: no term there
     products = [
         (torch.zeros_like(a, dtype=precision) if g is None else g.to(precision)) * (a_c.to(precision) - a.to(precision))
         for g, a, a_c in zip(gradients, clean_acts, corrupt_acts, strict=True)
     ]
-    products = torch.cat(products, dim=-1) * real  # [batch pos n_features]
+    products = torch.cat(products, dim=-1)  # [batch pos n_features]; 0 at padding, which nothing reads
     per_prompt = products.sum(1).float().cpu()
     provenance = sweep_provenance(model, [], metric, task, tokens)
     provenance["sae"] = {
