@@ -176,7 +176,7 @@ def test_a_feature_sweep_trims_to_the_last_position_only_where_the_transcoder_al
     torch.testing.assert_close(result.values, alone, atol=ATOL, rtol=0)
 
 
-def test_sweeping_inside_a_splice_refuses_outside_hooks_and_circuits_refuse_the_splice(model):
+def test_sweeping_inside_a_splice_refuses_outside_hooks_and_gradient_methods_refuse_the_splice(model):
     d = sae_of(model)
     tokens = tokens_of(model)
     metric = metrics.logit_diff(model, *answers(model, 3))
@@ -186,6 +186,8 @@ def test_sweeping_inside_a_splice_refuses_outside_hooks_and_circuits_refuse_the_
     with model.saes([d]):
         with pytest.raises(RuntimeError, match=r"dictionaries are spliced into it \(hooked\.sae\)"):
             hooked.circuits.attribute(model, tokens, tokens_of(model, seed=1), metric)
+        with pytest.raises(RuntimeError, match=r"patch\.attribution runs the model's own components"):
+            patch.attribution(model, tokens, tokens_of(model, seed=1), metric)
     assert not model.hooks_attached()
 
 
