@@ -40,16 +40,7 @@ from hooked.hooks import HookedRootModule, HookPoint
 from hooked.sae.dictionary import POINT_NAMES
 
 CLT_ARCHITECTURES = ("standard", "jumprelu")  # relu, and circuit-tracer's JumpReLU
-# circuit-tracer's files are read and written in hooked/sae/formats/circuit_tracer_clt.py; imported on first use
-_FORMAT_NAMES = ("load_circuit_tracer_clt", "save_circuit_tracer")
-
-
-def __getattr__(name: str):
-    if name not in _FORMAT_NAMES:
-        raise AttributeError(f"module 'hooked.sae.clt' has no attribute {name!r}")
-    from hooked.sae.formats import circuit_tracer_clt
-
-    return getattr(circuit_tracer_clt, name)
+# circuit-tracer's files are read and written in hooked/sae/formats/circuit_tracer_clt.py (hooked.sae.load, save).
 
 
 @dataclass
@@ -153,7 +144,7 @@ class CrossLayerTranscoder(HookedRootModule):
     `decode(f, x)` -> [n_layers, ..., d_out], `clt(x)` both; `model.saes([clt])` splices it (layer l read at
     `cfg.hook_names()[l]`, output m written at `cfg.hook_names_out()[m]`).
 
-        clt = hooked.sae.clt.load_circuit_tracer_clt("path/to/clt")     # circuit-tracer's files
+        clt = hooked.sae.load("path/to/clt")     # circuit-tracer's files
         logits, cache = model.run_with_cache_with_saes(tokens, saes=[clt])
         cache["blocks.3.hook_mlp_out.hook_sae_acts_post"]               # layer 3's features
     """

@@ -11,7 +11,9 @@ The splice is a pair of hooks: `with model.saes([sae]):` registers them for the 
 as `model.hooks()` does) and names the dictionary's points; leaving the block, also by an exception, removes
 both. A hook registered at the written point inside the block runs after the splice (it sees the dictionary's
 output, as `hook_sae_output` holds it); one registered before the block runs before it (the dictionary reads its
-edit). Everything is checked before anything is attached: the hook names, the widths (`d_in`, `d_out`), dtype and
+edit). The splice's hooks are part of the model while registered (`part_of_model`, hooked/hooks.py): a reference
+computed with hooks suspended (a mean, a resample source) runs through them, and `hooked.sweep` runs every variant
+with them. Everything is checked before anything is attached: the hook names, the widths (`d_in`, `d_out`), dtype and
 device, the weight processing the dictionary was trained on, and that no two dictionaries write one point.
 
 Where SAELens differs (`analysis/hooked_sae_transformer.py`, 6.54): it leaves a skip transcoder's `W_skip` out of
@@ -26,7 +28,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -41,12 +43,14 @@ Spliceable = Dictionary | CrossLayerTranscoder  # what saes= takes
 
 
 @dataclass(frozen=True)
-class _SpliceHook:
-    """A hook of a splice: part of the spliced model, so hooked.sweep runs it on every row of a batch of variants
-    (row_blocks.registered_hooks lets what is `part_of_model` be)."""
+class SpliceHook:
+    """One hook of a splice: part of the model while registered (hooked/hooks.py), so `hooks_suspended()` keeps
+    it and sweeps run every row through it. `reads_from`: the point whose activation it takes from earlier in the
+    same forward (a transcoder's input), which a sweep's rows must not join after."""
 
     fn: Callable[[Tensor, HookPoint], Tensor | None]
-    part_of_model: ClassVar[bool] = True
+    reads_from: str | None = None
+    part_of_model = True
 
     def __call__(self, activation: Tensor, hook: HookPoint) -> Tensor | None:
         return self.fn(activation, hook)
@@ -80,10 +84,10 @@ class _Splice:
         return [self.write]
 
     # ----------------------------------------------------------------- the hooks
-    def hooks(self) -> list[tuple[str, object]]:
+    def hooks(self) -> list[tuple[str, SpliceHook]]:
         if self.read == self.write:
-            return [(self.write, _SpliceHook(self._rewrite))]
-        return [(self.read, _SpliceHook(self._capture)), (self.write, _SpliceHook(self._replace))]
+            return [(self.write, SpliceHook(self._rewrite))]
+        return [(self.read, SpliceHook(self._capture)), (self.write, SpliceHook(self._replace, reads_from=self.read))]
 
     def _rewrite(self, activation: Tensor, hook: HookPoint) -> Tensor:
         return self.dictionary(activation, use_error_term=self.use_error_term)
@@ -106,8 +110,10 @@ class _Splice:
         """Put the dictionary's points into the model's hook_dict, after the point it writes, named under it; a
         sweep's variant on a feature joins where the dictionary reads."""
         _attach(self.model, _named(self.dictionary), self.write, self.model.hook_dict[self.read].stage)
+        _written(self.model)[self.write] = self.dictionary
 
     def detach_points(self) -> None:
+        _written(self.model).pop(self.write, None)
         _detach(self.model, _named(self.dictionary))
 
 
@@ -142,9 +148,14 @@ class _CrossLayerSplice:
             _check_not_spliced(clt, _named_layer(clt, layer), home=f"layers.{layer}.")
         self.state = CLTForward()
 
-    def hooks(self) -> list[tuple[str, object]]:
-        reads = [(read, _SpliceHook(partial(self._read, layer))) for layer, read in enumerate(self.reads)]
-        return reads + [(write, _SpliceHook(partial(self._write, layer))) for layer, write in enumerate(self.writes)]
+    def hooks(self) -> list[tuple[str, SpliceHook]]:
+        """Layer m's write decodes the features of layers 0..m, so it reads (for a sweep's rows) from layer 0's read."""
+        reads = [(read, SpliceHook(partial(self._read, layer))) for layer, read in enumerate(self.reads)]
+        first = self.reads[0]
+        return reads + [
+            (write, SpliceHook(partial(self._write, layer), reads_from=first))
+            for layer, write in enumerate(self.writes)
+        ]
 
     def _read(self, layer: int, activation: Tensor, hook: HookPoint) -> None:
         self.dictionary.read(layer, activation, self.state, self.use_error_term)
@@ -158,14 +169,22 @@ class _CrossLayerSplice:
         stage = self.model.hook_dict[self.reads[0]].stage
         for layer, write in enumerate(self.writes):
             _attach(self.model, _named_layer(self.dictionary, layer), write, stage)
+            _written(self.model)[write] = self.dictionary
 
     def detach_points(self) -> None:
+        for write in self.writes:
+            _written(self.model).pop(write, None)
         for layer in range(self.dictionary.cfg.n_layers):
             _detach(self.model, _named_layer(self.dictionary, layer), home=f"layers.{layer}.")
 
 
 def _named_layer(clt: CrossLayerTranscoder, layer: int) -> list[tuple[HookPoint, str]]:
     return list(zip(clt.sae_points(layer), _POINTS, strict=True))
+
+
+def _written(model: HookedTransformer) -> dict[str, Spliceable]:
+    """The points spliced dictionaries write now, by `saes()` blocks and `add_sae` alike, and which writes each."""
+    return model.__dict__.setdefault("_written_by_dictionaries", {})
 
 
 def _named(dictionary: Dictionary) -> list[tuple[HookPoint, str]]:
@@ -277,9 +296,10 @@ def _splices(model: HookedTransformer, saes, use_error_term: bool | None) -> lis
         saes = [saes]
     if not isinstance(saes, Sequence):
         raise TypeError(f"saes= is a list of dictionaries, not {type(saes).__name__}")
+    if len({id(d) for d in saes}) != len(saes):
+        raise ValueError("a dictionary appears twice in saes=")
     splices = [_splice(model, d, use_error_term) for d in saes]
-    spliced = getattr(model, "_spliced", {})
-    writes: dict[str, Spliceable] = {write: s.dictionary for s in spliced.values() for write in s.writes}
+    writes = dict(_written(model))
     for splice in splices:
         for write in splice.writes:
             other = writes.get(write)
@@ -289,8 +309,6 @@ def _splices(model: HookedTransformer, saes, use_error_term: bool | None) -> lis
                     " flow on is ambiguous: splice one of them"
                 )
             writes[write] = splice.dictionary
-    if len({id(s.dictionary) for s in splices}) != len(splices):
-        raise ValueError("a dictionary appears twice in saes=")
     return splices
 
 
@@ -330,10 +348,24 @@ def run_with_saes(model: HookedTransformer, *model_args, saes=(), use_error_term
 
 
 def run_with_cache_with_saes(
-    model: HookedTransformer, *model_args, saes=(), use_error_term: bool | None = None, **kwargs
+    model: HookedTransformer,
+    *model_args,
+    saes=(),
+    use_error_term: bool | None = None,
+    sparse_features: bool = False,
+    **kwargs,
 ):
-    """`run_with_cache` with `saes` spliced for this call: the cache holds their points (`...hook_sae_acts_post`)."""
+    """`run_with_cache` with `saes` spliced for this call: the cache holds their points (`...hook_sae_acts_post`).
+
+    `sparse_features=True` keeps each dictionary's `hook_sae_acts_post` as a torch sparse COO tensor, the indices and
+    values of its active features (`cache[name].to_dense()` is the dense one), converted as the point fires. Use it
+    when caching features of many tokens: a dense cache holds d_sae values per token, a sparse one 28 bytes per
+    active feature (three int64 indices and a float32 value), so a dictionary of 16,384 features with 64 active
+    per token keeps 1.8 KB per token instead of 64 KB; below one active feature in seven it always saves.
+    """
     with globals()["saes"](model, saes, use_error_term=use_error_term):
+        if sparse_features:
+            kwargs["sparse"] = [d.hook_sae_acts_post.name for d in ([saes] if isinstance(saes, Dictionary) else saes)]
         return model.run_with_cache(*model_args, **kwargs)
 
 

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hooked.sae import CLTConfig, CrossLayerTranscoder, Dictionary, DictionaryConfig
-from hooked.sae.clt import load_circuit_tracer_clt, save_circuit_tracer
+from hooked.sae.formats.circuit_tracer_clt import load_circuit_tracer_clt, save_circuit_tracer
 
 pytestmark = pytest.mark.slow
 

@@ -296,9 +296,9 @@ def steer_feature_2(activation, hook):
     activation[..., 2] = 3.0
 
 
-def test_a_sweep_variant_joining_after_the_clts_first_read_is_refused_with_the_fix():
-    """A head of layer 1 would join the batch after layer 0's features were read: refused, naming the fix, which
-    then gives the same numbers as the variant alone."""
+def test_a_sweep_variant_inside_the_clts_span_joins_where_layer_0_reads():
+    """A head of layer 1 alone would join the batch after layer 0's features were read; its rows start where layer
+    0 reads instead (the write hooks' `reads_from`), so it gives the same numbers as the variant alone."""
     import hooked
     from hooked.interventions.metrics import logit_diff
 
@@ -306,10 +306,11 @@ def test_a_sweep_variant_joining_after_the_clts_first_read_is_refused_with_the_f
     clt = random_clt()
     metric = logit_diff(model, [3, 5], [7, 9])
     with model.saes([clt]):
-        variants = {"L0.mlp_out.F1": ablate.hooks(model, "L0.mlp_out.F1"), "L1H0": ablate.hooks(model, "L1H0")}
-        with pytest.raises(RuntimeError, match=r"give a variant whose first hook comes after blocks.0.mlp.hook_in"):
-            hooked.sweep(model, tokens, variants, metric)
-        variants["L1H0"] = [*variants["L1H0"], ("blocks.0.mlp.hook_in", lambda activation, hook: None)]
+        variants = {
+            "L0.mlp_out.F1": ablate.hooks(model, "L0.mlp_out.F1"),
+            "L1H0": ablate.hooks(model, "L1H0"),
+            "L1.mlp": ablate.hooks(model, "L1.mlp"),
+        }
         swept = hooked.sweep(model, tokens, variants, metric)
         alone = each_alone(model, tokens, variants, metric)
     torch.testing.assert_close(swept.values, alone, atol=1e-5, rtol=1e-5)
@@ -353,7 +354,7 @@ def random_circuit_tracer_weights(n_layers: int = N_LAYERS, seed: int = 3) -> di
 
 
 def test_a_circuit_tracer_folder_loads_and_computes_what_its_weights_say(tmp_path):
-    from hooked.sae.clt import load_circuit_tracer_clt
+    from hooked.sae.formats.circuit_tracer_clt import load_circuit_tracer_clt
 
     weights = random_circuit_tracer_weights()
     config = "model_kind: cross_layer_transcoder\nfeature_input_hook: mlp.hook_in\nfeature_output_hook: mlp.hook_out\n"
@@ -377,7 +378,7 @@ def test_a_circuit_tracer_folder_loads_and_computes_what_its_weights_say(tmp_pat
 
 
 def test_lazy_decoders_are_read_in_the_dtype_the_clt_has_by_then(tmp_path):
-    from hooked.sae.clt import load_circuit_tracer_clt
+    from hooked.sae.formats.circuit_tracer_clt import load_circuit_tracer_clt
 
     write_circuit_tracer_clt(tmp_path / "clt", random_circuit_tracer_weights(), None)  # no config.yaml
     clt = load_circuit_tracer_clt(tmp_path / "clt", hook_name="mlp.hook_in").to(torch.float64)
@@ -392,7 +393,7 @@ def test_lazy_decoders_are_read_in_the_dtype_the_clt_has_by_then(tmp_path):
 def test_hooked_writes_circuit_tracers_layout_and_reads_it_back(tmp_path):
     from safetensors import safe_open
 
-    from hooked.sae.clt import load_circuit_tracer_clt, save_circuit_tracer
+    from hooked.sae.formats.circuit_tracer_clt import load_circuit_tracer_clt, save_circuit_tracer
 
     clt = random_clt(skip=False)
     save_circuit_tracer(clt, tmp_path / "clt")
@@ -424,7 +425,7 @@ def test_a_transcoder_set_is_written_as_circuit_tracer_lays_it_out(tmp_path):
     from safetensors import safe_open
 
     from hooked.sae import Dictionary, DictionaryConfig
-    from hooked.sae.clt import save_circuit_tracer
+    from hooked.sae.formats.circuit_tracer_clt import save_circuit_tracer
 
     def transcoder(layer: int, architecture: str = "jumprelu", **cfg) -> Dictionary:
         names = {"hook_name": f"blocks.{layer}.mlp.hook_in", "hook_name_out": f"blocks.{layer}.hook_mlp_out"}
@@ -467,7 +468,7 @@ def test_a_transcoder_set_is_written_as_circuit_tracer_lays_it_out(tmp_path):
     ],
 )
 def test_a_folder_hooked_cannot_read_is_refused_naming_the_fix(tmp_path, config, error, message):
-    from hooked.sae.clt import load_circuit_tracer_clt
+    from hooked.sae.formats.circuit_tracer_clt import load_circuit_tracer_clt
 
     write_circuit_tracer_clt(tmp_path, random_circuit_tracer_weights(), config)
     with pytest.raises(error, match=message):
@@ -475,7 +476,7 @@ def test_a_folder_hooked_cannot_read_is_refused_naming_the_fix(tmp_path, config,
 
 
 def test_a_folder_with_missing_or_mismatched_files_is_refused(tmp_path):
-    from hooked.sae.clt import load_circuit_tracer_clt
+    from hooked.sae.formats.circuit_tracer_clt import load_circuit_tracer_clt
 
     weights = random_circuit_tracer_weights()
     write_circuit_tracer_clt(tmp_path / "gap", weights, None)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hooked.sae.clt import CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary
 from hooked.sae.formats import circuit_tracer, gemma_scope, saelens, sparsify
 from hooked.sae.formats.files import Safetensors
@@ -85,7 +86,7 @@ def load(
         return gemma_scope.read(place, **names, device=device, dtype=dtype, model=model)
     if kind == "circuit-tracer":
         return circuit_tracer.read(place, device=device, dtype=dtype, model=model)
-    return _load_clt(place, device=device, dtype=dtype, model=model)
+    return _load_clt(place, device=device, dtype=dtype)
 
 
 def save(dictionary: Dictionary | Sequence[Dictionary], path: str | Path, format: str = "saelens") -> Path:
@@ -102,6 +103,10 @@ def save(dictionary: Dictionary | Sequence[Dictionary], path: str | Path, format
     if path.exists() and not path.is_dir():
         raise ValueError(f"{path} is a file; save writes a directory")
     if format == "circuit-tracer":
+        if isinstance(dictionary, CrossLayerTranscoder):
+            from hooked.sae.formats.circuit_tracer_clt import save_circuit_tracer
+
+            return save_circuit_tracer(dictionary, path)
         if isinstance(dictionary, Dictionary):
             dictionary = [dictionary]
         return circuit_tracer.write(list(dictionary), path)
@@ -164,16 +169,12 @@ def _is_sparsify_config(path: Path) -> bool:
     return isinstance(raw, dict) and "d_sae" not in raw and ("expansion_factor" in raw or "num_latents" in raw)
 
 
-def _load_clt(path: Path, **kwargs):
-    """A circuit-tracer cross-layer transcoder: hooked.sae.clt reads those."""
-    try:
-        from hooked.sae.clt import load_circuit_tracer_clt
-    except ImportError:
-        raise NotImplementedError(
-            f"{path / circuit_tracer.CONFIG} describes a cross-layer transcoder (model_kind: cross_layer_transcoder),"
-            " which hooked.sae.clt reads, and this installation has no hooked.sae.clt.load_circuit_tracer_clt yet"
-        ) from None
-    return load_circuit_tracer_clt(path, **kwargs)
+def _load_clt(path: Path, device: str, dtype: str | None):
+    """A circuit-tracer cross-layer transcoder (hooked/sae/formats/circuit_tracer_clt.py); its points and widths
+    are checked against a model when it is spliced."""
+    from hooked.sae.formats.circuit_tracer_clt import load_circuit_tracer_clt
+
+    return load_circuit_tracer_clt(path, device=device, dtype=getattr(torch, dtype) if dtype else None)
 
 
 __all__ = ["from_saelens", "load", "save"]
