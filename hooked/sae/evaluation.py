@@ -79,7 +79,7 @@ class EvaluationTable(list):
 
 def evaluate(
     model: HookedTransformer,
-    dictionaries: Dictionary | Sequence[Dictionary],
+    dictionaries,  # a Dictionary or a list of them, checked below
     tokens,
     *,
     attention_mask: Tensor | None = None,
