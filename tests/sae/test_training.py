@@ -103,7 +103,7 @@ def test_loss_and_gradients_equal_saelens_training_classes(architecture):
         if architecture == "jumprelu":
             ours_d.threshold.copy_(0.5 * torch.rand(d_sae, generator=generator))
     dead = torch.zeros(d_sae, dtype=torch.bool)
-    dead[::3] = True  # AuxK's features
+    dead[::13] = True  # AuxK's features: 5, fewer than d_in / 2, so its loss is scaled down
     peers = {
         "standard": (StandardTrainingSAE, StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae, l1_coefficient=0.7)),
         "topk": (TopKTrainingSAE, TopKTrainingSAEConfig(
@@ -363,14 +363,16 @@ def test_resampling_points_dead_features_at_inputs_and_resets_adam():
 
 
 def test_dead_features_are_tracked_and_resampled_every_window(model, texts, monkeypatch):
-    """The features handed to `resample` are those silent for more than `dead_feature_window` steps, counted by hand
-    from what fired at each step, every `dead_feature_window` steps (TopK with k=2 and no AuxK lets features die)."""
-    fired, calls = [], []
+    """The dead features given to each step (AuxK's) and to `resample` (every `dead_feature_window` steps) are those
+    silent for more than `dead_feature_window` steps, counted by hand from what fired at each step (TopK with k=2 and
+    no AuxK lets features die)."""
+    fired, dead_given, calls = [], [], []
     forward, resample = training.TopKTrainer.forward, training.TopKTrainer.resample
 
     def recording_forward(self, batch, dead):
         out = forward(self, batch, dead)
         fired.append(out.fired.clone())
+        dead_given.append(None if dead is None else dead.clone())
         return out
 
     def recording_resample(self, features, batch, recons, optimizer):
@@ -384,7 +386,9 @@ def test_dead_features_are_tracked_and_resampled_every_window(model, texts, monk
     d = hooked.sae.train(model, texts, hook_name=RESID, architecture="topk", k=2, **options)
     silent = torch.zeros(d.cfg.d_sae, dtype=torch.long)
     expected = []
-    for step, mask in enumerate(fired, 1):
+    for step, (mask, given) in enumerate(zip(fired, dead_given, strict=True), 1):
+        dead = silent > window  # what AuxK gets: None when no feature is dead
+        assert (given is None and not dead.any()) or torch.equal(given, dead), step
         silent += 1
         silent[mask] = 0
         if step % window == 0 and (silent > window).any():
