@@ -178,6 +178,8 @@ def train(
         _check_positive("checkpoint_every", checkpoint_every)
         if checkpoint_dir is None:
             raise ValueError("checkpoint_every= needs checkpoint_dir=, the folder the checkpoints go to")
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("hooked.sae.train needs gradients; call it outside torch.inference_mode()")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype= is a floating torch dtype (torch.float32), not {dtype!r}")
     device = torch.device(device) if device is not None else model.device
@@ -956,7 +958,8 @@ class Run:
             self.trainer.initialize(batch)
             self.initialized = True
         dead = self.steps_since_fired > self.spec.dead_feature_window
-        out = self.trainer.forward(batch, dead if bool(dead.any()) else None)
+        with torch.enable_grad():  # also when the caller has turned gradients off (a notebook's no_grad)
+            out = self.trainer.forward(batch, dead if bool(dead.any()) else None)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         self.trainer.before_update()

@@ -446,3 +446,16 @@ def test_texts_need_a_tokenizer():
     model = hooked.testing.random_model("gpt2")
     with pytest.raises(ValueError, match="tokenizer"):
         hooked.sae.train(model, ["a text"], hook_name="blocks.0.hook_resid_post", k=2, d_sae=8, progress=False)
+
+
+def test_training_under_no_grad_trains_as_with_gradients_and_inference_mode_is_refused(model, texts):
+    """A notebook that turned gradients off (torch.set_grad_enabled(False)) still trains, to the same weights."""
+    options = dict(hook_name=RESID, k=4, d_sae=16, n_tokens=2048, batch_tokens=256, context_size=32, progress=False)
+    with_grad = hooked.sae.train(model, texts, **options)
+    with torch.no_grad():
+        without = hooked.sae.train(model, texts, **options)
+    for name, value in with_grad.state_dict().items():
+        torch.testing.assert_close(without.state_dict()[name], value, atol=0, rtol=0)
+    assert not torch.equal(with_grad.W_enc, with_grad.W_dec.T)  # it did train (the encoder starts as W_dec.T)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="outside torch.inference_mode"):
+        hooked.sae.train(model, texts, **options)
