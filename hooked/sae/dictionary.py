@@ -268,7 +268,8 @@ class Dictionary(HookedRootModule):
         if use_error_term:
             with torch.no_grad():
                 clean = self._plain(x).reshape(target.shape) if self._hooks_listening() else out
-                out = out + self.hook_sae_error(target - clean)
+                error = target - clean
+            out = out + self.hook_sae_error(error)  # outside no_grad: the sum keeps the features' gradient
         return self.hook_sae_output(out)
 
     def _plain(self, x: Tensor) -> Tensor:
