@@ -201,13 +201,18 @@ class Dictionary(HookedRootModule):
             x = x - self.b_dec
         if self.cfg.architecture == "gated":
             return x @ (self.W_enc * self.r_mag.exp()) + self.b_mag
-        return x @ self.W_enc + self.b_enc
+        return (x @ self.W_enc).add_(self.b_enc)  # in place: one pass over [... d_sae] fewer, the same values
 
-    def activate(self, pre: Float[Tensor, "... d_sae"], x: Tensor | None = None) -> Float[Tensor, "... d_sae"]:
-        """The features from their pre-activations (`x`, the normalised input, only for the gated SAE's gate)."""
+    def activate(
+        self, pre: Float[Tensor, "... d_sae"], x: Tensor | None = None, overwrite: bool = False
+    ) -> Float[Tensor, "... d_sae"]:
+        """The features from their pre-activations (`x`, the normalised input, only for the gated SAE's gate).
+
+        `overwrite=True`: `pre` is the caller's temporary, which no one else holds, so the ReLU of a standard SAE
+        may write into it (at d_sae wide, a fresh tensor costs as much as a tenth of the encoder's product)."""
         arch = self.cfg.architecture
         if arch == "standard":
-            return F.relu(pre)
+            return pre.relu_() if overwrite else F.relu(pre)
         if arch == "jumprelu":
             return F.relu(pre) * (pre > self.threshold)
         if arch == "gated":
@@ -218,7 +223,7 @@ class Dictionary(HookedRootModule):
         # topk: rank (optionally by contribution to the output), keep k, relu
         ranked = pre * self.W_dec.norm(dim=-1) if self.cfg.rescale_acts_by_decoder_norm else pre
         values, indices = ranked.topk(self.cfg.k, dim=-1)
-        return torch.zeros_like(pre).scatter(-1, indices, F.relu(values))
+        return torch.zeros_like(pre).scatter_(-1, indices, F.relu(values))  # into the zeros: no copy of them
 
     def decode_linear(self, acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_out"]:
         """acts W_dec + b_dec (TopK under rescale_acts_by_decoder_norm: acts / ||W_dec row|| first)."""
@@ -229,7 +234,7 @@ class Dictionary(HookedRootModule):
     def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
         """The features of input `x` (for a dictionary on hook_z, x may be [..., head_index, d_head])."""
         x, _ = self.normalize(self.flatten_input(x))
-        return self.activate(self.pre_activations(x), x)
+        return self.activate(self.pre_activations(x), x, overwrite=True)
 
     def decode(self, acts: Float[Tensor, "... d_sae"], norm: tuple[Tensor, ...] | None = None) -> Tensor:
         """The reconstruction from features [..., d_sae] (without a skip transcoder's skip term, which needs x).
@@ -257,7 +262,7 @@ class Dictionary(HookedRootModule):
         flat = self.hook_sae_input(self.flatten_input(x))
         normed, state = self.normalize(flat)
         pre = self.hook_sae_acts_pre(self.pre_activations(normed))
-        acts = self.hook_sae_acts_post(self.activate(pre, normed))
+        acts = self.hook_sae_acts_post(self.activate(pre, normed, overwrite=not self.hook_sae_acts_pre.listening))
         recons = self.hook_sae_recons(self.decode_linear(acts))
         out = self.denormalize(recons, state)
         if self.W_skip is not None:
@@ -276,7 +281,9 @@ class Dictionary(HookedRootModule):
         """The output for `x` with no hook of this dictionary running (the error term's reference)."""
         flat = self.flatten_input(x)
         normed, state = self.normalize(flat)
-        out = self.denormalize(self.decode_linear(self.activate(self.pre_activations(normed), normed)), state)
+        out = self.denormalize(
+            self.decode_linear(self.activate(self.pre_activations(normed), normed, overwrite=True)), state
+        )
         return out if self.W_skip is None else out + flat @ self.W_skip.T
 
     def _hooks_listening(self) -> bool:
