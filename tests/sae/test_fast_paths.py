@@ -1,6 +1,7 @@
 """The shortcuts taken for speed in hooked.sae compute what the plain way computes. In `Dictionary.forward`
 (hooked/sae/dictionary.py): the bias added and the ReLU taken in place (the latter only when no hook holds the
-pre-activations); the error term's reference ignores every hook of the dictionary, in place edits included.
+pre-activations), and the error term's reference decoded from the features as first computed when hooks listen only
+after them; that reference ignores every hook of the dictionary, in-place edits included.
 
 References: explicit torch on the weights (bit for bit where the operations are the same), and SAELens 6.54's own
 `StandardSAE` / `TopKSAE` with the same tensors (`saes/sae.py` `SAE.forward` with `use_error_term`, which encodes a
