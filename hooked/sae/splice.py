@@ -139,7 +139,10 @@ def _point(model: HookedTransformer, name: str, dictionary: Dictionary, field: s
 
 
 def _check_width(model, dictionary: Dictionary, name: str, width: int, field: str, verb: str) -> None:
-    shape = model.hook_shapes(batch=1, pos=1)[name][2:]
+    # The point's shape past [batch pos], as model.hook_shapes gives it, for this point alone: hook_shapes sizes every
+    # point of the model (280 at GPT-2 small: half a millisecond per splice, paid by each run_with_saes).
+    sizes = {"batch": 1, "pos": 1, "query_pos": 1, "key_pos": 1, "1": 1, **model.axis_sizes(name)}
+    shape = tuple(sizes[axis] for axis in model.hook_dict[name].axes)[2:]
     if dictionary.cfg.reshape_activations == "hook_z" and len(shape) == 2:
         have = shape[0] * shape[1]
     elif len(shape) == 1:

@@ -1,11 +1,12 @@
 """The shortcuts taken for speed in hooked.sae compute what the plain way computes. In `Dictionary.forward`
 (hooked/sae/dictionary.py): the bias added and the ReLU taken in place (the latter only when no hook holds the
 pre-activations), and the error term's reference decoded from the features as first computed when hooks listen only
-after them; that reference ignores every hook of the dictionary, in-place edits included.
+after them; that reference ignores every hook of the dictionary, in-place edits included. In the splice
+(hooked/sae/splice.py): the width check sizes the one point the dictionary reads or writes, not every point.
 
-References: explicit torch on the weights (bit for bit where the operations are the same), and SAELens 6.54's own
+References: explicit torch on the weights (bit for bit where the operations are the same), SAELens 6.54's own
 `StandardSAE` / `TopKSAE` with the same tensors (`saes/sae.py` `SAE.forward` with `use_error_term`, which encodes a
-second time with its hooks disabled)."""
+second time with its hooks disabled), and `model.hook_shapes()`."""
 
 from __future__ import annotations
 
@@ -160,3 +161,21 @@ def test_error_term_reference_ignores_every_hook(architecture, where):
     assert not torch.allclose(expected, x, atol=1e-4)  # the edit mattered
     torch.testing.assert_close(ours, expected)
     torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize("point", ["blocks.0.hook_resid_post", "blocks.0.attn.hook_z", "blocks.0.attn.hook_pattern"])
+def test_the_width_check_reads_the_shape_hook_shapes_gives(point):
+    model = random_model("gpt2")
+    tokens = torch.randint(0, model.cfg.d_vocab, (1, 4))
+    shape = model.hook_shapes(batch=1, pos=1)[point][2:]
+    z = point.endswith("hook_z")
+    width = shape[0] * shape[1] if z else shape[0]
+    reshape = {"reshape_activations": "hook_z"} if z else {}
+    with torch.no_grad():
+        if len(shape) == 2 and not z:
+            with pytest.raises(ValueError, match="reads a vector per position"):
+                model.run_with_saes(tokens, saes=[dictionary("standard", d_in=width, hook_name=point)])
+            return
+        assert model.run_with_saes(tokens, saes=[dictionary("standard", d_in=width, hook_name=point, **reshape)]).shape
+        with pytest.raises(ValueError, match=f"cfg.d_in is {width + 1}, but {point} of this model is {width} wide"):
+            model.run_with_saes(tokens, saes=[dictionary("standard", d_in=width + 1, hook_name=point, **reshape)])
