@@ -9,7 +9,7 @@ timed interleaved (A B C A B C ...) after warmup; every figure is a ratio agains
 
 1. splice: one 16x SAE (d_sae = 16 * 768 = 12,288) on `blocks.6.hook_resid_post` of a GPT-2-small-shaped model
    (benchmarks/common.py), `--batch` x `--pos` random tokens (default 8 x 128), for each of `--architectures`
-   (standard: ReLU; topk: k = `--k`), `apply_b_dec_to_input=True` (as SAELens' GPT-2 residual SAEs),
+   (default standard: ReLU; topk: k = `--k`, 32), `apply_b_dec_to_input=True` (as SAELens' GPT-2 residual SAEs),
    `use_error_term=False`. The same tensors make hooked's `Dictionary` and SAELens' `StandardSAE` / `TopKSAE`;
    the same checkpoint makes `hooked.load`'s model and SAELens' `HookedSAETransformer` (TransformerLens 3.9,
    unprocessed: `common.transformer_lens_gpt2`). Rows:
@@ -313,7 +313,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--pos", type=int, default=128)
-    parser.add_argument("--architectures", default="standard,topk")
+    parser.add_argument("--architectures", default="standard", help="standard, topk or both: standard,topk")
     parser.add_argument("--k", type=int, default=32, help="k of the topk SAE")
     parser.add_argument("--sweep-model", choices=("small", "gpt2-small"), default="small")
     parser.add_argument("--features", type=int, default=1000)
