@@ -29,7 +29,7 @@ timed interleaved (A B C A B C ...) after warmup; every figure is a ratio agains
      makes it (SAELens' `run_with_hooks_with_saes`), the metric on the full logits;
    * SAELens loop: `HookedSAETransformer.run_with_hooks_with_saes(tokens, saes=[sae], fwd_hooks=[...])`, the same
      hook, the SAE's `use_error_term=True`.
-   The loops run `--loop-sample` evenly spaced features (default 100) and their times are scaled to all of them
+   The loops run `--loop-sample` evenly spaced features (default 50) and their times are scaled to all of them
    (a loop is linear in its features); their values are compared with the sweep's. `--sweep-model small` (the
    default) is a GPT-2-shaped slice, 6 layers, d_model 256, 4 heads, d_mlp 1024, vocab 50257, a 16x SAE (4,096
    features) on `blocks.3.hook_resid_post`, because a loop of 1,000 GPT-2-small forwards takes minutes on 2
@@ -317,7 +317,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=32, help="k of the topk SAE")
     parser.add_argument("--sweep-model", choices=("small", "gpt2-small"), default="small")
     parser.add_argument("--features", type=int, default=1000)
-    parser.add_argument("--loop-sample", type=int, default=100, help="features each loop runs (scaled to all)")
+    parser.add_argument("--loop-sample", type=int, default=50, help="features each loop runs (scaled to all)")
     parser.add_argument("--sweep-batch", type=int, default=2)
     parser.add_argument("--sweep-pos", type=int, default=16)
     parser.add_argument("--sweep-repeats", type=int, default=2)
