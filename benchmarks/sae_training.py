@@ -1,0 +1,217 @@
+"""Training throughput (tokens/s) and peak memory of `hooked.sae.train` vs SAELens 6.54's trainer and eai-sparsify's.
+
+    .venv/bin/python benchmarks/sae_training.py [--steps 50] [--rounds 3] [--d-sae 2048] [--k 32] [--threads N]
+
+One TopK SAE on the bundled IOI GPT-2 (hooked/ioi-gpt2: 4 layers, d_model 128, context 64), same for all three:
+hook point (`blocks.2.hook_resid_post`; eai-sparsify's `h.2`, the same residual stream), width, k, batches of
+4096 tokens (64 rows of 64), Adam at one learning rate, float32, CPU, the same token rows (IOI prompts, joined and
+cut by `hooked.sae.training.token_rows`), `--steps` steps each. No checkpoints, no logging; nothing makes dead
+features within so few steps, so no library computes AuxK.
+
+* hooked: `hooked.sae.train(model, rows, ...)` with an 8-batch shuffle buffer.
+* SAELens: `LanguageModelSAETrainingRunner(cfg, override_model=..., override_dataset=...).run()` on TransformerLens
+  3.9's HookedTransformer with the same weights (`common.transformer_lens_gpt2`), `TopKTrainingSAEConfig` at its
+  defaults, its activation store with 64-row forward batches and the same 8 x 4096 tokens in its mixing buffer
+  (SAELens 6.54's `activations_store.py` sizes it n_batches_in_buffer x context_size tokens, so 512).
+* eai-sparsify: `Trainer(TrainConfig(SaeConfig(num_latents, k), optimizer="adam", ...), dataset, model).fit()` on
+  transformers' GPT2Model with the same weights; its Triton decoder is for GPUs, so SPARSIFY_DISABLE_TRITON=1 gives
+  its eager (embedding_bag) one. It runs the whole model (a forward hook cannot stop it); the other two stop after
+  the block they read (`stop_at_layer`).
+
+Each run is a fresh subprocess (`--worker <library>`), the libraries taking turns, `--rounds` times; the table gives
+the median. Timed: the training call alone (model, data and imports ready; a throwaway Adam has imported what
+torch.optim imports on first use). Memory: the peak of the resident set during that call above what it was just
+before (VmHWM, reset first through /proc/self/clear_refs), which counts the dictionary, its optimiser state, the
+activation buffers and each step's temporaries. Threads: torch's default unless `--threads`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import BENCH_DIR, MiB, environment, proc_status, quiet_transformers, reset_peak_rss, table
+
+import hooked
+import hooked.sae
+
+LIBRARIES = ("hooked", "saelens", "sparsify")
+HOOK = "blocks.2.hook_resid_post"
+SPARSIFY_HOOK = "h.2"  # transformers' GPT2Model.h[2]: its output is the residual stream after block 2
+CONTEXT = 64
+BATCH_TOKENS = 4096
+LR = 5e-4
+
+
+def bundled_dir() -> Path:
+    from hooked.weights.sources import bundled_models
+
+    return bundled_models()["hooked/ioi-gpt2"]
+
+
+def token_rows(n_rows: int) -> torch.Tensor:
+    """[n_rows CONTEXT] token ids of IOI prompts, cached under BENCH_DIR for the workers."""
+    path = BENCH_DIR / f"sae-training-rows-{n_rows}.pt"
+    if path.exists():
+        return torch.load(path)
+    from hooked.interventions import tasks
+    from hooked.sae.training import token_rows as rows_of
+
+    model = hooked.load("hooked/ioi-gpt2")
+    texts = tasks.ioi(n_rows * CONTEXT // 12 + 100, seed=0).clean
+    rows = torch.cat(list(rows_of(model, texts, CONTEXT, True).batches(256, repeat=False)))[:n_rows]
+    if len(rows) < n_rows:
+        raise RuntimeError(f"only {len(rows)} rows of IOI prompts; ask for fewer steps")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(rows, path)
+    return rows
+
+
+def measure(fn) -> tuple[float, int]:
+    """(wall seconds of fn(), peak RSS growth in bytes during it)."""
+    gc.collect()
+    reset_peak_rss()
+    before = proc_status().get("VmRSS", 0)
+    start = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - start
+    return seconds, proc_status().get("VmHWM", 0) - before
+
+
+def worker(library: str, args) -> dict:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = token_rows(args.steps * BATCH_TOKENS // CONTEXT)
+    n_tokens = rows.numel()
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # torch.optim's first use imports torch._dynamo
+    if library == "hooked":
+        model = hooked.load("hooked/ioi-gpt2")
+
+        def run():
+            hooked.sae.train(
+                model, rows, hook_name=HOOK, architecture="topk", d_sae=args.d_sae, k=args.k, lr=LR,
+                batch_tokens=BATCH_TOKENS, n_tokens=n_tokens, buffer_batches=8, progress=False,
+            )  # fmt: skip
+
+    elif library == "saelens":
+        from common import transformer_lens_gpt2
+        from datasets import Dataset
+        from sae_lens import LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner, LoggingConfig
+        from sae_lens.saes.topk_sae import TopKTrainingSAEConfig
+
+        model = transformer_lens_gpt2(bundled_dir())
+        dataset = Dataset.from_dict({"input_ids": rows.tolist()})
+        cfg = LanguageModelSAERunnerConfig(
+            sae=TopKTrainingSAEConfig(d_in=model.cfg.d_model, d_sae=args.d_sae, k=args.k),
+            model_name="ioi-gpt2",
+            hook_name=HOOK,
+            dataset_path="",
+            is_dataset_tokenized=True,
+            streaming=False,
+            context_size=CONTEXT,
+            prepend_bos=False,  # the rows begin with BOS already
+            training_tokens=n_tokens,
+            train_batch_size_tokens=BATCH_TOKENS,
+            store_batch_size_prompts=BATCH_TOKENS // CONTEXT,
+            n_batches_in_buffer=8 * BATCH_TOKENS // CONTEXT,  # its buffer holds this x context_size tokens
+            lr=LR,
+            device="cpu",
+            dtype="float32",
+            logger=LoggingConfig(log_to_wandb=False),
+            output_path=None,
+            checkpoint_path=None,
+            n_checkpoints=0,
+            verbose=False,
+        )
+        runner = LanguageModelSAETrainingRunner(cfg, override_dataset=dataset, override_model=model)
+        run = runner.run
+    else:
+        os.environ["SPARSIFY_DISABLE_TRITON"] = "1"
+        quiet_transformers()
+        from datasets import Dataset
+        from sparsify import SaeConfig, TrainConfig, Trainer
+        from transformers import GPT2Model
+
+        model = GPT2Model.from_pretrained(bundled_dir(), dtype=torch.float32).eval()
+        dataset = Dataset.from_dict({"input_ids": rows.tolist()}).with_format("torch")
+        save_dir = tempfile.mkdtemp(prefix="sparsify-bench-")
+        cfg = TrainConfig(
+            SaeConfig(num_latents=args.d_sae, k=args.k),
+            batch_size=BATCH_TOKENS // CONTEXT,
+            optimizer="adam",
+            lr=LR,
+            lr_warmup_steps=0,
+            hookpoints=[SPARSIFY_HOOK],
+            log_to_wandb=False,
+            save_dir=save_dir,
+            save_every=10**9,
+        )
+        trainer = Trainer(cfg, dataset, model)
+        run = trainer.fit
+    seconds, peak = measure(run)
+    return {"seconds": seconds, "tokens": n_tokens, "peak": peak, "threads": torch.get_num_threads()}
+
+
+def run_worker(library: str, args) -> dict:
+    command = [sys.executable, __file__, "--worker", library, "--steps", str(args.steps), "--d-sae", str(args.d_sae)]
+    command += ["--k", str(args.k)] + (["--threads", str(args.threads)] if args.threads else [])
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {library} worker failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=50, help="training steps of 4096 tokens")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--d-sae", type=int, default=2048)
+    parser.add_argument("--k", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads in every worker")
+    parser.add_argument("--libraries", nargs="+", choices=LIBRARIES, default=list(LIBRARIES))
+    parser.add_argument("--worker", choices=LIBRARIES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args)))
+        return
+
+    print(environment())
+    token_rows(args.steps * BATCH_TOKENS // CONTEXT)  # built once, before the workers read it
+    runs: dict[str, list[dict]] = {library: [] for library in args.libraries}
+    for _ in range(args.rounds):
+        for library in args.libraries:
+            runs[library].append(run_worker(library, args))
+    threads = runs[args.libraries[0]][0]["threads"]
+    speed = {lib: statistics.median(r["tokens"] / r["seconds"] for r in results) for lib, results in runs.items()}
+    peak = {lib: statistics.median(r["peak"] for r in results) for lib, results in runs.items()}
+    rows = [
+        (
+            library,
+            f"{speed[library]:,.0f}",
+            " ".join(f"{r['tokens'] / r['seconds']:,.0f}" for r in runs[library]),
+            f"{speed['hooked'] / speed[library]:.2f}" if "hooked" in speed else "",
+            f"{peak[library] / MiB:.0f}",
+            f"{peak['hooked'] / peak[library]:.2f}" if "hooked" in peak else "",
+        )
+        for library in args.libraries
+    ]
+    title = (
+        f"\nTopK SAE at {HOOK} of hooked/ioi-gpt2: d_sae {args.d_sae}, k {args.k}, {BATCH_TOKENS} tokens a step,"
+        f" {args.steps} steps, Adam lr {LR}, float32, CPU, {threads} torch threads; median of {args.rounds} runs"
+    )
+    headers = ["library", "tokens/s", "each run", "hooked speed-up", "peak RSS growth MiB", "hooked / it"]
+    print(table(headers, rows, title))
+    print("targets: hooked >= 1.5x SAELens and >= 1x eai-sparsify in tokens/s; peak memory <= theirs (ratio <= 1)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""`hooked.sae.evaluate`: the figures every dictionary user asks for, one row per dictionary.
+
+    table = hooked.sae.evaluate(model, [sae, transcoder], tokens)
+    table.to_pandas()          # or the rows themselves: table[0]["loss_recovered"]
+
+Over the real (non-padding) positions of `tokens`, each dictionary spliced alone (`model.run_with_saes`, no error
+term) into an otherwise clean forward:
+
+- `l0`: mean number of active features per token;
+- `fvu`: fraction of variance unexplained, sum ||y - y'||^2 / sum ||y - mean(y)||^2, with y the clean activation at the
+  point the dictionary writes, y' the dictionary's output there (a skip transcoder's skip term included);
+- `ce_clean`, `ce_spliced`, `ce_zero_ablated`: the model's mean next-token cross-entropy clean, with the dictionary's
+  output in place of the activation it writes, and with that activation zeroed;
+- `loss_recovered` = (ce_zero_ablated - ce_spliced) / (ce_zero_ablated - ce_clean): 1 is the clean model, 0 no better
+  than zeroing;
+- `dead_features`: active on no token; `dense_features`: active on more than `dense_threshold` (10%) of them.
+
+Cross-entropy is averaged over the positions whose token and next token are real, as `return_type="loss"` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from hooked.sae.dictionary import Dictionary
+
+if TYPE_CHECKING:
+    from hooked.models.base import HookedTransformer
+
+COLUMNS = (
+    "dictionary",
+    "hook_name",
+    "hook_name_out",
+    "d_sae",
+    "l0",
+    "fvu",
+    "ce_clean",
+    "ce_spliced",
+    "ce_zero_ablated",
+    "loss_recovered",
+    "dead_features",
+    "dense_features",
+    "n_tokens",
+)
+
+
+class EvaluationTable(list):
+    """A list of dict rows, one per dictionary (keys: `COLUMNS`), with the table forms SweepResult offers."""
+
+    def to_pandas(self):
+        """A pandas DataFrame, one row per dictionary (pandas is imported here; `pip install pandas`)."""
+        import pandas as pd
+
+        return pd.DataFrame(list(self), columns=list(COLUMNS))
+
+    def table(self):
+        """A pandas DataFrame, or the list of dict rows without pandas (as `SweepResult.table`)."""
+        try:
+            return self.to_pandas()
+        except ImportError:
+            return list(self)
+
+    def to_csv(self, path: str | Path) -> Path:
+        import csv
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=list(COLUMNS))
+            writer.writeheader()
+            writer.writerows(self)
+        return path
+
+
+def evaluate(
+    model: HookedTransformer,
+    dictionaries,  # a Dictionary or a list of them, checked below
+    tokens,
+    *,
+    attention_mask: Tensor | None = None,
+    batch_size: int = 32,
+    dense_threshold: float = 0.1,
+) -> EvaluationTable:
+    """L0, FVU, cross-entropy clean / spliced / zero-ablated, loss recovered, dead and dense features of each
+    dictionary on `tokens` (ids [batch pos], or texts); see the module docstring. `batch_size` rows per forward."""
+    if isinstance(dictionaries, Dictionary):
+        dictionaries = [dictionaries]
+    if not isinstance(dictionaries, Sequence) or not dictionaries:
+        raise TypeError("dictionaries= is a hooked.sae dictionary or a non-empty list of them")
+    for d in dictionaries:
+        if not isinstance(d, Dictionary):
+            raise TypeError(f"evaluate takes hooked.sae dictionaries (hooked.sae.load(...)), not {type(d).__name__}")
+        with model.saes([d]):  # every splice check (hook names, widths, dtype, processing), before any forward
+            pass
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size= is a positive int, not {batch_size!r}")
+    tokens, valid = model.tokens_and_mask(tokens, attention_mask, None)
+    valid = torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device) if valid is None else valid
+    stats = [_Stats(d) for d in dictionaries]
+    written = sorted({d.hook_name_out for d in dictionaries}, key=model.hook_names.index)
+    clean_loss = _Mean()
+    with torch.no_grad():
+        for start in range(0, tokens.shape[0], batch_size):
+            rows, mask = tokens[start : start + batch_size], valid[start : start + batch_size]
+            kwargs = dict(attention_mask=mask, return_type="loss", loss_per_token=True)
+            per_token, cache = model.run_with_cache(rows, names_filter=written, **kwargs)
+            pairs = mask[:, :-1] & mask[:, 1:]  # the positions whose loss counts
+            clean_loss.add(per_token, pairs)
+            for d, stat in zip(dictionaries, stats, strict=True):
+                point = d.hook_name_out
+                names = [f"{point}.hook_sae_acts_post", f"{point}.hook_sae_output"]
+                spliced, features = model.run_with_cache_with_saes(
+                    rows, saes=[d], use_error_term=False, names_filter=names, **kwargs
+                )
+                zeroed = model.run_with_hooks(rows, fwd_hooks=[(point, _zero)], **kwargs)
+                stat.add(cache[point], features[names[1]], features[names[0]], mask, spliced, zeroed, pairs)
+    return EvaluationTable(stat.row(clean_loss.value, dense_threshold) for stat in stats)
+
+
+def _zero(activation: Tensor, hook) -> Tensor:
+    return torch.zeros_like(activation)
+
+
+class _Mean:
+    """A running mean of per-token values over the positions a mask keeps (float64)."""
+
+    def __init__(self):
+        self.total, self.count = 0.0, 0
+
+    def add(self, values: Tensor, keep: Tensor) -> None:
+        self.total += float(values.double()[keep].sum())
+        self.count += int(keep.sum())
+
+    @property
+    def value(self) -> float:
+        return self.total / self.count if self.count else float("nan")
+
+
+class _Stats:
+    """One dictionary's running sums over the batches."""
+
+    def __init__(self, d: Dictionary):
+        self.d = d
+        self.active = torch.zeros(d.cfg.d_sae, dtype=torch.long)
+        self.n_tokens, self.l0 = 0, 0
+        self.squared_error = 0.0
+        self.sum = torch.zeros(d.cfg.d_out, dtype=torch.float64)
+        self.sum_squares = 0.0
+        self.spliced, self.zeroed = _Mean(), _Mean()
+
+    def add(self, target, output, acts, mask, spliced, zeroed, pairs) -> None:
+        y = target[mask].flatten(1).double()  # [tokens d_out] (attn.hook_z's heads flattened)
+        y_hat = output[mask].flatten(1).double()
+        active = acts[mask] > 0  # [tokens d_sae]
+        self.n_tokens += y.shape[0]
+        self.l0 += int(active.sum())
+        self.active += active.sum(0).cpu()
+        self.squared_error += float((y - y_hat).pow(2).sum())
+        self.sum += y.sum(0).cpu()
+        self.sum_squares += float(y.pow(2).sum())
+        self.spliced.add(spliced, pairs)
+        self.zeroed.add(zeroed, pairs)
+
+    def row(self, clean: float, dense_threshold: float) -> dict:
+        d, n = self.d, self.n_tokens
+        variance = self.sum_squares - float(self.sum.pow(2).sum()) / n  # sum ||y - mean||^2
+        spliced, zeroed = self.spliced.value, self.zeroed.value
+        return {
+            "dictionary": d.extra_repr(),
+            "hook_name": d.hook_name,
+            "hook_name_out": d.cfg.hook_name_out,
+            "d_sae": d.cfg.d_sae,
+            "l0": self.l0 / n,
+            "fvu": self.squared_error / variance if variance > 0 else float("nan"),
+            "ce_clean": clean,
+            "ce_spliced": spliced,
+            "ce_zero_ablated": zeroed,
+            "loss_recovered": (zeroed - spliced) / (zeroed - clean) if zeroed != clean else float("nan"),
+            "dead_features": int((self.active == 0).sum()),
+            "dense_features": int((self.active > dense_threshold * n).sum()),
+            "n_tokens": n,
+        }

@@ -1,0 +1,1106 @@
+"""`hooked.sae.train`: sparse dictionaries trained on activations streamed from a `hooked` model's own forward.
+
+    sae = hooked.sae.train(model, texts, hook_name="blocks.2.hook_resid_post", architecture="topk", d_sae=1024, k=16)
+    tc = hooked.sae.train(model, tokens, hook_name="blocks.1.mlp.hook_in", hook_name_out="blocks.1.hook_mlp_out",
+                          architecture="jumprelu", d_sae=512, n_tokens=2_000_000)
+
+What happens, in order (the names are this file's):
+
+1. **Tokens** (`token_rows`): a token tensor ([n pos] rows used as they are, or a [n] stream), a list of texts, a
+   local .txt (a text per line) or .jsonl ({"text": ...} per line) file, or any iterable of texts or {"text": ...}
+   records. Texts are tokenized with the model's tokenizer, joined with a separator (BOS, else EOS) and cut into
+   rows of `context_size`, each starting with BOS when the model prepends one (SAELens'
+   `concat_and_batch_sequences`).
+2. **Activations** (`ActivationStream`): a forward per batch of rows under `torch.no_grad`, stopping after the
+   last block any dictionary reads (`stop_at_layer`); hooks copy each point into a small buffer, which is shuffled
+   (the same permutation for every point, so a transcoder's input and target stay paired) and half of it handed
+   out per refill, as SAELens' mixing buffer. Every dictionary sees the same batches: several are trained from one
+   pass (`dictionaries=[...]`, SAELens' multi-SAE runner), each exactly as it would be alone.
+3. **A step** (`Run.step`): the dictionary's loss (`DictionaryTrainer.forward`), Adam, the architecture's
+   constraint; the features that fired reset their count of steps since firing; a feature silent for more than
+   `dead_feature_window` steps is dead (TopK's AuxK loss trains it; `resample_dead=True` also re-initialises it).
+
+The losses, in SAELens 6.54's terms (`saes/standard_sae.py`, `topk_sae.py`, `batchtopk_sae.py`, `jumprelu_sae.py`;
+reconstruction = squared error summed over the output width, averaged over tokens, so coefficients carry over):
+
+- `standard`: ReLU; + l1_coefficient * sum_i f_i ||W_dec_i|| (the L1 weighted by decoder norms; rows are free).
+- `topk`: the k largest pre-activations, ReLU; decoder rows at unit norm (eai-sparsify 1.3.3 `sparse_coder.py`: the
+  gradient along each row removed before the step, rows renormalised after); + aux_coefficient * AuxK (the dead
+  features' top d_out/2 pre-activations reconstruct the residual, scaled by min(dead / (d_out/2), 1)). Trained
+  sparse: the encoder's backward and the decoder touch only the k chosen features per token (as eai-sparsify's
+  fused encoder), so a step costs one dense product, the encoder's.
+- `batchtopk`: the k * tokens largest activations of the whole batch; otherwise as `topk`. Its threshold, an
+  exponential average (rate 0.01) of the smallest activation kept, started at the first batch's, is saved as a
+  JumpReLU dictionary with that one threshold for every feature, as SAELens saves it.
+- `jumprelu`: relu(pre) * (pre > threshold), the threshold learnt through a straight-through estimator with a
+  rectangle kernel of width `bandwidth`; + l0_coefficient * L0 (the step function, same estimator); the threshold
+  kept >= 0. Decoder rows free (SAELens' JumpReLUTrainingSAE, "step" mode).
+
+Initialisation (SAELens' `initialize_weights`): decoder rows drawn uniformly, scaled to norm 0.1 (1 for the
+unit-norm architectures), the encoder its transpose (a transcoder's encoder drawn apart); b_dec at the mean of the
+first batch's targets (an SAE subtracts it from its input, SAELens' `apply_b_dec_to_input`), a transcoder's b_enc
+centring its pre-activations on that batch's mean input (eai-sparsify's trainer).
+
+A trainee is anything with the `DictionaryTrainer` surface (`points`, `initialize`, `parameters`, `forward`,
+`before_update`, `after_update`, `resample`, `export`): a cross-layer transcoder reading every layer plugs in as one
+more trainer whose `points` are all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hooked.hooks import EMBED_STAGE
+from hooked.sae.dictionary import Dictionary, DictionaryConfig
+from hooked.version import __version__
+
+if TYPE_CHECKING:
+    from hooked.models.base import HookedTransformer
+
+ARCHITECTURES = ("standard", "topk", "batchtopk", "jumprelu")
+JUMPRELU_BANDWIDTH = 0.05  # SAELens' jumprelu_bandwidth
+JUMPRELU_INIT_THRESHOLD = 0.01  # SAELens' jumprelu_init_threshold
+BATCHTOPK_THRESHOLD_RATE = 0.01  # SAELens' topk_threshold_lr
+DECODER_INIT_NORM = 0.1  # SAELens' decoder_init_norm (Anthropic's April 2024 update)
+RESAMPLE_ENCODER_SCALE = 0.2  # Anthropic's resampling: new encoder rows at 0.2 x the live rows' mean norm
+
+
+# ============================================================================= what to train
+@dataclass(frozen=True)
+class DictionarySpec:
+    """One dictionary's settings: `train`'s keywords, or one entry of its `dictionaries=` over them."""
+
+    hook_name: str
+    architecture: str
+    d_sae: int
+    k: float | None  # topk: features per token; batchtopk: their mean over a batch
+    hook_name_out: str | None  # set: a transcoder from hook_name to this point
+    skip: bool  # a transcoder's linear skip path, x W_skip^T
+    l1_coefficient: float  # standard
+    l0_coefficient: float  # jumprelu
+    aux_coefficient: float  # topk, batchtopk: AuxK
+    lr: float | None  # None: 2e-4 / sqrt(d_sae / 2**14), eai-sparsify's rule for Adam
+    dead_feature_window: int  # steps without firing after which a feature counts as dead
+    resample_dead: bool
+    seed: int  # initialisation and resampling
+
+    @property
+    def points(self) -> tuple[str, ...]:
+        return (self.hook_name,) if self.hook_name_out is None else (self.hook_name, self.hook_name_out)
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else 2e-4 / math.sqrt(self.d_sae / 2**14)
+
+    def label(self) -> str:
+        where = self.hook_name if self.hook_name_out is None else f"{self.hook_name}-{self.hook_name_out}"
+        return f"{where}-{self.architecture}-{self.d_sae}"
+
+
+DICTIONARY_OPTIONS = tuple(f.name for f in fields(DictionarySpec))
+
+
+def train(
+    model: HookedTransformer,
+    data,
+    *,
+    hook_name: str | None = None,
+    architecture: str = "topk",
+    d_sae: int | None = None,
+    k: float | None = None,
+    hook_name_out: str | None = None,
+    skip: bool = False,
+    l1_coefficient: float = 1.0,
+    l0_coefficient: float = 1.0,
+    aux_coefficient: float = 1.0,
+    lr: float | None = None,
+    batch_tokens: int = 4096,
+    n_tokens: int | None = None,
+    context_size: int | None = None,
+    prepend_bos: bool | None = None,
+    dictionaries: Sequence[dict[str, Any]] | None = None,
+    dead_feature_window: int = 1000,
+    resample_dead: bool = False,
+    buffer_batches: int = 8,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int | None = None,
+    progress: bool = True,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Dictionary | list[Dictionary]:
+    """Train a sparse dictionary (or several, from one pass) on `model`'s activations; see the module docstring.
+
+    `data`: token ids, texts, a .txt / .jsonl path or an iterable of {"text": ...}. `n_tokens` (default: one pass
+    over the data, which is cycled when it holds fewer) tokens in batches of `batch_tokens`, rows of `context_size`
+    (default min(128, the model's context)). `dictionaries=[{"hook_name": ..., "d_sae": ..., ...}, ...]` trains one
+    dictionary per entry, each entry overriding the keywords above it; a list comes back, in that order.
+    `checkpoint_dir` gets the final dictionaries (`final_<tokens>/`) and, every `checkpoint_every` tokens, one
+    `<tokens>/` each, in SAELens' format (cfg.json + sae_weights.safetensors; a subfolder per dictionary when there
+    are several). The config records the model's weight processing and where the dictionary reads.
+    """
+    defaults = dict(
+        hook_name=hook_name,
+        architecture=architecture,
+        d_sae=d_sae,
+        k=k,
+        hook_name_out=hook_name_out,
+        skip=skip,
+        l1_coefficient=l1_coefficient,
+        l0_coefficient=l0_coefficient,
+        aux_coefficient=aux_coefficient,
+        lr=lr,
+        dead_feature_window=dead_feature_window,
+        resample_dead=resample_dead,
+        seed=seed,
+    )
+    if dictionaries is not None and (isinstance(dictionaries, dict) or not isinstance(dictionaries, Sequence)):
+        raise TypeError(f"dictionaries= is a list of dicts of settings, not {type(dictionaries).__name__}")
+    if dictionaries is not None and not dictionaries:
+        raise ValueError("dictionaries= is empty: give one dict of settings per dictionary to train")
+    specs = [_spec(model, defaults, overrides, index) for index, overrides in enumerate(dictionaries or [{}])]
+    _check_positive("batch_tokens", batch_tokens)
+    _check_positive("buffer_batches", buffer_batches)
+    if n_tokens is not None:
+        _check_positive("n_tokens", n_tokens)
+    if checkpoint_every is not None:
+        _check_positive("checkpoint_every", checkpoint_every)
+        if checkpoint_dir is None:
+            raise ValueError("checkpoint_every= needs checkpoint_dir=, the folder the checkpoints go to")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype= is a floating torch dtype (torch.float32), not {dtype!r}")
+    device = torch.device(device) if device is not None else model.device
+    if checkpoint_dir is not None:
+        for spec in specs:
+            _check_saveable(spec)
+    prepend_bos = model.default_prepend_bos if prepend_bos is None else bool(prepend_bos)
+    rows = token_rows(model, data, context_size, prepend_bos)
+
+    runs = [Run(spec, model, rows, device, dtype) for spec in specs]
+    stream = ActivationStream(
+        model, rows, sorted({p for spec in specs for p in spec.points}, key=model.hook_names.index), batch_tokens,
+        buffer_batches, seed, device, dtype,
+    )  # fmt: skip
+    directory = None if checkpoint_dir is None else Path(checkpoint_dir)
+    bar = _progress_bar(n_tokens, progress)
+    seen, next_checkpoint = 0, checkpoint_every
+    try:
+        for batch in stream.batches(repeat=n_tokens is not None):
+            if n_tokens is not None and seen + _rows(batch) > n_tokens:
+                batch = {name: activation[: n_tokens - seen] for name, activation in batch.items()}
+            metrics = [run.step(batch) for run in runs]
+            seen += _rows(batch)
+            if bar is not None:
+                bar.update(_rows(batch))
+                if runs[0].steps % 10 == 1:
+                    bar.set_postfix_str(_describe(metrics))
+            if next_checkpoint is not None and seen >= next_checkpoint:
+                _checkpoint(runs, directory, str(seen))
+                next_checkpoint += checkpoint_every * ((seen - next_checkpoint) // checkpoint_every + 1)
+            if n_tokens is not None and seen >= n_tokens:
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+    if seen == 0:
+        raise ValueError(f"the data gave no row of context_size={rows.context_size} tokens to train on")
+    if n_tokens is not None and seen < n_tokens:
+        warnings.warn(
+            f"the data ran out after {seen} of n_tokens={n_tokens} tokens (it can be read only once)", stacklevel=2
+        )
+    if directory is not None:
+        _checkpoint(runs, directory, f"final_{seen}")
+    trained = [run.result() for run in runs]
+    return trained if dictionaries is not None else trained[0]
+
+
+def _spec(model: HookedTransformer, defaults: dict, overrides: dict, index: int) -> DictionarySpec:
+    """The settings of one dictionary, checked against the model before anything runs."""
+    where = "" if not overrides else f"dictionaries[{index}]: "
+    if not isinstance(overrides, dict):
+        raise TypeError(f"{where}each entry of dictionaries= is a dict of settings, not {type(overrides).__name__}")
+    unknown = sorted(set(overrides) - set(DICTIONARY_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"{where}unknown setting(s) {unknown}; a dictionary's settings are {', '.join(DICTIONARY_OPTIONS)}"
+            " (the data, batch and checkpoint keywords are train()'s own)"
+        )
+    values = {**defaults, **overrides}
+    if values["hook_name"] is None:
+        raise ValueError(
+            f"{where}hook_name= is needed: the point the dictionary reads, e.g. 'blocks.1.hook_resid_post'"
+        )
+    for name in ("hook_name", "hook_name_out"):
+        if values[name] is not None:
+            values[name] = _hook_point(model, values[name], f"{where}{name}")
+    architecture = values["architecture"]
+    if architecture not in ARCHITECTURES:
+        raise ValueError(
+            f"{where}architecture {architecture!r} cannot be trained; choose one of {', '.join(ARCHITECTURES)}"
+            " (a transcoder is one of them with hook_name_out=)"
+        )
+    d_sae = values["d_sae"]
+    if isinstance(d_sae, bool) or not isinstance(d_sae, int) or d_sae < 1:
+        raise ValueError(f"{where}d_sae= is the number of features, a positive int, not {d_sae!r}")
+    k = values["k"]
+    if architecture == "topk" and (isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= d_sae):
+        raise ValueError(f"{where}a topk dictionary needs k=, an int in 1..d_sae ({d_sae}), not {k!r}")
+    if architecture == "batchtopk" and (isinstance(k, bool) or not isinstance(k, int | float) or not 0 < k <= d_sae):
+        raise ValueError(f"{where}a batchtopk dictionary needs k=, the mean features per token in (0, {d_sae}]")
+    if architecture in ("standard", "jumprelu") and k is not None:
+        raise ValueError(f"{where}k={k} is for topk and batchtopk; {architecture} sets its sparsity by a coefficient")
+    if values["skip"] and values["hook_name_out"] is None:
+        raise ValueError(f"{where}skip=True is a transcoder's linear path: give hook_name_out= too")
+    out = values["hook_name_out"]
+    if out is not None and model.hook_names.index(values["hook_name"]) >= model.hook_names.index(out):
+        raise ValueError(
+            f"{where}a transcoder reads a point before the one it writes; {values['hook_name']} does not come before"
+            f" {out} (e.g. blocks.1.mlp.hook_in -> blocks.1.hook_mlp_out)"
+        )
+    _check_positive(f"{where}dead_feature_window", values["dead_feature_window"])
+    for name in ("l1_coefficient", "l0_coefficient", "aux_coefficient"):
+        if not isinstance(values[name], int | float) or values[name] < 0:
+            raise ValueError(f"{where}{name}= is a number >= 0, not {values[name]!r}")
+    if values["lr"] is not None and (not isinstance(values["lr"], int | float) or values["lr"] <= 0):
+        raise ValueError(f"{where}lr= is a positive number (or None for the width's default), not {values['lr']!r}")
+    for name in points_of(values):
+        _width(model, name, where)
+    return DictionarySpec(**values)
+
+
+def points_of(values: dict) -> list[str]:
+    return [values["hook_name"]] + ([values["hook_name_out"]] if values["hook_name_out"] is not None else [])
+
+
+def _hook_point(model: HookedTransformer, name: str, what: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"{what}= is a hook name (str), not {type(name).__name__}")
+    try:
+        return model._check_name(name)
+    except KeyError as error:
+        raise KeyError(f"{what}: {error.args[0]}") from None
+
+
+def _width(model: HookedTransformer, name: str, where: str = "") -> tuple[int, bool]:
+    """The vector width a dictionary at `name` reads or writes, and whether it flattens heads (attn.hook_z)."""
+    shape = model.hook_shapes(batch=1, pos=1)[name][2:]
+    if len(shape) == 1:
+        return shape[0], False
+    if len(shape) == 2 and name.endswith("hook_z"):
+        return shape[0] * shape[1], True
+    raise ValueError(
+        f"{where}{name} is [batch pos {' '.join(map(str, shape))}]; a dictionary reads one vector per position"
+        " (a residual stream, an MLP's input or output, attn.hook_z)"
+    )
+
+
+def _check_positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}= is a positive int, not {value!r}")
+
+
+# ============================================================================= tokens
+@dataclass
+class TokenRows:
+    """Rows of `context_size` token ids drawn from the data; iterable again when the data is (`reusable`)."""
+
+    documents: Callable[[], Iterator[list[int] | Tensor]]  # each call starts the data over
+    context_size: int
+    prepend_bos: bool
+    bos: int | None
+    separator: int | None  # put between two documents of a stream
+    as_rows: bool  # the data is already rows [n context_size]: use them as they are
+    reusable: bool
+    description: str  # what the config records as the data (a path, "texts", "tokens")
+
+    def batches(self, rows_per_batch: int, repeat: bool) -> Iterator[Tensor]:
+        """[rows_per_batch context_size] batches (the last may be shorter), the data cycled when `repeat`."""
+        while True:
+            pending: list[Tensor] = []
+            produced = 0
+            for row in self._rows():
+                pending.append(row)
+                produced += 1
+                if len(pending) == rows_per_batch:
+                    yield torch.stack(pending)
+                    pending = []
+            if pending:
+                yield torch.stack(pending)
+            if not (repeat and self.reusable and produced):
+                return
+
+    def _rows(self) -> Iterator[Tensor]:
+        if self.as_rows:
+            yield from self.documents()
+            return
+        body = self.context_size - (1 if self.prepend_bos else 0)
+        head = [self.bos] if self.prepend_bos else []
+        buffer: list[int] = []
+        for index, document in enumerate(self.documents()):
+            ids = document.tolist() if isinstance(document, Tensor) else document
+            if index > 0 and self.separator is not None and buffer:
+                buffer.append(self.separator)
+            buffer.extend(ids)
+            while len(buffer) >= body:
+                yield torch.tensor(head + buffer[:body], dtype=torch.long)
+                del buffer[:body]
+
+
+def token_rows(model: HookedTransformer, data, context_size: int | None, prepend_bos: bool) -> TokenRows:
+    """The rows `data` gives, checked before any forward runs (see the module docstring for what `data` may be)."""
+    limit = getattr(model, "max_positions", None)
+    if context_size is not None:
+        _check_positive("context_size", context_size)
+        if limit is not None and context_size > limit:
+            raise ValueError(f"context_size={context_size}, but this model has only {limit} positions")
+    tokenizer = getattr(model, "tokenizer", None)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(data, Tensor):
+        return _tensor_rows(model, data, context_size, prepend_bos, bos, eos, limit)
+    if isinstance(data, str | Path):
+        path = Path(data)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"data={str(data)[:60]!r} is not a file; give a .txt (a text per line) or .jsonl ({{'text': ...}} per"
+                " line) path, a list of texts (one text too: data=[text]) or token ids"
+            )
+        if path.suffix not in (".txt", ".jsonl"):
+            raise ValueError(
+                f"data={str(data)!r}: a file is .txt (a text per line) or .jsonl ({{'text': ...}} per line)"
+            )
+        texts: Callable[[], Iterator[str]] = (lambda: _jsonl_texts(path)) if path.suffix == ".jsonl" else (
+            lambda: _text_lines(path)
+        )  # fmt: skip
+        reusable, description = True, str(path)
+    elif isinstance(data, Iterable):
+        if isinstance(data, dict):
+            raise TypeError("data= is a dict; give a list of texts, a list of {'text': ...} records or token ids")
+        one_shot = iter(data) is data
+        if not one_shot and isinstance(data, Sequence) and not data:
+            raise ValueError("data= is empty: give texts or token ids to train on")
+        if isinstance(data, Sequence) and not isinstance(data[0], str | dict):
+            raise TypeError(
+                f"data= holds {type(data[0]).__name__}; give texts, {{'text': ...}} records, a token tensor or a path"
+            )
+        texts = lambda: _record_texts(data)  # noqa: E731  (a one-shot iterator is read once: reusable=False)
+        reusable, description = not one_shot, "texts"
+    else:
+        raise TypeError(
+            f"data= cannot be a {type(data).__name__}: give token ids, a list of texts, a .txt / .jsonl path or an"
+            " iterable of {'text': ...}"
+        )
+    if tokenizer is None:
+        raise ValueError("texts need the model's tokenizer, and this model has none; pass token ids instead")
+    if prepend_bos and bos is None:
+        raise ValueError("prepend_bos=True, but this tokenizer has no BOS token; pass prepend_bos=False")
+    context_size = context_size or min(128, limit or 128)
+    encode = _encoder(tokenizer)
+    return TokenRows(
+        lambda: _tokenized(texts(), encode), context_size, prepend_bos, bos, bos if bos is not None else eos, False,
+        reusable, description,
+    )  # fmt: skip
+
+
+def _tensor_rows(model, data: Tensor, context_size, prepend_bos, bos, eos, limit) -> TokenRows:
+    if data.dtype.is_floating_point or data.dtype == torch.bool or data.ndim not in (1, 2) or data.numel() == 0:
+        raise ValueError(
+            f"token ids are an integer tensor [n pos] (rows used as they are) or [n] (a stream cut into rows), not"
+            f" {data.dtype} of shape {tuple(data.shape)}"
+        )
+    low, high = (int(v) for v in torch.aminmax(data))
+    if low < 0 or high >= model.cfg.d_vocab:
+        raise ValueError(
+            f"token id {high if low >= 0 else low} is outside this model's vocabulary (0..{model.cfg.d_vocab - 1})"
+        )
+    data = data.to("cpu", torch.long)
+    if data.ndim == 2:
+        if context_size is not None and context_size != data.shape[1]:
+            raise ValueError(
+                f"the token rows are {data.shape[1]} long but context_size={context_size}; rows are used as they"
+                " are (flatten them into a stream, tokens.reshape(-1), to cut other rows)"
+            )
+        if limit is not None and data.shape[1] > limit:
+            raise ValueError(f"the token rows are {data.shape[1]} long, but this model has only {limit} positions")
+        return TokenRows(lambda: iter(data), data.shape[1], False, None, None, True, True, "tokens")
+    if prepend_bos and bos is None:
+        raise ValueError("prepend_bos=True, but this model's tokenizer has no BOS token; pass prepend_bos=False")
+    size = context_size or min(128, limit or 128)
+    return TokenRows(lambda: iter([data]), size, prepend_bos, bos, None, False, True, "tokens")
+
+
+def _encoder(tokenizer) -> Callable[[list[str]], list[list[int]]]:
+    """Texts -> ids without special tokens, batched when the tokenizer is `tokenizers`' (hooked's own)."""
+    fast = getattr(tokenizer, "tokenizer", None)
+    if fast is not None and hasattr(fast, "encode_batch"):
+        return lambda texts: [e.ids for e in fast.encode_batch(texts, add_special_tokens=False)]
+    return lambda texts: [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+
+
+def _tokenized(texts: Iterator[str], encode, chunk: int = 256) -> Iterator[list[int]]:
+    pending: list[str] = []
+    for text in texts:
+        pending.append(text)
+        if len(pending) == chunk:
+            yield from encode(pending)
+            pending = []
+    if pending:
+        yield from encode(pending)
+
+
+def _record_texts(data: Iterable) -> Iterator[str]:
+    for index, record in enumerate(data):
+        if isinstance(record, dict):
+            if "text" not in record:
+                raise ValueError(f"data record {index} has no 'text' field (it has {sorted(record)[:5]})")
+            record = record["text"]
+        if not isinstance(record, str):
+            raise TypeError(f"data item {index} is a {type(record).__name__}, not a text or a {{'text': ...}} record")
+        yield record
+
+
+def _text_lines(path: Path) -> Iterator[str]:
+    with path.open(encoding="utf-8") as file:
+        for line in file:
+            line = line.rstrip("\n")
+            if line:
+                yield line
+
+
+def _jsonl_texts(path: Path) -> Iterator[str]:
+    with path.open(encoding="utf-8") as file:
+        for number, line in enumerate(file, 1):
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"{path}:{number} is not JSON ({error.msg})") from None
+                yield from _record_texts([record])
+
+
+# ============================================================================= activations
+class ActivationStream:
+    """Batches {hook name: [tokens width]} of `points`, from the model's forward, shuffled in a small buffer.
+
+    The buffer holds `buffer_batches` training batches; each time it is full, a seeded permutation (the same for
+    every point) hands out half of it and keeps the rest to mix with the next forwards. Only the rows and the seed
+    decide the batches, not which dictionaries read them."""
+
+    def __init__(
+        self,
+        model: HookedTransformer,
+        rows: TokenRows,
+        points: list[str],
+        batch_tokens: int,
+        buffer_batches: int,
+        seed: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        self.model, self.rows, self.points = model, rows, points
+        self.batch_tokens, self.buffer_batches = batch_tokens, buffer_batches
+        self.seed, self.device, self.dtype = seed, device, dtype
+        self.widths = {name: _width(model, name)[0] for name in points}
+        stages = [model.hook_dict[name].stage for name in points]
+        last = max(stages)
+        # stop after the block of the last point read: EMBED_STAGE -> no block; the final norm -> the whole forward
+        self.stop_at_layer = (
+            0 if last == EMBED_STAGE else (None if last is None or last >= 2 * model.cfg.n_layers else last // 2 + 1)
+        )
+        if getattr(model, "tensor_parallel", False):
+            self.stop_at_layer = None
+
+    def batches(self, repeat: bool) -> Iterator[dict[str, Tensor]]:
+        rows_per_forward = max(1, math.ceil(self.batch_tokens / self.rows.context_size))
+        per_forward = rows_per_forward * self.rows.context_size
+        capacity = max(self.buffer_batches * self.batch_tokens, 2 * self.batch_tokens)
+        buffers = {
+            name: torch.empty(capacity + per_forward, width, device=self.device, dtype=self.dtype)
+            for name, width in self.widths.items()
+        }
+        generator = torch.Generator().manual_seed(self.seed)
+        filled = 0
+        for tokens in self.rows.batches(rows_per_forward, repeat):
+            filled += self._collect(tokens, buffers, filled)
+            if filled >= capacity:
+                order = torch.randperm(filled, generator=generator).to(self.device)
+                handed = (filled // 2 // self.batch_tokens) * self.batch_tokens
+                for start in range(0, handed, self.batch_tokens):
+                    chosen = order[start : start + self.batch_tokens]
+                    yield {name: buffer[chosen] for name, buffer in buffers.items()}
+                kept = order[handed:]
+                for buffer in buffers.values():
+                    buffer[: len(kept)] = buffer[kept]
+                filled = len(kept)
+        if filled:  # the data ended: what is left, shuffled
+            order = torch.randperm(filled, generator=generator).to(self.device)
+            for start in range(0, filled, self.batch_tokens):
+                chosen = order[start : start + self.batch_tokens]
+                yield {name: buffer[chosen] for name, buffer in buffers.items()}
+
+    def _collect(self, tokens: Tensor, buffers: dict[str, Tensor], at: int) -> int:
+        """Run the forward on `tokens` [rows pos], copying each point into its buffer from row `at`; the count."""
+        n = tokens.numel()
+
+        def keep(activation: Tensor, hook) -> None:
+            buffers[hook.name][at : at + n].copy_(activation.reshape(n, -1))
+
+        tokens = tokens.to(self.model.device)
+        mask = torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)  # real tokens, BOS ids included
+        with torch.no_grad(), self.model.hooks(fwd_hooks=[(self.points, keep)]):
+            self.model(tokens, attention_mask=mask, return_type=None, stop_at_layer=self.stop_at_layer)
+        return n
+
+
+def _rows(batch: dict[str, Tensor]) -> int:
+    return next(iter(batch.values())).shape[0]
+
+
+# ============================================================================= one dictionary's training
+@dataclass
+class StepResult:
+    """What one dictionary's forward on a batch gives the training loop."""
+
+    loss: Tensor  # the total, to backpropagate
+    parts: dict[str, Tensor]  # mse, l1 / l0 / auxk
+    fired: Tensor  # [d_sae] bool: the features active on some token
+    l0: Tensor  # mean active features per token
+    recons: Tensor  # [tokens d_out], detached
+
+
+class DictionaryTrainer:
+    """How an SAE or a transcoder learns: the surface the training loop drives (see the module docstring).
+
+    Subclasses give the architecture: `encode_for_training` (features and their sparsity penalty) and what the
+    decoder's rows are held to."""
+
+    unit_norm_decoder = False
+    dictionary_architecture = "standard"
+
+    def __init__(self, spec: DictionarySpec, cfg: DictionaryConfig, generator: torch.Generator):
+        self.spec, self.generator = spec, generator
+        self.dictionary = Dictionary(cfg, skip=spec.skip)
+        self._initialize_weights()
+
+    @property
+    def points(self) -> tuple[str, ...]:
+        return self.spec.points
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        d = self.dictionary
+        return [d.W_enc, d.b_enc, d.W_dec, d.b_dec] + ([d.W_skip] if d.W_skip is not None else []) + self._extra()
+
+    def _extra(self) -> list[torch.nn.Parameter]:
+        return []
+
+    # ----------------------------------------------------------------- initialisation
+    @torch.no_grad()
+    def _initialize_weights(self) -> None:
+        d, cfg = self.dictionary, self.dictionary.cfg
+        norm = 1.0 if self.unit_norm_decoder else DECODER_INIT_NORM
+        W_dec = self._uniform(cfg.d_sae, cfg.d_out)
+        d.W_dec.copy_(W_dec / W_dec.norm(dim=-1, keepdim=True) * norm)
+        if cfg.is_transcoder:
+            W_enc = self._uniform(cfg.d_sae, cfg.d_in)
+            d.W_enc.copy_((W_enc / W_enc.norm(dim=-1, keepdim=True) * norm).T)
+        else:
+            d.W_enc.copy_(d.W_dec.T)
+
+    def _uniform(self, *shape: int) -> Tensor:
+        return torch.rand(shape, generator=self.generator).mul_(2).sub_(1).to(self.dictionary.dtype)
+
+    @torch.no_grad()
+    def initialize(self, batch: dict[str, Tensor]) -> None:
+        """Data-dependent initialisation from the first batch: b_dec at the targets' mean (a transcoder's b_enc
+        centres its pre-activations on the inputs' mean)."""
+        x, y = self.inputs(batch)
+        d = self.dictionary
+        d.b_dec.copy_(y.mean(0))
+        if d.cfg.is_transcoder:
+            d.b_enc.copy_(-(x.mean(0) @ d.W_enc))
+
+    def inputs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        x = batch[self.spec.hook_name]
+        return x, (batch[self.spec.hook_name_out] if self.spec.hook_name_out is not None else x)
+
+    # ----------------------------------------------------------------- a step
+    def encoder_input(self, x: Tensor) -> Tensor:
+        d = self.dictionary
+        return x - d.b_dec if d.cfg.apply_b_dec_to_input else x
+
+    def forward(self, batch: dict[str, Tensor], dead: Tensor | None) -> StepResult:
+        x, y = self.inputs(batch)
+        d = self.dictionary
+        acts, pre, penalty = self.encode_for_training(self.encoder_input(x))
+        recons = acts @ d.W_dec + d.b_dec
+        if d.W_skip is not None:
+            recons = recons + x @ d.W_skip.T
+        mse = (recons - y).pow(2).sum(-1).mean()
+        parts = {"mse": mse, **penalty}
+        if dead is not None:
+            parts.update(self.dead_loss(x, y, recons, pre, dead))
+        active = acts > 0
+        return StepResult(sum(parts.values()), parts, active.any(0), active.sum(-1).float().mean(), recons.detach())
+
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """(features [tokens d_sae], pre-activations, sparsity terms) of the encoder input."""
+        raise NotImplementedError
+
+    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, pre: Tensor, dead: Tensor) -> dict[str, Tensor]:
+        return {}
+
+    def before_update(self) -> None:
+        if self.unit_norm_decoder:  # keep the step tangent to the unit sphere of each row (eai-sparsify)
+            W, grad = self.dictionary.W_dec, self.dictionary.W_dec.grad
+            if grad is not None:
+                grad -= (grad * W).sum(-1, keepdim=True) * W
+
+    @torch.no_grad()
+    def after_update(self) -> None:
+        if self.unit_norm_decoder:
+            W = self.dictionary.W_dec
+            W /= W.norm(dim=-1, keepdim=True) + torch.finfo(W.dtype).eps
+
+    # ----------------------------------------------------------------- dead features
+    @torch.no_grad()
+    def resample(self, features: Tensor, batch: dict[str, Tensor], recons: Tensor, optimizer) -> None:
+        """Re-initialise `features` (Anthropic's resampling, "Towards Monosemanticity"): each takes a token drawn
+        with probability proportional to its squared reconstruction error; the decoder row points along what is
+        left unexplained there (the input itself for an SAE), at the live rows' mean norm; the encoder reads the
+        token's input direction at 0.2 x the live encoder norm; b_enc 0; Adam's moments for them reset."""
+        x, y = self.inputs(batch)
+        d = self.dictionary
+        error = (y - recons).pow(2).sum(-1)
+        if float(error.sum()) <= 0:
+            return
+        tokens = torch.multinomial(error, len(features), replacement=True, generator=self.generator)
+        live = torch.ones(d.cfg.d_sae, dtype=torch.bool, device=d.device)
+        live[features] = False
+        enc_norm = d.W_enc[:, live].norm(dim=0).mean() if live.any() else torch.tensor(1.0)
+        dec_norm = d.W_dec[live].norm(dim=-1).mean() if live.any() else torch.tensor(1.0)
+        direction_out = (y - recons)[tokens] if d.cfg.is_transcoder else self.encoder_input(x)[tokens]
+        direction_in = self.encoder_input(x)[tokens]
+        d.W_dec[features] = direction_out / direction_out.norm(dim=-1, keepdim=True).clamp_min(1e-8) * dec_norm
+        scaled = direction_in / direction_in.norm(dim=-1, keepdim=True).clamp_min(1e-8)
+        d.W_enc[:, features] = (scaled * enc_norm * RESAMPLE_ENCODER_SCALE).T
+        d.b_enc[features] = 0.0
+        self._resampled(features)
+        for parameter, index in ((d.W_dec, (features,)), (d.W_enc, (slice(None), features)), (d.b_enc, (features,))):
+            state = optimizer.state.get(parameter, {})
+            for moment in ("exp_avg", "exp_avg_sq"):
+                if moment in state:
+                    state[moment][index] = 0.0
+
+    def _resampled(self, features: Tensor) -> None:
+        pass
+
+    # ----------------------------------------------------------------- the result
+    @torch.no_grad()
+    def export(self) -> Dictionary:
+        """The dictionary as it runs (and saves): a copy, detached from training."""
+        d = self.dictionary
+        cfg = replace(
+            d.cfg,
+            metadata=dict(d.cfg.metadata),
+            processing=None if d.cfg.processing is None else dict(d.cfg.processing),
+        )
+        out = Dictionary(cfg, skip=d.W_skip is not None)
+        out.load_state_dict(d.state_dict())
+        return out.eval()
+
+
+class StandardTrainer(DictionaryTrainer):
+    """ReLU with the L1 of the features weighted by their decoder norms (SAELens' StandardTrainingSAE)."""
+
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        d = self.dictionary
+        pre = x @ d.W_enc + d.b_enc
+        acts = F.relu(pre)
+        l1 = (acts * d.W_dec.norm(dim=-1)).sum(-1).mean()
+        return acts, pre, {"l1": self.spec.l1_coefficient * l1}
+
+
+class TopKTrainer(DictionaryTrainer):
+    """The k largest pre-activations per token, ReLU; unit-norm decoder rows; AuxK on the dead features."""
+
+    unit_norm_decoder = True
+    dictionary_architecture = "topk"
+
+    def forward(self, batch: dict[str, Tensor], dead: Tensor | None) -> StepResult:
+        x, y = self.inputs(batch)
+        d = self.dictionary
+        b_dec = d.b_dec if d.cfg.apply_b_dec_to_input else None
+        acts, indices, pre = TopKEncode.apply(x, b_dec, d.W_enc, d.b_enc, int(self.spec.k))
+        recons = F.embedding_bag(indices, d.W_dec, per_sample_weights=acts, mode="sum") + d.b_dec
+        if d.W_skip is not None:
+            recons = recons + x @ d.W_skip.T
+        parts = {"mse": (recons - y).pow(2).sum(-1).mean()}
+        if dead is not None:
+            parts.update(self.dead_loss(x, y, recons, pre, dead))
+        with torch.no_grad():
+            active = acts > 0
+            fired = torch.zeros(d.cfg.d_sae, dtype=torch.bool, device=d.device)
+            fired[indices[active]] = True
+        return StepResult(sum(parts.values()), parts, fired, active.sum(-1).float().mean(), recons.detach())
+
+    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, pre: Tensor, dead: Tensor) -> dict[str, Tensor]:
+        """AuxK (SAELens 6.54 `calculate_topk_aux_loss`, after eai-sparsify): the top d_out/2 dead features of each
+        token reconstruct what the live ones left, without b_dec; only the dead columns are computed."""
+        d = self.dictionary
+        dead_features = dead.nonzero().squeeze(-1)
+        k_aux = d.cfg.d_out // 2
+        scale = min(len(dead_features) / k_aux, 1.0)
+        k_aux = min(k_aux, len(dead_features))
+        pre_dead = self.encoder_input(x) @ d.W_enc[:, dead_features] + d.b_enc[dead_features]
+        values, chosen = pre_dead.topk(k_aux, dim=-1, sorted=False)
+        residual = (y - recons).detach()
+        predicted = F.embedding_bag(dead_features[chosen], d.W_dec, per_sample_weights=values, mode="sum")
+        return {"auxk": self.spec.aux_coefficient * scale * (predicted - residual).pow(2).sum(-1).mean()}
+
+
+class BatchTopKTrainer(TopKTrainer):
+    """The k x tokens largest activations of the batch (SAELens' BatchTopKTrainingSAE); saved as JumpReLU with the
+    running threshold for every feature."""
+
+    dictionary_architecture = "jumprelu"
+
+    def __init__(self, spec: DictionarySpec, cfg: DictionaryConfig, generator: torch.Generator):
+        super().__init__(spec, cfg, generator)
+        self.threshold: float | None = None  # float64 running minimum of the kept activations
+
+    def forward(self, batch: dict[str, Tensor], dead: Tensor | None) -> StepResult:
+        return DictionaryTrainer.forward(self, batch, dead)
+
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        d = self.dictionary
+        pre = x @ d.W_enc + d.b_enc
+        acts = F.relu(pre)
+        flat = acts.flatten()
+        values, indices = flat.topk(min(flat.numel(), int(self.spec.k * acts.shape[0])), sorted=False)
+        kept = torch.zeros_like(flat).scatter(0, indices, values).view_as(acts)
+        with torch.no_grad():
+            positive = values[values > 0]
+            if positive.numel():
+                smallest = float(positive.min())
+                rate = BATCHTOPK_THRESHOLD_RATE
+                self.threshold = smallest if self.threshold is None else (1 - rate) * self.threshold + rate * smallest
+        return kept, pre, {}
+
+    @torch.no_grad()
+    def export(self) -> Dictionary:
+        out = super().export()
+        out.threshold.fill_(self.threshold or 0.0)
+        return out
+
+
+class JumpReLUTrainer(DictionaryTrainer):
+    """relu(pre) * (pre > threshold), threshold learnt by a straight-through estimator; L0 penalty (SAELens'
+    JumpReLUTrainingSAE, "step" mode)."""
+
+    dictionary_architecture = "jumprelu"
+
+    def __init__(self, spec: DictionarySpec, cfg: DictionaryConfig, generator: torch.Generator):
+        super().__init__(spec, cfg, generator)
+        with torch.no_grad():
+            self.dictionary.threshold.fill_(JUMPRELU_INIT_THRESHOLD)
+
+    def _extra(self) -> list[torch.nn.Parameter]:
+        return [self.dictionary.threshold]
+
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        d = self.dictionary
+        with torch.no_grad():  # kept >= 0, projected rather than clamped in the graph (SAELens)
+            d.threshold.clamp_(min=0.0)
+        pre = x @ d.W_enc + d.b_enc
+        acts = JumpReLU.apply(pre, d.threshold, JUMPRELU_BANDWIDTH)
+        l0 = StepFunction.apply(pre, d.threshold, JUMPRELU_BANDWIDTH).sum(-1).mean()
+        return acts, pre, {"l0": self.spec.l0_coefficient * l0}
+
+    def _resampled(self, features: Tensor) -> None:
+        self.dictionary.threshold[features] = JUMPRELU_INIT_THRESHOLD
+
+
+TRAINERS: dict[str, type[DictionaryTrainer]] = {
+    "standard": StandardTrainer,
+    "topk": TopKTrainer,
+    "batchtopk": BatchTopKTrainer,
+    "jumprelu": JumpReLUTrainer,
+}
+
+
+# ============================================================================= autograd pieces
+class TopKEncode(torch.autograd.Function):
+    """(relu of the k largest pre-activations [tokens k], their feature indices, every pre-activation) of
+    x - b_dec, with a backward that touches only the chosen features: W_enc's gradient is a sparse [d_sae tokens]
+    product, b_enc's and b_dec's per-feature sums (after eai-sparsify 1.3.3 `fused_encoder.py`, whose index_add
+    the sparse product replaces). The pre-activations come back without gradient (AuxK recomputes its columns)."""
+
+    @staticmethod
+    def forward(ctx, x, b_dec, W_enc, b_enc, k):
+        centred = x - b_dec if b_dec is not None else x
+        pre = torch.addmm(b_enc, centred, W_enc)
+        values, indices = pre.topk(k, dim=-1, sorted=False)
+        acts = values.relu_()
+        ctx.save_for_backward(centred, W_enc, indices, acts)
+        ctx.has_b_dec = b_dec is not None
+        ctx.mark_non_differentiable(indices, pre)
+        return acts, indices, pre
+
+    @staticmethod
+    def backward(ctx, grad_acts, grad_indices, grad_pre):
+        centred, W_enc, indices, acts = ctx.saved_tensors
+        n, k = indices.shape
+        d_sae = W_enc.shape[1]
+        grad = (grad_acts * (acts > 0)).reshape(-1)
+        features = indices.reshape(-1)
+        tokens = torch.arange(n, device=indices.device).repeat_interleave(k)
+        by_feature = torch.sparse_coo_tensor(torch.stack([features, tokens]), grad, (d_sae, n), check_invariants=False)
+        grad_W_enc = torch.sparse.mm(by_feature, centred).T  # [d_in d_sae]
+        grad_b_enc = torch.zeros(d_sae, dtype=grad.dtype, device=grad.device).index_add_(0, features, grad)
+        grad_b_dec = -(W_enc @ grad_b_enc) if ctx.has_b_dec else None
+        return None, grad_b_dec, grad_W_enc, grad_b_enc, None
+
+
+def _rectangle(x: Tensor) -> Tensor:
+    return ((x > -0.5) & (x < 0.5)).to(x)
+
+
+class JumpReLU(torch.autograd.Function):
+    """relu(x) * (x > threshold); the threshold's gradient through a rectangle kernel of width `bandwidth`
+    (SAELens 6.54 `jumprelu_sae.py`, with jumprelu_ste_to_input=False)."""
+
+    @staticmethod
+    def forward(ctx, x, threshold, bandwidth):
+        ctx.save_for_backward(x, threshold)
+        ctx.bandwidth = bandwidth
+        return x * (x > threshold)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, threshold = ctx.saved_tensors
+        bandwidth = ctx.bandwidth
+        ste = (threshold / bandwidth) * _rectangle((x - threshold) / bandwidth) * grad_output
+        return (x > threshold) * grad_output, -ste.sum(0), None
+
+
+class StepFunction(torch.autograd.Function):
+    """The step function (x > threshold) with the same estimator for the threshold (SAELens' `Step`)."""
+
+    @staticmethod
+    def forward(ctx, x, threshold, bandwidth):
+        ctx.save_for_backward(x, threshold)
+        ctx.bandwidth = bandwidth
+        return (x > threshold).to(x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, threshold = ctx.saved_tensors
+        bandwidth = ctx.bandwidth
+        ste = (1.0 / bandwidth) * _rectangle((x - threshold) / bandwidth) * grad_output
+        return None, -ste.sum(0), None
+
+
+# ============================================================================= the loop's bookkeeping
+class Run:
+    """One dictionary in training: its trainer, Adam, and the count of steps since each feature fired."""
+
+    def __init__(self, spec: DictionarySpec, model: HookedTransformer, rows: TokenRows, device, dtype):
+        d_in, flatten = _width(model, spec.hook_name)
+        d_out = _width(model, spec.hook_name_out)[0] if spec.hook_name_out is not None else d_in
+        trainer_class = TRAINERS[spec.architecture]
+        metadata = {
+            "model_name": str(getattr(model, "name_or_path", "") or type(model).__name__),
+            "hook_name": spec.hook_name,
+            **({"hook_name_out": spec.hook_name_out} if spec.hook_name_out is not None else {}),
+            "context_size": rows.context_size,
+            "prepend_bos": rows.prepend_bos,
+            "dataset_path": rows.description,
+            "training_architecture": spec.architecture,
+            **({"training_k": spec.k} if spec.architecture == "batchtopk" else {}),
+            "trained_by": f"hooked {__version__} (hooked.sae.train)",
+        }
+        cfg = DictionaryConfig(
+            d_in=d_in,
+            d_sae=spec.d_sae,
+            hook_name=spec.hook_name,
+            architecture=trainer_class.dictionary_architecture,
+            hook_name_out=spec.hook_name_out,
+            d_out=d_out,
+            apply_b_dec_to_input=spec.hook_name_out is None,
+            k=int(spec.k) if spec.architecture == "topk" else None,
+            reshape_activations="hook_z" if flatten else "none",
+            dtype=str(dtype).removeprefix("torch."),
+            device=str(device),
+            processing=dict(getattr(model, "processing", {}) or {}),
+            metadata=metadata,
+        )
+        self.spec = spec
+        self.trainer = trainer_class(spec, cfg, torch.Generator().manual_seed(spec.seed))
+        self.optimizer = torch.optim.Adam(self.trainer.parameters(), lr=spec.learning_rate)
+        self.steps_since_fired = torch.zeros(spec.d_sae, dtype=torch.long, device=device)
+        self.steps, self.initialized, self.tokens = 0, False, 0
+
+    def step(self, batch: dict[str, Tensor]) -> dict[str, float]:
+        if not self.initialized:
+            self.trainer.initialize(batch)
+            self.initialized = True
+        dead = self.steps_since_fired > self.spec.dead_feature_window
+        out = self.trainer.forward(batch, dead if bool(dead.any()) else None)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        self.trainer.before_update()
+        self.optimizer.step()
+        self.trainer.after_update()
+        self.steps += 1
+        self.tokens += _rows(batch)
+        self.steps_since_fired += 1
+        self.steps_since_fired[out.fired] = 0
+        if self.spec.resample_dead and self.steps % self.spec.dead_feature_window == 0:
+            dead = (self.steps_since_fired > self.spec.dead_feature_window).nonzero().squeeze(-1)
+            if len(dead):
+                self.trainer.resample(dead, batch, out.recons, self.optimizer)
+                self.steps_since_fired[dead] = 0
+        _, y = self.trainer.inputs(batch)
+        with torch.no_grad():
+            fvu = (out.recons - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum().clamp_min(1e-12)
+        return {
+            "loss": float(out.loss.detach()),
+            "l0": float(out.l0),
+            "fvu": float(fvu),
+            "dead": int((self.steps_since_fired > self.spec.dead_feature_window).sum()),
+        }
+
+    def result(self) -> Dictionary:
+        """The trained dictionary, with SAELens' end-of-training figures in its metadata."""
+        out = self.trainer.export()
+        out.cfg.metadata.update(
+            n_training_tokens=self.tokens,
+            n_training_steps=self.steps,
+            num_dead_features=int((self.steps_since_fired > self.spec.dead_feature_window).sum()),
+        )
+        return out
+
+
+def _describe(metrics: list[dict[str, float]]) -> str:
+    def one(m: dict[str, float]) -> str:
+        return f"loss {m['loss']:.4g} L0 {m['l0']:.1f} FVU {m['fvu']:.3f} dead {m['dead']}"
+
+    if len(metrics) == 1:
+        return one(metrics[0])
+    return " | ".join(f"{i}: {one(m)}" for i, m in enumerate(metrics))
+
+
+def _progress_bar(n_tokens: int | None, progress: bool):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=n_tokens, desc="training", unit="tok", unit_scale=True)
+
+
+# ============================================================================= checkpoints
+def _checkpoint(runs: list[Run], directory: Path, name: str) -> None:
+    save = _writer()
+    for run in runs:
+        folder = directory if len(runs) == 1 else directory / run.spec.label()
+        d = run.result()
+        save(d, folder / name)
+
+
+def _writer() -> Callable[[Dictionary, Path], Any]:
+    """hooked.sae.save when hooked/sae/formats provides it, else this module's own SAELens writer."""
+    try:
+        from hooked.sae.formats import save
+    except ImportError:
+        return save_saelens
+    return save
+
+
+def _check_saveable(spec: DictionarySpec) -> None:
+    if _writer() is save_saelens and spec.architecture == "topk" and spec.hook_name_out is not None:
+        raise ValueError(
+            "SAELens 6.54 has no TopK transcoder, so a topk transcoder's checkpoints cannot be written in its format;"
+            " train architecture='batchtopk' or 'jumprelu' (saved as jumprelu_transcoder), or leave checkpoint_dir"
+            " out and keep the returned dictionary"
+        )
+
+
+SAELENS_FORMAT_VERSION = "6.54.12"  # the SAELens release whose cfg.json keys save_saelens writes
+
+
+def save_saelens(dictionary: Dictionary, path: str | Path) -> Path:
+    """Write `dictionary` as SAELens 6.54 saves one: `cfg.json` (`SAEConfig.to_dict()`'s keys, the architecture
+    SAELens names it by, `metadata` with the hook names, the model and its processing) and
+    `sae_weights.safetensors`. Loads with SAELens' `SAE.load_from_disk(path)`."""
+    cfg = dictionary.cfg
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    architecture = cfg.architecture
+    if cfg.is_transcoder:
+        if architecture not in ("standard", "jumprelu"):
+            raise ValueError(f"SAELens 6.54 has no {architecture} transcoder (it has ReLU and JumpReLU ones)")
+        architecture = {"standard": "transcoder", "jumprelu": "jumprelu_transcoder"}[architecture]
+        if dictionary.W_skip is not None:
+            architecture = architecture.replace("transcoder", "skip_transcoder")
+    metadata = {
+        "sae_lens_version": SAELENS_FORMAT_VERSION,
+        **cfg.metadata,
+        "model_from_pretrained_kwargs": dict(cfg.processing or {}),
+    }
+    config = {
+        "d_in": cfg.d_in,
+        "d_sae": cfg.d_sae,
+        "dtype": cfg.dtype,
+        "device": cfg.device,
+        "apply_b_dec_to_input": cfg.apply_b_dec_to_input,
+        "normalize_activations": cfg.normalize_activations,
+        "reshape_activations": cfg.reshape_activations,
+        "metadata": metadata,
+        "architecture": architecture,
+    }
+    if cfg.architecture == "topk":
+        config.update(k=cfg.k, rescale_acts_by_decoder_norm=cfg.rescale_acts_by_decoder_norm)
+    if cfg.is_transcoder:
+        config["d_out"] = cfg.d_out
+    (path / "cfg.json").write_text(json.dumps(config, indent=2))
+    names = ["W_enc", "W_dec", "b_enc", "b_dec"] + (["threshold"] if cfg.architecture == "jumprelu" else [])
+    names += ["W_skip"] if dictionary.W_skip is not None else []
+    write_safetensors({name: getattr(dictionary, name).detach() for name in names}, path / "sae_weights.safetensors")
+    return path
+
+
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+
+
+def write_safetensors(tensors: dict[str, Tensor], path: Path) -> None:
+    """The safetensors layout (a little-endian u64 header length, a JSON header, the raw bytes), written without
+    the safetensors package, which hooked does not depend on."""
+    header: dict[str, Any] = {}
+    blobs, offset = [], 0
+    for name, tensor in tensors.items():
+        data = tensor.contiguous().cpu().view(torch.uint8).numpy().tobytes()
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        blobs.append(data)
+        offset += len(data)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
+    with path.open("wb") as file:
+        file.write(struct.pack("<Q", len(encoded)))
+        file.write(encoded)
+        for blob in blobs:
+            file.write(blob)

@@ -1,0 +1,448 @@
+"""hooked.sae.train: each architecture's loss and gradients equal SAELens 6.54's training classes on the same weights
+and batch; training on the bundled IOI model reduces the error; the streamed activations are the model's own;
+several dictionaries from one pass equal each trained alone; checkpoints load in SAELens with the same outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hooked
+import hooked.sae
+import hooked.testing
+from hooked.interventions import tasks
+from hooked.sae import training
+from hooked.sae.dictionary import DictionaryConfig
+
+RESID = "blocks.1.hook_resid_post"
+MLP_IN, MLP_OUT = "blocks.1.mlp.hook_in", "blocks.1.hook_mlp_out"
+SMALL = dict(d_sae=128, batch_tokens=512, context_size=32, lr=3e-3, progress=False, dead_feature_window=20)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These tests train for many small steps; on a busy shared machine torch's thread pool waits on its barrier
+    longer than such a step computes, so they run on one thread (restored after)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hooked.load("hooked/ioi-gpt2")
+
+
+@pytest.fixture(scope="module")
+def texts():
+    return tasks.ioi(300).clean
+
+
+@pytest.fixture(scope="module")
+def heldout(model):
+    """Activations at RESID, MLP_IN and MLP_OUT of prompts the dictionaries never saw, [tokens width]."""
+    tokens, valid = model.tokens_and_mask(tasks.ioi(48, seed=99).clean, None, None)
+    _, cache = model.run_with_cache(tokens, attention_mask=valid, names_filter=[RESID, MLP_IN, MLP_OUT])
+    return {name: cache[name][valid] for name in (RESID, MLP_IN, MLP_OUT)}
+
+
+def reconstruct(d, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features, output) of a dictionary computed from its weights in plain torch, SAELens' formulas."""
+    centred = x - d.b_dec if d.cfg.apply_b_dec_to_input else x
+    pre = centred @ d.W_enc + d.b_enc
+    if d.cfg.architecture == "standard":
+        acts = pre.relu()
+    elif d.cfg.architecture == "jumprelu":
+        acts = pre.relu() * (pre > d.threshold)
+    else:
+        values, indices = pre.topk(d.cfg.k, dim=-1)
+        acts = torch.zeros_like(pre).scatter(-1, indices, values.relu())
+    out = acts @ d.W_dec + d.b_dec
+    return acts, out + (x @ d.W_skip.T if d.W_skip is not None else 0)
+
+
+def fvu(y: torch.Tensor, y_hat: torch.Tensor) -> float:
+    return float((y - y_hat).pow(2).sum() / (y - y.mean(0)).pow(2).sum())
+
+
+# ----------------------------------------------------------------------------- the losses, against SAELens
+def make_trainer(architecture: str, d_in: int = 16, d_sae: int = 64, k: int | None = None):
+    spec = training.DictionarySpec(
+        hook_name="h", architecture=architecture, d_sae=d_sae, k=k, hook_name_out=None, skip=False,
+        l1_coefficient=0.7, l0_coefficient=0.3, aux_coefficient=0.5, lr=1e-3, dead_feature_window=10,
+        resample_dead=False, seed=0,
+    )  # fmt: skip
+    trainer_class = training.TRAINERS[architecture]
+    cfg = DictionaryConfig(
+        d_in=d_in, d_sae=d_sae, hook_name="h", architecture=trainer_class.dictionary_architecture,
+        apply_b_dec_to_input=True, k=k if architecture == "topk" else None,
+    )  # fmt: skip
+    return trainer_class(spec, cfg, torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("architecture", ["standard", "topk", "batchtopk", "jumprelu"])
+def test_loss_and_gradients_equal_saelens_training_classes(architecture):
+    from sae_lens.saes.batchtopk_sae import BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig
+    from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig
+    from sae_lens.saes.sae import TrainStepInput
+    from sae_lens.saes.standard_sae import StandardTrainingSAE, StandardTrainingSAEConfig
+    from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
+
+    d_in, d_sae = 16, 64
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(40, d_in, generator=generator) * 3 + 1
+    trainer = make_trainer(architecture, d_in, d_sae, k=5 if "topk" in architecture else None)
+    trainer.initialize({"h": x})
+    ours_d = trainer.dictionary
+    with torch.no_grad():
+        ours_d.b_enc.copy_(0.3 * torch.randn(d_sae, generator=generator))
+        if architecture == "jumprelu":
+            ours_d.threshold.copy_(0.5 * torch.rand(d_sae, generator=generator))
+    dead = torch.zeros(d_sae, dtype=torch.bool)
+    dead[::13] = True  # AuxK's features: 5, fewer than d_in / 2, so its loss is scaled down
+    peers = {
+        "standard": (StandardTrainingSAE, StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae, l1_coefficient=0.7)),
+        "topk": (TopKTrainingSAE, TopKTrainingSAEConfig(
+            d_in=d_in, d_sae=d_sae, k=5, rescale_acts_by_decoder_norm=False, aux_loss_coefficient=0.5)),
+        "batchtopk": (BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig(
+            d_in=d_in, d_sae=d_sae, k=5, rescale_acts_by_decoder_norm=False, aux_loss_coefficient=0.5)),
+        "jumprelu": (JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig(
+            d_in=d_in, d_sae=d_sae, l0_coefficient=0.3, jumprelu_bandwidth=training.JUMPRELU_BANDWIDTH)),
+    }  # fmt: skip
+    peer_class, peer_cfg = peers[architecture]
+    peer = peer_class(peer_cfg)
+    peer.load_state_dict({name: p.detach().clone() for name, p in ours_d.named_parameters()}, strict=False)
+    coefficients = {"standard": {"l1": 0.7}, "jumprelu": {"l0": 0.3}}.get(architecture, {})
+    theirs = peer.training_forward_pass(
+        TrainStepInput(sae_in=x, coefficients=coefficients, dead_neuron_mask=dead, n_training_steps=0,
+                       is_logging_step=False)
+    )  # fmt: skip
+    ours = trainer.forward({"h": x}, dead)
+    torch.testing.assert_close(ours.loss, theirs.loss)
+    names = {"mse": "mse_loss", "l1": "l1_loss", "l0": "l0_loss", "auxk": "auxiliary_reconstruction_loss"}
+    assert {names[key] for key in ours.parts} == set(theirs.losses)
+    for key, value in ours.parts.items():
+        torch.testing.assert_close(value, theirs.losses[names[key]])
+    ours.loss.backward()
+    theirs.loss.backward()
+    peer_parameters = dict(peer.named_parameters())
+    for name, parameter in ours_d.named_parameters():
+        if parameter.grad is not None or name in ("W_enc", "W_dec", "b_enc", "b_dec"):
+            torch.testing.assert_close(parameter.grad, peer_parameters[name].grad, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_sparse_topk_backward_equals_dense_autograd():
+    """The sparse encoder backward (TopKEncode) and the embedding_bag decoder against plain dense torch."""
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(30, 12, generator=generator)
+    weights = [torch.randn(shape, generator=generator) * 0.3 for shape in ((12,), (12, 48), (48,), (48, 12))]
+    ours = [w.clone().requires_grad_() for w in weights]
+    dense = [w.clone().requires_grad_() for w in weights]
+    target = torch.randn(30, 12, generator=generator)
+
+    b_dec, W_enc, b_enc, W_dec = ours
+    acts, indices, _ = training.TopKEncode.apply(x, b_dec, W_enc, b_enc, 6)
+    out = F.embedding_bag(indices, W_dec, per_sample_weights=acts, mode="sum") + b_dec
+    (out - target).pow(2).sum().backward()
+
+    b_dec, W_enc, b_enc, W_dec = dense
+    pre = (x - b_dec) @ W_enc + b_enc
+    values, chosen = pre.topk(6, dim=-1)
+    reference = torch.zeros_like(pre).scatter(-1, chosen, values.relu()) @ W_dec + b_dec
+    (reference - target).pow(2).sum().backward()
+
+    torch.testing.assert_close(out, reference)
+    for mine, theirs in zip(ours, dense, strict=True):
+        torch.testing.assert_close(mine.grad, theirs.grad)
+
+
+# ----------------------------------------------------------------------------- training on the IOI model
+OPTIONS = {
+    "standard": dict(l1_coefficient=1.0),
+    "topk": dict(k=8),
+    "batchtopk": dict(k=8),
+    "jumprelu": dict(l0_coefficient=0.1),
+}
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def trained(model, texts):
+    """architecture -> (the SAE at RESID after one step, after STEPS steps), trained once for the module."""
+    runs = {}
+    for architecture, options in OPTIONS.items():
+        runs[architecture] = tuple(
+            hooked.sae.train(model, texts, hook_name=RESID, architecture=architecture, n_tokens=n, **options, **SMALL)
+            for n in (512, STEPS * 512)
+        )
+    return runs
+
+
+@pytest.mark.parametrize(
+    ("architecture", "bound"), [("standard", 0.3), ("topk", 0.4), ("batchtopk", 0.4), ("jumprelu", 0.3)]
+)
+def test_training_reduces_the_error(trained, heldout, architecture, bound):
+    """On held-out prompts, computed from the weights in plain torch: the FVU after 40 steps is under `bound` and
+    well under that after one step; the dictionary's own forward agrees."""
+    x = heldout[RESID]
+    start, end = trained[architecture]
+    with torch.no_grad():
+        before, after = fvu(x, reconstruct(start, x)[1]), fvu(x, reconstruct(end, x)[1])
+        torch.testing.assert_close(end(x), reconstruct(end, x)[1], rtol=1e-4, atol=1e-4)
+    assert after < bound, (before, after)
+    assert after < 0.5 * before, (before, after)
+    assert end.cfg.metadata["n_training_tokens"] == STEPS * 512
+
+
+def test_topk_keeps_k_features_and_unit_decoder_rows(trained, heldout):
+    sae = trained["topk"][1]
+    with torch.no_grad():
+        acts = sae.encode(heldout[RESID])
+    assert ((acts > 0).sum(-1) == OPTIONS["topk"]["k"]).all()
+    torch.testing.assert_close(sae.W_dec.norm(dim=-1), torch.ones(sae.cfg.d_sae))
+
+
+def test_batchtopk_saves_as_jumprelu_with_one_threshold(trained, heldout):
+    """SAELens saves BatchTopK as JumpReLU with the running threshold for every feature: its mean L0 on new tokens
+    stays near k, and its decoder rows are at unit norm."""
+    k = OPTIONS["batchtopk"]["k"]
+    d = trained["batchtopk"][1]
+    assert d.cfg.architecture == "jumprelu" and d.cfg.metadata["training_architecture"] == "batchtopk"
+    threshold = d.threshold.detach()
+    assert float(threshold.min()) == float(threshold.max()) > 0
+    with torch.no_grad():
+        l0 = float((reconstruct(d, heldout[RESID])[0] > 0).sum(-1).float().mean())
+    assert k / 2 < l0 < 2 * k
+    torch.testing.assert_close(d.W_dec.norm(dim=-1), torch.ones(d.cfg.d_sae))
+
+
+def test_standard_and_jumprelu_decoder_rows_are_free(trained):
+    """SAELens 6.54 weights the L1 by decoder norms and leaves the rows free: they start at 0.1 and move."""
+    for architecture in ("standard", "jumprelu"):
+        norms = trained[architecture][1].W_dec.detach().norm(dim=-1)
+        assert (norms - training.DECODER_INIT_NORM).abs().max() > 0.01, architecture
+
+
+def test_transcoder_with_skip_learns_the_mlp(model, texts, heldout):
+    tc = hooked.sae.train(
+        model, texts, hook_name=MLP_IN, hook_name_out=MLP_OUT, skip=True, architecture="jumprelu",
+        l0_coefficient=0.05, n_tokens=30 * 512, **SMALL,
+    )  # fmt: skip
+    assert tc.cfg.is_transcoder and tc.W_skip is not None and float(tc.W_skip.abs().max()) > 0
+    with torch.no_grad():
+        out = reconstruct(tc, heldout[MLP_IN])[1]
+    assert fvu(heldout[MLP_OUT], out) < 0.4
+
+
+# ----------------------------------------------------------------------------- the data and the stream
+def test_text_rows_are_the_tokenizer_ids_joined_and_cut(model, texts, tmp_path):
+    """Texts, a .txt file, a .jsonl file and an iterable of records give the same rows: the texts' ids joined with
+    BOS between them, cut into rows of context_size, each starting with BOS, as SAELens 6.54's
+    concat_and_batch_sequences cuts them."""
+    from sae_lens.tokenization_and_batching import concat_and_batch_sequences
+
+    some = texts[:40]
+    bos = model.tokenizer.bos_token_id
+    ids = [torch.tensor(model.tokenizer.encode(text, add_special_tokens=False)) for text in some]
+    expected = concat_and_batch_sequences(iter(ids), 16, begin_batch_token_id=bos, sequence_separator_token_id=bos)
+    expected = [row.tolist() for row in expected]
+    (tmp_path / "texts.txt").write_text("\n".join(some) + "\n")
+    (tmp_path / "texts.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in some))
+    for data in (some, str(tmp_path / "texts.txt"), tmp_path / "texts.jsonl", [{"text": t} for t in some]):
+        rows = training.token_rows(model, data, 16, True)
+        got = torch.cat(list(rows.batches(7, repeat=False)))
+        assert got.tolist() == expected, data
+
+
+def test_token_tensor_rows(model):
+    ids = torch.randint(1, model.cfg.d_vocab, (6, 10), generator=torch.Generator().manual_seed(0))
+    rows = training.token_rows(model, ids, None, True)  # rows as they are
+    assert torch.equal(torch.cat(list(rows.batches(4, repeat=False))), ids)
+    stream = training.token_rows(model, ids.reshape(-1), 8, True)  # a stream: 7 ids after each BOS
+    got = torch.cat(list(stream.batches(4, repeat=False)))
+    assert torch.equal(got[:, 0], torch.zeros(len(got), dtype=torch.long))
+    assert torch.equal(got[:, 1:].reshape(-1), ids.reshape(-1)[: got.shape[0] * 7])
+
+
+def test_streamed_activations_are_the_models_own(model):
+    """Every token's activation comes out once, shuffled, equal to run_with_cache's, at both points of a transcoder
+    still paired."""
+    ids = torch.randint(1, model.cfg.d_vocab, (24, 16), generator=torch.Generator().manual_seed(3))
+    ids[:, 0] = model.tokenizer.bos_token_id
+    rows = training.token_rows(model, ids, None, True)
+    stream = training.ActivationStream(model, rows, [MLP_IN, MLP_OUT], 64, 2, 0, torch.device("cpu"), torch.float32)
+    batches = list(stream.batches(repeat=False))
+    got = {name: torch.cat([b[name] for b in batches]) for name in (MLP_IN, MLP_OUT)}
+    _, cache = model.run_with_cache(ids, attention_mask=torch.ones_like(ids, dtype=torch.bool),
+                                    names_filter=[MLP_IN, MLP_OUT])  # fmt: skip
+    want = {name: cache[name].reshape(-1, cache[name].shape[-1]) for name in (MLP_IN, MLP_OUT)}
+    assert not torch.equal(got[MLP_IN], want[MLP_IN])  # shuffled
+    # sort the tokens by a random projection of the input: each output row must follow its input row
+    projection = torch.randn(want[MLP_IN].shape[-1], generator=torch.Generator().manual_seed(4))
+    order_got, order_want = (got[MLP_IN] @ projection).argsort(), (want[MLP_IN] @ projection).argsort()
+    for name in (MLP_IN, MLP_OUT):
+        torch.testing.assert_close(got[name][order_got], want[name][order_want], rtol=1e-5, atol=1e-5)
+
+
+def test_several_dictionaries_from_one_pass_equal_each_alone(model, texts):
+    settings = [
+        dict(hook_name=RESID, architecture="topk", k=6),
+        dict(hook_name=MLP_IN, hook_name_out=MLP_OUT, architecture="standard", l1_coefficient=0.5),
+        dict(hook_name="blocks.0.hook_resid_post", architecture="jumprelu", d_sae=64, seed=5),
+    ]
+    common = dict(SMALL, n_tokens=6 * 512)
+    together = hooked.sae.train(model, texts, dictionaries=settings, **common)
+    assert isinstance(together, list) and len(together) == 3
+    for d, one in zip(together, settings, strict=True):
+        (alone,) = hooked.sae.train(model, texts, dictionaries=[one], **common)  # the stream seeded as together
+        for name, parameter in alone.named_parameters():
+            torch.testing.assert_close(getattr(d, name), parameter, rtol=0, atol=0, msg=name)
+
+
+# ----------------------------------------------------------------------------- checkpoints, SAELens' format
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(hook_name=RESID, architecture="topk", k=6),
+        dict(hook_name=RESID, architecture="standard"),
+        dict(hook_name=RESID, architecture="batchtopk", k=6),
+        dict(hook_name=MLP_IN, hook_name_out=MLP_OUT, architecture="jumprelu", skip=True),
+        dict(hook_name=MLP_IN, hook_name_out=MLP_OUT, architecture="standard"),
+    ],
+    ids=["topk", "standard", "batchtopk", "jumprelu_skip_transcoder", "transcoder"],
+)
+def test_checkpoints_load_in_saelens_with_the_same_outputs(model, texts, heldout, tmp_path, options):
+    from sae_lens import SAE
+
+    d = hooked.sae.train(
+        model, texts, n_tokens=6 * 512, checkpoint_dir=tmp_path, checkpoint_every=2 * 512, **options, **SMALL
+    )
+    folders = sorted(p.name for p in tmp_path.iterdir())
+    assert folders == sorted(["1024", "2048", "3072", "final_3072"])
+    peer = SAE.load_from_disk(tmp_path / "final_3072")
+    x = heldout[options["hook_name"]]
+    with torch.no_grad():
+        torch.testing.assert_close(peer.encode(x), d.encode(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(peer(x), d(x), rtol=1e-5, atol=1e-5)
+    metadata = json.loads((tmp_path / "final_3072" / "cfg.json").read_text())["metadata"]
+    assert metadata["hook_name"] == options["hook_name"]
+    assert metadata.get("hook_name_out") == options.get("hook_name_out")
+    assert metadata["context_size"] == 32 and metadata["prepend_bos"] is True
+    assert metadata["model_from_pretrained_kwargs"] == model.processing == d.cfg.processing
+
+
+# ----------------------------------------------------------------------------- dead features
+def test_resampling_points_dead_features_at_inputs_and_resets_adam():
+    trainer = make_trainer("standard")
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(50, 16, generator=generator)
+    trainer.initialize({"h": x})
+    optimizer = torch.optim.Adam(trainer.parameters(), lr=1e-2)
+    step = trainer.forward({"h": x}, None)
+    step.loss.backward()
+    optimizer.step()
+    before = {name: p.detach().clone() for name, p in trainer.dictionary.named_parameters()}
+    features = torch.tensor([3, 17])
+    trainer.resample(features, {"h": x}, step.recons, optimizer)
+    d = trainer.dictionary
+    centred = x - d.b_dec
+    inputs = centred / centred.norm(dim=-1, keepdim=True)
+    for f in features.tolist():
+        row = d.W_dec[f] / d.W_dec[f].norm()
+        assert (inputs @ row).max() > 1 - 1e-5  # along one token's input
+        assert float(d.b_enc[f]) == 0
+        state = optimizer.state[d.W_dec]
+        assert float(state["exp_avg"][f].abs().max()) == 0 == float(state["exp_avg_sq"][f].abs().max())
+    keep = torch.ones(64, dtype=torch.bool)
+    keep[features] = False
+    torch.testing.assert_close(d.W_dec[keep], before["W_dec"][keep], rtol=0, atol=0)
+
+
+def test_dead_features_are_tracked_and_resampled_every_window(model, texts, monkeypatch):
+    """The dead features given to each step (AuxK's) and to `resample` (every `dead_feature_window` steps) are those
+    silent for more than `dead_feature_window` steps, counted by hand from what fired at each step (TopK with k=2 and
+    no AuxK lets features die)."""
+    fired, dead_given, calls = [], [], []
+    forward, resample = training.TopKTrainer.forward, training.TopKTrainer.resample
+
+    def recording_forward(self, batch, dead):
+        out = forward(self, batch, dead)
+        fired.append(out.fired.clone())
+        dead_given.append(None if dead is None else dead.clone())
+        return out
+
+    def recording_resample(self, features, batch, recons, optimizer):
+        calls.append((len(fired), features.clone()))
+        resample(self, features, batch, recons, optimizer)
+
+    monkeypatch.setattr(training.TopKTrainer, "forward", recording_forward)
+    monkeypatch.setattr(training.TopKTrainer, "resample", recording_resample)
+    window = 4
+    options = dict(SMALL, dead_feature_window=window, resample_dead=True, aux_coefficient=0.0, n_tokens=22 * 512)
+    d = hooked.sae.train(model, texts, hook_name=RESID, architecture="topk", k=2, **options)
+    silent = torch.zeros(d.cfg.d_sae, dtype=torch.long)
+    expected = []
+    for step, (mask, given) in enumerate(zip(fired, dead_given, strict=True), 1):
+        dead = silent > window  # what AuxK gets: None when no feature is dead
+        assert (given is None and not dead.any()) or torch.equal(given, dead), step
+        silent += 1
+        silent[mask] = 0
+        if step % window == 0 and (silent > window).any():
+            expected.append((step, (silent > window).nonzero().squeeze(-1)))
+            silent[silent > window] = 0
+    assert len(expected) >= 2
+    assert [step for step, _ in calls] == [step for step, _ in expected]
+    for (_, got), (_, want) in zip(calls, expected, strict=True):
+        assert got.tolist() == want.tolist()
+    assert d.cfg.metadata["num_dead_features"] == int((silent > window).sum())
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(hook_name=RESID, architecture="gated", d_sae=8), ValueError, "cannot be trained"),
+        (dict(hook_name=RESID, d_sae=8), ValueError, "needs k="),
+        (dict(hook_name=RESID, architecture="standard", d_sae=8, k=3), ValueError, "k=3 is for topk"),
+        (dict(hook_name="blocks.1.hook_resid_pots", k=2, d_sae=8), KeyError, "did you mean"),
+        (dict(hook_name=MLP_OUT, hook_name_out=MLP_IN, k=2, d_sae=8), ValueError, "reads a point before"),
+        (dict(hook_name=RESID, skip=True, k=2, d_sae=8), ValueError, "hook_name_out"),
+        (dict(hook_name=RESID, k=2), ValueError, "d_sae="),
+        (dict(hook_name=RESID, k=2, d_sae=8, context_size=65), ValueError, "only 64 positions"),
+        (dict(hook_name=RESID, k=2, d_sae=8, checkpoint_every=10), ValueError, "checkpoint_dir"),
+        (dict(dictionaries=[dict(hook_name=RESID, k=2, d_sae=8, batch_tokens=3)]), TypeError, "unknown setting"),
+        (dict(dictionaries=[dict(hook_name=RESID, d_sae=8)]), ValueError, r"dictionaries\[0\]: a topk"),
+        (dict(hook_name=MLP_IN, hook_name_out=MLP_OUT, k=2, d_sae=8, checkpoint_dir="x"), ValueError, "TopK"),
+        (dict(hook_name="blocks.1.attn.hook_pattern", k=2, d_sae=8), ValueError, "one vector per position"),
+    ],
+)
+def test_bad_settings_are_refused_before_anything_runs(model, texts, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        hooked.sae.train(model, texts, progress=False, **kwargs)
+    assert not any(point._fwd for point in model.hook_dict.values())
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "match"),
+    [
+        (torch.rand(4, 8), ValueError, "integer tensor"),
+        (torch.full((2, 8), 10_000), ValueError, "vocabulary"),
+        ("no/such/file.txt", FileNotFoundError, "not a file"),
+        ([1, 2, 3], TypeError, "holds int"),
+        ({"text": "a"}, TypeError, "dict"),
+        (42, TypeError, "cannot be a int"),
+    ],
+)
+def test_bad_data_is_refused(model, data, error, match):
+    with pytest.raises(error, match=match):
+        hooked.sae.train(model, data, hook_name=RESID, k=2, d_sae=8, progress=False)
+
+
+def test_texts_need_a_tokenizer():
+    model = hooked.testing.random_model("gpt2")
+    with pytest.raises(ValueError, match="tokenizer"):
+        hooked.sae.train(model, ["a text"], hook_name="blocks.0.hook_resid_post", k=2, d_sae=8, progress=False)
