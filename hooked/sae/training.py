@@ -41,9 +41,10 @@ unit-norm architectures), the encoder its transpose (a transcoder's encoder draw
 first batch's targets (an SAE subtracts it from its input, SAELens' `apply_b_dec_to_input`), a transcoder's b_enc
 centring its pre-activations on that batch's mean input (eai-sparsify's trainer).
 
-A trainee is anything with the `DictionaryTrainer` surface (`points`, `initialize`, `parameters`, `forward`,
-`before_update`, `after_update`, `resample`, `export`): a cross-layer transcoder reading every layer plugs in as one
-more trainer whose `points` are all of them.
+The loop drives any object with `DictionaryTrainer`'s surface (`points`, `d_sae`, `device`, `initialize`,
+`parameters`, `forward` -> `StepResult`, `before_update`, `after_update`, `resample`, `export`) through `Run`: a
+cross-layer transcoder plugs in as one more trainer whose `points` are every layer's input and output, fed by the same
+stream.
 """
 
 from __future__ import annotations
@@ -187,11 +188,9 @@ def train(
     prepend_bos = model.default_prepend_bos if prepend_bos is None else bool(prepend_bos)
     rows = token_rows(model, data, context_size, prepend_bos)
 
-    runs = [Run(spec, model, rows, device, dtype) for spec in specs]
-    stream = ActivationStream(
-        model, rows, sorted({p for spec in specs for p in spec.points}, key=model.hook_names.index), batch_tokens,
-        buffer_batches, seed, device, dtype,
-    )  # fmt: skip
+    runs = [Run(spec, build_trainer(spec, model, rows, device, dtype)) for spec in specs]
+    points = sorted({point for run in runs for point in run.trainer.points}, key=model.hook_names.index)
+    stream = ActivationStream(model, rows, points, batch_tokens, buffer_batches, seed, device, dtype)
     directory = None if checkpoint_dir is None else Path(checkpoint_dir)
     bar = _progress_bar(n_tokens, progress)
     seen, next_checkpoint = 0, checkpoint_every
@@ -576,7 +575,8 @@ class StepResult:
     parts: dict[str, Tensor]  # mse, l1 / l0 / auxk
     fired: Tensor  # [d_sae] bool: the features active on some token
     l0: Tensor  # mean active features per token
-    recons: Tensor  # [tokens d_out], detached
+    fvu: Tensor  # fraction of variance unexplained on this batch
+    recons: Tensor  # [tokens d_out], detached: what `resample` reads
 
 
 class DictionaryTrainer:
@@ -595,7 +595,16 @@ class DictionaryTrainer:
 
     @property
     def points(self) -> tuple[str, ...]:
+        """The hook points whose activations a step reads (a cross-layer transcoder's: every layer's)."""
         return self.spec.points
+
+    @property
+    def d_sae(self) -> int:
+        return self.dictionary.cfg.d_sae
+
+    @property
+    def device(self) -> torch.device:
+        return self.dictionary.device
 
     def parameters(self) -> list[torch.nn.Parameter]:
         d = self.dictionary
@@ -651,7 +660,14 @@ class DictionaryTrainer:
         if dead is not None:
             parts.update(self.dead_loss(x, y, recons, pre, dead))
         active = acts > 0
-        return StepResult(sum(parts.values()), parts, active.any(0), active.sum(-1).float().mean(), recons.detach())
+        return self._result(parts, active.any(0), active.sum(-1).float().mean(), recons, y)
+
+    @staticmethod
+    def _result(parts: dict[str, Tensor], fired: Tensor, l0: Tensor, recons: Tensor, y: Tensor) -> StepResult:
+        recons = recons.detach()
+        with torch.no_grad():
+            fvu = (recons - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum().clamp_min(1e-12)
+        return StepResult(sum(parts.values()), parts, fired, l0, fvu, recons)
 
     def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """(features [tokens d_sae], pre-activations, sparsity terms) of the encoder input."""
@@ -752,7 +768,7 @@ class TopKTrainer(DictionaryTrainer):
             active = acts > 0
             fired = torch.zeros(d.cfg.d_sae, dtype=torch.bool, device=d.device)
             fired[indices[active]] = True
-        return StepResult(sum(parts.values()), parts, fired, active.sum(-1).float().mean(), recons.detach())
+        return self._result(parts, fired, active.sum(-1).float().mean(), recons, y)
 
     def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, pre: Tensor, dead: Tensor) -> dict[str, Tensor]:
         """AuxK (SAELens 6.54 `calculate_topk_aux_loss`, after eai-sparsify): the top d_out/2 dead features of each
@@ -912,43 +928,51 @@ class StepFunction(torch.autograd.Function):
 
 
 # ============================================================================= the loop's bookkeeping
-class Run:
-    """One dictionary in training: its trainer, Adam, and the count of steps since each feature fired."""
+def build_trainer(
+    spec: DictionarySpec, model: HookedTransformer, rows: TokenRows, device: torch.device, dtype: torch.dtype
+) -> DictionaryTrainer:
+    """The trainer of one SAE or transcoder: its `DictionaryConfig` records where it reads and writes, the data's
+    context and BOS, the model and its weight processing."""
+    d_in, flatten = _width(model, spec.hook_name)
+    d_out = _width(model, spec.hook_name_out)[0] if spec.hook_name_out is not None else d_in
+    trainer_class = TRAINERS[spec.architecture]
+    metadata = {
+        "model_name": str(getattr(model, "name_or_path", "") or type(model).__name__),
+        "hook_name": spec.hook_name,
+        **({"hook_name_out": spec.hook_name_out} if spec.hook_name_out is not None else {}),
+        "context_size": rows.context_size,
+        "prepend_bos": rows.prepend_bos,
+        "dataset_path": rows.description,
+        "training_architecture": spec.architecture,
+        **({"training_k": spec.k} if spec.architecture == "batchtopk" else {}),
+        "trained_by": f"hooked {__version__} (hooked.sae.train)",
+    }
+    cfg = DictionaryConfig(
+        d_in=d_in,
+        d_sae=spec.d_sae,
+        hook_name=spec.hook_name,
+        architecture=trainer_class.dictionary_architecture,
+        hook_name_out=spec.hook_name_out,
+        d_out=d_out,
+        apply_b_dec_to_input=spec.hook_name_out is None,
+        k=int(spec.k) if spec.architecture == "topk" else None,
+        reshape_activations="hook_z" if flatten else "none",
+        dtype=str(dtype).removeprefix("torch."),
+        device=str(device),
+        processing=dict(getattr(model, "processing", {}) or {}),
+        metadata=metadata,
+    )
+    return trainer_class(spec, cfg, torch.Generator().manual_seed(spec.seed))
 
-    def __init__(self, spec: DictionarySpec, model: HookedTransformer, rows: TokenRows, device, dtype):
-        d_in, flatten = _width(model, spec.hook_name)
-        d_out = _width(model, spec.hook_name_out)[0] if spec.hook_name_out is not None else d_in
-        trainer_class = TRAINERS[spec.architecture]
-        metadata = {
-            "model_name": str(getattr(model, "name_or_path", "") or type(model).__name__),
-            "hook_name": spec.hook_name,
-            **({"hook_name_out": spec.hook_name_out} if spec.hook_name_out is not None else {}),
-            "context_size": rows.context_size,
-            "prepend_bos": rows.prepend_bos,
-            "dataset_path": rows.description,
-            "training_architecture": spec.architecture,
-            **({"training_k": spec.k} if spec.architecture == "batchtopk" else {}),
-            "trained_by": f"hooked {__version__} (hooked.sae.train)",
-        }
-        cfg = DictionaryConfig(
-            d_in=d_in,
-            d_sae=spec.d_sae,
-            hook_name=spec.hook_name,
-            architecture=trainer_class.dictionary_architecture,
-            hook_name_out=spec.hook_name_out,
-            d_out=d_out,
-            apply_b_dec_to_input=spec.hook_name_out is None,
-            k=int(spec.k) if spec.architecture == "topk" else None,
-            reshape_activations="hook_z" if flatten else "none",
-            dtype=str(dtype).removeprefix("torch."),
-            device=str(device),
-            processing=dict(getattr(model, "processing", {}) or {}),
-            metadata=metadata,
-        )
-        self.spec = spec
-        self.trainer = trainer_class(spec, cfg, torch.Generator().manual_seed(spec.seed))
-        self.optimizer = torch.optim.Adam(self.trainer.parameters(), lr=spec.learning_rate)
-        self.steps_since_fired = torch.zeros(spec.d_sae, dtype=torch.long, device=device)
+
+class Run:
+    """One dictionary in training: its trainer (any object with `DictionaryTrainer`'s surface), Adam, and the
+    count of steps since each feature fired."""
+
+    def __init__(self, spec: DictionarySpec, trainer: DictionaryTrainer):
+        self.spec, self.trainer = spec, trainer
+        self.optimizer = torch.optim.Adam(trainer.parameters(), lr=spec.learning_rate)
+        self.steps_since_fired = torch.zeros(trainer.d_sae, dtype=torch.long, device=trainer.device)
         self.steps, self.initialized, self.tokens = 0, False, 0
 
     def step(self, batch: dict[str, Tensor]) -> dict[str, float]:
@@ -971,13 +995,10 @@ class Run:
             if len(dead):
                 self.trainer.resample(dead, batch, out.recons, self.optimizer)
                 self.steps_since_fired[dead] = 0
-        _, y = self.trainer.inputs(batch)
-        with torch.no_grad():
-            fvu = (out.recons - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum().clamp_min(1e-12)
         return {
             "loss": float(out.loss.detach()),
             "l0": float(out.l0),
-            "fvu": float(fvu),
+            "fvu": float(out.fvu),
             "dead": int((self.steps_since_fired > self.spec.dead_feature_window).sum()),
         }
 
@@ -1019,7 +1040,7 @@ def _checkpoint(runs: list[Run], directory: Path, name: str) -> None:
 
 
 def _writer() -> Callable[[Dictionary, Path], Any]:
-    """hooked.sae.save when hooked/sae/formats provides it, else this module's own SAELens writer."""
+    """`hooked.sae.save` once the formats module provides it, else this module's own SAELens writer."""
     try:
         from hooked.sae.formats import save
     except ImportError:
