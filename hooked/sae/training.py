@@ -75,6 +75,7 @@ JUMPRELU_INIT_THRESHOLD = 0.01  # SAELens' jumprelu_init_threshold
 BATCHTOPK_THRESHOLD_RATE = 0.01  # SAELens' topk_threshold_lr
 DECODER_INIT_NORM = 0.1  # SAELens' decoder_init_norm (Anthropic's April 2024 update)
 RESAMPLE_ENCODER_SCALE = 0.2  # Anthropic's resampling: new encoder rows at 0.2 x the live rows' mean norm
+PRE_BYTES = 8 * 2**20  # TopK computes its pre-activations this many bytes of rows at a time
 
 
 # ============================================================================= what to train
@@ -651,14 +652,14 @@ class DictionaryTrainer:
     def forward(self, batch: dict[str, Tensor], dead: Tensor | None) -> StepResult:
         x, y = self.inputs(batch)
         d = self.dictionary
-        acts, pre, penalty = self.encode_for_training(self.encoder_input(x))
+        acts, penalty = self.encode_for_training(self.encoder_input(x))
         recons = acts @ d.W_dec + d.b_dec
         if d.W_skip is not None:
             recons = recons + x @ d.W_skip.T
         mse = (recons - y).pow(2).sum(-1).mean()
         parts = {"mse": mse, **penalty}
         if dead is not None:
-            parts.update(self.dead_loss(x, y, recons, pre, dead))
+            parts.update(self.dead_loss(x, y, recons, dead))
         active = acts > 0
         return self._result(parts, active.any(0), active.sum(-1).float().mean(), recons, y)
 
@@ -669,13 +670,14 @@ class DictionaryTrainer:
             fvu = (recons - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum().clamp_min(1e-12)
         return StepResult(sum(parts.values()), parts, fired, l0, fvu, recons)
 
-    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """(features [tokens d_sae], pre-activations, sparsity terms) of the encoder input."""
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """(features [tokens d_sae], sparsity terms) of the encoder input."""
         raise NotImplementedError
 
-    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, pre: Tensor, dead: Tensor) -> dict[str, Tensor]:
+    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, dead: Tensor) -> dict[str, Tensor]:
         return {}
 
+    @torch.no_grad()  # a graph through the gradient would chain every step to the last
     def before_update(self) -> None:
         if self.unit_norm_decoder:  # keep the step tangent to the unit sphere of each row (eai-sparsify)
             W, grad = self.dictionary.W_dec, self.dictionary.W_dec.grad
@@ -739,12 +741,12 @@ class DictionaryTrainer:
 class StandardTrainer(DictionaryTrainer):
     """ReLU with the L1 of the features weighted by their decoder norms (SAELens' StandardTrainingSAE)."""
 
-    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.dictionary
         pre = x @ d.W_enc + d.b_enc
         acts = F.relu(pre)
         l1 = (acts * d.W_dec.norm(dim=-1)).sum(-1).mean()
-        return acts, pre, {"l1": self.spec.l1_coefficient * l1}
+        return acts, {"l1": self.spec.l1_coefficient * l1}
 
 
 class TopKTrainer(DictionaryTrainer):
@@ -757,20 +759,20 @@ class TopKTrainer(DictionaryTrainer):
         x, y = self.inputs(batch)
         d = self.dictionary
         b_dec = d.b_dec if d.cfg.apply_b_dec_to_input else None
-        acts, indices, pre = TopKEncode.apply(x, b_dec, d.W_enc, d.b_enc, int(self.spec.k))
+        acts, indices = TopKEncode.apply(x, b_dec, d.W_enc, d.b_enc, int(self.spec.k))
         recons = F.embedding_bag(indices, d.W_dec, per_sample_weights=acts, mode="sum") + d.b_dec
         if d.W_skip is not None:
             recons = recons + x @ d.W_skip.T
         parts = {"mse": (recons - y).pow(2).sum(-1).mean()}
         if dead is not None:
-            parts.update(self.dead_loss(x, y, recons, pre, dead))
+            parts.update(self.dead_loss(x, y, recons, dead))
         with torch.no_grad():
             active = acts > 0
             fired = torch.zeros(d.cfg.d_sae, dtype=torch.bool, device=d.device)
             fired[indices[active]] = True
         return self._result(parts, fired, active.sum(-1).float().mean(), recons, y)
 
-    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, pre: Tensor, dead: Tensor) -> dict[str, Tensor]:
+    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, dead: Tensor) -> dict[str, Tensor]:
         """AuxK (SAELens 6.54 `calculate_topk_aux_loss`, after eai-sparsify): the top d_out/2 dead features of each
         token reconstruct what the live ones left, without b_dec; only the dead columns are computed."""
         d = self.dictionary
@@ -798,7 +800,7 @@ class BatchTopKTrainer(TopKTrainer):
     def forward(self, batch: dict[str, Tensor], dead: Tensor | None) -> StepResult:
         return DictionaryTrainer.forward(self, batch, dead)
 
-    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.dictionary
         pre = x @ d.W_enc + d.b_enc
         acts = F.relu(pre)
@@ -811,7 +813,7 @@ class BatchTopKTrainer(TopKTrainer):
                 smallest = float(positive.min())
                 rate = BATCHTOPK_THRESHOLD_RATE
                 self.threshold = smallest if self.threshold is None else (1 - rate) * self.threshold + rate * smallest
-        return kept, pre, {}
+        return kept, {}
 
     @torch.no_grad()
     def export(self) -> Dictionary:
@@ -834,14 +836,14 @@ class JumpReLUTrainer(DictionaryTrainer):
     def _extra(self) -> list[torch.nn.Parameter]:
         return [self.dictionary.threshold]
 
-    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.dictionary
         with torch.no_grad():  # kept >= 0, projected rather than clamped in the graph (SAELens)
             d.threshold.clamp_(min=0.0)
         pre = x @ d.W_enc + d.b_enc
         acts = JumpReLU.apply(pre, d.threshold, JUMPRELU_BANDWIDTH)
         l0 = StepFunction.apply(pre, d.threshold, JUMPRELU_BANDWIDTH).sum(-1).mean()
-        return acts, pre, {"l0": self.spec.l0_coefficient * l0}
+        return acts, {"l0": self.spec.l0_coefficient * l0}
 
     def _resampled(self, features: Tensor) -> None:
         self.dictionary.threshold[features] = JUMPRELU_INIT_THRESHOLD
@@ -857,24 +859,25 @@ TRAINERS: dict[str, type[DictionaryTrainer]] = {
 
 # ============================================================================= autograd pieces
 class TopKEncode(torch.autograd.Function):
-    """(relu of the k largest pre-activations [tokens k], their feature indices, every pre-activation) of
-    x - b_dec, with a backward that touches only the chosen features: W_enc's gradient is a sparse [d_sae tokens]
-    product, b_enc's and b_dec's per-feature sums (after eai-sparsify 1.3.3 `fused_encoder.py`, whose index_add
-    the sparse product replaces). The pre-activations come back without gradient (AuxK recomputes its columns)."""
+    """(relu of the k largest pre-activations [tokens k], their feature indices) of x - b_dec, with a backward that
+    touches only the chosen features: W_enc's gradient is a sparse [d_sae tokens] product, b_enc's and b_dec's
+    per-feature sums (after eai-sparsify 1.3.3 `fused_encoder.py`, whose index_add the sparse product replaces).
+    The pre-activations [tokens d_sae], the step's largest tensor, exist a block of rows at a time (`PRE_BYTES`)."""
 
     @staticmethod
     def forward(ctx, x, b_dec, W_enc, b_enc, k):
         centred = x - b_dec if b_dec is not None else x
-        pre = torch.addmm(b_enc, centred, W_enc)
-        values, indices = pre.topk(k, dim=-1, sorted=False)
-        acts = values.relu_()
+        rows = max(1, PRE_BYTES // (W_enc.shape[1] * W_enc.element_size()))
+        chosen = [torch.addmm(b_enc, block, W_enc).topk(k, dim=-1, sorted=False) for block in centred.split(rows)]
+        acts = torch.cat([block.values for block in chosen]).relu_()
+        indices = torch.cat([block.indices for block in chosen])
         ctx.save_for_backward(centred, W_enc, indices, acts)
         ctx.has_b_dec = b_dec is not None
-        ctx.mark_non_differentiable(indices, pre)
-        return acts, indices, pre
+        ctx.mark_non_differentiable(indices)
+        return acts, indices
 
     @staticmethod
-    def backward(ctx, grad_acts, grad_indices, grad_pre):
+    def backward(ctx, grad_acts, grad_indices):
         centred, W_enc, indices, acts = ctx.saved_tensors
         n, k = indices.shape
         d_sae = W_enc.shape[1]
