@@ -41,9 +41,10 @@ unit-norm architectures), the encoder its transpose (a transcoder's encoder draw
 first batch's targets (an SAE subtracts it from its input, SAELens' `apply_b_dec_to_input`), a transcoder's b_enc
 centring its pre-activations on that batch's mean input (eai-sparsify's trainer).
 
-A trainee is anything with the `DictionaryTrainer` surface (`points`, `initialize`, `parameters`, `forward`,
-`before_update`, `after_update`, `resample`, `export`): a cross-layer transcoder reading every layer plugs in as one
-more trainer whose `points` are all of them.
+The loop drives any object with `DictionaryTrainer`'s surface (`points`, `d_sae`, `device`, `initialize`,
+`parameters`, `forward` -> `StepResult`, `before_update`, `after_update`, `resample`, `export`) through `Run`: a
+cross-layer transcoder plugs in as one more trainer whose `points` are every layer's input and output, fed by the same
+stream.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ JUMPRELU_INIT_THRESHOLD = 0.01  # SAELens' jumprelu_init_threshold
 BATCHTOPK_THRESHOLD_RATE = 0.01  # SAELens' topk_threshold_lr
 DECODER_INIT_NORM = 0.1  # SAELens' decoder_init_norm (Anthropic's April 2024 update)
 RESAMPLE_ENCODER_SCALE = 0.2  # Anthropic's resampling: new encoder rows at 0.2 x the live rows' mean norm
+PRE_BYTES = 8 * 2**20  # TopK computes its pre-activations this many bytes of rows at a time
 
 
 # ============================================================================= what to train
@@ -187,11 +189,9 @@ def train(
     prepend_bos = model.default_prepend_bos if prepend_bos is None else bool(prepend_bos)
     rows = token_rows(model, data, context_size, prepend_bos)
 
-    runs = [Run(spec, model, rows, device, dtype) for spec in specs]
-    stream = ActivationStream(
-        model, rows, sorted({p for spec in specs for p in spec.points}, key=model.hook_names.index), batch_tokens,
-        buffer_batches, seed, device, dtype,
-    )  # fmt: skip
+    runs = [Run(spec, build_trainer(spec, model, rows, device, dtype)) for spec in specs]
+    points = sorted({point for run in runs for point in run.trainer.points}, key=model.hook_names.index)
+    stream = ActivationStream(model, rows, points, batch_tokens, buffer_batches, seed, device, dtype)
     directory = None if checkpoint_dir is None else Path(checkpoint_dir)
     bar = _progress_bar(n_tokens, progress)
     seen, next_checkpoint = 0, checkpoint_every
@@ -576,7 +576,8 @@ class StepResult:
     parts: dict[str, Tensor]  # mse, l1 / l0 / auxk
     fired: Tensor  # [d_sae] bool: the features active on some token
     l0: Tensor  # mean active features per token
-    recons: Tensor  # [tokens d_out], detached
+    fvu: Tensor  # fraction of variance unexplained on this batch
+    recons: Tensor  # [tokens d_out], detached: what `resample` reads
 
 
 class DictionaryTrainer:
@@ -595,7 +596,16 @@ class DictionaryTrainer:
 
     @property
     def points(self) -> tuple[str, ...]:
+        """The hook points whose activations a step reads (a cross-layer transcoder's: every layer's)."""
         return self.spec.points
+
+    @property
+    def d_sae(self) -> int:
+        return self.dictionary.cfg.d_sae
+
+    @property
+    def device(self) -> torch.device:
+        return self.dictionary.device
 
     def parameters(self) -> list[torch.nn.Parameter]:
         d = self.dictionary
@@ -642,24 +652,32 @@ class DictionaryTrainer:
     def forward(self, batch: dict[str, Tensor], dead: Tensor | None) -> StepResult:
         x, y = self.inputs(batch)
         d = self.dictionary
-        acts, pre, penalty = self.encode_for_training(self.encoder_input(x))
+        acts, penalty = self.encode_for_training(self.encoder_input(x))
         recons = acts @ d.W_dec + d.b_dec
         if d.W_skip is not None:
             recons = recons + x @ d.W_skip.T
         mse = (recons - y).pow(2).sum(-1).mean()
         parts = {"mse": mse, **penalty}
         if dead is not None:
-            parts.update(self.dead_loss(x, y, recons, pre, dead))
+            parts.update(self.dead_loss(x, y, recons, dead))
         active = acts > 0
-        return StepResult(sum(parts.values()), parts, active.any(0), active.sum(-1).float().mean(), recons.detach())
+        return self._result(parts, active.any(0), active.sum(-1).float().mean(), recons, y)
 
-    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """(features [tokens d_sae], pre-activations, sparsity terms) of the encoder input."""
+    @staticmethod
+    def _result(parts: dict[str, Tensor], fired: Tensor, l0: Tensor, recons: Tensor, y: Tensor) -> StepResult:
+        recons = recons.detach()
+        with torch.no_grad():
+            fvu = (recons - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum().clamp_min(1e-12)
+        return StepResult(sum(parts.values()), parts, fired, l0, fvu, recons)
+
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """(features [tokens d_sae], sparsity terms) of the encoder input."""
         raise NotImplementedError
 
-    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, pre: Tensor, dead: Tensor) -> dict[str, Tensor]:
+    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, dead: Tensor) -> dict[str, Tensor]:
         return {}
 
+    @torch.no_grad()  # a graph through the gradient would chain every step to the last
     def before_update(self) -> None:
         if self.unit_norm_decoder:  # keep the step tangent to the unit sphere of each row (eai-sparsify)
             W, grad = self.dictionary.W_dec, self.dictionary.W_dec.grad
@@ -723,12 +741,12 @@ class DictionaryTrainer:
 class StandardTrainer(DictionaryTrainer):
     """ReLU with the L1 of the features weighted by their decoder norms (SAELens' StandardTrainingSAE)."""
 
-    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.dictionary
         pre = x @ d.W_enc + d.b_enc
         acts = F.relu(pre)
         l1 = (acts * d.W_dec.norm(dim=-1)).sum(-1).mean()
-        return acts, pre, {"l1": self.spec.l1_coefficient * l1}
+        return acts, {"l1": self.spec.l1_coefficient * l1}
 
 
 class TopKTrainer(DictionaryTrainer):
@@ -741,20 +759,20 @@ class TopKTrainer(DictionaryTrainer):
         x, y = self.inputs(batch)
         d = self.dictionary
         b_dec = d.b_dec if d.cfg.apply_b_dec_to_input else None
-        acts, indices, pre = TopKEncode.apply(x, b_dec, d.W_enc, d.b_enc, int(self.spec.k))
+        acts, indices = TopKEncode.apply(x, b_dec, d.W_enc, d.b_enc, int(self.spec.k))
         recons = F.embedding_bag(indices, d.W_dec, per_sample_weights=acts, mode="sum") + d.b_dec
         if d.W_skip is not None:
             recons = recons + x @ d.W_skip.T
         parts = {"mse": (recons - y).pow(2).sum(-1).mean()}
         if dead is not None:
-            parts.update(self.dead_loss(x, y, recons, pre, dead))
+            parts.update(self.dead_loss(x, y, recons, dead))
         with torch.no_grad():
             active = acts > 0
             fired = torch.zeros(d.cfg.d_sae, dtype=torch.bool, device=d.device)
             fired[indices[active]] = True
-        return StepResult(sum(parts.values()), parts, fired, active.sum(-1).float().mean(), recons.detach())
+        return self._result(parts, fired, active.sum(-1).float().mean(), recons, y)
 
-    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, pre: Tensor, dead: Tensor) -> dict[str, Tensor]:
+    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, dead: Tensor) -> dict[str, Tensor]:
         """AuxK (SAELens 6.54 `calculate_topk_aux_loss`, after eai-sparsify): the top d_out/2 dead features of each
         token reconstruct what the live ones left, without b_dec; only the dead columns are computed."""
         d = self.dictionary
@@ -782,7 +800,7 @@ class BatchTopKTrainer(TopKTrainer):
     def forward(self, batch: dict[str, Tensor], dead: Tensor | None) -> StepResult:
         return DictionaryTrainer.forward(self, batch, dead)
 
-    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.dictionary
         pre = x @ d.W_enc + d.b_enc
         acts = F.relu(pre)
@@ -795,7 +813,7 @@ class BatchTopKTrainer(TopKTrainer):
                 smallest = float(positive.min())
                 rate = BATCHTOPK_THRESHOLD_RATE
                 self.threshold = smallest if self.threshold is None else (1 - rate) * self.threshold + rate * smallest
-        return kept, pre, {}
+        return kept, {}
 
     @torch.no_grad()
     def export(self) -> Dictionary:
@@ -818,14 +836,14 @@ class JumpReLUTrainer(DictionaryTrainer):
     def _extra(self) -> list[torch.nn.Parameter]:
         return [self.dictionary.threshold]
 
-    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.dictionary
         with torch.no_grad():  # kept >= 0, projected rather than clamped in the graph (SAELens)
             d.threshold.clamp_(min=0.0)
         pre = x @ d.W_enc + d.b_enc
         acts = JumpReLU.apply(pre, d.threshold, JUMPRELU_BANDWIDTH)
         l0 = StepFunction.apply(pre, d.threshold, JUMPRELU_BANDWIDTH).sum(-1).mean()
-        return acts, pre, {"l0": self.spec.l0_coefficient * l0}
+        return acts, {"l0": self.spec.l0_coefficient * l0}
 
     def _resampled(self, features: Tensor) -> None:
         self.dictionary.threshold[features] = JUMPRELU_INIT_THRESHOLD
@@ -841,24 +859,25 @@ TRAINERS: dict[str, type[DictionaryTrainer]] = {
 
 # ============================================================================= autograd pieces
 class TopKEncode(torch.autograd.Function):
-    """(relu of the k largest pre-activations [tokens k], their feature indices, every pre-activation) of
-    x - b_dec, with a backward that touches only the chosen features: W_enc's gradient is a sparse [d_sae tokens]
-    product, b_enc's and b_dec's per-feature sums (after eai-sparsify 1.3.3 `fused_encoder.py`, whose index_add
-    the sparse product replaces). The pre-activations come back without gradient (AuxK recomputes its columns)."""
+    """(relu of the k largest pre-activations [tokens k], their feature indices) of x - b_dec, with a backward that
+    touches only the chosen features: W_enc's gradient is a sparse [d_sae tokens] product, b_enc's and b_dec's
+    per-feature sums (after eai-sparsify 1.3.3 `fused_encoder.py`, whose index_add the sparse product replaces).
+    The pre-activations [tokens d_sae], the step's largest tensor, exist a block of rows at a time (`PRE_BYTES`)."""
 
     @staticmethod
     def forward(ctx, x, b_dec, W_enc, b_enc, k):
         centred = x - b_dec if b_dec is not None else x
-        pre = torch.addmm(b_enc, centred, W_enc)
-        values, indices = pre.topk(k, dim=-1, sorted=False)
-        acts = values.relu_()
+        rows = max(1, PRE_BYTES // (W_enc.shape[1] * W_enc.element_size()))
+        chosen = [torch.addmm(b_enc, block, W_enc).topk(k, dim=-1, sorted=False) for block in centred.split(rows)]
+        acts = torch.cat([block.values for block in chosen]).relu_()
+        indices = torch.cat([block.indices for block in chosen])
         ctx.save_for_backward(centred, W_enc, indices, acts)
         ctx.has_b_dec = b_dec is not None
-        ctx.mark_non_differentiable(indices, pre)
-        return acts, indices, pre
+        ctx.mark_non_differentiable(indices)
+        return acts, indices
 
     @staticmethod
-    def backward(ctx, grad_acts, grad_indices, grad_pre):
+    def backward(ctx, grad_acts, grad_indices):
         centred, W_enc, indices, acts = ctx.saved_tensors
         n, k = indices.shape
         d_sae = W_enc.shape[1]
@@ -912,43 +931,51 @@ class StepFunction(torch.autograd.Function):
 
 
 # ============================================================================= the loop's bookkeeping
-class Run:
-    """One dictionary in training: its trainer, Adam, and the count of steps since each feature fired."""
+def build_trainer(
+    spec: DictionarySpec, model: HookedTransformer, rows: TokenRows, device: torch.device, dtype: torch.dtype
+) -> DictionaryTrainer:
+    """The trainer of one SAE or transcoder: its `DictionaryConfig` records where it reads and writes, the data's
+    context and BOS, the model and its weight processing."""
+    d_in, flatten = _width(model, spec.hook_name)
+    d_out = _width(model, spec.hook_name_out)[0] if spec.hook_name_out is not None else d_in
+    trainer_class = TRAINERS[spec.architecture]
+    metadata = {
+        "model_name": str(getattr(model, "name_or_path", "") or type(model).__name__),
+        "hook_name": spec.hook_name,
+        **({"hook_name_out": spec.hook_name_out} if spec.hook_name_out is not None else {}),
+        "context_size": rows.context_size,
+        "prepend_bos": rows.prepend_bos,
+        "dataset_path": rows.description,
+        "training_architecture": spec.architecture,
+        **({"training_k": spec.k} if spec.architecture == "batchtopk" else {}),
+        "trained_by": f"hooked {__version__} (hooked.sae.train)",
+    }
+    cfg = DictionaryConfig(
+        d_in=d_in,
+        d_sae=spec.d_sae,
+        hook_name=spec.hook_name,
+        architecture=trainer_class.dictionary_architecture,
+        hook_name_out=spec.hook_name_out,
+        d_out=d_out,
+        apply_b_dec_to_input=spec.hook_name_out is None,
+        k=int(spec.k) if spec.architecture == "topk" else None,
+        reshape_activations="hook_z" if flatten else "none",
+        dtype=str(dtype).removeprefix("torch."),
+        device=str(device),
+        processing=dict(getattr(model, "processing", {}) or {}),
+        metadata=metadata,
+    )
+    return trainer_class(spec, cfg, torch.Generator().manual_seed(spec.seed))
 
-    def __init__(self, spec: DictionarySpec, model: HookedTransformer, rows: TokenRows, device, dtype):
-        d_in, flatten = _width(model, spec.hook_name)
-        d_out = _width(model, spec.hook_name_out)[0] if spec.hook_name_out is not None else d_in
-        trainer_class = TRAINERS[spec.architecture]
-        metadata = {
-            "model_name": str(getattr(model, "name_or_path", "") or type(model).__name__),
-            "hook_name": spec.hook_name,
-            **({"hook_name_out": spec.hook_name_out} if spec.hook_name_out is not None else {}),
-            "context_size": rows.context_size,
-            "prepend_bos": rows.prepend_bos,
-            "dataset_path": rows.description,
-            "training_architecture": spec.architecture,
-            **({"training_k": spec.k} if spec.architecture == "batchtopk" else {}),
-            "trained_by": f"hooked {__version__} (hooked.sae.train)",
-        }
-        cfg = DictionaryConfig(
-            d_in=d_in,
-            d_sae=spec.d_sae,
-            hook_name=spec.hook_name,
-            architecture=trainer_class.dictionary_architecture,
-            hook_name_out=spec.hook_name_out,
-            d_out=d_out,
-            apply_b_dec_to_input=spec.hook_name_out is None,
-            k=int(spec.k) if spec.architecture == "topk" else None,
-            reshape_activations="hook_z" if flatten else "none",
-            dtype=str(dtype).removeprefix("torch."),
-            device=str(device),
-            processing=dict(getattr(model, "processing", {}) or {}),
-            metadata=metadata,
-        )
-        self.spec = spec
-        self.trainer = trainer_class(spec, cfg, torch.Generator().manual_seed(spec.seed))
-        self.optimizer = torch.optim.Adam(self.trainer.parameters(), lr=spec.learning_rate)
-        self.steps_since_fired = torch.zeros(spec.d_sae, dtype=torch.long, device=device)
+
+class Run:
+    """One dictionary in training: its trainer (any object with `DictionaryTrainer`'s surface), Adam, and the
+    count of steps since each feature fired."""
+
+    def __init__(self, spec: DictionarySpec, trainer: DictionaryTrainer):
+        self.spec, self.trainer = spec, trainer
+        self.optimizer = torch.optim.Adam(trainer.parameters(), lr=spec.learning_rate)
+        self.steps_since_fired = torch.zeros(trainer.d_sae, dtype=torch.long, device=trainer.device)
         self.steps, self.initialized, self.tokens = 0, False, 0
 
     def step(self, batch: dict[str, Tensor]) -> dict[str, float]:
@@ -971,13 +998,10 @@ class Run:
             if len(dead):
                 self.trainer.resample(dead, batch, out.recons, self.optimizer)
                 self.steps_since_fired[dead] = 0
-        _, y = self.trainer.inputs(batch)
-        with torch.no_grad():
-            fvu = (out.recons - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum().clamp_min(1e-12)
         return {
             "loss": float(out.loss.detach()),
             "l0": float(out.l0),
-            "fvu": float(fvu),
+            "fvu": float(out.fvu),
             "dead": int((self.steps_since_fired > self.spec.dead_feature_window).sum()),
         }
 
@@ -1019,7 +1043,7 @@ def _checkpoint(runs: list[Run], directory: Path, name: str) -> None:
 
 
 def _writer() -> Callable[[Dictionary, Path], Any]:
-    """hooked.sae.save when hooked/sae/formats provides it, else this module's own SAELens writer."""
+    """`hooked.sae.save` once the formats module provides it, else this module's own SAELens writer."""
     try:
         from hooked.sae.formats import save
     except ImportError:
