@@ -16,8 +16,9 @@ A B C A B C ... after warmup; ratios of medians against "no hooks" measured in t
      not of the hook mechanism. Target: <= 1.15.
    * "every hook point incl. eager-path ones": all of them, for reference (no target).
    * "every point a default cache keeps": all but the split q/k/v inputs and hook_mlp_in, which
-     TransformerLens computes only behind flags (TransformerLens' point set, plus `attn.hook_result`,
-     which TransformerLens caches only after `set_use_attn_result(True)`). Target: <= 1.15.
+     TransformerLens computes only behind flags, and `mlp.hook_in`, which it has not (TransformerLens'
+     point set, plus `attn.hook_result`, which TransformerLens caches only after
+     `set_use_attn_result(True)`). Target: <= 1.15.
    * "run_with_cache()": a cache of every default point. Target: <= 1.3. With no other hook in the call
      the cache keeps the activations themselves (hooked/cache.py); the next row runs the same cache
      inside a `model.hooks()` block holding one no-op hook, which makes it copy every activation (what
@@ -104,7 +105,7 @@ def forward_rows(
     }
     if cache_rows:
         # TransformerLens' point set: the split q/k/v inputs and hook_mlp_in exist there only behind flags, and
-        # a cache without a filter leaves them out here too (model.default_cache_names()).
+        # a cache without a filter leaves them out here too (model.default_cache_names()), with mlp.hook_in.
         default = set(model.default_cache_names())
         fns["every point a default cache keeps (TransformerLens' set)"] = lambda: model.run_with_hooks(
             tokens, fwd_hooks=[(lambda name: name in default, noop)]

@@ -32,6 +32,12 @@ Positions and batch rows are chosen by `pos_slice` / `batch_slice`: a `slice`, a
 tuple, a list or tensor of indices, or an int, which here keeps a length-1 axis so shapes stay
 comparable. TransformerLens' `Slice` object (`hooked/names.py`, also `hooked.transformer_lens.utils.Slice`) is taken
 everywhere too and keeps TransformerLens' meaning: `Slice(-1)` indexes, dropping the axis.
+
+`run_with_cache(..., sparse=names)` keeps the points `names` selects as torch sparse COO tensors (the indices and
+values of their nonzero entries; `.to_dense()` gives the tensor back), converted as each point fires, so a forward
+never holds their dense copies at once: a dictionary's features (hooked.sae, `sparse_features=True`), of which a
+few in thousands are active. A nonzero entry costs 8 bytes per axis plus its value (28 bytes for a float32
+[batch pos d_sae]), a dense one its value alone, so it pays below one active entry in seven.
 """
 
 from __future__ import annotations
@@ -61,10 +67,12 @@ def run_with_cache(
     remove_batch_dim: bool = False,
     incl_bwd: bool = False,
     pos_slice: PosSlice = None,
+    sparse: NameFilter | None = None,
     **model_kwargs,
 ) -> tuple[Tensor | tuple[Tensor, Tensor] | None, ActivationCache]:  # the forward's output (by return_type)
     # Resolved by model.hooks() (a bad name there raises on every rank of a tensor-parallel group).
     names = model.default_cache_names() if names_filter is None else names_filter
+    sparse_names = set() if sparse is None else set(model.resolve_hook_names(sparse))
     by_reference = _by_reference(model)
     store: dict[str, Tensor] = {}
     rows = {}  # the forward's position ids and mask, kept so a cache knows its padding
@@ -85,6 +93,8 @@ def run_with_cache(
                 )
             tensor = tensor[0]
         moved = tensor.to(device) if device is not None else tensor
+        if point.name in sparse_names:
+            return moved.to_sparse()  # new buffers: nothing later can edit them
         if moved.data_ptr() != tensor.data_ptr():
             return moved  # .to() made the copy
         return moved.clone() if copy or not _compact(moved) else moved

@@ -27,6 +27,12 @@ A hook can ask which tokens its rows hold: `hook.position_ids` [batch pos] is ea
 in its own prompt (left padding skipped) and `hook.attention_mask` [batch pos] marks real tokens (None
 when no row is padded), for the forward that is running. A callback that defines
 `validate_hook_point(point, model)` is checked when it is registered, before any forward runs.
+
+A callback with `part_of_model = True` is part of the model's computation while it is registered (a spliced
+dictionary, hooked/sae/splice.py): `hooks_suspended()` keeps it running, and batched interventions (sweeps,
+generation variants) run every row through it instead of refusing it as an outside hook. One that also names
+`reads_from` (a hook name) takes that point's activation from earlier in the same forward (a transcoder's input),
+so a forward may not start between the two points.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class _Registration:
     permanent: bool = False
     order: int = 0  # where it runs among a point's hooks; negative for prepend=True
     live: bool = True  # False once its context has ended (a task that outlived the block must not run it)
+    part_of_model: bool = False  # the callback's `part_of_model` (see the module docstring)
     context_level = None  # TransformerLens' LensHandle field: hooked has no hook levels
 
     @property
@@ -68,7 +75,8 @@ class _Registration:
 
 
 def _registration(fn: HookFn, owner: int, permanent: bool = False, prepend: bool = False) -> _Registration:
-    return _Registration(fn, owner, permanent, -next(_order) if prepend else next(_order))
+    order = -next(_order) if prepend else next(_order)
+    return _Registration(fn, owner, permanent, order, part_of_model=bool(getattr(fn, "part_of_model", False)))
 
 
 @dataclass(eq=False)
@@ -77,7 +85,7 @@ class _Scope:
 
     `points` maps a point to its (forward, backward) registrations, the enclosing blocks' included, so a
     point looks itself up once. `shared_from` hides the hooks added to the model itself before
-    `hooks_suspended()` began (registrations whose owner id is lower).
+    `hooks_suspended()` began (registrations whose owner id is lower), but those that are part of the model.
     """
 
     points: dict = field(default_factory=dict)
@@ -85,6 +93,14 @@ class _Scope:
 
     def child(self) -> _Scope:
         return _Scope({point: (list(fwd), list(bwd)) for point, (fwd, bwd) in self.points.items()}, self.shared_from)
+
+    def suspended(self) -> _Scope:
+        """The scope of a `hooks_suspended()` block inside this one: only the hooks that are part of the model."""
+        kept = {
+            point: ([r for r in fwd if r.part_of_model], [r for r in bwd if r.part_of_model])
+            for point, (fwd, bwd) in self.points.items()
+        }
+        return _Scope({point: lists for point, lists in kept.items() if lists[0] or lists[1]}, next(_owner_ids))
 
 
 _scope: ContextVar[_Scope | None] = ContextVar("hooked_hook_scope", default=None)
@@ -94,7 +110,7 @@ _NO_HOOKS: tuple[list, list] = ([], [])
 def _merged(shared: list[_Registration], scoped: list[_Registration], shared_from: int) -> list[_Registration]:
     """Shared and per-call registrations in registration order (callers skip those no longer `live`)."""
     if shared_from:
-        shared = [r for r in shared if r.owner >= shared_from]
+        shared = [r for r in shared if r.owner >= shared_from or r.part_of_model]
     if not scoped:
         return shared
     return sorted([*shared, *scoped], key=_order_of) if shared else scoped
@@ -526,12 +542,15 @@ class HookedRootModule(nn.Module):
 
     @contextlib.contextmanager
     def hooks_suspended(self) -> Iterator[HookedRootModule]:
-        """Run the body as if no hook were registered (hooks added inside are the body's own).
+        """Run the body as if no hook were registered (hooks added inside are the body's own), but those that are
+        part of the model (a spliced dictionary: see the module docstring).
 
         Interventions use it to compute a reference (a mean, a resample source) from a clean forward
         even when they are first called in the middle of a hooked one.
         """
-        token = _scope.set(_Scope(shared_from=next(_owner_ids)))  # only for this caller: other threads keep theirs
+        parent = _scope.get()
+        scope = _Scope(shared_from=next(_owner_ids)) if parent is None else parent.suspended()
+        token = _scope.set(scope)  # only for this caller: other threads keep theirs
         try:
             yield self
         finally:

@@ -53,7 +53,7 @@ class Experiment:
     ) -> Experiment:
         if getattr(model, "tensor_parallel", False):
             raise RuntimeError(f"{caller} runs on one process; load the model without tp= (docs/scaling.md)")
-        registered_hooks(model, caller)
+        registered_hooks(model, caller, part_of_model=False)
         reads = MetricReads.of(metric, model)
         tokens, key_valid = model.tokens_and_mask(clean, attention_mask, prepend_bos=None)
         corrupt_tokens = None

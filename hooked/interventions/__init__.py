@@ -2,7 +2,7 @@
 
 | module | what |
 |---|---|
-| `ablate` | `zero`, `mean`, `resample` callbacks and `ablate.hooks(model, addresses, method)` |
+| `ablate` | `zero`, `mean`, `resample`, `constant` callbacks and `ablate.hooks(model, addresses, method)` |
 | `patch` | activation patching (head and residual sweeps) and attribution patching |
 | `sweeps` | `hooked.sweep`: many variants of one forward as one batched pass |
 | `row_blocks` | the row-block protocol sweeps, generation and circuits share: each variant owns a block of rows |

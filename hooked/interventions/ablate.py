@@ -1,4 +1,4 @@
-"""Ablations as hook callbacks: `zero`, `mean` and `resample`, registered by hook name like any hook.
+"""Ablations as hook callbacks: `zero`, `mean`, `resample` and `constant`, registered by hook name like any hook.
 
     model.run_with_hooks(tokens, fwd_hooks=[("blocks.9.attn.hook_z", ablate.zero(heads=9))])
     model.run_with_hooks(tokens, fwd_hooks=ablate.hooks(model, ["L9H9", "L10H0"], "resample", source=corrupt))
@@ -30,7 +30,9 @@ and never wins a slot; the model then routes and renormalises exactly as it woul
 only, pooled over every prompt and position (default) or per position in the prompt
 (`per_position=True`). `resample` writes the value a paired source holds at the same place (a cache
 or tokens of the same shape), or, with `seed=`, the value of another row of the same batch, chosen by
-a seeded derangement (no row keeps its own). See docs/ablation.md for when each is the right question.
+a seeded derangement (no row keeps its own). `constant` writes a value you give: a dictionary's feature held
+at a value (steering, `constant(8.0, features=12)`), a neuron clamped. See docs/ablation.md for when each is the
+right question.
 
 Component addresses (`ablate.hooks`, `hooked.sweep`; parsed in `hooked/interventions/addresses.py`): `L9H9` (a
 head's z; `L9H9.q`, `.k`, `.v` its query, key, value), `L3KV1.k` / `.v` (the keys / values of a
@@ -62,7 +64,7 @@ if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
 Selector = int | Sequence[int] | Tensor | None  # an integer tensor too (hooked.interventions.positions.as_ints)
-Method = Literal["zero", "mean", "resample"]
+Method = Literal["zero", "mean", "resample", "constant"]
 
 
 def __getattr__(name: str) -> str:
@@ -279,6 +281,73 @@ def zero(
     hooked.interventions.kinds (`zero(features=12)`).
     """
     return Zero(heads=heads, neurons=neurons, experts=experts, positions=positions, more=tuple(more.items()))
+
+
+# ----------------------------------------------------------------------------- constant
+@dataclass(frozen=True, repr=False)
+class Constant(Ablation):
+    """Write a value given once: a float, or a tensor that broadcasts against the point's trailing axes."""
+
+    value: float | Tensor = 0.0
+    kind = "constant"
+
+    def __post_init__(self):
+        super().__post_init__()
+        value = self.value
+        if isinstance(value, Tensor):
+            if not value.dtype.is_floating_point:
+                raise TypeError(f"constant() writes a float or a floating-point tensor, not a {value.dtype} tensor")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"constant() writes a float or a floating-point tensor, not {type(value).__name__}")
+        else:
+            object.__setattr__(self, "value", float(value))
+
+    def replacement(self, activation: Tensor, hook: HookPoint | RowsView) -> Tensor:
+        return torch.as_tensor(self.value, dtype=activation.dtype, device=activation.device)
+
+    def validate_hook_point(self, point: HookPoint, model: HookedTransformer | None = None) -> None:
+        super().validate_hook_point(point, model)
+        if model is None or not isinstance(self.value, Tensor):
+            return
+        sizes = model.axis_sizes(point.name)
+        if self.value.ndim > len(point.axes):
+            raise ValueError(
+                f"{self!r} at {point.name}: the value has {self.value.ndim} axes, the point {len(point.axes)}"
+                f" ({' '.join(point.axes)})"
+            )
+        trailing = point.axes[len(point.axes) - self.value.ndim :]
+        for axis, size in zip(trailing, self.value.shape, strict=True):
+            if size != 1 and sizes.get(axis, size) != size:
+                raise ValueError(
+                    f"{self!r} at {point.name}: the value's shape {list(self.value.shape)} does not broadcast against"
+                    f" the point's axes ({' '.join(point.axes)}): {axis} is {sizes[axis]} there"
+                )
+
+    def _repr_fields(self) -> list[str]:
+        shown = f"<tensor {list(self.value.shape)}>" if isinstance(self.value, Tensor) else repr(self.value)
+        return [shown, *super()._repr_fields()]
+
+
+def constant(
+    value: float | Tensor,
+    heads: Selector = None,
+    neurons: Selector = None,
+    positions: Positions = None,
+    experts: Selector = None,
+    **more: Selector,
+) -> Constant:
+    """Write `value` at the selected part of a hook point: hold a dictionary's feature at a value on every
+    position (steering), clamp a neuron, write a direction into the residual stream.
+
+    `with model.saes([sae]): model.run_with_hooks(tokens, fwd_hooks=ablate.hooks(model, "L3.resid_post.F12",
+    "constant", value=8.0))` holds feature 12 at 8.0; `constant(8.0, features=12)` is that callback.
+
+    `value` is a float, or a tensor that broadcasts against the point's trailing axes (a [d_model] vector at
+    `hook_resid_post`). Selectors as `zero`'s; under a KV cache each generated token is written too.
+    """
+    return Constant(
+        heads=heads, neurons=neurons, experts=experts, positions=positions, more=tuple(more.items()), value=value
+    )
 
 
 # ----------------------------------------------------------------------------- references
@@ -610,6 +679,7 @@ def hooks(
     seed: int | None = None,
     per_position: bool = False,
     positions: Positions = None,
+    value: float | Tensor | None = None,
 ) -> list[tuple[str, HookFn]]:
     """(hook name, callback) pairs that ablate the components at `addresses` with one method.
 
@@ -619,9 +689,16 @@ def hooks(
     references and sources are run once here, for every point at once. Every selector is checked
     against the model before this returns. `positions=` applies to every address (as the selector:
     `task.positions["S2"]` is one position per prompt); an address may instead name its own (`L9H9@-1`).
+    `method="constant"` writes `value=` (`ablate.hooks(model, "L3.resid_post.F12", "constant", value=8.0)`).
     """
-    if method not in ("zero", "mean", "resample"):
-        raise ValueError(f"method must be 'zero', 'mean' or 'resample', not {method!r}")
+    if method not in ("zero", "mean", "resample", "constant"):
+        raise ValueError(f"method must be 'zero', 'mean', 'resample' or 'constant', not {method!r}")
+    if (method == "constant") != (value is not None):
+        raise ValueError(
+            "method='constant' needs value= (what to write, e.g. value=8.0), and value= belongs to it alone"
+            if method == "constant"
+            else f"value= belongs to method='constant', not {method!r}"
+        )
     if method != "mean" and (reference is not None or per_position):
         raise ValueError(f"reference= and per_position= belong to method='mean', not {method!r}")
     if method != "resample" and (source is not None or seed is not None):
@@ -659,6 +736,8 @@ def hooks(
         selectors = {key: tuple(values) for key, values in selectors.items()}
         if method == "zero":
             callback = zero(**selectors, positions=positions)
+        elif method == "constant":
+            callback = constant(value, **selectors, positions=positions)
         elif method == "mean":
             callback = mean(given, **selectors, positions=positions, per_position=per_position, model=model)
         else:
@@ -671,11 +750,13 @@ def hooks(
 __all__ = [
     "Ablation",
     "Component",
+    "Constant",
     "Mean",
     "PerPrompt",
     "Resample",
     "Zero",
     "components",
+    "constant",
     "derangement",
     "hooks",
     "mean",

@@ -420,7 +420,7 @@ def remove(name: str) -> None:
 
 
 # Keywords an ablation takes besides its selectors (hooked/interventions/ablate.py): never a selector's name.
-_ABLATION_KEYWORDS = frozenset({"positions", "reference", "source", "model", "seed", "per_position", "more"})
+_ABLATION_KEYWORDS = frozenset({"positions", "reference", "source", "model", "seed", "per_position", "more", "value"})
 
 
 def match(address: str) -> tuple[Kind, re.Match] | None:

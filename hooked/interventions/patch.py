@@ -57,6 +57,7 @@ from hooked.interventions.ablate import Reference, Resample, Selector, is_tokens
 from hooked.interventions.addresses import head_names
 from hooked.interventions.positions import PerPrompt, Positions, as_ints, as_positions, positions_record
 from hooked.interventions.results import SweepResult, variant_names
+from hooked.interventions.row_blocks import registered_hooks
 from hooked.interventions.sweeps import PlannedVariant, metric_values, plan_variants, sweep, sweep_provenance
 
 if TYPE_CHECKING:
@@ -256,12 +257,9 @@ def _check_can_attribute(model: HookedTransformer, hook: str, metric: Callable) 
         )
     if torch.is_inference_mode_enabled():
         raise RuntimeError("attribution needs gradients; call it outside torch.inference_mode()")
-    registered = [name for name, point in model.hook_dict.items() if point.listening]
-    if registered:  # as hooked.sweep: the estimate must line up with the sweep's unhooked corrupt run
-        raise RuntimeError(
-            f"attribution runs the model without outside hooks, but hooks are registered at {registered[:3]};"
-            " remove them (model.reset_hooks())"
-        )
+    # As hooked.sweep: the estimate must line up with the sweep's unhooked corrupt run. A spliced dictionary, which a
+    # sweep runs with, is refused too: its error term passes no gradient, so the estimate would not be the sweep's.
+    registered_hooks(model, "patch.attribution", part_of_model=False)
 
 
 class _PatchedPoints:

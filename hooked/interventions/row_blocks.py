@@ -5,7 +5,10 @@ Its callbacks are wrapped (`OnRows`) so they see only that block, `activation[ro
 (`RowsView`) whose `position_ids`, `attention_mask` and `slot_experts` are cut to the same rows: a callback
 written for a single run works unchanged, and its in-place edits stay in its rows. `hooked.sweep`,
 `hooked.generate_variants` and the circuits engine build on this protocol; outside hooks would apply to
-every row, so each refuses to run while any is registered (`registered_hooks`).
+every row, so each refuses to run while any is registered (`registered_hooks`). A hook that is part of the
+model (a spliced dictionary: `part_of_model`, hooked/hooks.py) is the model's own computation for every row
+alike, so sweeps and generation run with it; the circuits engine, whose graph knows the model's components only,
+refuses it too.
 """
 
 from __future__ import annotations
@@ -100,9 +103,18 @@ class OnRows:
             activation[self.rows] = result
 
 
-def registered_hooks(model: HookedTransformer, caller: str) -> None:
-    """Refuse to run variants while outside hooks are registered: they would apply to every row."""
-    registered = [name for name, point in model.hook_dict.items() if point.listening]
+def registered_hooks(model: HookedTransformer, caller: str, *, part_of_model: bool = True) -> None:
+    """Refuse to run variants while outside hooks are registered: they would apply to every row. Hooks that
+    are part of the model (a spliced dictionary) pass, unless `part_of_model=False` (the caller cannot run them)."""
+    listening = [
+        (name, [*point.fwd_hooks, *point.bwd_hooks]) for name, point in model.hook_dict.items() if point.listening
+    ]
+    if not part_of_model and any(r.part_of_model for _, registrations in listening for r in registrations):
+        raise RuntimeError(
+            f"{caller} runs the model's own components, but dictionaries are spliced into it (hooked.sae);"
+            " run it outside the `model.saes(...)` block, or after model.reset_saes()"
+        )
+    registered = [name for name, registrations in listening if any(not r.part_of_model for r in registrations)]
     if registered:
         raise RuntimeError(
             f"{caller} runs the model without outside hooks, but hooks are registered at {registered[:3]};"

@@ -16,6 +16,9 @@ file, in the order it calls them):
    final norm. A variant's rows are identical to the base run's until the first stage one of its
    hooks sits in, so the base run is computed once (`_base_run`), keeping the residual stream entering
    every stage, and a variant's rows join the batch only at its first stage, as copies of that residual.
+   A spliced transcoder that reads a point of an earlier stage than the one it writes (`hook_resid_mid` ->
+   `hook_mlp_out`) needs its input from the same rows, so a variant never joins between the two
+   (`spliced_spans`): it joins at the stage of the point read.
 3. **Chunks.** Variants are sorted by first stage and cut into chunks of at most `max_rows` rows (by
    default a memory budget, `max_bytes`: `_chunks`). A chunk runs from the first stage of its first
    variant; later variants' rows are appended as the forward reaches their stage, so row blocks never
@@ -179,6 +182,7 @@ def plan_variants(model: HookedTransformer, variants: Variants, shape: torch.Siz
     """Resolve every variant's hook names, check its callbacks, and find its first stage."""
     planned = []
     no_hooks = 2 * model.cfg.n_layers  # a variant with no hook joins at the final norm: the base run's logits
+    spans = spliced_spans(model)
     for name, pairs in zip(variant_names(variants), variants.values(), strict=True):
         if isinstance(pairs, tuple) and len(pairs) == 2 and callable(pairs[1]):
             pairs = [pairs]  # a single (name, fn) pair
@@ -196,8 +200,33 @@ def plan_variants(model: HookedTransformer, variants: Variants, shape: torch.Siz
             message = error.args[0] if error.args else error  # KeyError's str() would quote it again
             raise type(error)(f"sweep variant {name!r}: {message}") from error
         stage = min((stage_of(model, hook_name) for hook_name, _ in resolved), default=no_hooks)
-        planned.append(PlannedVariant(name, resolved, stage))
+        planned.append(PlannedVariant(name, resolved, outside_spans(stage, spans)))
     return planned
+
+
+def spliced_spans(model: HookedTransformer) -> list[tuple[int, int]]:
+    """(first, last): the stages of the point a hook that is part of the model reads (`reads_from`, hooked/hooks.py:
+    a spliced transcoder's input) and of the point it is registered at, where the two differ. Rows that join the
+    batch after `first`, up to `last`, would reach the hook without its input."""
+    spans = []
+    for point in model.hook_dict.values():
+        if not point.listening:
+            continue
+        for registration in point.fwd_hooks:
+            reads = getattr(registration.fn, "reads_from", None)
+            if registration.part_of_model and reads is not None and stage_of(model, reads) < point.stage:
+                spans.append((stage_of(model, reads), point.stage))
+    return spans
+
+
+def outside_spans(stage: int, spans: list[tuple[int, int]]) -> int:
+    """`stage`, or the first stage of the spans it falls inside (first < stage <= last), moved until it is in none."""
+    moved = True
+    while moved:
+        inside = [first for first, last in spans if first < stage <= last]
+        moved = bool(inside)
+        stage = min(inside, default=stage)
+    return stage
 
 
 def _base_run(model, prompts: Prompts, starts: set[int], reads: MetricReads) -> tuple[dict[int, Tensor], Tensor]:
@@ -311,9 +340,11 @@ def _run_chunk(
         for hook_name, fn in variant.hooks
     ]
     # The last block's MLP half, the final norm and the unembedding act per position: when the metric
-    # reads the last position only and no hook of the chunk sits there, the rest runs on that position.
+    # reads the last position only and no hook of the chunk sits there, the rest runs on that position (unless a
+    # spliced transcoder reads before that stage and writes in it: its input would have every position).
     last_hooked = max((stage_of(model, name) for variant in chunk for name, _ in variant.hooks), default=EMBED_STAGE)
-    trim_at = n_stages - 1 if reads.position == -1 and last_hooked < n_stages - 1 else None
+    spanned = any(first < n_stages - 1 <= last for first, last in spliced_spans(model))
+    trim_at = n_stages - 1 if reads.position == -1 and last_hooked < n_stages - 1 and not spanned else None
     joined = 0  # variants whose rows are in the batch so far
     resid = None
     current: dict[int, tuple] = {}  # joined -> (rows, block inputs) for the batch as it is now

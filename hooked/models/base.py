@@ -579,8 +579,8 @@ class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootM
         """Run once and keep activations: `logits, cache = model.run_with_cache(tokens)`.
 
         Keyword options as TransformerLens: names_filter (name, list or filter function), device,
-        remove_batch_dim, incl_bwd (needs return_type="loss"), pos_slice. Everything else goes to
-        the forward.
+        remove_batch_dim, incl_bwd (needs return_type="loss"), pos_slice; and `sparse` (names kept as sparse
+        tensors: hooked/cache.py). Everything else goes to the forward.
         """
         return run_with_cache(self, *model_args, **kwargs)
 
@@ -597,11 +597,16 @@ class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootM
 
         return run_with_saes(self, *model_args, saes=saes, use_error_term=use_error_term, **kwargs)
 
-    def run_with_cache_with_saes(self, *model_args, saes=(), use_error_term: bool | None = None, **kwargs):
-        """SAELens' `run_with_cache_with_saes`: `run_with_cache` with `saes` spliced for this call."""
+    def run_with_cache_with_saes(
+        self, *model_args, saes=(), use_error_term: bool | None = None, sparse_features: bool = False, **kwargs
+    ):
+        """SAELens' `run_with_cache_with_saes`: `run_with_cache` with `saes` spliced for this call
+        (`sparse_features=True`: their `hook_sae_acts_post` kept as sparse tensors, hooked/sae/splice.py)."""
         from hooked.sae.splice import run_with_cache_with_saes
 
-        return run_with_cache_with_saes(self, *model_args, saes=saes, use_error_term=use_error_term, **kwargs)
+        return run_with_cache_with_saes(
+            self, *model_args, saes=saes, use_error_term=use_error_term, sparse_features=sparse_features, **kwargs
+        )
 
     def add_sae(self, sae, use_error_term: bool | None = None) -> None:
         """SAELens' `add_sae`: splice `sae` until `reset_saes()`."""

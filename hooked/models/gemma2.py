@@ -181,6 +181,9 @@ class Gemma2(SandwichDecoder):
         "blocks.{i}.hook_mlp_in": "what the MLP half reads, `resid_mid`, before `ln2` (a copy when hooked)",
         "blocks.{i}.ln2.hook_scale": "the pre-feedforward RMSNorm's scale of `resid_mid`; float32",
         "blocks.{i}.ln2.hook_normalized": "`resid_mid / scale` cast to the model dtype, before the gain `1 + weight`",
+        "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, after the pre-feedforward norm and its gain `1 + weight`: what"
+        " `gate_proj` and `up_proj` read; circuit-tracer's name, the point a transcoder reads; a default cache leaves"
+        " it out (cache it by name)",
         "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(ln2 output)`",
         "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(ln2 output)`",
         "blocks.{i}.mlp.hook_post": "the neurons, `gelu_tanh(pre) * pre_linear` = `down_proj`'s input",

@@ -457,6 +457,8 @@ class GPT2(HookedTransformer):
         " -inf); listening switches the layer to the eager attention path",
         "blocks.{i}.attn.hook_z": "per-head attention output; a view of `c_proj`'s input, so an in-place edit changes"
         " what the projection reads",
+        "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the LayerNorm's weight and bias included: what `c_fc` reads;"
+        " circuit-tracer's name, the point a transcoder reads; a default cache leaves it out (cache it by name)",
         "blocks.{i}.mlp.hook_pre": "`c_fc` output, the pre-activation",
         "blocks.{i}.mlp.hook_post": "the neurons, `gelu_new(pre)`",
         "hook_pos_embed": "position embeddings `wpe[position_ids]` (position ids skip left padding)",

@@ -658,6 +658,9 @@ class GPTNeoX(HookedTransformer):
         " what the projection reads",
         "blocks.{i}.hook_mlp_in": "what ln2 reads: resid_mid, or resid_pre in a parallel block (TransformerLens'"
         " `use_hook_mlp_in`); computed only when a hook listens",
+        "blocks.{i}.mlp.hook_in": "`ln2` of resid_mid (a parallel block: of resid_pre), the LayerNorm's weight and bias"
+        " included: what `dense_h_to_4h` reads; circuit-tracer's name, the point a transcoder reads; a default cache"
+        " leaves it out (cache it by name)",
         "blocks.{i}.mlp.hook_pre": "`dense_h_to_4h(x)`, before the activation",
         "blocks.{i}.mlp.hook_post": "the neurons: `act(pre)` (`hidden_act`, Pythia: exact-erf GELU), `dense_4h_to_h`'s"
         " input",

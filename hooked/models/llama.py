@@ -286,6 +286,8 @@ class Llama(RotaryDecoder):
         " kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the"
         " layer to the eager attention path",
         "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
+        "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what `gate_proj` and `up_proj`"
+        " read; circuit-tracer's name, the point a transcoder reads; a default cache leaves it out (cache it by name)",
         "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(x)` (with its bias under `mlp_bias`)",
         "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(x)`",
         "blocks.{i}.mlp.hook_post": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",

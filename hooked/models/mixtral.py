@@ -280,6 +280,9 @@ class Mixtral(RotaryDecoder):
         " the eager attention path",
         "blocks.{i}.attn.hook_pattern": "softmax of the scores (float32, cast back): exactly zero outside the sliding"
         " window",
+        "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what the router (`gate`) and the"
+        " experts read; circuit-tracer's name, the point a transcoder reads; a default cache leaves it out (cache it"
+        " by name)",
         "blocks.{i}.hook_mlp_out": "MLP output: `sum_j weight_j * down_e(j)(expert_post_j)` over the top_k slots,"
         " weighted and summed in float32, cast to the model dtype",
         "blocks.{i}.mlp.hook_expert_weights": "the top_k routing weights `top-k(softmax(router_logits)) / their sum`;"

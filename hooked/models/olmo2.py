@@ -410,6 +410,9 @@ class Olmo2(RotaryDecoder):
         "blocks.{i}.hook_attn_out": "`ln1(o_proj output)`: what the attention adds to the residual stream (after OLMo"
         " 2's post-norm, as TransformerLens)",
         "blocks.{i}.hook_mlp_in": "what the MLP reads: `resid_mid` as it is, no norm in between (a copy when hooked)",
+        "blocks.{i}.mlp.hook_in": "resid_mid itself (OLMo 2 has no norm before its MLP), as `hook_mlp_in`: what"
+        " `gate_proj` and `up_proj` read; circuit-tracer's name, the point a transcoder reads; a default cache leaves"
+        " it out (cache it by name)",
         "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(resid_mid)`",
         "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(resid_mid)`",
         "blocks.{i}.mlp.hook_post": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",

@@ -217,6 +217,9 @@ class Qwen3Moe(RotaryDecoder):
         "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
         "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
         " what the projection reads",
+        "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what `gate_proj` and `up_proj` read"
+        " on a dense layer, the router and the experts on a sparse one; circuit-tracer's name, the point a transcoder"
+        " reads; a default cache leaves it out (cache it by name)",
         "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(x)`",
         "blocks.{i}.mlp.hook_post": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
         "blocks.{i}.attn.q_norm.hook_scale": "the per-head RMSNorm's scale of q",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 
+from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.sae.splice import add_sae, reset_saes, run_with_cache_with_saes, run_with_saes, saes, spliced
 
@@ -22,6 +23,7 @@ from hooked.sae.splice import add_sae, reset_saes, run_with_cache_with_saes, run
 _LAZY = {
     "load": "hooked.sae.formats",
     "save": "hooked.sae.formats",
+    "from_saelens": "hooked.sae.formats",
     "attribute": "hooked.sae.attribution",
     "train": "hooked.sae.training",
     "evaluate": "hooked.sae.evaluation",
@@ -38,6 +40,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "CLTConfig",
+    "CrossLayerTranscoder",
     "Dictionary",
     "DictionaryConfig",
     "add_sae",

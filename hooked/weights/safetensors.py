@@ -126,6 +126,10 @@ class SafetensorsFile:
     def shape(self, key: str) -> torch.Size:
         return torch.Size(self.header[key]["shape"])
 
+    def dtype(self, key: str) -> torch.dtype:
+        """The dtype tensor `key` is stored in."""
+        return _SAFETENSORS_DTYPES[self.header[key]["dtype"]]
+
     def read_part_into(self, key: str, dim: int, start: int, stop: int, destination: Tensor) -> Tensor:
         """Copy indices [start, stop) along `dim` of tensor `key` into `destination` (that part's shape, any
         dtype, possibly a strided view), reading only those bytes: one contiguous run per index of the
@@ -157,7 +161,12 @@ class SafetensorsFile:
         """Copy tensor `key` into `destination` (same shape, any dtype and device), chunk by chunk."""
         info = self.header[key]
         source_dtype = _SAFETENSORS_DTYPES[info["dtype"]]
-        target = destination if destination.is_contiguous() else torch.empty_like(destination)
+        # a strided destination (a transposed view) is read into a contiguous copy: empty_like would keep its strides
+        target = (
+            destination
+            if destination.is_contiguous()
+            else torch.empty(destination.shape, dtype=destination.dtype, device=destination.device)
+        )
         self._stream(key, info["data_offsets"][0], source_dtype, target.view(-1))
         return destination if target is destination else destination.copy_(target)
 

@@ -26,6 +26,7 @@ GPT2_BLOCK = [  # the hook points of one block, in forward order
     "hook_mlp_in",
     "ln2.hook_scale",
     "ln2.hook_normalized",
+    "mlp.hook_in",
     "mlp.hook_pre",
     "mlp.hook_post",
     "hook_mlp_out",
@@ -58,8 +59,10 @@ def test_declared_shapes_are_the_real_shapes(gpt2, tokens):
 
 def test_a_default_cache_leaves_out_the_split_inputs_and_results_as_transformer_lens(gpt2, tokens):
     _, cache = gpt2.run_with_cache(tokens)
-    split = [name for name in gpt2.hook_names if name.endswith(("_input", "hook_mlp_in", "attn.hook_result"))]
-    assert len(split) == 5 * gpt2.cfg.n_layers
+    split = [
+        name for name in gpt2.hook_names if name.endswith(("_input", "hook_mlp_in", "mlp.hook_in", "attn.hook_result"))
+    ]
+    assert len(split) == 6 * gpt2.cfg.n_layers
     assert set(cache.keys()) == set(gpt2.hook_names) - set(split)
     gpt2.set_use_attn_result(True)
     try:

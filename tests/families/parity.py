@@ -236,8 +236,12 @@ def golden_hook_names(blocks: list[list[str]], embed=EMBED_POINTS, final_norm=FI
 
 
 # TransformerLens' switches for the points a default cache leaves out (split q/k/v inputs, per-head results,
-# hook_mlp_in): with all three on, a cache holds every hook point.
+# hook_mlp_in): with all three on, a cache holds every hook point but ON_REQUEST.
 SWITCHES = ("set_use_split_qkv_input", "set_use_attn_result", "set_use_hook_mlp_in")
+# Points no switch adds to a default cache, kept only when a names_filter asks: mlp.hook_in, what the MLP reads
+# (circuit-tracer 0.5's name, the point a transcoder reads). It is hooked's (and circuit-tracer's) addition:
+# TransformerLens 3.9 has no such point.
+ON_REQUEST = ("mlp.hook_in",)
 
 
 def cache_every_point(models, tokens) -> list:
@@ -256,12 +260,19 @@ def cache_every_point(models, tokens) -> list:
 
 
 def check_hook_shapes(model, batch: int = 2, pos: int = 7) -> dict[str, tuple]:
-    """Every hook point fires once in a full cache with the shape `model.hook_shapes` declares; the shapes."""
-    ((_, cache),) = cache_every_point([model], random_tokens(batch, pos))
+    """Every hook point fires once with the shape `model.hook_shapes` declares: a cache with every switch on holds
+    all but the ON_REQUEST points, which a second cache asks for by name; the shapes."""
+    tokens = random_tokens(batch, pos)
+    ((_, cache),) = cache_every_point([model], tokens)
+    on_request = {name for name in model.hook_names if name.endswith(ON_REQUEST)}
+    assert len(on_request) == model.cfg.n_layers
+    assert set(cache.keys()) == set(model.hook_names) - on_request
+    with torch.no_grad():
+        _, requested = model.run_with_cache(tokens, names_filter=lambda name: name in on_request)
+    assert set(requested.keys()) == on_request
     expected = model.hook_shapes(batch=batch, pos=pos)
-    assert set(cache.keys()) == set(model.hook_names)
     for name in model.hook_names:
-        assert tuple(cache[name].shape) == expected[name], name
+        assert tuple((requested if name in on_request else cache)[name].shape) == expected[name], name
     return expected
 
 
@@ -308,10 +319,10 @@ def compare_with_transformer_lens(
     """Every hook point both models have holds the same tensor (rtol 1e-5, `atol`: a number, or name -> number;
     the logits are "logits"), after `adjust(name, ours, theirs) -> (ours, theirs)` reconciles a family's layouts;
     masked scores compare where TransformerLens' are finite (it writes -inf, hooked the dtype's minimum).
-    `only_hooked` are per-block names; returns hooked's cache."""
+    `only_hooked` are per-block names, besides ON_REQUEST, which every family has; returns hooked's cache."""
     tolerance = atol if callable(atol) else lambda name: atol
     (tl_logits, tl_cache), (logits, cache) = cache_every_point([tl, model], tokens)
-    ours_only = {f"blocks.{i}.{name}" for i in range(model.cfg.n_layers) for name in only_hooked}
+    ours_only = {f"blocks.{i}.{name}" for i in range(model.cfg.n_layers) for name in {*only_hooked, *ON_REQUEST}}
     assert set(tl_cache.keys()) - set(model.hook_names) == only_transformer_lens
     assert set(model.hook_names) - set(tl_cache.keys()) == ours_only
     torch.testing.assert_close(logits, tl_logits, rtol=1e-5, atol=tolerance("logits"))

@@ -373,6 +373,7 @@ PARALLEL_BLOCK = [  # the hook points of one parallel block (Pythia's), in forwa
     "hook_mlp_in",
     "ln2.hook_scale",
     "ln2.hook_normalized",
+    "mlp.hook_in",
     "mlp.hook_pre",
     "mlp.hook_post",
     "hook_mlp_out",

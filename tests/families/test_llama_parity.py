@@ -198,6 +198,7 @@ LLAMA_BLOCK = [  # the hook points of one block, in forward order
     "hook_mlp_in",
     "ln2.hook_scale",
     "ln2.hook_normalized",
+    "mlp.hook_in",
     "mlp.hook_pre",
     "mlp.hook_pre_linear",
     "mlp.hook_post",

@@ -27,6 +27,7 @@ import hooked
 from hooked import ablate
 from hooked.models.mixtral import MixtralConfig as HookedMixtralConfig
 from tests.families.parity import (
+    ON_REQUEST,
     SWITCHES,
     UNEMBED_POINTS,
     bf16_spread,
@@ -170,7 +171,8 @@ def tl_mixtral(directory):
     return tl_model(directory, HF, "convert_mixtral_weights")
 
 
-OURS_ONLY = ("mlp.hook_router_logits", "mlp.hook_expert_pre", "mlp.hook_expert_post")  # per token, per slot
+# hooked's router logits and per-token, per-slot expert points, and mlp.hook_in (ON_REQUEST, hooked's addition)
+OURS_ONLY = ("mlp.hook_router_logits", "mlp.hook_expert_pre", "mlp.hook_expert_post", *ON_REQUEST)
 THEIRS_ONLY = ("hook_gate", "hook_pre", "hook_post")  # TransformerLens' per-expert points: ragged rows
 
 
@@ -262,6 +264,7 @@ MIXTRAL_BLOCK = [  # the hook points of one block, in forward order
     "hook_mlp_in",
     "ln2.hook_scale",
     "ln2.hook_normalized",
+    "mlp.hook_in",
     "mlp.hook_router_logits",
     "mlp.hook_expert_weights",
     "mlp.hook_expert_indices",

@@ -228,6 +228,7 @@ OLMO2_BLOCK = [  # the hook points of one block, in forward order
     "hook_attn_out",
     "hook_resid_mid",
     "hook_mlp_in",
+    "mlp.hook_in",
     "mlp.hook_pre",
     "mlp.hook_pre_linear",
     "mlp.hook_post",

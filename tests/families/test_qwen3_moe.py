@@ -414,6 +414,7 @@ QWEN3_MOE_SPARSE_BLOCK = [  # the hook points of a sparse block, in forward orde
     "hook_mlp_in",
     "ln2.hook_scale",
     "ln2.hook_normalized",
+    "mlp.hook_in",
     "mlp.hook_router_logits",
     "mlp.hook_expert_weights",
     "mlp.hook_expert_indices",

@@ -125,8 +125,10 @@ def test_hook_shapes_match_declared_axes(dense_models):
         for name in model.hook_names
         if name.endswith(("hook_q_input", "hook_k_input", "hook_v_input", "hook_mlp_in", "attn.hook_result"))
     }
-    assert len(split) == 5 * model.cfg.n_layers
-    assert set(cache.keys()) == set(model.hook_names) - split  # TransformerLens' default: no split inputs, no results
+    on_request = {name for name in model.hook_names if name.endswith("mlp.hook_in")}  # no switch caches it
+    assert len(split) == 5 * model.cfg.n_layers and len(on_request) == model.cfg.n_layers
+    # TransformerLens' default: no split inputs, no results; and not hooked's mlp.hook_in
+    assert set(cache.keys()) == set(model.hook_names) - split - on_request
     model.set_use_split_qkv_input(True)
     model.set_use_hook_mlp_in(True)
     model.set_use_attn_result(True)
@@ -136,9 +138,11 @@ def test_hook_shapes_match_declared_axes(dense_models):
         model.set_use_split_qkv_input(False)
         model.set_use_hook_mlp_in(False)
         model.set_use_attn_result(False)
-    assert set(split_cache.keys()) == set(model.hook_names)
+    assert set(split_cache.keys()) == set(model.hook_names) - on_request
+    _, requested = model.run_with_cache(random_tokens(2, 7), names_filter=lambda name: name in on_request)
     for name in model.hook_names:
-        assert tuple((split_cache[name] if name in split else cache[name]).shape) == expected[name], name
+        source = requested if name in on_request else split_cache if name in split else cache
+        assert tuple(source[name].shape) == expected[name], name
     assert expected["blocks.0.attn.hook_k"] == (2, 7, 2, 16) and expected["blocks.0.attn.hook_q"] == (2, 7, 8, 16)
 
 
@@ -244,6 +248,7 @@ QWEN3_BLOCK = [  # the hook points of one block, in forward order
     "hook_mlp_in",
     "ln2.hook_scale",
     "ln2.hook_normalized",
+    "mlp.hook_in",
     "mlp.hook_pre",
     "mlp.hook_pre_linear",
     "mlp.hook_post",

@@ -19,7 +19,12 @@ are annotations and do not count, imports inside functions do):
    (`HookedTransformer(cfg)` asks the config to build its model, so TransformerLens' config is never imported);
 5. no low-floor module (the hook core and the layers models are built from) imports anything but another
    low-floor module or a kernel;
-6. no intervention imports a circuit: circuits are built on the interventions, not the reverse.
+6. no intervention imports a circuit: circuits are built on the interventions, not the reverse;
+8. the sparse dictionary and its splice (`hooked.sae.dictionary`, `hooked.sae.clt`, `hooked.sae.splice`, and
+   `hooked.sae`'s `__init__`, which any import of them runs) import only the low floor and each other, so a
+   model may import the splice lazily (`model.run_with_saes`); the rest of hooked.sae (attribution, formats,
+   training) may import the interventions; nothing below imports hooked.sae (no intervention, no model file
+   but the lazy import of `hooked.sae.splice`).
 
 And a family's model file reads on its own plus the shared parts (`family_import_violations`):
 
@@ -203,7 +208,10 @@ WING_RULES = [
         "a model file imports an intervention, circuit or compatibility module",
     ),
     ("hooked.interventions.", ("hooked.circuits",), "an intervention imports a circuit module"),
+    ("hooked.interventions.", ("hooked.sae",), "an intervention imports hooked.sae, which is built on them"),
 ]
+# What the dictionary, its splice and the package that holds them may import: the low floor and each other.
+SAE_CORE = {"hooked.sae", "hooked.sae.dictionary", "hooked.sae.clt", "hooked.sae.splice"}
 
 
 def module_name(path: Path) -> str:
@@ -248,6 +256,17 @@ def import_violations(source: str, importer: str) -> list[str]:
         for prefix, forbidden, what in WING_RULES:
             if importer.startswith(prefix) and imported.startswith(forbidden):
                 found.append(f"{where} {what}: {imported}")
+        if importer in SAE_CORE and not (low_floor(imported) or imported in SAE_CORE):
+            found.append(
+                f"{where} {importer} imports {imported}: the dictionary and its splice stand on the low floor alone"
+                " (models import the splice lazily)"
+            )
+        if (
+            importer.startswith("hooked.models.")
+            and imported.startswith("hooked.sae")
+            and imported != "hooked.sae.splice"
+        ):
+            found.append(f"{where} a model file imports {imported}; it may import hooked.sae.splice (lazily) alone")
     return found
 
 
@@ -282,12 +301,29 @@ def test_wings_import_in_one_direction():
             "the low-floor module hooked.layers",
         ),
         ("hooked.interventions.sweeps", "import hooked.circuits.engine", "an intervention imports a circuit"),
+        ("hooked.interventions.ablate", "def f():\n    import hooked.sae.splice", "an intervention imports hooked.sae"),
+        ("hooked.sae.splice", "from hooked.cache import ActivationCache", "stand on the low floor alone"),
+        ("hooked.sae.dictionary", "def f():\n    from hooked.interventions import kinds", "stand on the low floor"),
+        ("hooked.sae", "from hooked.sae.attribution import attribute", "stand on the low floor alone"),
+        ("hooked.models.base", "def f():\n    from hooked.sae.attribution import attribute", "a model file imports"),
     ],
 )
 def test_the_import_checker_catches_each_kind_of_violation(importer, snippet, expected):
     assert any(expected in problem for problem in import_violations(snippet, importer)), import_violations(
         snippet, importer
     )
+
+
+@pytest.mark.parametrize(
+    "importer, snippet",
+    [
+        ("hooked.models.base", "def f():\n    from hooked.sae.splice import saes"),
+        ("hooked.sae.splice", "from hooked.hooks import HookPoint\nfrom hooked.sae.dictionary import Dictionary"),
+        ("hooked.sae.attribution", "from hooked.interventions import kinds\nfrom hooked.sae.splice import saes"),
+    ],
+)
+def test_the_import_checker_lets_the_sae_wing_import_what_it_may(importer, snippet):
+    assert import_violations(snippet, importer) == []
 
 
 def test_annotation_only_imports_pass():

@@ -124,7 +124,7 @@ def test_its_selector_is_a_keyword_of_every_ablation(declared, gpt2):
 def test_a_sweep_over_its_components_names_them_in_its_table(declared, gpt2, tmp_path):
     addresses = ablate.components(gpt2, "dims:-1")
     assert addresses == [f"L1.D{i}" for i in range(gpt2.cfg.d_model)]
-    assert (component_kind("dims:1"), kinds.listings()[1]) == ("dims:1", ["neurons", "experts", "dims"])
+    assert (component_kind("dims:1"), kinds.listings()[1]) == ("dims:1", ["neurons", "experts", "features", "dims"])
     assert sweep_addresses(gpt2, "dims:-1") == ("dims:1", addresses)  # hooked sweep --components dims:-1
     tokens = tokens_of(gpt2)
     variants = {address: ablate.hooks(gpt2, address) for address in addresses[:6]}
@@ -187,22 +187,22 @@ def test_declaring_refuses_what_would_be_ambiguous_and_removing_restores_the_bui
         kinds.remove("heads")
 
 
-def test_the_docs_example_declares_a_dictionary_feature_kind():
-    """docs/ablation.md's example, run as written: a kind of feature of a dictionary, `L3.F123`."""
+def test_the_docs_example_declares_a_probe_kind():
+    """docs/ablation.md's example, run as written: a kind of probe read after each block, `L3.P123`."""
     page = (Path(__file__).resolve().parents[2] / "docs" / "ablation.md").read_text()
     section = page.split("### A new kind of component", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     try:
         exec(code, {})
-        features = kinds.KINDS["features"]
-        assert features.hook_name(3) == "blocks.3.sae.hook_feature_acts"
-        assert kinds.match("L3.F123@-1")[0] is features and "L{layer}.F{feature}" in kinds.address_forms()
-        assert repr(ablate.zero(features=123, positions=-1)) == "zero(features=[123], positions=[-1])"
-        gpt2 = random_model("gpt2")  # no dictionary, no d_sae: its kind is not suggested there, and not counted
+        probes = kinds.KINDS["probes"]
+        assert probes.hook_name(3) == "blocks.3.probe.hook_probe_acts"
+        assert kinds.match("L3.P123@-1")[0] is probes and "L{layer}.P{probe}" in kinds.address_forms()
+        assert repr(ablate.zero(probes=123, positions=-1)) == "zero(probes=[123], positions=[-1])"
+        gpt2 = random_model("gpt2")  # no probes, no n_probes: its kind is not suggested there, and not counted
         with pytest.raises(ValueError, match="did you mean 'L1H1'"):
             parse_address(gpt2, "L1.H1")
-        with pytest.raises(KeyError, match="blocks.1.sae.hook_feature_acts"):
-            parse_address(gpt2, "L1.F3")
+        with pytest.raises(KeyError, match="blocks.1.probe.hook_probe_acts"):
+            parse_address(gpt2, "L1.P3")
     finally:
-        if "features" in kinds.KINDS:
-            kinds.remove("features")
+        if "probes" in kinds.KINDS:
+            kinds.remove("probes")

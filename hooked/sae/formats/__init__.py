@@ -1,0 +1,180 @@
+"""`hooked.sae.load` and `hooked.sae.save`: every common dictionary format into one in-memory model
+(`hooked.sae.Dictionary`) and back. One small module per format:
+
+| module | files |
+|---|---|
+| `saelens` | SAELens 6.54: `cfg.json` + `sae_weights.safetensors` (and SAELens SAE objects: `from_saelens`) |
+| `gemma_scope` | Gemma Scope's `params.npz`, Gemma Scope 2's `params.safetensors` |
+| `sparsify` | eai-sparsify 1.3: `cfg.json` + `sae.safetensors` |
+| `circuit_tracer` | circuit-tracer's transcoder sets: `config.yaml` + `layer_{i}.safetensors` |
+
+Each reader checks the whole file against its config before anything is allocated (`layout.check`: every
+tensor present with the shape the config implies, none left unexplained), then builds the dictionary once in
+its final dtype and device and streams each tensor into its parameter, one at a time, through a small buffer
+(hooked.weights' safetensors reader): loading a large dictionary needs its own size in memory, not twice it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hooked.sae.clt import CrossLayerTranscoder
+from hooked.sae.dictionary import Dictionary
+from hooked.sae.formats import circuit_tracer, gemma_scope, saelens, sparsify
+from hooked.sae.formats.files import Safetensors
+from hooked.sae.formats.layout import dtype_name
+from hooked.sae.formats.saelens import from_saelens
+from hooked.weights import check_device
+
+FORMATS = ("saelens", "circuit-tracer")
+
+
+def load(
+    path: str | Path,
+    *,
+    hook_name: str | None = None,
+    hook_name_out: str | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+    model: nn.Module | None = None,
+    norm_scaling_factor: float | None = None,
+) -> Dictionary | list[Dictionary] | nn.Module:
+    """A dictionary from its files, the format told by them: a SAELens directory, an eai-sparsify directory, a
+    Gemma Scope params.npz / params.safetensors, or a circuit-tracer directory (a transcoder set: a list of
+    dictionaries, layer i at index i; a cross-layer transcoder: hooked.sae.clt's).
+
+        sae = hooked.sae.load("path/to/saelens_dir")
+        gs = hooked.sae.load("params.npz", hook_name="blocks.3.hook_resid_post")
+        transcoders = hooked.sae.load("path/to/circuit_tracer_dir", model=model)
+
+    `hook_name` / `hook_name_out` override (or, where the files do not say, give) the points the dictionary reads
+    and writes, by hooked's names. With `model`, every name is checked to be one of its hook points and every
+    width to match (before the weights are read), and the dictionary takes the model's dtype and device unless
+    `dtype` / `device` say otherwise; without one, `dtype` is the file's and `device` the CPU.
+    `norm_scaling_factor`: the input scale of a SAELens dictionary trained with
+    `normalize_activations="expected_average_only_in"`, where its directory does not keep it.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; hooked.sae.load takes a dictionary's directory or file")
+    device = str(device if device is not None else model.device if model is not None else "cpu")
+    check_device(device)
+    if dtype is None and model is not None:
+        dtype = model.dtype
+    dtype = dtype_name(dtype) if dtype is not None else None
+    kind, place = _locate(path)
+    names = {"hook_name": hook_name, "hook_name_out": hook_name_out}
+    if kind in ("circuit-tracer", "clt") and (hook_name or hook_name_out or norm_scaling_factor):
+        raise ValueError(
+            f"{place}: a circuit-tracer set names its points in config.yaml (feature_input_hook,"
+            " feature_output_hook) and has no input scale; edit the file rather than pass hook_name / hook_name_out /"
+            " norm_scaling_factor"
+        )
+    if kind != "saelens" and norm_scaling_factor is not None:
+        raise ValueError(f"norm_scaling_factor is for SAELens dictionaries; {place} is not one")
+    if kind == "saelens":
+        return saelens.read(
+            place, **names, device=device, dtype=dtype, model=model, norm_scaling_factor=norm_scaling_factor
+        )
+    if kind == "sparsify":
+        return sparsify.read(place, **names, device=device, dtype=dtype, model=model)
+    if kind == "gemma-scope":
+        return gemma_scope.read(place, **names, device=device, dtype=dtype, model=model)
+    if kind == "circuit-tracer":
+        return circuit_tracer.read(place, device=device, dtype=dtype, model=model)
+    return _load_clt(place, device=device, dtype=dtype)
+
+
+def save(dictionary: Dictionary | Sequence[Dictionary], path: str | Path, format: str = "saelens") -> Path:
+    """Write `dictionary` to the directory `path`: `format="saelens"` as SAELens 6.54's `SAE.save_model` does
+    (`sae_lens.SAE.load_from_disk(path)` reads it back and computes the same), `format="circuit-tracer"` a list
+    of transcoders, layer i at index i, as circuit-tracer's transcoder set. Returns the directory.
+
+        hooked.sae.save(sae, "my_sae")
+        hooked.sae.save(transcoders, "my_transcoders", format="circuit-tracer")
+    """
+    if format not in FORMATS:
+        raise ValueError(f"format={format!r}: hooked.sae.save writes {', '.join(repr(f) for f in FORMATS)}")
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} is a file; save writes a directory")
+    if format == "circuit-tracer":
+        if isinstance(dictionary, CrossLayerTranscoder):
+            from hooked.sae.formats.circuit_tracer_clt import save_circuit_tracer
+
+            return save_circuit_tracer(dictionary, path)
+        if isinstance(dictionary, Dictionary):
+            dictionary = [dictionary]
+        return circuit_tracer.write(list(dictionary), path)
+    if not isinstance(dictionary, Dictionary):
+        raise TypeError(
+            f"format='saelens' saves one hooked.sae dictionary, not {type(dictionary).__name__}; save a list of"
+            " transcoders one directory each, or as format='circuit-tracer'"
+        )
+    return saelens.write(dictionary, path)
+
+
+def _locate(path: Path) -> tuple[str, Path]:
+    """(format, the directory or file to read) for `path`, from the files there."""
+    if path.is_file():
+        if path.name in gemma_scope.FILES or path.suffix == ".npz":
+            return "gemma-scope", path
+        if path.name == saelens.WEIGHTS or path.name in (saelens.CONFIG, circuit_tracer.CONFIG, sparsify.WEIGHTS):
+            return _locate(path.parent)
+        if path.suffix == ".safetensors" and _holds(path, "w_enc"):
+            return "gemma-scope", path  # a Gemma Scope 2 file under another name
+        raise ValueError(
+            f"{path} is not a dictionary file hooked.sae reads on its own; give the directory that holds it (a"
+            " circuit-tracer layer_{i}.safetensors: the set's directory, with its config.yaml)"
+        )
+    if (path / circuit_tracer.CONFIG).exists():
+        kind = circuit_tracer.read_config(path).get("model_kind")
+        if kind == "cross_layer_transcoder":
+            return "clt", path
+        if kind != "transcoder_set":
+            raise ValueError(
+                f"{path / circuit_tracer.CONFIG}: model_kind {kind!r} is not transcoder_set or cross_layer_transcoder"
+            )
+        return "circuit-tracer", path
+    if (path / saelens.CONFIG).exists():
+        if (path / sparsify.WEIGHTS).exists() and not (path / saelens.WEIGHTS).exists():
+            return "sparsify", path
+        return ("sparsify" if _is_sparsify_config(path / saelens.CONFIG) else "saelens"), path
+    for name in gemma_scope.FILES:
+        if (path / name).exists():
+            return "gemma-scope", path / name
+    raise FileNotFoundError(
+        f"{path} holds no dictionary hooked.sae knows: it looks for cfg.json + sae_weights.safetensors (SAELens),"
+        " cfg.json + sae.safetensors (eai-sparsify), params.npz / params.safetensors (Gemma Scope), or config.yaml"
+        " (circuit-tracer)"
+    )
+
+
+def _holds(path: Path, key: str) -> bool:
+    with Safetensors(path) as source:
+        return key in source.keys()
+
+
+def _is_sparsify_config(path: Path) -> bool:
+    import json
+
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(raw, dict) and "d_sae" not in raw and ("expansion_factor" in raw or "num_latents" in raw)
+
+
+def _load_clt(path: Path, device: str, dtype: str | None):
+    """A circuit-tracer cross-layer transcoder (hooked/sae/formats/circuit_tracer_clt.py); its points and widths
+    are checked against a model when it is spliced."""
+    from hooked.sae.formats.circuit_tracer_clt import load_circuit_tracer_clt
+
+    return load_circuit_tracer_clt(path, device=device, dtype=getattr(torch, dtype) if dtype else None)
+
+
+__all__ = ["from_saelens", "load", "save"]

@@ -1,0 +1,454 @@
+"""SAELens 6.54's directory format, read and written: `cfg.json` + `sae_weights.safetensors`, as `SAE.save_model`
+writes it and `SAE.load_from_disk` reads it (SAELens 6.54 `saes/sae.py`, `saes/*_sae.py`, `saes/transcoder.py`,
+`loading/pretrained_sae_loaders.py`); and SAELens SAE objects in memory (`from_saelens`).
+
+What the config means, and what the reader does with it:
+
+- `architecture`: standard, gated, topk, jumprelu; transcoder, skip_transcoder, jumprelu_transcoder,
+  jumprelu_skip_transcoder (a `Dictionary` with `hook_name_out`, and `W_skip`); the training checkpoints of
+  batchtopk and matryoshka_batchtopk, which SAELens saves for inference as jumprelu (threshold = the running
+  `topk_threshold`, decoder norms folded into the encoder when `rescale_acts_by_decoder_norm`:
+  `BatchTopKTrainingSAE.process_state_dict_for_saving_inference`); the same is done here on reading.
+- `normalize_activations`: `constant_norm_rescale` and `layer_norm` run at run time (the dictionary does it);
+  `expected_average_only_in` is a constant factor the training multiplied the input by. SAELens' trainer folds
+  it into the weights before the final save (`SAETrainer.fit`, `fold_activation_norm_scaling_factor`, after which
+  the saved config says `none`); an intermediate checkpoint keeps it in `activation_scaler.json`, and a
+  pretrained release in `pretrained_saes.yaml`'s `norm_scaling_factor`. The reader folds the checkpoint's (or
+  `norm_scaling_factor=`) and refuses a config that names the mode without a factor. `covariance_whitening`
+  (mean and matrices in `activation_whitening.safetensors`) is folded the same way
+  (`SAE.fold_activation_whitening`).
+- `metadata.hook_name` / `hook_name_out` (TransformerLens names; Hugging Face module names for a
+  `model_class_name` of AutoModelForCausalLM), `reshape_activations` (hook_z), `dtype`.
+- `metadata.model_from_pretrained_kwargs`: SAELens trains on `HookedTransformer.from_pretrained_no_processing(
+  **model_from_pretrained_kwargs)` (SAELens 6.54 `load_model.py`, and the warning `SAE.__init__` prints), so
+  every TransformerLens processing flag is off unless the kwargs turn it on: that becomes `cfg.processing`.
+  Without the key the processing is unknown (None).
+- configs older than SAELens 6 (flat keys, `hook_point`, `activation_fn_str`) are upgraded as SAELens'
+  `handle_pre_6_0_config` does; a `scaling_factor` tensor (the old finetuning scale of each feature's output)
+  is folded into W_dec's rows.
+
+Where SAELens' own classes disagree with this reading, the difference is one: SAELens normalises a transcoder's
+input at run time but not its output (`Transcoder.decode`), so a transcoder with run-time normalisation is
+refused here rather than run either way.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hooked.processing import FLAGS
+from hooked.sae.dictionary import Dictionary, DictionaryConfig
+from hooked.sae.formats.files import InMemory, Safetensors, TensorSource, write_safetensors
+from hooked.sae.formats.layout import Stored, build, check, dtype_name
+from hooked.sae.formats.names import from_module_name, to_hooked, to_transformer_lens
+
+CONFIG = "cfg.json"
+WEIGHTS = "sae_weights.safetensors"
+SCALER = "activation_scaler.json"  # SAELens' ACTIVATION_SCALER_CFG_FILENAME, written with every checkpoint
+WHITENING = "activation_whitening.safetensors"
+FORMAT_VERSION = "6.54.12"  # the SAELens version whose format `write` produces (SAELens reads the version)
+
+# SAELens architecture -> (hooked architecture, transcoder, skip)
+ARCHITECTURES = {
+    "standard": ("standard", False, False),
+    "gated": ("gated", False, False),
+    "topk": ("topk", False, False),
+    "jumprelu": ("jumprelu", False, False),
+    "batchtopk": ("jumprelu", False, False),
+    "matryoshka_batchtopk": ("jumprelu", False, False),
+    "transcoder": ("standard", True, False),
+    "skip_transcoder": ("standard", True, True),
+    "jumprelu_transcoder": ("jumprelu", True, False),
+    "jumprelu_skip_transcoder": ("jumprelu", True, True),
+}
+_BATCH_TOPK = ("batchtopk", "matryoshka_batchtopk")
+_NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm", "covariance_whitening")
+
+
+def read(
+    directory: Path,
+    *,
+    hook_name: str | None,
+    hook_name_out: str | None,
+    device: str,
+    dtype: str | None,
+    model=None,
+    norm_scaling_factor: float | None = None,
+) -> Dictionary:
+    """The dictionary SAELens saved in `directory` (cfg.json + sae_weights.safetensors)."""
+    config_file = directory / CONFIG
+    if not (directory / WEIGHTS).exists():
+        raise FileNotFoundError(
+            f"{directory} has {CONFIG} but no {WEIGHTS}: a SAELens directory holds both (SAE.save_model writes"
+            " them); copy the weights next to the config"
+        )
+    raw = _read_json(config_file)
+    statistics = _statistics(directory, raw)
+    with Safetensors(directory / WEIGHTS) as source:
+        return from_config(
+            raw,
+            source,
+            config_file=str(config_file),
+            hook_name=hook_name,
+            hook_name_out=hook_name_out,
+            device=device,
+            dtype=dtype,
+            model=model,
+            norm_scaling_factor=norm_scaling_factor,
+            statistics=statistics,
+        )
+
+
+def from_saelens(
+    sae,
+    *,
+    hook_name: str | None = None,
+    hook_name_out: str | None = None,
+    norm_scaling_factor: float | None = None,
+    model=None,
+) -> Dictionary:
+    """A SAELens SAE, transcoder or training SAE in memory as a `hooked` dictionary, on its device and dtype (a copy:
+    the two share no tensor), with its `use_error_term`.
+
+        dictionary = hooked.sae.from_saelens(sae_lens.SAE.load_from_disk(path))
+    """
+    raw = sae.cfg.to_dict()
+    tensors = dict(sae.state_dict())
+    source = InMemory(tensors, f"the {type(sae).__name__}'s state_dict")
+    device = str(next(iter(tensors.values())).device)
+    dictionary = from_config(
+        raw,
+        source,
+        config_file=f"the {type(sae).__name__}'s cfg",
+        hook_name=hook_name,
+        hook_name_out=hook_name_out,
+        device=device,
+        dtype=None,
+        model=model,
+        norm_scaling_factor=norm_scaling_factor,
+        statistics={},
+    )
+    dictionary.use_error_term = bool(
+        getattr(sae, "use_error_term", False)
+    )  # run_with_saes(use_error_term=None) reads it
+    return dictionary
+
+
+def from_config(
+    raw: dict[str, Any],
+    source: TensorSource,
+    *,
+    config_file: str,
+    hook_name: str | None,
+    hook_name_out: str | None,
+    device: str,
+    dtype: str | None,
+    model,
+    norm_scaling_factor: float | None,
+    statistics: dict[str, Any],
+) -> Dictionary:
+    """A SAELens config (a cfg.json's contents) and its tensors -> the dictionary; everything checked first."""
+    raw = upgrade(raw)
+    architecture = raw.get("architecture", "standard")
+    if architecture not in ARCHITECTURES:
+        raise ValueError(
+            f"{config_file}: architecture {architecture!r} is not one hooked.sae reads; it reads"
+            f" {', '.join(ARCHITECTURES)} (SAELens' abstopk, temporal and matching_pursuit have no hooked"
+            " equivalent)"
+        )
+    kind, transcoder, skip = ARCHITECTURES[architecture]
+    metadata = dict(raw.get("metadata") or {})
+    hook_in, hook_out = _hook_names(metadata, transcoder, architecture, config_file, hook_name, hook_name_out, model)
+    for field in ("d_in", "d_sae"):
+        if not isinstance(raw.get(field), int) or raw[field] <= 0:
+            raise ValueError(f"{config_file}: {field} is {raw.get(field)!r}; it must be a positive int")
+    normalize = raw.get("normalize_activations") or "none"
+    factor = _normalization(normalize, architecture, norm_scaling_factor, statistics, config_file)
+    rescale = bool(raw.get("rescale_acts_by_decoder_norm", architecture in _BATCH_TOPK))
+    k = raw.get("k", 100) if kind == "topk" else None  # TopKSAEConfig's default
+    if kind == "topk" and (not isinstance(k, int) or isinstance(k, bool)):
+        raise ValueError(f"{config_file}: k is {k!r}; a topk SAE keeps an int number of features")
+    cfg = DictionaryConfig(
+        d_in=raw["d_in"],
+        d_sae=raw["d_sae"],
+        hook_name=hook_in,
+        architecture=kind,
+        hook_name_out=hook_out,
+        d_out=raw.get("d_out", raw["d_in"]) if transcoder else None,
+        apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)) and not transcoder,
+        normalize_activations=normalize if normalize in ("constant_norm_rescale", "layer_norm") else "none",
+        rescale_acts_by_decoder_norm=rescale and kind == "topk",
+        k=k,
+        reshape_activations=raw.get("reshape_activations") or "none",
+        dtype=dtype or dtype_name(raw.get("dtype", "float32"), f"{config_file}'s dtype"),
+        device=device,
+        processing=_processing(metadata),
+        metadata=metadata,
+    )
+    keys = set(source.keys())
+    layout = {name: Stored(name) for name in ("W_enc", "W_dec", "b_dec")}
+    layout |= (
+        {name: Stored(name) for name in ("b_gate", "b_mag", "r_mag")} if kind == "gated" else {"b_enc": Stored("b_enc")}
+    )
+    extra = {"scaling_factor", "finetuning_scaling_factor"} & keys
+    if architecture in _BATCH_TOPK:  # its threshold is filled from the running topk_threshold below
+        if "topk_threshold" not in keys:
+            raise ValueError(f"{source.path} has no topk_threshold, which a {architecture} checkpoint keeps")
+        extra.add("topk_threshold")
+    elif kind == "jumprelu":
+        layout["threshold"] = Stored("log_threshold" if "log_threshold" in keys else "threshold")
+    if skip:
+        layout["W_skip"] = Stored("W_skip")
+    check(cfg, source, layout, skip, config_file, extra, model=model)
+    dictionary = build(cfg, source, layout, skip)
+    _fold(dictionary, source, architecture, layout, extra, factor, rescale, statistics)
+    return dictionary
+
+
+@torch.no_grad()
+def _fold(dictionary: Dictionary, source: TensorSource, architecture: str, layout, extra, factor, rescale, statistics):
+    """What SAELens does to the weights after loading or at the end of training, done to the read dictionary."""
+    if layout.get("threshold") == Stored("log_threshold"):  # older JumpReLU checkpoints (JumpReLUTrainingSAE)
+        dictionary.threshold.exp_()
+    for key in extra & {"scaling_factor", "finetuning_scaling_factor"}:  # pre-6 decode: (acts * scale) @ W_dec
+        dictionary.W_dec.mul_(source.read(key, dictionary.dtype, dictionary.device)[:, None])
+    if factor is not None:
+        dictionary.fold_scaling_factor(factor)
+    if architecture in _BATCH_TOPK:  # BatchTopKTrainingSAE: fold the factor, then save for inference
+        threshold = source.read("topk_threshold", torch.float64).item()
+        if factor is not None and rescale:  # the threshold is in units of pre * ||W_dec row||
+            threshold /= factor
+        if rescale:
+            fold_decoder_norms(dictionary)
+        dictionary.threshold.fill_(threshold)
+    if "whitening" in statistics:
+        _fold_whitening(dictionary, **statistics["whitening"])
+
+
+def _normalization(
+    normalize: str, architecture: str, given: float | None, statistics, config_file: str
+) -> float | None:
+    """Refuse a normalisation hooked cannot run or fold; the input scale to fold (expected_average_only_in)."""
+    if normalize not in _NORMALIZATIONS:
+        raise ValueError(
+            f"{config_file}: normalize_activations {normalize!r} is not one of {', '.join(_NORMALIZATIONS)}"
+        )
+    if normalize == "covariance_whitening" and "whitening" not in statistics:
+        raise ValueError(
+            f"{config_file}: normalize_activations is 'covariance_whitening' but there is no {WHITENING} beside it"
+            " (SAELens folds the whitening into the weights at the end of training; a checkpoint keeps it there)."
+            " Copy the checkpoint's whitening file next to the config, or load the final save"
+        )
+    if ARCHITECTURES[architecture][1] and normalize in ("constant_norm_rescale", "layer_norm", "covariance_whitening"):
+        raise ValueError(
+            f"{config_file}: a {architecture} with normalize_activations={normalize!r}: SAELens normalises a"
+            " transcoder's input but not its output (Transcoder.decode), which hooked.sae does not reproduce;"
+            " retrain it with normalize_activations='none' or 'expected_average_only_in'"
+        )
+    if normalize != "expected_average_only_in":
+        if given is not None:
+            raise ValueError(
+                f"norm_scaling_factor={given} is given, but {config_file} says normalize_activations={normalize!r};"
+                " the factor is for a dictionary trained with 'expected_average_only_in' (leave it out)"
+            )
+        return None
+    factor = given if given is not None else statistics.get("scaling_factor")
+    if factor is None:
+        raise ValueError(
+            f"{config_file}: normalize_activations is 'expected_average_only_in', so the dictionary was trained on"
+            " inputs times a constant factor, and no factor is known: there is no activation_scaler.json beside it."
+            " Pass the factor: hooked.sae.load(path, norm_scaling_factor=...) (a SAELens release lists it as"
+            " norm_scaling_factor in pretrained_saes.yaml)"
+        )
+    return float(factor)
+
+
+def upgrade(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config older than SAELens 6 in 6's shape (SAELens 6.54 `handle_pre_6_0_config`): renamed keys, defaults,
+    a topk activation as the topk architecture, a boolean normalize_activations, the metadata gathered."""
+    version = raw.get("sae_lens_version") or (raw.get("metadata") or {}).get("sae_lens_version")
+    if version and str(version).split(".")[0].isdigit() and int(str(version).split(".")[0]) >= 6:
+        return raw
+    renames = {
+        "hook_point": "hook_name",
+        "hook_point_head_index": "hook_head_index",
+        "activation_fn_str": "activation_fn",
+    }
+    old = {renames.get(key, key): value for key, value in raw.items()}
+    new = dict(old)
+    new.setdefault("apply_b_dec_to_input", True)
+    new.setdefault("architecture", "standard")
+    if old.get("activation_fn") == "topk" and (old.get("activation_fn_kwargs") or {}).get("k") is not None:
+        new["architecture"], new["k"] = "topk", old["activation_fn_kwargs"]["k"]
+    if isinstance(new.get("normalize_activations"), bool):
+        new["normalize_activations"] = "expected_average_only_in" if new["normalize_activations"] else "none"
+    new.setdefault("reshape_activations", "hook_z" if str(new.get("hook_name", "")).endswith("hook_z") else "none")
+    metadata_keys = (
+        "model_name",
+        "hook_name",
+        "model_class_name",
+        "hook_head_index",
+        "model_from_pretrained_kwargs",
+        "prepend_bos",
+        "context_size",
+        "dataset_path",
+        "hook_name_out",
+    )
+    new["metadata"] = {key: old[key] for key in metadata_keys if key in old} | dict(old.get("metadata") or {})
+    return new
+
+
+# ----------------------------------------------------------------------------- what the config records
+def _hook_names(metadata, transcoder, architecture, config_file, hook_name, hook_name_out, model):
+    """The hooked names of the points the dictionary reads and writes: the arguments, else the metadata's."""
+    if metadata.get("hook_head_index") is not None:
+        raise ValueError(
+            f"{config_file}: this dictionary reads head {metadata['hook_head_index']} of {metadata.get('hook_name')}"
+            " alone (hook_head_index); hooked.sae splices dictionaries over a whole hook point"
+        )
+    if hook_name_out is not None and not transcoder:
+        raise ValueError(
+            f"hook_name_out={hook_name_out!r}, but {config_file} is a SAELens {architecture} SAE, which rewrites the"
+            " point it reads; hook_name_out is a transcoder's output point (leave it out)"
+        )
+    proxy = metadata.get("model_class_name") == "AutoModelForCausalLM"  # SAELens' HookedProxyLM: module names
+    names = []
+    for given, field in ((hook_name, "hook_name"), (hook_name_out, "hook_name_out")):
+        if field == "hook_name_out" and not transcoder:
+            names.append(None)
+            continue
+        name = given if given is not None else metadata.get(field)
+        if name is None:
+            raise ValueError(
+                f"{config_file} records no {field} (metadata.{field}); pass it: hooked.sae.load(path,"
+                f" {field}='blocks.3.{'hook_mlp_out' if field == 'hook_name_out' else 'hook_resid_post'}')"
+            )
+        if given is None and proxy:
+            name = (from_module_name(name, transcoder=False) or (name, None))[0]
+        names.append(to_hooked(name, model))
+    return names[0], names[1]
+
+
+def _processing(metadata: dict[str, Any]) -> dict[str, bool] | None:
+    """The TransformerLens processing of the model the dictionary was trained on, as hooked.processing's flags."""
+    if metadata.get("model_class_name") == "AutoModelForCausalLM":  # a Hugging Face model, never processed
+        return dict.fromkeys(FLAGS, False)
+    kwargs = metadata.get("model_from_pretrained_kwargs")
+    if kwargs is None or not isinstance(kwargs, dict):
+        return None
+    return {flag: bool(kwargs.get(flag, False)) for flag in FLAGS}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); is it the config SAELens wrote?") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} holds a JSON {type(raw).__name__}, not the object of a SAELens config")
+    return raw
+
+
+def _statistics(directory: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    """The input statistics a SAELens training checkpoint keeps beside the weights (ActivationScaler.save)."""
+    statistics: dict[str, Any] = {}
+    scaler = directory / SCALER
+    if scaler.exists():
+        factor = _read_json(scaler).get("scaling_factor")
+        if factor is not None:
+            statistics["scaling_factor"] = float(factor)
+    if (directory / WHITENING).exists() and (raw.get("normalize_activations") == "covariance_whitening"):
+        with Safetensors(directory / WHITENING) as file:
+            statistics["whitening"] = {
+                "mean": file.read("mean", torch.float64),
+                "matrix": file.read("matrix", torch.float64),
+                "inverse": file.read("inverse_matrix", torch.float64),
+            }
+    return statistics
+
+
+# ----------------------------------------------------------------------------- folds into the weights
+@torch.no_grad()
+def fold_decoder_norms(dictionary: Dictionary) -> None:
+    """Scale each feature so its decoder row has norm 1, the encoder taking the norm (SAELens' `_fold_norm_topk`):
+    a topk dictionary that ranks by contribution (`rescale_acts_by_decoder_norm`) computes the same without it."""
+    norms = dictionary.W_dec.norm(dim=-1).clamp(min=1e-8)  # SAE.get_W_dec_norm
+    dictionary.W_dec.div_(norms[:, None])
+    dictionary.W_enc.mul_(norms)
+    dictionary.b_enc.mul_(norms)
+    dictionary.cfg.rescale_acts_by_decoder_norm = False
+
+
+@torch.no_grad()
+def _fold_whitening(dictionary: Dictionary, mean, matrix, inverse) -> None:
+    """SAELens' `SAE.fold_activation_whitening` (with the gated and topk overrides): the dictionary read
+    z = (x - mean) @ matrix and wrote x = z @ inverse + mean; both maps move into its weights."""
+    if dictionary.cfg.rescale_acts_by_decoder_norm:  # TopKSAE: unwhitening would change the ranking
+        fold_decoder_norms(dictionary)
+    dtype = torch.promote_types(dictionary.dtype, matrix.dtype)
+    mean, matrix, inverse = (t.to(dictionary.device, dtype) for t in (mean, matrix, inverse))
+    dictionary.W_enc.copy_(matrix @ dictionary.W_enc.to(dtype))
+    if not dictionary.cfg.apply_b_dec_to_input:
+        shift = (mean @ dictionary.W_enc.to(dtype)).to(dictionary.dtype)
+        if dictionary.cfg.architecture == "gated":
+            dictionary.b_gate.sub_(shift)
+            dictionary.b_mag.sub_(shift * dictionary.r_mag.exp())
+        else:
+            dictionary.b_enc.sub_(shift)
+    dictionary.W_dec.copy_(dictionary.W_dec.to(dtype) @ inverse)
+    dictionary.b_dec.copy_(dictionary.b_dec.to(dtype) @ inverse + mean)
+
+
+# ----------------------------------------------------------------------------- writing
+def write(dictionary: Dictionary, directory: Path) -> Path:
+    """Save `dictionary` as SAELens 6.54's `SAE.save_model` does, so `SAE.load_from_disk(directory)` reads it."""
+    cfg = dictionary.cfg
+    skip = dictionary.W_skip is not None
+    if cfg.is_transcoder:
+        names = {"standard": "transcoder", "jumprelu": "jumprelu_transcoder"}
+        if cfg.architecture not in names:
+            raise ValueError(f"{dictionary!r}: SAELens 6.54 has no {cfg.architecture} transcoder to save it as")
+        if cfg.normalize_activations != "none":
+            raise ValueError(
+                f"{dictionary!r} normalises its input at run time; SAELens' transcoders would not undo it on the"
+                " output (Transcoder.decode), so it cannot be saved for SAELens"
+            )
+        architecture = (
+            names[cfg.architecture].replace("transcoder", "skip_transcoder") if skip else names[cfg.architecture]
+        )
+    elif skip:
+        raise ValueError(f"{dictionary!r} has a skip connection; SAELens 6.54 has SAEs only without one")
+    else:
+        architecture = cfg.architecture
+    metadata = {key: value for key, value in cfg.metadata.items() if key not in ("hook_name", "hook_name_out")}
+    metadata["hook_name"] = to_transformer_lens(cfg.hook_name)
+    if cfg.is_transcoder:
+        metadata["hook_name_out"] = to_transformer_lens(cfg.hook_name_out)
+    kwargs = {k: v for k, v in (metadata.get("model_from_pretrained_kwargs") or {}).items() if k not in FLAGS}
+    if cfg.processing is not None:
+        metadata["model_from_pretrained_kwargs"] = kwargs | {flag: True for flag, on in cfg.processing.items() if on}
+    metadata["sae_lens_version"] = FORMAT_VERSION
+    config: dict[str, Any] = {
+        "architecture": architecture,
+        "d_in": cfg.d_in,
+        "d_sae": cfg.d_sae,
+        "dtype": dtype_name(dictionary.dtype),
+        "device": str(dictionary.device),
+        "apply_b_dec_to_input": cfg.apply_b_dec_to_input and not cfg.is_transcoder,
+        "normalize_activations": cfg.normalize_activations,
+        "reshape_activations": cfg.reshape_activations,
+        "metadata": metadata,
+    }
+    if cfg.architecture == "topk":
+        config |= {"k": cfg.k, "rescale_acts_by_decoder_norm": cfg.rescale_acts_by_decoder_norm}
+    if cfg.is_transcoder:
+        config["d_out"] = cfg.d_out
+    tensors = {name: parameter for name, parameter in dictionary.named_parameters()}
+    directory.mkdir(parents=True, exist_ok=True)
+    write_safetensors(tensors, directory / WEIGHTS)
+    (directory / CONFIG).write_text(json.dumps(config, indent=2, default=str))
+    return directory
