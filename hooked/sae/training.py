@@ -41,10 +41,21 @@ unit-norm architectures), the encoder its transpose (a transcoder's encoder draw
 first batch's targets (an SAE subtracts it from its input, SAELens' `apply_b_dec_to_input`), a transcoder's b_enc
 centring its pre-activations on that batch's mean input (eai-sparsify's trainer).
 
-The loop drives any object with `DictionaryTrainer`'s surface (`points`, `d_sae`, `device`, `initialize`,
-`parameters`, `forward` -> `StepResult`, `before_update`, `after_update`, `resample`, `export`) through `Run`: a
-cross-layer transcoder plugs in as one more trainer whose `points` are every layer's input and output, fed by the same
-stream.
+The loop drives any object with `DictionaryTrainer`'s surface (`points`, `d_sae`, `feature_shape`, `device`,
+`initialize`, `parameters`, `forward` -> `StepResult`, `before_update`, `after_update`, `resample`, `export`) through
+`Run`. A cross-layer transcoder is one more such trainer (hooked/sae/clt_training.py), chosen by `cross_layer=True`
+with architecture "standard" (relu) or "jumprelu", the activation it runs:
+
+    clt = hooked.sae.train(model, texts, cross_layer=True, architecture="jumprelu", d_sae=4096, l0_coefficient=1e-3)
+    hooked.sae.save(clt, "my_clt", format="circuit-tracer")
+
+Its `points` are every layer's input and output (`hook_name` / `hook_name_out` are templates with {layer}, by default
+circuit-tracer's 'blocks.{layer}.mlp.hook_in' -> 'blocks.{layer}.hook_mlp_out'), all from one forward per batch of
+the same stream; its loss is the sum over layers of each output's squared error (normalised as a transcoder's) plus
+the activation's penalty: relu's L1 weights each feature by its decoder norms summed over the layers it writes,
+JumpReLU's L0 learns its thresholds as above. Dead features are counted per layer (`num_dead_features_per_layer` in
+the metadata); they are not resampled. It returns a `CrossLayerTranscoder` (hooked/sae/clt.py), which splices
+(`model.saes([clt])`); its checkpoints are circuit-tracer's CLT folders.
 """
 
 from __future__ import annotations
@@ -63,6 +74,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hooked.hooks import EMBED_STAGE
+from hooked.sae.clt import CLT_ARCHITECTURES, CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.version import __version__
 
@@ -74,6 +86,7 @@ JUMPRELU_BANDWIDTH = 0.05  # SAELens' jumprelu_bandwidth
 JUMPRELU_INIT_THRESHOLD = 0.01  # SAELens' jumprelu_init_threshold
 BATCHTOPK_THRESHOLD_RATE = 0.01  # SAELens' topk_threshold_lr
 DECODER_INIT_NORM = 0.1  # SAELens' decoder_init_norm (Anthropic's April 2024 update)
+CLT_READ, CLT_WRITE = "blocks.{layer}.mlp.hook_in", "blocks.{layer}.hook_mlp_out"  # circuit-tracer's CLT points
 RESAMPLE_ENCODER_SCALE = 0.2  # Anthropic's resampling: new encoder rows at 0.2 x the live rows' mean norm
 PRE_BYTES = 8 * 2**20  # TopK computes its pre-activations this many bytes of rows at a time
 
@@ -96,16 +109,15 @@ class DictionarySpec:
     dead_feature_window: int  # steps without firing after which a feature counts as dead
     resample_dead: bool
     seed: int  # initialisation and resampling
-
-    @property
-    def points(self) -> tuple[str, ...]:
-        return (self.hook_name,) if self.hook_name_out is None else (self.hook_name, self.hook_name_out)
+    cross_layer: bool = False  # a cross-layer transcoder: hook_name, hook_name_out are templates with {layer}
 
     @property
     def learning_rate(self) -> float:
         return self.lr if self.lr is not None else 2e-4 / math.sqrt(self.d_sae / 2**14)
 
     def label(self) -> str:
+        if self.cross_layer:
+            return f"clt-{self.architecture}-{self.d_sae}"
         where = self.hook_name if self.hook_name_out is None else f"{self.hook_name}-{self.hook_name_out}"
         return f"{where}-{self.architecture}-{self.d_sae}"
 
@@ -139,9 +151,10 @@ def train(
     checkpoint_every: int | None = None,
     progress: bool = True,
     seed: int = 0,
+    cross_layer: bool = False,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
-) -> Dictionary | list[Dictionary]:
+) -> Dictionary | CrossLayerTranscoder | list[Dictionary | CrossLayerTranscoder]:
     """Train a sparse dictionary (or several, from one pass) on `model`'s activations; see the module docstring.
 
     `data`: token ids, texts, a .txt / .jsonl path or an iterable of {"text": ...}. `n_tokens` (default: one pass
@@ -151,6 +164,9 @@ def train(
     `checkpoint_dir` gets the final dictionaries (`final_<tokens>/`) and, every `checkpoint_every` tokens, one
     `<tokens>/` each, in SAELens' format (cfg.json + sae_weights.safetensors; a subfolder per dictionary when there
     are several). The config records the model's weight processing and where the dictionary reads.
+    `cross_layer=True` trains a `CrossLayerTranscoder` over every layer (architecture standard or jumprelu;
+    hook_name / hook_name_out are templates with {layer}, by default 'blocks.{layer}.mlp.hook_in' and
+    'blocks.{layer}.hook_mlp_out'; its checkpoints are circuit-tracer's folders).
     """
     defaults = dict(
         hook_name=hook_name,
@@ -166,6 +182,7 @@ def train(
         dead_feature_window=dead_feature_window,
         resample_dead=resample_dead,
         seed=seed,
+        cross_layer=cross_layer,
     )
     if dictionaries is not None and (isinstance(dictionaries, dict) or not isinstance(dictionaries, Sequence)):
         raise TypeError(f"dictionaries= is a list of dicts of settings, not {type(dictionaries).__name__}")
@@ -237,12 +254,14 @@ def _spec(model: HookedTransformer, defaults: dict, overrides: dict, index: int)
             " (the data, batch and checkpoint keywords are train()'s own)"
         )
     values = {**defaults, **overrides}
-    if values["hook_name"] is None:
+    if values["cross_layer"]:
+        _cross_layer_points(model, values, where)
+    elif values["hook_name"] is None:
         raise ValueError(
             f"{where}hook_name= is needed: the point the dictionary reads, e.g. 'blocks.1.hook_resid_post'"
         )
     for name in ("hook_name", "hook_name_out"):
-        if values[name] is not None:
+        if values[name] is not None and not values["cross_layer"]:
             values[name] = _hook_point(model, values[name], f"{where}{name}")
     architecture = values["architecture"]
     if architecture not in ARCHITECTURES:
@@ -263,7 +282,11 @@ def _spec(model: HookedTransformer, defaults: dict, overrides: dict, index: int)
     if values["skip"] and values["hook_name_out"] is None:
         raise ValueError(f"{where}skip=True is a transcoder's linear path: give hook_name_out= too")
     out = values["hook_name_out"]
-    if out is not None and model.hook_names.index(values["hook_name"]) >= model.hook_names.index(out):
+    if (
+        out is not None
+        and not values["cross_layer"]
+        and model.hook_names.index(values["hook_name"]) >= model.hook_names.index(out)
+    ):
         raise ValueError(
             f"{where}a transcoder reads a point before the one it writes; {values['hook_name']} does not come before"
             f" {out} (e.g. blocks.1.mlp.hook_in -> blocks.1.hook_mlp_out)"
@@ -274,13 +297,46 @@ def _spec(model: HookedTransformer, defaults: dict, overrides: dict, index: int)
             raise ValueError(f"{where}{name}= is a number >= 0, not {values[name]!r}")
     if values["lr"] is not None and (not isinstance(values["lr"], int | float) or values["lr"] <= 0):
         raise ValueError(f"{where}lr= is a positive number (or None for the width's default), not {values['lr']!r}")
-    for name in points_of(values):
+    for name in points_of(values, model.cfg.n_layers):
         _width(model, name, where)
     return DictionarySpec(**values)
 
 
-def points_of(values: dict) -> list[str]:
-    return [values["hook_name"]] + ([values["hook_name_out"]] if values["hook_name_out"] is not None else [])
+def points_of(values: dict, n_layers: int) -> list[str]:
+    """The points a dictionary with these settings reads and writes (a cross-layer transcoder's: every layer's)."""
+    names = [values["hook_name"]] + ([values["hook_name_out"]] if values["hook_name_out"] is not None else [])
+    if values["cross_layer"]:
+        return [name.format(layer=layer) for name in names for layer in range(n_layers)]
+    return names
+
+
+def _cross_layer_points(model: HookedTransformer, values: dict, where: str) -> None:
+    """A cross-layer transcoder's templates (circuit-tracer's points by default), each layer's points checked."""
+    values["hook_name"] = values["hook_name"] or CLT_READ
+    values["hook_name_out"] = values["hook_name_out"] or CLT_WRITE
+    if values["architecture"] not in CLT_ARCHITECTURES:
+        raise ValueError(
+            f"{where}a cross-layer transcoder is architecture 'standard' (relu, L1) or 'jumprelu' (L0), not"
+            f" {values['architecture']!r}"
+        )
+    if values["resample_dead"]:
+        raise ValueError(f"{where}resample_dead=True is not offered for a cross-layer transcoder; leave it False")
+    for name in ("hook_name", "hook_name_out"):
+        template = values[name]
+        if not isinstance(template, str) or "{layer}" not in template:
+            raise ValueError(
+                f"{where}{name}={template!r}: a cross-layer transcoder reads and writes a point per layer, so give a"
+                f" template with {{layer}}, e.g. {CLT_READ!r} -> {CLT_WRITE!r}"
+            )
+    for layer in range(model.cfg.n_layers):
+        read, write = (
+            _hook_point(model, values[n].format(layer=layer), f"{where}{n}") for n in ("hook_name", "hook_name_out")
+        )
+        if model.hook_names.index(read) >= model.hook_names.index(write):
+            raise ValueError(
+                f"{where}a cross-layer transcoder's layer reads a point before the one it writes; {read} does not come"
+                f" before {write} (e.g. {CLT_READ!r} -> {CLT_WRITE!r})"
+            )
 
 
 def _hook_point(model: HookedTransformer, name: str, what: str) -> str:
@@ -597,11 +653,16 @@ class DictionaryTrainer:
     @property
     def points(self) -> tuple[str, ...]:
         """The hook points whose activations a step reads (a cross-layer transcoder's: every layer's)."""
-        return self.spec.points
+        return (self.spec.hook_name,) + ((self.spec.hook_name_out,) if self.spec.hook_name_out is not None else ())
 
     @property
     def d_sae(self) -> int:
         return self.dictionary.cfg.d_sae
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        """The shape of the loop's per-feature counts (a cross-layer transcoder's: [n_layers d_sae])."""
+        return (self.d_sae,)
 
     @property
     def device(self) -> torch.device:
@@ -934,8 +995,10 @@ class StepFunction(torch.autograd.Function):
 def build_trainer(
     spec: DictionarySpec, model: HookedTransformer, rows: TokenRows, device: torch.device, dtype: torch.dtype
 ) -> DictionaryTrainer:
-    """The trainer of one SAE or transcoder: its `DictionaryConfig` records where it reads and writes, the data's
-    context and BOS, the model and its weight processing."""
+    """The trainer of one SAE, transcoder or cross-layer transcoder: its config records where it reads and writes,
+    the data's context and BOS, the model and its weight processing."""
+    if spec.cross_layer:
+        return _build_clt_trainer(spec, model, rows, device, dtype)
     d_in, flatten = _width(model, spec.hook_name)
     d_out = _width(model, spec.hook_name_out)[0] if spec.hook_name_out is not None else d_in
     trainer_class = TRAINERS[spec.architecture]
@@ -968,6 +1031,35 @@ def build_trainer(
     return trainer_class(spec, cfg, torch.Generator().manual_seed(spec.seed))
 
 
+def _build_clt_trainer(
+    spec: DictionarySpec, model: HookedTransformer, rows: TokenRows, device: torch.device, dtype: torch.dtype
+):
+    from hooked.sae.clt_training import CLTTrainer  # it builds on this module
+
+    n_layers = model.cfg.n_layers
+    metadata = {
+        "model_name": str(getattr(model, "name_or_path", "") or type(model).__name__),
+        "context_size": rows.context_size,
+        "prepend_bos": rows.prepend_bos,
+        "dataset_path": rows.description,
+        "trained_by": f"hooked {__version__} (hooked.sae.train)",
+    }
+    cfg = CLTConfig(
+        n_layers=n_layers,
+        d_in=_width(model, spec.hook_name.format(layer=0))[0],
+        d_sae=spec.d_sae,
+        architecture=spec.architecture,
+        d_out=_width(model, spec.hook_name_out.format(layer=0))[0],
+        hook_name=spec.hook_name,
+        hook_name_out=spec.hook_name_out,
+        dtype=str(dtype).removeprefix("torch."),
+        device=str(device),
+        processing=dict(getattr(model, "processing", {}) or {}),
+        metadata=metadata,
+    )
+    return CLTTrainer(spec, cfg, torch.Generator().manual_seed(spec.seed))
+
+
 class Run:
     """One dictionary in training: its trainer (any object with `DictionaryTrainer`'s surface), Adam, and the
     count of steps since each feature fired."""
@@ -975,7 +1067,7 @@ class Run:
     def __init__(self, spec: DictionarySpec, trainer: DictionaryTrainer):
         self.spec, self.trainer = spec, trainer
         self.optimizer = torch.optim.Adam(trainer.parameters(), lr=spec.learning_rate)
-        self.steps_since_fired = torch.zeros(trainer.d_sae, dtype=torch.long, device=trainer.device)
+        self.steps_since_fired = torch.zeros(trainer.feature_shape, dtype=torch.long, device=trainer.device)
         self.steps, self.initialized, self.tokens = 0, False, 0
 
     def step(self, batch: dict[str, Tensor]) -> dict[str, float]:
@@ -1005,14 +1097,16 @@ class Run:
             "dead": int((self.steps_since_fired > self.spec.dead_feature_window).sum()),
         }
 
-    def result(self) -> Dictionary:
-        """The trained dictionary, with SAELens' end-of-training figures in its metadata."""
+    def result(self) -> Dictionary | CrossLayerTranscoder:
+        """The trained dictionary, with SAELens' end-of-training figures in its metadata (a cross-layer
+        transcoder's dead features also counted per layer)."""
         out = self.trainer.export()
+        dead = self.steps_since_fired > self.spec.dead_feature_window
         out.cfg.metadata.update(
-            n_training_tokens=self.tokens,
-            n_training_steps=self.steps,
-            num_dead_features=int((self.steps_since_fired > self.spec.dead_feature_window).sum()),
+            n_training_tokens=self.tokens, n_training_steps=self.steps, num_dead_features=int(dead.sum())
         )
+        if dead.ndim == 2:
+            out.cfg.metadata["num_dead_features_per_layer"] = dead.sum(-1).tolist()
         return out
 
 
@@ -1039,7 +1133,12 @@ def _checkpoint(runs: list[Run], directory: Path, name: str) -> None:
     for run in runs:
         folder = directory if len(runs) == 1 else directory / run.spec.label()
         d = run.result()
-        save(d, folder / name)
+        if isinstance(d, CrossLayerTranscoder):
+            from hooked.sae.formats import save as save_any
+
+            save_any(d, folder / name, format="circuit-tracer")
+        else:
+            save(d, folder / name)
 
 
 def _writer() -> Callable[[Dictionary, Path], Any]:
