@@ -16,8 +16,9 @@ puts this folder on sys.path).
   median of each and the ratio of medians against the first. Ratios of runs taken in the same
   process, interleaved, survive a noisy shared machine far better than absolute times.
 * `rss()`, `peak_rss()`, `PeakSampler` measure resident memory.
-* `transformer_lens_gpt2(dir)` builds TransformerLens 3.9's `HookedTransformer` on the same weights as
-  a GPT-2 checkpoint, unprocessed (no LayerNorm folding, no centring), as `hooked.load` loads them.
+* `transformer_lens_gpt2(dir)` builds TransformerLens 3.9's `HookedTransformer` (or a subclass such as
+  SAELens' `HookedSAETransformer`) on the same weights as a GPT-2 checkpoint, unprocessed (no LayerNorm
+  folding, no centring), as `hooked.load` loads them.
 
 Threads: torch's default (`torch.get_num_threads()`), never changed here (a script's `--cpu-time` may).
 """
@@ -61,8 +62,10 @@ def gpt2_small_checkpoint(directory: Path | None = None, seed: int = 0) -> Path:
     )
 
 
-def transformer_lens_gpt2(directory: Path):
+def transformer_lens_gpt2(directory: Path, model_class=None):
     """TransformerLens' HookedTransformer with `directory`'s GPT-2 weights, unprocessed, float32, CPU, eval mode.
+
+    `model_class`: a subclass to build instead (SAELens' `HookedSAETransformer`, benchmarks/saes.py).
 
     TransformerLens' own converter (transformer_lens 3.9, pretrained/weight_conversions/gpt2.py) maps
     transformers' `GPT2LMHeadModel`; `load_and_process_state_dict` with every processing flag off keeps the
@@ -97,7 +100,7 @@ def transformer_lens_gpt2(directory: Path):
         dtype=torch.float32,
         original_architecture="GPT2LMHeadModel",
     )
-    model = HookedTransformer(cfg)
+    model = (model_class or HookedTransformer)(cfg)
     with torch.no_grad():
         model.load_and_process_state_dict(
             convert_gpt2_weights(hf, cfg),

@@ -201,13 +201,18 @@ class Dictionary(HookedRootModule):
             x = x - self.b_dec
         if self.cfg.architecture == "gated":
             return x @ (self.W_enc * self.r_mag.exp()) + self.b_mag
-        return x @ self.W_enc + self.b_enc
+        return (x @ self.W_enc).add_(self.b_enc)  # in place: one pass over [... d_sae] fewer, the same values
 
-    def activate(self, pre: Float[Tensor, "... d_sae"], x: Tensor | None = None) -> Float[Tensor, "... d_sae"]:
-        """The features from their pre-activations (`x`, the normalised input, only for the gated SAE's gate)."""
+    def activate(
+        self, pre: Float[Tensor, "... d_sae"], x: Tensor | None = None, overwrite: bool = False
+    ) -> Float[Tensor, "... d_sae"]:
+        """The features from their pre-activations (`x`, the normalised input, only for the gated SAE's gate).
+
+        `overwrite=True`: `pre` is the caller's temporary, which no one else holds, so the ReLU of a standard SAE
+        may write into it (at d_sae wide, a fresh tensor costs as much as a tenth of the encoder's product)."""
         arch = self.cfg.architecture
         if arch == "standard":
-            return F.relu(pre)
+            return pre.relu_() if overwrite else F.relu(pre)
         if arch == "jumprelu":
             return F.relu(pre) * (pre > self.threshold)
         if arch == "gated":
@@ -218,7 +223,7 @@ class Dictionary(HookedRootModule):
         # topk: rank (optionally by contribution to the output), keep k, relu
         ranked = pre * self.W_dec.norm(dim=-1) if self.cfg.rescale_acts_by_decoder_norm else pre
         values, indices = ranked.topk(self.cfg.k, dim=-1)
-        return torch.zeros_like(pre).scatter(-1, indices, F.relu(values))
+        return torch.zeros_like(pre).scatter_(-1, indices, F.relu(values))  # into the zeros: no copy of them
 
     def decode_linear(self, acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_out"]:
         """acts W_dec + b_dec (TopK under rescale_acts_by_decoder_norm: acts / ||W_dec row|| first)."""
@@ -229,7 +234,7 @@ class Dictionary(HookedRootModule):
     def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
         """The features of input `x` (for a dictionary on hook_z, x may be [..., head_index, d_head])."""
         x, _ = self.normalize(self.flatten_input(x))
-        return self.activate(self.pre_activations(x), x)
+        return self.activate(self.pre_activations(x), x, overwrite=True)
 
     def decode(self, acts: Float[Tensor, "... d_sae"], norm: tuple[Tensor, ...] | None = None) -> Tensor:
         """The reconstruction from features [..., d_sae] (without a skip transcoder's skip term, which needs x).
@@ -252,12 +257,20 @@ class Dictionary(HookedRootModule):
         """The dictionary's output for input `x`, through its hook points: the reconstruction (plus a skip
         transcoder's skip term). With `use_error_term`, plus the error `x_out - reconstruction` (`x_out`: the
         activation it replaces, x itself for an SAE), taken without gradient and with no hook of this dictionary
-        running, so edits of the features change the output and gradients reach the features, as SAELens' SAE."""
+        running, so edits of the features change the output and gradients reach the features, as SAELens' SAE.
+
+        That reference needs a second encoding only when a hook listens before the features (`hook_sae_input`,
+        `hook_sae_acts_pre`); hooks at `hook_sae_acts_post` or `hook_sae_recons` alone (a feature ablation) leave
+        the features as first computed, so those are kept (copied: a hook may edit in place) and decoded again."""
         use_error_term = self.use_error_term if use_error_term is None else use_error_term
+        before = self.hook_sae_input.listening or self.hook_sae_acts_pre.listening
         flat = self.hook_sae_input(self.flatten_input(x))
         normed, state = self.normalize(flat)
         pre = self.hook_sae_acts_pre(self.pre_activations(normed))
-        acts = self.hook_sae_acts_post(self.activate(pre, normed))
+        acts = self.activate(pre, normed, overwrite=not self.hook_sae_acts_pre.listening)
+        after = self.hook_sae_acts_post.listening or self.hook_sae_recons.listening
+        unhooked = acts.detach().clone() if use_error_term and after and not before else None
+        acts = self.hook_sae_acts_post(acts)
         recons = self.hook_sae_recons(self.decode_linear(acts))
         out = self.denormalize(recons, state)
         if self.W_skip is not None:
@@ -267,20 +280,26 @@ class Dictionary(HookedRootModule):
             out = out.unflatten(-1, target.shape[-2:])
         if use_error_term:
             with torch.no_grad():
-                clean = self._plain(x).reshape(target.shape) if self._hooks_listening() else out
+                if before:
+                    clean = self._plain(x).reshape(target.shape)
+                elif after:
+                    clean = self._output(unhooked, flat, state).reshape(target.shape)
+                else:
+                    clean = out
                 error = target - clean
             out = out + self.hook_sae_error(error)  # outside no_grad: the sum keeps the features' gradient
         return self.hook_sae_output(out)
+
+    def _output(self, acts: Tensor, flat: Tensor, state: tuple[Tensor, ...]) -> Tensor:
+        """The output from features `acts` of the flat input `flat` (normalised with `state`), no hook running."""
+        out = self.denormalize(self.decode_linear(acts), state)
+        return out if self.W_skip is None else out + flat @ self.W_skip.T
 
     def _plain(self, x: Tensor) -> Tensor:
         """The output for `x` with no hook of this dictionary running (the error term's reference)."""
         flat = self.flatten_input(x)
         normed, state = self.normalize(flat)
-        out = self.denormalize(self.decode_linear(self.activate(self.pre_activations(normed), normed)), state)
-        return out if self.W_skip is None else out + flat @ self.W_skip.T
-
-    def _hooks_listening(self) -> bool:
-        return any(point.listening for point in self.sae_points()[:4])
+        return self._output(self.activate(self.pre_activations(normed), normed, overwrite=True), flat, state)
 
     # ----------------------------------------------------------------- conveniences
     @torch.no_grad()

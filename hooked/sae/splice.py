@@ -244,7 +244,10 @@ def _check_width(
 ) -> None:
     """Refuse a `width` (cfg.d_in or d_out) other than point `name`'s (`heads`: a dictionary on hook_z, which
     reads the heads flattened)."""
-    shape = model.hook_shapes(batch=1, pos=1)[name][2:]
+    # The point's shape past [batch pos], as model.hook_shapes gives it, for this point alone: hook_shapes sizes every
+    # point of the model (280 at GPT-2 small: half a millisecond per splice, paid by each run_with_saes).
+    sizes = {"batch": 1, "pos": 1, "query_pos": 1, "key_pos": 1, "1": 1, **model.axis_sizes(name)}
+    shape = tuple(sizes[axis] for axis in model.hook_dict[name].axes)[2:]
     if heads and len(shape) == 2:
         have = shape[0] * shape[1]
     elif len(shape) == 1:

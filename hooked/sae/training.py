@@ -41,9 +41,21 @@ unit-norm architectures), the encoder its transpose (a transcoder's encoder draw
 first batch's targets (an SAE subtracts it from its input, SAELens' `apply_b_dec_to_input`), a transcoder's b_enc
 centring its pre-activations on that batch's mean input (eai-sparsify's trainer).
 
-A trainee is anything with the `DictionaryTrainer` surface (`points`, `initialize`, `parameters`, `forward`,
-`before_update`, `after_update`, `resample`, `export`): a cross-layer transcoder reading every layer plugs in as one
-more trainer whose `points` are all of them.
+The loop drives any object with `DictionaryTrainer`'s surface (`points`, `d_sae`, `feature_shape`, `device`,
+`initialize`, `parameters`, `forward` -> `StepResult`, `before_update`, `after_update`, `resample`, `export`) through
+`Run`. A cross-layer transcoder is one more such trainer (hooked/sae/clt_training.py), chosen by `cross_layer=True`
+with architecture "standard" (relu) or "jumprelu", the activation it runs:
+
+    clt = hooked.sae.train(model, texts, cross_layer=True, architecture="jumprelu", d_sae=4096, l0_coefficient=1e-3)
+    hooked.sae.save(clt, "my_clt", format="circuit-tracer")
+
+Its `points` are every layer's input and output (`hook_name` / `hook_name_out` are templates with {layer}, by default
+circuit-tracer's 'blocks.{layer}.mlp.hook_in' -> 'blocks.{layer}.hook_mlp_out'), all from one forward per batch of
+the same stream; its loss is the sum over layers of each output's squared error (normalised as a transcoder's) plus
+the activation's penalty: relu's L1 weights each feature by its decoder norms summed over the layers it writes,
+JumpReLU's L0 learns its thresholds as above. Dead features are counted per layer (`num_dead_features_per_layer` in
+the metadata); they are not resampled. It returns a `CrossLayerTranscoder` (hooked/sae/clt.py), which splices
+(`model.saes([clt])`); its checkpoints are circuit-tracer's CLT folders.
 """
 
 from __future__ import annotations
@@ -62,6 +74,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hooked.hooks import EMBED_STAGE
+from hooked.sae.clt import CLT_ARCHITECTURES, CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.version import __version__
 
@@ -73,7 +86,9 @@ JUMPRELU_BANDWIDTH = 0.05  # SAELens' jumprelu_bandwidth
 JUMPRELU_INIT_THRESHOLD = 0.01  # SAELens' jumprelu_init_threshold
 BATCHTOPK_THRESHOLD_RATE = 0.01  # SAELens' topk_threshold_lr
 DECODER_INIT_NORM = 0.1  # SAELens' decoder_init_norm (Anthropic's April 2024 update)
+CLT_READ, CLT_WRITE = "blocks.{layer}.mlp.hook_in", "blocks.{layer}.hook_mlp_out"  # circuit-tracer's CLT points
 RESAMPLE_ENCODER_SCALE = 0.2  # Anthropic's resampling: new encoder rows at 0.2 x the live rows' mean norm
+PRE_BYTES = 8 * 2**20  # TopK computes its pre-activations this many bytes of rows at a time
 
 
 # ============================================================================= what to train
@@ -94,16 +109,15 @@ class DictionarySpec:
     dead_feature_window: int  # steps without firing after which a feature counts as dead
     resample_dead: bool
     seed: int  # initialisation and resampling
-
-    @property
-    def points(self) -> tuple[str, ...]:
-        return (self.hook_name,) if self.hook_name_out is None else (self.hook_name, self.hook_name_out)
+    cross_layer: bool = False  # a cross-layer transcoder: hook_name, hook_name_out are templates with {layer}
 
     @property
     def learning_rate(self) -> float:
         return self.lr if self.lr is not None else 2e-4 / math.sqrt(self.d_sae / 2**14)
 
     def label(self) -> str:
+        if self.cross_layer:
+            return f"clt-{self.architecture}-{self.d_sae}"
         where = self.hook_name if self.hook_name_out is None else f"{self.hook_name}-{self.hook_name_out}"
         return f"{where}-{self.architecture}-{self.d_sae}"
 
@@ -137,9 +151,10 @@ def train(
     checkpoint_every: int | None = None,
     progress: bool = True,
     seed: int = 0,
+    cross_layer: bool = False,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
-) -> Dictionary | list[Dictionary]:
+) -> Dictionary | CrossLayerTranscoder | list[Dictionary | CrossLayerTranscoder]:
     """Train a sparse dictionary (or several, from one pass) on `model`'s activations; see the module docstring.
 
     `data`: token ids, texts, a .txt / .jsonl path or an iterable of {"text": ...}. `n_tokens` (default: one pass
@@ -149,6 +164,9 @@ def train(
     `checkpoint_dir` gets the final dictionaries (`final_<tokens>/`) and, every `checkpoint_every` tokens, one
     `<tokens>/` each, in SAELens' format (cfg.json + sae_weights.safetensors; a subfolder per dictionary when there
     are several). The config records the model's weight processing and where the dictionary reads.
+    `cross_layer=True` trains a `CrossLayerTranscoder` over every layer (architecture standard or jumprelu;
+    hook_name / hook_name_out are templates with {layer}, by default 'blocks.{layer}.mlp.hook_in' and
+    'blocks.{layer}.hook_mlp_out'; its checkpoints are circuit-tracer's folders).
     """
     defaults = dict(
         hook_name=hook_name,
@@ -164,6 +182,7 @@ def train(
         dead_feature_window=dead_feature_window,
         resample_dead=resample_dead,
         seed=seed,
+        cross_layer=cross_layer,
     )
     if dictionaries is not None and (isinstance(dictionaries, dict) or not isinstance(dictionaries, Sequence)):
         raise TypeError(f"dictionaries= is a list of dicts of settings, not {type(dictionaries).__name__}")
@@ -189,11 +208,9 @@ def train(
     prepend_bos = model.default_prepend_bos if prepend_bos is None else bool(prepend_bos)
     rows = token_rows(model, data, context_size, prepend_bos)
 
-    runs = [Run(spec, model, rows, device, dtype) for spec in specs]
-    stream = ActivationStream(
-        model, rows, sorted({p for spec in specs for p in spec.points}, key=model.hook_names.index), batch_tokens,
-        buffer_batches, seed, device, dtype,
-    )  # fmt: skip
+    runs = [Run(spec, build_trainer(spec, model, rows, device, dtype)) for spec in specs]
+    points = sorted({point for run in runs for point in run.trainer.points}, key=model.hook_names.index)
+    stream = ActivationStream(model, rows, points, batch_tokens, buffer_batches, seed, device, dtype)
     directory = None if checkpoint_dir is None else Path(checkpoint_dir)
     bar = _progress_bar(n_tokens, progress)
     seen, next_checkpoint = 0, checkpoint_every
@@ -239,12 +256,14 @@ def _spec(model: HookedTransformer, defaults: dict, overrides: dict, index: int)
             " (the data, batch and checkpoint keywords are train()'s own)"
         )
     values = {**defaults, **overrides}
-    if values["hook_name"] is None:
+    if values["cross_layer"]:
+        _cross_layer_points(model, values, where)
+    elif values["hook_name"] is None:
         raise ValueError(
             f"{where}hook_name= is needed: the point the dictionary reads, e.g. 'blocks.1.hook_resid_post'"
         )
     for name in ("hook_name", "hook_name_out"):
-        if values[name] is not None:
+        if values[name] is not None and not values["cross_layer"]:
             values[name] = _hook_point(model, values[name], f"{where}{name}")
     architecture = values["architecture"]
     if architecture not in ARCHITECTURES:
@@ -265,7 +284,11 @@ def _spec(model: HookedTransformer, defaults: dict, overrides: dict, index: int)
     if values["skip"] and values["hook_name_out"] is None:
         raise ValueError(f"{where}skip=True is a transcoder's linear path: give hook_name_out= too")
     out = values["hook_name_out"]
-    if out is not None and model.hook_names.index(values["hook_name"]) >= model.hook_names.index(out):
+    if (
+        out is not None
+        and not values["cross_layer"]
+        and model.hook_names.index(values["hook_name"]) >= model.hook_names.index(out)
+    ):
         raise ValueError(
             f"{where}a transcoder reads a point before the one it writes; {values['hook_name']} does not come before"
             f" {out} (e.g. blocks.1.mlp.hook_in -> blocks.1.hook_mlp_out)"
@@ -276,13 +299,46 @@ def _spec(model: HookedTransformer, defaults: dict, overrides: dict, index: int)
             raise ValueError(f"{where}{name}= is a number >= 0, not {values[name]!r}")
     if values["lr"] is not None and (not isinstance(values["lr"], int | float) or values["lr"] <= 0):
         raise ValueError(f"{where}lr= is a positive number (or None for the width's default), not {values['lr']!r}")
-    for name in points_of(values):
+    for name in points_of(values, model.cfg.n_layers):
         _width(model, name, where)
     return DictionarySpec(**values)
 
 
-def points_of(values: dict) -> list[str]:
-    return [values["hook_name"]] + ([values["hook_name_out"]] if values["hook_name_out"] is not None else [])
+def points_of(values: dict, n_layers: int) -> list[str]:
+    """The points a dictionary with these settings reads and writes (a cross-layer transcoder's: every layer's)."""
+    names = [values["hook_name"]] + ([values["hook_name_out"]] if values["hook_name_out"] is not None else [])
+    if values["cross_layer"]:
+        return [name.format(layer=layer) for name in names for layer in range(n_layers)]
+    return names
+
+
+def _cross_layer_points(model: HookedTransformer, values: dict, where: str) -> None:
+    """A cross-layer transcoder's templates (circuit-tracer's points by default), each layer's points checked."""
+    values["hook_name"] = values["hook_name"] or CLT_READ
+    values["hook_name_out"] = values["hook_name_out"] or CLT_WRITE
+    if values["architecture"] not in CLT_ARCHITECTURES:
+        raise ValueError(
+            f"{where}a cross-layer transcoder is architecture 'standard' (relu, L1) or 'jumprelu' (L0), not"
+            f" {values['architecture']!r}"
+        )
+    if values["resample_dead"]:
+        raise ValueError(f"{where}resample_dead=True is not offered for a cross-layer transcoder; leave it False")
+    for name in ("hook_name", "hook_name_out"):
+        template = values[name]
+        if not isinstance(template, str) or "{layer}" not in template:
+            raise ValueError(
+                f"{where}{name}={template!r}: a cross-layer transcoder reads and writes a point per layer, so give a"
+                f" template with {{layer}}, e.g. {CLT_READ!r} -> {CLT_WRITE!r}"
+            )
+    for layer in range(model.cfg.n_layers):
+        read, write = (
+            _hook_point(model, values[n].format(layer=layer), f"{where}{n}") for n in ("hook_name", "hook_name_out")
+        )
+        if model.hook_names.index(read) >= model.hook_names.index(write):
+            raise ValueError(
+                f"{where}a cross-layer transcoder's layer reads a point before the one it writes; {read} does not come"
+                f" before {write} (e.g. {CLT_READ!r} -> {CLT_WRITE!r})"
+            )
 
 
 def _hook_point(model: HookedTransformer, name: str, what: str) -> str:
@@ -578,7 +634,8 @@ class StepResult:
     parts: dict[str, Tensor]  # mse, l1 / l0 / auxk
     fired: Tensor  # [d_sae] bool: the features active on some token
     l0: Tensor  # mean active features per token
-    recons: Tensor  # [tokens d_out], detached
+    fvu: Tensor  # fraction of variance unexplained on this batch
+    recons: Tensor  # [tokens d_out], detached: what `resample` reads
 
 
 class DictionaryTrainer:
@@ -597,7 +654,21 @@ class DictionaryTrainer:
 
     @property
     def points(self) -> tuple[str, ...]:
-        return self.spec.points
+        """The hook points whose activations a step reads (a cross-layer transcoder's: every layer's)."""
+        return (self.spec.hook_name,) + ((self.spec.hook_name_out,) if self.spec.hook_name_out is not None else ())
+
+    @property
+    def d_sae(self) -> int:
+        return self.dictionary.cfg.d_sae
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        """The shape of the loop's per-feature counts (a cross-layer transcoder's: [n_layers d_sae])."""
+        return (self.d_sae,)
+
+    @property
+    def device(self) -> torch.device:
+        return self.dictionary.device
 
     def parameters(self) -> list[torch.nn.Parameter]:
         d = self.dictionary
@@ -644,24 +715,32 @@ class DictionaryTrainer:
     def forward(self, batch: dict[str, Tensor], dead: Tensor | None) -> StepResult:
         x, y = self.inputs(batch)
         d = self.dictionary
-        acts, pre, penalty = self.encode_for_training(self.encoder_input(x))
+        acts, penalty = self.encode_for_training(self.encoder_input(x))
         recons = acts @ d.W_dec + d.b_dec
         if d.W_skip is not None:
             recons = recons + x @ d.W_skip.T
         mse = (recons - y).pow(2).sum(-1).mean()
         parts = {"mse": mse, **penalty}
         if dead is not None:
-            parts.update(self.dead_loss(x, y, recons, pre, dead))
+            parts.update(self.dead_loss(x, y, recons, dead))
         active = acts > 0
-        return StepResult(sum(parts.values()), parts, active.any(0), active.sum(-1).float().mean(), recons.detach())
+        return self._result(parts, active.any(0), active.sum(-1).float().mean(), recons, y)
 
-    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """(features [tokens d_sae], pre-activations, sparsity terms) of the encoder input."""
+    @staticmethod
+    def _result(parts: dict[str, Tensor], fired: Tensor, l0: Tensor, recons: Tensor, y: Tensor) -> StepResult:
+        recons = recons.detach()
+        with torch.no_grad():
+            fvu = (recons - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum().clamp_min(1e-12)
+        return StepResult(sum(parts.values()), parts, fired, l0, fvu, recons)
+
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """(features [tokens d_sae], sparsity terms) of the encoder input."""
         raise NotImplementedError
 
-    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, pre: Tensor, dead: Tensor) -> dict[str, Tensor]:
+    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, dead: Tensor) -> dict[str, Tensor]:
         return {}
 
+    @torch.no_grad()  # a graph through the gradient would chain every step to the last
     def before_update(self) -> None:
         if self.unit_norm_decoder:  # keep the step tangent to the unit sphere of each row (eai-sparsify)
             W, grad = self.dictionary.W_dec, self.dictionary.W_dec.grad
@@ -725,12 +804,12 @@ class DictionaryTrainer:
 class StandardTrainer(DictionaryTrainer):
     """ReLU with the L1 of the features weighted by their decoder norms (SAELens' StandardTrainingSAE)."""
 
-    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.dictionary
         pre = x @ d.W_enc + d.b_enc
         acts = F.relu(pre)
         l1 = (acts * d.W_dec.norm(dim=-1)).sum(-1).mean()
-        return acts, pre, {"l1": self.spec.l1_coefficient * l1}
+        return acts, {"l1": self.spec.l1_coefficient * l1}
 
 
 class TopKTrainer(DictionaryTrainer):
@@ -743,20 +822,20 @@ class TopKTrainer(DictionaryTrainer):
         x, y = self.inputs(batch)
         d = self.dictionary
         b_dec = d.b_dec if d.cfg.apply_b_dec_to_input else None
-        acts, indices, pre = TopKEncode.apply(x, b_dec, d.W_enc, d.b_enc, int(self.spec.k))
+        acts, indices = TopKEncode.apply(x, b_dec, d.W_enc, d.b_enc, int(self.spec.k))
         recons = F.embedding_bag(indices, d.W_dec, per_sample_weights=acts, mode="sum") + d.b_dec
         if d.W_skip is not None:
             recons = recons + x @ d.W_skip.T
         parts = {"mse": (recons - y).pow(2).sum(-1).mean()}
         if dead is not None:
-            parts.update(self.dead_loss(x, y, recons, pre, dead))
+            parts.update(self.dead_loss(x, y, recons, dead))
         with torch.no_grad():
             active = acts > 0
             fired = torch.zeros(d.cfg.d_sae, dtype=torch.bool, device=d.device)
             fired[indices[active]] = True
-        return StepResult(sum(parts.values()), parts, fired, active.sum(-1).float().mean(), recons.detach())
+        return self._result(parts, fired, active.sum(-1).float().mean(), recons, y)
 
-    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, pre: Tensor, dead: Tensor) -> dict[str, Tensor]:
+    def dead_loss(self, x: Tensor, y: Tensor, recons: Tensor, dead: Tensor) -> dict[str, Tensor]:
         """AuxK (SAELens 6.54 `calculate_topk_aux_loss`, after eai-sparsify): the top d_out/2 dead features of each
         token reconstruct what the live ones left, without b_dec; only the dead columns are computed."""
         d = self.dictionary
@@ -784,7 +863,7 @@ class BatchTopKTrainer(TopKTrainer):
     def forward(self, batch: dict[str, Tensor], dead: Tensor | None) -> StepResult:
         return DictionaryTrainer.forward(self, batch, dead)
 
-    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.dictionary
         pre = x @ d.W_enc + d.b_enc
         acts = F.relu(pre)
@@ -797,7 +876,7 @@ class BatchTopKTrainer(TopKTrainer):
                 smallest = float(positive.min())
                 rate = BATCHTOPK_THRESHOLD_RATE
                 self.threshold = smallest if self.threshold is None else (1 - rate) * self.threshold + rate * smallest
-        return kept, pre, {}
+        return kept, {}
 
     @torch.no_grad()
     def export(self) -> Dictionary:
@@ -820,14 +899,14 @@ class JumpReLUTrainer(DictionaryTrainer):
     def _extra(self) -> list[torch.nn.Parameter]:
         return [self.dictionary.threshold]
 
-    def encode_for_training(self, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def encode_for_training(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.dictionary
         with torch.no_grad():  # kept >= 0, projected rather than clamped in the graph (SAELens)
             d.threshold.clamp_(min=0.0)
         pre = x @ d.W_enc + d.b_enc
         acts = JumpReLU.apply(pre, d.threshold, JUMPRELU_BANDWIDTH)
         l0 = StepFunction.apply(pre, d.threshold, JUMPRELU_BANDWIDTH).sum(-1).mean()
-        return acts, pre, {"l0": self.spec.l0_coefficient * l0}
+        return acts, {"l0": self.spec.l0_coefficient * l0}
 
     def _resampled(self, features: Tensor) -> None:
         self.dictionary.threshold[features] = JUMPRELU_INIT_THRESHOLD
@@ -843,24 +922,25 @@ TRAINERS: dict[str, type[DictionaryTrainer]] = {
 
 # ============================================================================= autograd pieces
 class TopKEncode(torch.autograd.Function):
-    """(relu of the k largest pre-activations [tokens k], their feature indices, every pre-activation) of
-    x - b_dec, with a backward that touches only the chosen features: W_enc's gradient is a sparse [d_sae tokens]
-    product, b_enc's and b_dec's per-feature sums (after eai-sparsify 1.3.3 `fused_encoder.py`, whose index_add
-    the sparse product replaces). The pre-activations come back without gradient (AuxK recomputes its columns)."""
+    """(relu of the k largest pre-activations [tokens k], their feature indices) of x - b_dec, with a backward that
+    touches only the chosen features: W_enc's gradient is a sparse [d_sae tokens] product, b_enc's and b_dec's
+    per-feature sums (after eai-sparsify 1.3.3 `fused_encoder.py`, whose index_add the sparse product replaces).
+    The pre-activations [tokens d_sae], the step's largest tensor, exist a block of rows at a time (`PRE_BYTES`)."""
 
     @staticmethod
     def forward(ctx, x, b_dec, W_enc, b_enc, k):
         centred = x - b_dec if b_dec is not None else x
-        pre = torch.addmm(b_enc, centred, W_enc)
-        values, indices = pre.topk(k, dim=-1, sorted=False)
-        acts = values.relu_()
+        rows = max(1, PRE_BYTES // (W_enc.shape[1] * W_enc.element_size()))
+        chosen = [torch.addmm(b_enc, block, W_enc).topk(k, dim=-1, sorted=False) for block in centred.split(rows)]
+        acts = torch.cat([block.values for block in chosen]).relu_()
+        indices = torch.cat([block.indices for block in chosen])
         ctx.save_for_backward(centred, W_enc, indices, acts)
         ctx.has_b_dec = b_dec is not None
-        ctx.mark_non_differentiable(indices, pre)
-        return acts, indices, pre
+        ctx.mark_non_differentiable(indices)
+        return acts, indices
 
     @staticmethod
-    def backward(ctx, grad_acts, grad_indices, grad_pre):
+    def backward(ctx, grad_acts, grad_indices):
         centred, W_enc, indices, acts = ctx.saved_tensors
         n, k = indices.shape
         d_sae = W_enc.shape[1]
@@ -914,43 +994,82 @@ class StepFunction(torch.autograd.Function):
 
 
 # ============================================================================= the loop's bookkeeping
-class Run:
-    """One dictionary in training: its trainer, Adam, and the count of steps since each feature fired."""
+def build_trainer(
+    spec: DictionarySpec, model: HookedTransformer, rows: TokenRows, device: torch.device, dtype: torch.dtype
+) -> DictionaryTrainer:
+    """The trainer of one SAE, transcoder or cross-layer transcoder: its config records where it reads and writes,
+    the data's context and BOS, the model and its weight processing."""
+    if spec.cross_layer:
+        return _build_clt_trainer(spec, model, rows, device, dtype)
+    d_in, flatten = _width(model, spec.hook_name)
+    d_out = _width(model, spec.hook_name_out)[0] if spec.hook_name_out is not None else d_in
+    trainer_class = TRAINERS[spec.architecture]
+    metadata = {
+        "model_name": str(getattr(model, "name_or_path", "") or type(model).__name__),
+        "hook_name": spec.hook_name,
+        **({"hook_name_out": spec.hook_name_out} if spec.hook_name_out is not None else {}),
+        "context_size": rows.context_size,
+        "prepend_bos": rows.prepend_bos,
+        "dataset_path": rows.description,
+        "training_architecture": spec.architecture,
+        **({"training_k": spec.k} if spec.architecture == "batchtopk" else {}),
+        "trained_by": f"hooked {__version__} (hooked.sae.train)",
+    }
+    cfg = DictionaryConfig(
+        d_in=d_in,
+        d_sae=spec.d_sae,
+        hook_name=spec.hook_name,
+        architecture=trainer_class.dictionary_architecture,
+        hook_name_out=spec.hook_name_out,
+        d_out=d_out,
+        apply_b_dec_to_input=spec.hook_name_out is None,
+        k=int(spec.k) if spec.architecture == "topk" else None,
+        reshape_activations="hook_z" if flatten else "none",
+        dtype=str(dtype).removeprefix("torch."),
+        device=str(device),
+        processing=dict(getattr(model, "processing", {}) or {}),
+        metadata=metadata,
+    )
+    return trainer_class(spec, cfg, torch.Generator().manual_seed(spec.seed))
 
-    def __init__(self, spec: DictionarySpec, model: HookedTransformer, rows: TokenRows, device, dtype):
-        d_in, flatten = _width(model, spec.hook_name)
-        d_out = _width(model, spec.hook_name_out)[0] if spec.hook_name_out is not None else d_in
-        trainer_class = TRAINERS[spec.architecture]
-        metadata = {
-            "model_name": str(getattr(model, "name_or_path", "") or type(model).__name__),
-            "hook_name": spec.hook_name,
-            **({"hook_name_out": spec.hook_name_out} if spec.hook_name_out is not None else {}),
-            "context_size": rows.context_size,
-            "prepend_bos": rows.prepend_bos,
-            "dataset_path": rows.description,
-            "training_architecture": spec.architecture,
-            **({"training_k": spec.k} if spec.architecture == "batchtopk" else {}),
-            "trained_by": f"hooked {__version__} (hooked.sae.train)",
-        }
-        cfg = DictionaryConfig(
-            d_in=d_in,
-            d_sae=spec.d_sae,
-            hook_name=spec.hook_name,
-            architecture=trainer_class.dictionary_architecture,
-            hook_name_out=spec.hook_name_out,
-            d_out=d_out,
-            apply_b_dec_to_input=spec.hook_name_out is None,
-            k=int(spec.k) if spec.architecture == "topk" else None,
-            reshape_activations="hook_z" if flatten else "none",
-            dtype=str(dtype).removeprefix("torch."),
-            device=str(device),
-            processing=dict(getattr(model, "processing", {}) or {}),
-            metadata=metadata,
-        )
-        self.spec = spec
-        self.trainer = trainer_class(spec, cfg, torch.Generator().manual_seed(spec.seed))
-        self.optimizer = torch.optim.Adam(self.trainer.parameters(), lr=spec.learning_rate)
-        self.steps_since_fired = torch.zeros(spec.d_sae, dtype=torch.long, device=device)
+
+def _build_clt_trainer(
+    spec: DictionarySpec, model: HookedTransformer, rows: TokenRows, device: torch.device, dtype: torch.dtype
+):
+    from hooked.sae.clt_training import CLTTrainer  # it builds on this module
+
+    n_layers = model.cfg.n_layers
+    metadata = {
+        "model_name": str(getattr(model, "name_or_path", "") or type(model).__name__),
+        "context_size": rows.context_size,
+        "prepend_bos": rows.prepend_bos,
+        "dataset_path": rows.description,
+        "trained_by": f"hooked {__version__} (hooked.sae.train)",
+    }
+    cfg = CLTConfig(
+        n_layers=n_layers,
+        d_in=_width(model, spec.hook_name.format(layer=0))[0],
+        d_sae=spec.d_sae,
+        architecture=spec.architecture,
+        d_out=_width(model, spec.hook_name_out.format(layer=0))[0],
+        hook_name=spec.hook_name,
+        hook_name_out=spec.hook_name_out,
+        dtype=str(dtype).removeprefix("torch."),
+        device=str(device),
+        processing=dict(getattr(model, "processing", {}) or {}),
+        metadata=metadata,
+    )
+    return CLTTrainer(spec, cfg, torch.Generator().manual_seed(spec.seed))
+
+
+class Run:
+    """One dictionary in training: its trainer (any object with `DictionaryTrainer`'s surface), Adam, and the
+    count of steps since each feature fired."""
+
+    def __init__(self, spec: DictionarySpec, trainer: DictionaryTrainer):
+        self.spec, self.trainer = spec, trainer
+        self.optimizer = torch.optim.Adam(trainer.parameters(), lr=spec.learning_rate)
+        self.steps_since_fired = torch.zeros(trainer.feature_shape, dtype=torch.long, device=trainer.device)
         self.steps, self.initialized, self.tokens = 0, False, 0
 
     def step(self, batch: dict[str, Tensor]) -> dict[str, float]:
@@ -974,24 +1093,23 @@ class Run:
             if len(dead):
                 self.trainer.resample(dead, batch, out.recons, self.optimizer)
                 self.steps_since_fired[dead] = 0
-        _, y = self.trainer.inputs(batch)
-        with torch.no_grad():
-            fvu = (out.recons - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum().clamp_min(1e-12)
         return {
             "loss": float(out.loss.detach()),
             "l0": float(out.l0),
-            "fvu": float(fvu),
+            "fvu": float(out.fvu),
             "dead": int((self.steps_since_fired > self.spec.dead_feature_window).sum()),
         }
 
-    def result(self) -> Dictionary:
-        """The trained dictionary, with SAELens' end-of-training figures in its metadata."""
+    def result(self) -> Dictionary | CrossLayerTranscoder:
+        """The trained dictionary, with SAELens' end-of-training figures in its metadata (a cross-layer
+        transcoder's dead features also counted per layer)."""
         out = self.trainer.export()
+        dead = self.steps_since_fired > self.spec.dead_feature_window
         out.cfg.metadata.update(
-            n_training_tokens=self.tokens,
-            n_training_steps=self.steps,
-            num_dead_features=int((self.steps_since_fired > self.spec.dead_feature_window).sum()),
+            n_training_tokens=self.tokens, n_training_steps=self.steps, num_dead_features=int(dead.sum())
         )
+        if dead.ndim == 2:
+            out.cfg.metadata["num_dead_features_per_layer"] = dead.sum(-1).tolist()
         return out
 
 
@@ -1018,11 +1136,16 @@ def _checkpoint(runs: list[Run], directory: Path, name: str) -> None:
     for run in runs:
         folder = directory if len(runs) == 1 else directory / run.spec.label()
         d = run.result()
-        save(d, folder / name)
+        if isinstance(d, CrossLayerTranscoder):
+            from hooked.sae.formats import save as save_any
+
+            save_any(d, folder / name, format="circuit-tracer")
+        else:
+            save(d, folder / name)
 
 
 def _writer() -> Callable[[Dictionary, Path], Any]:
-    """hooked.sae.save when hooked/sae/formats provides it, else this module's own SAELens writer."""
+    """`hooked.sae.save` once the formats module provides it, else this module's own SAELens writer."""
     try:
         from hooked.sae.formats import save
     except ImportError:

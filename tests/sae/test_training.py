@@ -145,7 +145,7 @@ def test_sparse_topk_backward_equals_dense_autograd():
     target = torch.randn(30, 12, generator=generator)
 
     b_dec, W_enc, b_enc, W_dec = ours
-    acts, indices, _ = training.TopKEncode.apply(x, b_dec, W_enc, b_enc, 6)
+    acts, indices = training.TopKEncode.apply(x, b_dec, W_enc, b_enc, 6)
     out = F.embedding_bag(indices, W_dec, per_sample_weights=acts, mode="sum") + b_dec
     (out - target).pow(2).sum().backward()
 
@@ -158,6 +158,23 @@ def test_sparse_topk_backward_equals_dense_autograd():
     torch.testing.assert_close(out, reference)
     for mine, theirs in zip(ours, dense, strict=True):
         torch.testing.assert_close(mine.grad, theirs.grad)
+
+
+def test_the_decoder_constraint_leaves_no_graph():
+    """TopK's gradient surgery (the component along each decoder row removed) and renormalisation run without
+    autograd: a graph through W_dec.grad would chain each step to the one before and grow the memory every step."""
+    trainer = make_trainer("topk", k=4)
+    x = torch.randn(30, 16, generator=torch.Generator().manual_seed(3))
+    trainer.initialize({"h": x})
+    trainer.forward({"h": x}, None).loss.backward()
+    trainer.before_update()
+    W_dec = trainer.dictionary.W_dec
+    assert W_dec.grad.grad_fn is None and not W_dec.grad.requires_grad
+    torch.testing.assert_close((W_dec.grad * W_dec).sum(-1), torch.zeros(64), atol=1e-5, rtol=0)  # tangent
+    with torch.no_grad():
+        W_dec.mul_(2.0)
+    trainer.after_update()
+    torch.testing.assert_close(W_dec.norm(dim=-1), torch.ones(64))
 
 
 # ----------------------------------------------------------------------------- training on the IOI model

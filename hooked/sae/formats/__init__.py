@@ -89,10 +89,13 @@ def load(
     return _load_clt(place, device=device, dtype=dtype)
 
 
-def save(dictionary: Dictionary | Sequence[Dictionary], path: str | Path, format: str = "saelens") -> Path:
+def save(
+    dictionary: Dictionary | CrossLayerTranscoder | Sequence[Dictionary], path: str | Path, format: str = "saelens"
+) -> Path:
     """Write `dictionary` to the directory `path`: `format="saelens"` as SAELens 6.54's `SAE.save_model` does
     (`sae_lens.SAE.load_from_disk(path)` reads it back and computes the same), `format="circuit-tracer"` a list
-    of transcoders, layer i at index i, as circuit-tracer's transcoder set. Returns the directory.
+    of transcoders, layer i at index i, as circuit-tracer's transcoder set, or a `CrossLayerTranscoder` as its
+    CLT folder. Returns the directory.
 
         hooked.sae.save(sae, "my_sae")
         hooked.sae.save(transcoders, "my_transcoders", format="circuit-tracer")
