@@ -150,6 +150,13 @@ def attribute(
     dictionaries = [saes] if isinstance(saes, Dictionary) else list(saes)
     if not dictionaries:
         raise ValueError("attribute scores the features of saes=[...]; give at least one dictionary")
+    for d in dictionaries:
+        if not isinstance(d, Dictionary):
+            raise TypeError(
+                f"hooked.sae.attribute scores the features of hooked.sae dictionaries (SAEs and transcoders), not"
+                f" {type(d).__name__}; a cross-layer transcoder's features are patched one by one with hooked.sweep"
+                " (docs/saes.md), a SAELens SAE converts with hooked.sae.from_saelens(sae)"
+            )
     if getattr(metric, "needs_base", False) is True:
         raise ValueError(
             f"{metric!r} compares with the clean run, where its gradient is 0: every score would be 0;"

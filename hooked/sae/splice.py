@@ -368,8 +368,19 @@ def run_with_cache_with_saes(
     """
     with globals()["saes"](model, saes, use_error_term=use_error_term):
         if sparse_features:
-            kwargs["sparse"] = [d.hook_sae_acts_post.name for d in ([saes] if isinstance(saes, Dictionary) else saes)]
+            kwargs["sparse"] = [name for d in _as_list(saes) for name in _features_points(d)]
         return model.run_with_cache(*model_args, **kwargs)
+
+
+def _as_list(saes) -> list[Spliceable]:
+    return [saes] if isinstance(saes, (Dictionary, CrossLayerTranscoder)) else list(saes)
+
+
+def _features_points(dictionary: Spliceable) -> list[str]:
+    """The names of a spliced dictionary's `hook_sae_acts_post` points (a cross-layer transcoder: every layer's)."""
+    if isinstance(dictionary, CrossLayerTranscoder):
+        return [module.hook_sae_acts_post.name for module in dictionary.layers]
+    return [dictionary.hook_sae_acts_post.name]
 
 
 def add_sae(model: HookedTransformer, sae: Spliceable, use_error_term: bool | None = None) -> None:

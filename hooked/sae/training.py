@@ -197,6 +197,8 @@ def train(
         _check_positive("checkpoint_every", checkpoint_every)
         if checkpoint_dir is None:
             raise ValueError("checkpoint_every= needs checkpoint_dir=, the folder the checkpoints go to")
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("hooked.sae.train needs gradients; call it outside torch.inference_mode()")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype= is a floating torch dtype (torch.float32), not {dtype!r}")
     device = torch.device(device) if device is not None else model.device
@@ -1075,7 +1077,8 @@ class Run:
             self.trainer.initialize(batch)
             self.initialized = True
         dead = self.steps_since_fired > self.spec.dead_feature_window
-        out = self.trainer.forward(batch, dead if bool(dead.any()) else None)
+        with torch.enable_grad():  # also when the caller has turned gradients off (a notebook's no_grad)
+            out = self.trainer.forward(batch, dead if bool(dead.any()) else None)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         self.trainer.before_update()
@@ -1151,7 +1154,7 @@ def _writer() -> Callable[[Dictionary, Path], Any]:
 
 
 def _check_saveable(spec: DictionarySpec) -> None:
-    if _writer() is save_saelens and spec.architecture == "topk" and spec.hook_name_out is not None:
+    if spec.architecture == "topk" and spec.hook_name_out is not None:  # SAELens' format, whichever writer writes it
         raise ValueError(
             "SAELens 6.54 has no TopK transcoder, so a topk transcoder's checkpoints cannot be written in its format;"
             " train architecture='batchtopk' or 'jumprelu' (saved as jumprelu_transcoder), or leave checkpoint_dir"

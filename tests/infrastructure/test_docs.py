@@ -76,6 +76,17 @@ def test_mkdocs_build_strict_has_no_warning(tmp_path):
         "hooked.ActivationCache",
     ):
         assert f'id="{identifier}"' in api, identifier
+    sae_api = (site / "api" / "sae" / "index.html").read_text()
+    for identifier in (
+        "hooked.sae.formats.load",
+        "hooked.sae.formats.save",
+        "hooked.sae.splice.run_with_saes",
+        "hooked.sae.attribution.attribute",
+        "hooked.sae.training.train",
+        "hooked.sae.evaluation.evaluate",
+        "hooked.sae.clt.CrossLayerTranscoder",
+    ):
+        assert f'id="{identifier}"' in sae_api, identifier
 
 
 @pytest.fixture(scope="module")

@@ -49,6 +49,7 @@ def test_there_are_notebooks():
         "circuits.ipynb",
         "patching.ipynb",
         "quickstart.ipynb",
+        "saes.ipynb",
         "sweeps.ipynb",
     }
 

@@ -3,6 +3,8 @@ written out by hand, against finite differences of the patch it estimates, and a
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -194,6 +196,10 @@ def test_refusals_name_the_fix_and_leave_nothing_attached():
         hooked.sae.attribute(model, clean, corrupt, failing, saes=[sae, tc])
     with pytest.raises(KeyError, match="did you mean"):
         hooked.sae.attribute(model, clean, corrupt, metric, saes=[random_dictionary(32, "blocks.0.hook_resid_pst")])
+    clt = hooked.sae.CrossLayerTranscoder(hooked.sae.CLTConfig(n_layers=2, d_in=model.cfg.d_model, d_sae=8))
+    unchecked = inspect.unwrap(hooked.sae.attribute)  # as users call it: the suite's annotation check refuses first
+    with pytest.raises(TypeError, match="not CrossLayerTranscoder; a cross-layer transcoder's features are patched"):
+        unchecked(model, clean, corrupt, metric, saes=[sae, clt])
     assert spliced_names(model) == [] and not model.hooks_attached()
     assert all(p.grad is None for p in model.parameters())
     assert not model.training

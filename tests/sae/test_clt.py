@@ -122,6 +122,21 @@ def test_splice_equals_an_explicit_run_with_hooks(architecture):
     assert not any(name.endswith("hook_sae_error") for name in cache.keys())
 
 
+def test_sparse_features_of_every_layer_equal_the_dense_cache():
+    """run_with_cache_with_saes(sparse_features=True) keeps every layer's features sparse, a CLT given alone too."""
+    model, tokens = model_and_tokens()
+    clt = random_clt()
+    with torch.no_grad():
+        _, dense = model.run_with_cache_with_saes(tokens, saes=[clt])
+        _, sparse = model.run_with_cache_with_saes(tokens, saes=clt, sparse_features=True)
+    features = [f"blocks.{layer}.hook_mlp_out.hook_sae_acts_post" for layer in range(N_LAYERS)]
+    assert set(sparse) == set(dense)
+    for name in features:
+        assert sparse[name].layout == torch.sparse_coo and torch.equal(sparse[name].to_dense(), dense[name])
+        assert 0 < sparse[name]._nnz() < dense[name].numel()  # some features fire, others do not
+    assert all(sparse[name].layout == torch.strided for name in set(dense) - set(features))
+
+
 def test_use_error_term_leaves_the_logits_unchanged_and_the_features_live():
     model, tokens = model_and_tokens()
     clt = random_clt(skip=True)

@@ -349,7 +349,9 @@ def test_checkpoints_load_in_saelens_with_the_same_outputs(model, texts, heldout
     assert metadata["hook_name"] == options["hook_name"]
     assert metadata.get("hook_name_out") == options.get("hook_name_out")
     assert metadata["context_size"] == 32 and metadata["prepend_bos"] is True
-    assert metadata["model_from_pretrained_kwargs"] == model.processing == d.cfg.processing
+    # SAELens loads the model with from_pretrained_no_processing(**kwargs): the kwargs name the flags that are on
+    assert metadata["model_from_pretrained_kwargs"] == {flag: True for flag, on in model.processing.items() if on}
+    assert hooked.sae.load(tmp_path / "final_3072").cfg.processing == model.processing == d.cfg.processing
 
 
 # ----------------------------------------------------------------------------- dead features
@@ -463,3 +465,16 @@ def test_texts_need_a_tokenizer():
     model = hooked.testing.random_model("gpt2")
     with pytest.raises(ValueError, match="tokenizer"):
         hooked.sae.train(model, ["a text"], hook_name="blocks.0.hook_resid_post", k=2, d_sae=8, progress=False)
+
+
+def test_training_under_no_grad_trains_as_with_gradients_and_inference_mode_is_refused(model, texts):
+    """A notebook that turned gradients off (torch.set_grad_enabled(False)) still trains, to the same weights."""
+    options = dict(hook_name=RESID, k=4, d_sae=16, n_tokens=2048, batch_tokens=256, context_size=32, progress=False)
+    with_grad = hooked.sae.train(model, texts, **options)
+    with torch.no_grad():
+        without = hooked.sae.train(model, texts, **options)
+    for name, value in with_grad.state_dict().items():
+        torch.testing.assert_close(without.state_dict()[name], value, atol=0, rtol=0)
+    assert not torch.equal(with_grad.W_enc, with_grad.W_dec.T)  # it did train (the encoder starts as W_dec.T)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="outside torch.inference_mode"):
+        hooked.sae.train(model, texts, **options)
