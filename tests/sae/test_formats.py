@@ -654,7 +654,8 @@ def test_circuit_tracer_gpt2_transcoders_splice(gpt2, tmp_path):
         transcoder = hooked.sae.Dictionary(cfg, skip=True)
         randomize(transcoder, layer)
         transcoders.append(transcoder)
-    hooked.sae.save(transcoders, tmp_path / "set", format="circuit-tracer")
+    with pytest.warns(UserWarning, match="local-folder loader"):  # circuit-tracer would read it without TopK
+        hooked.sae.save(transcoders, tmp_path / "set", format="circuit-tracer")
     loaded = hooked.sae.load(tmp_path / "set", model=gpt2)
     tokens = torch.randint(0, gpt2.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(gpt2.run_with_saes(tokens, saes=loaded), gpt2.run_with_saes(tokens, saes=transcoders))

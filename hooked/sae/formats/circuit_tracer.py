@@ -23,6 +23,7 @@ hook_result, none of which a transcoder set reads or writes; it is recorded as o
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -202,6 +203,12 @@ def write(transcoders: Sequence[Dictionary], directory: Path) -> Path:
         config["activation"] = {"standard": "relu", "topk": "topk"}[first.architecture]
     if first.architecture == "topk":
         config["k"] = first.k
+        warnings.warn(
+            "a TopK transcoder set: circuit-tracer 0.5.0 reads activation/k from config.yaml when it loads a set by its"
+            " config (utils/hf_utils.py load_transcoders), but its local-folder loader (utils/caching.py"
+            " load_transcoders_from_cache) drops them and would run the set without TopK (docs/saes.md)",
+            stacklevel=3,
+        )
     (directory / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
     return directory
 
