@@ -36,10 +36,10 @@ reconstruction = squared error summed over the output width, averaged over token
   rectangle kernel of width `bandwidth`; + l0_coefficient * L0 (the step function, same estimator); the threshold
   kept >= 0. Decoder rows free (SAELens' JumpReLUTrainingSAE, "step" mode).
 
-Initialisation (SAELens' `initialize_weights`): decoder rows drawn uniformly, scaled to norm 0.1 (1 for the
-unit-norm architectures), the encoder its transpose (a transcoder's encoder drawn apart); b_dec at the mean of the
-first batch's targets (an SAE subtracts it from its input, SAELens' `apply_b_dec_to_input`), a transcoder's b_enc
-centring its pre-activations on that batch's mean input (eai-sparsify's trainer).
+Initialisation (SAELens' `initialize_weights`): decoder rows drawn uniformly (its kaiming_uniform_), scaled to
+norm 0.1 (1 for the unit-norm architectures), the encoder their transpose (a transcoder's encoder drawn apart); b_dec
+at the mean of the first batch's targets (an SAE subtracts it from its input, SAELens' `apply_b_dec_to_input`), a
+transcoder's b_enc centring its pre-activations on that batch's mean input (eai-sparsify's trainer).
 
 The loop drives any object with `DictionaryTrainer`'s surface (`points`, `d_sae`, `feature_shape`, `device`,
 `initialize`, `parameters`, `forward` -> `StepResult`, `before_update`, `after_update`, `resample`, `export`) through
@@ -157,10 +157,18 @@ def train(
 ) -> Dictionary | CrossLayerTranscoder | list[Dictionary | CrossLayerTranscoder]:
     """Train a sparse dictionary (or several, from one pass) on `model`'s activations; see the module docstring.
 
-    `data`: token ids, texts, a .txt / .jsonl path or an iterable of {"text": ...}. `n_tokens` (default: one pass
-    over the data, which is cycled when it holds fewer) tokens in batches of `batch_tokens`, rows of `context_size`
-    (default min(128, the model's context)). `dictionaries=[{"hook_name": ..., "d_sae": ..., ...}, ...]` trains one
-    dictionary per entry, each entry overriding the keywords above it; a list comes back, in that order.
+    `data`: token ids, texts, a .txt / .jsonl path or an iterable of {"text": ...}; `n_tokens` of them (default: one
+    pass; data holding fewer is read again) in batches of `batch_tokens`, rows of `context_size` (default min(128,
+    the model's context)), BOS first as `prepend_bos` says (default: the model's). `architecture`, `d_sae`, `k`
+    (topk: per token; batchtopk: the batch's mean), `hook_name_out` (a transcoder) and `skip` (its W_skip) say what
+    to train; `l1_coefficient` (standard), `l0_coefficient` (jumprelu) and `aux_coefficient` (AuxK, topk and
+    batchtopk) weigh the sparsity terms as SAELens does; `lr` is Adam's (default 2e-4 / sqrt(d_sae / 2**14),
+    eai-sparsify's rule). A feature silent for more than `dead_feature_window` steps is dead; `resample_dead=True`
+    re-initialises the dead ones every that many steps. `buffer_batches` batches are shuffled together.
+
+    `dictionaries=[{"hook_name": ..., "d_sae": ..., ...}, ...]` trains one dictionary per entry, each entry overriding
+    the keywords above; a list comes back, in that order. `seed` orders the stream and initialises each dictionary
+    (an entry's own `seed` only the latter). `device`, `dtype`: the dictionaries' (default: the model's device).
     `checkpoint_dir` gets the final dictionaries (`final_<tokens>/`) and, every `checkpoint_every` tokens, one
     `<tokens>/` each, in SAELens' format (cfg.json + sae_weights.safetensors; a subfolder per dictionary when there
     are several). The config records the model's weight processing and where the dictionary reads.
@@ -765,7 +773,9 @@ class DictionaryTrainer:
         error = (y - recons).pow(2).sum(-1)
         if float(error.sum()) <= 0:
             return
-        tokens = torch.multinomial(error, len(features), replacement=True, generator=self.generator)
+        # the generator lives on the CPU, whatever the dictionary's device
+        tokens = torch.multinomial(error.cpu(), len(features), replacement=True, generator=self.generator)
+        tokens = tokens.to(error.device)
         live = torch.ones(d.cfg.d_sae, dtype=torch.bool, device=d.device)
         live[features] = False
         enc_norm = d.W_enc[:, live].norm(dim=0).mean() if live.any() else torch.tensor(1.0)

@@ -255,6 +255,21 @@ def test_transcoder_with_skip_learns_the_mlp(model, texts, heldout):
     assert fvu(heldout[MLP_OUT], out) < 0.4
 
 
+def test_a_dictionary_on_hook_z_reads_the_heads_flattened(model, texts):
+    """attn.hook_z is [batch pos head_index d_head]: the dictionary reads it flattened (SAELens' reshape_activations
+    'hook_z') and gives back its shape."""
+    point = "blocks.0.attn.hook_z"
+    sae = hooked.sae.train(model, texts, hook_name=point, architecture="topk", k=4, n_tokens=4 * 512, **SMALL)
+    assert sae.cfg.reshape_activations == "hook_z" and sae.cfg.d_in == model.cfg.n_heads * model.cfg.d_head
+    tokens = model.to_tokens(texts[:3])
+    _, cache = model.run_with_cache(tokens, names_filter=point)
+    with torch.no_grad():
+        out = sae(cache[point])
+        flat = reconstruct(sae, cache[point].flatten(-2))[1]
+    assert out.shape == cache[point].shape
+    torch.testing.assert_close(out.flatten(-2), flat, rtol=1e-4, atol=1e-4)
+
+
 # ----------------------------------------------------------------------------- the data and the stream
 def test_text_rows_are_the_tokenizer_ids_joined_and_cut(model, texts, tmp_path):
     """Texts, a .txt file, a .jsonl file and an iterable of records give the same rows: the texts' ids joined with
