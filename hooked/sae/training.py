@@ -1028,7 +1028,7 @@ def _writer() -> Callable[[Dictionary, Path], Any]:
 
 
 def _check_saveable(spec: DictionarySpec) -> None:
-    if _writer() is save_saelens and spec.architecture == "topk" and spec.hook_name_out is not None:
+    if spec.architecture == "topk" and spec.hook_name_out is not None:
         raise ValueError(
             "SAELens 6.54 has no TopK transcoder, so a topk transcoder's checkpoints cannot be written in its format;"
             " train architecture='batchtopk' or 'jumprelu' (saved as jumprelu_transcoder), or leave checkpoint_dir"

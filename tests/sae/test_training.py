@@ -332,7 +332,9 @@ def test_checkpoints_load_in_saelens_with_the_same_outputs(model, texts, heldout
     assert metadata["hook_name"] == options["hook_name"]
     assert metadata.get("hook_name_out") == options.get("hook_name_out")
     assert metadata["context_size"] == 32 and metadata["prepend_bos"] is True
-    assert metadata["model_from_pretrained_kwargs"] == model.processing == d.cfg.processing
+    # SAELens trains on from_pretrained_no_processing(**kwargs): the kwargs name only the processing flags that are on
+    assert metadata["model_from_pretrained_kwargs"] == {flag: True for flag, on in model.processing.items() if on}
+    assert hooked.sae.load(tmp_path / "final_3072").cfg.processing == model.processing == d.cfg.processing
 
 
 # ----------------------------------------------------------------------------- dead features
