@@ -20,13 +20,19 @@ to" -> " Mary"; the corrupt twin has the other name give, so its answer flips):
    faithfulness on the prompts it was found on and on held-out prompts (held-out names in held-out
    templates, `tasks.ioi_heldout`), saved as
    circuit.png, circuit.json, circuit-edges.csv and the faithfulness curve (circuit-faithfulness.*);
-7. everything saved, with what produced it, in a run directory.
+7. the features that carry the answer: the SAE bundled on the residual stream after layer 2 (docs/saes.md,
+   "Bundled dictionaries"), spliced with its error term, every feature scored at once by `hooked.sae.attribute`,
+   then confirmed in one sweep: the top features resampled from the corrupt prompts together, zeroed together,
+   random active features instead, each top feature alone; the same for the bundled transcoders in brief
+   (feature-scores.csv, feature-ablations.*; skipped for a model without bundled dictionaries);
+8. everything saved, with what produced it, in a run directory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from pathlib import Path
 
@@ -36,6 +42,10 @@ import hooked
 from hooked import ablate, metrics, patch, tasks
 
 DEFAULT_MODEL = "hooked/ioi-gpt2"
+FEATURES_SAE = "saes/blocks.2.hook_resid_post"  # chapter 7's dictionary, under the bundled model's name
+FEATURES_SETS = "saes/transcoders"
+TOP_FEATURES = 10
+RANDOM_DRAWS = 5
 
 
 def _scores(model, tokens, hooks, metric, kl, clean_logits) -> tuple[float, float]:
@@ -156,7 +166,10 @@ def main(argv: list[str] | None = None) -> Path:
     # 6. The circuit: EAP-IG scores every edge of the residual graph, the top ~10% are kept.
     circuit, report = _circuit_chapter(model, task, metric, args, out)
 
-    # 7. Save.
+    # 7. The features that carry the answer.
+    features = _features_chapter(model, task, metric, clean, corrupt_tokens, clean_score, args, out)
+
+    # 8. Save.
     (out / "story.json").write_text(
         json.dumps(
             {
@@ -175,6 +188,7 @@ def main(argv: list[str] | None = None) -> Path:
                     "held_out_faithfulness": report["held_out_faithfulness"],
                     "held_out_seed": args.seed + 1,
                 },
+                "features": features,
                 "hooked_version": hooked.__version__,
                 "torch_version": torch.__version__,
                 "command": "python -m hooked.demo " + " ".join(argv if argv is not None else []),
@@ -183,9 +197,10 @@ def main(argv: list[str] | None = None) -> Path:
         )
     )
     print(
-        f"\n7. saved to {out}/: head-sweep-resample.csv/.json/.png (layer x head), circuit.png, circuit.json,"
-        f" circuit-edges.csv, circuit-faithfulness.csv/.json/.png, story.json; {time.perf_counter() - started:.1f}s "
-        "in all"
+        f"\n8. saved to {out}/: head-sweep-resample.csv/.json/.png (layer x head), circuit.png, circuit.json,"
+        f" circuit-edges.csv, circuit-faithfulness.csv/.json/.png,"
+        + (" feature-scores.csv, feature-ablations.csv/.json," if features else "")
+        + f" story.json; {time.perf_counter() - started:.1f}s in all"
     )
     return out
 
@@ -248,6 +263,117 @@ def _circuit_chapter(model, task, metric, args, out: Path):
         + (f" ({note})" if note else "")
     )
     return circuit, report
+
+
+def _features_chapter(model, task, metric, clean, corrupt, clean_score: float, args, out: Path) -> dict | None:
+    """Chapter 7: score every feature of the bundled residual SAE by attribution patching, then ablate the top ones
+    together, random active ones, and each top one alone, in one sweep; the bundled transcoders in brief."""
+    import hooked.sae
+
+    bundled = hooked.sae.bundled_saes()
+    name = f"{args.model}/{FEATURES_SAE}"
+    if name not in bundled:
+        print(f"\n7. features: {args.model} has no bundled dictionary (hooked/ioi-gpt2 has, docs/saes.md); skipped")
+        return None
+    sae = hooked.sae.load(name, model=model)
+    with torch.enable_grad():  # attribution differentiates the metric
+        scores = hooked.sae.attribute(model, clean, corrupt, metric, saes=[sae], task=task)
+    scores.to_csv(out / "feature-scores.csv")
+    top = [feature for feature, _ in scores.top(TOP_FEATURES)]
+    k = len(top)
+    with model.saes([sae], use_error_term=True):
+        source, own = _feature_caches(model, clean, corrupt)
+        acts = {
+            "clean": own[f"{sae.hook_name_out}.hook_sae_acts_post"],
+            "corrupt": source[f"{sae.hook_name_out}.hook_sae_acts_post"],
+        }
+        fired = (acts["clean"] > 0) | (acts["corrupt"] > 0)
+        active = [f for f in scores.features if fired[..., int(f.rsplit(".F", 1)[1])].any() and f not in top]
+        rng = random.Random(args.seed)
+        variants = {
+            f"top {k} resampled": ablate.hooks(model, top, "resample", source=source),
+            f"top {k} zeroed": ablate.hooks(model, top, "zero"),
+            **{
+                f"random {k} #{i}": ablate.hooks(
+                    model, rng.sample(active, min(k, len(active))), "resample", source=source
+                )
+                for i in range(RANDOM_DRAWS)
+            },
+            **{f"{feature} alone": ablate.hooks(model, [feature], "resample", source=source) for feature in top},
+        }
+        sweep = hooked.sweep(model, clean, variants, metric, task=task)
+    sweep.save(out, name="feature-ablations")
+    change = sweep.change
+    at_end = {f: [int((acts[run][:, -1, int(f.rsplit(".F", 1)[1])] > 0).sum()) for run in acts] for f in top}
+    print(
+        f"\n7. the features that carry the answer: {name} ({sae.cfg.d_sae} features, TopK k={sae.cfg.k}),"
+        f"\n   spliced with its error term (the logit difference stays {sweep.base_score:+.3f}); attribution patching"
+        f" scores all {len(scores)}\n   in one forward and backward. The top {k} (score: the estimated change when"
+        " resampled from corrupt; alone: measured;\n   fires: on how many clean / corrupt prompts it is active at the"
+        " last token):"
+    )
+    for feature in top:
+        clean_n, corrupt_n = at_end[feature]
+        print(
+            f"   {feature:<20} score {scores[feature]:+.3f}   alone {change[f'{feature} alone']:+.3f}"
+            f"   fires {clean_n} / {corrupt_n}"
+        )
+    randoms = [change[f"random {k} #{i}"] for i in range(RANDOM_DRAWS)]
+    print(
+        f"   ablated together, one sweep of {len(variants)} variants (logit difference, change):\n"
+        f"   top {k} resampled from corrupt  {sweep.scores[f'top {k} resampled']:+.3f}"
+        f"  ({change[f'top {k} resampled']:+.3f}; alone they add up to"
+        f" {sum(change[f'{feature} alone'] for feature in top):+.3f})\n"
+        f"   top {k} zeroed                  {sweep.scores[f'top {k} zeroed']:+.3f}"
+        f"  ({change[f'top {k} zeroed']:+.3f})\n"
+        f"   {k} random active features, resampled ({RANDOM_DRAWS} draws from the {len(active)} others active on these"
+        f" prompts): {min(randoms):+.3f} to {max(randoms):+.3f}\n"
+        f"   Each top feature is active at the last token of a few prompts only; zeroing them does not lower the"
+        f"\n   logit difference, resampling them, which also switches on those the corrupt prompts use, does."
+    )
+    transcoders = _transcoder_features(model, task, metric, clean, corrupt, bundled, args)
+    return {
+        "sae": name,
+        "top": [
+            {"feature": f, "score": scores[f], "alone": change[f"{f} alone"], "fires_at_end": at_end[f]} for f in top
+        ],
+        "clean_logit_diff": clean_score,
+        "spliced_logit_diff": sweep.base_score,
+        "top_resampled": change[f"top {k} resampled"],
+        "top_zeroed": change[f"top {k} zeroed"],
+        "random_resampled": randoms,
+        "other_active_features": len(active),
+        "transcoders": transcoders,
+    }
+
+
+def _feature_caches(model, clean, corrupt):
+    """The spliced dictionaries' features on the corrupt and on the clean prompts."""
+    acts = lambda name: name.endswith("hook_sae_acts_post")  # noqa: E731
+    return model.run_with_cache(corrupt, names_filter=acts)[1], model.run_with_cache(clean, names_filter=acts)[1]
+
+
+def _transcoder_features(model, task, metric, clean, corrupt, bundled, args) -> dict | None:
+    """The bundled transcoder set's top features, scored and resampled together as the SAE's (two lines)."""
+    import hooked.sae
+
+    name = f"{args.model}/{FEATURES_SETS}"
+    if name not in bundled:
+        return None
+    layers = hooked.sae.load(name, model=model)
+    with torch.enable_grad():
+        scores = hooked.sae.attribute(model, clean, corrupt, metric, saes=layers, task=task)
+    top = [feature for feature, _ in scores.top(TOP_FEATURES)]
+    with model.saes(layers, use_error_term=True):
+        source, _ = _feature_caches(model, clean, corrupt)
+        variants = {"top": ablate.hooks(model, top, "resample", source=source)}
+        sweep = hooked.sweep(model, clean, variants, metric, task=task)
+    print(
+        f"   The transcoders ({name}, every MLP replaced, error terms kept):\n   the top features "
+        + ", ".join(f"{f} {scores[f]:+.2f}" for f in top[:3])
+        + f", ...; the top {len(top)} resampled together: {sweep.scores['top']:+.3f} ({sweep.change['top']:+.3f})"
+    )
+    return {"set": name, "top": [{"feature": f, "score": scores[f]} for f in top], "top_resampled": sweep.change["top"]}
 
 
 if __name__ == "__main__":

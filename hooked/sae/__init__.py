@@ -22,6 +22,7 @@ from hooked.sae.splice import add_sae, reset_saes, run_with_cache_with_saes, run
 # name -> the module that defines it, imported when first asked for
 _LAZY = {
     "load": "hooked.sae.formats",
+    "bundled_saes": "hooked.sae.formats",
     "save": "hooked.sae.formats",
     "from_saelens": "hooked.sae.formats",
     "attribute": "hooked.sae.attribution",

@@ -6,7 +6,8 @@
 
 What happens, in order (the names are this file's):
 
-1. **Tokens** (`token_rows`): a token tensor ([n pos] rows used as they are, or a [n] stream), a list of texts, a
+1. **Tokens** (`token_rows`): a token tensor ([n pos] rows used as they are, padding left out where an
+   `attention_mask` says so, or a [n] stream), a list of texts, a
    local .txt (a text per line) or .jsonl ({"text": ...} per line) file, or any iterable of texts or {"text": ...}
    records. Texts are tokenized with the model's tokenizer, joined with a separator (BOS, else EOS) and cut into
    rows of `context_size`, each starting with BOS when the model prepends one (SAELens'
@@ -143,6 +144,7 @@ def train(
     n_tokens: int | None = None,
     context_size: int | None = None,
     prepend_bos: bool | None = None,
+    attention_mask: Tensor | None = None,
     dictionaries: Sequence[dict[str, Any]] | None = None,
     dead_feature_window: int = 1000,
     resample_dead: bool = False,
@@ -169,6 +171,9 @@ def train(
     `dictionaries=[{"hook_name": ..., "d_sae": ..., ...}, ...]` trains one dictionary per entry, each entry overriding
     the keywords above; a list comes back, in that order. `seed` orders the stream and initialises each dictionary
     (an entry's own `seed` only the latter). `device`, `dtype`: the dictionaries' (default: the model's device).
+    `attention_mask` [n pos] goes with token rows [n pos] of prompts of different lengths (`tokens, mask =
+    model.tokens_and_mask(texts, None, None)`): the forward runs with it, as at inference, and the padding's
+    activations are left out of training (`n_tokens` counts real tokens).
     `checkpoint_dir` gets the final dictionaries (`final_<tokens>/`) and, every `checkpoint_every` tokens, one
     `<tokens>/` each, in SAELens' format (cfg.json + sae_weights.safetensors; a subfolder per dictionary when there
     are several). The config records the model's weight processing and where the dictionary reads.
@@ -214,7 +219,7 @@ def train(
         for spec in specs:
             _check_saveable(spec)
     prepend_bos = model.default_prepend_bos if prepend_bos is None else bool(prepend_bos)
-    rows = token_rows(model, data, context_size, prepend_bos)
+    rows = token_rows(model, data, context_size, prepend_bos, attention_mask)
 
     runs = [Run(spec, build_trainer(spec, model, rows, device, dtype)) for spec in specs]
     points = sorted({point for run in runs for point in run.trainer.points}, key=model.hook_names.index)
@@ -423,8 +428,18 @@ class TokenRows:
                 del buffer[:body]
 
 
-def token_rows(model: HookedTransformer, data, context_size: int | None, prepend_bos: bool) -> TokenRows:
+PAD = -1  # the id a padding position of masked token rows carries in the stream (`_collect` masks it out)
+
+
+def token_rows(
+    model: HookedTransformer, data, context_size: int | None, prepend_bos: bool, attention_mask: Tensor | None = None
+) -> TokenRows:
     """The rows `data` gives, checked before any forward runs (see the module docstring for what `data` may be)."""
+    if attention_mask is not None and not (isinstance(data, Tensor) and data.ndim == 2):
+        raise ValueError(
+            "attention_mask= goes with token rows [n pos] (tokens, mask = model.tokens_and_mask(texts, None, None));"
+            " texts and token streams are cut into rows without padding, so they need none"
+        )
     limit = getattr(model, "max_positions", None)
     if context_size is not None:
         _check_positive("context_size", context_size)
@@ -434,7 +449,7 @@ def token_rows(model: HookedTransformer, data, context_size: int | None, prepend
     bos = getattr(tokenizer, "bos_token_id", None)
     eos = getattr(tokenizer, "eos_token_id", None)
     if isinstance(data, Tensor):
-        return _tensor_rows(model, data, context_size, prepend_bos, bos, eos, limit)
+        return _tensor_rows(model, data, context_size, prepend_bos, bos, eos, limit, attention_mask)
     if isinstance(data, str | Path):
         path = Path(data)
         if not path.is_file():
@@ -479,7 +494,7 @@ def token_rows(model: HookedTransformer, data, context_size: int | None, prepend
     )  # fmt: skip
 
 
-def _tensor_rows(model, data: Tensor, context_size, prepend_bos, bos, eos, limit) -> TokenRows:
+def _tensor_rows(model, data: Tensor, context_size, prepend_bos, bos, eos, limit, mask=None) -> TokenRows:
     if data.dtype.is_floating_point or data.dtype == torch.bool or data.ndim not in (1, 2) or data.numel() == 0:
         raise ValueError(
             f"token ids are an integer tensor [n pos] (rows used as they are) or [n] (a stream cut into rows), not"
@@ -499,6 +514,14 @@ def _tensor_rows(model, data: Tensor, context_size, prepend_bos, bos, eos, limit
             )
         if limit is not None and data.shape[1] > limit:
             raise ValueError(f"the token rows are {data.shape[1]} long, but this model has only {limit} positions")
+        if mask is not None:
+            if not isinstance(mask, Tensor) or mask.shape != data.shape:
+                shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+                raise ValueError(f"attention_mask is {shape}; it needs the token rows' shape {tuple(data.shape)}")
+            mask = mask.to("cpu").bool()
+            if not mask.any(-1).all():
+                raise ValueError(f"attention_mask row {int((~mask.any(-1)).nonzero()[0])} has no real token")
+            data = data.masked_fill(~mask, PAD)
         return TokenRows(lambda: iter(data), data.shape[1], False, None, None, True, True, "tokens")
     if prepend_bos and bos is None:
         raise ValueError("prepend_bos=True, but this model's tokenizer has no BOS token; pass prepend_bos=False")
@@ -616,14 +639,16 @@ class ActivationStream:
                 yield {name: buffer[chosen] for name, buffer in buffers.items()}
 
     def _collect(self, tokens: Tensor, buffers: dict[str, Tensor], at: int) -> int:
-        """Run the forward on `tokens` [rows pos], copying each point into its buffer from row `at`; the count."""
-        n = tokens.numel()
+        """Run the forward on `tokens` [rows pos], copying each real position's activation at each point into its
+        buffer from row `at` (padding, id PAD, left out); the count."""
+        tokens = tokens.to(self.model.device)
+        mask = tokens != PAD  # real tokens, BOS ids included
+        tokens = tokens.clamp(min=0)  # any id will do under the mask
+        n = int(mask.sum())
 
         def keep(activation: Tensor, hook) -> None:
-            buffers[hook.name][at : at + n].copy_(activation.reshape(n, -1))
+            buffers[hook.name][at : at + n].copy_(activation[mask].reshape(n, -1))
 
-        tokens = tokens.to(self.model.device)
-        mask = torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)  # real tokens, BOS ids included
         with torch.no_grad(), self.model.hooks(fwd_hooks=[(self.points, keep)]):
             self.model(tokens, attention_mask=mask, return_type=None, stop_at_layer=self.stop_at_layer)
         return n

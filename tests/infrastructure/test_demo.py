@@ -6,9 +6,10 @@ import json
 import torch
 
 import hooked
+import hooked.sae
 from hooked import ablate, metrics, tasks
 from hooked.circuits import Circuit
-from hooked.demo import main
+from hooked.demo import _features_chapter, main
 
 
 def test_the_demo_tells_the_ablation_story_on_the_bundled_model(tmp_path, capsys):
@@ -25,9 +26,12 @@ def test_the_demo_tells_the_ablation_story_on_the_bundled_model(tmp_path, capsys
         "circuit-faithfulness.csv",
         "circuit-faithfulness.json",
         "circuit-faithfulness.png",
+        "feature-scores.csv",
+        "feature-ablations.csv",
+        "feature-ablations.json",
     ):
         assert (out / file).stat().st_size > 0, file
-    for section in ("1. ", "2. ", "3. ", "4. ", "5. ", "6. circuit discovery", "7. saved"):
+    for section in ("1. ", "2. ", "3. ", "4. ", "5. ", "6. circuit discovery", "7. the features", "8. saved"):
         assert section in printed
 
     # Re-derive the headline numbers without the demo's code: a trained model, and a head whose
@@ -73,6 +77,43 @@ def test_the_demo_tells_the_ablation_story_on_the_bundled_model(tmp_path, capsys
     assert curve[-1]["edges"] == 479 and abs(curve[-1]["held_out_faithfulness"] - 1) < 1e-4
     with (out / "circuit-edges.csv").open() as file:
         assert [row["edge"] for row in csv.DictReader(file)] == [str(edge) for edge in circuit.edges]
+
+    # The features: the top ones of the bundled SAE, resampled from the corrupt prompts together by a hook written
+    # here, cost what the demo says, more than any draw of as many random active features, and most of the answer.
+    features = story["features"]
+    top = [row["feature"] for row in features["top"]]
+    assert features["sae"] == "hooked/ioi-gpt2/saes/blocks.2.hook_resid_post" and len(top) == 10
+    for row in features["top"]:
+        assert f"   {row['feature']:<20} score {row['score']:+.3f}   alone {row['alone']:+.3f}" in printed
+    with (out / "feature-scores.csv").open() as file:
+        assert [row["feature"] for row in csv.DictReader(file)][:10] == top
+    sae = hooked.sae.load(features["sae"], model=model)
+    point = "blocks.2.hook_resid_post.hook_sae_acts_post"
+    indices = [int(feature.rsplit(".F", 1)[1]) for feature in top]
+    with torch.no_grad(), model.saes([sae], use_error_term=True):
+        _, corrupt_features = model.run_with_cache(task.corrupt, names_filter=[point])
+
+        def resample(acts, hook):
+            acts = acts.clone()
+            acts[..., indices] = corrupt_features[point][..., indices]
+            return acts
+
+        tokens = model.to_tokens(task.clean)
+        spliced = metric(model(tokens)).mean().item()
+        ablated = metric(model.run_with_hooks(tokens, fwd_hooks=[(point, resample)])).mean().item()
+    assert abs(spliced - clean) < 1e-3  # the error term keeps the model's output
+    assert abs(features["top_resampled"] - (ablated - spliced)) < 1e-3
+    assert features["top_resampled"] < min(features["random_resampled"]) and ablated < clean / 2
+    assert all(row["alone"] < 0 for row in features["top"])  # each alone lowers it too
+    assert features["transcoders"]["top_resampled"] < -clean / 4
+
+
+def test_the_features_chapter_is_skipped_for_a_model_without_bundled_dictionaries(tmp_path, capsys):
+    args = type("Args", (), {"model": "gpt2", "seed": 1})()
+    assert _features_chapter(None, None, None, None, None, 0.0, args, tmp_path) is None
+    printed = capsys.readouterr().out
+    assert printed.strip() == "7. features: gpt2 has no bundled dictionary (hooked/ioi-gpt2 has, docs/saes.md); skipped"
+    assert not any(tmp_path.iterdir())
 
 
 def test_the_demo_leaves_the_callers_grad_mode_alone(tmp_path):

@@ -1,4 +1,5 @@
-"""The wheel carries the bundled IOI models, and a wheel installed outside the checkout loads them offline.
+"""The wheel carries the bundled IOI models and their sparse dictionaries, and a wheel installed outside the checkout
+loads them offline.
 
 Built with `python -m build --wheel --no-isolation` (the `build` package of the dev extra, with the
 setuptools already installed, so nothing is fetched), installed with `pip install --no-deps --target`
@@ -33,6 +34,8 @@ def test_an_installed_wheel_loads_the_bundled_models(tmp_path):
     for model in BUNDLED:
         for file in ("config.json", "model.safetensors", "tokenizer.json"):
             assert f"hooked/bundled/{model}/{file}" in names, (model, file)
+    shipped = [p.relative_to(ROOT).as_posix() for p in (ROOT / "hooked" / "bundled").glob("*/saes/**/*") if p.is_file()]
+    assert len(shipped) >= 2 * 4 * 2 + 2 and set(shipped) <= names, sorted(set(shipped) - names)
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
@@ -49,6 +52,10 @@ def test_an_installed_wheel_loads_the_bundled_models(tmp_path):
         "    with torch.no_grad():\n"
         "        out[name] = metrics.logit_diff(model, task.correct, "
         "task.incorrect)(model(model.to_tokens(task.clean))).mean().item()\n"
+        "import hooked.sae\n"
+        "sae = hooked.sae.load('hooked/ioi-gpt2/saes/blocks.2.hook_resid_post')\n"
+        "out['sae_dir'] = str(hooked.sae.bundled_saes()['hooked/ioi-gpt2/saes/blocks.2.hook_resid_post'])\n"
+        "out['transcoders'] = len(hooked.sae.load('hooked/ioi-qwen3moe/saes/transcoders'))\n"
         "print(json.dumps(out))\n"
     )
     env = {"PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
@@ -56,5 +63,6 @@ def test_an_installed_wheel_loads_the_bundled_models(tmp_path):
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert Path(out["file"]).is_relative_to(target), out["file"]  # the installed copy, not the checkout
+    assert Path(out["sae_dir"]).is_relative_to(target) and out["transcoders"] == 4, out
     for model in BUNDLED:
         assert out[f"hooked/{model}"] > 1.0, out  # a trained model: the right name is clearly preferred

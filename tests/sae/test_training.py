@@ -320,6 +320,28 @@ def test_streamed_activations_are_the_models_own(model):
         torch.testing.assert_close(got[name][order_got], want[name][order_want], rtol=1e-5, atol=1e-5)
 
 
+def test_padded_rows_stream_only_real_tokens_as_each_prompt_alone(model):
+    """Left-padded prompts of different lengths with their attention_mask: every real token's activation comes out
+    once, equal to the prompt run alone without padding; no padding position comes out."""
+    prompts = tasks.ioi(12, seed=7).clean
+    tokens, mask = model.tokens_and_mask(prompts, None, None)
+    assert not mask.all()  # the prompts differ in length
+    rows = training.token_rows(model, tokens, None, True, mask)
+    stream = training.ActivationStream(model, rows, [MLP_IN, MLP_OUT], 64, 2, 0, torch.device("cpu"), torch.float32)
+    got = {name: torch.cat([b[name] for b in stream.batches(repeat=False)]) for name in (MLP_IN, MLP_OUT)}
+    want = {name: [] for name in (MLP_IN, MLP_OUT)}
+    for prompt in prompts:
+        _, cache = model.run_with_cache(model.to_tokens(prompt), names_filter=[MLP_IN, MLP_OUT])
+        for name in want:
+            want[name].append(cache[name][0])
+    want = {name: torch.cat(values) for name, values in want.items()}
+    assert got[MLP_IN].shape == want[MLP_IN].shape == (int(mask.sum()), model.cfg.d_model)
+    projection = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(4))
+    order_got, order_want = (got[MLP_IN] @ projection).argsort(), (want[MLP_IN] @ projection).argsort()
+    for name in (MLP_IN, MLP_OUT):
+        torch.testing.assert_close(got[name][order_got], want[name][order_want], rtol=1e-4, atol=1e-4)
+
+
 def test_several_dictionaries_from_one_pass_equal_each_alone(model, texts):
     settings = [
         dict(hook_name=RESID, architecture="topk", k=6),
@@ -474,6 +496,18 @@ def test_bad_settings_are_refused_before_anything_runs(model, texts, kwargs, err
 def test_bad_data_is_refused(model, data, error, match):
     with pytest.raises(error, match=match):
         hooked.sae.train(model, data, hook_name=RESID, k=2, d_sae=8, progress=False)
+
+
+def test_a_bad_attention_mask_is_refused(model):
+    tokens, mask = model.tokens_and_mask(tasks.ioi(4, seed=7).clean, None, None)
+    kwargs = dict(hook_name=RESID, k=2, d_sae=8, progress=False)
+    with pytest.raises(ValueError, match="goes with token rows"):
+        hooked.sae.train(model, tasks.ioi(4, seed=7).clean, attention_mask=mask, **kwargs)
+    with pytest.raises(ValueError, match="needs the token rows' shape"):
+        hooked.sae.train(model, tokens, attention_mask=mask[:, 1:], **kwargs)
+    mask[2] = False
+    with pytest.raises(ValueError, match="row 2 has no real token"):
+        hooked.sae.train(model, tokens, attention_mask=mask, **kwargs)
 
 
 def test_texts_need_a_tokenizer():

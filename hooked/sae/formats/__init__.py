@@ -8,6 +8,10 @@
 | `sparsify` | eai-sparsify 1.3: `cfg.json` + `sae.safetensors` |
 | `circuit_tracer` | circuit-tracer's transcoder sets: `config.yaml` + `layer_{i}.safetensors` |
 
+A directory of per-layer SAELens directories `layer_0/`, `layer_1/`, ... is a set (a transcoder per layer): it loads
+as a list, layer i at index i, and `save` writes a list so. The dictionaries bundled with hooked's IOI models load by
+name, `hooked.sae.load("hooked/ioi-gpt2/saes/transcoders")`, as `hooked.load` finds the models (`bundled_saes`).
+
 Each reader checks the whole file against its config before anything is allocated (`layout.check`: every
 tensor present with the shape the config implies, none left unexplained), then builds the dictionary once in
 its final dtype and device and streams each tensor into its parameter, one at a time, through a small buffer
@@ -16,6 +20,7 @@ its final dtype and device and streams each tensor into its parameter, one at a 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,9 +33,11 @@ from hooked.sae.formats import circuit_tracer, gemma_scope, saelens, sparsify
 from hooked.sae.formats.files import Safetensors
 from hooked.sae.formats.layout import dtype_name
 from hooked.sae.formats.saelens import from_saelens
-from hooked.weights import check_device
+from hooked.weights import bundled_models, check_device
 
 FORMATS = ("saelens", "circuit-tracer")
+LAYER_DIR = re.compile(r"^layer_(\d+)$")  # a set's per-layer SAELens directories: layer_0/, layer_1/, ...
+_BLOCK = re.compile(r"^blocks\.(\d+)\.")
 
 
 def load(
@@ -45,11 +52,14 @@ def load(
 ) -> Dictionary | list[Dictionary] | nn.Module:
     """A dictionary from its files, the format told by them: a SAELens directory, an eai-sparsify directory, a
     Gemma Scope params.npz / params.safetensors, or a circuit-tracer directory (a transcoder set: a list of
-    dictionaries, layer i at index i; a cross-layer transcoder: hooked.sae.clt's).
+    dictionaries, layer i at index i; a cross-layer transcoder: hooked.sae.clt's). A directory of SAELens
+    directories `layer_0/` ... `layer_{n-1}/` is a set too: a list, layer i at index i. A bundled dictionary loads
+    by name (`bundled_saes()` lists them; docs/saes.md, "Bundled dictionaries").
 
         sae = hooked.sae.load("path/to/saelens_dir")
         gs = hooked.sae.load("params.npz", hook_name="blocks.3.hook_resid_post")
         transcoders = hooked.sae.load("path/to/circuit_tracer_dir", model=model)
+        transcoders = hooked.sae.load("hooked/ioi-gpt2/saes/transcoders")  # bundled: 4 transcoders, layer order
 
     `hook_name` / `hook_name_out` override (or, where the files do not say, give) the points the dictionary reads
     and writes, by hooked's names. With `model`, every name is checked to be one of its hook points and every
@@ -58,9 +68,7 @@ def load(
     `norm_scaling_factor`: the input scale of a SAELens dictionary trained with
     `normalize_activations="expected_average_only_in"`, where its directory does not keep it.
     """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist; hooked.sae.load takes a dictionary's directory or file")
+    path = resolve(path)
     device = str(device if device is not None else model.device if model is not None else "cpu")
     check_device(device)
     if dtype is None and model is not None:
@@ -68,6 +76,18 @@ def load(
     dtype = dtype_name(dtype) if dtype is not None else None
     kind, place = _locate(path)
     names = {"hook_name": hook_name, "hook_name_out": hook_name_out}
+    if kind == "layers":
+        if hook_name or hook_name_out:
+            raise ValueError(
+                f"{place} is a set of per-layer dictionaries, each naming its own points; hook_name / hook_name_out"
+                f" would give every layer the same one: load one layer ({place / 'layer_0'}) to override its names"
+            )
+        return [
+            saelens.read(
+                layer, **names, device=device, dtype=dtype, model=model, norm_scaling_factor=norm_scaling_factor
+            )
+            for layer in _layers(place)
+        ]
     if kind in ("circuit-tracer", "clt") and (hook_name or hook_name_out or norm_scaling_factor):
         raise ValueError(
             f"{place}: a circuit-tracer set names its points in config.yaml (feature_input_hook,"
@@ -93,11 +113,12 @@ def save(
     dictionary: Dictionary | CrossLayerTranscoder | Sequence[Dictionary], path: str | Path, format: str = "saelens"
 ) -> Path:
     """Write `dictionary` to the directory `path`: `format="saelens"` as SAELens 6.54's `SAE.save_model` does
-    (`sae_lens.SAE.load_from_disk(path)` reads it back and computes the same), `format="circuit-tracer"` a list
-    of transcoders, layer i at index i, as circuit-tracer's transcoder set, or a `CrossLayerTranscoder` as its
-    CLT folder. Returns the directory.
+    (`sae_lens.SAE.load_from_disk(path)` reads it back and computes the same; a list, layer i at index i, as one
+    such directory per layer, `path/layer_{i}/`), `format="circuit-tracer"` a list of transcoders, layer i at index
+    i, as circuit-tracer's transcoder set, or a `CrossLayerTranscoder` as its CLT folder. Returns the directory.
 
         hooked.sae.save(sae, "my_sae")
+        hooked.sae.save(transcoders, "my_transcoders")  # my_transcoders/layer_0/, layer_1/, ...
         hooked.sae.save(transcoders, "my_transcoders", format="circuit-tracer")
     """
     if format not in FORMATS:
@@ -113,12 +134,79 @@ def save(
         if isinstance(dictionary, Dictionary):
             dictionary = [dictionary]
         return circuit_tracer.write(list(dictionary), path)
+    if isinstance(dictionary, Sequence) and not isinstance(dictionary, str):
+        return _write_layers(list(dictionary), path)
     if not isinstance(dictionary, Dictionary):
         raise TypeError(
-            f"format='saelens' saves one hooked.sae dictionary, not {type(dictionary).__name__}; save a list of"
-            " transcoders one directory each, or as format='circuit-tracer'"
+            f"format='saelens' saves a hooked.sae dictionary or a list of them (layer i at index i), not"
+            f" {type(dictionary).__name__}"
         )
     return saelens.write(dictionary, path)
+
+
+def bundled_saes() -> dict[str, Path]:
+    """The dictionaries bundled with hooked's IOI models, by the name `load` takes, each with its directory:
+    {"hooked/ioi-gpt2/saes/transcoders": .../hooked/bundled/ioi-gpt2/saes/transcoders, ...} (docs/saes.md,
+    "Bundled dictionaries"; trained by scripts/train_saes.py)."""
+    found = {}
+    for model, directory in bundled_models().items():
+        saes = directory / "saes"
+        for child in sorted(saes.iterdir()) if saes.is_dir() else ():
+            if child.is_dir():
+                found[f"{model}/saes/{child.name}"] = child
+    return found
+
+
+def resolve(path: str | Path) -> Path:
+    """`path` itself where it exists, else a bundled dictionary's directory for its name
+    (`hooked/<model>/saes/<name>`, or a layer of a set: `.../transcoders/layer_1`)."""
+    given = Path(path)
+    if given.exists():
+        return given
+    name = str(path)
+    for model, directory in bundled_models().items():
+        prefix = f"{model}/saes/"
+        if name.startswith(prefix) and (directory / "saes" / name.removeprefix(prefix)).exists():
+            return directory / "saes" / name.removeprefix(prefix)
+    if name.startswith("hooked/"):
+        listed = ", ".join(bundled_saes()) or "none (this copy of hooked was installed without its package data)"
+        raise FileNotFoundError(
+            f"{name!r} is not a bundled dictionary nor a local path; the bundled ones are: {listed}"
+        )
+    raise FileNotFoundError(f"{given} does not exist; hooked.sae.load takes a dictionary's directory or file")
+
+
+def _layers(directory: Path) -> list[Path]:
+    """A set's per-layer directories, layer 0 first; refused unless they are layer_0 ... layer_{n-1}."""
+    found = {int(LAYER_DIR.match(child.name).group(1)): child for child in directory.iterdir() if _is_layer(child)}
+    missing = sorted(set(range(max(found) + 1)) - set(found))
+    if missing:
+        raise ValueError(
+            f"{directory} holds {', '.join(f'layer_{i}' for i in sorted(found))} but not layer_{missing[0]}: a set of"
+            " per-layer directories is layer_0 ... layer_{n-1}, layer i at index i; load the layers one by one"
+        )
+    return [found[i] for i in range(len(found))]
+
+
+def _is_layer(path: Path) -> bool:
+    return path.is_dir() and LAYER_DIR.match(path.name) is not None and (path / saelens.CONFIG).exists()
+
+
+def _write_layers(dictionaries: list, path: Path) -> Path:
+    """A list in SAELens' format: `path/layer_{i}/` for dictionary i, which must read and write layer i."""
+    if not dictionaries or not all(isinstance(d, Dictionary) for d in dictionaries):
+        raise TypeError("format='saelens' saves a list of hooked.sae dictionaries, layer i at index i")
+    for layer, d in enumerate(dictionaries):
+        if any(
+            (m := _BLOCK.match(name)) is None or int(m.group(1)) != layer for name in (d.hook_name, d.hook_name_out)
+        ):
+            raise ValueError(
+                f"{d!r} is at index {layer} but reads or writes another layer's point; a list is saved layer i at"
+                f" index i (path/layer_{{i}}/), so it loads back in that order; save the others one by one"
+            )
+    for layer, d in enumerate(dictionaries):
+        saelens.write(d, path / f"layer_{layer}")
+    return path
 
 
 def _locate(path: Path) -> tuple[str, Path]:
@@ -150,10 +238,12 @@ def _locate(path: Path) -> tuple[str, Path]:
     for name in gemma_scope.FILES:
         if (path / name).exists():
             return "gemma-scope", path / name
+    if any(_is_layer(child) for child in path.iterdir()):
+        return "layers", path
     raise FileNotFoundError(
         f"{path} holds no dictionary hooked.sae knows: it looks for cfg.json + sae_weights.safetensors (SAELens),"
         " cfg.json + sae.safetensors (eai-sparsify), params.npz / params.safetensors (Gemma Scope), or config.yaml"
-        " (circuit-tracer)"
+        " (circuit-tracer), or SAELens directories layer_0/, layer_1/, ... (a set)"
     )
 
 
@@ -180,4 +270,4 @@ def _load_clt(path: Path, device: str, dtype: str | None):
     return load_circuit_tracer_clt(path, device=device, dtype=getattr(torch, dtype) if dtype else None)
 
 
-__all__ = ["from_saelens", "load", "save"]
+__all__ = ["bundled_saes", "from_saelens", "load", "save"]
