@@ -20,9 +20,11 @@ features within so few steps, so no library computes AuxK.
 
 Each run is a fresh subprocess (`--worker <library>`), the libraries taking turns, `--rounds` times; the table gives
 the median. Timed: the training call alone (model, data and imports ready; a throwaway Adam has imported what
-torch.optim imports on first use). Memory: the peak of the resident set during that call above what it was just
-before (VmHWM, reset first through /proc/self/clear_refs), which counts the dictionary, its optimiser state, the
-activation buffers and each step's temporaries. Threads: torch's default unless `--threads`.
+torch.optim imports on first use), in wall time and in the process's CPU time (on a shared machine, run with
+`--threads 1` and read tokens/CPU-s: another job holding a core does not change it). Memory: the peak of the
+resident set during that call above what it was just before (VmHWM, reset first through /proc/self/clear_refs),
+which counts the dictionary, its optimiser state, the activation buffers and each step's temporaries. Threads:
+torch's default unless `--threads`.
 """
 
 from __future__ import annotations
@@ -76,15 +78,15 @@ def token_rows(n_rows: int) -> torch.Tensor:
     return rows
 
 
-def measure(fn) -> tuple[float, int]:
-    """(wall seconds of fn(), peak RSS growth in bytes during it)."""
+def measure(fn) -> tuple[float, float, int]:
+    """(wall seconds of fn(), this process's CPU seconds during it, peak RSS growth in bytes during it)."""
     gc.collect()
     reset_peak_rss()
     before = proc_status().get("VmRSS", 0)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     fn()
-    seconds = time.perf_counter() - start
-    return seconds, proc_status().get("VmHWM", 0) - before
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    return seconds, cpu_seconds, proc_status().get("VmHWM", 0) - before
 
 
 def worker(library: str, args) -> dict:
@@ -157,8 +159,14 @@ def worker(library: str, args) -> dict:
         )
         trainer = Trainer(cfg, dataset, model)
         run = trainer.fit
-    seconds, peak = measure(run)
-    return {"seconds": seconds, "tokens": n_tokens, "peak": peak, "threads": torch.get_num_threads()}
+    seconds, cpu_seconds, peak = measure(run)
+    return {
+        "seconds": seconds,
+        "cpu": cpu_seconds,
+        "tokens": n_tokens,
+        "peak": peak,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def run_worker(library: str, args) -> dict:
@@ -192,15 +200,19 @@ def main() -> None:
             runs[library].append(run_worker(library, args))
     threads = runs[args.libraries[0]][0]["threads"]
     speed = {lib: statistics.median(r["tokens"] / r["seconds"] for r in results) for lib, results in runs.items()}
+    per_cpu = {lib: statistics.median(r["tokens"] / r["cpu"] for r in results) for lib, results in runs.items()}
     peak = {lib: statistics.median(r["peak"] for r in results) for lib, results in runs.items()}
+    ours = args.libraries[0]
     rows = [
         (
             library,
             f"{speed[library]:,.0f}",
             " ".join(f"{r['tokens'] / r['seconds']:,.0f}" for r in runs[library]),
-            f"{speed['hooked'] / speed[library]:.2f}" if "hooked" in speed else "",
+            f"{speed[ours] / speed[library]:.2f}",
+            f"{per_cpu[library]:,.0f}",
+            f"{per_cpu[ours] / per_cpu[library]:.2f}",
             f"{peak[library] / MiB:.0f}",
-            f"{peak['hooked'] / peak[library]:.2f}" if "hooked" in peak else "",
+            f"{peak[ours] / peak[library]:.2f}",
         )
         for library in args.libraries
     ]
@@ -208,8 +220,15 @@ def main() -> None:
         f"\nTopK SAE at {HOOK} of hooked/ioi-gpt2: d_sae {args.d_sae}, k {args.k}, {BATCH_TOKENS} tokens a step,"
         f" {args.steps} steps, Adam lr {LR}, float32, CPU, {threads} torch threads; median of {args.rounds} runs"
     )
-    headers = ["library", "tokens/s", "each run", "hooked speed-up", "peak RSS growth MiB", "hooked / it"]
+    headers = [
+        "library", "tokens/s", "each run", f"{ours} speed-up", "tokens/CPU-s", f"{ours} speed-up (CPU)",
+        "peak RSS growth MiB", f"{ours} / it",
+    ]  # fmt: skip
     print(table(headers, rows, title))
+    print(
+        "tokens/CPU-s counts this process's CPU time alone: with --threads 1 it does not charge a library for the"
+        " time other jobs hold the cores (with more threads it counts their spinning too)"
+    )
     print("targets: hooked >= 1.5x SAELens and >= 1x eai-sparsify in tokens/s; peak memory <= theirs (ratio <= 1)")
 
 
