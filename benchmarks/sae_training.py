@@ -1,12 +1,13 @@
 """Training throughput (tokens/s) and peak memory of `hooked.sae.train` vs SAELens 6.54's trainer and eai-sparsify's.
 
-    .venv/bin/python benchmarks/sae_training.py [--steps 50] [--rounds 3] [--d-sae 2048] [--k 32] [--threads N]
+    .venv/bin/python benchmarks/sae_training.py [--steps 50] [--rounds 3] [--d-sae 2048] [--k 32] [--layer 2]
+                                                [--threads N]
 
 One TopK SAE on the bundled IOI GPT-2 (hooked/ioi-gpt2: 4 layers, d_model 128, context 64), same for all three:
-hook point (`blocks.2.hook_resid_post`; eai-sparsify's `h.2`, the same residual stream), width, k, batches of
-4096 tokens (64 rows of 64), Adam at one learning rate, float32, CPU, the same token rows (IOI prompts, joined and
-cut by `hooked.sae.training.token_rows`), `--steps` steps each. No checkpoints, no logging; nothing makes dead
-features within so few steps, so no library computes AuxK.
+hook point (`blocks.2.hook_resid_post`, eai-sparsify's `h.2`, the same residual stream; `--layer`), width, k,
+batches of 4096 tokens (64 rows of 64), Adam at one learning rate, float32, CPU, the same token rows (IOI prompts,
+joined and cut by `hooked.sae.training.token_rows`), `--steps` steps each. No checkpoints, no logging; nothing
+makes dead features within so few steps, so no library computes AuxK.
 
 * hooked: `hooked.sae.train(model, rows, ...)` with an 8-batch shuffle buffer.
 * SAELens: `LanguageModelSAETrainingRunner(cfg, override_model=..., override_dataset=...).run()` on TransformerLens
@@ -16,7 +17,7 @@ features within so few steps, so no library computes AuxK.
 * eai-sparsify: `Trainer(TrainConfig(SaeConfig(num_latents, k), optimizer="adam", ...), dataset, model).fit()` on
   transformers' GPT2Model with the same weights; its Triton decoder is for GPUs, so SPARSIFY_DISABLE_TRITON=1 gives
   its eager (embedding_bag) one. It runs the whole model (a forward hook cannot stop it); the other two stop after
-  the block they read (`stop_at_layer`).
+  the block they read (`stop_at_layer`): `--layer 3`, the last block, takes that difference away.
 
 Each run is a fresh subprocess (`--worker <library>`), the libraries taking turns, `--rounds` times; the table gives
 the median. Timed: the training call alone (model, data and imports ready; a throwaway Adam has imported what
@@ -47,8 +48,14 @@ import hooked
 import hooked.sae
 
 LIBRARIES = ("hooked", "saelens", "sparsify")
-HOOK = "blocks.2.hook_resid_post"
-SPARSIFY_HOOK = "h.2"  # transformers' GPT2Model.h[2]: its output is the residual stream after block 2
+
+
+def hook_names(layer: int) -> tuple[str, str]:
+    """hooked's (and TransformerLens') name of the residual stream after block `layer`, and eai-sparsify's: the
+    output of transformers' GPT2Model.h[layer]."""
+    return f"blocks.{layer}.hook_resid_post", f"h.{layer}"
+
+
 CONTEXT = 64
 BATCH_TOKENS = 4096
 LR = 5e-4
@@ -100,8 +107,8 @@ def worker(library: str, args) -> dict:
 
         def run():
             hooked.sae.train(
-                model, rows, hook_name=HOOK, architecture="topk", d_sae=args.d_sae, k=args.k, lr=LR,
-                batch_tokens=BATCH_TOKENS, n_tokens=n_tokens, buffer_batches=8, progress=False,
+                model, rows, hook_name=hook_names(args.layer)[0], architecture="topk", d_sae=args.d_sae, k=args.k,
+                lr=LR, batch_tokens=BATCH_TOKENS, n_tokens=n_tokens, buffer_batches=8, progress=False,
             )  # fmt: skip
 
     elif library == "saelens":
@@ -115,7 +122,7 @@ def worker(library: str, args) -> dict:
         cfg = LanguageModelSAERunnerConfig(
             sae=TopKTrainingSAEConfig(d_in=model.cfg.d_model, d_sae=args.d_sae, k=args.k),
             model_name="ioi-gpt2",
-            hook_name=HOOK,
+            hook_name=hook_names(args.layer)[0],
             dataset_path="",
             is_dataset_tokenized=True,
             streaming=False,
@@ -152,7 +159,7 @@ def worker(library: str, args) -> dict:
             optimizer="adam",
             lr=LR,
             lr_warmup_steps=0,
-            hookpoints=[SPARSIFY_HOOK],
+            hookpoints=[hook_names(args.layer)[1]],
             log_to_wandb=False,
             save_dir=save_dir,
             save_every=10**9,
@@ -171,7 +178,9 @@ def worker(library: str, args) -> dict:
 
 def run_worker(library: str, args) -> dict:
     command = [sys.executable, __file__, "--worker", library, "--steps", str(args.steps), "--d-sae", str(args.d_sae)]
-    command += ["--k", str(args.k)] + (["--threads", str(args.threads)] if args.threads else [])
+    command += ["--k", str(args.k), "--layer", str(args.layer)] + (
+        ["--threads", str(args.threads)] if args.threads else []
+    )
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the {library} worker failed:\n{done.stderr[-4000:]}")
@@ -184,6 +193,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--d-sae", type=int, default=2048)
     parser.add_argument("--k", type=int, default=32)
+    parser.add_argument("--layer", type=int, default=2, help="the block whose output (hook_resid_post) is read")
     parser.add_argument("--threads", type=int, default=None, help="torch threads in every worker")
     parser.add_argument("--libraries", nargs="+", choices=LIBRARIES, default=list(LIBRARIES))
     parser.add_argument("--worker", choices=LIBRARIES, help=argparse.SUPPRESS)
@@ -217,8 +227,9 @@ def main() -> None:
         for library in args.libraries
     ]
     title = (
-        f"\nTopK SAE at {HOOK} of hooked/ioi-gpt2: d_sae {args.d_sae}, k {args.k}, {BATCH_TOKENS} tokens a step,"
-        f" {args.steps} steps, Adam lr {LR}, float32, CPU, {threads} torch threads; median of {args.rounds} runs"
+        f"\nTopK SAE at {hook_names(args.layer)[0]} of hooked/ioi-gpt2: d_sae {args.d_sae}, k {args.k},"
+        f" {BATCH_TOKENS} tokens a step, {args.steps} steps, Adam lr {LR}, float32, CPU, {threads} torch threads;"
+        f" median of {args.rounds} runs"
     )
     headers = [
         "library", "tokens/s", "each run", f"{ours} speed-up", "tokens/CPU-s", f"{ours} speed-up (CPU)",
