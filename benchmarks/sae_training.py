@@ -1,12 +1,13 @@
 """Training throughput (tokens/s) and peak memory of `hooked.sae.train` vs SAELens 6.54's trainer and eai-sparsify's.
 
-    .venv/bin/python benchmarks/sae_training.py [--steps 50] [--rounds 3] [--d-sae 2048] [--k 32] [--threads N]
+    .venv/bin/python benchmarks/sae_training.py [--steps 50] [--rounds 3] [--d-sae 2048] [--k 32] [--layer 2]
+                                                [--threads N]
 
 One TopK SAE on the bundled IOI GPT-2 (hooked/ioi-gpt2: 4 layers, d_model 128, context 64), same for all three:
-hook point (`blocks.2.hook_resid_post`; eai-sparsify's `h.2`, the same residual stream), width, k, batches of
-4096 tokens (64 rows of 64), Adam at one learning rate, float32, CPU, the same token rows (IOI prompts, joined and
-cut by `hooked.sae.training.token_rows`), `--steps` steps each. No checkpoints, no logging; nothing makes dead
-features within so few steps, so no library computes AuxK.
+hook point (`blocks.2.hook_resid_post`, eai-sparsify's `h.2`, the same residual stream; `--layer`), width, k,
+batches of 4096 tokens (64 rows of 64), Adam at one learning rate, float32, CPU, the same token rows (IOI prompts,
+joined and cut by `hooked.sae.training.token_rows`), `--steps` steps each. No checkpoints, no logging; nothing
+makes dead features within so few steps, so no library computes AuxK.
 
 * hooked: `hooked.sae.train(model, rows, ...)` with an 8-batch shuffle buffer.
 * SAELens: `LanguageModelSAETrainingRunner(cfg, override_model=..., override_dataset=...).run()` on TransformerLens
@@ -16,13 +17,15 @@ features within so few steps, so no library computes AuxK.
 * eai-sparsify: `Trainer(TrainConfig(SaeConfig(num_latents, k), optimizer="adam", ...), dataset, model).fit()` on
   transformers' GPT2Model with the same weights; its Triton decoder is for GPUs, so SPARSIFY_DISABLE_TRITON=1 gives
   its eager (embedding_bag) one. It runs the whole model (a forward hook cannot stop it); the other two stop after
-  the block they read (`stop_at_layer`).
+  the block they read (`stop_at_layer`): `--layer 3`, the last block, takes that difference away.
 
 Each run is a fresh subprocess (`--worker <library>`), the libraries taking turns, `--rounds` times; the table gives
 the median. Timed: the training call alone (model, data and imports ready; a throwaway Adam has imported what
-torch.optim imports on first use). Memory: the peak of the resident set during that call above what it was just
-before (VmHWM, reset first through /proc/self/clear_refs), which counts the dictionary, its optimiser state, the
-activation buffers and each step's temporaries. Threads: torch's default unless `--threads`.
+torch.optim imports on first use), in wall time and in the process's CPU time (on a shared machine, run with
+`--threads 1` and read tokens/CPU-s: another job holding a core does not change it). Memory: the peak of the
+resident set during that call above what it was just before (VmHWM, reset first through /proc/self/clear_refs),
+which counts the dictionary, its optimiser state, the activation buffers and each step's temporaries. Threads:
+torch's default unless `--threads`.
 """
 
 from __future__ import annotations
@@ -45,8 +48,14 @@ import hooked
 import hooked.sae
 
 LIBRARIES = ("hooked", "saelens", "sparsify")
-HOOK = "blocks.2.hook_resid_post"
-SPARSIFY_HOOK = "h.2"  # transformers' GPT2Model.h[2]: its output is the residual stream after block 2
+
+
+def hook_names(layer: int) -> tuple[str, str]:
+    """hooked's (and TransformerLens') name of the residual stream after block `layer`, and eai-sparsify's: the
+    output of transformers' GPT2Model.h[layer]."""
+    return f"blocks.{layer}.hook_resid_post", f"h.{layer}"
+
+
 CONTEXT = 64
 BATCH_TOKENS = 4096
 LR = 5e-4
@@ -76,15 +85,15 @@ def token_rows(n_rows: int) -> torch.Tensor:
     return rows
 
 
-def measure(fn) -> tuple[float, int]:
-    """(wall seconds of fn(), peak RSS growth in bytes during it)."""
+def measure(fn) -> tuple[float, float, int]:
+    """(wall seconds of fn(), this process's CPU seconds during it, peak RSS growth in bytes during it)."""
     gc.collect()
     reset_peak_rss()
     before = proc_status().get("VmRSS", 0)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     fn()
-    seconds = time.perf_counter() - start
-    return seconds, proc_status().get("VmHWM", 0) - before
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    return seconds, cpu_seconds, proc_status().get("VmHWM", 0) - before
 
 
 def worker(library: str, args) -> dict:
@@ -98,8 +107,8 @@ def worker(library: str, args) -> dict:
 
         def run():
             hooked.sae.train(
-                model, rows, hook_name=HOOK, architecture="topk", d_sae=args.d_sae, k=args.k, lr=LR,
-                batch_tokens=BATCH_TOKENS, n_tokens=n_tokens, buffer_batches=8, progress=False,
+                model, rows, hook_name=hook_names(args.layer)[0], architecture="topk", d_sae=args.d_sae, k=args.k,
+                lr=LR, batch_tokens=BATCH_TOKENS, n_tokens=n_tokens, buffer_batches=8, progress=False,
             )  # fmt: skip
 
     elif library == "saelens":
@@ -113,7 +122,7 @@ def worker(library: str, args) -> dict:
         cfg = LanguageModelSAERunnerConfig(
             sae=TopKTrainingSAEConfig(d_in=model.cfg.d_model, d_sae=args.d_sae, k=args.k),
             model_name="ioi-gpt2",
-            hook_name=HOOK,
+            hook_name=hook_names(args.layer)[0],
             dataset_path="",
             is_dataset_tokenized=True,
             streaming=False,
@@ -150,20 +159,28 @@ def worker(library: str, args) -> dict:
             optimizer="adam",
             lr=LR,
             lr_warmup_steps=0,
-            hookpoints=[SPARSIFY_HOOK],
+            hookpoints=[hook_names(args.layer)[1]],
             log_to_wandb=False,
             save_dir=save_dir,
             save_every=10**9,
         )
         trainer = Trainer(cfg, dataset, model)
         run = trainer.fit
-    seconds, peak = measure(run)
-    return {"seconds": seconds, "tokens": n_tokens, "peak": peak, "threads": torch.get_num_threads()}
+    seconds, cpu_seconds, peak = measure(run)
+    return {
+        "seconds": seconds,
+        "cpu": cpu_seconds,
+        "tokens": n_tokens,
+        "peak": peak,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def run_worker(library: str, args) -> dict:
     command = [sys.executable, __file__, "--worker", library, "--steps", str(args.steps), "--d-sae", str(args.d_sae)]
-    command += ["--k", str(args.k)] + (["--threads", str(args.threads)] if args.threads else [])
+    command += ["--k", str(args.k), "--layer", str(args.layer)] + (
+        ["--threads", str(args.threads)] if args.threads else []
+    )
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the {library} worker failed:\n{done.stderr[-4000:]}")
@@ -176,6 +193,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--d-sae", type=int, default=2048)
     parser.add_argument("--k", type=int, default=32)
+    parser.add_argument("--layer", type=int, default=2, help="the block whose output (hook_resid_post) is read")
     parser.add_argument("--threads", type=int, default=None, help="torch threads in every worker")
     parser.add_argument("--libraries", nargs="+", choices=LIBRARIES, default=list(LIBRARIES))
     parser.add_argument("--worker", choices=LIBRARIES, help=argparse.SUPPRESS)
@@ -192,24 +210,36 @@ def main() -> None:
             runs[library].append(run_worker(library, args))
     threads = runs[args.libraries[0]][0]["threads"]
     speed = {lib: statistics.median(r["tokens"] / r["seconds"] for r in results) for lib, results in runs.items()}
+    per_cpu = {lib: statistics.median(r["tokens"] / r["cpu"] for r in results) for lib, results in runs.items()}
     peak = {lib: statistics.median(r["peak"] for r in results) for lib, results in runs.items()}
+    ours = args.libraries[0]
     rows = [
         (
             library,
             f"{speed[library]:,.0f}",
             " ".join(f"{r['tokens'] / r['seconds']:,.0f}" for r in runs[library]),
-            f"{speed['hooked'] / speed[library]:.2f}" if "hooked" in speed else "",
+            f"{speed[ours] / speed[library]:.2f}",
+            f"{per_cpu[library]:,.0f}",
+            f"{per_cpu[ours] / per_cpu[library]:.2f}",
             f"{peak[library] / MiB:.0f}",
-            f"{peak['hooked'] / peak[library]:.2f}" if "hooked" in peak else "",
+            f"{peak[ours] / peak[library]:.2f}",
         )
         for library in args.libraries
     ]
     title = (
-        f"\nTopK SAE at {HOOK} of hooked/ioi-gpt2: d_sae {args.d_sae}, k {args.k}, {BATCH_TOKENS} tokens a step,"
-        f" {args.steps} steps, Adam lr {LR}, float32, CPU, {threads} torch threads; median of {args.rounds} runs"
+        f"\nTopK SAE at {hook_names(args.layer)[0]} of hooked/ioi-gpt2: d_sae {args.d_sae}, k {args.k},"
+        f" {BATCH_TOKENS} tokens a step, {args.steps} steps, Adam lr {LR}, float32, CPU, {threads} torch threads;"
+        f" median of {args.rounds} runs"
     )
-    headers = ["library", "tokens/s", "each run", "hooked speed-up", "peak RSS growth MiB", "hooked / it"]
+    headers = [
+        "library", "tokens/s", "each run", f"{ours} speed-up", "tokens/CPU-s", f"{ours} speed-up (CPU)",
+        "peak RSS growth MiB", f"{ours} / it",
+    ]  # fmt: skip
     print(table(headers, rows, title))
+    print(
+        "tokens/CPU-s counts this process's CPU time alone: with --threads 1 it does not charge a library for the"
+        " time other jobs hold the cores (with more threads it counts their spinning too)"
+    )
     print("targets: hooked >= 1.5x SAELens and >= 1x eai-sparsify in tokens/s; peak memory <= theirs (ratio <= 1)")
 
 
