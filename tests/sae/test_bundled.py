@@ -332,6 +332,7 @@ def test_a_set_saves_as_per_layer_saelens_directories_and_loads_back_in_layer_or
             torch.testing.assert_close(peer.encode(x), explicit_acts(d, x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.unchecked  # a list holding a non-dictionary, deliberately: save's own check must name it
 def test_a_bad_set_is_refused(tmp_path):
     layers = _set()
     with pytest.raises(ValueError, match="at index 0 but reads or writes another layer"):
