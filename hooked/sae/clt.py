@@ -37,7 +37,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hooked.hooks import HookedRootModule, HookPoint
-from hooked.sae.dictionary import POINT_NAMES
+from hooked.sae.dictionary import POINT_NAMES, add_sae_points
 
 CLT_ARCHITECTURES = ("standard", "jumprelu")  # relu, and circuit-tracer's JumpReLU
 # circuit-tracer's files are read and written in hooked/sae/formats/circuit_tracer_clt.py (hooked.sae.load, save).
@@ -108,14 +108,7 @@ class CLTLayer(nn.Module):
         self.b_dec = nn.Parameter(torch.zeros(d_out, **kw))
         self.W_skip = nn.Parameter(torch.zeros(d_in, d_out, **kw)) if skip else None
         self.decoder_source: Callable[[torch.dtype, torch.device], Tensor] | None = None
-        self.hook_sae_input = HookPoint("batch pos d_in")
-        self.hook_sae_acts_pre = HookPoint("batch pos d_sae")
-        self.hook_sae_acts_post = HookPoint("batch pos d_sae")
-        self.hook_sae_recons = HookPoint("batch pos d_out")
-        self.hook_sae_error = HookPoint("")  # the shape of the point it writes (axes set when spliced)
-        self.hook_sae_output = HookPoint("")
-        for point in self.sae_points():
-            point.sizes = {"d_in": d_in, "d_sae": d_sae, "d_out": d_out}
+        add_sae_points(self, d_in, d_sae, d_out)
 
     def sae_points(self) -> list[HookPoint]:
         return [getattr(self, name) for name in POINT_NAMES]

@@ -44,6 +44,15 @@ POINT_NAMES = (
 )
 
 
+def add_sae_points(module: nn.Module, d_in: int, d_sae: int, d_out: int) -> None:
+    """Give `module` SAELens' six hook points (POINT_NAMES), each knowing the sizes of its dictionary's axes."""
+    axes = ("batch pos d_in", "batch pos d_sae", "batch pos d_sae", "batch pos d_out", "", "")  # error, output: the
+    for name, point_axes in zip(POINT_NAMES, axes, strict=True):  # written point's axes, set when spliced
+        point = HookPoint(point_axes)
+        point.sizes = {"d_in": d_in, "d_sae": d_sae, "d_out": d_out}
+        setattr(module, name, point)
+
+
 @dataclass
 class DictionaryConfig:
     """What a dictionary is: its widths, activation, the hook points it reads and writes, and how it was made.
@@ -130,14 +139,7 @@ class Dictionary(HookedRootModule):
             self.threshold = nn.Parameter(torch.zeros(d_sae, **kw))
         self.W_skip = nn.Parameter(torch.zeros(d_out, d_in, **kw)) if skip else None
         self.use_error_term = False  # SAELens' SAE attribute: run_with_saes(use_error_term=None) reads it
-        self.hook_sae_input = HookPoint("batch pos d_in")
-        self.hook_sae_acts_pre = HookPoint("batch pos d_sae")
-        self.hook_sae_acts_post = HookPoint("batch pos d_sae")
-        self.hook_sae_recons = HookPoint("batch pos d_out")
-        self.hook_sae_error = HookPoint("")  # the shape of the point it writes (axes set when spliced)
-        self.hook_sae_output = HookPoint("")
-        for point in self.sae_points():
-            point.sizes = {"d_in": d_in, "d_sae": d_sae, "d_out": d_out}
+        add_sae_points(self, d_in, d_sae, d_out)
         self.setup_hooks()
 
     # ----------------------------------------------------------------- what it is

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
@@ -1167,101 +1166,19 @@ def _progress_bar(n_tokens: int | None, progress: bool):
 
 # ============================================================================= checkpoints
 def _checkpoint(runs: list[Run], directory: Path, name: str) -> None:
-    save = _writer()
+    """Each run's dictionary as it stands, by hooked.sae.save: SAELens' format, a CLT as circuit-tracer's."""
+    from hooked.sae.formats import save
+
     for run in runs:
         folder = directory if len(runs) == 1 else directory / run.spec.label()
         d = run.result()
-        if isinstance(d, CrossLayerTranscoder):
-            from hooked.sae.formats import save as save_any
-
-            save_any(d, folder / name, format="circuit-tracer")
-        else:
-            save(d, folder / name)
-
-
-def _writer() -> Callable[[Dictionary, Path], Any]:
-    """`hooked.sae.save` once the formats module provides it, else this module's own SAELens writer."""
-    try:
-        from hooked.sae.formats import save
-    except ImportError:
-        return save_saelens
-    return save
+        save(d, folder / name, format="circuit-tracer" if isinstance(d, CrossLayerTranscoder) else "saelens")
 
 
 def _check_saveable(spec: DictionarySpec) -> None:
-    if spec.architecture == "topk" and spec.hook_name_out is not None:  # SAELens' format, whichever writer writes it
+    if spec.architecture == "topk" and spec.hook_name_out is not None:  # checkpoints are in SAELens' format
         raise ValueError(
             "SAELens 6.54 has no TopK transcoder, so a topk transcoder's checkpoints cannot be written in its format;"
             " train architecture='batchtopk' or 'jumprelu' (saved as jumprelu_transcoder), or leave checkpoint_dir"
             " out and keep the returned dictionary"
         )
-
-
-SAELENS_FORMAT_VERSION = "6.54.12"  # the SAELens release whose cfg.json keys save_saelens writes
-
-
-def save_saelens(dictionary: Dictionary, path: str | Path) -> Path:
-    """Write `dictionary` as SAELens 6.54 saves one: `cfg.json` (`SAEConfig.to_dict()`'s keys, the architecture
-    SAELens names it by, `metadata` with the hook names, the model and its processing) and
-    `sae_weights.safetensors`. Loads with SAELens' `SAE.load_from_disk(path)`."""
-    cfg = dictionary.cfg
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    architecture = cfg.architecture
-    if cfg.is_transcoder:
-        if architecture not in ("standard", "jumprelu"):
-            raise ValueError(f"SAELens 6.54 has no {architecture} transcoder (it has ReLU and JumpReLU ones)")
-        architecture = {"standard": "transcoder", "jumprelu": "jumprelu_transcoder"}[architecture]
-        if dictionary.W_skip is not None:
-            architecture = architecture.replace("transcoder", "skip_transcoder")
-    metadata = {
-        "sae_lens_version": SAELENS_FORMAT_VERSION,
-        **cfg.metadata,
-        "model_from_pretrained_kwargs": dict(cfg.processing or {}),
-    }
-    config = {
-        "d_in": cfg.d_in,
-        "d_sae": cfg.d_sae,
-        "dtype": cfg.dtype,
-        "device": cfg.device,
-        "apply_b_dec_to_input": cfg.apply_b_dec_to_input,
-        "normalize_activations": cfg.normalize_activations,
-        "reshape_activations": cfg.reshape_activations,
-        "metadata": metadata,
-        "architecture": architecture,
-    }
-    if cfg.architecture == "topk":
-        config.update(k=cfg.k, rescale_acts_by_decoder_norm=cfg.rescale_acts_by_decoder_norm)
-    if cfg.is_transcoder:
-        config["d_out"] = cfg.d_out
-    (path / "cfg.json").write_text(json.dumps(config, indent=2))
-    names = ["W_enc", "W_dec", "b_enc", "b_dec"] + (["threshold"] if cfg.architecture == "jumprelu" else [])
-    names += ["W_skip"] if dictionary.W_skip is not None else []
-    write_safetensors({name: getattr(dictionary, name).detach() for name in names}, path / "sae_weights.safetensors")
-    return path
-
-
-_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
-
-
-def write_safetensors(tensors: dict[str, Tensor], path: Path) -> None:
-    """The safetensors layout (a little-endian u64 header length, a JSON header, the raw bytes), written without
-    the safetensors package, which hooked does not depend on."""
-    header: dict[str, Any] = {}
-    blobs, offset = [], 0
-    for name, tensor in tensors.items():
-        data = tensor.contiguous().cpu().view(torch.uint8).numpy().tobytes()
-        header[name] = {
-            "dtype": _SAFETENSORS_DTYPES[tensor.dtype],
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + len(data)],
-        }
-        blobs.append(data)
-        offset += len(data)
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
-    with path.open("wb") as file:
-        file.write(struct.pack("<Q", len(encoded)))
-        file.write(encoded)
-        for blob in blobs:
-            file.write(blob)

@@ -16,24 +16,17 @@ from hooked.sae import training
 from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
 from hooked.sae.clt_training import CLTTrainer
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/sae/conftest.py
+
 READ, WRITE = "blocks.{layer}.mlp.hook_in", "blocks.{layer}.hook_mlp_out"
 SMALL = dict(d_sae=64, batch_tokens=512, context_size=32, lr=3e-3, progress=False, dead_feature_window=20)
 STEPS = 40
 BANDWIDTH = 0.05
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Many small steps: on a busy shared machine one thread is faster than torch's pool (restored after)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def model():
-    return hooked.load("hooked/ioi-gpt2")
+def model(ioi_gpt2):
+    return ioi_gpt2
 
 
 @pytest.fixture(scope="module")

@@ -14,23 +14,15 @@ import hooked.sae
 from hooked.interventions import tasks
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/sae/conftest.py
+
 RESID = "blocks.1.hook_resid_post"
 MLP_IN, MLP_OUT = "blocks.1.mlp.hook_in", "blocks.1.hook_mlp_out"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Many small forwards and steps: on a busy shared machine torch's thread pool waits on its barrier longer than
-    they compute, so these tests run on one thread (restored after)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def model():
-    return hooked.load("hooked/ioi-gpt2")
+def model(ioi_gpt2):
+    return ioi_gpt2
 
 
 @pytest.fixture(scope="module")

@@ -17,24 +17,16 @@ from hooked.interventions import tasks
 from hooked.sae import training
 from hooked.sae.dictionary import DictionaryConfig
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/sae/conftest.py
+
 RESID = "blocks.1.hook_resid_post"
 MLP_IN, MLP_OUT = "blocks.1.mlp.hook_in", "blocks.1.hook_mlp_out"
 SMALL = dict(d_sae=128, batch_tokens=512, context_size=32, lr=3e-3, progress=False, dead_feature_window=20)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tests train for many small steps; on a busy shared machine torch's thread pool waits on its barrier
-    longer than such a step computes, so they run on one thread (restored after)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def model():
-    return hooked.load("hooked/ioi-gpt2")
+def model(ioi_gpt2):
+    return ioi_gpt2
 
 
 @pytest.fixture(scope="module")

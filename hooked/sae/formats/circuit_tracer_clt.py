@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import re
 import warnings
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from torch import Tensor, nn
 
 from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
+from hooked.sae.formats.files import write_safetensors
 from hooked.weights import SafetensorsFile
 
 # circuit-tracer's points under blocks.{layer} (TransformerLens' names) -> hooked's
@@ -272,7 +272,7 @@ def save_circuit_tracer(obj: CrossLayerTranscoder | Sequence[Dictionary], path: 
             " would read them as more layers; save into an empty folder"
         )
     for name, tensors in files.items():
-        _write_safetensors(tensors, folder / name)
+        write_safetensors(tensors, folder / name)
     (folder / "config.yaml").write_text("".join(f"{key}: {value}\n" for key, value in config.items()))
     return folder
 
@@ -346,29 +346,3 @@ def _not_in_a_set(c: DictionaryConfig, first: DictionaryConfig, read: str, write
             f" writes {write}"
         )
     return None
-
-
-_SAFETENSORS_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
-
-
-def _write_safetensors(tensors: dict[str, Tensor], path: Path) -> None:
-    """The safetensors format (its README, "Format"): an 8-byte little-endian header length, a JSON header of
-    dtype, shape and [begin, end) data offsets, then the bytes; so saving needs no extra package."""
-    header, blobs, offset = {}, [], 0
-    for key in sorted(tensors):
-        tensor = tensors[key].detach().to("cpu").contiguous()
-        size = tensor.numel() * tensor.element_size()
-        header[key] = {
-            "dtype": _SAFETENSORS_NAMES[tensor.dtype],
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + size],
-        }
-        blobs.append(tensor)
-        offset += size
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # the format lets the header be padded with spaces, to align the data
-    with open(path, "wb") as file:
-        file.write(len(encoded).to_bytes(8, "little"))
-        file.write(encoded)
-        for tensor in blobs:
-            file.write(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())

@@ -13,6 +13,7 @@ JSON header of dtype, shape and [begin, end) data offsets, then the bytes), so s
 
 from __future__ import annotations
 
+import abc
 import json
 import zipfile
 from pathlib import Path
@@ -27,24 +28,24 @@ _SAFETENSORS_NAMES |= {torch.int64: "I64", torch.int32: "I32"}
 _SAFETENSORS_DTYPES = {name: dtype for dtype, name in _SAFETENSORS_NAMES.items()}
 
 
-class TensorSource:
+class TensorSource(abc.ABC):
     """Named tensors in a file or in memory: `keys()`, `shape(key)`, `read_into(key, destination)`, `read(key)`."""
 
     path: str  # what error messages name
 
-    def keys(self) -> list[str]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def keys(self) -> list[str]: ...
 
-    def shape(self, key: str) -> tuple[int, ...]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def shape(self, key: str) -> tuple[int, ...]: ...
 
-    def read_into(self, key: str, destination: Tensor) -> Tensor:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def read_into(self, key: str, destination: Tensor) -> Tensor: ...
 
     def read(self, key: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Tensor:
         return self.read_into(key, torch.empty(self.shape(key), dtype=dtype, device=device))
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (optional: a source in memory holds no file)
         pass
 
     def __enter__(self) -> TensorSource:
