@@ -1,0 +1,11 @@
+"""Attribution graphs (circuit tracing through transcoders): which features, errors and tokens drive one
+prompt's logits, as direct linear effects under the local replacement model. docs/graphs.md walks through it.
+
+    from hooked import graphs
+    g = graphs.attribute(model, prompt, transcoders)      # a per-layer transcoder set or a cross-layer transcoder
+    p = g.prune(node_threshold=0.8, edge_threshold=0.98)
+"""
+
+from hooked.graphs.graph import Graph, LogitTarget
+
+__all__ = ["Graph", "LogitTarget"]
