@@ -243,6 +243,23 @@ def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logi
 
 
 # ----------------------------------------------------------------------------- the replacement model, run backward
+def frozen_points(model: HookedTransformer) -> list[str]:
+    """The points whose activations the replacement model detaches: every norm's scale, and each attention's
+    queries and keys. A pattern is softmax(q k^T / sqrt(d) + mask) (capped, for Gemma 2), a function of q and k
+    alone, so detaching q and k freezes it as detaching the pattern would; but no hook on the pattern means the
+    attention runs on its fused kernel (SDPA, or hooked's Triton kernel on a GPU), whose backward recomputes the
+    pattern blockwise: the memory of the backward passes grows linearly with the prompt, not with its square."""
+    names = [n for n in model.hook_dict if n.endswith(("attn.hook_q", "attn.hook_k", "hook_scale"))]
+    for layer in range(model.cfg.n_layers):
+        for point in ("q", "k"):
+            if f"blocks.{layer}.attn.hook_{point}" not in model.hook_dict:
+                raise NotImplementedError(
+                    f"{type(model).__name__} has no blocks.{layer}.attn.hook_{point}, which the replacement model"
+                    " detaches to freeze the attention pattern"
+                )
+    return names
+
+
 class _ReplacementRun:
     """One forward of the frozen replacement model on `batch` copies of the prompt, kept with its autograd graph;
     `rows(...)` injects a batch of targets and returns their rows over [active features, errors, tokens]."""
@@ -278,7 +295,7 @@ class _ReplacementRun:
             out.register_hook(lambda grad, layer=layer: self._contract_layer(layer, grad))
             return out
 
-        frozen = [n for n in model.hook_dict if n.endswith(("attn.hook_pattern", "hook_scale"))]
+        frozen = frozen_points(model)
         hooks = [("hook_embed", embed), *((n, freeze) for n in frozen)]
         hooks += [(n, read) for n in tc.hook_in] + [(n, write) for n in tc.hook_out]
         with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
