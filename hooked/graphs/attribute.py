@@ -1,0 +1,532 @@
+"""Attribution graphs: the direct effect of every active transcoder feature, error node and input token on every
+feature and top logit of one prompt, under the local replacement model (Ameisen et al. 2025, "Circuit Tracing:
+Revealing Computational Graphs in Language Models"; circuit-tracer 0.5.0, `attribution/attribute.py` and
+`attribution/context_transformerlens.py`, whose graph this equals entry by entry where both run).
+
+The local replacement model. Each MLP is replaced by its transcoder, whose features are read from the MLP's input
+and written to its output; what the transcoders miss at layer l and position p is the error node e[l, p] = MLP
+output - reconstruction. The attention patterns and every norm's scale are frozen at their values on the prompt,
+and so is each MLP's output, except the transcoder's skip path (`x W_skip`), which stays live. What is left is
+linear in the residual stream, so the effect of a source node on a target node along paths through no other node
+is one number, found by one backward pass:
+
+    target row: a feature f of layer l at position p -> its pre-activation, W_enc[:, f] . x_l[p] (x_l: layer l's
+                input), not scaled by its own activation; a logit t -> the final norm's output at the last position
+                along W_U[t] - mean over the vocabulary of W_U (so a shift of every logit counts for nothing)
+    source col: a feature -> its activation times what its decoder row writes (to every later layer, for a CLT);
+                an error node -> e[l, p]; a token -> its embedding (the activation at hook_embed)
+
+The gradient of a target injected at its point flows back through the frozen model; at each MLP output it is
+contracted with every source written there, and at hook_embed with the token embeddings. Position 0's features
+and errors are zeroed (circuit-tracer's convention: the first position, a BOS, has huge norms and no meaning);
+its error and token nodes stay in the graph, as nodes without edges.
+
+Node order and the adjacency's layout: hooked/graphs/graph.py. `max_feature_nodes` keeps every active feature
+listed (`active_features`) but gives rows and columns only to the `max_feature_nodes` of them with the most
+influence on the logits, found as circuit-tracer does: the influence over the rows computed so far ranks the
+features not yet visited, every `update_interval * batch_size` rows.
+
+Memory. circuit-tracer holds an N x N float32 matrix (N grows with the prompt: n_layers + 1 nodes per position
+besides the features). With `edges_per_row=k`, each row keeps only its k largest edges by magnitude and the
+adjacency is a sparse tensor: memory grows with the edges kept, and pruning and scores work on it alike
+(docs/graphs.md, "Memory").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from hooked.graphs.graph import Graph, LogitTarget
+from hooked.graphs.transcoders import Transcoders
+from hooked.interventions.row_blocks import registered_hooks
+from hooked.sae.clt import CrossLayerTranscoder
+from hooked.sae.dictionary import Dictionary
+
+if TYPE_CHECKING:
+    from hooked.models.base import HookedTransformer
+
+ZERO_POSITIONS = slice(0, 1)  # features and errors zeroed: the first position (circuit-tracer's `zero_positions`)
+
+
+def attribute(
+    model: HookedTransformer,
+    prompt: str | Tensor | Sequence[int],
+    transcoders: Sequence[Dictionary] | CrossLayerTranscoder,
+    *,
+    max_n_logits: int = 10,
+    desired_logit_prob: float = 0.95,
+    max_feature_nodes: int | None = None,
+    batch_size: int = 64,
+    edges_per_row: int | None = None,
+    update_interval: int = 4,
+    progress: bool | None = None,
+) -> Graph:
+    """The attribution graph of one prompt through `transcoders` (module docstring: what it is).
+
+    `prompt`: text, or token ids [pos] (or [1, pos]). As circuit-tracer, text is tokenized without special tokens
+    and a special token (BOS, else pad, else EOS) is put first unless the ids already start with one.
+    `transcoders`: one transcoder per layer (a list, layer l at index l: `hooked.sae.load` of a circuit-tracer set)
+    or a `CrossLayerTranscoder`, for this model (checked before anything runs).
+    Logit nodes: the most probable next tokens, at most `max_n_logits`, until their probability reaches
+    `desired_logit_prob`. `max_feature_nodes`: at most this many features get rows and columns (None: every active
+    one). `batch_size`: target rows per backward pass (the replacement model runs on this many copies of the
+    prompt). `edges_per_row`: keep only each row's k largest edges (a sparse adjacency; None: every edge, dense, as
+    circuit-tracer). `progress`: a tqdm bar over the feature rows (None: when writing to a terminal).
+    """
+    settings = _check_settings(max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row)
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("hooked.graphs.attribute needs gradients; call it outside torch.inference_mode()")
+    if getattr(model, "tensor_parallel", False):
+        raise NotImplementedError(
+            "hooked.graphs.attribute runs on one process; load the model without tensor parallelism"
+        )
+    registered_hooks(model, "hooked.graphs.attribute", part_of_model=False)
+    tc = Transcoders(transcoders, model)
+    tokens = prompt_tokens(model, prompt)
+
+    was_training = model.training
+    model.eval()
+    frozen = [(p, p.requires_grad) for module in (model, *tc.modules) for p in module.parameters()]
+    try:
+        for p, _ in frozen:
+            p.requires_grad_(False)
+        nodes = _nodes(model, tc, tokens, *settings[:2])
+        batch = min(batch_size, max(len(nodes.logit_ids), nodes.n_active))  # no more copies than targets
+        run = _ReplacementRun(model, tc, tokens, nodes, batch)
+        rows = _attribute_rows(run, nodes, settings, update_interval, progress)
+    finally:
+        for p, flag in frozen:
+            p.requires_grad_(flag)
+        model.train(was_training)
+    return _graph(model, tc, tokens, nodes, rows)
+
+
+def prompt_tokens(model: HookedTransformer, prompt) -> Tensor:
+    """The prompt's ids [pos], a special token first (circuit-tracer 0.5.0 `replacement_model/common.py`
+    `ensure_tokenized`)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("this model has no tokenizer, so give the prompt as token ids")
+        tokens = torch.tensor(tokenizer.encode(prompt, add_special_tokens=False), dtype=torch.long)
+    elif isinstance(prompt, Tensor):
+        tokens = prompt.detach().to("cpu", torch.long)
+        if tokens.ndim == 2 and tokens.shape[0] == 1:
+            tokens = tokens[0]
+    elif isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
+        tokens = torch.tensor(list(prompt), dtype=torch.long)
+    else:
+        raise TypeError(f"the prompt is text or token ids (a tensor or a list of ints), not {type(prompt).__name__}")
+    if tokens.ndim != 1:
+        raise ValueError(
+            f"an attribution graph explains one prompt; got ids of shape {tuple(tokens.shape)}: give one row"
+            " (a graph per prompt: call attribute for each)"
+        )
+    if tokens.numel() == 0:
+        raise ValueError("the prompt is empty")
+    if tokenizer is not None:
+        special = [tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id]
+        special = [t for t in special if t is not None]
+        if special and int(tokens[0]) not in special:
+            tokens = torch.cat([torch.tensor([special[0]]), tokens])
+    bad = tokens[(tokens < 0) | (tokens >= model.cfg.d_vocab)]
+    if bad.numel():
+        raise ValueError(f"token id {int(bad[0])} is outside this model's vocabulary (0..{model.cfg.d_vocab - 1})")
+    if tokens.shape[0] > model.cfg.n_ctx:
+        raise ValueError(
+            f"the prompt is {tokens.shape[0]} tokens (with the first special token), longer than this model's"
+            f" context of {model.cfg.n_ctx}; shorten it"
+        )
+    return tokens.to(model.device)
+
+
+def _check_settings(max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row):
+    if not isinstance(max_n_logits, int) or max_n_logits < 1:
+        raise ValueError(f"max_n_logits must be a positive integer (the most logit nodes), not {max_n_logits!r}")
+    if not 0 < desired_logit_prob <= 1:
+        raise ValueError(
+            f"desired_logit_prob must be in (0, 1] (the probability the logit nodes should cover), not"
+            f" {desired_logit_prob!r}"
+        )
+    if max_feature_nodes is not None and (not isinstance(max_feature_nodes, int) or max_feature_nodes < 0):
+        raise ValueError(f"max_feature_nodes must be None or an integer >= 0, not {max_feature_nodes!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer (rows per backward pass), not {batch_size!r}")
+    if edges_per_row is not None and (not isinstance(edges_per_row, int) or edges_per_row < 1):
+        raise ValueError(f"edges_per_row must be None (keep every edge) or a positive integer, not {edges_per_row!r}")
+    return max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row
+
+
+# ----------------------------------------------------------------------------- the nodes, from one clean forward
+@dataclass
+class _Write:
+    """The features of one source layer that write to one output layer: where they sit among the active features,
+    their positions, ids and activations. Their vectors (activation times decoder row) are gathered when needed,
+    not kept: at a CLT's width and a long prompt, every active feature's decoder rows would be most of the memory."""
+
+    source: int
+    column: int  # which of the source layer's outputs (0 for a per-layer transcoder; m - source for a CLT)
+    index: Tensor  # [k] into the active features
+    positions: Tensor  # [k]
+    features: Tensor  # [k]
+    activations: Tensor  # [k]
+
+    def vectors(self, tc: Transcoders) -> Tensor:
+        return tc.decoder_vectors(self.source, self.features)[:, self.column] * self.activations[:, None]
+
+
+@dataclass
+class _Nodes:
+    """Everything the clean forward fixes: the active features, the error vectors, the token embeddings and the
+    logit targets."""
+
+    tc: Transcoders
+    active: Tensor  # [n_active, 3] (layer, pos, feature), on the CPU
+    values: Tensor  # [n_active]
+    writes: list[list[_Write]]  # per output layer m, per source layer writing to it
+    errors: Tensor  # [n_layers, pos, d_out]
+    embeddings: Tensor  # [pos, d_model]
+    logit_ids: Tensor  # [n_logits]
+    logit_probabilities: Tensor
+    logit_vectors: Tensor  # [n_logits, d_model]
+
+    @property
+    def n_active(self) -> int:
+        return int(self.active.shape[0])
+
+    def encoder_vectors(self, chunk: Tensor) -> Tensor:
+        """[k, d_in]: the input direction each of the active features `chunk` reads (its row of W_enc)."""
+        layers, features = self.active[chunk, 0], self.active[chunk, 2]
+        out = torch.empty(chunk.shape[0], self.tc.d_in, dtype=self.tc.dtype, device=self.tc.device)
+        for layer in layers.unique().tolist():
+            mask = layers == layer
+            out[mask.to(out.device)] = self.tc.encoder_vectors(layer, features[mask].to(out.device))
+        return out
+
+
+@torch.no_grad()
+def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logits: int, desired: float) -> _Nodes:
+    names = [*tc.hook_in, *tc.hook_out, "hook_embed"]
+    logits, cache = model.run_with_cache(tokens[None], names_filter=names)
+    x = [cache[name][0] for name in tc.hook_in]
+    n_layers, n_pos = tc.n_layers, tokens.shape[0]
+
+    active, values = [], []
+    for layer in range(n_layers):
+        acts = tc.activate(layer, tc.pre_activations(layer, x[layer]))
+        acts[ZERO_POSITIONS] = 0
+        pos, feat = acts.nonzero(as_tuple=True)  # row-major: sorted by position, then feature
+        active.append(torch.stack([torch.full_like(pos, layer), pos, feat], dim=1))
+        values.append(acts[pos, feat])
+    offsets = [0, *torch.tensor([a.shape[0] for a in active]).cumsum(0).tolist()]
+
+    writes, errors = [], []
+    for m in range(n_layers):
+        recon = torch.zeros(n_pos, tc.d_out, dtype=x[m].dtype, device=x[m].device)
+        into_m = []
+        for source in range(m + 1) if tc.clt is not None else [m]:
+            index = torch.arange(offsets[source], offsets[source + 1], device=active[source].device)
+            write = _Write(source, m - source, index, active[source][:, 1], active[source][:, 2], values[source])
+            recon.index_add_(0, write.positions, write.vectors(tc))
+            into_m.append(write)
+        recon = recon + tc.decoder_bias(m)
+        skip = tc.skip(m, x[m])
+        if skip is not None:
+            recon = recon + skip
+        error = cache[tc.hook_out[m]][0] - recon
+        error[ZERO_POSITIONS] = 0
+        errors.append(error)
+        writes.append(into_m)
+
+    probabilities = torch.softmax(logits[0, -1], dim=-1)
+    top_p, top_ids = torch.topk(probabilities, min(max_n_logits, probabilities.shape[0]))
+    cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), desired)) + 1
+    ids = top_ids[:cutoff]
+    w_u = model.unembed_weight  # [d_vocab, d_model]
+    return _Nodes(
+        tc=tc,
+        active=torch.cat(active).cpu(),
+        values=torch.cat(values),
+        writes=writes,
+        errors=torch.stack(errors),
+        embeddings=cache["hook_embed"][0],
+        logit_ids=ids,
+        logit_probabilities=probabilities[ids],
+        logit_vectors=w_u[ids] - w_u.mean(0),
+    )
+
+
+# ----------------------------------------------------------------------------- the replacement model, run backward
+def frozen_points(model: HookedTransformer) -> list[str]:
+    """The points whose activations the replacement model detaches: every norm's scale, and each attention's
+    queries and keys. A pattern is softmax(q k^T / sqrt(d) + mask) (capped, for Gemma 2), a function of q and k
+    alone, so detaching q and k freezes it as detaching the pattern would; but no hook on the pattern means the
+    attention runs on its fused kernel (SDPA, or hooked's Triton kernel on a GPU), whose backward recomputes the
+    pattern blockwise: the memory of the backward passes grows linearly with the prompt, not with its square."""
+    names = [n for n in model.hook_dict if n.endswith(("attn.hook_q", "attn.hook_k", "hook_scale"))]
+    for layer in range(model.cfg.n_layers):
+        for point in ("q", "k"):
+            if f"blocks.{layer}.attn.hook_{point}" not in model.hook_dict:
+                raise NotImplementedError(
+                    f"{type(model).__name__} has no blocks.{layer}.attn.hook_{point}, which the replacement model"
+                    " detaches to freeze the attention pattern"
+                )
+    return names
+
+
+class _ReplacementRun:
+    """One forward of the frozen replacement model on `batch` copies of the prompt, kept with its autograd graph;
+    `rows(...)` injects a batch of targets and returns their rows over [active features, errors, tokens]."""
+
+    def __init__(self, model: HookedTransformer, tc: Transcoders, tokens: Tensor, nodes: _Nodes, batch: int):
+        self.nodes, self.n_layers, self.n_pos = nodes, tc.n_layers, tokens.shape[0]
+        self.row_size = nodes.n_active + (tc.n_layers + 1) * self.n_pos
+        self.inputs: list[Tensor | None] = [None] * (tc.n_layers + 1)  # x_l per layer, then the final norm's output
+        self.buffer: Tensor | None = None
+        self.embed: Tensor | None = None
+        layer_of = {name: layer for layer, name in enumerate(tc.hook_in)}
+        out_layer = {name: layer for layer, name in enumerate(tc.hook_out)}
+
+        def freeze(activation: Tensor, hook) -> Tensor:
+            return activation.detach()
+
+        def embed(activation: Tensor, hook) -> Tensor:
+            leaf = activation.detach().requires_grad_(True)
+            leaf.register_hook(self._contract_tokens)
+            self.embed = leaf
+            return leaf
+
+        def read(activation: Tensor, hook) -> None:
+            self.inputs[layer_of[hook.name]] = activation
+
+        def write(activation: Tensor, hook) -> Tensor:
+            layer = out_layer[hook.name]
+            x = self.inputs[layer]
+            skip = tc.skip(layer, x)
+            if skip is None:  # keeps the output in the autograd graph, so its gradient is seen (and is all there is)
+                skip = x[..., :1] * 0
+            out = skip + (activation - skip).detach()
+            out.register_hook(lambda grad, layer=layer: self._contract_layer(layer, grad))
+            return out
+
+        frozen = frozen_points(model)
+        hooks = [("hook_embed", embed), *((n, freeze) for n in frozen)]
+        hooks += [(n, read) for n in tc.hook_in] + [(n, write) for n in tc.hook_out]
+        with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
+            resid = model(tokens[None].expand(batch, -1), stop_at_layer=model.cfg.n_layers)
+            self.inputs[-1] = model.ln_final(resid)
+        self.batch = batch
+
+    def _contract_layer(self, layer: int, grad: Tensor) -> None:
+        grad = grad.float()
+        for write in self.nodes.writes[layer]:
+            if write.index.numel():
+                values = torch.einsum("bkd,kd->bk", grad[:, write.positions], write.vectors(self.nodes.tc).float())
+                self.buffer.index_add_(1, write.index, values)
+        start = self.nodes.n_active + layer * self.n_pos
+        self.buffer[:, start : start + self.n_pos] += torch.einsum("bpd,pd->bp", grad, self.nodes.errors[layer].float())
+
+    def _contract_tokens(self, grad: Tensor) -> None:
+        start = self.nodes.n_active + self.n_layers * self.n_pos
+        self.buffer[:, start : start + self.n_pos] += torch.einsum(
+            "bpd,pd->bp", grad.float(), self.nodes.embeddings.float()
+        )
+
+    def rows(self, layers: Tensor, positions: Tensor, vectors: Tensor) -> Tensor:
+        """[k, row_size]: the rows of k targets, target i injected at layer `layers[i]` (n_layers: the final norm's
+        output) and position `positions[i]` along `vectors[i]`."""
+        k = layers.shape[0]
+        self.buffer = torch.zeros(self.batch, self.row_size, device=vectors.device)
+        roots, grads = [], []
+        batch_index = torch.arange(k, device=vectors.device)
+        for layer in layers.unique().tolist():
+            mask = layers == layer
+            root = self.inputs[layer]
+            grad = torch.zeros_like(root)
+            grad[batch_index[mask], positions[mask]] = vectors[mask].to(root.dtype)
+            roots.append(root)
+            grads.append(grad)
+        torch.autograd.backward(roots, grads, retain_graph=True, inputs=[self.embed])
+        self.embed.grad = None
+        rows, self.buffer = self.buffer[:k], None
+        return rows
+
+
+# ----------------------------------------------------------------------------- which rows, in what order
+def _attribute_rows(run: _ReplacementRun, nodes: _Nodes, settings, update_interval: int, progress) -> _Rows:
+    max_feature_nodes, edges_per_row = settings[2], settings[4]
+    n_active, n_logits = nodes.n_active, len(nodes.logit_ids)
+    total_nodes = run.row_size + n_logits
+    budget = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
+    store = _Rows(budget + n_logits, total_nodes, run.row_size, edges_per_row)
+
+    last = run.n_layers
+    for start in range(0, n_logits, run.batch):
+        vecs = nodes.logit_vectors[start : start + run.batch]
+        k = vecs.shape[0]
+        rows = run.rows(torch.full((k,), last), torch.full((k,), run.n_pos - 1), vecs)
+        store.add(rows, torch.arange(start, start + k) + run.row_size)
+
+    layers, positions = nodes.active[:, 0], nodes.active[:, 1]
+    visited = torch.zeros(n_active, dtype=torch.bool)
+    bar = tqdm(
+        total=budget, desc="attribution graph: feature rows", disable=(not progress) if progress is not None else None
+    )
+    n_visited = 0
+    while n_visited < budget:
+        if budget == n_active:
+            pending = torch.arange(n_active)
+        else:
+            influence = store.partial_influences(nodes.logit_probabilities.float().cpu())
+            rank = torch.argsort(influence[:n_active], descending=True)
+            pending = rank[~visited[rank]][: min(update_interval * run.batch, budget - n_visited)]
+        for chunk in pending.split(run.batch):
+            n_visited += chunk.shape[0]
+            store.add(run.rows(layers[chunk], positions[chunk], nodes.encoder_vectors(chunk)), chunk)
+            visited[chunk] = True
+            bar.update(chunk.shape[0])
+    bar.close()
+    store.selected = torch.where(visited)[0]
+    return store
+
+
+class _Rows:
+    """The rows computed so far, in the order computed, over every node as a column ([active features, errors,
+    tokens, logits]); dense as circuit-tracer's `edge_matrix`, or each row's `edges_per_row` largest entries."""
+
+    def __init__(self, n_rows: int, n_columns: int, row_size: int, edges_per_row: int | None):
+        self.n_columns, self.row_size, self.keep = n_columns, row_size, edges_per_row
+        self.node_of_row = torch.zeros(n_rows, dtype=torch.long)
+        self.count = 0
+        self.selected = torch.zeros(0, dtype=torch.long)
+        if edges_per_row is None:
+            self.dense = torch.zeros(n_rows, n_columns)
+        else:
+            self.dense = None
+            self.row_index: list[Tensor] = []
+            self.columns: list[Tensor] = []
+            self.values: list[Tensor] = []
+
+    def add(self, rows: Tensor, nodes: Tensor) -> None:
+        rows = rows.float().cpu()
+        k = rows.shape[0]
+        row_ids = torch.arange(self.count, self.count + k)
+        if self.dense is not None:
+            self.dense[self.count : self.count + k, : self.row_size] = rows
+        else:
+            keep = min(self.keep, rows.shape[1])
+            values, columns = rows.abs().topk(keep, dim=1)
+            values = rows.gather(1, columns)
+            nonzero = values != 0
+            self.row_index.append(row_ids[:, None].expand(-1, keep)[nonzero])
+            self.columns.append(columns[nonzero])
+            self.values.append(values[nonzero])
+        self.node_of_row[self.count : self.count + k] = nodes
+        self.count += k
+
+    def coo(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(row, column, value) of every entry kept, rows in computed order."""
+        if self.dense is not None:
+            rows, columns = self.dense[: self.count].nonzero(as_tuple=True)
+            return rows, columns, self.dense[rows, columns]
+        if not self.values:
+            empty = torch.zeros(0, dtype=torch.long)
+            return empty, empty, torch.zeros(0)
+        return torch.cat(self.row_index), torch.cat(self.columns), torch.cat(self.values)
+
+    def partial_influences(self, logit_probabilities: Tensor, max_iter: int = 128) -> Tensor:
+        """Each node's influence on the logits through the rows computed so far (circuit-tracer 0.5.0 `graph.py`
+        `compute_partial_influences`: row-normalised |A|, the power series from the logit nodes)."""
+        node_of_row = self.node_of_row[: self.count]
+        if self.dense is not None:  # as circuit-tracer: a dense product per step
+            normalized = self.dense[: self.count].abs()
+            normalized /= normalized.sum(dim=1, keepdim=True).clamp(min=1e-8)
+            step = lambda prod: prod[node_of_row] @ normalized  # noqa: E731
+        else:  # the same sums over the entries kept
+            rows, columns, values = self.coo()
+            values = values.abs()
+            values = values / torch.zeros(self.count).index_add_(0, rows, values).clamp(min=1e-8)[rows]
+            step = lambda prod: torch.zeros(self.n_columns).index_add_(0, columns, values * prod[node_of_row][rows])  # noqa: E731
+        influence = torch.zeros(self.n_columns)
+        prod = torch.zeros(self.n_columns)
+        prod[-logit_probabilities.shape[0] :] = logit_probabilities
+        for _ in range(max_iter):
+            prod = step(prod)
+            if not prod.any():
+                break
+            influence += prod
+        else:
+            raise RuntimeError("the influence of the rows computed so far did not converge in 128 steps")
+        return influence
+
+
+# ----------------------------------------------------------------------------- the graph
+def _graph(model: HookedTransformer, tc: Transcoders, tokens: Tensor, nodes: _Nodes, rows: _Rows) -> Graph:
+    """The rows, in circuit-tracer's node order, as a Graph: feature rows by feature, then logit rows; columns of
+    the selected features only."""
+    n_active = nodes.n_active
+    selected = rows.selected
+    # column of each node in the graph: selected features first, then errors, tokens, logits; -1 for features left out
+    column_of = torch.full((rows.n_columns,), -1, dtype=torch.long)
+    column_of[selected] = torch.arange(selected.shape[0])
+    n_features = selected.shape[0]
+    column_of[n_active:] = torch.arange(n_features, n_features + rows.n_columns - n_active)
+    n_nodes = n_features + rows.n_columns - n_active
+    # row of each computed row: a feature's own column; a logit's, its node
+    row_nodes = rows.node_of_row[: rows.count]
+    target = column_of[row_nodes]
+
+    r, c, v = rows.coo()
+    keep = column_of[c] >= 0
+    r, c, v = target[r[keep]], column_of[c[keep]], v[keep]
+    if rows.dense is not None:
+        adjacency = torch.zeros(n_nodes, n_nodes)
+        adjacency[r, c] = v
+    else:
+        adjacency = torch.sparse_coo_tensor(
+            torch.stack([r, c]), v, (n_nodes, n_nodes), check_invariants=True
+        ).coalesce()
+
+    tokenizer = getattr(model, "tokenizer", None)
+    decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else (lambda ids: "")
+    cfg = model.cfg
+    info = {
+        "n_layers": cfg.n_layers,
+        "d_model": cfg.d_model,
+        "n_heads": cfg.n_heads,
+        "d_head": getattr(cfg, "d_head", cfg.d_model // cfg.n_heads),
+        "d_mlp": getattr(cfg, "d_mlp", None),
+        "d_vocab": cfg.d_vocab,
+        "n_ctx": cfg.n_ctx,
+        "model_name": _safe(lambda: cfg.model_name),
+        "tokenizer_name": _safe(lambda: cfg.tokenizer_name),
+        "family": type(model).__name__,
+    }
+    return Graph(
+        input_tokens=tokens.cpu(),
+        input_string=decode(tokens.tolist()),
+        active_features=nodes.active,
+        activation_values=nodes.values.float().cpu(),
+        selected_features=selected,
+        adjacency=adjacency,
+        logit_targets=[LogitTarget(decode([int(t)]), int(t)) for t in nodes.logit_ids],
+        logit_probabilities=nodes.logit_probabilities.float().cpu(),
+        n_layers=tc.n_layers,
+        vocab_size=cfg.d_vocab,
+        feature_input_hook=tc.templates[0],
+        feature_output_hook=tc.templates[1],
+        model_info=info,
+    )
+
+
+def _safe(read):
+    try:
+        return read()
+    except Exception:  # a model built in memory has no name
+        return None
