@@ -178,7 +178,8 @@ def test_attribute_equals_circuit_tracer(built, references, tc, setting):
     transcoders = hooked.sae.load(folders[tc], model=model)
     graph = graphs.attribute(model, torch.tensor(tokens), transcoders, **settings)
 
-    assert graph.input_tokens.tolist() == tokens
+    assert graph.input_tokens.tolist() == tokens and graph.input_string == reference.input_string
+    assert (graph.n_layers, graph.vocab_size) == (reference.n_layers, reference.vocab_size)
     assert torch.equal(graph.active_features.cpu(), reference.active_features)
     assert close(graph.activation_values.cpu(), reference.activation_values).all()
     assert torch.equal(graph.selected_features.cpu(), reference.selected_features)
