@@ -152,6 +152,5 @@ def run(job: dict, work: Path) -> None:
 
 if __name__ == "__main__":
     work = Path(sys.argv[1])
-    torch.set_grad_enabled(True)
     for job in json.loads((work / "jobs.json").read_text()):
         run(job, work)
