@@ -6,6 +6,7 @@ prompt's logits, as direct linear effects under the local replacement model. doc
     p = g.prune(node_threshold=0.8, edge_threshold=0.98)
 """
 
-from hooked.graphs.graph import Graph, LogitTarget
+from hooked.graphs.graph import Graph, GraphNode, LogitTarget
+from hooked.graphs.prune import GraphScores, PrunedGraph
 
-__all__ = ["Graph", "LogitTarget"]
+__all__ = ["Graph", "GraphNode", "GraphScores", "LogitTarget", "PrunedGraph"]
