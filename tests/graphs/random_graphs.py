@@ -54,7 +54,8 @@ def random_graph(
         rows = torch.arange(n)[:, None].expand_as(top)
         chosen = adjacency[rows, top] != 0
         indices = torch.stack([rows[chosen], top[chosen]])
-        adjacency = torch.sparse_coo_tensor(indices, adjacency[indices[0], indices[1]], (n, n)).coalesce()
+        values = adjacency[indices[0], indices[1]]
+        adjacency = torch.sparse_coo_tensor(indices, values, (n, n), check_invariants=True).coalesce()
     probabilities = torch.rand(n_logits, generator=generator).sort(descending=True).values * 0.9 / n_logits * 2
     return Graph(
         input_tokens=torch.randint(1, 200, (n_pos,), generator=generator),
