@@ -1,8 +1,8 @@
 """A static picture of a pruned attribution graph, for papers and the demo: position across, layer up.
 
 Tokens sit on the bottom row under their positions, features and error nodes on the row of their layer (error
-nodes grey squares, features circles labelled "L2 F17"), logits on the top row at the last position, spread
-apart. Several nodes in one cell are spread across it. Edges run from source to target, blue when positive and
+nodes grey squares, features circles labelled "L2 F17"), logits on the top row, one position apart and ending at
+the last. Several nodes in one cell are spread across it. Edges run from source to target, blue when positive and
 red when negative, their width and opacity growing with |weight| relative to the largest kept edge.
 
 matplotlib comes with the `plot` extra (`pip install 'hooked[plot]'`); with a `path` it is switched to the
@@ -57,6 +57,10 @@ def layout(pruned: PrunedGraph) -> dict[int, tuple[float, float]]:
         cells[(row, node.position)].append(i)
     positions = {}
     for (row, column), members in cells.items():
+        if row == graph.n_layers + 1:  # logits: one position apart, ending at the last
+            step = min(1.0, (graph.n_pos - 1) / max(len(members) - 1, 1))
+            positions |= {i: (column - (len(members) - 1 - k) * step, float(row)) for k, i in enumerate(members)}
+            continue
         for k, i in enumerate(members):
             offset = (k - (len(members) - 1) / 2) * CELL_SPREAD / max(len(members), 1)
             positions[i] = (column + offset, float(row))
@@ -92,12 +96,15 @@ def plot_graph(
         marker, colour = NODE_STYLE[kind]
         axes.scatter([x], [y], marker=marker, s=160, c=colour, edgecolors="black", linewidths=0.6, zorder=2)
         label = _short_label(graph, i, tokenizer)
+        below = kind == "token"
         axes.annotate(
             label,
             (x, y),
-            xytext=(0, 9 if kind != "token" else -14),
+            xytext=(0, -14 if below else 9),
             textcoords="offset points",
-            ha="center",
+            ha="center" if below else "left",
+            rotation=0 if below else 25,
+            rotation_mode="anchor",
             fontsize=7,
             zorder=3,
         )

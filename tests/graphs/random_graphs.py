@@ -35,7 +35,8 @@ def random_graph(
         )
         for _ in range(3 * n_active)
     }
-    active = torch.tensor(sorted(triples)[:n_active])
+    triples = torch.tensor(sorted(triples))
+    active = triples[torch.randperm(len(triples), generator=generator)[:n_active].sort().values]  # still sorted
     selected = torch.randperm(len(active), generator=generator)[:n_features].sort().values
     features = active[selected]
     n_errors = n_layers * n_pos
