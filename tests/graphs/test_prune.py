@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from hooked.graphs import Graph, GraphScores, LogitTarget
+from hooked.graphs.prune import find_threshold
 from tests.graphs.random_graphs import random_graph, with_adjacency
 
 
@@ -116,3 +117,13 @@ def test_bad_thresholds_and_cycles_are_refused_naming_the_problem():
     cyclic = chain({(3, 0): 1.0, (0, 0): 1.0})  # a feature driving itself, its only input: influence never fades
     with pytest.raises(RuntimeError, match="the adjacency has a cycle"):
         cyclic.prune()
+
+
+def test_a_cut_past_the_stored_scores_lands_on_the_implicit_zeros_as_the_dense_one_does():
+    """At threshold 1.0 a float32 cumulative sum can stop short of 1, and the dense cut then falls on the zeros;
+    the sparse cut, over the stored scores only, must fall there too when there are unstored zeros."""
+    stored = torch.rand(50, generator=torch.Generator().manual_seed(0))
+    dense_cut = find_threshold(torch.cat([stored, torch.zeros(50)]), 1.0)
+    assert dense_cut == 0  # this vector's cumulative sum stops short of 1 (chosen so)
+    assert find_threshold(stored, 1.0, n_total=100) == dense_cut
+    assert find_threshold(stored, 1.0, n_total=50) == stored.min()  # no zeros: the smallest stored score
