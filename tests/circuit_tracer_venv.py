@@ -1,9 +1,9 @@
 """circuit-tracer 0.5.0 in a venv of its own, for the tests that compare hooked with it.
 
-circuit-tracer pins transformers<=4.57.3 (hooked's tests run transformers 5), so it cannot be imported here: it is
-installed once into ~/.cache/hooked-tests/circuit-tracer-venv (HOOKED_CIRCUIT_TRACER_VENV moves it), `pip install
-torch==2.13.0 circuit-tracer==0.5.0 transformers==4.57.3` with the machine's own pip configuration (here its local
-wheel of the CPU torch), about a minute, and the tests run scripts in it, exchanging tensors as .safetensors files.
+circuit-tracer pins transformers<=4.57.3 (hooked's tests run transformers 5), so it gets a venv of its own, built
+once and kept at ~/.cache/hooked-tests/circuit-tracer-venv (HOOKED_CIRCUIT_TRACER_VENV moves it): `pip install
+torch==2.13.0 circuit-tracer==0.5.0 transformers==4.57.3` with the machine's own pip configuration (here its
+local wheel of the CPU torch), about a minute. The two sides exchange tensors and JSON through files.
 """
 
 from __future__ import annotations
@@ -40,3 +40,10 @@ def venv_python() -> Path:
     if done.stdout.strip() != "0.5.0":
         pytest.fail(f"circuit-tracer 0.5.0 installed but does not import: {done.stderr[-1500:]}")
     return python
+
+
+def run_circuit_tracer(script: str, *args: str) -> None:
+    """Run `script` (Python source) in the venv, without hooked on its path and offline; fail with its stderr."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    done = subprocess.run([str(venv_python()), "-c", script, *args], capture_output=True, text=True, env=env, cwd="/")
+    assert done.returncode == 0, done.stderr[-3000:]

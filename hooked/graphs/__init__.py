@@ -7,6 +7,7 @@ prompt's logits, as direct linear effects under the local replacement model. doc
 """
 
 from hooked.graphs.attribute import attribute
-from hooked.graphs.graph import Graph, LogitTarget
+from hooked.graphs.graph import Graph, GraphNode, LogitTarget
+from hooked.graphs.prune import GraphScores, PrunedGraph
 
-__all__ = ["Graph", "LogitTarget", "attribute"]
+__all__ = ["Graph", "GraphNode", "GraphScores", "LogitTarget", "PrunedGraph", "attribute"]
