@@ -22,6 +22,7 @@ import pytest
 import torch
 from torch import Tensor
 
+import hooked.sae
 from hooked import graphs
 from hooked.sae import CLTConfig, CrossLayerTranscoder
 from hooked.testing import random_model
@@ -435,3 +436,22 @@ def test_the_unbroken_module_run_as_a_mutant_agrees(monkeypatch, gpt2_case):
 def test_breaking_a_convention_makes_the_reference_disagree(monkeypatch, gpt2_case, convention):
     model, transcoders, ref = gpt2_case
     assert disagreements(mutant(monkeypatch, MUTANTS[convention])(model, TOKENS, transcoders), ref) != []
+
+
+# ----------------------------------------------------------------------------- the bundled IOI model
+def test_the_bundled_ioi_graph_agrees_with_the_reference_on_sampled_rows():
+    """hooked/ioi-gpt2 (4 layers, d_model 128) with its bundled transcoders, in float32, on an IOI prompt: the logit
+    rows and every 25th feature row (each layer's included)."""
+    model = hooked.load("hooked/ioi-gpt2")
+    transcoders = hooked.sae.load("hooked/ioi-gpt2/saes/transcoders", model=model)
+    prompt = "When Mary and John went to the store, John gave a drink to"
+    graph = graphs.attribute(model, prompt, transcoders)
+    tokenizer = model.tokenizer
+    assert graph.input_tokens.tolist() == [tokenizer.bos_token_id, *tokenizer.encode(prompt, add_special_tokens=False)]
+    n_active = graph.active_features.shape[0]
+    rows = sorted(
+        {*range(0, n_active, 25), *(int(i) for i in graph.active_features[:, 0].diff().nonzero()), n_active - 1}
+    )
+    ref = reference(model, graph.input_tokens, transcoders, feature_rows=rows)
+    assert graph.logit_targets[0].token_str.strip() == "Mary"
+    assert disagreements(graph, ref, rtol=1e-3, atol=1e-4) == []
