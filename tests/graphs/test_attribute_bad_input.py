@@ -238,3 +238,17 @@ def test_a_failure_part_way_leaves_nothing_attached(model, monkeypatch):
     tc_flags = [p.requires_grad for d in tc for p in d.parameters()]
     refused(model, RuntimeError, "part way", lambda: graphs.attribute(model, TOKENS, tc))
     assert [p.requires_grad for d in tc for p in d.parameters()] == tc_flags
+
+
+@pytest.mark.unchecked
+@pytest.mark.parametrize(
+    ("prompt", "error", "match"),
+    [
+        ("When Mary and John", ValueError, r"no tokenizer, so give the prompt as token ids"),
+        (TOKENS[None].expand(2, -1), ValueError, r"explains one prompt.*call attribute for each"),
+        (torch.tensor([3, 64]), ValueError, r"token id 64 is outside this model's vocabulary \(0..63\)"),
+        (torch.zeros(0, dtype=torch.long), ValueError, r"the prompt is empty"),
+    ],
+)
+def test_prompts_it_cannot_explain(model, prompt, error, match):
+    refused(model, error, match, lambda: graphs.attribute(model, prompt, transcoders(model)))
