@@ -16,6 +16,7 @@ import importlib
 import inspect
 import sys
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -81,7 +82,7 @@ class Layer:
 
     read: str
     write: str
-    features: object  # x [pos, d_in] -> activations [pos, d_sae]
+    features: Callable[[Tensor], Tensor]  # x [pos, d_in] -> activations [pos, d_sae]
     W_enc: Tensor  # [d_in, d_sae]
     decoders: dict[int, Tensor]  # output layer m -> [d_sae, d_out]
     b_dec: Tensor
@@ -121,14 +122,15 @@ def explicit_layers(transcoders) -> list[Layer]:
 # ----------------------------------------------------------------------------- the reference
 @dataclass
 class Reference:
-    """The replacement model's nodes and its adjacency over every active feature, as derivatives."""
+    """The replacement model's nodes and its adjacency over every active feature, as derivatives (NaN rows: the
+    feature rows not asked for)."""
 
     active: Tensor  # [n_active, 3] (layer, position, feature), sorted
     values: Tensor  # [n_active]
     logit_ids: Tensor  # [n_logits], by falling probability
-    adjacency: Tensor  # [N, N] float64, circuit-tracer's node order
+    adjacency: Tensor  # [N, N] in the model's dtype, circuit-tracer's node order
     model_logits: Tensor  # [pos, d_vocab]: the model's own
-    run: object  # (s_feat, s_err, s_tok) -> (replacement logits [pos, d_vocab], feature targets, logit targets)
+    run: Callable  # (s_feat, s_err, s_tok) -> (replacement logits [pos, d_vocab], feature targets, logit targets)
 
 
 def reference(
@@ -283,6 +285,7 @@ def transcoders_of(model, kind: str):
 
 
 def ones(ref: Reference, n_layers: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Every source at its value: the multipliers (s_feat, s_err, s_tok) of the reference's `run`."""
     n_pos = ref.model_logits.shape[0]
     return (
         torch.ones(ref.active.shape[0], dtype=DTYPE),
