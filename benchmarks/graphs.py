@@ -48,7 +48,7 @@ from tests.circuit_tracer_venv import venv_python  # noqa: E402
 from tests.graphs.circuit_tracer_reference import _fill, build_llama_checkpoint, random_transcoder_set  # noqa: E402
 
 N_LAYERS, D_MODEL, N_HEADS, D_MLP, VOCAB, N_CTX, D_SAE = 4, 128, 4, 512, 300, 1024, 1024
-SPARSE_JUMPRELU = {"threshold": (3.2, 0.3), "W_skip": (0.0, 0.1), "": (0.0, 0.3)}  # a few dozen features per token
+SPARSE_JUMPRELU = {"threshold": (6.5, 0.3), "W_skip": (0.0, 0.1), "": (0.0, 0.3)}  # a few dozen features per token
 WORK = BENCH_DIR / "graphs"
 
 # circuit-tracer's side, run by the circuit-tracer venv's python: argv = checkpoint, transcoders, job json
