@@ -8,5 +8,6 @@ prompt's logits, as direct linear effects under the local replacement model. doc
 
 from hooked.graphs.attribute import attribute
 from hooked.graphs.graph import Graph, LogitTarget
+from hooked.graphs.intervene import InterventionResult, intervene
 
-__all__ = ["Graph", "LogitTarget", "attribute"]
+__all__ = ["Graph", "InterventionResult", "LogitTarget", "attribute", "intervene"]
