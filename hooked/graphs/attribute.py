@@ -165,13 +165,31 @@ def _check_settings(max_n_logits, desired_logit_prob, max_feature_nodes, batch_s
 
 # ----------------------------------------------------------------------------- the nodes, from one clean forward
 @dataclass
-class _Nodes:
-    """Everything the clean forward fixes: the active features and their vectors, errors, tokens, logit targets."""
+class _Write:
+    """The features of one source layer that write to one output layer: where they sit among the active features,
+    their positions, ids and activations. Their vectors (activation times decoder row) are gathered when needed,
+    not kept: at a CLT's width and a long prompt, every active feature's decoder rows would be most of the memory."""
 
-    active: Tensor  # [n_active, 3] (layer, pos, feature)
+    source: int
+    column: int  # which of the source layer's outputs (0 for a per-layer transcoder; m - source for a CLT)
+    index: Tensor  # [k] into the active features
+    positions: Tensor  # [k]
+    features: Tensor  # [k]
+    activations: Tensor  # [k]
+
+    def vectors(self, tc: Transcoders) -> Tensor:
+        return tc.decoder_vectors(self.source, self.features)[:, self.column] * self.activations[:, None]
+
+
+@dataclass
+class _Nodes:
+    """Everything the clean forward fixes: the active features, the error vectors, the token embeddings and the
+    logit targets."""
+
+    tc: Transcoders
+    active: Tensor  # [n_active, 3] (layer, pos, feature), on the CPU
     values: Tensor  # [n_active]
-    encoders: Tensor  # [n_active, d_in]: the direction each feature reads
-    writes: list[tuple[Tensor, Tensor, Tensor]]  # per output layer m: (active index, position, a * decoder [k d_out])
+    writes: list[list[_Write]]  # per output layer m, per source layer writing to it
     errors: Tensor  # [n_layers, pos, d_out]
     embeddings: Tensor  # [pos, d_model]
     logit_ids: Tensor  # [n_logits]
@@ -182,6 +200,15 @@ class _Nodes:
     def n_active(self) -> int:
         return int(self.active.shape[0])
 
+    def encoder_vectors(self, chunk: Tensor) -> Tensor:
+        """[k, d_in]: the input direction each of the active features `chunk` reads (its row of W_enc)."""
+        layers, features = self.active[chunk, 0], self.active[chunk, 2]
+        out = torch.empty(chunk.shape[0], self.tc.d_in, dtype=self.tc.dtype, device=self.tc.device)
+        for layer in layers.unique().tolist():
+            mask = layers == layer
+            out[mask.to(out.device)] = self.tc.encoder_vectors(layer, features[mask].to(out.device))
+        return out
+
 
 @torch.no_grad()
 def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logits: int, desired: float) -> _Nodes:
@@ -190,31 +217,24 @@ def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logi
     x = [cache[name][0] for name in tc.hook_in]
     n_layers, n_pos = tc.n_layers, tokens.shape[0]
 
-    active, values, encoders = [], [], []
-    decoders = []  # per source layer: [k, n_out, d_out], already times the activation
+    active, values = [], []
     for layer in range(n_layers):
         acts = tc.activate(layer, tc.pre_activations(layer, x[layer]))
         acts[ZERO_POSITIONS] = 0
         pos, feat = acts.nonzero(as_tuple=True)  # row-major: sorted by position, then feature
         active.append(torch.stack([torch.full_like(pos, layer), pos, feat], dim=1))
         values.append(acts[pos, feat])
-        encoders.append(tc.encoder_vectors(layer, feat))
-        decoders.append(tc.decoder_vectors(layer, feat) * acts[pos, feat][:, None, None])
-    active_all = torch.cat(active)
     offsets = [0, *torch.tensor([a.shape[0] for a in active]).cumsum(0).tolist()]
 
     writes, errors = [], []
     for m in range(n_layers):
-        index, position, vectors = [], [], []
         recon = torch.zeros(n_pos, tc.d_out, dtype=x[m].dtype, device=x[m].device)
+        into_m = []
         for source in range(m + 1) if tc.clt is not None else [m]:
-            column = m - source if tc.clt is not None else 0
-            vec = decoders[source][:, column]
-            pos = active[source][:, 1]
-            index.append(torch.arange(offsets[source], offsets[source + 1], device=pos.device))
-            position.append(pos)
-            vectors.append(vec)
-            recon.index_add_(0, pos, vec)
+            index = torch.arange(offsets[source], offsets[source + 1], device=active[source].device)
+            write = _Write(source, m - source, index, active[source][:, 1], active[source][:, 2], values[source])
+            recon.index_add_(0, write.positions, write.vectors(tc))
+            into_m.append(write)
         recon = recon + tc.decoder_bias(m)
         skip = tc.skip(m, x[m])
         if skip is not None:
@@ -222,7 +242,7 @@ def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logi
         error = cache[tc.hook_out[m]][0] - recon
         error[ZERO_POSITIONS] = 0
         errors.append(error)
-        writes.append((torch.cat(index), torch.cat(position), torch.cat(vectors)))
+        writes.append(into_m)
 
     probabilities = torch.softmax(logits[0, -1], dim=-1)
     top_p, top_ids = torch.topk(probabilities, min(max_n_logits, probabilities.shape[0]))
@@ -230,9 +250,9 @@ def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logi
     ids = top_ids[:cutoff]
     w_u = model.unembed_weight  # [d_vocab, d_model]
     return _Nodes(
-        active=active_all.cpu(),
+        tc=tc,
+        active=torch.cat(active).cpu(),
         values=torch.cat(values),
-        encoders=torch.cat(encoders),
         writes=writes,
         errors=torch.stack(errors),
         embeddings=cache["hook_embed"][0],
@@ -304,11 +324,11 @@ class _ReplacementRun:
         self.batch = batch
 
     def _contract_layer(self, layer: int, grad: Tensor) -> None:
-        index, position, vectors = self.nodes.writes[layer]
         grad = grad.float()
-        if index.numel():
-            values = torch.einsum("bkd,kd->bk", grad[:, position], vectors.float())
-            self.buffer.index_add_(1, index, values)
+        for write in self.nodes.writes[layer]:
+            if write.index.numel():
+                values = torch.einsum("bkd,kd->bk", grad[:, write.positions], write.vectors(self.nodes.tc).float())
+                self.buffer.index_add_(1, write.index, values)
         start = self.nodes.n_active + layer * self.n_pos
         self.buffer[:, start : start + self.n_pos] += torch.einsum("bpd,pd->bp", grad, self.nodes.errors[layer].float())
 
@@ -368,7 +388,7 @@ def _attribute_rows(run: _ReplacementRun, nodes: _Nodes, settings, update_interv
             pending = rank[~visited[rank]][: min(update_interval * run.batch, budget - n_visited)]
         for chunk in pending.split(run.batch):
             n_visited += chunk.shape[0]
-            store.add(run.rows(layers[chunk], positions[chunk], nodes.encoders[chunk.to(nodes.encoders.device)]), chunk)
+            store.add(run.rows(layers[chunk], positions[chunk], nodes.encoder_vectors(chunk)), chunk)
             visited[chunk] = True
             bar.update(chunk.shape[0])
     bar.close()
@@ -423,16 +443,21 @@ class _Rows:
     def partial_influences(self, logit_probabilities: Tensor, max_iter: int = 128) -> Tensor:
         """Each node's influence on the logits through the rows computed so far (circuit-tracer 0.5.0 `graph.py`
         `compute_partial_influences`: row-normalised |A|, the power series from the logit nodes)."""
-        rows, columns, values = self.coo()
-        values = values.abs()
-        sums = torch.zeros(self.count).index_add_(0, rows, values).clamp(min=1e-8)
-        values = values / sums[rows]
         node_of_row = self.node_of_row[: self.count]
+        if self.dense is not None:  # as circuit-tracer: a dense product per step
+            normalized = self.dense[: self.count].abs()
+            normalized /= normalized.sum(dim=1, keepdim=True).clamp(min=1e-8)
+            step = lambda prod: prod[node_of_row] @ normalized  # noqa: E731
+        else:  # the same sums over the entries kept
+            rows, columns, values = self.coo()
+            values = values.abs()
+            values = values / torch.zeros(self.count).index_add_(0, rows, values).clamp(min=1e-8)[rows]
+            step = lambda prod: torch.zeros(self.n_columns).index_add_(0, columns, values * prod[node_of_row][rows])  # noqa: E731
         influence = torch.zeros(self.n_columns)
         prod = torch.zeros(self.n_columns)
         prod[-logit_probabilities.shape[0] :] = logit_probabilities
         for _ in range(max_iter):
-            prod = torch.zeros(self.n_columns).index_add_(0, columns, values * prod[node_of_row][rows])
+            prod = step(prod)
             if not prod.any():
                 break
             influence += prod
