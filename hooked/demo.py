@@ -434,7 +434,7 @@ def _graph_chapter(model, task, args, out: Path) -> dict | None:
 
     k = len(on_path)
     active = [
-        f"L{layer}.{graph.feature_address(0).split('.')[1]}.F{feature}@{position}"
+        f"L{layer}.{graph.feature_part}.F{feature}@{position}"
         for layer, position, feature in graph.active_features.tolist()
         if position > 0
     ]

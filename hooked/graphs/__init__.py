@@ -6,9 +6,18 @@ prompt's logits, as direct linear effects under the local replacement model. doc
     p = g.prune(node_threshold=0.8, edge_threshold=0.98)
 """
 
-from hooked.graphs import _pending  # noqa: F401  TEMPORARY: Graph methods until their branch is merged
 from hooked.graphs.attribute import attribute
-from hooked.graphs.graph import Graph, LogitTarget
+from hooked.graphs.graph import Graph, GraphNode, LogitTarget
 from hooked.graphs.intervene import InterventionResult, intervene
+from hooked.graphs.prune import GraphScores, PrunedGraph
 
-__all__ = ["Graph", "InterventionResult", "LogitTarget", "attribute", "intervene"]
+__all__ = [
+    "Graph",
+    "GraphNode",
+    "GraphScores",
+    "InterventionResult",
+    "LogitTarget",
+    "PrunedGraph",
+    "attribute",
+    "intervene",
+]

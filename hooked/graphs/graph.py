@@ -12,9 +12,17 @@ token rows and logit columns are zero.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from torch import Tensor
+
+from hooked.graphs import prune
+from hooked.graphs.prune import GraphScores, PrunedGraph
+from hooked.interventions.kinds import FEATURE_POINTS
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 class LogitTarget(NamedTuple):
@@ -22,6 +30,16 @@ class LogitTarget(NamedTuple):
 
     token_str: str
     vocab_idx: int
+
+
+class GraphNode(NamedTuple):
+    """What node i of a graph is: its kind, layer (None for tokens and logits), position (a logit's is the last)
+    and index (the feature's id, the token's or the logit's vocabulary id; None for an error node)."""
+
+    kind: Literal["feature", "error", "token", "logit"]
+    layer: int | None
+    position: int
+    index: int | None
 
 
 @dataclass
@@ -81,3 +99,124 @@ class Graph:
     def logit_offset(self) -> int:
         """Index of the first logit node (the most probable)."""
         return self.token_offset + self.n_pos
+
+    # ------------------------------------------------------------------------- nodes by name
+    def node(self, i: int) -> GraphNode:
+        """Node i's kind, layer, position and index (`GraphNode`)."""
+        if not 0 <= i < self.n_nodes:
+            raise IndexError(f"node {i} is out of range: the graph has {self.n_nodes} nodes (0..{self.n_nodes - 1})")
+        if i < self.error_offset:
+            layer, position, feature = self.active_features[self.selected_features[i]].tolist()
+            return GraphNode("feature", layer, position, feature)
+        if i < self.token_offset:
+            layer, position = divmod(i - self.error_offset, self.n_pos)
+            return GraphNode("error", layer, position, None)
+        if i < self.logit_offset:
+            position = i - self.token_offset
+            return GraphNode("token", None, position, int(self.input_tokens[position]))
+        return GraphNode("logit", None, self.n_pos - 1, self.logit_targets[i - self.logit_offset].vocab_idx)
+
+    def node_label(self, i: int, tokenizer: Any = None) -> str:
+        """A short name for node i: "L2 F17 @5", "error L1 @3", "token 'cat' @2" (or "token 123 @2" without a
+        `tokenizer`: anything with `decode(ids)`, such as `model.tokenizer`), "logit 'dog' (p=0.42)"."""
+        node = self.node(i)
+        if node.kind == "feature":
+            return f"L{node.layer} F{node.index} @{node.position}"
+        if node.kind == "error":
+            return f"error L{node.layer} @{node.position}"
+        if node.kind == "token":
+            text = node.index if tokenizer is None else repr(tokenizer.decode([node.index]))
+            return f"token {text} @{node.position}"
+        target = self.logit_targets[i - self.logit_offset]
+        return f"logit {target.token_str!r} (p={float(self.logit_probabilities[i - self.logit_offset]):.2f})"
+
+    def feature_address(self, i: int) -> str:
+        """hooked's component address of feature node i, `L{layer}.{part}.F{feature}@{position}` with the part
+        the transcoders write to (`feature_output_hook` "blocks.{layer}.hook_mlp_out" -> "mlp_out"), for
+        `hooked.sweep` and `ablate` with the transcoders spliced in (the `features` kind)."""
+        node = self.node(i)
+        if node.kind != "feature":
+            raise ValueError(f"node {i} is a {node.kind} node, not a feature: only features have an address")
+        return f"L{node.layer}.{self.feature_part}.F{node.index}@{node.position}"
+
+    @property
+    def feature_part(self) -> str:
+        """The `features` kind's part for `feature_output_hook` ("mlp_out" for "blocks.{layer}.hook_mlp_out")."""
+        point = self.feature_output_hook.removeprefix("blocks.{layer}.")
+        parts = {hook: part.lstrip(".") for part, hook in FEATURE_POINTS.items()}
+        if point not in parts:
+            raise ValueError(
+                f"feature_output_hook {self.feature_output_hook!r} is not a point the features kind addresses: "
+                f"expected blocks.{{layer}}. followed by one of {sorted(parts)}"
+            )
+        return parts[point]
+
+    # ------------------------------------------------------------------------- influence, pruning, scores
+    def node_influence(self) -> Tensor:
+        """[N]: each node's influence on the logits, through every path (hooked/graphs/prune.py)."""
+        return prune.node_influence(self)
+
+    def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> PrunedGraph:
+        """Keep the nodes holding `node_threshold` of the influence on the logits and the edges holding
+        `edge_threshold` of the edge influence, as circuit-tracer 0.5.0's `prune_graph`; dense or sparse.
+
+            p = g.prune(node_threshold=0.8, edge_threshold=0.98)
+            [g.node_label(i) for i in p.nodes]
+        """
+        return prune.prune(self, node_threshold, edge_threshold)
+
+    def scores(self) -> GraphScores:
+        """The replacement and completeness scores (circuit-tracer 0.5.0's `compute_graph_scores`)."""
+        return prune.scores(self)
+
+    # ------------------------------------------------------------------------- files and pictures
+    def save_circuit_tracer(self, path: str | Path) -> None:
+        """Write the graph as circuit-tracer 0.5.0's `Graph.to_pt` does, for its `Graph.from_pt` (no hooked needed
+        there); hooked/graphs/files.py says which `model_info` keys fill its config."""
+        from hooked.graphs import files
+
+        files.save_circuit_tracer(self, path)
+
+    @classmethod
+    def load_circuit_tracer(
+        cls,
+        path: str | Path,
+        feature_input_hook: str = "blocks.{layer}.mlp.hook_in",
+        feature_output_hook: str = "blocks.{layer}.hook_mlp_out",
+    ) -> Graph:
+        """Read a circuit-tracer graph file (`Graph.to_pt`, or `save_circuit_tracer`) without circuit-tracer. Its
+        files do not say where the transcoders read and write: the hooks default to circuit-tracer's usual pair."""
+        from hooked.graphs import files
+
+        return files.load_circuit_tracer(path, feature_input_hook, feature_output_hook)
+
+    def to_frontend(
+        self,
+        out_dir: str | Path,
+        slug: str = "graph",
+        node_threshold: float = 0.8,
+        edge_threshold: float = 0.98,
+        tokenizer: Any = None,
+        scan: str | list[str] | None = None,
+    ) -> Path:
+        """Write `<out_dir>/<slug>.json` and update `<out_dir>/graph-metadata.json` as circuit-tracer 0.5.0's
+        `create_graph_files` does, for its local viewer and Neuronpedia's; returns the graph file's path.
+        hooked/graphs/frontend.py says what a missing tokenizer or scan becomes."""
+        from hooked.graphs import frontend
+
+        return frontend.write_graph_files(self, out_dir, slug, node_threshold, edge_threshold, tokenizer, scan)
+
+    def plot(
+        self,
+        path: str | Path | None = None,
+        node_threshold: float = 0.8,
+        edge_threshold: float = 0.98,
+        tokenizer: Any = None,
+        title: str | None = None,
+    ) -> Figure:
+        """Draw the pruned graph: position across, layer up (tokens at the bottom, logits at the top), edges blue
+        when positive and red when negative, wider when larger; save to `path` if given. Returns the Figure.
+        Needs matplotlib (`pip install 'hooked[plot]'`)."""
+        from hooked.graphs.plot import plot_graph
+
+        return plot_graph(self.prune(node_threshold, edge_threshold), path, tokenizer, title)

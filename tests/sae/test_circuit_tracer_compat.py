@@ -3,10 +3,8 @@ hooked are loaded by circuit-tracer's own loader (`utils/caching.py` `load_trans
 config.yaml and calls `load_clt` / `load_transcoder_set`), and a CLT circuit-tracer writes (`to_safetensors`) is
 loaded by hooked; each side encodes and decodes the same fixed inputs and the numbers are compared.
 
-circuit-tracer pins transformers<=4.57.3 (hooked's tests run transformers 5), so it gets a venv of its own, built
-once and kept at ~/.cache/hooked-tests/circuit-tracer-venv (HOOKED_CIRCUIT_TRACER_VENV moves it): `pip install
-torch==2.13.0 circuit-tracer==0.5.0 transformers==4.57.3` with the machine's own pip configuration (here its
-local wheel of the CPU torch), about a minute. The two sides exchange tensors as .safetensors files.
+circuit-tracer pins transformers<=4.57.3 (hooked's tests run transformers 5), so it runs in a venv of its own
+(tests/circuit_tracer_venv.py); the two sides exchange tensors as .safetensors files.
 """
 
 from __future__ import annotations
@@ -14,9 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,35 +20,11 @@ from safetensors.torch import load_file, save_file
 
 from hooked.sae import CLTConfig, CrossLayerTranscoder, Dictionary, DictionaryConfig
 from hooked.sae.formats.circuit_tracer_clt import load_circuit_tracer_clt, save_circuit_tracer
+from tests.circuit_tracer_venv import venv_python
 
 pytestmark = pytest.mark.slow
 
-VENV = Path(
-    os.environ.get("HOOKED_CIRCUIT_TRACER_VENV", Path.home() / ".cache" / "hooked-tests" / "circuit-tracer-venv")
-)
-PINS = ["torch==2.13.0", "circuit-tracer==0.5.0", "transformers==4.57.3"]
 N_LAYERS, D_MODEL, D_SAE, POSITIONS = 3, 16, 24, 7
-
-
-def _venv_python() -> Path:
-    """The venv's python with circuit-tracer 0.5.0 importable, built if missing; failing, with pip's words, if it
-    cannot be (the peer is the reference, and PyPI is reachable wherever the suite runs)."""
-    python = VENV / "bin" / "python"
-    check = [str(python), "-c", "import importlib.metadata as m, circuit_tracer; print(m.version('circuit-tracer'))"]
-    if python.exists() and subprocess.run(check, capture_output=True, text=True).stdout.strip() == "0.5.0":
-        return python
-    steps = [
-        [sys.executable, "-m", "venv", "--clear", str(VENV)],
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *PINS],
-    ]
-    for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True, timeout=1800)
-        if done.returncode != 0:
-            pytest.fail(f"circuit-tracer 0.5.0 could not be installed ({' '.join(step)}): {done.stderr[-1500:]}")
-    done = subprocess.run(check, capture_output=True, text=True)
-    if done.stdout.strip() != "0.5.0":
-        pytest.fail(f"circuit-tracer 0.5.0 installed but does not import: {done.stderr[-1500:]}")
-    return python
 
 
 # Run in the circuit-tracer venv: for each job, load the folder with circuit-tracer's loader and save what it
@@ -120,7 +92,7 @@ def random_transcoder(layer: int, seed: int) -> Dictionary:
 
 
 def test_circuit_tracer_reads_what_hooked_writes_and_hooked_reads_what_circuit_tracer_writes(tmp_path):
-    python = _venv_python()
+    python = venv_python()
     x = torch.randn(N_LAYERS, POSITIONS, D_MODEL, generator=torch.Generator().manual_seed(5))
     save_file({"x": x}, tmp_path / "inputs.safetensors")
     clts = {"clt_jumprelu": random_clt("jumprelu", 1), "clt_relu": random_clt("standard", 2)}
