@@ -18,8 +18,9 @@ is one number, found by one backward pass:
 
 The gradient of a target injected at its point flows back through the frozen model; at each MLP output it is
 contracted with every source written there, and at hook_embed with the token embeddings. Position 0's features
-and errors are zeroed (circuit-tracer's convention: the first position, a BOS, has huge norms and no meaning);
-its error and token nodes stay in the graph, as nodes without edges.
+and errors are zeroed (circuit-tracer's convention: the first position, a BOS, has huge norms and no meaning):
+its error nodes stay in the graph, without edges; its token node keeps its edges (circuit-tracer's token vectors
+are every position's embedding).
 
 Node order and the adjacency's layout: hooked/graphs/graph.py. `max_feature_nodes` keeps every active feature
 listed (`active_features`) but gives rows and columns only to the `max_feature_nodes` of them with the most

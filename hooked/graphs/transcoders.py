@@ -49,8 +49,9 @@ class Transcoders:
             )
             self.hook_in = [d.cfg.hook_name for d in self.dictionaries]
             self.hook_out = [d.cfg.hook_name_out for d in self.dictionaries]
+        self._check(model)  # first: a set out of layer order is named as such, not as points differing by layer
+        if self.clt is None:
             self.templates = (_template(self.hook_in), _template(self.hook_out))
-        self._check(model)
 
     # ----------------------------------------------------------------- checks, before anything runs
     def _check(self, model: HookedTransformer) -> None:

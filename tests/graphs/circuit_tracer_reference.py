@@ -44,6 +44,7 @@ def build_llama_checkpoint(
     n_kv_heads: int = 4,
     d_mlp: int = 64,
     vocab_size: int = 300,
+    n_ctx: int = 64,
     seed: int = 0,
 ) -> Path:
     """A random transformers LlamaForCausalLM (norm weights randomised) with a byte-level BPE tokenizer whose
@@ -61,7 +62,7 @@ def build_llama_checkpoint(
         num_key_value_heads=n_kv_heads,
         intermediate_size=d_mlp,
         num_hidden_layers=n_layers,
-        max_position_embeddings=64,
+        max_position_embeddings=n_ctx,
         bos_token_id=bos,
         eos_token_id=bos,
         initializer_range=0.2,
