@@ -1,9 +1,11 @@
-"""The `hooked` command: list hook points, run a prompt, ablate every component of a kind, find a circuit, run the demo.
+"""The `hooked` command: list hook points, run a prompt, ablate every component of a kind, find a circuit, draw an
+attribution graph, run the demo.
 
     hooked hooks gpt2 --pos 12          # every hook name with its shape for a 12-token input
     hooked run ./my-checkpoint "The capital of France is" --top 5
     hooked sweep gpt2 --task ioi --components heads --method resample --out runs/heads
     hooked circuit hooked/ioi-gpt2 --task ioi --method eap-ig --edges 50 --out runs/circuit
+    hooked graph hooked/ioi-gpt2 --transcoders hooked/ioi-gpt2/saes/transcoders --prompt "..." --out runs/graph
     hooked demo --model gpt2
 
 MODEL is a hub id (read from the local Hugging Face cache when offline) or a checkpoint directory.
@@ -11,7 +13,9 @@ MODEL is a hub id (read from the local Hugging Face cache when offline) or a che
 `sweep` ablates each component of a kind in turn on a task's prompts (one batched `hooked.sweep`) and
 writes the table as CSV and JSON (with provenance) and a heatmap PNG into --out. `circuit` finds a
 task's circuit (`hooked.circuits.discover`) and writes its edges (CSV, JSON), its faithfulness curve on
-the discovery and on held-out prompts, and its picture into --out.
+the discovery and on held-out prompts, and its picture into --out. `graph` draws one prompt's attribution
+graph through a set of transcoders (`hooked.graphs`) and writes circuit-tracer's file, the viewer's JSON and a
+picture into --out.
 """
 
 from __future__ import annotations
@@ -459,6 +463,112 @@ def circuit_command(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- graph
+_GRAPH_HELP = """\
+The attribution graph of one prompt through a transcoder set or a cross-layer transcoder
+(hooked.graphs.attribute, docs/graphs.md), written into --out:
+
+  graph.pt              circuit-tracer 0.5.0's graph file (its Graph.from_pt reads it; Graph.save_circuit_tracer)
+  graph.json            the viewer's graph (circuit-tracer's create_graph_files, Neuronpedia's format), pruned at
+                        --node-threshold / --edge-threshold, and graph-metadata.json listing it
+  graph.png             the pruned graph drawn: position across, layer up
+
+--transcoders is what hooked.sae.load reads: a folder (circuit-tracer's transcoder set or CLT, a SAELens
+transcoder set) or a bundled name (hooked/ioi-gpt2/saes/transcoders). Files of these names in --out are
+replaced; on an error --out is left as it was.
+"""
+
+
+def check_graph_args(args: argparse.Namespace) -> None:
+    """The checks that need no model, so a bad command fails at once and writes nothing."""
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise _UsageError(f"--out {out} exists and is not a directory")
+    for name in ("node_threshold", "edge_threshold"):
+        if not 0 <= getattr(args, name) <= 1:
+            raise _UsageError(f"--{name.replace('_', '-')} must be between 0 and 1, got {getattr(args, name)}")
+    if not args.prompt:
+        raise _UsageError("--prompt is empty; give the text whose next token the graph explains")
+
+
+def run_graph(args: argparse.Namespace):
+    """Everything `hooked graph` computes, before anything is written: (model, graph, pruned)."""
+    import hooked
+    import hooked.sae
+    from hooked import graphs
+
+    model = hooked.load(args.model, dtype=_DTYPES[args.dtype], device=args.device)
+    transcoders = hooked.sae.load(args.transcoders, model=model)
+    graph = graphs.attribute(
+        model,
+        args.prompt,
+        transcoders,
+        max_n_logits=args.max_n_logits,
+        desired_logit_prob=args.desired_logit_prob,
+        max_feature_nodes=args.max_feature_nodes,
+        batch_size=args.batch_size,
+        edges_per_row=args.edges_per_row,
+    )
+    return model, graph, graph.prune(args.node_threshold, args.edge_threshold)
+
+
+def graph_command(args: argparse.Namespace) -> int:
+    check_graph_args(args)
+    model, graph, pruned = run_graph(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    note = None
+    try:  # everything into a temporary folder beside out, then moved in: a failure leaves out as it was
+        graph.save_circuit_tracer(staging / "graph.pt")
+        graph.to_frontend(
+            staging,
+            slug="graph",
+            node_threshold=args.node_threshold,
+            edge_threshold=args.edge_threshold,
+            tokenizer=model.tokenizer,
+        )
+        try:
+            figure = graph.plot(staging / "graph.png", args.node_threshold, args.edge_threshold, model.tokenizer)
+            import matplotlib.pyplot as plt
+
+            plt.close(figure)
+        except ImportError:
+            note = "matplotlib is not installed, so no picture was drawn (pip install 'hooked[plot]')"
+        out.mkdir(exist_ok=True)
+        written = []
+        for file in sorted(staging.iterdir()):
+            os.replace(file, out / file.name)
+            written.append(out / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    replacement, completeness = graph.scores()
+    n_edges = int((graph.adjacency.coalesce().values() if graph.adjacency.is_sparse else graph.adjacency).ne(0).sum())
+    print(
+        f"attribution graph of {graph.input_string!r}: {graph.active_features.shape[0]} active features,"
+        f" {graph.n_features} of them nodes; {graph.n_nodes} nodes, {n_edges} edges"
+    )
+    print(
+        "logits: "
+        + ", ".join(
+            f"{t.token_str!r} {float(p):.3f}"
+            for t, p in zip(graph.logit_targets, graph.logit_probabilities, strict=True)
+        )
+    )
+    print(
+        f"pruned (node threshold {args.node_threshold}, edge threshold {args.edge_threshold}): {len(pruned.nodes)}"
+        f" nodes, {len(pruned.edges())} edges; replacement score {replacement:.3f}, completeness {completeness:.3f}"
+    )
+    influence = pruned.node_influence[: graph.n_features]
+    top = [i for i in influence.argsort(descending=True)[: args.top].tolist() if pruned.node_mask[i]]
+    print("top features by influence on the logits (address for hooked.sweep / ablate / graphs.intervene):")
+    for i in top:
+        print(f"  {graph.feature_address(i):<22} {float(influence[i]):.4f}  {graph.node_label(i, model.tokenizer)}")
+    _print_written(written, note)
+    return 0
+
+
 # ----------------------------------------------------------------------------- demo
 def demo_command(args: argparse.Namespace) -> int:
     from hooked import demo
@@ -604,6 +714,47 @@ def make_parser() -> argparse.ArgumentParser:
     circuit.add_argument("--dtype", choices=list(_DTYPES), default="float32")
     circuit.add_argument("--device", default="cpu")
 
+    graph = commands.add_parser(
+        "graph",
+        help="one prompt's attribution graph through transcoders; circuit-tracer file, viewer JSON, picture",
+        description=_GRAPH_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    graph.add_argument("model", help="hub id, checkpoint directory or bundled name")
+    graph.add_argument("--transcoders", required=True, metavar="DIR", help="what hooked.sae.load reads (see above)")
+    graph.add_argument("--prompt", required=True, help="the text whose next token the graph explains")
+    graph.add_argument("--out", required=True, metavar="DIR", help="folder for graph.pt, graph.json and graph.png")
+    graph.add_argument(
+        "--max-feature-nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N features get rows and columns, by influence on the logits (default: all)",
+    )
+    graph.add_argument("--max-n-logits", type=int, default=10, metavar="N", help="at most N logit nodes (default 10)")
+    graph.add_argument(
+        "--desired-logit-prob",
+        type=float,
+        default=0.95,
+        metavar="P",
+        help="logit nodes until their probability reaches P (default 0.95)",
+    )
+    graph.add_argument("--batch-size", type=int, default=64, help="target rows per backward pass (default 64)")
+    graph.add_argument(
+        "--edges-per-row",
+        type=int,
+        default=None,
+        metavar="K",
+        help="keep each row's K largest edges, a sparse adjacency (default: every edge)",
+    )
+    graph.add_argument("--node-threshold", type=float, default=0.8, help="pruning: share of node influence kept (0.8)")
+    graph.add_argument(
+        "--edge-threshold", type=float, default=0.98, help="pruning: share of edge influence kept (0.98)"
+    )
+    graph.add_argument("--top", type=int, default=10, help="features listed in the summary (default 10)")
+    graph.add_argument("--dtype", choices=list(_DTYPES), default="float32")
+    graph.add_argument("--device", default="cpu")
+
     demo = commands.add_parser("demo", help="the `make demo` walk-through (hooked.demo)")
     demo.add_argument("--model", default=None, help="hub id or checkpoint directory (default: a random local GPT-2)")
     demo.add_argument("--out", default=None, help="where the demo writes its results")
@@ -631,6 +782,7 @@ _COMMANDS = {
     "run": _print_run,
     "sweep": sweep_command,
     "circuit": circuit_command,
+    "graph": graph_command,
     "demo": demo_command,
 }
 

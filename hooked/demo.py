@@ -25,7 +25,10 @@ to" -> " Mary"; the corrupt twin has the other name give, so its answer flips):
    then confirmed in one sweep: the top features resampled from the corrupt prompts together, zeroed together,
    random active features instead, each top feature alone; the same for the bundled transcoders in brief
    (feature-scores.csv, feature-ablations.*; skipped for a model without bundled dictionaries);
-8. everything saved, with what produced it, in a run directory.
+8. the attribution graph of one prompt (`hooked.graphs`, docs/graphs.md) through the bundled transcoders: drawn
+   pruned (graph.png), the features on the strongest paths from the indirect object's token to the answer's logit
+   named, then ablated together on the real model, against as many random active features (graph-ablations.*);
+9. everything saved, with what produced it, in a run directory.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ FEATURES_SAE = "saes/blocks.2.hook_resid_post"  # chapter 7's dictionary, under 
 FEATURES_SETS = "saes/transcoders"
 TOP_FEATURES = 10
 RANDOM_DRAWS = 5
+PATH_FEATURES = 5  # chapter 8: the features named on the paths from the indirect object to the answer
 
 
 def _scores(model, tokens, hooks, metric, kl, clean_logits) -> tuple[float, float]:
@@ -169,7 +173,10 @@ def main(argv: list[str] | None = None) -> Path:
     # 7. The features that carry the answer.
     features = _features_chapter(model, task, metric, clean, corrupt_tokens, clean_score, args, out)
 
-    # 8. Save.
+    # 8. One prompt's attribution graph, and the features on its paths from the indirect object to the answer.
+    graph = _graph_chapter(model, task, args, out)
+
+    # 9. Save.
     (out / "story.json").write_text(
         json.dumps(
             {
@@ -189,6 +196,7 @@ def main(argv: list[str] | None = None) -> Path:
                     "held_out_seed": args.seed + 1,
                 },
                 "features": features,
+                "graph": graph,
                 "hooked_version": hooked.__version__,
                 "torch_version": torch.__version__,
                 "command": "python -m hooked.demo " + " ".join(argv if argv is not None else []),
@@ -197,9 +205,10 @@ def main(argv: list[str] | None = None) -> Path:
         )
     )
     print(
-        f"\n8. saved to {out}/: head-sweep-resample.csv/.json/.png (layer x head), circuit.png, circuit.json,"
+        f"\n9. saved to {out}/: head-sweep-resample.csv/.json/.png (layer x head), circuit.png, circuit.json,"
         f" circuit-edges.csv, circuit-faithfulness.csv/.json/.png,"
         + (" feature-scores.csv, feature-ablations.csv/.json," if features else "")
+        + (" graph.png, graph-ablations.csv/.json," if graph else "")
         + f" story.json; {time.perf_counter() - started:.1f}s in all"
     )
     return out
@@ -374,6 +383,127 @@ def _transcoder_features(model, task, metric, clean, corrupt, bundled, args) -> 
         + f", ...; the top {len(top)} resampled together: {sweep.scores['top']:+.3f} ({sweep.change['top']:+.3f})"
     )
     return {"set": name, "top": [{"feature": f, "score": scores[f]} for f in top], "top_resampled": sweep.change["top"]}
+
+
+def _graph_chapter(model, task, args, out: Path) -> dict | None:
+    """Chapter 8: the attribution graph of the first prompt through the bundled transcoders, pruned and drawn; the
+    features on the strongest paths from the indirect object's token to the answer's logit node, zeroed together
+    on the real model (one sweep, with random active features and each alone) and by `graphs.intervene`."""
+    import hooked.sae
+    from hooked import graphs
+    from hooked.graphs.paths import path_strengths, strongest_path
+
+    name = f"{args.model}/{FEATURES_SETS}"
+    if name not in hooked.sae.bundled_saes():
+        print(f"\n8. attribution graph: {args.model} has no bundled transcoders (hooked/ioi-gpt2 has); skipped")
+        return None
+    transcoders = hooked.sae.load(name, model=model)
+    prompt, answer, other = task.clean[0], task.correct[0], task.incorrect[0]
+    answer_id, other_id = model.to_single_token(answer), model.to_single_token(other)
+    with torch.enable_grad():  # attribution differentiates the replacement model; main runs under no_grad
+        graph = graphs.attribute(model, prompt, transcoders)
+    pruned = graph.prune(node_threshold=0.8, edge_threshold=0.98)
+    replacement, completeness = graph.scores()
+    graph.plot(out / "graph.png", tokenizer=model.tokenizer, title=f"{prompt!r} -> {answer!r}")
+    logit_ids = [target.vocab_idx for target in graph.logit_targets]
+    if answer_id not in logit_ids:
+        print(f"\n8. attribution graph: {answer!r} is not among the logit nodes of {prompt!r}; skipped")
+        return None
+    io_position = int((graph.input_tokens == answer_id).nonzero()[0])
+    source, target = graph.token_offset + io_position, graph.logit_offset + logit_ids.index(answer_id)
+    strength = path_strengths(pruned, source, target)
+    best = strongest_path(pruned, source, target)
+    ranked = torch.argsort(strength[: graph.n_features], descending=True)[:PATH_FEATURES].tolist()
+    on_path = [graph.feature_address(i) for i in ranked if strength[i] > 0]
+    print(
+        f"\n8. the attribution graph of one prompt (hooked.graphs, docs/graphs.md): {prompt!r} -> {answer!r},"
+        f"\n   through {name} (every MLP replaced, its error a node): {graph.active_features.shape[0]} active features,"
+        f" {graph.n_nodes} nodes;\n   pruned (node threshold 0.8, edge threshold 0.98) to {len(pruned.nodes)} nodes"
+        f" and {len(pruned.edges())} edges; replacement score {replacement:.2f}, completeness {completeness:.2f};"
+        f" picture {out}/graph.png"
+    )
+    print(
+        f"   the strongest path from the indirect object's token {answer!r} @{io_position} to its logit (strength: the"
+        f" product of each\n   edge's share of its target's input): "
+        + " -> ".join(graph.node_label(i, model.tokenizer) for i in best)
+        + f" ({float(strength[source]):.3f})"
+    )
+    if not on_path:
+        print("   no feature lies on a kept path from that token to the answer; nothing to ablate")
+        return None
+
+    k = len(on_path)
+    active = [
+        f"L{layer}.{graph.feature_part}.F{feature}@{position}"
+        for layer, position, feature in graph.active_features.tolist()
+        if position > 0
+    ]
+    others = [address for address in active if address not in on_path]
+    rng = random.Random(args.seed)
+    draws = [rng.sample(others, k) for _ in range(RANDOM_DRAWS)]
+    tokens = graph.input_tokens[None].to(model.device)
+    metric = metrics.logit_diff(model, [answer], [other])
+    with model.saes(transcoders, use_error_term=True):
+        variants = {
+            "path features zeroed": ablate.hooks(model, on_path, "zero"),
+            **{f"random {k} #{i}": ablate.hooks(model, draw, "zero") for i, draw in enumerate(draws)},
+            **{f"{address} alone": ablate.hooks(model, [address], "zero") for address in on_path},
+        }
+        sweep = hooked.sweep(model, tokens, variants, metric)
+    sweep.save(out, name="graph-ablations")
+    change = sweep.change
+    ablated = graphs.intervene(model, tokens[0], transcoders, dict.fromkeys(on_path, 0.0))
+    answer_drops = [
+        graphs.intervene(model, tokens[0], transcoders, dict.fromkeys(draw, 0.0)).logit_change(answer_id)
+        for draw in draws
+    ]
+    answer_drop = ablated.logit_change(answer_id)
+    randoms = [change[f"random {k} #{i}"] for i in range(RANDOM_DRAWS)]
+    print(f"   the {k} features on the strongest paths (strength of the best path through each; alone: the logit")
+    print("   difference's change when it is zeroed by itself):")
+    for i, address in zip(ranked, on_path, strict=False):
+        print(f"   {address:<20} {float(strength[i]):.3f}   alone {change[f'{address} alone']:+.3f}")
+    top_after = model.tokenizer.decode([int(ablated.logits[-1].argmax())]) if model.tokenizer else "?"
+    path_score = sweep.scores["path features zeroed"]
+    print(
+        f"   zeroed together on the real model (transcoders spliced with their error term; one sweep of"
+        f" {len(variants)} variants):\n"
+        f"   path features: logit difference {sweep.base_score:+.3f} -> {path_score:+.3f}"
+        f" ({change['path features zeroed']:+.3f}); by graphs.intervene the {answer!r} logit moves {answer_drop:+.3f},"
+        f"\n   the {other!r} logit {ablated.logit_change(other_id):+.3f}, and the model still predicts {top_after!r}\n"
+        f"   {k} random active features ({RANDOM_DRAWS} draws of the {len(others)} others): logit difference"
+        f" {min(randoms):+.3f} to {max(randoms):+.3f}, {answer!r} logit {min(answer_drops):+.3f} to"
+        f" {max(answer_drops):+.3f}"
+    )
+    if abs(ablated.logit_change(other_id)) > abs(answer_drop) / 2:
+        print(
+            "   The other name's logit falls almost as much: these features say 'a name comes next' more than which"
+            " one,\n   so the logit difference, which chapter 2's heads carry, moves much less than the answer's logit."
+        )
+    return {
+        "transcoders": name,
+        "prompt": prompt,
+        "answer": answer,
+        "other": other,
+        "io_position": io_position,
+        "nodes": graph.n_nodes,
+        "pruned_nodes": len(pruned.nodes),
+        "pruned_edges": len(pruned.edges()),
+        "replacement_score": replacement,
+        "completeness_score": completeness,
+        "strongest_path": [graph.node_label(i, model.tokenizer) for i in best],
+        "path_features": [
+            {"feature": address, "strength": float(strength[i]), "alone": change[f"{address} alone"]}
+            for i, address in zip(ranked, on_path, strict=False)
+        ],
+        "logit_diff": sweep.base_score,
+        "path_zeroed": change["path features zeroed"],
+        "path_answer_logit": answer_drop,
+        "path_other_logit": ablated.logit_change(other_id),
+        "random_features": draws,
+        "random_zeroed": randoms,
+        "random_answer_logit": answer_drops,
+    }
 
 
 if __name__ == "__main__":

@@ -8,6 +8,16 @@ prompt's logits, as direct linear effects under the local replacement model. doc
 
 from hooked.graphs.attribute import attribute
 from hooked.graphs.graph import Graph, GraphNode, LogitTarget
+from hooked.graphs.intervene import InterventionResult, intervene
 from hooked.graphs.prune import GraphScores, PrunedGraph
 
-__all__ = ["Graph", "GraphNode", "GraphScores", "LogitTarget", "PrunedGraph", "attribute"]
+__all__ = [
+    "Graph",
+    "GraphNode",
+    "GraphScores",
+    "InterventionResult",
+    "LogitTarget",
+    "PrunedGraph",
+    "attribute",
+    "intervene",
+]

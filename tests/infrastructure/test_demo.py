@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 
 import torch
 
@@ -9,7 +10,8 @@ import hooked
 import hooked.sae
 from hooked import ablate, metrics, tasks
 from hooked.circuits import Circuit
-from hooked.demo import _features_chapter, main
+from hooked.demo import _features_chapter, _graph_chapter, main
+from tests.sae.dictionaries import explicit_acts
 
 
 def test_the_demo_tells_the_ablation_story_on_the_bundled_model(tmp_path, capsys):
@@ -29,9 +31,22 @@ def test_the_demo_tells_the_ablation_story_on_the_bundled_model(tmp_path, capsys
         "feature-scores.csv",
         "feature-ablations.csv",
         "feature-ablations.json",
+        "graph.png",
+        "graph-ablations.csv",
+        "graph-ablations.json",
     ):
         assert (out / file).stat().st_size > 0, file
-    for section in ("1. ", "2. ", "3. ", "4. ", "5. ", "6. circuit discovery", "7. the features", "8. saved"):
+    for section in (
+        "1. ",
+        "2. ",
+        "3. ",
+        "4. ",
+        "5. ",
+        "6. circuit discovery",
+        "7. the features",
+        "8. the attribution graph",
+        "9. saved",
+    ):
         assert section in printed
 
     # Re-derive the headline numbers without the demo's code: a trained model, and a head whose
@@ -106,6 +121,75 @@ def test_the_demo_tells_the_ablation_story_on_the_bundled_model(tmp_path, capsys
     assert features["top_resampled"] < min(features["random_resampled"]) and ablated < clean / 2
     assert all(row["alone"] < 0 for row in features["top"])  # each alone lowers it too
     assert features["transcoders"]["top_resampled"] < -clean / 4
+
+
+def test_the_graph_chapter_names_features_whose_ablation_a_hand_written_hook_confirms(tmp_path, capsys):
+    """Chapter 8's ablation numbers re-derived without hooked.graphs, the splice or sweeps: each transcoder feature
+    zeroed by subtracting activation x decoder row from the MLP's output, the activation computed from the weights."""
+    model = hooked.load("hooked/ioi-gpt2")
+    task = tasks.ioi(n=16, seed=1, template="store")
+    args = type("Args", (), {"model": "hooked/ioi-gpt2", "seed": 1})()
+    with torch.no_grad():
+        story = _graph_chapter(model, task, args, tmp_path)
+    printed = capsys.readouterr().out
+    assert (tmp_path / "graph.png").stat().st_size > 0 and (tmp_path / "graph-ablations.csv").stat().st_size > 0
+    assert story["prompt"] == task.clean[0] and story["answer"] == task.correct[0]
+    path = [row["feature"] for row in story["path_features"]]
+    assert len(path) == 5 and story["pruned_nodes"] < story["nodes"] / 5
+    for row in story["path_features"]:
+        assert f"   {row['feature']:<20} {row['strength']:.3f}   alone {row['alone']:+.3f}" in printed
+
+    transcoders = hooked.sae.load("hooked/ioi-gpt2/saes/transcoders", model=model)
+    tokens = torch.tensor(
+        [model.tokenizer.bos_token_id, *model.tokenizer.encode(task.clean[0], add_special_tokens=False)]
+    )
+    answer, other = model.to_single_token(task.correct[0]), model.to_single_token(task.incorrect[0])
+    assert tokens[story["io_position"]] == answer
+
+    def zeroed(addresses: list[str]) -> torch.Tensor:
+        """The last position's logits with each `L{layer}.mlp_out.F{feature}@{position}` zeroed by hand."""
+        spots = [
+            tuple(int(part) for part in re.fullmatch(r"L(\d+)\.mlp_out\.F(\d+)@(\d+)", a).groups()) for a in addresses
+        ]
+        inputs = {}
+        active.clear()
+
+        def read(x, hook):
+            inputs[int(hook.name.split(".")[1])] = x
+
+        def write(out, hook):
+            layer, out = int(hook.name.split(".")[1]), out.clone()
+            acts = explicit_acts(transcoders[layer], inputs[layer])
+            for spot_layer, feature, position in spots:
+                if spot_layer == layer:  # its activation now, after the edits of earlier layers
+                    active.append(bool(acts[0, position, feature] > 0))
+                    out[0, position] -= acts[0, position, feature] * transcoders[layer].W_dec[feature]
+            return out
+
+        hooks = [(f"blocks.{layer}.mlp.hook_in", read) for layer in range(4)] + [
+            (f"blocks.{layer}.hook_mlp_out", write) for layer in range(4)
+        ]
+        with torch.no_grad():
+            return model.run_with_hooks(tokens[None], fwd_hooks=hooks)[0, -1]
+
+    active: list[bool] = []
+    clean, ablated = zeroed([]), zeroed(path)
+    assert all(active)  # features the prompt activates (each of a later layer too, with the earlier ones zeroed)
+    difference = lambda logits: float(logits[answer] - logits[other])  # noqa: E731
+    assert abs(story["logit_diff"] - difference(clean)) < 1e-3
+    assert abs(story["path_zeroed"] - (difference(ablated) - difference(clean))) < 1e-3
+    assert abs(story["path_answer_logit"] - float(ablated[answer] - clean[answer])) < 1e-3
+    assert abs(story["path_other_logit"] - float(ablated[other] - clean[other])) < 1e-3
+    for draw, change, answer_change in zip(
+        story["random_features"], story["random_zeroed"], story["random_answer_logit"], strict=True
+    ):
+        logits = zeroed(draw)
+        assert abs(change - (difference(logits) - difference(clean))) < 1e-3
+        assert abs(answer_change - float(logits[answer] - clean[answer])) < 1e-3
+    # the features the graph names move the answer's logit more than any draw of as many random active ones
+    assert story["path_answer_logit"] < -3 and abs(story["path_answer_logit"]) > 3 * max(
+        abs(change) for change in story["random_answer_logit"]
+    )
 
 
 def test_the_features_chapter_is_skipped_for_a_model_without_bundled_dictionaries(tmp_path, capsys):

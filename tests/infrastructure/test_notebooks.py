@@ -47,6 +47,7 @@ def test_there_are_notebooks():
     assert {path.name for path in NOTEBOOKS} >= {
         "ablation.ipynb",
         "circuits.ipynb",
+        "graphs.ipynb",
         "patching.ipynb",
         "quickstart.ipynb",
         "saes.ipynb",
