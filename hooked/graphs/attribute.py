@@ -183,6 +183,30 @@ class _Write:
 
 
 @dataclass
+class _Slots:
+    """Where the features writing to one output layer sit in a [pos, slots, d] block: feature j at
+    (positions[j], slot[j]), `width` slots per position. Contracting a gradient [batch, pos, d] with every such
+    feature's vector is then one batched product over positions, reading the gradient once instead of copying a
+    row of it for each feature (most positions hold dozens of features)."""
+
+    positions: Tensor  # [k], every write of the layer, in the order of `index`
+    slot: Tensor  # [k]
+    index: Tensor  # [k] the features' columns among the active features
+    width: int
+
+    @classmethod
+    def of(cls, writes: list[_Write], n_pos: int) -> _Slots:
+        positions = torch.cat([w.positions for w in writes])
+        index = torch.cat([w.index for w in writes])
+        order = torch.argsort(positions, stable=True)
+        counts = torch.bincount(positions, minlength=n_pos)
+        starts = counts.cumsum(0) - counts
+        slot = torch.empty_like(positions)
+        slot[order] = torch.arange(positions.shape[0], device=positions.device) - starts[positions[order]]
+        return cls(positions, slot, index, int(counts.max()) if positions.numel() else 0)
+
+
+@dataclass
 class _Nodes:
     """Everything the clean forward fixes: the active features, the error vectors, the token embeddings and the
     logit targets."""
@@ -191,6 +215,7 @@ class _Nodes:
     active: Tensor  # [n_active, 3] (layer, pos, feature), on the CPU
     values: Tensor  # [n_active]
     writes: list[list[_Write]]  # per output layer m, per source layer writing to it
+    slots: list[_Slots]  # per output layer m
     errors: Tensor  # [n_layers, pos, d_out]
     embeddings: Tensor  # [pos, d_model]
     logit_ids: Tensor  # [n_logits]
@@ -255,6 +280,7 @@ def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logi
         active=torch.cat(active).cpu(),
         values=torch.cat(values),
         writes=writes,
+        slots=[_Slots.of(into_m, n_pos) for into_m in writes],
         errors=torch.stack(errors),
         embeddings=cache["hook_embed"][0],
         logit_ids=ids,
@@ -326,10 +352,13 @@ class _ReplacementRun:
 
     def _contract_layer(self, layer: int, grad: Tensor) -> None:
         grad = grad.float()
-        for write in self.nodes.writes[layer]:
-            if write.index.numel():
-                values = torch.einsum("bkd,kd->bk", grad[:, write.positions], write.vectors(self.nodes.tc).float())
-                self.buffer.index_add_(1, write.index, values)
+        slots = self.nodes.slots[layer]
+        if slots.index.numel():
+            vectors = torch.cat([write.vectors(self.nodes.tc) for write in self.nodes.writes[layer]]).float()
+            block = vectors.new_zeros(self.n_pos, slots.width, vectors.shape[-1])
+            block[slots.positions, slots.slot] = vectors
+            products = torch.bmm(block, grad.permute(1, 2, 0))  # [pos, slots, batch]
+            self.buffer.index_add_(1, slots.index, products[slots.positions, slots.slot].T)
         start = self.nodes.n_active + layer * self.n_pos
         self.buffer[:, start : start + self.n_pos] += torch.einsum("bpd,pd->bp", grad, self.nodes.errors[layer].float())
 
@@ -483,13 +512,16 @@ def _graph(model: HookedTransformer, tc: Transcoders, tokens: Tensor, nodes: _No
     row_nodes = rows.node_of_row[: rows.count]
     target = column_of[row_nodes]
 
-    r, c, v = rows.coo()
-    keep = column_of[c] >= 0
-    r, c, v = target[r[keep]], column_of[c[keep]], v[keep]
-    if rows.dense is not None:
+    if rows.dense is not None:  # circuit-tracer's steps: the selected features' columns, rows to their nodes
+        columns = rows.dense[: rows.count]
+        if selected.shape[0] < n_active:
+            columns = columns[:, torch.cat([selected, torch.arange(n_active, rows.n_columns)])]
         adjacency = torch.zeros(n_nodes, n_nodes)
-        adjacency[r, c] = v
+        adjacency[target] = columns
     else:
+        r, c, v = rows.coo()
+        keep = column_of[c] >= 0
+        r, c, v = target[r[keep]], column_of[c[keep]], v[keep]
         adjacency = torch.sparse_coo_tensor(
             torch.stack([r, c]), v, (n_nodes, n_nodes), check_invariants=True
         ).coalesce()

@@ -404,18 +404,18 @@ def mutant(monkeypatch, replacements: list[tuple[str, str]]):
     return module.attribute
 
 
-FROZEN = 'endswith(("attn.hook_pattern", "hook_scale"))'
+FROZEN = 'endswith(("attn.hook_q", "attn.hook_k", "hook_scale"))'
 MUTANTS = {
     "patterns not frozen": [(FROZEN, 'endswith(("hook_scale",))')],
-    "norm scales not frozen": [(FROZEN, 'endswith(("attn.hook_pattern",))')],
+    "norm scales not frozen": [(FROZEN, 'endswith(("attn.hook_q", "attn.hook_k"))')],
     "error nodes dropped": [("error[ZERO_POSITIONS] = 0", "error[:] = 0")],
     "skip path ignored": [("skip = tc.skip(layer, x)\n", "skip = None\n")],
     "position 0 not zeroed": [("ZERO_POSITIONS = slice(0, 1)", "ZERO_POSITIONS = slice(0, 0)")],
     "logit direction not centred": [("logit_vectors=w_u[ids] - w_u.mean(0)", "logit_vectors=w_u[ids]")],
     "feature targets scaled by their activation": [
         (
-            "encoders.append(tc.encoder_vectors(layer, feat))",
-            "encoders.append(tc.encoder_vectors(layer, feat) * acts[pos, feat][:, None])",
+            "nodes.encoder_vectors(chunk)",
+            "nodes.encoder_vectors(chunk) * nodes.values[chunk][:, None]",
         )
     ],
 }
