@@ -6,7 +6,7 @@ prompt's logits, as direct linear effects under the local replacement model. doc
     p = g.prune(node_threshold=0.8, edge_threshold=0.98)
 """
 
-from hooked.graphs.attribute import attribute
+from hooked.graphs.attribute import attribute, attribute_batch
 from hooked.graphs.graph import Graph, GraphNode, LogitTarget
 from hooked.graphs.intervene import InterventionResult, intervene
 from hooked.graphs.prune import GraphScores, PrunedGraph
@@ -19,5 +19,6 @@ __all__ = [
     "LogitTarget",
     "PrunedGraph",
     "attribute",
+    "attribute_batch",
     "intervene",
 ]

@@ -90,22 +90,90 @@ def attribute(
     registered_hooks(model, "hooked.graphs.attribute", part_of_model=False)
     tc = Transcoders(transcoders, model)
     tokens = prompt_tokens(model, prompt)
+    return _attribute_all(model, tc, [tokens], settings, update_interval, progress)[0]
 
+
+def attribute_batch(
+    model: HookedTransformer,
+    prompts: Sequence[str | Tensor | Sequence[int]] | Tensor,
+    transcoders: Sequence[Dictionary] | CrossLayerTranscoder,
+    *,
+    max_n_logits: int = 10,
+    desired_logit_prob: float = 0.95,
+    max_feature_nodes: int | None = None,
+    batch_size: int = 64,
+    edges_per_row: int | None = None,
+    update_interval: int = 4,
+    progress: bool | None = None,
+) -> list[Graph]:
+    """The attribution graph of each of several prompts, computed together: `attribute`'s graph for each (the same
+    numbers), from shared forward and backward passes.
+
+    `prompts`: a list of prompts (texts, or token-id lists / 1-D tensors), or a 2-D tensor of ids, one prompt per
+    row. Prompts of the same length (after the special token `attribute` puts first) share one replacement forward,
+    `batch_size // n` copies of each of n prompts, and every backward pass serves all of them: the logit rows of
+    every prompt in one pass, then their feature rows side by side. Prompts of different lengths run in one group
+    per length (no padding: a padded position would shift every position-indexed node). Each graph equals
+    `attribute(model, prompt, transcoders, batch_size=batch_size // n)` for its group of n (with
+    `max_feature_nodes`, which features are selected depends on the rows per pass, since influence is re-ranked
+    every `update_interval` passes). Returns the graphs in the order of `prompts`.
+    """
+    settings = _check_settings(max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row)
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("hooked.graphs.attribute_batch needs gradients; call it outside torch.inference_mode()")
+    if getattr(model, "tensor_parallel", False):
+        raise NotImplementedError(
+            "hooked.graphs.attribute_batch runs on one process; load the model without tensor parallelism"
+        )
+    if isinstance(prompts, Tensor):
+        if prompts.ndim != 2:
+            raise ValueError(f"a tensor of prompts is [n_prompts, pos], not {tuple(prompts.shape)}")
+        prompts = list(prompts)
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
+        raise TypeError(
+            "attribute_batch takes a non-empty list of prompts (texts or token-id lists) or a 2-D tensor of ids;"
+            " for one prompt use graphs.attribute"
+        )
+    if all(isinstance(p, int) for p in prompts):
+        raise TypeError(
+            "this is one prompt's token ids, not a list of prompts: use graphs.attribute(model, ids, ...), or"
+            " attribute_batch(model, [ids], ...)"
+        )
+    registered_hooks(model, "hooked.graphs.attribute_batch", part_of_model=False)
+    tc = Transcoders(transcoders, model)
+    tokens = [prompt_tokens(model, p) for p in prompts]
+    graphs: list[Graph | None] = [None] * len(tokens)
+    by_length: dict[int, list[int]] = {}
+    for i, t in enumerate(tokens):
+        by_length.setdefault(t.shape[0], []).append(i)
+    for members in by_length.values():
+        for start in range(0, len(members), batch_size):  # at most batch_size prompts share a forward
+            group = members[start : start + batch_size]
+            computed = _attribute_all(model, tc, [tokens[i] for i in group], settings, update_interval, progress)
+            for i, graph in zip(group, computed, strict=True):
+                graphs[i] = graph
+    return graphs
+
+
+def _attribute_all(model, tc: Transcoders, tokens: list[Tensor], settings, update_interval, progress) -> list[Graph]:
+    """The graphs of prompts of one length, sharing the replacement model's forward and backward passes."""
+    batch_size = settings[3]
     was_training = model.training
     model.eval()
     frozen = [(p, p.requires_grad) for module in (model, *tc.modules) for p in module.parameters()]
     try:
         for p, _ in frozen:
             p.requires_grad_(False)
-        nodes = _nodes(model, tc, tokens, *settings[:2])
-        batch = min(batch_size, max(len(nodes.logit_ids), nodes.n_active))  # no more copies than targets
-        run = _ReplacementRun(model, tc, tokens, nodes, batch)
+        nodes = [_nodes(model, tc, t, *settings[:2]) for t in tokens]
+        most = max(max(len(n.logit_ids), n.n_active) for n in nodes)
+        copies = max(1, min(batch_size // len(tokens), most))  # no more copies than targets
+        run = _ReplacementRun(model, tc, torch.stack(tokens), nodes, copies)
         rows = _attribute_rows(run, nodes, settings, update_interval, progress)
     finally:
         for p, flag in frozen:
             p.requires_grad_(flag)
         model.train(was_training)
-    return _graph(model, tc, tokens, nodes, rows)
+    return [_graph(model, tc, t, n, r) for t, n, r in zip(tokens, nodes, rows, strict=True)]
 
 
 def prompt_tokens(model: HookedTransformer, prompt) -> Tensor:
@@ -308,14 +376,15 @@ def frozen_points(model: HookedTransformer) -> list[str]:
 
 
 class _ReplacementRun:
-    """One forward of the frozen replacement model on `batch` copies of the prompt, kept with its autograd graph;
-    `rows(...)` injects a batch of targets and returns their rows over [active features, errors, tokens]."""
+    """One forward of the frozen replacement model on `copies` copies of each prompt (prompts of one length, their
+    copies side by side in the batch), kept with its autograd graph; `rows(...)` injects up to `copies` targets per
+    prompt and returns each prompt's rows over its [active features, errors, tokens]."""
 
-    def __init__(self, model: HookedTransformer, tc: Transcoders, tokens: Tensor, nodes: _Nodes, batch: int):
-        self.nodes, self.n_layers, self.n_pos = nodes, tc.n_layers, tokens.shape[0]
-        self.row_size = nodes.n_active + (tc.n_layers + 1) * self.n_pos
+    def __init__(self, model: HookedTransformer, tc: Transcoders, tokens: Tensor, nodes: list[_Nodes], copies: int):
+        self.nodes, self.n_layers, self.n_pos, self.copies = nodes, tc.n_layers, tokens.shape[1], copies
+        self.row_sizes = [n.n_active + (tc.n_layers + 1) * self.n_pos for n in nodes]
         self.inputs: list[Tensor | None] = [None] * (tc.n_layers + 1)  # x_l per layer, then the final norm's output
-        self.buffer: Tensor | None = None
+        self.buffers: list[Tensor] = []
         self.embed: Tensor | None = None
         layer_of = {name: layer for layer, name in enumerate(tc.hook_in)}
         out_layer = {name: layer for layer, name in enumerate(tc.hook_out)}
@@ -346,68 +415,109 @@ class _ReplacementRun:
         hooks = [("hook_embed", embed), *((n, freeze) for n in frozen)]
         hooks += [(n, read) for n in tc.hook_in] + [(n, write) for n in tc.hook_out]
         with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
-            resid = model(tokens[None].expand(batch, -1), stop_at_layer=model.cfg.n_layers)
+            resid = model(tokens.repeat_interleave(copies, dim=0), stop_at_layer=model.cfg.n_layers)
             self.inputs[-1] = model.ln_final(resid)
-        self.batch = batch
+
+    def _prompt_grads(self, grad: Tensor):
+        """(prompt's nodes, its rows' buffer, its copies' gradient [copies, pos, d]) for each prompt."""
+        for i, (nodes, buffer) in enumerate(zip(self.nodes, self.buffers, strict=True)):
+            yield nodes, buffer, grad[i * self.copies : (i + 1) * self.copies].float()
 
     def _contract_layer(self, layer: int, grad: Tensor) -> None:
-        grad = grad.float()
-        slots = self.nodes.slots[layer]
-        if slots.index.numel():
-            vectors = torch.cat([write.vectors(self.nodes.tc) for write in self.nodes.writes[layer]]).float()
-            block = vectors.new_zeros(self.n_pos, slots.width, vectors.shape[-1])
-            block[slots.positions, slots.slot] = vectors
-            products = torch.bmm(block, grad.permute(1, 2, 0))  # [pos, slots, batch]
-            self.buffer.index_add_(1, slots.index, products[slots.positions, slots.slot].T)
-        start = self.nodes.n_active + layer * self.n_pos
-        self.buffer[:, start : start + self.n_pos] += torch.einsum("bpd,pd->bp", grad, self.nodes.errors[layer].float())
+        for nodes, buffer, g in self._prompt_grads(grad):
+            slots = nodes.slots[layer]
+            if slots.index.numel():
+                vectors = torch.cat([write.vectors(nodes.tc) for write in nodes.writes[layer]]).float()
+                block = vectors.new_zeros(self.n_pos, slots.width, vectors.shape[-1])
+                block[slots.positions, slots.slot] = vectors
+                products = torch.bmm(block, g.permute(1, 2, 0))  # [pos, slots, copies]
+                buffer.index_add_(1, slots.index, products[slots.positions, slots.slot].T)
+            start = nodes.n_active + layer * self.n_pos
+            buffer[:, start : start + self.n_pos] += torch.einsum("bpd,pd->bp", g, nodes.errors[layer].float())
 
     def _contract_tokens(self, grad: Tensor) -> None:
-        start = self.nodes.n_active + self.n_layers * self.n_pos
-        self.buffer[:, start : start + self.n_pos] += torch.einsum(
-            "bpd,pd->bp", grad.float(), self.nodes.embeddings.float()
-        )
+        for nodes, buffer, g in self._prompt_grads(grad):
+            start = nodes.n_active + self.n_layers * self.n_pos
+            buffer[:, start : start + self.n_pos] += torch.einsum("bpd,pd->bp", g, nodes.embeddings.float())
 
-    def rows(self, layers: Tensor, positions: Tensor, vectors: Tensor) -> Tensor:
-        """[k, row_size]: the rows of k targets, target i injected at layer `layers[i]` (n_layers: the final norm's
-        output) and position `positions[i]` along `vectors[i]`."""
-        k = layers.shape[0]
-        self.buffer = torch.zeros(self.batch, self.row_size, device=vectors.device)
+    def rows(self, requests: list[tuple[Tensor, Tensor, Tensor] | None]) -> list[Tensor | None]:
+        """Per prompt, the rows [k, row_size] of its k <= copies targets `(layers, positions, vectors)`: target j
+        injected at layer `layers[j]` (n_layers: the final norm's output), position `positions[j]`, along
+        `vectors[j]`; None where a prompt asks for nothing."""
+        device = self.inputs[-1].device
+        self.buffers = [torch.zeros(self.copies, size, device=device) for size in self.row_sizes]
+        by_layer: dict[int, list[tuple[Tensor, Tensor, Tensor]]] = {}
+        for i, request in enumerate(requests):
+            if request is None:
+                continue
+            layers, positions, vectors = request
+            rows_of = torch.arange(layers.shape[0], device=device) + i * self.copies
+            for layer in layers.unique().tolist():
+                mask = layers == layer
+                by_layer.setdefault(layer, []).append((rows_of[mask], positions[mask], vectors[mask]))
         roots, grads = [], []
-        batch_index = torch.arange(k, device=vectors.device)
-        for layer in layers.unique().tolist():
-            mask = layers == layer
+        for layer, parts in by_layer.items():
             root = self.inputs[layer]
             grad = torch.zeros_like(root)
-            grad[batch_index[mask], positions[mask]] = vectors[mask].to(root.dtype)
+            for batch_rows, positions, vectors in parts:
+                grad[batch_rows, positions] = vectors.to(root.dtype)
             roots.append(root)
             grads.append(grad)
         torch.autograd.backward(roots, grads, retain_graph=True, inputs=[self.embed])
         self.embed.grad = None
-        rows, self.buffer = self.buffer[:k], None
-        return rows
+        out = [None if r is None else b[: r[0].shape[0]] for r, b in zip(requests, self.buffers, strict=True)]
+        self.buffers = []
+        return out
 
 
 # ----------------------------------------------------------------------------- which rows, in what order
-def _attribute_rows(run: _ReplacementRun, nodes: _Nodes, settings, update_interval: int, progress) -> _Rows:
+def _attribute_rows(run: _ReplacementRun, nodes: list[_Nodes], settings, update_interval: int, progress) -> list:
+    """Every prompt's rows: each prompt's targets come from its own schedule (`_schedule`); each backward pass
+    serves the next chunk of every prompt that has one."""
     max_feature_nodes, edges_per_row = settings[2], settings[4]
-    n_active, n_logits = nodes.n_active, len(nodes.logit_ids)
-    total_nodes = run.row_size + n_logits
-    budget = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
-    store = _Rows(budget + n_logits, total_nodes, run.row_size, edges_per_row)
+    budgets = [n.n_active if max_feature_nodes is None else min(max_feature_nodes, n.n_active) for n in nodes]
+    stores = [
+        _Rows(budget + len(n.logit_ids), size + len(n.logit_ids), size, edges_per_row)
+        for n, budget, size in zip(nodes, budgets, run.row_sizes, strict=True)
+    ]
+    bar = tqdm(
+        total=sum(budgets),
+        desc="attribution graph: feature rows",
+        disable=(not progress) if progress is not None else None,
+    )
+    schedules = [
+        _schedule(run, n, store, budget, update_interval, bar)
+        for n, store, budget in zip(nodes, stores, budgets, strict=True)
+    ]
+    pending = [next(s, None) for s in schedules]
+    while any(p is not None for p in pending):
+        rows = run.rows([None if p is None else p[:3] for p in pending])
+        for i, (p, r) in enumerate(zip(pending, rows, strict=True)):
+            if p is not None:
+                stores[i].add(r, p[3])
+                pending[i] = next(schedules[i], None)
+    bar.close()
+    return stores
 
-    last = run.n_layers
-    for start in range(0, n_logits, run.batch):
-        vecs = nodes.logit_vectors[start : start + run.batch]
+
+def _schedule(run: _ReplacementRun, nodes: _Nodes, store: _Rows, budget: int, update_interval: int, bar):
+    """One prompt's targets, `run.copies` at a time, as (layers, positions, vectors, node ids): the logits, then
+    the features, as circuit-tracer orders them: all of them, or, with fewer rows than active features, the ones
+    not yet visited ranked by their influence through the rows computed so far, re-ranked every
+    `update_interval * copies` rows. The caller stores each chunk's rows before asking for the next."""
+    n_active, n_logits, size, c = nodes.n_active, len(nodes.logit_ids), store.row_size, run.copies
+    for start in range(0, n_logits, c):
+        vecs = nodes.logit_vectors[start : start + c]
         k = vecs.shape[0]
-        rows = run.rows(torch.full((k,), last), torch.full((k,), run.n_pos - 1), vecs)
-        store.add(rows, torch.arange(start, start + k) + run.row_size)
+        yield (
+            torch.full((k,), run.n_layers),
+            torch.full((k,), run.n_pos - 1),
+            vecs,
+            torch.arange(start, start + k) + size,
+        )
 
     layers, positions = nodes.active[:, 0], nodes.active[:, 1]
     visited = torch.zeros(n_active, dtype=torch.bool)
-    bar = tqdm(
-        total=budget, desc="attribution graph: feature rows", disable=(not progress) if progress is not None else None
-    )
     n_visited = 0
     while n_visited < budget:
         if budget == n_active:
@@ -415,15 +525,13 @@ def _attribute_rows(run: _ReplacementRun, nodes: _Nodes, settings, update_interv
         else:
             influence = store.partial_influences(nodes.logit_probabilities.float().cpu())
             rank = torch.argsort(influence[:n_active], descending=True)
-            pending = rank[~visited[rank]][: min(update_interval * run.batch, budget - n_visited)]
-        for chunk in pending.split(run.batch):
+            pending = rank[~visited[rank]][: min(update_interval * c, budget - n_visited)]
+        for chunk in pending.split(c):
             n_visited += chunk.shape[0]
-            store.add(run.rows(layers[chunk], positions[chunk], nodes.encoder_vectors(chunk)), chunk)
+            yield layers[chunk], positions[chunk], nodes.encoder_vectors(chunk), chunk
             visited[chunk] = True
             bar.update(chunk.shape[0])
-    bar.close()
     store.selected = torch.where(visited)[0]
-    return store
 
 
 class _Rows:
