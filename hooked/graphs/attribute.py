@@ -233,45 +233,63 @@ def _check_settings(max_n_logits, desired_logit_prob, max_feature_nodes, batch_s
 
 
 # ----------------------------------------------------------------------------- the nodes, from one clean forward
-@dataclass
-class _Write:
-    """The features of one source layer that write to one output layer: where they sit among the active features,
-    their positions, ids and activations. Their vectors (activation times decoder row) are gathered when needed,
-    not kept: at a CLT's width and a long prompt, every active feature's decoder rows would be most of the memory."""
-
-    source: int
-    column: int  # which of the source layer's outputs (0 for a per-layer transcoder; m - source for a CLT)
-    index: Tensor  # [k] into the active features
-    positions: Tensor  # [k]
-    features: Tensor  # [k]
-    activations: Tensor  # [k]
-
-    def vectors(self, tc: Transcoders) -> Tensor:
-        return tc.decoder_vectors(self.source, self.features)[:, self.column] * self.activations[:, None]
+BLOCK_ELEMENTS = 2**24  # the most floats a contraction's [positions, slots, d] block holds at once (64 MiB)
 
 
 @dataclass
-class _Slots:
-    """Where the features writing to one output layer sit in a [pos, slots, d] block: feature j at
-    (positions[j], slot[j]), `width` slots per position. Contracting a gradient [batch, pos, d] with every such
-    feature's vector is then one batched product over positions, reading the gradient once instead of copying a
-    row of it for each feature (most positions hold dozens of features)."""
+class _Writes:
+    """The active features that write to output layer `layer` (its own features; for a CLT, also every earlier
+    layer's), sorted by position: entry j is feature `features[j]` of layer `sources[j]` with activation
+    `activations[j]`, column `index[j]` among the active features, at `positions[j]`, slot `slot[j]` of its
+    position. Entries of position p are `starts[p]:starts[p + 1]`; a position holds at most `width`.
 
-    positions: Tensor  # [k], every write of the layer, in the order of `index`
-    slot: Tensor  # [k]
-    index: Tensor  # [k] the features' columns among the active features
+    Their vectors (activation times decoder row) are gathered a block of positions at a time, never all at once: at
+    a CLT's width and a long prompt, every active feature's decoder rows would be most of the memory. A block
+    [positions, slots, d] of them meets the gradient [batch, positions, d] in one batched product, reading the
+    gradient once instead of copying a row of it for each feature (most positions hold dozens)."""
+
+    layer: int
+    positions: Tensor
+    slot: Tensor
+    index: Tensor
+    sources: Tensor
+    features: Tensor
+    activations: Tensor
+    starts: Tensor  # [n_pos + 1]
     width: int
 
     @classmethod
-    def of(cls, writes: list[_Write], n_pos: int) -> _Slots:
-        positions = torch.cat([w.positions for w in writes])
-        index = torch.cat([w.index for w in writes])
+    def of(cls, layer: int, parts: list[tuple[int, Tensor, Tensor, Tensor, Tensor]], n_pos: int) -> _Writes:
+        """From (source layer, index, positions, features, activations) per source layer."""
+        sources = torch.cat([torch.full_like(index, source) for source, index, *_ in parts])
+        index, positions, features, activations = (torch.cat([part[i] for part in parts]) for i in range(1, 5))
         order = torch.argsort(positions, stable=True)
+        index, positions, features, activations, sources = (
+            t[order] for t in (index, positions, features, activations, sources)
+        )
         counts = torch.bincount(positions, minlength=n_pos)
-        starts = counts.cumsum(0) - counts
-        slot = torch.empty_like(positions)
-        slot[order] = torch.arange(positions.shape[0], device=positions.device) - starts[positions[order]]
-        return cls(positions, slot, index, int(counts.max()) if positions.numel() else 0)
+        starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        slot = torch.arange(positions.shape[0], device=positions.device) - starts[positions]
+        width = int(counts.max()) if positions.numel() else 0
+        return cls(layer, positions, slot, index, sources, features, activations, starts, width)
+
+    def vectors(self, tc: Transcoders, a: int, b: int) -> Tensor:
+        """[b - a, d_out]: entries a..b-1's activation times decoder row (to this layer)."""
+        sources, features = self.sources[a:b], self.features[a:b]
+        out = torch.empty(b - a, tc.d_out, dtype=tc.dtype, device=tc.device)
+        for source in sources.unique().tolist():
+            mask = sources == source
+            out[mask] = tc.decoder_rows(source, features[mask], self.layer)
+        return out * self.activations[a:b, None]
+
+    def blocks(self, n_pos: int, d: int):
+        """(first position, end position, first entry, end entry) of blocks of positions within BLOCK_ELEMENTS."""
+        step = max(1, BLOCK_ELEMENTS // max(self.width * d, 1))
+        for p0 in range(0, n_pos, step):
+            p1 = min(p0 + step, n_pos)
+            a, b = int(self.starts[p0]), int(self.starts[p1])
+            if a < b:
+                yield p0, p1, a, b
 
 
 @dataclass
@@ -282,8 +300,7 @@ class _Nodes:
     tc: Transcoders
     active: Tensor  # [n_active, 3] (layer, pos, feature), on the CPU
     values: Tensor  # [n_active]
-    writes: list[list[_Write]]  # per output layer m, per source layer writing to it
-    slots: list[_Slots]  # per output layer m
+    writes: list[_Writes]  # per output layer
     errors: Tensor  # [n_layers, pos, d_out]
     embeddings: Tensor  # [pos, d_model]
     logit_ids: Tensor  # [n_logits]
@@ -322,13 +339,14 @@ def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logi
 
     writes, errors = [], []
     for m in range(n_layers):
-        recon = torch.zeros(n_pos, tc.d_out, dtype=x[m].dtype, device=x[m].device)
-        into_m = []
+        parts = []
         for source in range(m + 1) if tc.clt is not None else [m]:
             index = torch.arange(offsets[source], offsets[source + 1], device=active[source].device)
-            write = _Write(source, m - source, index, active[source][:, 1], active[source][:, 2], values[source])
-            recon.index_add_(0, write.positions, write.vectors(tc))
-            into_m.append(write)
+            parts.append((source, index, active[source][:, 1], active[source][:, 2], values[source]))
+        into_m = _Writes.of(m, parts, n_pos)
+        recon = torch.zeros(n_pos, tc.d_out, dtype=x[m].dtype, device=x[m].device)
+        for _, _, a, b in into_m.blocks(n_pos, tc.d_out):
+            recon.index_add_(0, into_m.positions[a:b], into_m.vectors(tc, a, b))
         recon = recon + tc.decoder_bias(m)
         skip = tc.skip(m, x[m])
         if skip is not None:
@@ -348,7 +366,6 @@ def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logi
         active=torch.cat(active).cpu(),
         values=torch.cat(values),
         writes=writes,
-        slots=[_Slots.of(into_m, n_pos) for into_m in writes],
         errors=torch.stack(errors),
         embeddings=cache["hook_embed"][0],
         logit_ids=ids,
@@ -425,13 +442,13 @@ class _ReplacementRun:
 
     def _contract_layer(self, layer: int, grad: Tensor) -> None:
         for nodes, buffer, g in self._prompt_grads(grad):
-            slots = nodes.slots[layer]
-            if slots.index.numel():
-                vectors = torch.cat([write.vectors(nodes.tc) for write in nodes.writes[layer]]).float()
-                block = vectors.new_zeros(self.n_pos, slots.width, vectors.shape[-1])
-                block[slots.positions, slots.slot] = vectors
-                products = torch.bmm(block, g.permute(1, 2, 0))  # [pos, slots, copies]
-                buffer.index_add_(1, slots.index, products[slots.positions, slots.slot].T)
+            writes = nodes.writes[layer]
+            for p0, p1, a, b in writes.blocks(self.n_pos, g.shape[-1]):
+                positions, slot = writes.positions[a:b] - p0, writes.slot[a:b]
+                block = g.new_zeros(p1 - p0, writes.width, g.shape[-1])
+                block[positions, slot] = writes.vectors(nodes.tc, a, b).float()
+                products = torch.bmm(block, g[:, p0:p1].permute(1, 2, 0))  # [positions, slots, copies]
+                buffer.index_add_(1, writes.index[a:b], products[positions, slot].T)
             start = nodes.n_active + layer * self.n_pos
             buffer[:, start : start + self.n_pos] += torch.einsum("bpd,pd->bp", g, nodes.errors[layer].float())
 

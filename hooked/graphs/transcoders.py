@@ -121,12 +121,14 @@ class Transcoders:
         w_enc = self.clt.layers[layer].W_enc if self.clt is not None else self.dictionaries[layer].W_enc
         return w_enc[:, features].T
 
-    def decoder_vectors(self, layer: int, features: Tensor) -> Tensor:
-        """[k, n_out, d_out]: what each of `features` of layer `layer` writes, per unit of activation, to output
-        layers layer, layer + 1, ... (one output for a per-layer transcoder)."""
+    def decoder_rows(self, layer: int, features: Tensor, out_layer: int) -> Tensor:
+        """[k, d_out]: what each of `features` of layer `layer` writes to output layer `out_layer`, per unit of
+        activation (a per-layer transcoder writes only to its own layer)."""
         if self.clt is not None:
-            return self.clt.decoder(layer)[features]
-        return self.dictionaries[layer].W_dec[features][:, None]
+            return self.clt.decoder(layer)[features, out_layer - layer]
+        if out_layer != layer:
+            raise ValueError(f"a per-layer transcoder of layer {layer} writes to layer {layer}, not {out_layer}")
+        return self.dictionaries[layer].W_dec[features]
 
     def decoder_bias(self, layer: int) -> Tensor:
         module = self.clt.layers[layer] if self.clt is not None else self.dictionaries[layer]

@@ -1,7 +1,10 @@
-"""`graphs.attribute_batch`: several prompts' graphs from shared passes, each equal to its prompt attributed alone
-(the reference: `graphs.attribute` on that prompt, with the rows per backward pass the batch gives each prompt)."""
+"""How a graph is computed does not change it: `graphs.attribute_batch`'s graphs from shared passes each equal their
+prompt attributed alone (`graphs.attribute` with the rows per backward pass the batch gives each prompt), and
+features contracted a few positions at a time equal them contracted all at once."""
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 import torch
@@ -85,3 +88,15 @@ def test_bad_batches_are_refused_naming_the_fix():
     with pytest.raises(ValueError, match=r"\[n_prompts, pos\]"):
         graphs.attribute_batch(model, torch.zeros(2, 3, 4, dtype=torch.long), transcoders)
     assert not any(point.listening for point in model.hook_dict.values())
+
+
+def test_contracting_a_few_positions_at_a_time_changes_nothing(monkeypatch):
+    """The contraction's [positions, slots, d] blocks are bounded (BLOCK_ELEMENTS); with a bound of one position's
+    worth, every position is its own block, and the graph is the one computed in a single block."""
+    model = tiny("llama")
+    clt = random_clt(model, skip=True)
+    whole = graphs.attribute(model, torch.tensor(PROMPTS[0]), clt, max_n_logits=3)
+    module = importlib.import_module("hooked.graphs.attribute")
+    monkeypatch.setattr(module, "BLOCK_ELEMENTS", 1)
+    blocked = graphs.attribute(model, torch.tensor(PROMPTS[0]), clt, max_n_logits=3)
+    assert_same(blocked, whole)
