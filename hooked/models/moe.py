@@ -98,8 +98,9 @@ class SparseMoeMLP(nn.Module):
         finally:
             self.hook_expert_weights.slot_experts = None
         expert_indices = self.hook_expert_indices(top_indices)
-        # each rank's experts read the replicated input: its gradient sums every rank's (hooked.distributed)
-        slot_out = self.run_experts(x if self.parallel is None else self.parallel.copy(x), expert_indices)
+        if self.parallel is not None:  # each rank's experts read the replicated input and weights: their gradients
+            x, expert_weights = self.parallel.copy(x), self.parallel.copy(expert_weights)  # sum every rank's
+        slot_out = self.run_experts(x, expert_indices)  # [batch pos top_k d_model]
         out = (slot_out * expert_weights[..., None]).sum(2).to(x.dtype)  # a no-op unless the weights are float32
         return out if self.parallel is None else self.parallel.reduce(out)  # slots of other ranks' experts
 

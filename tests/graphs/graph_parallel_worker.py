@@ -56,9 +56,49 @@ def graph(model, **settings) -> dict:
     )
 
 
+def gradient(model) -> dict:
+    """The gradient of a loss on every logit with respect to a leaf at hook_embed, through every layer (MLPs and
+    experts too), a hook at a split point (the heads' z in reverse order) and, on an MoE, the per-slot expert neurons
+    (summed over the ranks); whether a plain forward builds an autograd graph; a backward hook's refusal."""
+    cfg = model.cfg
+    tokens = torch.randint(1, cfg.d_vocab, (2, 7), generator=torch.Generator().manual_seed(6))
+    leaves = {}
+
+    def embed(activation, hook):
+        leaves["x"] = activation.detach().requires_grad_(True)
+        return leaves["x"]
+
+    def double(activation, hook):
+        return activation * 2
+
+    def swap_heads(activation, hook):  # head h reads head n - 1 - h's z: each rank's gradient reaches the other's
+        return activation.flip(2)
+
+    hooks = [("hook_embed", embed), ("blocks.0.attn.hook_z", swap_heads)]
+    if cfg.is_sparse(cfg.n_layers - 1):
+        hooks.append((f"blocks.{cfg.n_layers - 1}.mlp.hook_expert_post", double))
+    logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+    loss = (logits.log_softmax(-1) * torch.linspace(-1, 1, cfg.d_vocab)).sum()
+    loss.backward()
+    try:
+        model.run_with_hooks(tokens, bwd_hooks=[("blocks.0.hook_resid_post", lambda grad, hook: None)])
+        refusal = None
+    except RuntimeError as error:
+        refusal = str(error)
+    return cpu(
+        {
+            "loss": loss,
+            "grad": leaves["x"].grad,
+            "plain_forward_has_a_graph": model(tokens).requires_grad,
+            "backward_hook_refusal": refusal,
+        }
+    )
+
+
 def graphs_of(model) -> dict:
-    """Every feature's rows, and the 6 most influential features' (chosen by influence, as circuit-tracer)."""
-    return {"all": graph(model), "selected": graph(model, max_feature_nodes=6)}
+    """Every feature's rows, and the 6 most influential features' (chosen by influence, as circuit-tracer); the
+    gradient of `gradient`."""
+    return {"all": graph(model), "selected": graph(model, max_feature_nodes=6), "gradient": gradient(model)}
 
 
 def main(argv: list[str]) -> None:

@@ -89,6 +89,16 @@ def test_graph_at_tp2_equals_one_process(checkpoints, ranks, arch):
     assert model.cfg.n_kv_heads < model.cfg.n_heads  # grouped-query attention
     assert model.cfg.is_sparse(model.cfg.n_layers - 1) == (arch == "qwen3_moe")
     expected = worker.graphs_of(model)
+    gradient = expected.pop("gradient")
+    assert gradient["grad"].abs().max() > 0.1
+    for rank in ranks:
+        got = rank[arch]["gradient"]
+        # a sum of 1,358 log-probabilities of size ~5 with signs: rounding of ~1e-8 of their sum each
+        torch.testing.assert_close(got["loss"], gradient["loss"], rtol=1e-4, atol=1e-4)
+        error = (got["grad"] - gradient["grad"]).abs().max() / gradient["grad"].abs().max()
+        assert error < ROW_RTOL, f"the gradient is off by {error:.2e} of its largest entry"
+        assert not got["plain_forward_has_a_graph"]  # a shard's parameters need no gradient: inference as before
+        assert "backward hooks are not supported on a model loaded with tp > 1" in got["backward_hook_refusal"]
     for case, want in expected.items():
         assert want["selected_features"].numel() > 0 and want["logit_ids"].numel() > 0
         assert want["adjacency"].abs().max() > 0.1
