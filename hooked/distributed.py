@@ -43,8 +43,16 @@ raised makes every rank raise (`RankFailedError` naming the rank and its error),
 carry a timeout (`init(timeout=...)`, default `HOOKED_DIST_TIMEOUT` seconds or 300), so a rank that
 died or diverged elsewhere ends in an error, not a hang.
 
-Tensor-parallel forwards are inference only: collectives here are not differentiated, so a forward
-of a model loaded with tp > 1 runs without gradients, and backward hooks are refused.
+**Gradients.** A model loaded with tp > 1 holds no parameter that requires grad, so a forward builds
+no autograd graph unless a hook puts a tensor that requires grad into it (attribution graphs,
+`hooked.graphs.attribute`, put a leaf at hook_embed). Then its gradients are those of one process,
+on every rank, by Megatron-LM's conjugate operators (section 3): a layer split by output rows reads
+its replicated input through `copy` (identity forward, all-reduce of the input's gradient backward:
+each rank's heads or neurons give part of it), and an all-reduce of partial sums is `reduce`
+(its gradient, replicated, passes through unchanged). A hook at a split point differentiates too:
+its gather's gradient is all-reduced and cut back to the rank's slice; a hook's broadcast result
+passes each rank's gradient to its own result, so the gradient is one process's when the hook
+computes the same on every rank. Backward hooks (`bwd_hooks`) are refused.
 """
 
 from __future__ import annotations
@@ -58,6 +66,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from hooked.layers.linear import Conv1D
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("HOOKED_DIST_TIMEOUT", 300))
 
@@ -145,8 +155,25 @@ class Parallel:
 
     # ------------------------------------------------------------------------- collectives
     def all_reduce(self, tensor: Tensor) -> Tensor:
+        """Sum over the group, in place; not differentiated (`reduce` is)."""
         dist.all_reduce(tensor, group=self.tp_group)
         return tensor
+
+    def reduce(self, partial: Tensor, split_after: bool = False) -> Tensor:
+        """Every rank's partial sum made whole (Megatron's g: the gradient of the replicated sum passes to each
+        partial unchanged). `split_after`: each rank reads the sum on its own (OLMo 2's sums of squares, scaling
+        only its heads), so the gradient is summed over the ranks too (g then f). In place without autograd."""
+        if not (torch.is_grad_enabled() and partial.requires_grad):
+            return self.all_reduce(partial)
+        whole = _Reduce.apply(partial, self)
+        return self.copy(whole) if split_after else whole
+
+    def copy(self, x: Tensor) -> Tensor:
+        """A replicated tensor entering a split computation (Megatron's f): itself; its gradient, the sum of
+        every rank's part, is all-reduced on the way back."""
+        if not (torch.is_grad_enabled() and x.requires_grad):
+            return x
+        return _Copy.apply(x, self)
 
     def all_gather(self, local: Tensor, axis: int, sizes: list[int]) -> list[Tensor]:
         """Each rank's piece along `axis` (pieces may differ in length: padded for the collective), as views
@@ -167,9 +194,30 @@ class Parallel:
         return [stacked[index].narrow(axis, 0, size) for index, size in enumerate(sizes)]
 
     def broadcast(self, tensor: Tensor) -> Tensor:
+        """The first rank's tensor on every rank; differentiated as the identity (each rank's gradient goes to its
+        own tensor: one process's when every rank's tensor is the same function of the same inputs)."""
+        if torch.is_grad_enabled() and tensor.requires_grad:
+            return _Broadcast.apply(tensor, self)
         tensor = tensor.contiguous()
         dist.broadcast(tensor, src=self.tp_ranks[0], group=self.tp_group)
         return tensor
+
+    def gather(self, local: Tensor, axis: int, ranges: list[tuple[int, int]], replicated_grad: bool) -> Tensor:
+        """The whole tensor from every rank's [start, stop) along `axis` (a range held by several ranks is taken
+        from the first). Its gradient goes back to each range's first holder, after an all-reduce unless
+        `replicated_grad` (every rank's gradient of the whole is the same: logits read alike on every rank)."""
+        if torch.is_grad_enabled() and local.requires_grad:
+            return _Gather.apply(local, self, axis, ranges, replicated_grad)
+        return self._gather(local, axis, ranges)
+
+    def _gather(self, local: Tensor, axis: int, ranges: list[tuple[int, int]]) -> Tensor:
+        pieces = self.all_gather(local, axis, [stop - start for start, stop in ranges])
+        distinct, seen = [], set()
+        for piece, span in sorted(zip(pieces, ranges, strict=True), key=lambda item: item[1]):
+            if span not in seen:  # a replicated key/value head is taken once
+                seen.add(span)
+                distinct.append(piece)
+        return torch.cat(distinct, dim=axis)
 
     # ------------------------------------------------------------------------- splits
     def even(self, n: int, what: str) -> list[tuple[int, int]]:
@@ -229,6 +277,68 @@ def _short(fingerprint, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+# ----------------------------------------------------------------------------- differentiated collectives
+class _Reduce(torch.autograd.Function):
+    """Megatron's g: all-reduce forward; the replicated gradient passes unchanged."""
+
+    @staticmethod
+    def forward(ctx, partial: Tensor, parallel: Parallel) -> Tensor:
+        return parallel.all_reduce(partial.clone())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad, None
+
+
+class _Copy(torch.autograd.Function):
+    """Megatron's f: identity forward; each rank's partial gradient all-reduced."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, parallel: Parallel) -> Tensor:
+        ctx.parallel = parallel
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return ctx.parallel.all_reduce(grad.clone()), None
+
+
+class _Broadcast(torch.autograd.Function):
+    """The first rank's tensor forward; each rank's gradient to its own tensor."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, parallel: Parallel) -> Tensor:
+        out = tensor.clone(memory_format=torch.contiguous_format)
+        dist.broadcast(out, src=parallel.tp_ranks[0], group=parallel.tp_group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad, None
+
+
+class _Gather(torch.autograd.Function):
+    """`Parallel.gather` forward; backward, the gradient of this rank's range (all-reduced first unless replicated),
+    zero where another rank's copy of the range was taken."""
+
+    @staticmethod
+    def forward(ctx, local: Tensor, parallel: Parallel, axis: int, ranges: list, replicated_grad: bool) -> Tensor:
+        ctx.parallel, ctx.axis, ctx.ranges, ctx.replicated_grad = parallel, axis, ranges, replicated_grad
+        return parallel._gather(local, axis, ranges)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        parallel, ranges = ctx.parallel, ctx.ranges
+        if not ctx.replicated_grad:
+            grad = parallel.all_reduce(grad.clone())
+        start, stop = ranges[parallel.tp_rank]
+        if ranges.index(ranges[parallel.tp_rank]) != parallel.tp_rank:  # another rank's copy was taken
+            shape = list(grad.shape)
+            shape[ctx.axis] = stop - start
+            return grad.new_zeros(shape), None, None, None, None
+        return grad.narrow(ctx.axis, start, stop - start).contiguous(), None, None, None, None
+
+
 # ----------------------------------------------------------------------------- hooks
 def _version(tensor: Tensor) -> int | None:
     try:
@@ -252,17 +362,11 @@ class HookShard:
         self.parallel, self.axis, self.ranges, self.summed = parallel, axis, ranges, summed
 
     def gather(self, local: Tensor) -> Tensor:
-        if self.summed:
-            return self.parallel.all_reduce(local.clone())
+        if self.summed:  # each rank then reads its own slots of the sum
+            return self.parallel.reduce(local.clone(), split_after=True)
         if self.axis is None:
             return local
-        pieces = self.parallel.all_gather(local, self.axis, [stop - start for start, stop in self.ranges])
-        distinct, seen = [], set()
-        for piece, span in sorted(zip(pieces, self.ranges, strict=True), key=lambda item: item[1]):
-            if span not in seen:  # a replicated key/value head is taken once
-                seen.add(span)
-                distinct.append(piece)
-        return torch.cat(distinct, dim=self.axis)
+        return self.parallel.gather(local, self.axis, self.ranges, replicated_grad=False)
 
     def local_part(self, whole: Tensor) -> Tensor:
         if self.summed or self.axis is None:
@@ -278,8 +382,8 @@ class HookShard:
         try:
             if point.bwd_hooks:
                 raise RuntimeError(
-                    f"a backward hook is registered at {point.name}, but a model loaded with tp > 1 runs forwards"
-                    " without gradients (its collectives are not differentiated); use tp=1 for gradients"
+                    f"a backward hook is registered at {point.name}, but backward hooks are not supported on a model"
+                    " loaded with tp > 1; use tp=1, or a tensor hook (Tensor.register_hook) in a forward hook"
                 )
             result = point._run(whole)
         except Exception as caught:  # every rank learns of it below, then all raise
@@ -312,8 +416,25 @@ class RowParallel:
         return self.add_bias(self.partial_product(x))
 
     def add_bias(self, partial: Tensor) -> Tensor:
-        whole = self.parallel.all_reduce(partial)
+        whole = self.parallel.reduce(partial)
         return whole + self.bias if self.bias is not None else whole
+
+
+class ColumnParallel:
+    """A linear layer holding some output rows (columns of GPT-2's Conv1D) of a replicated input: the layer's own
+    forward on `Parallel.copy(x)`, so the input's gradient sums every rank's part. Mixed in by
+    `column_parallel_class`."""
+
+    parallel: Parallel
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(self.parallel.copy(x))
+
+
+@functools.cache
+def column_parallel_class(cls: type) -> type:
+    """`cls` reading its input through `Parallel.copy`: `ColumnParallelLinear` for nn.Linear."""
+    return type(f"ColumnParallel{cls.__name__}", (ColumnParallel, cls), {})
 
 
 @functools.cache
@@ -332,7 +453,7 @@ def vocab_rows(parallel: Parallel, weight: Tensor, start: int, ids: Tensor) -> T
         out = F.embedding(torch.where(inside, local, 0), weight).masked_fill(~inside[..., None], 0)
     else:
         out = weight.new_zeros(*ids.shape, weight.shape[1])
-    return parallel.all_reduce(out)
+    return parallel.reduce(out)
 
 
 class VocabParallelEmbedding(nn.Embedding):
@@ -350,15 +471,14 @@ def vocab_parallel_logits(
 ) -> Tensor:
     """Logits from a vocab-parallel unembedding: all columns (gathered), or just `columns` (token ids)."""
     start = parallel.vocab_start(vocab)
-    if columns is None:
-        sizes = [stop - begin for begin, stop in parallel.uneven(vocab)]
-        pieces = parallel.all_gather(F.linear(normed, weight), -1, sizes)  # the local logits are freed here
-        return torch.cat(pieces, dim=-1)
+    normed = parallel.copy(normed)
+    if columns is None:  # the local logits are freed in the gather
+        return parallel.gather(F.linear(normed, weight), -1, parallel.uneven(vocab), replicated_grad=True)
     mine = (columns >= start) & (columns < start + weight.shape[0])
     out = normed.new_zeros(*normed.shape[:-1], len(columns))
     if bool(mine.any()):
         out[..., mine] = F.linear(normed, weight[columns[mine] - start])
-    return parallel.all_reduce(out)
+    return parallel.reduce(out)
 
 
 # ----------------------------------------------------------------------------- splitting a model
@@ -423,9 +543,14 @@ def _cut_module(
             for part_start in _part_starts(getattr(owner, leaf).shape[how.dim], how.parts)
         ]
         _split_parameter(owner, leaf, how.dim, spans, f"{name}.{path[: -len(leaf)]}", plan)
+        parent_path, _, child = owner_path.rpartition(".")
+        parent = module.get_submodule(parent_path) if parent_path else module
         if how.reduce:  # the layer owning this weight reads a cut input
-            parent_path, _, child = owner_path.rpartition(".")
-            _make_row_parallel(module.get_submodule(parent_path) if parent_path else module, child, parallel)
+            _make_row_parallel(parent, child, parallel)
+        elif (
+            owner_path and isinstance(owner, nn.Linear | Conv1D) and not isinstance(owner, ColumnParallel)
+        ):  # cut output rows
+            _make_row_parallel(parent, child, parallel, column_parallel_class(type(owner)))
     local = {axis: spans_[rank] for axis, spans_ in ranges.items() if spans_ is not None}
     for attribute, axis in getattr(module, "tp_counts", {}).items():
         setattr(module, attribute, local[axis][1] - local[axis][0])
@@ -471,7 +596,8 @@ def _split_parameter(
 
 
 def _make_row_parallel(module: nn.Module, child: str, parallel: Parallel, cls: type | None = None) -> None:
-    """Swap `module.child` for the same layer (same attributes) of its row-parallel class, or of `cls`."""
+    """Swap `module.child` for the same layer (same attributes) of its row-parallel class, or of `cls`
+    (the column-parallel or vocab-parallel one)."""
     old = getattr(module, child)
     cls = cls or row_parallel_class(type(old))
     new = cls.__new__(cls)

@@ -83,10 +83,6 @@ def attribute(
     settings = _check_settings(max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row)
     if torch.is_inference_mode_enabled():
         raise RuntimeError("hooked.graphs.attribute needs gradients; call it outside torch.inference_mode()")
-    if getattr(model, "tensor_parallel", False):
-        raise NotImplementedError(
-            "hooked.graphs.attribute runs on one process; load the model without tensor parallelism"
-        )
     registered_hooks(model, "hooked.graphs.attribute", part_of_model=False)
     tc = Transcoders(transcoders, model)
     tokens = prompt_tokens(model, prompt)
@@ -360,7 +356,6 @@ def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logi
     top_p, top_ids = torch.topk(probabilities, min(max_n_logits, probabilities.shape[0]))
     cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), desired)) + 1
     ids = top_ids[:cutoff]
-    w_u = model.unembed_weight  # [d_vocab, d_model]
     return _Nodes(
         tc=tc,
         active=torch.cat(active).cpu(),
@@ -370,8 +365,18 @@ def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logi
         embeddings=cache["hook_embed"][0],
         logit_ids=ids,
         logit_probabilities=probabilities[ids],
-        logit_vectors=w_u[ids] - w_u.mean(0),
+        logit_vectors=_centred_unembedding(model, ids),
     )
+
+
+def _centred_unembedding(model: HookedTransformer, ids: Tensor) -> Tensor:
+    """[n, d_model]: rows `ids` of W_U minus its mean row. Under tensor parallelism each rank holds some rows: the
+    rows and the sum over the vocabulary are summed over the ranks, so every rank has the whole vectors."""
+    w_u = model.unembed_weight  # [d_vocab, d_model], or this rank's rows
+    if not model.tensor_parallel:
+        return w_u[ids] - w_u.mean(0)
+    total = model.parallel.all_reduce(w_u.sum(0))
+    return model._unembed_rows(ids) - total / model.cfg.d_vocab
 
 
 # ----------------------------------------------------------------------------- the replacement model, run backward

@@ -11,7 +11,6 @@ here once.
 
 from __future__ import annotations
 
-import contextlib
 from typing import ClassVar, Literal
 
 import torch
@@ -253,13 +252,11 @@ class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootM
             if attention_mask is None and isinstance(input, Tensor):
                 attention_mask = torch.ones(input.shape, dtype=torch.bool, device=input.device)
         tokens, key_valid = self.tokens_and_mask(input, attention_mask, prepend_bos, padding_side)
-        # Tensor parallelism: the collectives are not differentiated, so a sharded forward has no gradients.
-        with torch.no_grad() if self.tensor_parallel else contextlib.nullcontext():
-            # tokens: after any hook on hook_tokens, the loss's targets (as TransformerLens 3.9 forward)
-            if past_kv_cache is not None:
-                logits, tokens = self._forward_cached(tokens, key_valid, past_kv_cache, with_ids=True)
-            else:
-                logits, tokens = self._forward_whole(tokens, key_valid, with_ids=True)
+        # tokens: after any hook on hook_tokens, the loss's targets (as TransformerLens 3.9 forward)
+        if past_kv_cache is not None:
+            logits, tokens = self._forward_cached(tokens, key_valid, past_kv_cache, with_ids=True)
+        else:
+            logits, tokens = self._forward_whole(tokens, key_valid, with_ids=True)
         if return_type in ("logits", None):
             return logits if return_type else None
         loss = self.loss(logits, tokens, key_valid, per_token=loss_per_token)
@@ -295,8 +292,8 @@ class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootM
         padding_side: str | None = None,
     ):
         """`forward` over `blocks[start_at_layer:stop_at_layer]` (TransformerLens' slicing, negative indices too)."""
-        if self.tensor_parallel:
-            raise ValueError("start_at_layer / stop_at_layer are not supported under tensor parallelism (tp > 1)")
+        if self.tensor_parallel and start_at_layer is not None:
+            raise ValueError("start_at_layer is not supported under tensor parallelism (tp > 1); stop_at_layer is")
         if start_at_layer is None:
             if tokens is not None:
                 raise ValueError("tokens= is for the loss of a forward with start_at_layer; pass the ids as the input")

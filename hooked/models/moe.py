@@ -98,9 +98,11 @@ class SparseMoeMLP(nn.Module):
         finally:
             self.hook_expert_weights.slot_experts = None
         expert_indices = self.hook_expert_indices(top_indices)
+        if self.parallel is not None:  # each rank's experts read the replicated input and weights: their gradients
+            x, expert_weights = self.parallel.copy(x), self.parallel.copy(expert_weights)  # sum every rank's
         slot_out = self.run_experts(x, expert_indices)  # [batch pos top_k d_model]
         out = (slot_out * expert_weights[..., None]).sum(2).to(x.dtype)  # a no-op unless the weights are float32
-        return out if self.parallel is None else self.parallel.all_reduce(out)  # slots of other ranks' experts
+        return out if self.parallel is None else self.parallel.reduce(out)  # slots of other ranks' experts
 
     def run_experts(
         self, x: Float[Tensor, "batch pos d_model"], expert_indices: Int[Tensor, "batch pos top_k"]
@@ -185,7 +187,7 @@ class SparseMoeMLP(nn.Module):
                 # accumulate: a hook that edited the indices may have put one expert in two slots of a token
                 results.index_put_((token_of_slot[slots], slots.new_full(slots.shape, expert)), write, accumulate=True)
         if self.parallel is not None:  # each rank wrote its own experts' columns
-            results = self.parallel.all_reduce(results)
+            results = self.parallel.reduce(results)
         return results.view(*expert_indices.shape[:-1], self.n_experts, -1)
 
     # For weight processing (hooked.processing): the router and every expert read ln2's output.

@@ -240,8 +240,9 @@ class Olmo2Attention(GroupedQueryAttention):
         if self.parallel is None:
             return super().normed_qk(q, k)
         # Both norms' statistics in ONE all-reduce: each rank's float32 sums of squares over its own heads.
-        sums = self.parallel.all_reduce(
-            torch.stack([self.q_norm.partial_sum_of_squares(q), self.k_norm.partial_sum_of_squares(k)])
+        sums = self.parallel.reduce(
+            torch.stack([self.q_norm.partial_sum_of_squares(q), self.k_norm.partial_sum_of_squares(k)]),
+            split_after=True,  # each rank scales its own heads by the whole sums
         )
         return (
             self.hook_q_normed(self.q_norm.with_sum_of_squares(q, sums[0])),

@@ -81,6 +81,8 @@ def _load(name_or_path, dtype, device, model_class, parallel=None, processing=No
         plan = parallelize(model, parallel) if parallel.tp_size > 1 else None
     state = read_state_dict(directory, model, dtype, torch.device(device), plan)
     model.load_state_dict(state, strict=True, assign=True)
+    if plan is not None:  # a shard: no parameter gradients, so a forward builds no autograd graph (hooked.distributed)
+        model.requires_grad_(False)
     del state  # the parameters are these tensors: processing changes them in place, tensor by tensor
     if any(processing.values()):
         process_weights(model, **processing)

@@ -411,7 +411,7 @@ MUTANTS = {
     "error nodes dropped": [("error[ZERO_POSITIONS] = 0", "error[:] = 0")],
     "skip path ignored": [("skip = tc.skip(layer, x)\n", "skip = None\n")],
     "position 0 not zeroed": [("ZERO_POSITIONS = slice(0, 1)", "ZERO_POSITIONS = slice(0, 0)")],
-    "logit direction not centred": [("logit_vectors=w_u[ids] - w_u.mean(0)", "logit_vectors=w_u[ids]")],
+    "logit direction not centred": [("return w_u[ids] - w_u.mean(0)", "return w_u[ids]")],
     "feature targets scaled by their activation": [
         (
             "nodes.encoder_vectors(chunk)",
