@@ -4,7 +4,7 @@
                                           [--max-feature-nodes 256] [--batch-size 32] [--edges-per-row 64]
 
 The same random Llama-shaped checkpoint (4 layers, d_model 128, 4 heads, d_mlp 512, vocabulary 300, context
-1,024; `tests/graphs/circuit_tracer_reference.build_llama_checkpoint`) and the same random JumpReLU transcoder set
+1,024; `build_llama_checkpoint` of tests/graphs/circuit_tracer_reference.py) and the same random JumpReLU transcoder set
 (d_sae 1,024 per layer, thresholds set for a few dozen active features per token), written in circuit-tracer's
 format and loaded by each library's own loader. circuit-tracer runs in its own venv (it pins
 transformers<=4.57.3; tests/circuit_tracer_venv.py builds it), on TransformerLens 3.2.1 built offline as
@@ -178,7 +178,7 @@ def main() -> None:
         job = {**base, "tokens": tokens[: args.time_length], "settings": {**logits, "max_feature_nodes": None}}
         # correctness first: the two graphs of this case
         ours = run("hooked", {**job, "save": str(WORK / "hooked.pt")})
-        theirs = run("circuit-tracer", {**job, "save": str(WORK / "ct.pt")})
+        run("circuit-tracer", {**job, "save": str(WORK / "ct.pt")})
         a, b = torch.load(WORK / "hooked.pt"), torch.load(WORK / "ct.pt")
         difference = (a - b).abs().max().item() if a.shape == b.shape else float("nan")
         print(
