@@ -387,13 +387,12 @@ def frozen_points(model: HookedTransformer) -> list[str]:
     attention runs on its fused kernel (SDPA, or hooked's Triton kernel on a GPU), whose backward recomputes the
     pattern blockwise: the memory of the backward passes grows linearly with the prompt, not with its square."""
     names = [n for n in model.hook_dict if n.endswith(("attn.hook_q", "attn.hook_k", "hook_scale"))]
-    for layer in range(model.cfg.n_layers):
-        for point in ("q", "k"):
-            if f"blocks.{layer}.attn.hook_{point}" not in model.hook_dict:
-                raise NotImplementedError(
-                    f"{type(model).__name__} has no blocks.{layer}.attn.hook_{point}, which the replacement model"
-                    " detaches to freeze the attention pattern"
-                )
+    for point in ("attn.hook_q", "attn.hook_k"):
+        if sum(n.endswith(point) for n in model.hook_dict) != model.cfg.n_layers:
+            raise NotImplementedError(
+                f"{type(model).__name__} does not have one {point} per layer, which the replacement model detaches"
+                " to freeze the attention pattern"
+            )
     return names
 
 
@@ -566,9 +565,9 @@ class _Rows:
         self.count = 0
         self.selected = torch.zeros(0, dtype=torch.long)
         if edges_per_row is None:
-            self.dense = torch.zeros(n_rows, n_columns)
+            self.matrix = torch.zeros(n_rows, n_columns)
         else:
-            self.dense = None
+            self.matrix = None
             self.row_index: list[Tensor] = []
             self.columns: list[Tensor] = []
             self.values: list[Tensor] = []
@@ -577,8 +576,8 @@ class _Rows:
         rows = rows.float().cpu()
         k = rows.shape[0]
         row_ids = torch.arange(self.count, self.count + k)
-        if self.dense is not None:
-            self.dense[self.count : self.count + k, : self.row_size] = rows
+        if self.matrix is not None:
+            self.matrix[self.count : self.count + k, : self.row_size] = rows
         else:
             keep = min(self.keep, rows.shape[1])
             values, columns = rows.abs().topk(keep, dim=1)
@@ -592,9 +591,9 @@ class _Rows:
 
     def coo(self) -> tuple[Tensor, Tensor, Tensor]:
         """(row, column, value) of every entry kept, rows in computed order."""
-        if self.dense is not None:
-            rows, columns = self.dense[: self.count].nonzero(as_tuple=True)
-            return rows, columns, self.dense[rows, columns]
+        if self.matrix is not None:
+            rows, columns = self.matrix[: self.count].nonzero(as_tuple=True)
+            return rows, columns, self.matrix[rows, columns]
         if not self.values:
             empty = torch.zeros(0, dtype=torch.long)
             return empty, empty, torch.zeros(0)
@@ -604,8 +603,8 @@ class _Rows:
         """Each node's influence on the logits through the rows computed so far (circuit-tracer 0.5.0 `graph.py`
         `compute_partial_influences`: row-normalised |A|, the power series from the logit nodes)."""
         node_of_row = self.node_of_row[: self.count]
-        if self.dense is not None:  # as circuit-tracer: a dense product per step
-            normalized = self.dense[: self.count].abs()
+        if self.matrix is not None:  # as circuit-tracer: a dense product per step
+            normalized = self.matrix[: self.count].abs()
             normalized /= normalized.sum(dim=1, keepdim=True).clamp(min=1e-8)
             step = lambda prod: prod[node_of_row] @ normalized  # noqa: E731
         else:  # the same sums over the entries kept
@@ -642,8 +641,8 @@ def _graph(model: HookedTransformer, tc: Transcoders, tokens: Tensor, nodes: _No
     row_nodes = rows.node_of_row[: rows.count]
     target = column_of[row_nodes]
 
-    if rows.dense is not None:  # circuit-tracer's steps: the selected features' columns, rows to their nodes
-        columns = rows.dense[: rows.count]
+    if rows.matrix is not None:  # circuit-tracer's steps: the selected features' columns, rows to their nodes
+        columns = rows.matrix[: rows.count]
         if selected.shape[0] < n_active:
             columns = columns[:, torch.cat([selected, torch.arange(n_active, rows.n_columns)])]
         adjacency = torch.zeros(n_nodes, n_nodes)
