@@ -7,8 +7,7 @@ Changes to the upstream file:
   two-layer attention-only model, `hooked.HookedTransformer(hooked.HookedTransformerConfig(attn_only=True,
   ...))` of the same widths with the checkpoint's tokenizer (`set_tokenizer`), processed in place with the same
   flags (`process_weights_`), as `from_pretrained` processes a hub model. Imports from `hooked`.
-- `test_stack_head_results_including_remainder`, `test_stack_neuron_results_including_remainder`,
-  `test_compute_test_head_results_does_not_compute_results_twice`: see DIFFERENCES.
+- `test_stack_head_results_including_remainder`, `test_stack_neuron_results_including_remainder`: see DIFFERENCES.
 """
 
 from functools import cache
