@@ -51,7 +51,7 @@ from torch import Tensor
 
 from hooked.components import accumulated_bias  # noqa: F401  (re-exported)
 from hooked.decomposition import ResidualDecomposition
-from hooked.hooks import HookPoint, NameFilter
+from hooked.hooks import AssertionValueError, HookPoint, NameFilter
 from hooked.names import PosSlice, Slice, act_name, apply_pos_slice, pos_axis  # noqa: F401  (Slice, act_name re-exported)
 from hooked.rows import current_rows
 
@@ -88,7 +88,7 @@ def run_with_cache(
         )
         if remove_batch_dim:
             if tensor.shape[0] != 1:
-                raise ValueError(
+                raise AssertionValueError(
                     f"remove_batch_dim=True needs a batch of 1, but {point.name} has batch {tensor.shape[0]}"
                 )
             tensor = tensor[0]
@@ -221,7 +221,9 @@ class ActivationCache(ResidualDecomposition):
         if self.has_batch_dim:
             for name, tensor in self.cache_dict.items():
                 if tensor.shape[0] != 1:
-                    raise ValueError(f"remove_batch_dim needs a batch of 1, but {name} has batch {tensor.shape[0]}")
+                    raise AssertionValueError(
+                        f"remove_batch_dim needs a batch of 1, but {name} has batch {tensor.shape[0]}"
+                    )
             self.cache_dict = {k: v[0] for k, v in self.cache_dict.items()}
             self.has_batch_dim = False
             if self.position_ids is not None:
@@ -240,7 +242,7 @@ class ActivationCache(ResidualDecomposition):
         (or `Slice(int)`) picks one prompt and drops the batch axis (`has_batch_dim` becomes False)."""
         batch_slice = Slice(batch_slice)
         if not self.has_batch_dim and batch_slice.mode != "identity":
-            raise ValueError("Cannot index into a cache without a batch dim")
+            raise AssertionValueError("Cannot index into a cache without a batch dim")
 
         def cut(t: Tensor | None) -> Tensor | None:
             return None if t is None else batch_slice.apply(t, 0)

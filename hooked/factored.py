@@ -24,6 +24,8 @@ import torch
 from jaxtyping import Complex, Float
 from torch import Tensor
 
+from hooked.hooks import AssertionValueError
+
 
 class FactoredMatrix:
     """The matrix A @ B without forming it: A [... ldim mdim], B [... mdim rdim], leading axes broadcast.
@@ -41,7 +43,7 @@ class FactoredMatrix:
                 f"{tuple(B.shape)}"
             )
         if A.shape[-1] != B.shape[-2]:
-            raise ValueError(
+            raise AssertionValueError(
                 f"FactoredMatrix factors must match on the inner axis: A {tuple(A.shape)}, B {tuple(B.shape)}"
             )
         self.ldim, self.mdim, self.rdim = A.shape[-2], A.shape[-1], B.shape[-1]
@@ -65,7 +67,7 @@ class FactoredMatrix:
         if other.ndim < 2:  # a vector: the result is a vector, nothing left to factor
             return (self.A @ (self.B @ other.unsqueeze(-1))).squeeze(-1)
         if other.shape[-2] != self.rdim:
-            raise ValueError(
+            raise AssertionValueError(
                 f"cannot multiply a FactoredMatrix of shape {tuple(self.shape)} by a matrix of shape "
                 f"{tuple(other.shape)}"
             )
@@ -77,7 +79,7 @@ class FactoredMatrix:
     def __rmatmul__(self, other: Tensor) -> FactoredMatrix | Tensor:
         """`other @ self`: a FactoredMatrix for a matrix, a tensor [... rdim] for a vector."""
         if other.shape[-1] != self.ldim:
-            raise ValueError(
+            raise AssertionValueError(
                 f"cannot multiply a matrix of shape {tuple(other.shape)} by a FactoredMatrix of shape "
                 f"{tuple(self.shape)}"
             )
@@ -90,7 +92,7 @@ class FactoredMatrix:
     def __mul__(self, scalar: int | float | Tensor) -> FactoredMatrix:
         """Scaled by a number (or a one-element tensor): A is scaled, B is kept."""
         if isinstance(scalar, Tensor) and scalar.numel() != 1:
-            raise ValueError(
+            raise AssertionValueError(
                 f"a FactoredMatrix is multiplied by a scalar, not a tensor of shape {tuple(scalar.shape)}; use @ for "
                 "matrices"
             )
@@ -109,7 +111,9 @@ class FactoredMatrix:
         """The product the other way round, B @ A [... mdim mdim]: needs ldim == rdim. It has AB's non-zero
         eigenvalues."""
         if self.ldim != self.rdim:
-            raise ValueError(f"BA needs a square FactoredMatrix (ldim == rdim), this one has shape {tuple(self.shape)}")
+            raise AssertionValueError(
+                f"BA needs a square FactoredMatrix (ldim == rdim), this one has shape {tuple(self.shape)}"
+            )
         return self.B @ self.A
 
     @property

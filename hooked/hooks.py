@@ -54,6 +54,18 @@ HookFn = Callable[[Tensor, "HookPoint"], Tensor | None]
 NameFilter = str | Sequence[str] | Callable[[str], bool]
 Direction = Literal["fwd", "bwd"]
 
+
+class AssertionValueError(ValueError, AssertionError):
+    """Bad input where TransformerLens 3.9 fails an `assert` (a token not in the prompt, `remove_batch_dim` on a
+    batch of several): a ValueError as all bad input in hooked, and an AssertionError, so that code written for
+    TransformerLens (`except AssertionError`, `pytest.raises(AssertionError)`) still catches it."""
+
+
+class AssertionKeyError(KeyError, AssertionError):
+    """A hook name that TransformerLens 3.9 refuses with an `assert` (`hook_attn_in` before `set_use_attn_in`)
+    and hooked does not have: a KeyError as every unknown hook name here, and an AssertionError as there."""
+
+
 _owner_ids = itertools.count(1)
 _order = itertools.count(1)  # registration order across shared and per-call hooks (prepend counts down)
 

@@ -19,7 +19,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from hooked.cache import ActivationCache, accumulated_bias, run_with_cache
-from hooked.hooks import EMBED_STAGE, HookedRootModule, HookPoint
+from hooked.hooks import EMBED_STAGE, AssertionKeyError, HookedRootModule, HookPoint
 from hooked.kv_cache import KVCache
 from hooked.layers import AttentionMask, position_ids_for
 from hooked.models.building import BuildingMethods, BuildsFromConfig
@@ -31,6 +31,10 @@ from hooked.tokenizer import HookedTokenizer
 
 ModelInput = str | list[str] | Int[Tensor, "batch pos"] | Int[Tensor, " pos"]
 ReturnType = Literal["logits", "loss", "both", None]
+NO_ATTN_IN = (
+    "hooked has no hook_attn_in: attention reads the normalised blocks.{i}.hook_resid_pre; hook"
+    " blocks.{i}.ln1.hook_normalized to change what attention alone sees"
+)
 
 
 class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootModule, metaclass=BuildsFromConfig):
@@ -141,10 +145,14 @@ class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootM
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:
         if use_attn_in:
-            raise ValueError(
-                "hooked has no hook_attn_in: attention reads the normalised blocks.{i}.hook_resid_pre; hook"
-                " blocks.{i}.ln1.hook_normalized to change what attention alone sees"
-            )
+            raise ValueError(NO_ATTN_IN)
+
+    def _check_name(self, name: str) -> str:
+        # TransformerLens 3.9 refuses `hook_attn_in` with an assert until `set_use_attn_in(True)`; here it never
+        # exists, and the error is both a KeyError and the AssertionError that TransformerLens code catches.
+        if isinstance(name, str) and name.endswith("hook_attn_in") and name not in self.hook_dict:
+            raise AssertionKeyError(f"{name!r} is not a hook point: {NO_ATTN_IN}")
+        return super()._check_name(name)
 
     def set_ungroup_grouped_query_attention(self, ungroup_grouped_query_attention: bool) -> None:
         if ungroup_grouped_query_attention:

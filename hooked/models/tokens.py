@@ -12,6 +12,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from hooked.hooks import AssertionValueError
 from hooked.tokenizer import HookedTokenizer
 
 
@@ -124,7 +125,7 @@ class TokenMethods:
         tokens = self.to_tokens(input, prepend_bos, padding_side) if isinstance(input, str) else torch.as_tensor(input)
         if tokens.ndim == 2:
             if tokens.shape[0] != 1:
-                raise ValueError(f"ids of rank two must have shape [1, pos], not {tuple(tokens.shape)}")
+                raise AssertionValueError(f"ids of rank two must have shape [1, pos], not {tuple(tokens.shape)}")
             tokens = tokens[0]
         if isinstance(single_token, str):
             single_token = self.to_single_token(single_token)
@@ -132,9 +133,9 @@ class TokenMethods:
             single_token = int(single_token.item())
         positions = torch.nonzero(tokens == single_token)[:, 0]
         if len(positions) == 0:
-            raise ValueError(
-                f"token {single_token} ({self.to_single_str_token(int(single_token))!r}) does not occur in the prompt"
-            )
+            # TransformerLens 3.9's message first (its tests match it), then which token
+            shown = "" if self.tokenizer is None else f"{self.to_single_str_token(int(single_token))!r} "
+            raise AssertionValueError(f"The token does not occur in the prompt: {shown}(id {single_token})")
         return int(positions[0] if mode == "first" else positions[-1])
 
     def to_string(self, tokens) -> str | list[str]:
@@ -149,7 +150,7 @@ class TokenMethods:
         tokens, _ = self._tokenize(string, prepend_bos=False)
         self.tokenizer.check_known(string, tokens[0].tolist())
         if tokens.shape[1] != 1:
-            raise ValueError(
+            raise AssertionValueError(
                 f"{string!r} is {tokens.shape[1]} tokens ({self.to_str_tokens(string, prepend_bos=False)}), not one"
             )
         return int(tokens[0, 0])

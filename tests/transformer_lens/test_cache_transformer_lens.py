@@ -315,6 +315,21 @@ def test_stack_neuron_results(caches, layer):
         close(a, b)
 
 
+def test_layer_zero_remainder_is_the_stream_into_block_zero(caches, gpt2):
+    """The documented difference: with `layer=L, incl_remainder=True` a stack sums to the stream entering block L
+    in both libraries for L >= 1; for L = 0 TransformerLens 3.9 takes `resid_post` of layer 0 - 1 = -1, the final
+    stream, and hooked the stream entering block 0."""
+    ours, theirs = caches
+    for method in ("stack_head_results", "stack_neuron_results"):
+        for layer in range(1, gpt2.cfg.n_layers + 1):
+            for cache in (ours, theirs):
+                close(
+                    getattr(cache, method)(layer, incl_remainder=True).sum(0), cache["resid_post", layer - 1], atol=1e-4
+                )
+        close(getattr(theirs, method)(0, incl_remainder=True)[0], theirs["resid_post", -1])
+        close(getattr(ours, method)(0, incl_remainder=True)[0], theirs["resid_pre", 0])
+
+
 def test_stack_neuron_results_sum_to_the_mlp_output(caches, gpt2):
     ours, _ = caches
     neurons = ours.stack_neuron_results(2)[gpt2.cfg.d_mlp :]

@@ -101,6 +101,8 @@ def test_cache_keeps_the_ids(models):
     _, their_cache = theirs.run_with_cache(tokens)
     assert list(cache)[0] == "hook_tokens" and torch.equal(cache["hook_tokens"], tokens)
     assert torch.equal(their_cache["hook_tokens"], tokens)
+    # the full cache's keys are TransformerLens', in its order, less its unembed.hook_in / hook_out (documented)
+    assert list(cache) == [name for name in their_cache if not name.startswith("unembed.")]
     _, only = ours.run_with_cache(tokens, names_filter="hook_tokens")
     assert list(only) == ["hook_tokens"]
 

@@ -7,9 +7,7 @@ Changes to the upstream file:
   two-layer attention-only model, `hooked.HookedTransformer(hooked.HookedTransformerConfig(attn_only=True,
   ...))` of the same widths with the checkpoint's tokenizer (`set_tokenizer`), processed in place with the same
   flags (`process_weights_`), as `from_pretrained` processes a hub model. Imports from `hooked`.
-- `test_stack_head_results_including_remainder`, `test_stack_neuron_results_including_remainder`,
-  `test_remove_batch_dim_fails_if_batch_gt_1`, `test_compute_test_head_results_does_not_compute_results_twice`:
-  see DIFFERENCES.
+- `test_stack_head_results_including_remainder`, `test_stack_neuron_results_including_remainder`: see DIFFERENCES.
 """
 
 from functools import cache
@@ -29,8 +27,6 @@ DIFFERENCES = [
     "(`cache['resid_pre', 0]`, the embeddings), where TransformerLens 3.9 takes `resid_post` of layer -1, "
     "the final residual stream (its negative-index slip; docs/hooks.md, 'Differences from TransformerLens'). "
     "The assertion compares with `cache['resid_pre', 0]`.",
-    "test_remove_batch_dim_fails_if_batch_gt_1: `cache.remove_batch_dim()` on a batch of several raises "
-    "`ValueError`, TransformerLens an `AssertionError` (documented in docs/hooks.md).",
 ]
 
 PROCESSING = dict(
@@ -502,7 +498,7 @@ def test_remove_batch_dim_fails_if_batch_gt_1():
     _, cache = model.run_with_cache(tokens)
 
     assert cache.has_batch_dim
-    with pytest.raises(ValueError):  # hooked: ValueError (DIFFERENCES)
+    with pytest.raises(AssertionError):
         cache.remove_batch_dim()
 
 
