@@ -55,6 +55,7 @@ from hooked.hooks import HookFn, HookPoint
 from hooked.interventions import ablate
 from hooked.interventions.ablate import Reference, Resample, Selector, is_tokens
 from hooked.interventions.addresses import head_names
+from hooked.interventions.metrics import check_prompts
 from hooked.interventions.positions import PerPrompt, Positions, as_ints, as_positions, positions_record
 from hooked.interventions.results import SweepResult, variant_names
 from hooked.interventions.row_blocks import registered_hooks
@@ -223,6 +224,7 @@ def attribution(
     """
     _check_can_attribute(model, hook, metric)
     tokens, key_valid = _prompts(model, corrupt, attention_mask)
+    check_prompts(metric, model, tokens, key_valid, "patch.attribution")
     source = _source(model, clean, _names(model, hook, HEAD_HOOKS + RESID_HOOKS), tokens, key_valid)
     if hook in HEAD_HOOKS:
         variants = _head_variants(model, hook, source, positions)

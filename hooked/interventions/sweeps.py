@@ -45,6 +45,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from hooked.hooks import EMBED_STAGE, HookFn, NameFilter
+from hooked.interventions.metrics import check_prompts
 from hooked.interventions.positions import last_real
 from hooked.interventions.results import SweepResult, variant_names
 from hooked.interventions.row_blocks import OnRows, Prompts, VariantError, registered_hooks  # noqa: F401  (VariantError: its old path)
@@ -163,6 +164,7 @@ def _checked_plan(
     error = None
     try:
         tokens, key_valid = model.tokens_and_mask(input, attention_mask, prepend_bos=None)
+        check_prompts(metric, model, tokens, key_valid, "hooked.sweep")
         registered_hooks(model, "hooked.sweep")
         planned = plan_variants(model, variants, tokens.shape)
         reads = MetricReads.of(metric, model)

@@ -38,6 +38,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hooked.interventions import kinds
+from hooked.interventions.metrics import check_prompts
 from hooked.interventions.row_blocks import registered_hooks
 from hooked.interventions.sweeps import metric_values, sweep_provenance
 from hooked.layers import position_ids_for
@@ -166,6 +167,7 @@ def attribute(
         raise RuntimeError("hooked.sae.attribute needs gradients; call it outside torch.inference_mode()")
     registered_hooks(model, "hooked.sae.attribute")
     tokens, key_valid = model.tokens_and_mask(clean, attention_mask, prepend_bos=None)
+    check_prompts(metric, model, tokens, key_valid, "hooked.sae.attribute")
     corrupt_tokens, corrupt_valid = model.tokens_and_mask(corrupt, attention_mask, prepend_bos=None)
     _check_paired(tokens, key_valid, corrupt_tokens, corrupt_valid)
     mask = torch.ones_like(tokens, dtype=torch.bool) if key_valid is None else key_valid  # always passed explicitly
