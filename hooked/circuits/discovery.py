@@ -48,6 +48,7 @@ from hooked.circuits.engine import Ablation
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import INPUT, LOGITS, Edge, Graph, graph_of_shape
 from hooked.circuits.graph import graph as build_graph
+from hooked.interventions import metrics
 from hooked.interventions.results import write_json
 from hooked.interventions.sweeps import sweep_provenance
 
@@ -149,17 +150,20 @@ class Circuit:
     def _experiment(self, clean, corrupt, metric, attention_mask):
         if self.model is None:
             raise ValueError("this circuit has no model (read from JSON?): pass model= to Circuit.from_json")
-        if clean is None or corrupt is None or metric is None:
-            if self._prompts is None:
-                raise ValueError(
-                    "give clean, corrupt and metric: this circuit does not hold the prompts it was found on"
-                )
+        if (clean is None or corrupt is None or metric is None) and self._prompts is None:
+            raise ValueError("give clean, corrupt and metric: this circuit does not hold the prompts it was found on")
+        if self._prompts is not None:
             found_clean, found_corrupt, found_metric, found_mask = self._prompts
+            if metric is None or metric is found_metric:
+                # The metric it was found with reads the answers of those prompts: bound to them, other prompts
+                # are refused (metrics.check_prompts) rather than scored with the wrong answers.
+                metric = metrics.bound_to(
+                    found_metric, self.model, found_clean, found_corrupt, found_mask, "the prompts it was found on"
+                )
             if clean is None and corrupt is None and attention_mask is None:
                 attention_mask = found_mask  # the padding of the prompts it was found on
             clean = found_clean if clean is None else clean
             corrupt = found_corrupt if corrupt is None else corrupt
-            metric = found_metric if metric is None else metric
         experiment = Experiment.of(
             self.model, clean, corrupt, metric, self.ablation, attention_mask, caller="Circuit.faithfulness"
         )

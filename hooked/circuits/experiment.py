@@ -17,6 +17,7 @@ from torch import Tensor
 
 from hooked.circuits.engine import Ablation, Run, patched_values, record, rows_per_forward, run_masks
 from hooked.circuits.graph import Graph, graph
+from hooked.interventions.metrics import check_prompts
 from hooked.interventions.row_blocks import Prompts, registered_hooks
 from hooked.interventions.sweeps import MetricReads
 from hooked.layers import position_ids_for
@@ -56,6 +57,7 @@ class Experiment:
         registered_hooks(model, caller, part_of_model=False)
         reads = MetricReads.of(metric, model)
         tokens, key_valid = model.tokens_and_mask(clean, attention_mask, prepend_bos=None)
+        check_prompts(metric, model, tokens, key_valid, caller)
         corrupt_tokens = None
         if corrupt is not None:
             corrupt_tokens, corrupt_valid = model.tokens_and_mask(corrupt, attention_mask, prepend_bos=None)
