@@ -435,7 +435,10 @@ def _evaluate(metric: Callable, logits: Tensor, key_valid: Tensor | None) -> Flo
     if not callable(metric):
         raise TypeError(f"metric must be callable on logits, got {type(metric).__name__}")
     values = metric_values(
-        metric, metric(logits, base_logits=logits.detach(), attention_mask=key_valid), logits.shape[0]
+        metric,
+        metric(logits, base_logits=logits.detach(), attention_mask=key_valid),
+        logits.shape[0],
+        "on the corrupt run (patch.attribution's base)",
     )
     if not values.requires_grad:
         raise ValueError(

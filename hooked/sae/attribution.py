@@ -179,7 +179,7 @@ def attribute(
             names = [d.hook_sae_acts_post.name for d in dictionaries]
             corrupt_logits, cache = model.run_with_cache(corrupt_tokens, attention_mask=mask, names_filter=names)
             corrupt_acts = [cache.cache_dict[name] for name in names]
-            corrupt_values = _metric(metric, corrupt_logits, key_valid)
+            corrupt_values = _metric(metric, corrupt_logits, key_valid, "on the corrupt run")
         clean_values, clean_acts, gradients = _clean_gradients(
             model, dictionaries, tokens, mask, key_valid, metric, use_error_term
         )
@@ -279,7 +279,7 @@ def _clean_gradients(
             with model.hooks(fwd_hooks=gradients.inside_splice()):
                 logits = model(tokens, attention_mask=mask)
             acts = [gradients.acts[d.hook_sae_acts_post.name] for d in dictionaries]  # named so while spliced
-        values = _metric(metric, logits, key_valid)
+        values = _metric(metric, logits, key_valid, "on the clean run")
         if not values.requires_grad:
             raise ValueError(
                 f"metric {metric!r} returned values with no gradient (a .detach(), .item() or no_grad inside?);"
@@ -290,10 +290,11 @@ def _clean_gradients(
 
 
 # ----------------------------------------------------------------------------- pieces
-def _metric(metric: Callable, logits: Tensor, key_valid: Tensor | None) -> Tensor:
+def _metric(metric: Callable, logits: Tensor, key_valid: Tensor | None, what: str) -> Tensor:
     if not callable(metric):
         raise TypeError(f"metric must be callable on logits, got {type(metric).__name__}")
-    return metric_values(metric, metric(logits, base_logits=logits.detach(), attention_mask=key_valid), logits.shape[0])
+    values = metric(logits, base_logits=logits.detach(), attention_mask=key_valid)
+    return metric_values(metric, values, logits.shape[0], what)
 
 
 def _check_paired(tokens: Tensor, key_valid: Tensor | None, corrupt: Tensor, corrupt_valid: Tensor | None) -> None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import hooked
+import hooked.sae
 from hooked import circuits, metrics, patch, tasks
 from hooked.testing import random_model
 
