@@ -209,7 +209,9 @@ def _gradients_at(experiment: Experiment, alphas: list[float], points: list[str]
         reduced = experiment.reads.logits(model, final, prompts.key_valid)
         values = torch.cat(
             [
-                experiment.reads.evaluate(reduced[i * batch : (i + 1) * batch], None, experiment.key_valid)
+                experiment.reads.evaluate(
+                    reduced[i * batch : (i + 1) * batch], None, experiment.key_valid, _at_point(alphas[i])
+                )
                 for i in range(copies)
             ]
         )
@@ -225,6 +227,10 @@ def _gradients_at(experiment: Experiment, alphas: list[float], points: list[str]
         grad = torch.zeros(shape, dtype=clean_input.dtype, device=clean_input.device) if grad is None else grad
         out[point] = grad.view(copies, batch, *shape[1:])
     return out
+
+
+def _at_point(alpha: float) -> str:
+    return "on the clean run" if alpha == 0 else f"at the EAP-IG point alpha={alpha:g} (clean to patched input)"
 
 
 def scores_from_gradients(experiment: Experiment, gradients: dict[str, Tensor]) -> Tensor:
@@ -247,6 +253,15 @@ def scores_from_gradients(experiment: Experiment, gradients: dict[str, Tensor]) 
         else:
             scores = torch.einsum("sbpd,bphd->sh", delta[:upstream], grad)[:, [r.head for r in receivers]]
         matrix[:upstream, indices] = (scores / batch).cpu()
+    infinite = ~torch.isfinite(matrix)
+    if bool(infinite.any()):
+        edges = [f"{g.sources[s].name}->{g.receivers[r].name}" for s, r in infinite.nonzero().tolist()]
+        raise ValueError(
+            f"the attribution score of {len(edges)} edge{'s' if len(edges) > 1 else ''} is NaN or infinite"
+            f" ({', '.join(edges[:5])}{', ...' if len(edges) > 5 else ''}) on these {batch} prompts: the metric's"
+            " value is finite but its gradient is not (a norm or a square root at 0, a NaN in the backward);"
+            " differentiate a metric whose gradient is defined at the clean run"
+        )
     return matrix.float()
 
 

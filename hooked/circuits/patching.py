@@ -82,7 +82,7 @@ def patch_edges(
     positions = sorted({p for variant in at for p in variant})
     empty = torch.zeros_like(masks[0])
     at_positions = {p: torch.stack([variant.get(p, empty) for variant in at]) for p in positions}
-    values = experiment.values(masks, at_positions)
+    values = experiment.values(masks, at_positions, [f"variant {name!r}" for name in names])
     listed = {
         name: [str(e) for e in g.edges_of(m)] + [f"{e}@{p}" for p, pm in sorted(a.items()) for e in g.edges_of(pm)]
         for name, m, a in zip(names, everywhere, at, strict=True)
@@ -150,9 +150,9 @@ def path_patch_sweep(
     resolved = {name: _resolve_pair(g, name, pair) for name, pair in zip(names, pairs.values(), strict=True)}
     if method == "direct":
         masks = torch.stack([g.mask(Edge(s, r) for s, r in _direct_edges(g, *pair)) for pair in resolved.values()])
-        values = experiment.values(masks)
+        values = experiment.values(masks, names=[f"pair {name!r}" for name in resolved])
     else:
-        values = _wang(experiment, list(resolved.values()))
+        values = _wang(experiment, list(resolved.values()), [f"pair {name!r}" for name in resolved])
     return _result(
         experiment,
         list(resolved),
@@ -219,7 +219,7 @@ def _direct_edges(g: Graph, senders: list[str], receivers: list[str]) -> list[tu
     return [(s, r) for r in receivers for s in senders if upstream[s] < g.receivers[g.receiver_index(r)].stage]
 
 
-def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]]) -> Tensor:
+def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]], names: list[str]) -> Tensor:
     """Wang et al.'s path patching for every pair at once: V row blocks, two forwards."""
     model, g, prompts = experiment.model, experiment.graph, experiment.prompts
     copies, batch = len(pairs), prompts.tokens.shape[0]
@@ -289,7 +289,9 @@ def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]]) -> T
     with torch.no_grad(), model.hooks(fwd_hooks=[(name, replace) for name in receivers_at]):
         final = _stage_loop(model, prompts, copies, start, clean.resid[start])
         reduced = experiment.reads.logits(model, final, prompts.key_valid)
-    return torch.stack([experiment.evaluate(reduced[v * batch : (v + 1) * batch]).cpu() for v in range(copies)])
+    return torch.stack(
+        [experiment.evaluate(reduced[v * batch : (v + 1) * batch], f"with {names[v]}").cpu() for v in range(copies)]
+    )
 
 
 def _result(experiment: Experiment, names: list[str], values: Tensor, task, circuit_info: dict) -> SweepResult:
