@@ -44,18 +44,45 @@ if TYPE_CHECKING:
 Method = Literal["eap", "eap-ig"]
 
 
+class EdgeValues(Tensor):
+    """`EdgeScores.values`: a plain tensor (every operation on it gives a plain `Tensor`), except that calling
+    it, as the method it used to be, says so."""
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(
+            "EdgeScores.values is an attribute (a [n_edges] tensor, as SweepResult.values), no longer a method:"
+            " write scores.values, not scores.values()"
+        )
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+    def __repr__(self, **kwargs) -> str:
+        return repr(self.as_subclass(Tensor))
+
+    def __deepcopy__(self, memo) -> Tensor:
+        return self.as_subclass(Tensor).clone()
+
+    def __reduce_ex__(self, protocol):
+        return self.as_subclass(Tensor).__reduce_ex__(protocol)
+
+
 @dataclass
 class EdgeScores:
-    """One score per edge of a graph: `scores["L1H0->L2H2.v"]`, `top(20)`, `table()`, `to_csv(path)`."""
+    """One score per edge of a graph: `scores["L1H0->L2H2.v"]`, `scores.values` ([n_edges]), `top(20)`, `table()`,
+    `to_csv(path)`."""
 
     graph: Graph
     matrix: Tensor  # [n_sources, n_receivers] float32; 0 where there is no edge
     method: str
     provenance: dict = field(default_factory=dict)
 
+    @property
     def values(self) -> Tensor:
         """Every edge's score, [n_edges], in `graph.edges` order."""
-        return self.matrix[self.graph.coordinates()]
+        return self.matrix[self.graph.coordinates()].as_subclass(EdgeValues)
 
     def __getitem__(self, edge) -> float:
         edge = self.graph.edge(edge)
@@ -66,17 +93,17 @@ class EdgeScores:
 
     def ranking(self) -> list[Edge]:
         """Every edge, the largest |score| first (ties in graph order)."""
-        order = torch.sort(self.values().abs(), descending=True, stable=True).indices
+        order = torch.sort(self.values.abs(), descending=True, stable=True).indices
         return [self.graph.edges[i] for i in order.tolist()]
 
     def top(self, k: int = 20) -> list[tuple[str, float]]:
         """The k edges of largest |score|, with their signed scores."""
-        values = self.values()
+        values = self.values
         order = torch.sort(values.abs(), descending=True, stable=True).indices[:k]
         return [(str(self.graph.edges[i]), float(values[i])) for i in order.tolist()]
 
     def rows(self) -> list[dict]:
-        values = self.values().tolist()
+        values = self.values.tolist()
         ranked = self.ranking()
         rank = {edge: i + 1 for i, edge in enumerate(ranked)}
         return sorted(
@@ -107,7 +134,7 @@ class EdgeScores:
     def to_dict(self) -> dict:
         return {
             "method": self.method,
-            "scores": {str(e): v for e, v in zip(self.graph.edges, self.values().tolist(), strict=True)},
+            "scores": {str(e): v for e, v in zip(self.graph.edges, self.values.tolist(), strict=True)},
             "provenance": self.provenance,
         }
 
