@@ -61,7 +61,8 @@ def patch_edges(
     """The metric on the clean prompts with each variant's edges patched: one row per variant.
 
     `variants` maps a name to a list of edges (`"L1H0->L2H2.v"`, `(source, receiver)` or `Edge`); a plain
-    list of edges is one variant named "edges". An edge may carry a position, `"L1H0->L2H2.q@-1"` or
+    list of edges (or one edge) is one variant named after its edges, joined by "+" (`"L1H0->L2H2.v+L2H2->logits"`,
+    as `path_patch` names its pair; "no edges" for an empty list). An edge may carry a position, `"L1H0->L2H2.q@-1"` or
     `(source, receiver, -1)`: it is then patched at that position of each prompt only (a position in the
     prompt, negative from its end, as `positions=` elsewhere; every prompt must have it). `base` is the clean run, so
     `result.change` is
@@ -69,7 +70,8 @@ def patch_edges(
     (the write averaged over the corrupt prompts' real tokens) or "zero" (corrupt may then be None).
     """
     if not isinstance(variants, Mapping):
-        variants = {"edges": list(variants)}
+        edges = [variants] if isinstance(variants, (str, Edge)) else list(variants)
+        variants = {"+".join(map(_edge_label, edges)) or "no edges": edges}
     if not variants:
         raise ValueError("variants must be a non-empty dict: {name: [edge, ...]}")
     names = variant_names(variants)  # before any forward: two names that read the same, or "base", raise
@@ -177,6 +179,13 @@ def _mask(g: Graph, name, edges) -> tuple[Tensor, dict[int, Tensor]]:
     except (KeyError, ValueError, TypeError) as error:
         message = error.args[0] if error.args else error
         raise type(error)(f"variant {name!r}: {message}") from error
+
+
+def _edge_label(edge) -> str:
+    """An edge as it was given, as text: `"L1H0->L2H2.v"`, `("L1H0", "L2H2.v", -1)` -> `"L1H0->L2H2.v@-1"`."""
+    if isinstance(edge, (tuple, list)) and len(edge) in (2, 3):
+        return f"{edge[0]}->{edge[1]}" + (f"@{edge[2]}" if len(edge) == 3 else "")
+    return str(edge)
 
 
 def _resolve_pair(g: Graph, name: str, pair) -> tuple[list[str], list[str]]:
