@@ -236,6 +236,15 @@ def attribution(
     points = _PatchedPoints(planned, torch.promote_types(model.dtype, torch.float32))
     base, gradients = _corrupt_gradients(model, tokens, key_valid, metric, points)
     estimates = points.estimates(gradients, [v.name for v in planned], tokens)
+    infinite = ~torch.isfinite(estimates).all(1)
+    if bool(infinite.any()):
+        names = [planned[i].name for i in infinite.nonzero().flatten().tolist()]
+        raise ValueError(
+            f"the attribution estimate of {len(names)} variant{'s' if len(names) > 1 else ''} is NaN or infinite"
+            f" ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}): the metric's value is finite but its"
+            " gradient at the corrupt run is not (a norm or a square root at 0, a NaN in the backward);"
+            " differentiate a metric whose gradient is defined there, or run the sweep"
+        )
     provenance = sweep_provenance(model, planned, metric, task, tokens)
     provenance["patch"] = {"method": "attribution patching (gradient x (clean - corrupt))", "hook": hook}
     return SweepResult(

@@ -193,6 +193,15 @@ def attribute(
     ]
     products = torch.cat(products, dim=-1)  # [batch pos n_features]; 0 at padding, which nothing reads
     per_prompt = products.sum(1).float().cpu()
+    infinite = ~torch.isfinite(per_prompt).all(0)
+    if bool(infinite.any()):
+        names = [name for d in dictionaries for name in feature_names(d)]
+        bad = [names[i] for i in infinite.nonzero().flatten().tolist()]
+        raise ValueError(
+            f"the attribution score of {len(bad)} feature{'s' if len(bad) > 1 else ''} is NaN or infinite"
+            f" ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}): the metric's value is finite but its"
+            " gradient at the clean run is not (a norm or a square root at 0, a NaN in the backward)"
+        )
     provenance = sweep_provenance(model, [], metric, task, tokens)
     provenance["sae"] = {
         "method": "attribution patching (gradient x (corrupt - clean) at the clean run)",

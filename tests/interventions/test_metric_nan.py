@@ -102,6 +102,10 @@ def test_attribution_names_the_run_and_refuses_a_nan_gradient(setup):
 
     with pytest.raises(ValueError, match="score of .* edges is NaN or infinite"):
         circuits.attribute(model, clean, corrupt, sqrt_at_zero)
+    with pytest.raises(ValueError, match=r"estimate of .* variants is NaN or infinite \(L0H0, L0H1"):
+        patch.attribution(model, corrupt, clean, sqrt_at_zero)
+    with pytest.raises(ValueError, match=r"score of .* features is NaN or infinite \(L0.resid_post.F"):
+        hooked.sae.attribute(model, clean, corrupt, sqrt_at_zero, saes=[_sae(model)])
     with pytest.raises(ValueError, match="NaN on the corrupt run"):  # the run it makes first
         hooked.sae.attribute(model, clean, corrupt, always_nan, saes=[_sae(model)])
     assert no_hooks(model)
