@@ -148,11 +148,9 @@ def build_task(name: str, n: int, seed: int, names: list[str] | None):
 def build_metric(model, name: str, task):
     from hooked import metrics
 
-    if name == "logit_diff":
-        return metrics.logit_diff(model, task.correct, task.incorrect)
     if name == "kl_div":
         return metrics.kl_div()
-    return getattr(metrics, name)(model, task.correct)
+    return getattr(metrics, name)(model, task)  # the task's answers, for its prompts only (metrics.check_prompts)
 
 
 def run_sweep(args: argparse.Namespace):
@@ -357,8 +355,10 @@ def check_circuit_args(args: argparse.Namespace) -> None:
             raise _UsageError(f"--threshold belongs to --method acdc; {args.method} keeps the top --edges N")
     if args.edges is not None and args.edges < 1:
         raise _UsageError(f"--edges must be at least 1, got {args.edges}")
-    if args.threshold is not None and not args.threshold >= 0:
-        raise _UsageError(f"--threshold must be a non-negative number, got {args.threshold}")
+    if args.threshold is not None and not 0 < args.threshold < float("inf"):
+        raise _UsageError(
+            f"--threshold must be a finite number > 0 (at 0 or below ACDC removes no edge), got {args.threshold}"
+        )
     if args.steps is not None and args.method != "eap-ig":
         raise _UsageError(f"--steps belongs to --method eap-ig (interpolation steps), not {args.method}")
     if args.steps is not None and args.steps < 1:

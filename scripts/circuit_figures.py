@@ -77,7 +77,7 @@ def main() -> None:
                 f" wang {list(wang.scores.values())[0]:.3f}, clean {direct.base_score:.3f}"
             )
         exact = circuits.patch_edges(model, clean, corrupt, ["input->L0.mlp"], metric)
-        print("patching input->L0.mlp alone changes the metric by", round(exact.change["edges"], 2))
+        print("patching input->L0.mlp alone changes the metric by", round(exact.change["input->L0.mlp"], 2))
 
 
 if __name__ == "__main__":

@@ -44,18 +44,45 @@ if TYPE_CHECKING:
 Method = Literal["eap", "eap-ig"]
 
 
+class EdgeValues(Tensor):
+    """`EdgeScores.values`: a plain tensor (every operation on it gives a plain `Tensor`), except that calling
+    it, as the method it used to be, says so."""
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(
+            "EdgeScores.values is an attribute (a [n_edges] tensor, as SweepResult.values), no longer a method:"
+            " write scores.values, not scores.values()"
+        )
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+    def __repr__(self, **kwargs) -> str:
+        return repr(self.as_subclass(Tensor))
+
+    def __deepcopy__(self, memo) -> Tensor:
+        return self.as_subclass(Tensor).clone()
+
+    def __reduce_ex__(self, protocol):
+        return self.as_subclass(Tensor).__reduce_ex__(protocol)
+
+
 @dataclass
 class EdgeScores:
-    """One score per edge of a graph: `scores["L1H0->L2H2.v"]`, `top(20)`, `table()`, `to_csv(path)`."""
+    """One score per edge of a graph: `scores["L1H0->L2H2.v"]`, `scores.values` ([n_edges]), `top(20)`, `table()`,
+    `to_csv(path)`."""
 
     graph: Graph
     matrix: Tensor  # [n_sources, n_receivers] float32; 0 where there is no edge
     method: str
     provenance: dict = field(default_factory=dict)
 
+    @property
     def values(self) -> Tensor:
         """Every edge's score, [n_edges], in `graph.edges` order."""
-        return self.matrix[self.graph.coordinates()]
+        return self.matrix[self.graph.coordinates()].as_subclass(EdgeValues)
 
     def __getitem__(self, edge) -> float:
         edge = self.graph.edge(edge)
@@ -66,17 +93,17 @@ class EdgeScores:
 
     def ranking(self) -> list[Edge]:
         """Every edge, the largest |score| first (ties in graph order)."""
-        order = torch.sort(self.values().abs(), descending=True, stable=True).indices
+        order = torch.sort(self.values.abs(), descending=True, stable=True).indices
         return [self.graph.edges[i] for i in order.tolist()]
 
     def top(self, k: int = 20) -> list[tuple[str, float]]:
         """The k edges of largest |score|, with their signed scores."""
-        values = self.values()
+        values = self.values
         order = torch.sort(values.abs(), descending=True, stable=True).indices[:k]
         return [(str(self.graph.edges[i]), float(values[i])) for i in order.tolist()]
 
     def rows(self) -> list[dict]:
-        values = self.values().tolist()
+        values = self.values.tolist()
         ranked = self.ranking()
         rank = {edge: i + 1 for i, edge in enumerate(ranked)}
         return sorted(
@@ -107,7 +134,7 @@ class EdgeScores:
     def to_dict(self) -> dict:
         return {
             "method": self.method,
-            "scores": {str(e): v for e, v in zip(self.graph.edges, self.values().tolist(), strict=True)},
+            "scores": {str(e): v for e, v in zip(self.graph.edges, self.values.tolist(), strict=True)},
             "provenance": self.provenance,
         }
 
@@ -209,7 +236,9 @@ def _gradients_at(experiment: Experiment, alphas: list[float], points: list[str]
         reduced = experiment.reads.logits(model, final, prompts.key_valid)
         values = torch.cat(
             [
-                experiment.reads.evaluate(reduced[i * batch : (i + 1) * batch], None, experiment.key_valid)
+                experiment.reads.evaluate(
+                    reduced[i * batch : (i + 1) * batch], None, experiment.key_valid, _at_point(alphas[i])
+                )
                 for i in range(copies)
             ]
         )
@@ -225,6 +254,10 @@ def _gradients_at(experiment: Experiment, alphas: list[float], points: list[str]
         grad = torch.zeros(shape, dtype=clean_input.dtype, device=clean_input.device) if grad is None else grad
         out[point] = grad.view(copies, batch, *shape[1:])
     return out
+
+
+def _at_point(alpha: float) -> str:
+    return "on the clean run" if alpha == 0 else f"at the EAP-IG point alpha={alpha:g} (clean to patched input)"
 
 
 def scores_from_gradients(experiment: Experiment, gradients: dict[str, Tensor]) -> Tensor:
@@ -247,6 +280,15 @@ def scores_from_gradients(experiment: Experiment, gradients: dict[str, Tensor]) 
         else:
             scores = torch.einsum("sbpd,bphd->sh", delta[:upstream], grad)[:, [r.head for r in receivers]]
         matrix[:upstream, indices] = (scores / batch).cpu()
+    infinite = ~torch.isfinite(matrix)
+    if bool(infinite.any()):
+        edges = [f"{g.sources[s].name}->{g.receivers[r].name}" for s, r in infinite.nonzero().tolist()]
+        raise ValueError(
+            f"the attribution score of {len(edges)} edge{'s' if len(edges) > 1 else ''} is NaN or infinite"
+            f" ({', '.join(edges[:5])}{', ...' if len(edges) > 5 else ''}) on these {batch} prompts: the metric's"
+            " value is finite but its gradient is not (a norm or a square root at 0, a NaN in the backward);"
+            " differentiate a metric whose gradient is defined at the clean run"
+        )
     return matrix.float()
 
 

@@ -35,8 +35,10 @@ Trials of late receivers recompute only the layers from that receiver on.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from numbers import Real
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -48,6 +50,7 @@ from hooked.circuits.engine import Ablation
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import INPUT, LOGITS, Edge, Graph, graph_of_shape
 from hooked.circuits.graph import graph as build_graph
+from hooked.interventions import metrics
 from hooked.interventions.results import write_json
 from hooked.interventions.sweeps import sweep_provenance
 
@@ -149,17 +152,20 @@ class Circuit:
     def _experiment(self, clean, corrupt, metric, attention_mask):
         if self.model is None:
             raise ValueError("this circuit has no model (read from JSON?): pass model= to Circuit.from_json")
-        if clean is None or corrupt is None or metric is None:
-            if self._prompts is None:
-                raise ValueError(
-                    "give clean, corrupt and metric: this circuit does not hold the prompts it was found on"
-                )
+        if (clean is None or corrupt is None or metric is None) and self._prompts is None:
+            raise ValueError("give clean, corrupt and metric: this circuit does not hold the prompts it was found on")
+        if self._prompts is not None:
             found_clean, found_corrupt, found_metric, found_mask = self._prompts
+            if metric is None or metric is found_metric:
+                # The metric it was found with reads the answers of those prompts: bound to them, other prompts
+                # are refused (metrics.check_prompts) rather than scored with the wrong answers.
+                metric = metrics.bound_to(
+                    found_metric, self.model, found_clean, found_corrupt, found_mask, "the prompts it was found on"
+                )
             if clean is None and corrupt is None and attention_mask is None:
                 attention_mask = found_mask  # the padding of the prompts it was found on
             clean = found_clean if clean is None else clean
             corrupt = found_corrupt if corrupt is None else corrupt
-            metric = found_metric if metric is None else metric
         experiment = Experiment.of(
             self.model, clean, corrupt, metric, self.ablation, attention_mask, caller="Circuit.faithfulness"
         )
@@ -258,8 +264,10 @@ def discover(
         raise ValueError(f"method={method!r} keeps the top n_edges= edges by score; threshold= is ACDC's")
     if not isinstance(batch_edges, int) or isinstance(batch_edges, bool) or batch_edges < 1:
         raise ValueError(f"batch_edges (ACDC trials per forward) must be a positive int, not {batch_edges!r}")
-    if n_edges is not None and (not isinstance(n_edges, int) or n_edges < 0):
+    if n_edges is not None and (not isinstance(n_edges, int) or isinstance(n_edges, bool) or n_edges < 0):
         raise ValueError(f"n_edges must be a non-negative int, not {n_edges!r}")
+    if threshold is not None:
+        check_threshold(threshold)
     if torch.is_inference_mode_enabled():
         raise RuntimeError("circuits.discover computes gradients; call it outside torch.inference_mode()")
     alphas = interpolation_points(method, steps) if method != "acdc" else None
@@ -282,6 +290,7 @@ def discover(
 
 def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tuple[list[Edge], dict[str, float], dict]:
     """ACDC's kept edges, every edge's |metric move| when it was tried, and counts (see the module docstring)."""
+    check_threshold(threshold)
     g = experiment.graph
     prediction = scores_from_gradients(experiment, receiver_gradients(experiment, [0.0]))
     trials = [
@@ -304,7 +313,8 @@ def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tup
             masks.append(trial)
             if abs(float(prediction[index[edge]])) < threshold:  # predicted: removed
                 state = trial
-        values = experiment.values(torch.stack(masks)).mean(1).tolist()
+        values = experiment.values(torch.stack(masks), names=[f"the ACDC trial removing {e}" for e in batch])
+        values = values.mean(1).tolist()
         forwards += 1
         for edge, value in zip(batch, values, strict=True):
             position += 1
@@ -320,6 +330,17 @@ def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tup
                 break  # later trials assumed the other decision
     scores = {str(e): moves.get(str(e), 0.0) for e in g.edges}
     return kept, scores, {"forwards": forwards, "trials": len(trials), "batch_edges": batch_edges}
+
+
+def check_threshold(threshold) -> None:
+    """ACDC removes an edge when the metric moves by strictly less than `threshold`: a finite number > 0, since at 0
+    or below no edge is ever removed, and a NaN compares as false, keeping every edge too."""
+    if isinstance(threshold, bool) or not isinstance(threshold, Real) or not math.isfinite(threshold) or threshold <= 0:
+        raise ValueError(
+            f"threshold must be a finite number > 0, not {threshold!r}: ACDC removes an edge when removing it moves the"
+            " metric by less than the threshold, so at 0 or below (or NaN) it removes none and keeps the whole graph;"
+            " pick it on the metric's scale, e.g. a small fraction of metric(clean) - metric(corrupt)"
+        )
 
 
 def prune(g: Graph, edges: Sequence, ablation: Ablation = "corrupt") -> list[Edge]:
@@ -367,14 +388,15 @@ def _faithfulness(experiment: Experiment, circuits: Tensor) -> list[float]:
     full, empty = float(experiment.clean_values.mean()), float(_empty(experiment).mean())
     if full == empty:
         raise ValueError("the metric is the same on the clean and the corrupt run, so faithfulness is undefined")
-    values = experiment.values(complement).mean(1)
+    names = [f"the circuit of {int(c.sum())} edges (every other edge patched)" for c in circuits]
+    values = experiment.values(complement, names=names).mean(1)
     return [(float(v) - empty) / (full - empty) for v in values]
 
 
 def _empty(experiment: Experiment) -> Tensor:
     if experiment.ablation == "corrupt":
         return experiment.corrupt_values
-    return experiment.values(experiment.graph.edge_mask()[None])[0]
+    return experiment.values(experiment.graph.edge_mask()[None], names=["every edge patched"])[0]
 
 
 __all__ = ["Circuit", "EdgeScores", "acdc", "discover", "prune"]

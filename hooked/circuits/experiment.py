@@ -8,7 +8,7 @@ masked edges patched (`hooked.circuits.engine`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,7 @@ from torch import Tensor
 
 from hooked.circuits.engine import Ablation, Run, patched_values, record, rows_per_forward, run_masks
 from hooked.circuits.graph import Graph, graph
+from hooked.interventions.metrics import check_prompts
 from hooked.interventions.row_blocks import Prompts, registered_hooks
 from hooked.interventions.sweeps import MetricReads
 from hooked.layers import position_ids_for
@@ -56,6 +57,7 @@ class Experiment:
         registered_hooks(model, caller, part_of_model=False)
         reads = MetricReads.of(metric, model)
         tokens, key_valid = model.tokens_and_mask(clean, attention_mask, prepend_bos=None)
+        check_prompts(metric, model, tokens, key_valid, caller)
         corrupt_tokens = None
         if corrupt is not None:
             corrupt_tokens, corrupt_valid = model.tokens_and_mask(corrupt, attention_mask, prepend_bos=None)
@@ -71,31 +73,36 @@ class Experiment:
         if corrupt_tokens is not None:
             corrupt_run = record(model, g, Prompts(corrupt_tokens, prompts.position_ids, key_valid), reads)
         patched = patched_values(ablation, clean_run, corrupt_run, key_valid)
-        return cls(
+        experiment = cls(
             model, g, prompts, corrupt_tokens, metric, reads, clean_run, corrupt_run, ablation, patched, max_bytes
         )
+        experiment.evaluate(clean_run.reduced, "on the clean run")  # a metric that fails there, before any variant
+        return experiment
 
     @property
     def key_valid(self) -> Tensor | None:
         return self.prompts.key_valid
 
-    def evaluate(self, reduced: Tensor) -> Tensor:
-        """The metric per prompt, float32, for reduced logits of B rows."""
-        return self.reads.evaluate(reduced, self.clean.reduced, self.key_valid).float()
+    def evaluate(self, reduced: Tensor, what: str = "") -> Tensor:
+        """The metric per prompt, float32, for reduced logits of B rows; `what` names the run for a NaN's error."""
+        return self.reads.evaluate(reduced, self.clean.reduced, self.key_valid, what).float()
 
     @property
     def clean_values(self) -> Tensor:
-        return self.evaluate(self.clean.reduced).cpu()
+        return self.evaluate(self.clean.reduced, "on the clean run").cpu()
 
     @property
     def corrupt_values(self) -> Tensor:
         if self.corrupt is None:
             raise ValueError("this experiment has no corrupt prompts")
-        return self.evaluate(self.corrupt.reduced).cpu()
+        return self.evaluate(self.corrupt.reduced, "on the corrupt run").cpu()
 
-    def values(self, masks: Tensor, at_positions: dict[int, Tensor] | None = None) -> Tensor:
+    def values(
+        self, masks: Tensor, at_positions: dict[int, Tensor] | None = None, names: Sequence[str] | None = None
+    ) -> Tensor:
         """The metric [V, B] with the edges of each mask [V, n_sources, n_receivers] patched (and those of
-        `at_positions[p]`, [V, ...] each, at position p only), in batches."""
+        `at_positions[p]`, [V, ...] each, at position p only), in batches. `names` says what each mask is
+        ("variant 'a'"), for the error a NaN raises."""
         batch = self.prompts.tokens.shape[0]
         per_forward = rows_per_forward(self.model, self.graph, self.prompts, self.max_bytes)
         out = torch.empty(masks.shape[0], batch, dtype=torch.float32)
@@ -104,7 +111,8 @@ class Experiment:
             at = {p: m[first : first + per_forward] for p, m in (at_positions or {}).items()}
             reduced = run_masks(self.model, self.graph, self.prompts, chunk, self.patched, self.clean, self.reads, at)
             for i in range(chunk.shape[0]):
-                out[first + i] = self.evaluate(reduced[i * batch : (i + 1) * batch]).cpu()
+                what = f"with {names[first + i]}" if names is not None else f"with edge set {first + i} patched"
+                out[first + i] = self.evaluate(reduced[i * batch : (i + 1) * batch], what).cpu()
         return out
 
 

@@ -61,7 +61,8 @@ def patch_edges(
     """The metric on the clean prompts with each variant's edges patched: one row per variant.
 
     `variants` maps a name to a list of edges (`"L1H0->L2H2.v"`, `(source, receiver)` or `Edge`); a plain
-    list of edges is one variant named "edges". An edge may carry a position, `"L1H0->L2H2.q@-1"` or
+    list of edges (or one edge) is one variant named after its edges, joined by "+" (`"L1H0->L2H2.v+L2H2->logits"`,
+    as `path_patch` names its pair; "no edges" for an empty list). An edge may carry a position, `"L1H0->L2H2.q@-1"` or
     `(source, receiver, -1)`: it is then patched at that position of each prompt only (a position in the
     prompt, negative from its end, as `positions=` elsewhere; every prompt must have it). `base` is the clean run, so
     `result.change` is
@@ -69,7 +70,8 @@ def patch_edges(
     (the write averaged over the corrupt prompts' real tokens) or "zero" (corrupt may then be None).
     """
     if not isinstance(variants, Mapping):
-        variants = {"edges": list(variants)}
+        edges = [variants] if isinstance(variants, (str, Edge)) else list(variants)
+        variants = {"+".join(map(_edge_label, edges)) or "no edges": edges}
     if not variants:
         raise ValueError("variants must be a non-empty dict: {name: [edge, ...]}")
     names = variant_names(variants)  # before any forward: two names that read the same, or "base", raise
@@ -82,7 +84,7 @@ def patch_edges(
     positions = sorted({p for variant in at for p in variant})
     empty = torch.zeros_like(masks[0])
     at_positions = {p: torch.stack([variant.get(p, empty) for variant in at]) for p in positions}
-    values = experiment.values(masks, at_positions)
+    values = experiment.values(masks, at_positions, [f"variant {name!r}" for name in names])
     listed = {
         name: [str(e) for e in g.edges_of(m)] + [f"{e}@{p}" for p, pm in sorted(a.items()) for e in g.edges_of(pm)]
         for name, m, a in zip(names, everywhere, at, strict=True)
@@ -150,9 +152,9 @@ def path_patch_sweep(
     resolved = {name: _resolve_pair(g, name, pair) for name, pair in zip(names, pairs.values(), strict=True)}
     if method == "direct":
         masks = torch.stack([g.mask(Edge(s, r) for s, r in _direct_edges(g, *pair)) for pair in resolved.values()])
-        values = experiment.values(masks)
+        values = experiment.values(masks, names=[f"pair {name!r}" for name in resolved])
     else:
-        values = _wang(experiment, list(resolved.values()))
+        values = _wang(experiment, list(resolved.values()), [f"pair {name!r}" for name in resolved])
     return _result(
         experiment,
         list(resolved),
@@ -177,6 +179,13 @@ def _mask(g: Graph, name, edges) -> tuple[Tensor, dict[int, Tensor]]:
     except (KeyError, ValueError, TypeError) as error:
         message = error.args[0] if error.args else error
         raise type(error)(f"variant {name!r}: {message}") from error
+
+
+def _edge_label(edge) -> str:
+    """An edge as it was given, as text: `"L1H0->L2H2.v"`, `("L1H0", "L2H2.v", -1)` -> `"L1H0->L2H2.v@-1"`."""
+    if isinstance(edge, (tuple, list)) and len(edge) in (2, 3):
+        return f"{edge[0]}->{edge[1]}" + (f"@{edge[2]}" if len(edge) == 3 else "")
+    return str(edge)
 
 
 def _resolve_pair(g: Graph, name: str, pair) -> tuple[list[str], list[str]]:
@@ -219,7 +228,7 @@ def _direct_edges(g: Graph, senders: list[str], receivers: list[str]) -> list[tu
     return [(s, r) for r in receivers for s in senders if upstream[s] < g.receivers[g.receiver_index(r)].stage]
 
 
-def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]]) -> Tensor:
+def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]], names: list[str]) -> Tensor:
     """Wang et al.'s path patching for every pair at once: V row blocks, two forwards."""
     model, g, prompts = experiment.model, experiment.graph, experiment.prompts
     copies, batch = len(pairs), prompts.tokens.shape[0]
@@ -289,7 +298,9 @@ def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]]) -> T
     with torch.no_grad(), model.hooks(fwd_hooks=[(name, replace) for name in receivers_at]):
         final = _stage_loop(model, prompts, copies, start, clean.resid[start])
         reduced = experiment.reads.logits(model, final, prompts.key_valid)
-    return torch.stack([experiment.evaluate(reduced[v * batch : (v + 1) * batch]).cpu() for v in range(copies)])
+    return torch.stack(
+        [experiment.evaluate(reduced[v * batch : (v + 1) * batch], f"with {names[v]}").cpu() for v in range(copies)]
+    )
 
 
 def _result(experiment: Experiment, names: list[str], values: Tensor, task, circuit_info: dict) -> SweepResult:

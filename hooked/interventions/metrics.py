@@ -22,13 +22,23 @@ Answers are given one per prompt, as strings (each must be one token for the mod
 LongTensor [batch]. A string the tokenizer does not know, which it turns into its unknown token
 (`<|unk|>`), is refused: every unknown word would read that one logit, and a difference of two would
 be 0. An int is taken as the id it is, the unknown token's included.
+
+**Which prompts.** Answers belong to prompts: `logit_diff` built for one task's prompts, run on another's,
+reads logits of the wrong names and returns a number that looks fine. A metric built from a task,
+`metrics.logit_diff(model, task)`, or given its prompts, `logit_diff(model, correct, incorrect,
+prompts=tokens)`, keeps each prompt's real token ids (`PromptSet`: padding and a leading BOS left out, so
+left, right or no padding compare equal), and every call that runs it on prompts (`hooked.sweep`,
+`patch.attribution`, `hooked.circuits`, `hooked.sae.attribute`) refuses other prompts before running
+(`check_prompts`). A task's metric accepts its clean prompts or its corrupt ones (activation patching runs
+the corrupt prompts with the clean answers). `loss` keeps the tokens it scores. A metric of answers alone
+knows only how many prompts it has; `kl_div` reads no answers and fits any prompts.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -36,8 +46,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from hooked.interventions.positions import last_real
+from hooked.interventions.tasks import Task
 
 Answers = Sequence[str] | Sequence[int] | Int[Tensor, " batch"]
+Prompts = Task | str | Sequence[str] | Int[Tensor, "batch pos"]  # what a metric's answers belong to
 Mask = Bool[Tensor, "batch pos"] | Int[Tensor, "batch pos"]  # True (or 1, as a tokenizer gives it) at real tokens
 
 
@@ -49,6 +61,7 @@ class Metric(Protocol):
     position: int | None
     columns: tuple[int, ...] | None
     needs_base: bool
+    # optional: `prompts`, a PromptSet of the prompts its answers belong to (see `check_prompts`)
 
     def compute(
         self, logits: Tensor, base_logits: Tensor | None = None, attention_mask: Tensor | None = None
@@ -153,6 +166,7 @@ class LogitDiff(_Metric):
     correct: tuple[int, ...]  # token id of each prompt's right answer
     incorrect: tuple[int, ...]  # token id of the answer it is compared with
     position: int | None = -1
+    prompts: PromptSet | None = field(default=None, kw_only=True, compare=False)  # the prompts they belong to
     columns: tuple[int, ...] = field(init=False)  # sorted unique ids of correct and incorrect
     _correct_columns: tuple[int, ...] = field(init=False, repr=False, compare=False)  # where each sits in columns
     _incorrect_columns: tuple[int, ...] = field(init=False, repr=False, compare=False)
@@ -167,6 +181,7 @@ class LogitDiff(_Metric):
                 "incorrect"
             )
         _check_position(self.position)
+        _check_prompt_count(self.prompts, len(self.correct), "answers")
         columns = tuple(sorted(set(self.correct) | set(self.incorrect)))
         column_of = {token: column for column, token in enumerate(columns)}
         _set(
@@ -197,10 +212,12 @@ class _TokenMetric(_Metric):
 
     tokens: tuple[int, ...]  # token id scored for each prompt
     position: int | None = -1
+    prompts: PromptSet | None = field(default=None, kw_only=True, compare=False)  # the prompts they belong to
 
     def __post_init__(self):
         _set(self, tokens=_as_ids(self.tokens, "tokens"))
         _check_position(self.position)
+        _check_prompt_count(self.prompts, len(self.tokens), "tokens")
 
     def compute(
         self,
@@ -291,6 +308,7 @@ class Loss(_Metric):
 
     tokens: Int[Tensor, "batch pos"]  # the inputs of the run whose logits are scored
     mask: Mask | None = None  # their attention mask (kept as bool); a call's attention_mask overrides it
+    prompts: PromptSet | None = field(default=None, kw_only=True)  # `tokens` as `check_prompts` compares them
 
     name: ClassVar[str] = "loss"
     position: ClassVar[None] = None
@@ -316,6 +334,7 @@ class Loss(_Metric):
                 raise ValueError("a prompt has fewer than 2 real tokens, so no next token to predict")
             mask = None if bool(mask.all()) else mask
         _set(self, tokens=tokens.long(), mask=mask)
+        _check_prompt_count(self.prompts, tokens.shape[0], "token rows")
 
     def compute(
         self,
@@ -350,28 +369,60 @@ class Loss(_Metric):
 
 
 # ----------------------------------------------------------------------------- constructors
-def logit_diff(model, correct: Answers, incorrect: Answers, position: int | None = -1) -> LogitDiff:
+def logit_diff(
+    model,
+    correct: Answers | Task,
+    incorrect: Answers | None = None,
+    position: int | None = -1,
+    *,
+    prompts: Prompts | None = None,
+) -> LogitDiff:
     """logit[correct_i] - logit[incorrect_i] per prompt, at the last position.
 
-    metric = logit_diff(model, task.correct, task.incorrect)   # strings need the model; ids don't
+    metric = logit_diff(model, task)   # the task's answers, for the task's prompts (clean or corrupt) only
+    metric = logit_diff(model, task.correct, task.incorrect, prompts=tokens)   # the same, answers given
     metric(logits)   # [batch] float32
+
+    Strings need the model; ids don't, unless `prompts` (text or ids, or a task) is given.
     """
-    return LogitDiff(_token_ids(model, correct, "correct"), _token_ids(model, incorrect, "incorrect"), position)
+    if isinstance(correct, Task):
+        if incorrect is not None or prompts is not None:
+            raise TypeError(
+                "logit_diff(model, task) takes the answers and the prompts from the task: pass no incorrect= or"
+                " prompts=, or pass the answers themselves"
+            )
+        correct, incorrect, prompts = correct.correct, correct.incorrect, correct
+    elif incorrect is None:
+        raise TypeError("logit_diff needs the incorrect answers too: logit_diff(model, correct, incorrect), or a task")
+    return LogitDiff(
+        _token_ids(model, correct, "correct"),
+        _token_ids(model, incorrect, "incorrect"),
+        position,
+        prompts=_prompt_set(model, prompts),
+    )
 
 
-def probability(model, tokens: Answers, position: int | None = -1) -> Probability:
-    """The probability of tokens_i per prompt (softmax over the whole vocabulary): probability(model, [" Paris"])."""
-    return Probability(_token_ids(model, tokens, "tokens"), position)
+def probability(
+    model, tokens: Answers | Task, position: int | None = -1, *, prompts: Prompts | None = None
+) -> Probability:
+    """The probability of tokens_i per prompt (softmax over the whole vocabulary): probability(model, [" Paris"]);
+    probability(model, task) scores the task's correct answers, for its prompts only."""
+    ids, prompt_set = _token_metric_args(model, tokens, prompts, "probability")
+    return Probability(ids, position, prompts=prompt_set)
 
 
-def log_prob(model, tokens: Answers, position: int | None = -1) -> LogProb:
-    """The log-probability of tokens_i per prompt: log_prob(model, task.correct)."""
-    return LogProb(_token_ids(model, tokens, "tokens"), position)
+def log_prob(model, tokens: Answers | Task, position: int | None = -1, *, prompts: Prompts | None = None) -> LogProb:
+    """The log-probability of tokens_i per prompt: log_prob(model, task.correct, prompts=task.clean), or
+    log_prob(model, task)."""
+    ids, prompt_set = _token_metric_args(model, tokens, prompts, "log_prob")
+    return LogProb(ids, position, prompts=prompt_set)
 
 
-def rank(model, tokens: Answers, position: int | None = -1) -> Rank:
-    """The 0-based rank of tokens_i among the vocabulary (0 = largest logit; ties share the best rank), as float32."""
-    return Rank(_token_ids(model, tokens, "tokens"), position)
+def rank(model, tokens: Answers | Task, position: int | None = -1, *, prompts: Prompts | None = None) -> Rank:
+    """The 0-based rank of tokens_i among the vocabulary (0 = largest logit; ties share the best rank), as float32;
+    rank(model, task) ranks the task's correct answers, for its prompts only."""
+    ids, prompt_set = _token_metric_args(model, tokens, prompts, "rank")
+    return Rank(ids, position, prompts=prompt_set)
 
 
 def kl_div(position: int | None = -1) -> KLDiv:
@@ -406,7 +457,115 @@ def loss(model, tokens, attention_mask: Tensor | None = None) -> Loss:
         raise ValueError(
             f"token id {int(tokens.max())} is out of range for the model's vocabulary of {model.cfg.d_vocab}"
         )
-    return Loss(tokens.detach().cpu(), None if attention_mask is None else attention_mask.detach().cpu())
+    tokens = tokens.detach().cpu()
+    attention_mask = None if attention_mask is None else attention_mask.detach().cpu()
+    prompts = None if model is None else _prompt_set(model, tokens, attention_mask, "the tokens it scores")
+    return Loss(tokens, attention_mask, prompts=prompts)
+
+
+# ----------------------------------------------------------------------------- which prompts
+@dataclass(frozen=True)
+class PromptSet:
+    """The prompts a metric's answers belong to, as `check_prompts` compares them: each prompt's real token ids
+    (padding and a leading BOS left out), for one set of prompts or several (a task's clean and its corrupt ones)."""
+
+    sets: tuple[tuple[tuple[int, ...], ...], ...]
+    source: str  # what they are, for error messages ("task Task('ioi', n=8, seed=0)")
+
+    @classmethod
+    def of(cls, model, prompts: Prompts, attention_mask: Tensor | None = None, source: str | None = None) -> PromptSet:
+        """The prompts `prompts` (a task: its clean and its corrupt prompts; text; token ids) as `model` reads them."""
+        if model is None:
+            raise ValueError("prompts= needs the model, to read the prompts' tokens and padding as its forward does")
+        if isinstance(prompts, Task):
+            every = [prompts.clean, prompts.corrupt]
+            source = source or f"task {prompts!r}, its clean or its corrupt prompts"
+        else:
+            every = [prompts]
+            source = source or "the prompts given as prompts="
+        sets = []
+        for one in every:
+            tokens, key_valid = model.tokens_and_mask(one, attention_mask, prepend_bos=None)
+            sets.append(prompt_rows(model, tokens, key_valid))
+        return cls(tuple(sets), source)
+
+    def __repr__(self) -> str:
+        return f"PromptSet({len(self.sets[0])} prompts: {self.source})"
+
+
+def prompt_rows(model, tokens: Tensor, key_valid: Tensor | None) -> tuple[tuple[int, ...], ...]:
+    """Each prompt's real token ids, a leading BOS left out: equal for the same prompts however they are padded,
+    and with or without the BOS."""
+    tokenizer = getattr(model, "tokenizer", None)
+    bos = None if tokenizer is None else tokenizer.bos_token_id
+    rows = tokens.tolist()
+    if key_valid is not None:
+        valid = key_valid.tolist()
+        rows = [[t for t, real in zip(row, keep, strict=True) if real] for row, keep in zip(rows, valid, strict=True)]
+    return tuple(tuple(row[1:] if row and row[0] == bos else row) for row in rows)
+
+
+def check_prompts(metric, model, tokens: Tensor, key_valid: Tensor | None, caller: str) -> None:
+    """Refuse prompts other than those `metric` was built for (its `prompts`, when it has them), before anything
+    runs: the answers of one prompt set read on another give numbers that look fine and mean nothing."""
+    bound = getattr(metric, "prompts", None)
+    if not isinstance(bound, PromptSet):
+        return
+    given = prompt_rows(model, tokens, key_valid)
+    if any(given == rows for rows in bound.sets):
+        return
+    built = bound.sets[0]
+    if len(given) != len(built):
+        differs = f"these are {len(given)} prompts, those {len(built)}"
+    else:
+        row = next(i for i, (a, b) in enumerate(zip(given, built, strict=True)) if a != b)
+        differs = f"prompt {row} here is {_text(model, given[row])}, the metric's is {_text(model, built[row])}"
+    fix = (
+        "metrics.loss(model, these prompts)"
+        if isinstance(metric, Loss)
+        else f"metrics.{metric.name}(model, task) with these prompts' task, or prompts= these prompts"
+    )
+    raise ValueError(
+        f"{caller}: the metric {metric!r} was built for other prompts ({bound.source}): {differs}. Its answers"
+        f" belong to those prompts, so on these it would read the wrong logits; build it for these: {fix}"
+    )
+
+
+def bound_to(metric, model, clean, corrupt, attention_mask: Tensor | None, source: str):
+    """`metric` bound to the prompts `clean` (and `corrupt`) when it reads answers and holds no prompts yet
+    (see `check_prompts`); any other metric as it is."""
+    if not isinstance(metric, (LogitDiff, _TokenMetric)) or metric.prompts is not None:
+        return metric
+    sets = []
+    for one in (clean, corrupt):
+        if one is not None:
+            tokens, key_valid = model.tokens_and_mask(one, attention_mask, prepend_bos=None)
+            sets.append(prompt_rows(model, tokens, key_valid))
+    return replace(metric, prompts=PromptSet(tuple(sets), source))
+
+
+def _text(model, row: tuple[int, ...]) -> str:
+    tokenizer = getattr(model, "tokenizer", None)
+    text = repr(tokenizer.decode(list(row))) if tokenizer is not None else f"token ids {list(row)}"
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _prompt_set(model, prompts: Prompts | None, attention_mask: Tensor | None = None, source: str | None = None):
+    return None if prompts is None else PromptSet.of(model, prompts, attention_mask, source)
+
+
+def _token_metric_args(model, tokens: Answers | Task, prompts: Prompts | None, name: str):
+    """The token ids and the PromptSet of a token metric given answers (and prompts), or a task."""
+    if isinstance(tokens, Task):
+        if prompts is not None:
+            raise TypeError(f"{name}(model, task) takes the prompts from the task: pass no prompts=")
+        tokens, prompts = tokens.correct, tokens
+    return _token_ids(model, tokens, "tokens"), _prompt_set(model, prompts)
+
+
+def _check_prompt_count(prompts: PromptSet | None, n: int, what: str) -> None:
+    if prompts is not None and len(prompts.sets[0]) != n:
+        raise ValueError(f"the metric has {n} {what} (one per prompt), but {len(prompts.sets[0])} prompts")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -500,12 +659,15 @@ __all__ = [
     "LogitDiff",
     "Loss",
     "Metric",
+    "PromptSet",
     "Probability",
     "Rank",
     "kl_div",
     "log_prob",
     "logit_diff",
     "loss",
+    "check_prompts",
     "probability",
+    "prompt_rows",
     "rank",
 ]

@@ -55,6 +55,7 @@ from hooked.hooks import HookFn, HookPoint
 from hooked.interventions import ablate
 from hooked.interventions.ablate import Reference, Resample, Selector, is_tokens
 from hooked.interventions.addresses import head_names
+from hooked.interventions.metrics import check_prompts
 from hooked.interventions.positions import PerPrompt, Positions, as_ints, as_positions, positions_record
 from hooked.interventions.results import SweepResult, variant_names
 from hooked.interventions.row_blocks import registered_hooks
@@ -223,6 +224,7 @@ def attribution(
     """
     _check_can_attribute(model, hook, metric)
     tokens, key_valid = _prompts(model, corrupt, attention_mask)
+    check_prompts(metric, model, tokens, key_valid, "patch.attribution")
     source = _source(model, clean, _names(model, hook, HEAD_HOOKS + RESID_HOOKS), tokens, key_valid)
     if hook in HEAD_HOOKS:
         variants = _head_variants(model, hook, source, positions)
@@ -234,6 +236,15 @@ def attribution(
     points = _PatchedPoints(planned, torch.promote_types(model.dtype, torch.float32))
     base, gradients = _corrupt_gradients(model, tokens, key_valid, metric, points)
     estimates = points.estimates(gradients, [v.name for v in planned], tokens)
+    infinite = ~torch.isfinite(estimates).all(1)
+    if bool(infinite.any()):
+        names = [planned[i].name for i in infinite.nonzero().flatten().tolist()]
+        raise ValueError(
+            f"the attribution estimate of {len(names)} variant{'s' if len(names) > 1 else ''} is NaN or infinite"
+            f" ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''}): the metric's value is finite but its"
+            " gradient at the corrupt run is not (a norm or a square root at 0, a NaN in the backward);"
+            " differentiate a metric whose gradient is defined there, or run the sweep"
+        )
     provenance = sweep_provenance(model, planned, metric, task, tokens)
     provenance["patch"] = {"method": "attribution patching (gradient x (clean - corrupt))", "hook": hook}
     return SweepResult(
@@ -433,7 +444,10 @@ def _evaluate(metric: Callable, logits: Tensor, key_valid: Tensor | None) -> Flo
     if not callable(metric):
         raise TypeError(f"metric must be callable on logits, got {type(metric).__name__}")
     values = metric_values(
-        metric, metric(logits, base_logits=logits.detach(), attention_mask=key_valid), logits.shape[0]
+        metric,
+        metric(logits, base_logits=logits.detach(), attention_mask=key_valid),
+        logits.shape[0],
+        "on the corrupt run (patch.attribution's base)",
     )
     if not values.requires_grad:
         raise ValueError(

@@ -45,6 +45,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from hooked.hooks import EMBED_STAGE, HookFn, NameFilter
+from hooked.interventions.metrics import check_prompts
 from hooked.interventions.positions import last_real
 from hooked.interventions.results import SweepResult, variant_names
 from hooked.interventions.row_blocks import OnRows, Prompts, VariantError, registered_hooks  # noqa: F401  (VariantError: its old path)
@@ -120,7 +121,7 @@ def sweep(
 
         # The base run (step 2), keeping the residual stream entering every stage a variant starts at.
         base_resid, base_reduced = _base_run(model, prompts, {v.stage for v in planned}, reads)
-        base_value = reads.evaluate(base_reduced, base_reduced, key_valid)
+        base_value = reads.evaluate(base_reduced, base_reduced, key_valid, "on the base run (no variant)")
 
         # Chunks of variants (step 3), sorted by the stage they start at; under data parallelism, this rank's share.
         chunks = _chunks(model, planned, tokens.shape, reads, max_rows, max_bytes, group)
@@ -163,6 +164,7 @@ def _checked_plan(
     error = None
     try:
         tokens, key_valid = model.tokens_and_mask(input, attention_mask, prepend_bos=None)
+        check_prompts(metric, model, tokens, key_valid, "hooked.sweep")
         registered_hooks(model, "hooked.sweep")
         planned = plan_variants(model, variants, tokens.shape)
         reads = MetricReads.of(metric, model)
@@ -311,7 +313,8 @@ def _table(
             reduced = _run_chunk(model, prompts, [planned[i] for i in chunk], base_resid, reads)
             for block, index in enumerate(chunk):
                 rows = slice(block * batch, (block + 1) * batch)
-                values[index] = reads.evaluate(reduced[rows], base_reduced, prompts.key_valid).cpu()
+                what = f"with variant {planned[index].name!r}"
+                values[index] = reads.evaluate(reduced[rows], base_reduced, prompts.key_valid, what).cpu()
             bar.update(len(chunk)) if bar is not None else None
     except Exception as caught:
         if group is None:
@@ -429,21 +432,34 @@ class MetricReads:
         logits = model.logits_from_resid(resid, self.columns)
         return last_real(logits, key_valid) if self.position == -1 else logits
 
-    def evaluate(self, logits: Tensor, base: Tensor | None, key_valid: Tensor | None) -> Tensor:
+    def evaluate(self, logits: Tensor, base: Tensor | None, key_valid: Tensor | None, what: str = "") -> Tensor:
+        """The metric per prompt; `what` says which run it is, for the error a NaN raises (`metric_values`)."""
         if hasattr(self.metric, "compute"):
             values = self.metric.compute(logits, base if self.needs_base else None, key_valid)
         else:
             values = self.metric(logits, base_logits=base, attention_mask=key_valid)
-        return metric_values(self.metric, values, logits.shape[0])
+        return metric_values(self.metric, values, logits.shape[0], what)
 
 
-def metric_values(metric: Callable, values: Any, batch: int) -> Tensor:
+def metric_values(metric: Callable, values: Any, batch: int, what: str = "") -> Tensor:
     """What a user's metric returned, as float32 [batch], or an error saying what it returned instead.
 
     Every caller of a metric (sweeps, patching, attribution, circuits) passes its result through here,
-    so a scalar, a list or a wrong length fails with one message, not deep inside torch.
+    so a scalar, a list or a wrong length fails with one message, not deep inside torch; and a NaN fails
+    naming `what` ("with variant 'L2H2'") and the prompts: every comparison with a NaN is false, so ACDC
+    would keep every edge and a sweep's table would rank it nowhere, and a mean over prompts would be NaN.
     """
     if isinstance(values, Tensor) and values.shape == (batch,) and not values.is_complex():
+        nan = torch.isnan(values.detach())
+        if bool(nan.any()):
+            rows = nan.nonzero().flatten().tolist()
+            listed = ", ".join(map(str, rows[:10])) + (f" and {len(rows) - 10} more" if len(rows) > 10 else "")
+            raise ValueError(
+                f"metric {_metric_name(metric)} is NaN{' ' + what if what else ''} on prompt"
+                f"{'s' if len(rows) > 1 else ''} {listed} (of {batch}): a NaN would compare as neither large nor"
+                " small and turn every mean into NaN. Look for a 0/0 or a log of 0 in the metric, or NaN logits"
+                " (run the model on those prompts)"
+            )
         return values.float()
     if isinstance(values, Tensor) and values.ndim == 0:
         got = "a scalar (0-d tensor); did it average over the prompts? return the values before .mean()"
@@ -453,11 +469,15 @@ def metric_values(metric: Callable, values: Any, batch: int) -> Tensor:
         got = f"a {type(values).__name__} of {len(values)} values; return a tensor (torch.stack or torch.tensor)"
     else:
         got = f"{type(values).__name__} {values!r}"[:200]
-    name = getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__))
     error = ValueError if isinstance(values, Tensor) else TypeError
     raise error(
-        f"metric {name}: a metric must return one value per prompt, a [batch] tensor ([{batch}] here); got {got}"
+        f"metric {_metric_name(metric)}: a metric must return one value per prompt, a [batch] tensor ([{batch}]"
+        f" here); got {got}"
     )
+
+
+def _metric_name(metric: Callable) -> str:
+    return getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__))
 
 
 def sweep_provenance(model, planned: list[PlannedVariant], metric, task, tokens: Tensor) -> dict:

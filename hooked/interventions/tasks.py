@@ -506,7 +506,7 @@ def ioi_heldout(n: int, seed: int = 12345, model=None) -> Task:
     """`n` IOI prompts of held-out names in held-out templates: the test set of the bundled IOI models.
 
         held = tasks.ioi_heldout(32)          # what docs/ioi-models.md calls "heldout" (seed 12345)
-        circuit.faithfulness(model.to_tokens(held.clean), model.to_tokens(held.corrupt), metric_of(held))
+        circuit.faithfulness(held.clean, held.corrupt, metrics.logit_diff(model, held))  # its own answers
 
     The rows of `ioi(..., seed=seed, names=HELDOUT_NAMES)` whose template is one of HELDOUT_TEMPLATES, in
     order; `model=` fills `positions` as `ioi` does.

@@ -38,6 +38,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hooked.interventions import kinds
+from hooked.interventions.metrics import check_prompts
 from hooked.interventions.row_blocks import registered_hooks
 from hooked.interventions.sweeps import metric_values, sweep_provenance
 from hooked.layers import position_ids_for
@@ -166,6 +167,7 @@ def attribute(
         raise RuntimeError("hooked.sae.attribute needs gradients; call it outside torch.inference_mode()")
     registered_hooks(model, "hooked.sae.attribute")
     tokens, key_valid = model.tokens_and_mask(clean, attention_mask, prepend_bos=None)
+    check_prompts(metric, model, tokens, key_valid, "hooked.sae.attribute")
     corrupt_tokens, corrupt_valid = model.tokens_and_mask(corrupt, attention_mask, prepend_bos=None)
     _check_paired(tokens, key_valid, corrupt_tokens, corrupt_valid)
     mask = torch.ones_like(tokens, dtype=torch.bool) if key_valid is None else key_valid  # always passed explicitly
@@ -177,7 +179,7 @@ def attribute(
             names = [d.hook_sae_acts_post.name for d in dictionaries]
             corrupt_logits, cache = model.run_with_cache(corrupt_tokens, attention_mask=mask, names_filter=names)
             corrupt_acts = [cache.cache_dict[name] for name in names]
-            corrupt_values = _metric(metric, corrupt_logits, key_valid)
+            corrupt_values = _metric(metric, corrupt_logits, key_valid, "on the corrupt run")
         clean_values, clean_acts, gradients = _clean_gradients(
             model, dictionaries, tokens, mask, key_valid, metric, use_error_term
         )
@@ -191,6 +193,15 @@ def attribute(
     ]
     products = torch.cat(products, dim=-1)  # [batch pos n_features]; 0 at padding, which nothing reads
     per_prompt = products.sum(1).float().cpu()
+    infinite = ~torch.isfinite(per_prompt).all(0)
+    if bool(infinite.any()):
+        names = [name for d in dictionaries for name in feature_names(d)]
+        bad = [names[i] for i in infinite.nonzero().flatten().tolist()]
+        raise ValueError(
+            f"the attribution score of {len(bad)} feature{'s' if len(bad) > 1 else ''} is NaN or infinite"
+            f" ({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}): the metric's value is finite but its"
+            " gradient at the clean run is not (a norm or a square root at 0, a NaN in the backward)"
+        )
     provenance = sweep_provenance(model, [], metric, task, tokens)
     provenance["sae"] = {
         "method": "attribution patching (gradient x (corrupt - clean) at the clean run)",
@@ -277,7 +288,7 @@ def _clean_gradients(
             with model.hooks(fwd_hooks=gradients.inside_splice()):
                 logits = model(tokens, attention_mask=mask)
             acts = [gradients.acts[d.hook_sae_acts_post.name] for d in dictionaries]  # named so while spliced
-        values = _metric(metric, logits, key_valid)
+        values = _metric(metric, logits, key_valid, "on the clean run")
         if not values.requires_grad:
             raise ValueError(
                 f"metric {metric!r} returned values with no gradient (a .detach(), .item() or no_grad inside?);"
@@ -288,10 +299,11 @@ def _clean_gradients(
 
 
 # ----------------------------------------------------------------------------- pieces
-def _metric(metric: Callable, logits: Tensor, key_valid: Tensor | None) -> Tensor:
+def _metric(metric: Callable, logits: Tensor, key_valid: Tensor | None, what: str) -> Tensor:
     if not callable(metric):
         raise TypeError(f"metric must be callable on logits, got {type(metric).__name__}")
-    return metric_values(metric, metric(logits, base_logits=logits.detach(), attention_mask=key_valid), logits.shape[0])
+    values = metric(logits, base_logits=logits.detach(), attention_mask=key_valid)
+    return metric_values(metric, values, logits.shape[0], what)
 
 
 def _check_paired(tokens: Tensor, key_valid: Tensor | None, corrupt: Tensor, corrupt_valid: Tensor | None) -> None:
