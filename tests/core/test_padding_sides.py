@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import hooked
@@ -73,6 +73,8 @@ def test_right_padded_ids_without_a_mask_are_refused_everywhere(model, task):
         "patch_edges": lambda: circuits.patch_edges(model, clean, corrupt, ["L2H2->logits"], metric),
         "path_patch": lambda: circuits.path_patch(model, clean, corrupt, ["L2H2"], ["logits"], metric),
         "attribute": lambda: circuits.attribute(model, clean, corrupt, metric, method="eap"),
+        "discover": lambda: circuits.discover(model, clean, corrupt, metric, method="eap", n_edges=3),
+        "head_sweep": lambda: patch.head_sweep(model, corrupt, clean, metric),
         "generate": lambda: model.generate(clean, max_new_tokens=1),
     }
     for name, call in calls.items():
@@ -189,16 +191,24 @@ def _entry_points(model, clean, corrupt, attention_mask, mask, correct, incorrec
 @given(
     side=st.sampled_from(["left", "right"]),
     with_mask=st.booleans(),
-    data=st.data(),
+    lengths=st.lists(st.integers(2, 8), min_size=1, max_size=4),
+    seed=st.integers(0, 2**16),
 )
-def test_every_entry_point_equals_the_left_padded_batch_or_refuses(tiny, side, with_mask, data):
+# The cases that matter, whatever the draw: ragged rows on each side, with and without the mask.
+@example(side="right", with_mask=True, lengths=[2, 7, 4], seed=0)
+@example(side="right", with_mask=False, lengths=[5, 3], seed=1)
+@example(side="left", with_mask=False, lengths=[3, 8, 2, 5], seed=2)
+@example(side="left", with_mask=True, lengths=[6, 2], seed=3)
+def test_every_entry_point_equals_the_left_padded_batch_or_refuses(tiny, side, with_mask, lengths, seed):
     model = tiny
-    lengths = data.draw(st.lists(st.integers(2, 8), min_size=1, max_size=4), label="lengths")
-    word = st.integers(1, model.cfg.d_vocab - 1)  # never the pad id inside a prompt
-    rows = [[PAD, *data.draw(st.lists(word, min_size=n - 1, max_size=n - 1))] for n in lengths]
-    other = [[PAD, *data.draw(st.lists(word, min_size=n - 1, max_size=n - 1))] for n in lengths]
-    answers = data.draw(st.lists(word, min_size=2 * len(rows), max_size=2 * len(rows)), label="answers")
-    correct, incorrect = answers[: len(rows)], answers[len(rows) :]
+    generator = torch.Generator().manual_seed(seed)
+
+    def words(n: int) -> list[int]:  # never the pad id inside a prompt
+        return torch.randint(1, model.cfg.d_vocab, (n,), generator=generator).tolist()
+
+    rows = [[PAD, *words(n - 1)] for n in lengths]
+    other = [[PAD, *words(n - 1)] for n in lengths]
+    correct, incorrect = words(len(rows)), words(len(rows))
 
     reference_ids, reference_mask = padded(rows, "left")
     reference = _entry_points(
