@@ -10,7 +10,8 @@ Token ids given without a mask get one read from the ids (`mask_for`: each row's
 trailing ones when the tokenizer's `padding_side` is "right"), as TransformerLens 3.9's
 `utils.get_attention_mask` does, except that a batch no tokenizer padded is never masked: GPT-2's BOS,
 EOS and pad are one id, so a prompt that begins (or ends) with `<|endoftext|>` has that id next to the
-padding, and only the batch can say which is which.
+padding, and only the batch can say which is which. Ids that look padded on the other side (rows ending, under
+left padding, in pad runs of different lengths) are refused rather than read as tokens.
 
 Text the tokenizer does not know becomes its unknown token (`unk_token_id`; GPT-2's byte-level BPE has
 none): `check_known` refuses such text where one token must stand for it (an answer, `to_single_token`).
@@ -126,7 +127,8 @@ class HookedTokenizer:
         unpadded row, the longest, as every batch the tokenizer pads has; where every run is longer than
         that (rows sliced out of a padded batch without its longest, prompts that begin, or under right
         padding end, with the pad id) the ids cannot tell padding from tokens and this raises, asking for
-        the mask (`strict=False` reads them as TransformerLens does instead). Read from the values, the
+        the mask (`strict=False` reads them as TransformerLens does instead). Rows whose runs on the other
+        side differ (right-padded ids read on the left) raise too (`_check_other_side`). Read from the values, the
         mask survives `.to()`, `.clone()` and saving, and a slice that keeps the longest row.
         """
         if tokens.numel() == 0 or tokens.ndim < 2:
