@@ -10,7 +10,8 @@ Token ids given without a mask get one read from the ids (`mask_for`: each row's
 trailing ones when the tokenizer's `padding_side` is "right"), as TransformerLens 3.9's
 `utils.get_attention_mask` does, except that a batch no tokenizer padded is never masked: GPT-2's BOS,
 EOS and pad are one id, so a prompt that begins (or ends) with `<|endoftext|>` has that id next to the
-padding, and only the batch can say which is which.
+padding, and only the batch can say which is which. Ids that look padded on the other side (rows ending, under
+left padding, in pad runs of different lengths) are refused rather than read as tokens.
 
 Text the tokenizer does not know becomes its unknown token (`unk_token_id`; GPT-2's byte-level BPE has
 none): `check_known` refuses such text where one token must stand for it (an answer, `to_single_token`).
@@ -126,7 +127,8 @@ class HookedTokenizer:
         unpadded row, the longest, as every batch the tokenizer pads has; where every run is longer than
         that (rows sliced out of a padded batch without its longest, prompts that begin, or under right
         padding end, with the pad id) the ids cannot tell padding from tokens and this raises, asking for
-        the mask (`strict=False` reads them as TransformerLens does instead). Read from the values, the
+        the mask (`strict=False` reads them as TransformerLens does instead). Rows whose runs on the other
+        side differ (right-padded ids read on the left) raise too (`_check_other_side`). Read from the values, the
         mask survives `.to()`, `.clone()` and saving, and a slice that keeps the longest row.
         """
         if tokens.numel() == 0 or tokens.ndim < 2:
@@ -134,6 +136,8 @@ class HookedTokenizer:
         right = self._side(padding_side) == "right"
         is_pad = tokens == self.pad_token_id
         runs = (is_pad.flip(-1) if right else is_pad).long().cumprod(-1).sum(-1)  # [batch]: each row's run of pad ids
+        if strict:
+            self._check_other_side(tokens, is_pad, runs, right)
         if bool((runs == runs[0]).all()):  # one row, or rows all as long: nothing says any was padded
             return None
         bos_run = 1 if prepend_bos and self.bos_token_id == self.pad_token_id else 0  # real pad ids a run can hold
@@ -157,6 +161,34 @@ class HookedTokenizer:
             padding = (runs - bos_run).clamp(min=0)  # [batch]
             mask = columns >= padding[:, None]
         return None if bool(mask.all()) else mask
+
+    def _check_other_side(self, tokens: Tensor, is_pad: Tensor, runs: Tensor, right: bool) -> None:
+        """Raise when the ids look padded on the side `mask_for` does not read: rows that end (under left
+        padding; begin, under right) in runs of pad ids of different lengths.
+
+        Read on the other side, those pads would be tokens, and position -1 of a short row a pad. Rows that
+        are all pad ids read alike on both sides and are left out; runs all as long (every row ends with one
+        `<|endoftext|>`) say nothing of padding and pass. Where both ends differ, the ids cannot say which is
+        padding, so this raises too.
+        """
+        other = (is_pad if right else is_pad.flip(-1)).long().cumprod(-1).sum(-1)  # [batch]
+        partial = other < tokens.shape[1]  # rows that are not all pad ids
+        shown = other[partial]
+        if shown.numel() < 2 or bool((shown == shown[0]).all()):
+            return
+        side, end, wrong = ("right", "begin", "left") if right else ("left", "end", "right")
+        both = not bool((runs[partial] == runs[partial][0]).all())
+        listed = f"{other.tolist()[:8]}{'...' if len(other) > 8 else ''}"
+        raise ValueError(
+            f"these token ids come without an attention_mask, and their rows {end} in runs of {self.pad_token!r} (the"
+            f" pad id {self.pad_token_id}) of different lengths ({listed}): they look padded on the {wrong}, but"
+            f" padding is read from the {side}"
+            + (" (where the rows' runs differ too, so the ids cannot say which end is padding)" if both else "")
+            + f", so those pads would be read as tokens and a metric at position -1 would read a pad; pass"
+            f" attention_mask= (1 = real token; model.tokenizer(texts, return_tensors='pt', padding_side='{wrong}')"
+            f" returns it with the ids), or pad on the {side}: model.to_tokens(texts, padding_side='{side}'), or"
+            " pass the texts themselves; where those pad ids are real tokens, attention_mask=torch.ones_like(tokens)"
+        )
 
     def check_mask_readable(
         self, tokens: Tensor, mask: Tensor, prepend_bos: bool, padding_side: str | None = None
