@@ -140,11 +140,7 @@ def attribute(
         raise ValueError(f"steps_per_forward must be a positive int, not {steps_per_forward!r}")
     if method not in ("eap", "eap-ig"):
         raise ValueError(f"method must be 'eap' or 'eap-ig', not {method!r}")
-    if getattr(metric, "needs_base", False) is True:
-        raise ValueError(
-            f"{metric!r} compares with the clean run, where its gradient is 0: every score would be 0;"
-            " use a metric of the answers (logit_diff, log_prob, ...)"
-        )
+    refuse_base_metric(metric, "circuits.attribute")
     if torch.is_inference_mode_enabled():
         raise RuntimeError("circuits.attribute needs gradients; call it outside torch.inference_mode()")
     alphas = interpolation_points(method, steps)
@@ -154,6 +150,18 @@ def attribute(
     provenance = sweep_provenance(model, [], metric, task, experiment.prompts.tokens)
     provenance["circuits"] = {"method": method, "steps": len(alphas), "ablation": ablation}
     return EdgeScores(experiment.graph, matrix, method, provenance)
+
+
+def refuse_base_metric(metric: Callable, caller: str) -> None:
+    """Refuse a metric that compares with the base run (KL divergence): its base is the clean run, where it is at
+    its minimum, so its gradient there is 0 and every EAP score would be 0."""
+    if getattr(metric, "needs_base", False) is True:
+        raise ValueError(
+            f"{caller}: {metric!r} compares with the clean run, where it is at its minimum and its gradient is 0,"
+            " so every EAP score would be 0 (and EAP-IG, whose path starts there, is not built for it); use a"
+            " metric of the answers (logit_diff, log_prob, ...), or circuits.discover(method='acdc'), which"
+            " patches the edges and reads the metric itself"
+        )
 
 
 def interpolation_points(method: Method, steps: int) -> list[float]:

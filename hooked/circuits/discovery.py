@@ -30,6 +30,18 @@ later trials (which assumed otherwise) are discarded and the next forward starts
 decision is made on the exact metric of the exact graph the sequential algorithm would hold, so the
 result is ACDC's; the forwards needed are the trials / `batch_edges` plus one per misprediction.
 Trials of late receivers recompute only the layers from that receiver on.
+
+**ACDC's metric and criterion.** With a metric that compares with a base run (`metrics.kl_div()`, the ACDC
+paper's choice), the base is the clean run: each trial reads KL(clean model || current graph), 0 with
+nothing removed. Its gradient there is 0, so EAP predicts every edge removed and the speculation relies on
+that (still exact). `abs_value_threshold=True` (the default) removes an edge when |m(new) - m(current)| <
+threshold, the option of the same name in the ACDC code (ArthurConmy/Automatic-Circuit-Discovery,
+`acdc/TLACDCExperiment.py`); `False` is the signed criterion of the paper's Algorithm 1 (`D_KL(G||H_new) -
+D_KL(G||H) < tau`) and of that code's default: an edge is removed unless removing it moves the metric by at
+least `threshold` towards its value with every edge patched (the corrupt run). The ACDC code's metrics all
+rise as the circuit breaks (KL, a negated logit difference); here the direction is read off the clean and
+the corrupt runs (KL rises, `logit_diff` falls: an edge is kept only when its removal lowers it by the
+threshold or more), and an edge whose removal helps is removed.
 """
 
 from __future__ import annotations
@@ -43,7 +55,13 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from hooked.circuits.attribution import EdgeScores, interpolation_points, receiver_gradients, scores_from_gradients
+from hooked.circuits.attribution import (
+    EdgeScores,
+    interpolation_points,
+    receiver_gradients,
+    refuse_base_metric,
+    scores_from_gradients,
+)
 from hooked.circuits.engine import Ablation
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import INPUT, LOGITS, Edge, Graph, graph_of_shape
@@ -243,10 +261,17 @@ def discover(
     steps: int = 5,
     ablation: Ablation = "corrupt",
     batch_edges: int = 32,
+    abs_value_threshold: bool = True,
     attention_mask: Tensor | None = None,
     task=None,
 ) -> Circuit:
-    """Find a circuit: the `n_edges` edges of largest |EAP| or |EAP-IG| score, or ACDC with `threshold`; pruned."""
+    """Find a circuit: the `n_edges` edges of largest |EAP| or |EAP-IG| score, or ACDC with `threshold`; pruned.
+
+    ACDC with a metric that compares with the base run (`metrics.kl_div()`, the ACDC paper's) takes the clean
+    run as the base: KL(clean model || circuit). `abs_value_threshold` picks ACDC's criterion (the module
+    docstring): True, an edge is removed when removing it moves the metric by less than `threshold` either way;
+    False, the signed one, when it moves it less than `threshold` towards the corrupt run's value (or away).
+    """
     if method not in ("eap", "eap-ig", "acdc"):
         raise ValueError(f"method must be 'eap', 'eap-ig' or 'acdc', not {method!r}")
     if method == "acdc":
@@ -256,6 +281,15 @@ def discover(
             )
     elif n_edges is None or threshold is not None:
         raise ValueError(f"method={method!r} keeps the top n_edges= edges by score; threshold= is ACDC's")
+    else:
+        refuse_base_metric(metric, f"discover(method={method!r})")
+    if not isinstance(abs_value_threshold, bool):
+        raise TypeError(
+            f"abs_value_threshold is True (ACDC's two-sided criterion) or False (the signed one), not"
+            f" {abs_value_threshold!r}"
+        )
+    if method != "acdc" and not abs_value_threshold:
+        raise ValueError(f"abs_value_threshold=False is ACDC's signed criterion; method={method!r} ranks by |score|")
     if not isinstance(batch_edges, int) or isinstance(batch_edges, bool) or batch_edges < 1:
         raise ValueError(f"batch_edges (ACDC trials per forward) must be a positive int, not {batch_edges!r}")
     if n_edges is not None and (not isinstance(n_edges, int) or n_edges < 0):
@@ -267,8 +301,14 @@ def discover(
     g = experiment.graph
     provenance = sweep_provenance(model, [], metric, task, experiment.prompts.tokens)
     if method == "acdc":
-        kept, scores, stats = acdc(experiment, float(threshold), batch_edges)
-        provenance["circuits"] = {"method": "acdc", "threshold": threshold, "ablation": ablation, **stats}
+        kept, scores, stats = acdc(experiment, float(threshold), batch_edges, abs_value_threshold)
+        provenance["circuits"] = {
+            "method": "acdc",
+            "threshold": threshold,
+            "abs_value_threshold": abs_value_threshold,
+            "ablation": ablation,
+            **stats,
+        }
     else:
         matrix = scores_from_gradients(experiment, receiver_gradients(experiment, alphas))
         scores = dict(zip(map(str, g.edges), matrix[g.coordinates()].tolist(), strict=True))
@@ -280,10 +320,23 @@ def discover(
     return Circuit(g, edges, scores, method, ablation, provenance, model, (clean, corrupt, metric, attention_mask))
 
 
-def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tuple[list[Edge], dict[str, float], dict]:
-    """ACDC's kept edges, every edge's |metric move| when it was tried, and counts (see the module docstring)."""
+def acdc(
+    experiment: Experiment, threshold: float, batch_edges: int = 32, abs_value_threshold: bool = True
+) -> tuple[list[Edge], dict[str, float], dict]:
+    """ACDC's kept edges, every edge's score when it was tried (|metric move|, or with `abs_value_threshold=False`
+    the signed move towards the corrupt run's value), and counts (see the module docstring)."""
     g = experiment.graph
-    prediction = scores_from_gradients(experiment, receiver_gradients(experiment, [0.0]))
+    towards = 1.0 if abs_value_threshold else _towards_empty(experiment)
+
+    def effect(move: float) -> float:  # what is compared with the threshold
+        return abs(move) if abs_value_threshold else towards * move
+
+    if (
+        getattr(experiment.metric, "needs_base", False) is True
+    ):  # its gradient at the clean run (its base) is 0: every edge predicted removed
+        prediction = torch.zeros(len(g.sources), len(g.receivers))
+    else:
+        prediction = scores_from_gradients(experiment, receiver_gradients(experiment, [0.0]))
     trials = [
         Edge(g.sources[s].name, receiver.name)
         for r, receiver in reversed(list(enumerate(g.receivers)))
@@ -302,15 +355,15 @@ def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tup
             trial = state.clone()
             trial[index[edge]] = True
             masks.append(trial)
-            if abs(float(prediction[index[edge]])) < threshold:  # predicted: removed
+            if effect(float(prediction[index[edge]])) < threshold:  # predicted: removed
                 state = trial
         values = experiment.values(torch.stack(masks)).mean(1).tolist()
         forwards += 1
         for edge, value in zip(batch, values, strict=True):
             position += 1
-            move = abs(value - current)
+            move = effect(value - current)
             moves[str(edge)] = move
-            predicted_removed = abs(float(prediction[index[edge]])) < threshold
+            predicted_removed = effect(float(prediction[index[edge]])) < threshold
             if move < threshold:
                 removed[index[edge]] = True
                 current = value
@@ -319,7 +372,23 @@ def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tup
             if (move < threshold) != predicted_removed:
                 break  # later trials assumed the other decision
     scores = {str(e): moves.get(str(e), 0.0) for e in g.edges}
-    return kept, scores, {"forwards": forwards, "trials": len(trials), "batch_edges": batch_edges}
+    stats = {"forwards": forwards, "trials": len(trials), "batch_edges": batch_edges}
+    if not abs_value_threshold:
+        stats["harm"] = "increase" if towards > 0 else "decrease"
+    return kept, scores, stats
+
+
+def _towards_empty(experiment: Experiment) -> float:
+    """+1 when the metric rises from the clean run to the corrupt one (every edge patched), as a KL divergence
+    does; -1 when it falls, as a logit difference does: the direction in which a removed edge does harm."""
+    full, empty = float(experiment.clean_values.mean()), float(_empty(experiment).mean())
+    if full == empty:
+        raise ValueError(
+            f"abs_value_threshold=False keeps an edge when removing it moves the metric towards its value with every"
+            f" edge patched, but the metric is {full} both with none and with every edge patched; there is no"
+            " direction to measure (use abs_value_threshold=True)"
+        )
+    return 1.0 if empty > full else -1.0
 
 
 def prune(g: Graph, edges: Sequence, ablation: Ablation = "corrupt") -> list[Edge]:
