@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hooked.circuits.engine import Ablation, Run, patched_values, record, rows_per_forward, run_masks
+from hooked.circuits.engine import (
+    Ablation,
+    Run,
+    Where,
+    columns_at,
+    patched_values,
+    record,
+    rows_per_forward,
+    run_masks,
+)
 from hooked.circuits.graph import Graph, graph
 from hooked.interventions.row_blocks import Prompts, registered_hooks
 from hooked.interventions.sweeps import MetricReads
@@ -50,7 +59,11 @@ class Experiment:
         attention_mask: Tensor | None = None,
         max_bytes: int | None = None,
         caller: str = "hooked.circuits",
+        positions: tuple[Where, ...] = (),
+        g: Graph | None = None,
     ) -> Experiment:
+        """`positions`: where position-aware edges will be patched, checked against the prompts before any run;
+        `g`: the model's graph, where the caller built it already."""
         if getattr(model, "tensor_parallel", False):
             raise RuntimeError(f"{caller} runs on one process; load the model without tp= (docs/scaling.md)")
         registered_hooks(model, caller, part_of_model=False)
@@ -64,8 +77,10 @@ class Experiment:
             raise ValueError(
                 f"{caller}: ablation={ablation!r} reads the corrupt prompts; pass them, or use ablation='zero'"
             )
-        g = graph(model)
+        g = graph(model) if g is None else g
         prompts = Prompts(tokens, position_ids_for(tokens, key_valid), key_valid)
+        for where in positions:
+            columns_at(prompts, where)  # a position some prompt lacks, or per-prompt positions of another batch
         clean_run = record(model, g, prompts, reads)
         corrupt_run = None
         if corrupt_tokens is not None:
@@ -93,9 +108,9 @@ class Experiment:
             raise ValueError("this experiment has no corrupt prompts")
         return self.evaluate(self.corrupt.reduced).cpu()
 
-    def values(self, masks: Tensor, at_positions: dict[int, Tensor] | None = None) -> Tensor:
+    def values(self, masks: Tensor, at_positions: dict[Where, Tensor] | None = None) -> Tensor:
         """The metric [V, B] with the edges of each mask [V, n_sources, n_receivers] patched (and those of
-        `at_positions[p]`, [V, ...] each, at position p only), in batches."""
+        `at_positions[p]`, [V, ...] each, at positions p only: `engine.columns_at`), in batches."""
         batch = self.prompts.tokens.shape[0]
         per_forward = rows_per_forward(self.model, self.graph, self.prompts, self.max_bytes)
         out = torch.empty(masks.shape[0], batch, dtype=torch.float32)

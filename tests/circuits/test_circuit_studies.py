@@ -5,7 +5,9 @@ references (`brute_patch`: one forward of `run_with_hooks` adding (patched - cur
 never from hooked.circuits:
 
 - ACDC: a plain sequential ACDC, one edge at a time in ACDC's order, each trial a `brute_patch` forward;
-  KL divergence to the clean model's logits (the ACDC paper's metric), the two-sided and the signed criterion.
+  KL divergence to the clean model's logits (the ACDC paper's metric), the two-sided and the signed criterion;
+- per-prompt positions: `patch_at_columns` (brute_patch adding the term at each prompt's own columns only) and
+  `wang_at_columns` (Wang et al.'s two forwards, the second replacing the receivers' inputs at those columns).
 """
 
 from __future__ import annotations
@@ -14,18 +16,25 @@ import pytest
 import torch
 
 from hooked import circuits, metrics
+from hooked.circuits import experiment as experiment_module
 from tests.circuits.test_circuits import (
     answers_metric,
     brute_patch,
+    direct_edges,
     is_whole,
     layout,
     no_hooks,
     paired_prompts,
+    receiver_point,
     ref_acdc_order,
     ref_edges,
+    ref_inputs_of,
     run_metric,
+    score,
     shape,
+    slot,
     small_model,
+    source_point,
 )
 
 
@@ -148,4 +157,171 @@ def test_attribution_methods_refuse_kl_naming_why():
         circuits.discover(
             model, clean, corrupt, answers_metric(model, 2), method="acdc", threshold=0.1, abs_value_threshold="no"
         )
+    assert no_hooks(model)
+
+
+# ============================================================================= per-prompt positions
+def columns_of(mask, positions):
+    """Each prompt's columns for `positions` (a list of positions per prompt) in a left-padded batch."""
+    pads, width = (~mask).sum(-1).tolist(), mask.shape[1]
+    return [[pads[b] + p if p >= 0 else width + p for p in row] for b, row in enumerate(positions)]
+
+
+def patch_at_columns(model, clean, corrupt, edges, metric, mask, columns):
+    """`brute_patch` with each receiver's input changed at prompt b's `columns[b]` only: (corrupt - current) of
+    each patched source there, `current` what the source wrote in this same forward."""
+    n_layers = model.cfg.n_layers
+    pairs = [e.split("->") for e in edges]
+    points = {s: source_point(n_layers, s) for s, _ in pairs}
+    with torch.no_grad():
+        _, cache = model.run_with_cache(corrupt, attention_mask=mask, names_filter=[p for p, _ in points.values()])
+    current = {}
+
+    def capture(activation, hook):
+        for source, (point, head) in points.items():
+            if point == hook.name:
+                current[source] = slot(activation, head).clone()
+
+    at: dict[str, list] = {}
+    for source, receiver in pairs:
+        point, head = receiver_point(n_layers, receiver)
+        at.setdefault(point, []).append((head, source))
+
+    def receive(activation, hook):
+        activation = activation.clone()
+        for head, source in at[hook.name]:
+            point, source_head = points[source]
+            for b, row in enumerate(columns):
+                for column in row:
+                    delta = slot(cache[point], source_head)[b, column] - current[source][b, column]
+                    slot(activation, head)[b, column] += delta
+        return activation
+
+    names = {p for p, _ in points.values()}
+    with torch.no_grad():
+        logits = model.run_with_hooks(
+            clean, attention_mask=mask, fwd_hooks=[(n, capture) for n in names] + [(n, receive) for n in at]
+        )
+    return score(model, metric, logits, mask)
+
+
+def wang_at_columns(model, clean, corrupt, senders, receivers, metric, mask, columns):
+    """Wang et al.'s path patching (pre-norm blocks): (1) senders corrupt, every other head frozen at its clean
+    write, MLPs recomputed, receivers' inputs recorded; (2) the clean run with those inputs at `columns` only."""
+    n_layers, n_heads, n_kv = shape(model)
+    head_points = [f"blocks.{layer}.attn.hook_result" for layer in range(n_layers)]
+    sender_points = [source_point(n_layers, s) for s in senders]
+    with torch.no_grad():
+        _, clean_cache = model.run_with_cache(clean, attention_mask=mask, names_filter=head_points)
+        _, corrupt_cache = model.run_with_cache(
+            corrupt, attention_mask=mask, names_filter=[p for p, _ in sender_points]
+        )
+
+    def write(activation, hook):
+        new = clean_cache[hook.name].clone() if hook.name in head_points else activation.clone()
+        for point, head in sender_points:
+            if point == hook.name:
+                slot(new, head)[...] = slot(corrupt_cache[point], head)
+        return new
+
+    at: dict[str, list] = {}
+    for receiver in [r for node in receivers for r in ref_inputs_of(node, n_heads, n_kv)]:
+        point, head = receiver_point(n_layers, receiver)
+        at.setdefault(point, []).append(head)
+    recorded = {}
+
+    def keep(activation, hook):
+        recorded[hook.name] = activation.clone()
+
+    written = set(head_points) | {p for p, _ in sender_points}
+    with torch.no_grad():
+        model.run_with_hooks(
+            clean, attention_mask=mask, fwd_hooks=[(n, write) for n in written] + [(n, keep) for n in at]
+        )
+
+    def replace(activation, hook):
+        new = activation.clone()
+        for head in at[hook.name]:
+            for b, row in enumerate(columns):
+                for column in row:
+                    slot(new, head)[b, column] = slot(recorded[hook.name], head)[b, column]
+        return new
+
+    with torch.no_grad():
+        logits = model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=[(n, replace) for n in at])
+    return score(model, metric, logits, mask)
+
+
+def close(actual, expected):
+    scale = max(1.0, float(expected.abs().max()))
+    assert torch.allclose(actual, expected, atol=2e-5 * scale, rtol=0), (actual, expected)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen3"])
+def test_patch_edges_at_each_prompts_own_position_equals_plain_hooks(arch):
+    """`positions=` a [batch] tensor: prompt b's receivers read the patched term at its own position only."""
+    model = small_model(arch, seed=61)
+    clean, corrupt, mask = paired_prompts(model, 3, 6, seed=62, padded=True)
+    metric = answers_metric(model, 3, position=None)  # reads every position, so any column's change shows
+    kv = "L1KV0.k" if model.cfg.n_kv_heads != model.cfg.n_heads else "L1H0.k"
+    variants = {"q": ["L0H0->L1H1.q"], "mlp and logits": ["input->L1.mlp", "L0.mlp->logits"], "kv": [f"L0H1->{kv}"]}
+    per_prompt = torch.tensor([0, 1, -2])  # prompt 2 is the shortest (3 tokens): -2 is its second
+    for positions, rows in ((per_prompt, [[0], [1], [-2]]), ([0, -1], [[0, -1]] * 3)):
+        result = circuits.patch_edges(model, clean, corrupt, variants, metric, positions=positions, attention_mask=mask)
+        everywhere = circuits.patch_edges(model, clean, corrupt, variants, metric, attention_mask=mask)
+        for name, edges in variants.items():
+            expected = patch_at_columns(model, clean, corrupt, edges, metric, mask, columns_of(mask, rows))
+            close(result[name], expected)
+            assert not torch.allclose(result[name], everywhere[name], atol=1e-5)  # positions are not all of them
+    assert result.provenance["circuits"]["positions"] == [0, -1]
+    assert no_hooks(model)
+
+
+@pytest.mark.parametrize("method", ["direct", "wang"])
+def test_path_patching_at_end_and_per_prompt_equals_plain_hooks(method):
+    """Wang et al. patch the name movers' queries at END only: `path_patch(..., positions=-1)`."""
+    model = small_model("gpt2", seed=71, n_layers=3)
+    clean, corrupt, mask = paired_prompts(model, 3, 6, seed=72, padded=True)
+    metric = answers_metric(model, 3, position=None)
+    for senders, receivers in ((["L0H0", "L1H1"], ["L2H0.q"]), (["L0H1"], ["L2H1"]), (["L1.mlp"], ["logits"])):
+        for positions, rows in ((-1, [[-1]] * 3), (torch.tensor([2, 0, 1]), [[2], [0], [1]])):
+            result = circuits.path_patch(
+                model,
+                clean,
+                corrupt,
+                senders,
+                receivers,
+                metric,
+                method=method,
+                positions=positions,
+                attention_mask=mask,
+            )
+            columns = columns_of(mask, rows)
+            if method == "direct":
+                edges = direct_edges(model, senders, receivers)
+                expected = patch_at_columns(model, clean, corrupt, edges, metric, mask, columns)
+            else:
+                expected = wang_at_columns(model, clean, corrupt, senders, receivers, metric, mask, columns)
+            close(result.values[0], expected)
+    assert no_hooks(model)
+
+
+@pytest.mark.unchecked
+def test_positions_are_checked_before_anything_runs(monkeypatch):
+    model = small_model("gpt2", seed=3)
+    clean, corrupt, mask = paired_prompts(model, 3, 5, seed=4, padded=True)
+    metric = answers_metric(model, 3)
+    runs = []
+    monkeypatch.setattr(experiment_module, "record", lambda *args: runs.append(args))  # the first forward
+    with pytest.raises(ValueError, match="gives 2 positions, one per prompt"):
+        circuits.patch_edges(
+            model, clean, corrupt, ["input->logits"], metric, positions=torch.tensor([1, 2]), attention_mask=mask
+        )
+    with pytest.raises(ValueError, match="does not exist in prompt"):
+        circuits.path_patch(model, clean, corrupt, ["L0H0"], ["L1H0"], metric, positions=4, attention_mask=mask)
+    with pytest.raises(ValueError, match="carries its own position"):
+        circuits.patch_edges(model, clean, corrupt, {"x": ["input->logits@-1"]}, metric, positions=-1)
+    with pytest.raises(TypeError, match="1-D integer tensor"):
+        circuits.patch_edges(model, clean, corrupt, ["input->logits"], metric, positions=torch.tensor([0.5] * 3))
+    assert not runs
     assert no_hooks(model)
