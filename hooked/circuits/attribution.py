@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from hooked.circuits.engine import Ablation, _stage_loop, rows_per_forward
+from hooked.circuits.engine import Ablation, Where, _stage_loop, columns_at, rows_per_forward
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import Edge, Graph
 from hooked.circuits.graph import graph as build_graph
+from hooked.interventions.positions import Positions, as_positions, positions_record
 from hooked.interventions.sweeps import sweep_provenance
 
 if TYPE_CHECKING:
@@ -125,6 +126,7 @@ def attribute(
     method: Method = "eap",
     steps: int = 5,
     ablation: Ablation = "corrupt",
+    positions: Positions = None,
     attention_mask: Tensor | None = None,
     steps_per_forward: int | None = None,
     task=None,
@@ -135,6 +137,10 @@ def attribute(
     with the base run, like KL divergence, has zero gradient at the clean run and is refused). The model's
     parameters' `.grad` are left alone; no hook stays registered. EAP-IG's steps run as row blocks of one
     forward, `steps_per_forward` at a time (default: what fits the memory budget of the batched edge forward).
+
+    `positions=` (as `patch_edges` takes it: an int or a list for every prompt, a 1-D tensor [batch] one per prompt)
+    scores each edge at those positions only: the sum over positions runs over them, estimating `patch_edges(...,
+    positions=positions)` of the edge. EAP-IG's path still runs from the clean to the corrupt input at every position.
     """
     if steps_per_forward is not None and (not isinstance(steps_per_forward, int) or steps_per_forward < 1):
         raise ValueError(f"steps_per_forward must be a positive int, not {steps_per_forward!r}")
@@ -144,11 +150,23 @@ def attribute(
     if torch.is_inference_mode_enabled():
         raise RuntimeError("circuits.attribute needs gradients; call it outside torch.inference_mode()")
     alphas = interpolation_points(method, steps)
-    experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, caller="circuits.attribute")
+    where = as_positions(positions)
+    experiment = Experiment.of(
+        model,
+        clean,
+        corrupt,
+        metric,
+        ablation,
+        attention_mask,
+        caller="circuits.attribute",
+        positions=() if where is None else (where,),
+    )
     gradients = receiver_gradients(experiment, alphas, steps_per_forward)
-    matrix = scores_from_gradients(experiment, gradients)
+    matrix = scores_from_gradients(experiment, gradients, where)
     provenance = sweep_provenance(model, [], metric, task, experiment.prompts.tokens)
     provenance["circuits"] = {"method": method, "steps": len(alphas), "ablation": ablation}
+    if where is not None:
+        provenance["circuits"]["positions"] = positions_record(where)
     return EdgeScores(experiment.graph, matrix, method, provenance)
 
 
@@ -235,12 +253,15 @@ def _gradients_at(experiment: Experiment, alphas: list[float], points: list[str]
     return out
 
 
-def scores_from_gradients(experiment: Experiment, gradients: dict[str, Tensor]) -> Tensor:
-    """[n_sources, n_receivers]: (patched_S - clean_S) . gradient at R, summed over positions, mean over prompts."""
+def scores_from_gradients(experiment: Experiment, gradients: dict[str, Tensor], where: Where | None = None) -> Tensor:
+    """[n_sources, n_receivers]: (patched_S - clean_S) . gradient at R, summed over positions (those of `where`
+    only, `engine.columns_at`; None: all), mean over prompts."""
     g = experiment.graph
     clean = experiment.clean.outputs
     precision = next(iter(gradients.values())).dtype
     delta = (experiment.patched - clean).to(precision)  # [n_sources B pos d_model]
+    if where is not None:
+        delta = delta * columns_at(experiment.prompts, where).to(delta)[None, :, :, None]
     batch = clean.shape[1]
     matrix = torch.zeros(len(g.sources), len(g.receivers), dtype=precision)
     by_point: dict[str, list[int]] = {}

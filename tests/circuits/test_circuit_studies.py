@@ -21,6 +21,7 @@ from tests.circuits.test_circuits import (
     answers_metric,
     brute_patch,
     direct_edges,
+    hand_gradients,
     is_whole,
     layout,
     no_hooks,
@@ -324,4 +325,52 @@ def test_positions_are_checked_before_anything_runs(monkeypatch):
     with pytest.raises(TypeError, match="1-D integer tensor"):
         circuits.patch_edges(model, clean, corrupt, ["input->logits"], metric, positions=torch.tensor([0.5] * 3))
     assert not runs
+    assert no_hooks(model)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen3"])
+def test_attribution_at_each_prompts_own_position_equals_hand_gradients(arch):
+    """`attribute(..., positions=)`: (patched_S - clean_S) . d metric / d input_R summed over each prompt's own
+    columns only, the gradient taken by hand (a zero tensor added at the receiver's input and differentiated)."""
+    model = small_model(arch, seed=81)
+    clean, corrupt, mask = paired_prompts(model, 3, 6, seed=82, padded=True)
+    metric = answers_metric(model, 3, position=None)
+    n_layers = model.cfg.n_layers
+    kv = "L1KV0.v" if model.cfg.n_kv_heads != model.cfg.n_heads else "L1H0.v"
+    edges = ["input->L0H1.q", "L0H0->L1H1.q", f"L0.mlp->{kv}", "L0H1->L1.mlp", "L1H0->logits", "input->logits"]
+    sources = sorted({source_point(n_layers, e.split("->")[0])[0] for e in edges})
+    points = sorted({receiver_point(n_layers, e.split("->")[1])[0] for e in edges})
+    with torch.no_grad():
+        _, clean_cache = model.run_with_cache(clean, attention_mask=mask, names_filter=sources)
+        _, corrupt_cache = model.run_with_cache(corrupt, attention_mask=mask, names_filter=sources)
+    start, end = clean_cache["blocks.0.hook_resid_pre"], corrupt_cache["blocks.0.hook_resid_pre"]
+    rows = [[1], [3], [-1]]
+    selected = torch.zeros(mask.shape)
+    for b, row in enumerate(columns_of(mask, rows)):
+        selected[b, row] = 1.0
+    for method, alphas in (("eap", [0.0]), ("eap-ig", [0.25, 0.75])):
+        grads = {p: 0.0 for p in points}
+        for alpha in alphas:
+            for point, grad in hand_gradients(
+                model, clean, metric, mask, points, start + alpha * (end - start)
+            ).items():
+                grads[point] = grads[point] + grad / len(alphas)
+        scores = circuits.attribute(
+            model,
+            clean,
+            corrupt,
+            metric,
+            method=method,
+            steps=2,
+            positions=torch.tensor([1, 3, -1]),
+            attention_mask=mask,
+        )
+        whole = circuits.attribute(model, clean, corrupt, metric, method=method, steps=2, attention_mask=mask)
+        for edge in edges:
+            source, receiver = edge.split("->")
+            (s_point, s_head), (r_point, r_head) = source_point(n_layers, source), receiver_point(n_layers, receiver)
+            delta = slot(corrupt_cache[s_point], s_head) - slot(clean_cache[s_point], s_head)
+            expected = float((delta * slot(grads[r_point], r_head) * selected[..., None]).sum() / 3)
+            assert abs(scores[edge] - expected) < 1e-4 * max(1.0, abs(expected)), (method, edge)
+            assert abs(scores[edge] - whole[edge]) > 1e-6, (method, edge)  # one position per prompt is not all
     assert no_hooks(model)
