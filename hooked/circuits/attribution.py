@@ -127,6 +127,7 @@ def attribute(
     steps: int = 5,
     ablation: Ablation = "corrupt",
     positions: Positions = None,
+    experts: bool = False,
     attention_mask: Tensor | None = None,
     steps_per_forward: int | None = None,
     task=None,
@@ -141,6 +142,7 @@ def attribute(
     `positions=` (as `patch_edges` takes it: an int or a list for every prompt, a 1-D tensor [batch] one per prompt)
     scores each edge at those positions only: the sum over positions runs over them, estimating `patch_edges(...,
     positions=positions)` of the edge. EAP-IG's path still runs from the clean to the corrupt input at every position.
+    `experts=True`: the experts of a mixture-of-experts MLP are sources (`circuits.graph`).
     """
     if steps_per_forward is not None and (not isinstance(steps_per_forward, int) or steps_per_forward < 1):
         raise ValueError(f"steps_per_forward must be a positive int, not {steps_per_forward!r}")
@@ -160,6 +162,7 @@ def attribute(
         attention_mask,
         caller="circuits.attribute",
         positions=() if where is None else (where,),
+        g=build_graph(model, experts) if experts else None,
     )
     gradients = receiver_gradients(experiment, alphas, steps_per_forward)
     matrix = scores_from_gradients(experiment, gradients, where)

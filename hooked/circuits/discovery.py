@@ -179,7 +179,14 @@ class Circuit:
             corrupt = found_corrupt if corrupt is None else corrupt
             metric = found_metric if metric is None else metric
         experiment = Experiment.of(
-            self.model, clean, corrupt, metric, self.ablation, attention_mask, caller="Circuit.faithfulness"
+            self.model,
+            clean,
+            corrupt,
+            metric,
+            self.ablation,
+            attention_mask,
+            caller="Circuit.faithfulness",
+            g=self.graph,
         )
         return experiment, metric
 
@@ -199,6 +206,7 @@ class Circuit:
                 **({} if self.graph.mlp_layers is None else {"mlp_layers": list(self.graph.mlp_layers)}),
                 **({"parallel_layers": list(self.graph.parallel_layers)} if self.graph.parallel_layers else {}),
                 **({"whole_attention": list(self.graph.whole_attention)} if self.graph.whole_attention else {}),
+                **({"expert_layers": dict(self.graph.expert_layers)} if self.graph.expert_layers else {}),
             },
             "provenance": self.provenance,
         }
@@ -214,10 +222,13 @@ class Circuit:
         mlp_layers = None if shape.get("mlp_layers") is None else tuple(shape["mlp_layers"])  # absent: every layer
         parallel = tuple(shape.get("parallel_layers", ()))
         whole = tuple(shape.get("whole_attention", ()))
+        experts = {int(layer): n for layer, n in shape.get("expert_layers", {}).items()}  # JSON keys are str
         g = (
-            build_graph(model)
+            build_graph(model, bool(experts))
             if model is not None
-            else graph_of_shape(shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers, parallel, whole)
+            else graph_of_shape(
+                shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers, parallel, whole, experts
+            )
         )
         if model is not None and (
             g.n_layers,
@@ -226,7 +237,16 @@ class Circuit:
             g.mlp_layers,
             g.parallel_layers,
             g.whole_attention,
-        ) != (shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers, parallel, whole):
+            g.expert_layers,
+        ) != (
+            shape["n_layers"],
+            shape["n_heads"],
+            shape["n_kv_heads"],
+            mlp_layers,
+            parallel,
+            whole,
+            tuple(sorted(experts.items())),
+        ):
             raise ValueError(f"the circuit in {path} was found on a graph of shape {shape}, but this model's is {g!r}")
         return cls(
             g,
@@ -262,6 +282,7 @@ def discover(
     ablation: Ablation = "corrupt",
     batch_edges: int = 32,
     abs_value_threshold: bool = True,
+    experts: bool = False,
     attention_mask: Tensor | None = None,
     task=None,
 ) -> Circuit:
@@ -271,6 +292,7 @@ def discover(
     run as the base: KL(clean model || circuit). `abs_value_threshold` picks ACDC's criterion (the module
     docstring): True, an edge is removed when removing it moves the metric by less than `threshold` either way;
     False, the signed one, when it moves it less than `threshold` towards the corrupt run's value (or away).
+    `experts=True`: the experts of a mixture-of-experts MLP are nodes (`circuits.graph`).
     """
     if method not in ("eap", "eap-ig", "acdc"):
         raise ValueError(f"method must be 'eap', 'eap-ig' or 'acdc', not {method!r}")
@@ -297,7 +319,16 @@ def discover(
     if torch.is_inference_mode_enabled():
         raise RuntimeError("circuits.discover computes gradients; call it outside torch.inference_mode()")
     alphas = interpolation_points(method, steps) if method != "acdc" else None
-    experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, caller="circuits.discover")
+    experiment = Experiment.of(
+        model,
+        clean,
+        corrupt,
+        metric,
+        ablation,
+        attention_mask,
+        caller="circuits.discover",
+        g=build_graph(model, experts) if experts else None,
+    )
     g = experiment.graph
     provenance = sweep_provenance(model, [], metric, task, experiment.prompts.tokens)
     if method == "acdc":

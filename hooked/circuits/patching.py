@@ -63,6 +63,7 @@ def patch_edges(
     *,
     ablation: Ablation = "corrupt",
     positions: Positions = None,
+    experts: bool = False,
     attention_mask: Tensor | None = None,
     max_bytes: int | None = None,
     task=None,
@@ -81,6 +82,8 @@ def patch_edges(
     (the same positions in every prompt) or a 1-D integer tensor [batch], one position per prompt
     (`positions=task.positions["S2"]`): the receiver's input at that position of each prompt reads the
     source's patched write at that position. Edges then carry no `@position` of their own.
+
+    `experts=True`: the experts of a mixture-of-experts MLP are sources, `"L1.E3->logits"` (`circuits.graph`).
     """
     if not isinstance(variants, Mapping):
         variants = {"edges": list(variants)}
@@ -89,7 +92,7 @@ def patch_edges(
     names = variant_names(variants)  # before any forward: two names that read the same, or "base", raise
     where = as_positions(positions)
     # The graph's edges depend on the model only: the edges are read, and refused, before any forward.
-    g = graph(model)
+    g = graph(model, experts)
     everywhere, at = zip(*(_mask(g, name, edges) for name, edges in variants.items()), strict=True)
     if where is not None and any(at):
         edge = next(f"{name!r}: {sorted(a)}" for name, a in zip(names, at, strict=True) if a)
@@ -128,6 +131,7 @@ def path_patch(
     method: PathMethod = "direct",
     ablation: Ablation = "corrupt",
     positions: Positions = None,
+    experts: bool = False,
     attention_mask: Tensor | None = None,
     task=None,
 ) -> SweepResult:
@@ -146,6 +150,7 @@ def path_patch(
         method=method,
         ablation=ablation,
         positions=positions,
+        experts=experts,
         attention_mask=attention_mask,
         task=task,
     )
@@ -161,6 +166,7 @@ def path_patch_sweep(
     method: PathMethod = "direct",
     ablation: Ablation = "corrupt",
     positions: Positions = None,
+    experts: bool = False,
     attention_mask: Tensor | None = None,
     max_bytes: int | None = None,
     task=None,
@@ -174,7 +180,7 @@ def path_patch_sweep(
         raise ValueError("pairs must be a non-empty dict: {name: (senders, receivers)}")
     names = variant_names(pairs, "pair")
     where = as_positions(positions)
-    g = graph(model)
+    g = graph(model, experts)
     resolved = {name: _resolve_pair(g, name, pair) for name, pair in zip(names, pairs.values(), strict=True)}
     experiment = Experiment.of(
         model,

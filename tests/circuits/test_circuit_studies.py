@@ -17,6 +17,7 @@ import torch
 
 from hooked import circuits, metrics
 from hooked.circuits import experiment as experiment_module
+from hooked.testing import random_model
 from tests.circuits.test_circuits import (
     answers_metric,
     brute_patch,
@@ -374,3 +375,112 @@ def test_attribution_at_each_prompts_own_position_equals_hand_gradients(arch):
             assert abs(scores[edge] - expected) < 1e-4 * max(1.0, abs(expected)), (method, edge)
             assert abs(scores[edge] - whole[edge]) > 1e-6, (method, edge)  # one position per prompt is not all
     assert no_hooks(model)
+
+
+# ============================================================================= experts as nodes
+MOE = {
+    "qwen3_moe": dict(
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        n_kv_heads=1,
+        d_head=8,
+        d_mlp=32,
+        d_vocab=32,
+        n_experts=4,
+        top_k=2,
+        d_expert_mlp=8,
+    ),
+    "mixtral": dict(
+        n_layers=2, d_model=16, n_heads=2, n_kv_heads=1, d_head=8, d_mlp=8, d_vocab=32, n_experts=4, top_k=2
+    ),
+}
+SLOT_POINTS = ("hook_expert_post", "hook_expert_weights", "hook_expert_indices")
+
+
+def expert_writes(model, layer, values):
+    """Each expert's routed write [batch pos n_experts d_model] from the per-slot hooks' values, by hand:
+    sum over the slots holding expert e of weight * post @ W_out[e]."""
+    post, weights, indices = (values[f"blocks.{layer}.mlp.{name}"] for name in SLOT_POINTS)
+    w_out = model.blocks[layer].mlp.W_out  # [n_experts d_expert_mlp d_model]
+    n_experts = w_out.shape[0]
+    out = torch.zeros(*indices.shape[:2], n_experts, w_out.shape[-1])
+    for e in range(n_experts):
+        chosen = (indices == e).to(post.dtype) * weights  # [batch pos top_k]
+        out[:, :, e] = torch.einsum("bpk,bpkm,md->bpd", chosen, post, w_out[e])
+    return out
+
+
+def expert_patch(model, clean, corrupt, edges, metric, mask):
+    """Plain hooks: each receiver reads (corrupt - current) of each patched source added to its input, an expert's
+    write computed by `expert_writes` from the per-slot hooks of the corrupt run and of this same forward."""
+    n_layers = model.cfg.n_layers
+    pairs = [e.split("->") for e in edges]
+    slot_points = [f"blocks.{layer}.mlp.{name}" for layer in range(n_layers) for name in SLOT_POINTS]
+    head_points = [source_point(n_layers, s)[0] for s, _ in pairs if ".E" not in s]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(corrupt, attention_mask=mask, names_filter=slot_points + head_points)
+    current: dict[str, torch.Tensor] = {}
+
+    def capture(activation, hook):
+        current[hook.name] = activation.clone()
+
+    def value(source, values):
+        if ".E" in source:
+            layer, expert = (int(x) for x in source[1:].split(".E"))
+            return expert_writes(model, layer, values)[:, :, expert]
+        point, head = source_point(n_layers, source)
+        return slot(values[point], head)
+
+    at: dict[str, list] = {}
+    for source, receiver in pairs:
+        point, head = receiver_point(n_layers, receiver)
+        at.setdefault(point, []).append((head, source))
+
+    def receive(activation, hook):
+        activation = activation.clone()
+        for head, source in at[hook.name]:
+            slot(activation, head)[...] += value(source, cache) - value(source, current)
+        return activation
+
+    hooks = [(n, capture) for n in set(slot_points + head_points)] + [(n, receive) for n in at]
+    with torch.no_grad():
+        logits = model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=hooks)
+    return score(model, metric, logits, mask)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_expert_edges_equal_plain_hooks(arch, tmp_path):
+    """`experts=True`: each expert a source (its routed write); edge patching equals plain hooks that add the
+    expert's corrupt-run write minus its write in this forward (the receivers' own routers recomputed)."""
+    model = random_model(arch, seed=91, **MOE[arch])
+    clean, corrupt, mask = paired_prompts(model, 3, 5, seed=92, padded=True)
+    metric = answers_metric(model, 3)
+    g = circuits.graph(model, experts=True)
+    assert [s.name for s in g.sources if ".E" in s.name] == [f"L{layer}.E{e}" for layer in (0, 1) for e in range(4)]
+    assert "L0.mlp" not in [s.name for s in g.sources] and "L0.mlp" in [r.name for r in g.receivers]
+    variants = {
+        "q": ["L0.E1->L1H0.q"],
+        "v": ["L0.E2->L1KV0.v"],
+        "mlp": ["L0.E0->L1.mlp"],
+        "logits": ["L1.E3->logits"],
+        "mixed": ["L0.E3->logits", "L0.E1->L1.mlp", "L0H1->L1.mlp", "input->L1.mlp", "L1.E0->logits"],
+    }
+    result = circuits.patch_edges(model, clean, corrupt, variants, metric, experts=True, attention_mask=mask)
+    for name, edges in variants.items():
+        close(result[name], expert_patch(model, clean, corrupt, edges, metric, mask))
+    every = circuits.patch_edges(model, clean, corrupt, list(g.edges), metric, experts=True, attention_mask=mask)
+    close(every["edges"], run_metric(model, corrupt, metric, mask))  # every edge patched: the corrupt run
+    found = circuits.discover(
+        model, clean, corrupt, metric, method="acdc", threshold=0.05, experts=True, attention_mask=mask
+    )
+    assert any(".E" in node for node in found.nodes) or not found.edges
+    back = circuits.Circuit.from_json(found.to_json(tmp_path / "c.json"), model=model)
+    assert back.edges == found.edges and back.graph.expert_layers == g.expert_layers
+    assert torch.isfinite(torch.tensor(found.faithfulness()))  # measured on the expert graph
+    assert no_hooks(model)
+
+
+def test_experts_on_a_dense_model_are_refused():
+    with pytest.raises(ValueError, match="no such layer"):
+        circuits.graph(small_model("gpt2"), experts=True)
