@@ -7,7 +7,14 @@ never from hooked.circuits:
 - ACDC: a plain sequential ACDC, one edge at a time in ACDC's order, each trial a `brute_patch` forward;
   KL divergence to the clean model's logits (the ACDC paper's metric), the two-sided and the signed criterion;
 - per-prompt positions: `patch_at_columns` (brute_patch adding the term at each prompt's own columns only) and
-  `wang_at_columns` (Wang et al.'s two forwards, the second replacing the receivers' inputs at those columns).
+  `wang_at_columns` (Wang et al.'s two forwards, the second replacing the receivers' inputs at those columns);
+  attribution at positions from gradients taken by hand;
+- experts as nodes (Qwen3-MoE, Mixtral): each expert's write computed by hand from the per-slot points
+  (`expert_writes`), patched with plain hooks (`expert_patch`), and its EAP score from hand gradients.
+
+Each test was seen to fail with a deliberate break (the signed direction flipped, per-prompt positions read as
+the first prompt's, Wang's second forward patching every position, the position mask dropped from EAP's sum,
+experts scattered to the wrong slot of hook_expert_result).
 """
 
 from __future__ import annotations
@@ -402,7 +409,7 @@ def expert_writes(model, layer, values):
     """Each expert's routed write [batch pos n_experts d_model] from the per-slot hooks' values, by hand:
     sum over the slots holding expert e of weight * post @ W_out[e]."""
     post, weights, indices = (values[f"blocks.{layer}.mlp.{name}"] for name in SLOT_POINTS)
-    w_out = model.blocks[layer].mlp.W_out  # [n_experts d_expert_mlp d_model]
+    w_out = model.blocks[layer].mlp.W_out.detach()  # [n_experts d_expert_mlp d_model]
     n_experts = w_out.shape[0]
     out = torch.zeros(*indices.shape[:2], n_experts, w_out.shape[-1])
     for e in range(n_experts):
@@ -484,3 +491,30 @@ def test_expert_edges_equal_plain_hooks(arch, tmp_path):
 def test_experts_on_a_dense_model_are_refused():
     with pytest.raises(ValueError, match="no such layer"):
         circuits.graph(small_model("gpt2"), experts=True)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_eap_scores_of_expert_edges_equal_hand_gradients(arch):
+    """EAP of `L{l}.E{e} -> R`: (corrupt - clean write of the expert, by hand from the per-slot points) . the
+    gradient at R's input, taken by hand, summed over positions, averaged over prompts."""
+    model = random_model(arch, seed=93, **MOE[arch])
+    clean, corrupt, mask = paired_prompts(model, 3, 5, seed=94, padded=True)
+    metric = answers_metric(model, 3)
+    n_layers = model.cfg.n_layers
+    edges = ["L0.E1->L1H0.q", "L0.E2->logits", "L1.E3->logits", "L0.E0->L1.mlp", "L0.E3->L1KV0.v"]
+    slot_points = [f"blocks.{layer}.mlp.{name}" for layer in range(n_layers) for name in SLOT_POINTS]
+    with torch.no_grad():
+        _, clean_cache = model.run_with_cache(clean, attention_mask=mask, names_filter=slot_points)
+        _, corrupt_cache = model.run_with_cache(corrupt, attention_mask=mask, names_filter=slot_points)
+    points = sorted({receiver_point(n_layers, e.split("->")[1])[0] for e in edges})
+    grads = hand_gradients(model, clean, metric, mask, points)
+    scores = circuits.attribute(model, clean, corrupt, metric, experts=True, attention_mask=mask)
+    for edge in edges:
+        source, receiver = edge.split("->")
+        layer, expert = (int(x) for x in source[1:].split(".E"))
+        delta = (expert_writes(model, layer, corrupt_cache) - expert_writes(model, layer, clean_cache))[:, :, expert]
+        r_point, r_head = receiver_point(n_layers, receiver)
+        expected = float((delta * slot(grads[r_point], r_head)).sum() / 3)
+        assert abs(scores[edge] - expected) < 1e-4 * max(1.0, abs(expected)), (edge, scores[edge], expected)
+    assert max(abs(scores[e]) for e in edges) > 1e-3
+    assert no_hooks(model)
