@@ -62,10 +62,11 @@ from hooked.circuits.attribution import (
     refuse_base_metric,
     scores_from_gradients,
 )
-from hooked.circuits.engine import Ablation
+from hooked.circuits.engine import Ablation, Where
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import INPUT, LOGITS, Edge, Graph, graph_of_shape
 from hooked.circuits.graph import graph as build_graph
+from hooked.interventions.positions import PerPrompt, Positions, as_positions, per_prompt, positions_record
 from hooked.interventions.results import write_json
 from hooked.interventions.sweeps import sweep_provenance
 
@@ -93,6 +94,7 @@ class Circuit:
     _prompts: tuple | None = field(
         default=None, repr=False, compare=False
     )  # (clean, corrupt, metric, mask) it was found on
+    positions: Where | None = None  # its edges are edges at these positions of each prompt (discover(positions=))
 
     # ----------------------------------------------------------------- what it holds
     @property
@@ -133,11 +135,19 @@ class Circuit:
 
     # ----------------------------------------------------------------- measuring
     def faithfulness(
-        self, clean=None, corrupt=None, metric: Callable | None = None, *, attention_mask: Tensor | None = None
+        self,
+        clean=None,
+        corrupt=None,
+        metric: Callable | None = None,
+        *,
+        attention_mask: Tensor | None = None,
+        positions: Positions = None,
     ) -> float:
         """(m(circuit) - m(corrupt)) / (m(clean) - m(corrupt)) on these prompts (default: those it was found on),
-        every edge outside the circuit patched, in one forward."""
-        experiment, _ = self._experiment(clean, corrupt, metric, attention_mask)
+        every edge outside the circuit patched, in one forward. A circuit found at positions (`discover(positions=)`)
+        patches its complement there only, and `corrupt` is every edge patched there; on other prompts give their
+        `positions=` when it was found at per-prompt ones."""
+        experiment, _ = self._experiment(clean, corrupt, metric, attention_mask, positions)
         return _faithfulness(experiment, self.mask()[None])[0]
 
     def curve(
@@ -147,6 +157,7 @@ class Circuit:
         corrupt=None,
         metric: Callable | None = None,
         attention_mask: Tensor | None = None,
+        positions: Positions = None,
     ) -> list[dict]:
         """Faithfulness of the top-`size` edges by |score| (pruned), for each size: one batched run.
 
@@ -155,7 +166,7 @@ class Circuit:
         sizes = [int(size) for size in sizes]
         if not sizes or min(sizes) < 0:
             raise ValueError(f"sizes must be a non-empty list of non-negative edge counts, not {sizes!r}")
-        experiment, _ = self._experiment(clean, corrupt, metric, attention_mask)
+        experiment, _ = self._experiment(clean, corrupt, metric, attention_mask, positions)
         ranking = self.ranking()
         circuits = [prune(self.graph, ranking[:size], self.ablation) for size in sizes]
         values = _faithfulness(experiment, torch.stack([self.graph.mask(c) for c in circuits]))
@@ -164,9 +175,19 @@ class Circuit:
             for size, c, f in zip(sizes, circuits, values, strict=True)
         ]
 
-    def _experiment(self, clean, corrupt, metric, attention_mask):
+    def _experiment(self, clean, corrupt, metric, attention_mask, positions=None):
         if self.model is None:
             raise ValueError("this circuit has no model (read from JSON?): pass model= to Circuit.from_json")
+        where = as_positions(positions)
+        if where is not None and self.positions is None:
+            raise ValueError("positions= is for a circuit found at positions (discover(positions=)); this one is not")
+        if where is None and self.positions is not None:
+            if isinstance(self.positions, PerPrompt) and clean is not None:
+                raise ValueError(
+                    "this circuit was found at one position per prompt of its prompts; for other prompts give"
+                    " theirs, positions="
+                )
+            where = self.positions
         if clean is None or corrupt is None or metric is None:
             if self._prompts is None:
                 raise ValueError(
@@ -187,6 +208,7 @@ class Circuit:
             attention_mask,
             caller="Circuit.faithfulness",
             g=self.graph,
+            where=where,
         )
         return experiment, metric
 
@@ -208,6 +230,7 @@ class Circuit:
                 **({"whole_attention": list(self.graph.whole_attention)} if self.graph.whole_attention else {}),
                 **({"expert_layers": dict(self.graph.expert_layers)} if self.graph.expert_layers else {}),
             },
+            **({} if self.positions is None else {"positions": positions_record(self.positions)}),
             "provenance": self.provenance,
         }
 
@@ -256,6 +279,7 @@ class Circuit:
             data.get("ablation", "corrupt"),
             data.get("provenance", {}),
             model,
+            positions=_positions_from_json(data.get("positions")),
         )
 
     def plot(self, path: str | Path | None = None, title: str | None = None):
@@ -283,6 +307,7 @@ def discover(
     batch_edges: int = 32,
     abs_value_threshold: bool = True,
     experts: bool = False,
+    positions: Positions = None,
     attention_mask: Tensor | None = None,
     task=None,
 ) -> Circuit:
@@ -293,6 +318,8 @@ def discover(
     docstring): True, an edge is removed when removing it moves the metric by less than `threshold` either way;
     False, the signed one, when it moves it less than `threshold` towards the corrupt run's value (or away).
     `experts=True`: the experts of a mixture-of-experts MLP are nodes (`circuits.graph`).
+    `positions=` (as `patch_edges` takes it) makes every edge an edge at those positions of each prompt: scores,
+    ACDC's trials and the circuit's faithfulness patch edges there only.
     """
     if method not in ("eap", "eap-ig", "acdc"):
         raise ValueError(f"method must be 'eap', 'eap-ig' or 'acdc', not {method!r}")
@@ -328,6 +355,7 @@ def discover(
         attention_mask,
         caller="circuits.discover",
         g=build_graph(model, experts) if experts else None,
+        where=as_positions(positions),
     )
     g = experiment.graph
     provenance = sweep_provenance(model, [], metric, task, experiment.prompts.tokens)
@@ -341,14 +369,17 @@ def discover(
             **stats,
         }
     else:
-        matrix = scores_from_gradients(experiment, receiver_gradients(experiment, alphas))
+        matrix = scores_from_gradients(experiment, receiver_gradients(experiment, alphas), experiment.where)
         scores = dict(zip(map(str, g.edges), matrix[g.coordinates()].tolist(), strict=True))
         provenance["circuits"] = {"method": method, "steps": len(alphas), "n_edges": n_edges, "ablation": ablation}
     ranking = _ranking(g, scores)
     order = {e: i for i, e in enumerate(ranking)}
     edges = sorted(prune(g, kept if method == "acdc" else ranking[:n_edges], ablation), key=order.__getitem__)
     provenance["circuits"]["kept_after_pruning"] = len(edges)
-    return Circuit(g, edges, scores, method, ablation, provenance, model, (clean, corrupt, metric, attention_mask))
+    if experiment.where is not None:
+        provenance["circuits"]["positions"] = positions_record(experiment.where)
+    found_on = (clean, corrupt, metric, attention_mask)
+    return Circuit(g, edges, scores, method, ablation, provenance, model, found_on, experiment.where)
 
 
 def acdc(
@@ -367,7 +398,7 @@ def acdc(
     ):  # its gradient at the clean run (its base) is 0: every edge predicted removed
         prediction = torch.zeros(len(g.sources), len(g.receivers))
     else:
-        prediction = scores_from_gradients(experiment, receiver_gradients(experiment, [0.0]))
+        prediction = scores_from_gradients(experiment, receiver_gradients(experiment, [0.0]), experiment.where)
     trials = [
         Edge(g.sources[s].name, receiver.name)
         for r, receiver in reversed(list(enumerate(g.receivers)))
@@ -452,6 +483,13 @@ def prune(g: Graph, edges: Sequence, ablation: Ablation = "corrupt") -> list[Edg
     return [e for e in edges if e.source in reached and useful.intersection(_nodes_fed(g, e))]
 
 
+def _positions_from_json(record) -> Where | None:
+    """`positions_record`'s plain data back: a list for every prompt, or {"per_prompt": [...]}."""
+    if record is None:
+        return None
+    return per_prompt(record["per_prompt"]) if isinstance(record, dict) else tuple(record)
+
+
 def _nodes_fed(g: Graph, edge: Edge) -> list[str]:
     return g.heads_reading(edge.receiver) or [edge.receiver]
 
@@ -472,7 +510,7 @@ def _faithfulness(experiment: Experiment, circuits: Tensor) -> list[float]:
 
 
 def _empty(experiment: Experiment) -> Tensor:
-    if experiment.ablation == "corrupt":
+    if experiment.ablation == "corrupt" and experiment.where is None:
         return experiment.corrupt_values
     return experiment.values(experiment.graph.edge_mask()[None])[0]
 

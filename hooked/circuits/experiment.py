@@ -47,6 +47,7 @@ class Experiment:
     ablation: Ablation
     patched: Tensor
     max_bytes: int | None = None
+    where: Where | None = None  # every mask patched at these positions only (`engine.columns_at`); None: all
 
     @classmethod
     def of(
@@ -61,9 +62,11 @@ class Experiment:
         caller: str = "hooked.circuits",
         positions: tuple[Where, ...] = (),
         g: Graph | None = None,
+        where: Where | None = None,
     ) -> Experiment:
         """`positions`: where position-aware edges will be patched, checked against the prompts before any run;
-        `g`: the model's graph, where the caller built it already."""
+        `g`: the model's graph, where the caller built it already; `where`: patch every mask of `values` at
+        these positions only (discovery over position-aware edges)."""
         if getattr(model, "tensor_parallel", False):
             raise RuntimeError(f"{caller} runs on one process; load the model without tp= (docs/scaling.md)")
         registered_hooks(model, caller, part_of_model=False)
@@ -79,15 +82,26 @@ class Experiment:
             )
         g = graph(model) if g is None else g
         prompts = Prompts(tokens, position_ids_for(tokens, key_valid), key_valid)
-        for where in positions:
-            columns_at(prompts, where)  # a position some prompt lacks, or per-prompt positions of another batch
+        for selected in (*positions, *([] if where is None else [where])):
+            columns_at(prompts, selected)  # a position some prompt lacks, or per-prompt positions of another batch
         clean_run = record(model, g, prompts, reads)
         corrupt_run = None
         if corrupt_tokens is not None:
             corrupt_run = record(model, g, Prompts(corrupt_tokens, prompts.position_ids, key_valid), reads)
         patched = patched_values(ablation, clean_run, corrupt_run, key_valid)
         return cls(
-            model, g, prompts, corrupt_tokens, metric, reads, clean_run, corrupt_run, ablation, patched, max_bytes
+            model,
+            g,
+            prompts,
+            corrupt_tokens,
+            metric,
+            reads,
+            clean_run,
+            corrupt_run,
+            ablation,
+            patched,
+            max_bytes,
+            where,
         )
 
     @property
@@ -111,6 +125,8 @@ class Experiment:
     def values(self, masks: Tensor, at_positions: dict[Where, Tensor] | None = None) -> Tensor:
         """The metric [V, B] with the edges of each mask [V, n_sources, n_receivers] patched (and those of
         `at_positions[p]`, [V, ...] each, at positions p only: `engine.columns_at`), in batches."""
+        if self.where is not None:  # the masks' edges at `where` only
+            masks, at_positions = torch.zeros_like(masks), {self.where: masks, **(at_positions or {})}
         batch = self.prompts.tokens.shape[0]
         per_forward = rows_per_forward(self.model, self.graph, self.prompts, self.max_bytes)
         out = torch.empty(masks.shape[0], batch, dtype=torch.float32)

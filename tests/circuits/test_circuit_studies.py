@@ -518,3 +518,50 @@ def test_eap_scores_of_expert_edges_equal_hand_gradients(arch):
         assert abs(scores[edge] - expected) < 1e-4 * max(1.0, abs(expected)), (edge, scores[edge], expected)
     assert max(abs(scores[e]) for e in edges) > 1e-3
     assert no_hooks(model)
+
+
+def test_acdc_at_each_prompts_own_position_equals_a_sequential_acdc(tmp_path):
+    """`discover(positions=)`: every trial patches the edges at each prompt's own position only; the sequential
+    reference patches them with plain hooks there (`patch_at_columns`), and so does faithfulness's formula."""
+    model = small_model("gpt2", seed=101)
+    clean, corrupt, mask = paired_prompts(model, 3, 6, seed=102, padded=True)
+    metric = answers_metric(model, 3, position=None)
+    positions, rows = torch.tensor([2, 0, -1]), [[2], [0], [-1]]
+    columns = columns_of(mask, rows)
+
+    def value(edges):
+        return float(patch_at_columns(model, clean, corrupt, edges, metric, mask, columns).mean())
+
+    current = float(run_metric(model, clean, metric, mask).mean())
+    order = ref_acdc_order(*shape(model))
+    for threshold in (0.02, 0.04, 0.01, 0.08):
+        removed, kept, moves, now = [], [], {}, current
+        for edge in order:
+            trial = value(removed + [edge])
+            moves[edge] = abs(trial - now)
+            if moves[edge] < threshold:
+                removed.append(edge)
+                now = trial
+            else:
+                kept.append(edge)
+        if min(abs(m - threshold) for m in moves.values()) > 1e-4 and 3 <= len(kept) <= len(order) - 3:
+            break
+    else:
+        pytest.fail("no threshold gave a clear decision on every edge")
+    g = circuits.graph(model)
+    found = circuits.discover(
+        model, clean, corrupt, metric, method="acdc", threshold=threshold, positions=positions, attention_mask=mask
+    )
+    assert set(found.edges) == set(circuits.prune(g, kept))
+    empty = value([str(e) for e in g.edges])
+    outside = [str(e) for e in g.edges if e not in set(found.edges)]
+    expected = (value(outside) - empty) / (current - empty)
+    assert abs(found.faithfulness() - expected) < 1e-4
+    back = circuits.Circuit.from_json(found.to_json(tmp_path / "c.json"), model=model)
+    assert (
+        back.positions == found.positions
+        and abs(back.faithfulness(clean, corrupt, metric, attention_mask=mask, positions=positions) - expected) < 1e-4
+    )
+    with pytest.raises(ValueError, match="give\\s+theirs, positions="):
+        back.faithfulness(clean, corrupt, metric, attention_mask=mask)
+    assert no_hooks(model)
