@@ -114,6 +114,10 @@ MEANINGS: dict[str, str] = {
     "blocks.{i}.mlp.hook_expert_post": (
         "for each token and slot, that expert's neurons, `silu(pre) * up` = its `down_proj` input"
     ),
+    "blocks.{i}.mlp.hook_expert_result": (
+        "each expert's routed write, `weight * down_proj(post)` (0 where the router did not pick it); the MLP's"
+        " output is its sum over experts. Computed only while hooked (the expert nodes of `hooked.circuits`)"
+    ),
     "blocks.{i}.hook_resid_post": "`resid_mid + mlp_out`",
     "ln_final.hook_scale": "the final norm's scale, as `ln1.hook_scale`",
     "ln_final.hook_normalized": (

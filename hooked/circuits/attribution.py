@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from hooked.circuits.engine import Ablation, _stage_loop, rows_per_forward
+from hooked.circuits.engine import Ablation, Where, _stage_loop, columns_at, rows_per_forward
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import Edge, Graph
 from hooked.circuits.graph import graph as build_graph
+from hooked.interventions.positions import Positions, as_positions, positions_record
 from hooked.interventions.sweeps import sweep_provenance
 
 if TYPE_CHECKING:
@@ -152,6 +153,8 @@ def attribute(
     method: Method = "eap",
     steps: int = 5,
     ablation: Ablation = "corrupt",
+    positions: Positions = None,
+    experts: bool = False,
     attention_mask: Tensor | None = None,
     steps_per_forward: int | None = None,
     task=None,
@@ -162,25 +165,51 @@ def attribute(
     with the base run, like KL divergence, has zero gradient at the clean run and is refused). The model's
     parameters' `.grad` are left alone; no hook stays registered. EAP-IG's steps run as row blocks of one
     forward, `steps_per_forward` at a time (default: what fits the memory budget of the batched edge forward).
+
+    `positions=` (as `patch_edges` takes it: an int or a list for every prompt, a 1-D tensor [batch] one per prompt)
+    scores each edge at those positions only: the sum over positions runs over them, estimating `patch_edges(...,
+    positions=positions)` of the edge. EAP-IG's path still runs from the clean to the corrupt input at every position.
+    `experts=True`: the experts of a mixture-of-experts MLP are sources (`circuits.graph`).
     """
     if steps_per_forward is not None and (not isinstance(steps_per_forward, int) or steps_per_forward < 1):
         raise ValueError(f"steps_per_forward must be a positive int, not {steps_per_forward!r}")
     if method not in ("eap", "eap-ig"):
         raise ValueError(f"method must be 'eap' or 'eap-ig', not {method!r}")
-    if getattr(metric, "needs_base", False) is True:
-        raise ValueError(
-            f"{metric!r} compares with the clean run, where its gradient is 0: every score would be 0;"
-            " use a metric of the answers (logit_diff, log_prob, ...)"
-        )
+    refuse_base_metric(metric, "circuits.attribute")
     if torch.is_inference_mode_enabled():
         raise RuntimeError("circuits.attribute needs gradients; call it outside torch.inference_mode()")
     alphas = interpolation_points(method, steps)
-    experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, caller="circuits.attribute")
+    where = as_positions(positions)
+    experiment = Experiment.of(
+        model,
+        clean,
+        corrupt,
+        metric,
+        ablation,
+        attention_mask,
+        caller="circuits.attribute",
+        positions=() if where is None else (where,),
+        g=build_graph(model, experts) if experts else None,
+    )
     gradients = receiver_gradients(experiment, alphas, steps_per_forward)
-    matrix = scores_from_gradients(experiment, gradients)
+    matrix = scores_from_gradients(experiment, gradients, where)
     provenance = sweep_provenance(model, [], metric, task, experiment.prompts.tokens)
     provenance["circuits"] = {"method": method, "steps": len(alphas), "ablation": ablation}
+    if where is not None:
+        provenance["circuits"]["positions"] = positions_record(where)
     return EdgeScores(experiment.graph, matrix, method, provenance)
+
+
+def refuse_base_metric(metric: Callable, caller: str) -> None:
+    """Refuse a metric that compares with the base run (KL divergence): its base is the clean run, where it is at
+    its minimum, so its gradient there is 0 and every EAP score would be 0."""
+    if getattr(metric, "needs_base", False) is True:
+        raise ValueError(
+            f"{caller}: {metric!r} compares with the clean run, where it is at its minimum and its gradient is 0,"
+            " so every EAP score would be 0 (and EAP-IG, whose path starts there, is not built for it); use a"
+            " metric of the answers (logit_diff, log_prob, ...), or circuits.discover(method='acdc'), which"
+            " patches the edges and reads the metric itself"
+        )
 
 
 def interpolation_points(method: Method, steps: int) -> list[float]:
@@ -260,12 +289,15 @@ def _at_point(alpha: float) -> str:
     return "on the clean run" if alpha == 0 else f"at the EAP-IG point alpha={alpha:g} (clean to patched input)"
 
 
-def scores_from_gradients(experiment: Experiment, gradients: dict[str, Tensor]) -> Tensor:
-    """[n_sources, n_receivers]: (patched_S - clean_S) . gradient at R, summed over positions, mean over prompts."""
+def scores_from_gradients(experiment: Experiment, gradients: dict[str, Tensor], where: Where | None = None) -> Tensor:
+    """[n_sources, n_receivers]: (patched_S - clean_S) . gradient at R, summed over positions (those of `where`
+    only, `engine.columns_at`; None: all), mean over prompts."""
     g = experiment.graph
     clean = experiment.clean.outputs
     precision = next(iter(gradients.values())).dtype
     delta = (experiment.patched - clean).to(precision)  # [n_sources B pos d_model]
+    if where is not None:
+        delta = delta * columns_at(experiment.prompts, where).to(delta)[None, :, :, None]
     batch = clean.shape[1]
     matrix = torch.zeros(len(g.sources), len(g.receivers), dtype=precision)
     by_point: dict[str, list[int]] = {}

@@ -30,6 +30,18 @@ later trials (which assumed otherwise) are discarded and the next forward starts
 decision is made on the exact metric of the exact graph the sequential algorithm would hold, so the
 result is ACDC's; the forwards needed are the trials / `batch_edges` plus one per misprediction.
 Trials of late receivers recompute only the layers from that receiver on.
+
+**ACDC's metric and criterion.** With a metric that compares with a base run (`metrics.kl_div()`, the ACDC
+paper's choice), the base is the clean run: each trial reads KL(clean model || current graph), 0 with
+nothing removed. Its gradient there is 0, so EAP predicts every edge removed and the speculation relies on
+that (still exact). `abs_value_threshold=True` (the default) removes an edge when |m(new) - m(current)| <
+threshold, the option of the same name in the ACDC code (ArthurConmy/Automatic-Circuit-Discovery,
+`acdc/TLACDCExperiment.py`); `False` is the signed criterion of the paper's Algorithm 1 (`D_KL(G||H_new) -
+D_KL(G||H) < tau`) and of that code's default: an edge is removed unless removing it moves the metric by at
+least `threshold` towards its value with every edge patched (the corrupt run). The ACDC code's metrics all
+rise as the circuit breaks (KL, a negated logit difference); here the direction is read off the clean and
+the corrupt runs (KL rises, `logit_diff` falls: an edge is kept only when its removal lowers it by the
+threshold or more), and an edge whose removal helps is removed.
 """
 
 from __future__ import annotations
@@ -45,12 +57,19 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from hooked.circuits.attribution import EdgeScores, interpolation_points, receiver_gradients, scores_from_gradients
-from hooked.circuits.engine import Ablation
+from hooked.circuits.attribution import (
+    EdgeScores,
+    interpolation_points,
+    receiver_gradients,
+    refuse_base_metric,
+    scores_from_gradients,
+)
+from hooked.circuits.engine import Ablation, Where
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import INPUT, LOGITS, Edge, Graph, graph_of_shape
 from hooked.circuits.graph import graph as build_graph
 from hooked.interventions import metrics
+from hooked.interventions.positions import PerPrompt, Positions, as_positions, per_prompt, positions_record
 from hooked.interventions.results import write_json
 from hooked.interventions.sweeps import sweep_provenance
 
@@ -78,6 +97,7 @@ class Circuit:
     _prompts: tuple | None = field(
         default=None, repr=False, compare=False
     )  # (clean, corrupt, metric, mask) it was found on
+    positions: Where | None = None  # its edges are edges at these positions of each prompt (discover(positions=))
 
     # ----------------------------------------------------------------- what it holds
     @property
@@ -118,11 +138,19 @@ class Circuit:
 
     # ----------------------------------------------------------------- measuring
     def faithfulness(
-        self, clean=None, corrupt=None, metric: Callable | None = None, *, attention_mask: Tensor | None = None
+        self,
+        clean=None,
+        corrupt=None,
+        metric: Callable | None = None,
+        *,
+        attention_mask: Tensor | None = None,
+        positions: Positions = None,
     ) -> float:
         """(m(circuit) - m(corrupt)) / (m(clean) - m(corrupt)) on these prompts (default: those it was found on),
-        every edge outside the circuit patched, in one forward."""
-        experiment, _ = self._experiment(clean, corrupt, metric, attention_mask)
+        every edge outside the circuit patched, in one forward. A circuit found at positions (`discover(positions=)`)
+        patches its complement there only, and `corrupt` is every edge patched there; on other prompts give their
+        `positions=` when it was found at per-prompt ones."""
+        experiment, _ = self._experiment(clean, corrupt, metric, attention_mask, positions)
         return _faithfulness(experiment, self.mask()[None])[0]
 
     def curve(
@@ -132,6 +160,7 @@ class Circuit:
         corrupt=None,
         metric: Callable | None = None,
         attention_mask: Tensor | None = None,
+        positions: Positions = None,
     ) -> list[dict]:
         """Faithfulness of the top-`size` edges by |score| (pruned), for each size: one batched run.
 
@@ -140,7 +169,7 @@ class Circuit:
         sizes = [int(size) for size in sizes]
         if not sizes or min(sizes) < 0:
             raise ValueError(f"sizes must be a non-empty list of non-negative edge counts, not {sizes!r}")
-        experiment, _ = self._experiment(clean, corrupt, metric, attention_mask)
+        experiment, _ = self._experiment(clean, corrupt, metric, attention_mask, positions)
         ranking = self.ranking()
         circuits = [prune(self.graph, ranking[:size], self.ablation) for size in sizes]
         values = _faithfulness(experiment, torch.stack([self.graph.mask(c) for c in circuits]))
@@ -149,9 +178,19 @@ class Circuit:
             for size, c, f in zip(sizes, circuits, values, strict=True)
         ]
 
-    def _experiment(self, clean, corrupt, metric, attention_mask):
+    def _experiment(self, clean, corrupt, metric, attention_mask, positions=None):
         if self.model is None:
             raise ValueError("this circuit has no model (read from JSON?): pass model= to Circuit.from_json")
+        where = as_positions(positions)
+        if where is not None and self.positions is None:
+            raise ValueError("positions= is for a circuit found at positions (discover(positions=)); this one is not")
+        if where is None and self.positions is not None:
+            if isinstance(self.positions, PerPrompt) and clean is not None:
+                raise ValueError(
+                    "this circuit was found at one position per prompt of its prompts; for other prompts give"
+                    " theirs, positions="
+                )
+            where = self.positions
         if (clean is None or corrupt is None or metric is None) and self._prompts is None:
             raise ValueError("give clean, corrupt and metric: this circuit does not hold the prompts it was found on")
         if self._prompts is not None:
@@ -167,7 +206,15 @@ class Circuit:
             clean = found_clean if clean is None else clean
             corrupt = found_corrupt if corrupt is None else corrupt
         experiment = Experiment.of(
-            self.model, clean, corrupt, metric, self.ablation, attention_mask, caller="Circuit.faithfulness"
+            self.model,
+            clean,
+            corrupt,
+            metric,
+            self.ablation,
+            attention_mask,
+            caller="Circuit.faithfulness",
+            g=self.graph,
+            where=where,
         )
         return experiment, metric
 
@@ -187,7 +234,9 @@ class Circuit:
                 **({} if self.graph.mlp_layers is None else {"mlp_layers": list(self.graph.mlp_layers)}),
                 **({"parallel_layers": list(self.graph.parallel_layers)} if self.graph.parallel_layers else {}),
                 **({"whole_attention": list(self.graph.whole_attention)} if self.graph.whole_attention else {}),
+                **({"expert_layers": dict(self.graph.expert_layers)} if self.graph.expert_layers else {}),
             },
+            **({} if self.positions is None else {"positions": positions_record(self.positions)}),
             "provenance": self.provenance,
         }
 
@@ -202,10 +251,13 @@ class Circuit:
         mlp_layers = None if shape.get("mlp_layers") is None else tuple(shape["mlp_layers"])  # absent: every layer
         parallel = tuple(shape.get("parallel_layers", ()))
         whole = tuple(shape.get("whole_attention", ()))
+        experts = {int(layer): n for layer, n in shape.get("expert_layers", {}).items()}  # JSON keys are str
         g = (
-            build_graph(model)
+            build_graph(model, bool(experts))
             if model is not None
-            else graph_of_shape(shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers, parallel, whole)
+            else graph_of_shape(
+                shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers, parallel, whole, experts
+            )
         )
         if model is not None and (
             g.n_layers,
@@ -214,7 +266,16 @@ class Circuit:
             g.mlp_layers,
             g.parallel_layers,
             g.whole_attention,
-        ) != (shape["n_layers"], shape["n_heads"], shape["n_kv_heads"], mlp_layers, parallel, whole):
+            g.expert_layers,
+        ) != (
+            shape["n_layers"],
+            shape["n_heads"],
+            shape["n_kv_heads"],
+            mlp_layers,
+            parallel,
+            whole,
+            tuple(sorted(experts.items())),
+        ):
             raise ValueError(f"the circuit in {path} was found on a graph of shape {shape}, but this model's is {g!r}")
         return cls(
             g,
@@ -224,6 +285,7 @@ class Circuit:
             data.get("ablation", "corrupt"),
             data.get("provenance", {}),
             model,
+            positions=_positions_from_json(data.get("positions")),
         )
 
     def plot(self, path: str | Path | None = None, title: str | None = None):
@@ -249,10 +311,22 @@ def discover(
     steps: int = 5,
     ablation: Ablation = "corrupt",
     batch_edges: int = 32,
+    abs_value_threshold: bool = True,
+    experts: bool = False,
+    positions: Positions = None,
     attention_mask: Tensor | None = None,
     task=None,
 ) -> Circuit:
-    """Find a circuit: the `n_edges` edges of largest |EAP| or |EAP-IG| score, or ACDC with `threshold`; pruned."""
+    """Find a circuit: the `n_edges` edges of largest |EAP| or |EAP-IG| score, or ACDC with `threshold`; pruned.
+
+    ACDC with a metric that compares with the base run (`metrics.kl_div()`, the ACDC paper's) takes the clean
+    run as the base: KL(clean model || circuit). `abs_value_threshold` picks ACDC's criterion (the module
+    docstring): True, an edge is removed when removing it moves the metric by less than `threshold` either way;
+    False, the signed one, when it moves it less than `threshold` towards the corrupt run's value (or away).
+    `experts=True`: the experts of a mixture-of-experts MLP are nodes (`circuits.graph`).
+    `positions=` (as `patch_edges` takes it) makes every edge an edge at those positions of each prompt: scores,
+    ACDC's trials and the circuit's faithfulness patch edges there only.
+    """
     if method not in ("eap", "eap-ig", "acdc"):
         raise ValueError(f"method must be 'eap', 'eap-ig' or 'acdc', not {method!r}")
     if method == "acdc":
@@ -262,6 +336,15 @@ def discover(
             )
     elif n_edges is None or threshold is not None:
         raise ValueError(f"method={method!r} keeps the top n_edges= edges by score; threshold= is ACDC's")
+    else:
+        refuse_base_metric(metric, f"discover(method={method!r})")
+    if not isinstance(abs_value_threshold, bool):
+        raise TypeError(
+            f"abs_value_threshold is True (ACDC's two-sided criterion) or False (the signed one), not"
+            f" {abs_value_threshold!r}"
+        )
+    if method != "acdc" and not abs_value_threshold:
+        raise ValueError(f"abs_value_threshold=False is ACDC's signed criterion; method={method!r} ranks by |score|")
     if not isinstance(batch_edges, int) or isinstance(batch_edges, bool) or batch_edges < 1:
         raise ValueError(f"batch_edges (ACDC trials per forward) must be a positive int, not {batch_edges!r}")
     if n_edges is not None and (not isinstance(n_edges, int) or isinstance(n_edges, bool) or n_edges < 0):
@@ -271,28 +354,60 @@ def discover(
     if torch.is_inference_mode_enabled():
         raise RuntimeError("circuits.discover computes gradients; call it outside torch.inference_mode()")
     alphas = interpolation_points(method, steps) if method != "acdc" else None
-    experiment = Experiment.of(model, clean, corrupt, metric, ablation, attention_mask, caller="circuits.discover")
+    experiment = Experiment.of(
+        model,
+        clean,
+        corrupt,
+        metric,
+        ablation,
+        attention_mask,
+        caller="circuits.discover",
+        g=build_graph(model, experts) if experts else None,
+        where=as_positions(positions),
+    )
     g = experiment.graph
     provenance = sweep_provenance(model, [], metric, task, experiment.prompts.tokens)
     if method == "acdc":
-        kept, scores, stats = acdc(experiment, float(threshold), batch_edges)
-        provenance["circuits"] = {"method": "acdc", "threshold": threshold, "ablation": ablation, **stats}
+        kept, scores, stats = acdc(experiment, float(threshold), batch_edges, abs_value_threshold)
+        provenance["circuits"] = {
+            "method": "acdc",
+            "threshold": threshold,
+            "abs_value_threshold": abs_value_threshold,
+            "ablation": ablation,
+            **stats,
+        }
     else:
-        matrix = scores_from_gradients(experiment, receiver_gradients(experiment, alphas))
+        matrix = scores_from_gradients(experiment, receiver_gradients(experiment, alphas), experiment.where)
         scores = dict(zip(map(str, g.edges), matrix[g.coordinates()].tolist(), strict=True))
         provenance["circuits"] = {"method": method, "steps": len(alphas), "n_edges": n_edges, "ablation": ablation}
     ranking = _ranking(g, scores)
     order = {e: i for i, e in enumerate(ranking)}
     edges = sorted(prune(g, kept if method == "acdc" else ranking[:n_edges], ablation), key=order.__getitem__)
     provenance["circuits"]["kept_after_pruning"] = len(edges)
-    return Circuit(g, edges, scores, method, ablation, provenance, model, (clean, corrupt, metric, attention_mask))
+    if experiment.where is not None:
+        provenance["circuits"]["positions"] = positions_record(experiment.where)
+    found_on = (clean, corrupt, metric, attention_mask)
+    return Circuit(g, edges, scores, method, ablation, provenance, model, found_on, experiment.where)
 
 
-def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tuple[list[Edge], dict[str, float], dict]:
-    """ACDC's kept edges, every edge's |metric move| when it was tried, and counts (see the module docstring)."""
+def acdc(
+    experiment: Experiment, threshold: float, batch_edges: int = 32, abs_value_threshold: bool = True
+) -> tuple[list[Edge], dict[str, float], dict]:
+    """ACDC's kept edges, every edge's score when it was tried (|metric move|, or with `abs_value_threshold=False`
+    the signed move towards the corrupt run's value), and counts (see the module docstring)."""
     check_threshold(threshold)
     g = experiment.graph
-    prediction = scores_from_gradients(experiment, receiver_gradients(experiment, [0.0]))
+    towards = 1.0 if abs_value_threshold else _towards_empty(experiment)
+
+    def effect(move: float) -> float:  # what is compared with the threshold
+        return abs(move) if abs_value_threshold else towards * move
+
+    if (
+        getattr(experiment.metric, "needs_base", False) is True
+    ):  # its gradient at the clean run (its base) is 0: every edge predicted removed
+        prediction = torch.zeros(len(g.sources), len(g.receivers))
+    else:
+        prediction = scores_from_gradients(experiment, receiver_gradients(experiment, [0.0]), experiment.where)
     trials = [
         Edge(g.sources[s].name, receiver.name)
         for r, receiver in reversed(list(enumerate(g.receivers)))
@@ -311,16 +426,16 @@ def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tup
             trial = state.clone()
             trial[index[edge]] = True
             masks.append(trial)
-            if abs(float(prediction[index[edge]])) < threshold:  # predicted: removed
+            if effect(float(prediction[index[edge]])) < threshold:  # predicted: removed
                 state = trial
         values = experiment.values(torch.stack(masks), names=[f"the ACDC trial removing {e}" for e in batch])
         values = values.mean(1).tolist()
         forwards += 1
         for edge, value in zip(batch, values, strict=True):
             position += 1
-            move = abs(value - current)
+            move = effect(value - current)
             moves[str(edge)] = move
-            predicted_removed = abs(float(prediction[index[edge]])) < threshold
+            predicted_removed = effect(float(prediction[index[edge]])) < threshold
             if move < threshold:
                 removed[index[edge]] = True
                 current = value
@@ -329,7 +444,23 @@ def acdc(experiment: Experiment, threshold: float, batch_edges: int = 32) -> tup
             if (move < threshold) != predicted_removed:
                 break  # later trials assumed the other decision
     scores = {str(e): moves.get(str(e), 0.0) for e in g.edges}
-    return kept, scores, {"forwards": forwards, "trials": len(trials), "batch_edges": batch_edges}
+    stats = {"forwards": forwards, "trials": len(trials), "batch_edges": batch_edges}
+    if not abs_value_threshold:
+        stats["harm"] = "increase" if towards > 0 else "decrease"
+    return kept, scores, stats
+
+
+def _towards_empty(experiment: Experiment) -> float:
+    """+1 when the metric rises from the clean run to the corrupt one (every edge patched), as a KL divergence
+    does; -1 when it falls, as a logit difference does: the direction in which a removed edge does harm."""
+    full, empty = float(experiment.clean_values.mean()), float(_empty(experiment).mean())
+    if full == empty:
+        raise ValueError(
+            f"abs_value_threshold=False keeps an edge when removing it moves the metric towards its value with every"
+            f" edge patched, but the metric is {full} both with none and with every edge patched; there is no"
+            " direction to measure (use abs_value_threshold=True)"
+        )
+    return 1.0 if empty > full else -1.0
 
 
 def check_threshold(threshold) -> None:
@@ -373,6 +504,13 @@ def prune(g: Graph, edges: Sequence, ablation: Ablation = "corrupt") -> list[Edg
     return [e for e in edges if e.source in reached and useful.intersection(_nodes_fed(g, e))]
 
 
+def _positions_from_json(record) -> Where | None:
+    """`positions_record`'s plain data back: a list for every prompt, or {"per_prompt": [...]}."""
+    if record is None:
+        return None
+    return per_prompt(record["per_prompt"]) if isinstance(record, dict) else tuple(record)
+
+
 def _nodes_fed(g: Graph, edge: Edge) -> list[str]:
     return g.heads_reading(edge.receiver) or [edge.receiver]
 
@@ -394,7 +532,7 @@ def _faithfulness(experiment: Experiment, circuits: Tensor) -> list[float]:
 
 
 def _empty(experiment: Experiment) -> Tensor:
-    if experiment.ablation == "corrupt":
+    if experiment.ablation == "corrupt" and experiment.where is None:
         return experiment.corrupt_values
     return experiment.values(experiment.graph.edge_mask()[None], names=["every edge patched"])[0]
 

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from hooked.circuits.graph import Graph
-from hooked.interventions.positions import positions_mask
+from hooked.interventions.positions import PerPrompt, positions_mask
 from hooked.interventions.row_blocks import Prompts
 from hooked.interventions.sweeps import MetricReads, run_stage
 from hooked.rows import running_rows
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
 Ablation = Literal["corrupt", "mean", "zero"]
+Where = int | tuple[int, ...] | PerPrompt  # where position-aware edges are patched: `columns_at`
 ABLATIONS = ("corrupt", "mean", "zero")
 
 
@@ -138,12 +139,13 @@ def run_masks(
     patched: Tensor,
     clean: Run,
     reads: MetricReads,
-    at_positions: dict[int, Tensor] | None = None,
+    at_positions: dict[Where, Tensor] | None = None,
 ) -> Tensor:
     """The metric's logits of every row block: [V * B, ...] for V masks [V, n_sources, n_receivers] (bool).
 
-    `at_positions` maps a position in the prompt (negative: from each prompt's end) to more masks
-    [V, n_sources, n_receivers] whose edges are patched at that position only (position-aware edges).
+    `at_positions` maps positions in the prompt (an int, negative from each prompt's end; a tuple of them; or
+    one per prompt, `PerPrompt`) to more masks [V, n_sources, n_receivers] whose edges are patched there only
+    (position-aware edges).
     """
     groups = _mask_groups(graph, prompts, masks, at_positions, clean.outputs.device)
     union = torch.stack([group.masks for group in groups]).any(0)
@@ -158,13 +160,13 @@ def run_masks(
 
 
 def _mask_groups(
-    graph: Graph, prompts: Prompts, masks: Tensor, at_positions: dict[int, Tensor] | None, device: torch.device
+    graph: Graph, prompts: Prompts, masks: Tensor, at_positions: dict[Where, Tensor] | None, device: torch.device
 ) -> list[_MaskGroup]:
     """The masks patched everywhere, then one group per position of `at_positions`; edges that do not exist dropped."""
     exists = graph.edge_mask().to(device)
     groups = [_MaskGroup(masks.to(device) & exists, None)]
     for position, position_masks in (at_positions or {}).items():
-        groups.append(_MaskGroup(position_masks.to(device) & exists, _columns_at(prompts, position)))
+        groups.append(_MaskGroup(position_masks.to(device) & exists, columns_at(prompts, position)))
     return groups
 
 
@@ -173,7 +175,7 @@ class _MaskGroup:
     """Edge masks patched together, and where in each prompt they apply."""
 
     masks: Tensor  # [V n_sources n_receivers] bool, existing edges only
-    where: Tensor | None  # [B pos] True at the one column per prompt they apply at; None: every column
+    where: Tensor | None  # [B pos] True at the columns of each prompt they apply at; None: every column
 
 
 @dataclass(frozen=True, eq=False)
@@ -296,13 +298,14 @@ class _Term:
     where: Tensor | None  # as `_MaskGroup.where`
 
 
-def _columns_at(prompts: Prompts, position: int) -> Tensor:
-    """[B pos] True at the column holding `position` of each prompt (negative: from its end); every prompt
-    must have it (`hooked.interventions.positions`)."""
+def columns_at(prompts: Prompts, where: Where) -> Tensor:
+    """[B pos] True at the columns holding the positions `where` of each prompt (an edge's own `@p`, an int; or
+    `positions=`: a tuple for every prompt, or `PerPrompt`, one per prompt; negative from its end); every prompt
+    must have them (`hooked.interventions.positions`)."""
     lengths = prompts.position_ids[:, -1:] + 1  # the last column's position: a right pad repeats the prompt's last
-    return positions_mask(
-        (position,), prompts.position_ids, prompts.key_valid, lengths, what=f"an edge at position {position}"
-    )
+    what = f"an edge at position {where}" if isinstance(where, int) else "positions="
+    selected = (where,) if isinstance(where, int) else where
+    return positions_mask(selected, prompts.position_ids, prompts.key_valid, lengths, what=what)
 
 
 def rows_per_forward(model: HookedTransformer, graph: Graph, prompts: Prompts, max_bytes: int | None) -> int:

@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hooked.circuits.engine import Ablation, Run, patched_values, record, rows_per_forward, run_masks
+from hooked.circuits.engine import (
+    Ablation,
+    Run,
+    Where,
+    columns_at,
+    patched_values,
+    record,
+    rows_per_forward,
+    run_masks,
+)
 from hooked.circuits.graph import Graph, graph
 from hooked.interventions.metrics import check_prompts
 from hooked.interventions.row_blocks import Prompts, registered_hooks
@@ -39,6 +48,7 @@ class Experiment:
     ablation: Ablation
     patched: Tensor
     max_bytes: int | None = None
+    where: Where | None = None  # every mask patched at these positions only (`engine.columns_at`); None: all
 
     @classmethod
     def of(
@@ -51,7 +61,13 @@ class Experiment:
         attention_mask: Tensor | None = None,
         max_bytes: int | None = None,
         caller: str = "hooked.circuits",
+        positions: tuple[Where, ...] = (),
+        g: Graph | None = None,
+        where: Where | None = None,
     ) -> Experiment:
+        """`positions`: where position-aware edges will be patched, checked against the prompts before any run;
+        `g`: the model's graph, where the caller built it already; `where`: patch every mask of `values` at
+        these positions only (discovery over position-aware edges)."""
         if getattr(model, "tensor_parallel", False):
             raise RuntimeError(f"{caller} runs on one process; load the model without tp= (docs/scaling.md)")
         registered_hooks(model, caller, part_of_model=False)
@@ -66,15 +82,28 @@ class Experiment:
             raise ValueError(
                 f"{caller}: ablation={ablation!r} reads the corrupt prompts; pass them, or use ablation='zero'"
             )
-        g = graph(model)
+        g = graph(model) if g is None else g
         prompts = Prompts(tokens, position_ids_for(tokens, key_valid), key_valid)
+        for selected in (*positions, *([] if where is None else [where])):
+            columns_at(prompts, selected)  # a position some prompt lacks, or per-prompt positions of another batch
         clean_run = record(model, g, prompts, reads)
         corrupt_run = None
         if corrupt_tokens is not None:
             corrupt_run = record(model, g, Prompts(corrupt_tokens, prompts.position_ids, key_valid), reads)
         patched = patched_values(ablation, clean_run, corrupt_run, key_valid)
         experiment = cls(
-            model, g, prompts, corrupt_tokens, metric, reads, clean_run, corrupt_run, ablation, patched, max_bytes
+            model,
+            g,
+            prompts,
+            corrupt_tokens,
+            metric,
+            reads,
+            clean_run,
+            corrupt_run,
+            ablation,
+            patched,
+            max_bytes,
+            where,
         )
         experiment.evaluate(clean_run.reduced, "on the clean run")  # a metric that fails there, before any variant
         return experiment
@@ -98,11 +127,13 @@ class Experiment:
         return self.evaluate(self.corrupt.reduced, "on the corrupt run").cpu()
 
     def values(
-        self, masks: Tensor, at_positions: dict[int, Tensor] | None = None, names: Sequence[str] | None = None
+        self, masks: Tensor, at_positions: dict[Where, Tensor] | None = None, names: Sequence[str] | None = None
     ) -> Tensor:
         """The metric [V, B] with the edges of each mask [V, n_sources, n_receivers] patched (and those of
-        `at_positions[p]`, [V, ...] each, at position p only), in batches. `names` says what each mask is
-        ("variant 'a'"), for the error a NaN raises."""
+        `at_positions[p]`, [V, ...] each, at positions p only: `engine.columns_at`), in batches. `names` says what
+        each mask is ("variant 'a'"), for the error a NaN raises."""
+        if self.where is not None:  # the masks' edges at `where` only
+            masks, at_positions = torch.zeros_like(masks), {self.where: masks, **(at_positions or {})}
         batch = self.prompts.tokens.shape[0]
         per_forward = rows_per_forward(self.model, self.graph, self.prompts, self.max_bytes)
         out = torch.empty(masks.shape[0], batch, dtype=torch.float32)

@@ -17,7 +17,12 @@ layers, never the other heads of layer l.
 
 On grouped-query models the key and value inputs belong to key/value heads, shared by several query
 heads: they are named `L{l}KV{g}.k` / `L{l}KV{g}.v`, so that `KV1` cannot be read as query head 1.
-On a mixture-of-experts layer the MLP node is the whole sparse block (router and experts).
+On a mixture-of-experts layer the MLP node is the whole sparse block (router and experts); with
+`graph(model, experts=True)` each expert is a source instead, `L{l}.E{e}`, writing its routed output
+(`mlp.hook_expert_result`: routing weight times the expert's output, zero where the router did not pick it),
+and the layer's input stays one receiver, `L{l}.mlp`, read by the router and every expert. A patched edge
+`L{l}.E{e} -> R` carries the expert's write on the corrupt prompt, with the corrupt run's routing; every
+router downstream is recomputed from what its layer reads in the patched forward (none is frozen).
 
 A block that normalises its sublayer outputs before the residual add (OLMo 2, Gemma 2 and Gemma 3 declare
 `output_norms`) adds `norm(sum over heads of z[h] @ W_O[h])`: no head's own term is in the residual stream,
@@ -111,6 +116,7 @@ class Graph:
     mlp_layers: tuple[int, ...] | None = None  # the layers with an MLP node; None: every layer (attn_only: ())
     parallel_layers: tuple[int, ...] = ()  # parallel-residual blocks: the MLP reads resid_pre, beside the heads
     whole_attention: tuple[int, ...] = ()  # layers whose attention writes as one node L{l}.attn (a post-norm)
+    expert_layers: tuple[tuple[int, int], ...] = ()  # (layer, n_experts): sparse MLPs that write as experts L{l}.E{e}
 
     def has_mlp(self, layer: int) -> bool:
         return self.mlp_layers is None or layer in self.mlp_layers
@@ -260,6 +266,10 @@ class Graph:
         if whole is not None:
             self.source_index(node)
             return [r.name for r in self.receivers if r.stage == 2 * int(whole[1]) and r.head is not None]
+        expert = re.fullmatch(r"L(\d+)\.E\d+", node)
+        if expert is not None:  # every expert reads the MLP's input
+            self.source_index(node)
+            return [_MLP.address(int(expert[1]))]
         match = re.fullmatch(r"L(\d+)H(\d+)", node)
         if match is None:
             self.receiver_index(node)
@@ -271,8 +281,12 @@ class Graph:
 
     def heads_reading(self, receiver: str) -> list[str]:
         """The attention nodes a receiver feeds: one head for a query input, the group for a key/value input;
-        the layer's `L{l}.attn` on a whole-attention layer."""
+        the layer's `L{l}.attn` on a whole-attention layer; and the experts of a sparse MLP node's input where
+        they are nodes (`graph(model, experts=True)`)."""
         match = re.fullmatch(r"L(\d+)(H|KV)(\d+)\.[qkv]", receiver)
+        mlp = re.fullmatch(r"L(\d+)\.mlp", receiver)
+        if mlp is not None and int(mlp[1]) in dict(self.expert_layers):  # its experts read it
+            return [f"L{mlp[1]}.E{e}" for e in range(dict(self.expert_layers)[int(mlp[1])])]
         if match is None:
             return []
         layer, kind, index = int(match[1]), match[2], int(match[3])
@@ -301,8 +315,12 @@ class Graph:
         )
 
 
-def graph(model: HookedTransformer) -> Graph:
-    """The residual graph of `model`: `len(circuits.graph(model).edges)` is 32,491 for GPT-2 small's shapes."""
+def graph(model: HookedTransformer, experts: bool = False) -> Graph:
+    """The residual graph of `model`: `len(circuits.graph(model).edges)` is 32,491 for GPT-2 small's shapes.
+
+    `experts=True`: each expert of a sparse mixture-of-experts MLP is a source, `L{l}.E{e}`, its routed write
+    (`mlp.hook_expert_result`: weight * output, zero where its router did not pick it), in place of `L{l}.mlp`;
+    the layer's input stays one receiver, `L{l}.mlp`, read by the router and every expert."""
     mlp_layers = tuple(layer for layer, block in enumerate(model.blocks) if block.mlp is not None)  # attn_only: none
     # A block that declares no MLP stage computes attention and MLP from the same resid_pre (GPT-NeoX's parallel
     # residual).
@@ -316,6 +334,19 @@ def graph(model: HookedTransformer) -> Graph:
     whole = tuple(layer for layer, block in enumerate(model.blocks) if getattr(type(block), "output_norms", ()))
     for layer in whole[:1]:
         model._check_name(f"blocks.{layer}.hook_attn_out")
+    expert_layers = {}
+    if experts:
+        for layer in mlp_layers:
+            mlp = model.blocks[layer].mlp
+            if hasattr(mlp, "hook_expert_result"):
+                if getattr(mlp, "parallel", None) is not None:
+                    raise ValueError("expert nodes read each expert's write on one process; load without ep=")
+                expert_layers[layer] = mlp.n_experts
+        if not expert_layers:
+            raise ValueError(
+                f"experts=True makes each expert of a sparse mixture-of-experts MLP a node, but {type(model).__name__}"
+                " has no such layer"
+            )
     cfg = model.cfg
     return graph_of_shape(
         cfg.n_layers,
@@ -324,6 +355,7 @@ def graph(model: HookedTransformer) -> Graph:
         None if len(mlp_layers) == cfg.n_layers else mlp_layers,
         parallel,
         whole,
+        expert_layers,
     )
 
 
@@ -334,6 +366,7 @@ def graph_of_shape(
     mlp_layers: tuple[int, ...] | None = None,
     parallel_layers: tuple[int, ...] = (),
     whole_attention: tuple[int, ...] = (),
+    expert_layers: dict[int, int] | None = None,
 ) -> Graph:
     """The residual graph of a model with these shapes (the hook names are every architecture's); `mlp_layers`
     lists the layers with an MLP (None: all; `()` for an attention-only model, `cfg.attn_only`).
@@ -342,7 +375,11 @@ def graph_of_shape(
     as its heads do, so it receives no edge from them, and both run in the block's one stage.
 
     `whole_attention` are blocks that normalise their attention output before the residual add (OLMo 2, Gemma):
-    their attention is one source, `L{l}.attn` (`hook_attn_out`), in place of a source per head."""
+    their attention is one source, `L{l}.attn` (`hook_attn_out`), in place of a source per head.
+
+    `expert_layers` maps a layer to its number of experts where each expert is a source, `L{l}.E{e}`
+    (`mlp.hook_expert_result`), in place of `L{l}.mlp`."""
+    expert_layers = dict(expert_layers or {})
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
     sources = [Source(INPUT, "blocks.0.hook_resid_pre", None, -1)]
@@ -373,7 +410,11 @@ def graph_of_shape(
             stage, mlp_upstream = (2 * layer, upstream) if parallel else (2 * layer + 1, len(sources))
             mlp = _MLP.address(layer)
             receivers.append(Receiver(mlp, block + "hook_mlp_in", None, stage, mlp_upstream))
-            sources.append(Source(mlp, block + "hook_mlp_out", None, stage))
+            if layer in expert_layers:
+                point = block + "mlp.hook_expert_result"
+                sources += [Source(f"L{layer}.E{e}", point, e, stage) for e in range(expert_layers[layer])]
+            else:
+                sources.append(Source(mlp, block + "hook_mlp_out", None, stage))
     last = n_layers - 1
     receivers.append(
         Receiver(
@@ -401,6 +442,7 @@ def graph_of_shape(
         None if mlp_layers is None else tuple(mlp_layers),
         tuple(parallel_layers),
         tuple(sorted(whole_attention)),
+        tuple(sorted(expert_layers.items())),
     )
 
 

@@ -23,6 +23,13 @@ variants are in use, and they answer different questions:
 
 The two agree when no MLP sits between senders and receivers; docs/circuits.md compares them on the
 bundled IOI model.
+
+**Positions.** `positions=` (as `hooked.ablate` reads it: an int or a list for every prompt, or a 1-D tensor
+[batch], one position per prompt) restricts both to the receivers' inputs at those positions: Wang et al.
+patch the name movers' queries at END only (`receivers=["L3H0.q"], positions=-1`). "direct": the edges
+`sender -> receiver` patched at those positions (the receiver's input there reads the senders' patched writes
+there). "wang": the first forward is as above, and in the second the receivers read its values at those
+positions only.
 """
 
 from __future__ import annotations
@@ -33,9 +40,10 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from hooked.circuits.engine import Ablation, _stage_loop
+from hooked.circuits.engine import Ablation, Where, _stage_loop, columns_at
 from hooked.circuits.experiment import Experiment
-from hooked.circuits.graph import Edge, Graph
+from hooked.circuits.graph import Edge, Graph, graph
+from hooked.interventions.positions import Positions, as_positions, positions_record
 from hooked.interventions.results import SweepResult, variant_names
 from hooked.interventions.sweeps import sweep_provenance
 
@@ -54,6 +62,8 @@ def patch_edges(
     metric: Callable,
     *,
     ablation: Ablation = "corrupt",
+    positions: Positions = None,
+    experts: bool = False,
     attention_mask: Tensor | None = None,
     max_bytes: int | None = None,
     task=None,
@@ -68,6 +78,13 @@ def patch_edges(
     `result.change` is
     metric(patched) - metric(clean). `ablation`: "corrupt" (the paired corrupt prompt's write), "mean"
     (the write averaged over the corrupt prompts' real tokens) or "zero" (corrupt may then be None).
+
+    `positions=` patches every edge at those positions only, as `hooked.ablate` reads them: an int or a list
+    (the same positions in every prompt) or a 1-D integer tensor [batch], one position per prompt
+    (`positions=task.positions["S2"]`): the receiver's input at that position of each prompt reads the
+    source's patched write at that position. Edges then carry no `@position` of their own.
+
+    `experts=True`: the experts of a mixture-of-experts MLP are sources, `"L1.E3->logits"` (`circuits.graph`).
     """
     if not isinstance(variants, Mapping):
         edges = [variants] if isinstance(variants, (str, Edge)) else list(variants)
@@ -75,21 +92,34 @@ def patch_edges(
     if not variants:
         raise ValueError("variants must be a non-empty dict: {name: [edge, ...]}")
     names = variant_names(variants)  # before any forward: two names that read the same, or "base", raise
-    experiment = Experiment.of(
-        model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.patch_edges"
-    )
-    g = experiment.graph
+    where = as_positions(positions)
+    # The graph's edges depend on the model only: the edges are read, and refused, before any forward.
+    g = graph(model, experts)
     everywhere, at = zip(*(_mask(g, name, edges) for name, edges in variants.items()), strict=True)
-    masks = torch.stack(everywhere)
-    positions = sorted({p for variant in at for p in variant})
-    empty = torch.zeros_like(masks[0])
-    at_positions = {p: torch.stack([variant.get(p, empty) for variant in at]) for p in positions}
-    values = experiment.values(masks, at_positions, [f"variant {name!r}" for name in names])
+    if where is not None and any(at):
+        edge = next(f"{name!r}: {sorted(a)}" for name, a in zip(names, at, strict=True) if a)
+        raise ValueError(
+            f"variant {edge}: an edge carries its own position ('S->R@-1') and positions= is given too; use one:"
+            " positions= for every edge, or '@p' on each edge"
+        )
     listed = {
         name: [str(e) for e in g.edges_of(m)] + [f"{e}@{p}" for p, pm in sorted(a.items()) for e in g.edges_of(pm)]
         for name, m, a in zip(names, everywhere, at, strict=True)
     }
-    return _result(experiment, names, values, task, {"method": "edge patching", "ablation": ablation, "edges": listed})
+    if where is not None:  # every edge at `where`
+        at, everywhere = [{where: m} for m in everywhere], [torch.zeros_like(m) for m in everywhere]
+    keys = [where] if where is not None else sorted({p for variant in at for p in variant})
+    experiment = Experiment.of(
+        model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.patch_edges", tuple(keys), g
+    )
+    masks = torch.stack(everywhere)
+    empty = torch.zeros_like(masks[0])
+    at_positions = {p: torch.stack([variant.get(p, empty) for variant in at]) for p in keys}
+    values = experiment.values(masks, at_positions, [f"variant {name!r}" for name in names])
+    info = {"method": "edge patching", "ablation": ablation, "edges": listed}
+    if where is not None:
+        info["positions"] = positions_record(where)
+    return _result(experiment, names, values, task, info)
 
 
 def path_patch(
@@ -102,13 +132,15 @@ def path_patch(
     *,
     method: PathMethod = "direct",
     ablation: Ablation = "corrupt",
+    positions: Positions = None,
+    experts: bool = False,
     attention_mask: Tensor | None = None,
     task=None,
 ) -> SweepResult:
     """Path patching from `senders` (nodes: "L2H2", "L3.mlp", "input") to `receivers` (nodes, whose every
     input is a receiver, or inputs such as "L2H2.q", "L2KV0.k", "L3.mlp", "logits"); one variant.
 
-    See the module docstring for `method="direct"` (the default) and `method="wang"`.
+    See the module docstring for `method="direct"` (the default) and `method="wang"`, and for `positions=`.
     """
     name = f"{'+'.join(senders)}->{'+'.join(receivers)}"
     return path_patch_sweep(
@@ -119,6 +151,8 @@ def path_patch(
         metric,
         method=method,
         ablation=ablation,
+        positions=positions,
+        experts=experts,
         attention_mask=attention_mask,
         task=task,
     )
@@ -133,6 +167,8 @@ def path_patch_sweep(
     *,
     method: PathMethod = "direct",
     ablation: Ablation = "corrupt",
+    positions: Positions = None,
+    experts: bool = False,
     attention_mask: Tensor | None = None,
     max_bytes: int | None = None,
     task=None,
@@ -145,16 +181,31 @@ def path_patch_sweep(
     if not isinstance(pairs, Mapping) or not pairs:
         raise ValueError("pairs must be a non-empty dict: {name: (senders, receivers)}")
     names = variant_names(pairs, "pair")
-    experiment = Experiment.of(
-        model, clean, corrupt, metric, ablation, attention_mask, max_bytes, "circuits.path_patch"
-    )
-    g = experiment.graph
+    where = as_positions(positions)
+    g = graph(model, experts)
     resolved = {name: _resolve_pair(g, name, pair) for name, pair in zip(names, pairs.values(), strict=True)}
+    experiment = Experiment.of(
+        model,
+        clean,
+        corrupt,
+        metric,
+        ablation,
+        attention_mask,
+        max_bytes,
+        "circuits.path_patch",
+        () if where is None else (where,),
+        g,
+    )
     if method == "direct":
         masks = torch.stack([g.mask(Edge(s, r) for s, r in _direct_edges(g, *pair)) for pair in resolved.values()])
-        values = experiment.values(masks, names=[f"pair {name!r}" for name in resolved])
+        labels = [f"pair {name!r}" for name in resolved]
+        values = (
+            experiment.values(masks, names=labels)
+            if where is None
+            else experiment.values(torch.zeros_like(masks), {where: masks}, labels)
+        )
     else:
-        values = _wang(experiment, list(resolved.values()), [f"pair {name!r}" for name in resolved])
+        values = _wang(experiment, list(resolved.values()), [f"pair {name!r}" for name in resolved], where)
     return _result(
         experiment,
         list(resolved),
@@ -166,6 +217,7 @@ def path_patch_sweep(
             "pairs": {
                 name: {"senders": senders, "receivers": receivers} for name, (senders, receivers) in resolved.items()
             },
+            **({} if where is None else {"positions": positions_record(where)}),
         },
     )
 
@@ -228,11 +280,16 @@ def _direct_edges(g: Graph, senders: list[str], receivers: list[str]) -> list[tu
     return [(s, r) for r in receivers for s in senders if upstream[s] < g.receivers[g.receiver_index(r)].stage]
 
 
-def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]], names: list[str]) -> Tensor:
-    """Wang et al.'s path patching for every pair at once: V row blocks, two forwards."""
+def _wang(
+    experiment: Experiment, pairs: list[tuple[list[str], list[str]]], names: list[str], where: Where | None = None
+) -> Tensor:
+    """Wang et al.'s path patching for every pair at once: V row blocks, two forwards; the receivers read what
+    they read in the first at the positions `where` only (None: every position). `names` label the pairs in the
+    error a NaN raises."""
     model, g, prompts = experiment.model, experiment.graph, experiment.prompts
     copies, batch = len(pairs), prompts.tokens.shape[0]
     clean, patched = experiment.clean, experiment.patched
+    columns = None if where is None else columns_at(prompts, where)[:, :, None]  # [B pos 1]
 
     # Forward 1: senders patched, every other head frozen at its clean write, MLPs recomputed.
     senders_at: dict[str, list[tuple[int, int | None, int]]] = {}  # hook name -> (variant, head, source)
@@ -288,9 +345,9 @@ def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]], name
         )
         for variant, head in receivers_at[hook.name]:
             if head is None:
-                blocks[variant] = source[variant]
+                blocks[variant] = _at(columns, source[variant], blocks[variant])
             else:
-                blocks[variant, :, :, head] = source[variant, :, :, head]
+                blocks[variant, :, :, head] = _at(columns, source[variant, :, :, head], blocks[variant, :, :, head])
         return new
 
     start = min(min(g.receivers[g.receiver_index(r)].start for r in receivers) for _, receivers in pairs)
@@ -301,6 +358,11 @@ def _wang(experiment: Experiment, pairs: list[tuple[list[str], list[str]]], name
     return torch.stack(
         [experiment.evaluate(reduced[v * batch : (v + 1) * batch], f"with {names[v]}").cpu() for v in range(copies)]
     )
+
+
+def _at(columns: Tensor | None, recorded: Tensor, current: Tensor) -> Tensor:
+    """`recorded` [B pos d] at the selected columns (`columns` [B pos 1]; None: all), `current` elsewhere."""
+    return recorded if columns is None else torch.where(columns, recorded, current)
 
 
 def _result(experiment: Experiment, names: list[str], values: Tensor, task, circuit_info: dict) -> SweepResult:

@@ -18,8 +18,10 @@ of a row differently, so a contiguous gate would differ in the last bit whenever
 the SIMD block. `W_gate`, `W_in`, `W_out` give per-expert views.
 
 Hooks are all per token, never ragged: `hook_router_logits` [batch pos n_experts], `hook_expert_weights` /
-`hook_expert_indices` [batch pos top_k], and per-slot neurons `hook_expert_pre` / `hook_expert_post`
-[batch pos top_k d_expert_mlp]. Under expert parallelism (hooked.distributed) each rank holds whole experts.
+`hook_expert_indices` [batch pos top_k], per-slot neurons `hook_expert_pre` / `hook_expert_post`
+[batch pos top_k d_expert_mlp], and `hook_expert_result` [batch pos n_experts d_model], each expert's routed write
+(computed only while hooked: the output is then its sum over experts, equal up to the order of the sum).
+Under expert parallelism (hooked.distributed) each rank holds whole experts.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ class SparseMoeMLP(nn.Module):
         self.hook_expert_post = HookPoint("batch pos top_k d_expert_mlp")  # slot expert's neurons: silu(gate) * up
         for point in (self.hook_expert_weights, self.hook_expert_pre, self.hook_expert_post):
             point.knows_slot_experts = True  # hook.slot_experts says which expert each slot holds
+        # Each expert's routed write (weight * output; zeros where the router did not pick it), summed over experts
+        # into the output: computed only while hooked (hooked.circuits' expert nodes), cached on request.
+        self.hook_expert_result = HookPoint("batch pos n_experts d_model")
+        self.hook_expert_result.cached_by_default = False
         # Expert parallelism (hooked.distributed): the experts this rank holds (experts.* are their
         # weights, in order) and the group whose ranks hold the others; one process holds them all.
         self.local_experts = range(cfg.n_experts)
@@ -101,7 +107,13 @@ class SparseMoeMLP(nn.Module):
         if self.parallel is not None:  # each rank's experts read the replicated input and weights: their gradients
             x, expert_weights = self.parallel.copy(x), self.parallel.copy(expert_weights)  # sum every rank's
         slot_out = self.run_experts(x, expert_indices)  # [batch pos top_k d_model]
-        out = (slot_out * expert_weights[..., None]).sum(2).to(x.dtype)  # a no-op unless the weights are float32
+        if self.hook_expert_result.listening:  # slot k's weighted output moved to its expert's place
+            weighted = (slot_out * expert_weights[..., None]).to(x.dtype)
+            per_expert = weighted.new_zeros(*weighted.shape[:2], self.n_experts, weighted.shape[-1])
+            per_expert.scatter_add_(2, expert_indices[..., None].expand_as(weighted), weighted)
+            out = self.hook_expert_result(per_expert).sum(2)
+        else:
+            out = (slot_out * expert_weights[..., None]).sum(2).to(x.dtype)  # a no-op unless the weights are float32
         return out if self.parallel is None else self.parallel.reduce(out)  # slots of other ranks' experts
 
     def run_experts(

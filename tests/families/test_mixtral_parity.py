@@ -171,8 +171,14 @@ def tl_mixtral(directory):
     return tl_model(directory, HF, "convert_mixtral_weights")
 
 
-# hooked's router logits and per-token, per-slot expert points, and mlp.hook_in (ON_REQUEST, hooked's addition)
-OURS_ONLY = ("mlp.hook_router_logits", "mlp.hook_expert_pre", "mlp.hook_expert_post", *ON_REQUEST)
+# hooked's router logits, per-token, per-slot and per-expert points, and mlp.hook_in (ON_REQUEST, hooked's addition)
+OURS_ONLY = (
+    "mlp.hook_router_logits",
+    "mlp.hook_expert_pre",
+    "mlp.hook_expert_post",
+    "mlp.hook_expert_result",
+    *ON_REQUEST,
+)
 THEIRS_ONLY = ("hook_gate", "hook_pre", "hook_post")  # TransformerLens' per-expert points: ragged rows
 
 
@@ -270,6 +276,7 @@ MIXTRAL_BLOCK = [  # the hook points of one block, in forward order
     "mlp.hook_expert_indices",
     "mlp.hook_expert_pre",
     "mlp.hook_expert_post",
+    "mlp.hook_expert_result",
     "hook_mlp_out",
     "hook_resid_post",
 ]

@@ -420,6 +420,7 @@ QWEN3_MOE_SPARSE_BLOCK = [  # the hook points of a sparse block, in forward orde
     "mlp.hook_expert_indices",
     "mlp.hook_expert_pre",
     "mlp.hook_expert_post",
+    "mlp.hook_expert_result",
     "hook_mlp_out",
     "hook_resid_post",
 ]
