@@ -222,17 +222,26 @@ def models(architectures: Sequence[str] = ARCHITECTURES):
 
 
 def tokens(model, max_batch: int = 4, max_pos: int = 8, *, min_batch: int = 1, min_pos: int = 1):
-    """Strategy: token ids for `model`, int64 [batch pos], batch in min_batch..max_batch, pos in min_pos..max_pos."""
+    """Strategy: token ids for `model`, int64 [batch pos], batch in min_batch..max_batch, pos in min_pos..max_pos.
+
+    The tokenizer's pad id is never drawn (where the model has a tokenizer): these are unpadded prompts, and rows
+    ending in pad runs of different lengths would read as right-padded ids, which the model refuses without a mask
+    (docs/hooks.md, "Inputs, padding and BOS")."""
     from hypothesis import strategies as st
 
     limit = model.max_positions
     max_pos = max_pos if limit is None else min(max_pos, limit)
+    tokenizer = getattr(model, "tokenizer", None)
+    pad = None if tokenizer is None else tokenizer.pad_token_id
+    ids_drawn = st.integers(0, model.cfg.d_vocab - 1 - (pad is not None))
+    if pad is not None:
+        ids_drawn = ids_drawn.map(lambda i: i + (i >= pad))
 
     @st.composite
     def draw_tokens(draw):
         batch = draw(st.integers(min_batch, max_batch))
         pos = draw(st.integers(min_pos, max_pos))
-        ids = draw(st.lists(st.integers(0, model.cfg.d_vocab - 1), min_size=batch * pos, max_size=batch * pos))
+        ids = draw(st.lists(ids_drawn, min_size=batch * pos, max_size=batch * pos))
         return torch.tensor(ids, dtype=torch.long).view(batch, pos)
 
     return draw_tokens()

@@ -252,14 +252,20 @@ class Zero(Ablation):
 
     kind = "zero"
 
+    @staticmethod
+    def routes(axes) -> bool:
+        """Router logits: one score per expert (the last axis), where zeroing an expert means -inf. A point that
+        holds each expert's write (`mlp.hook_expert_result`, [..., n_experts, d_model]) is zeroed plainly."""
+        return bool(axes) and axes[-1] == "n_experts"
+
     def replacement(self, activation: Tensor, hook: HookPoint | RowsView) -> Tensor:
-        if "n_experts" in hook.axes and self.experts is not None:
+        if self.routes(hook.axes) and self.experts is not None:
             return torch.tensor(float("-inf"), dtype=activation.dtype, device=activation.device)
         return torch.zeros((), dtype=activation.dtype, device=activation.device)
 
     def validate_hook_point(self, point: HookPoint, model: HookedTransformer | None = None) -> None:
         super().validate_hook_point(point, model)
-        if model is not None and self.experts is not None and "n_experts" in point.axes:
+        if model is not None and self.experts is not None and self.routes(point.axes):
             n_experts = model.axis_sizes()["n_experts"]
             if len({expert % n_experts for expert in self.experts}) == n_experts:
                 raise ValueError(all_experts_removed(point.name, n_experts))

@@ -13,7 +13,10 @@ from hooked import ablate
 
 
 def tokens_of(model, batch=3, pos=7, seed=0):
-    return torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=torch.Generator().manual_seed(seed))
+    """Random unpadded ids: never the pad id, which at a row's end would read as right padding (refused unmasked)."""
+    ids = torch.randint(0, model.cfg.d_vocab - 1, (batch, pos), generator=torch.Generator().manual_seed(seed))
+    pad = model.tokenizer.pad_token_id if model.tokenizer is not None else None
+    return ids if pad is None else ids + (ids >= pad).long()
 
 
 def after_hook(model, tokens, name, callback, **kwargs):
