@@ -310,7 +310,10 @@ class Olmo2Block(nn.Module):
         return self.hook_resid_mid(resid_pre + attn_out)
 
     def mlp_half(self, resid_mid: Tensor) -> Tensor:
-        mlp_out_pre_norm = self.hook_mlp_out_pre_norm(self.mlp(mlp_input(self, resid_mid)))
+        mlp_in = mlp_input(self, resid_mid)
+        if mlp_in is resid_mid and self.mlp.hook_in.listening:  # with no norm between, mlp.hook_in would hold the
+            mlp_in = resid_mid.clone()  # residual stream itself: an in-place edit there must not reach it
+        mlp_out_pre_norm = self.hook_mlp_out_pre_norm(self.mlp(mlp_in))
         mlp_out = self.hook_mlp_out(self.ln2(mlp_out_pre_norm))
         return self.hook_resid_post(resid_mid + mlp_out)
 

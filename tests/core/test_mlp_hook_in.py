@@ -67,3 +67,23 @@ def test_a_default_cache_leaves_mlp_hook_in_out_as_hook_mlp_in(model, tokens):
     finally:
         model.set_use_hook_mlp_in(False)
     assert set(switched.keys()) - set(cache.keys()) == hook_mlp_in
+
+
+def test_an_in_place_edit_at_mlp_hook_in_reaches_the_mlp_and_not_the_residual_stream(model, tokens):
+    """Zeroing mlp.hook_in in place (as a sweep's row writes do) changes what the MLP reads, never the residual
+    stream it was read from: OLMo 2's point, with no norm in between, gets a copy."""
+    stream = "hook_resid_pre" if model.cfg.parallel_attn_mlp else "hook_resid_mid"
+    names = [f"blocks.0.{stream}", "blocks.0.hook_mlp_out", "blocks.0.hook_resid_post"]
+    if model.cfg.parallel_attn_mlp:
+        names.append("blocks.0.hook_attn_out")
+
+    def zero_in_place(activation, hook):
+        activation.zero_()
+
+    with model.hooks(fwd_hooks=[("blocks.0.mlp.hook_in", zero_in_place)]):
+        _, cache = model.run_with_cache(tokens, names_filter=names)
+    rest = cache["blocks.0.hook_resid_post"] - cache["blocks.0.hook_mlp_out"]
+    if model.cfg.parallel_attn_mlp:
+        rest = rest - cache["blocks.0.hook_attn_out"]
+    torch.testing.assert_close(rest, cache[f"blocks.0.{stream}"], rtol=1e-5, atol=1e-5)
+    assert cache[f"blocks.0.{stream}"].abs().max() > 0  # the stream itself was left alone
