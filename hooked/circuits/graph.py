@@ -338,7 +338,7 @@ def graph(model: HookedTransformer, experts: bool = False) -> Graph:
     if experts:
         for layer in mlp_layers:
             mlp = model.blocks[layer].mlp
-            if hasattr(mlp, "hook_expert_result"):
+            if model.cfg.is_sparse(layer):  # the config's declaration: this layer's MLP routes to experts
                 if getattr(mlp, "parallel", None) is not None:
                     raise ValueError("expert nodes read each expert's write on one process; load without ep=")
                 expert_layers[layer] = mlp.n_experts

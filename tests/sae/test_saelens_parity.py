@@ -86,7 +86,8 @@ def peers(gpt2):
 
 @pytest.fixture
 def tokens(gpt2):
-    return torch.randint(0, gpt2.cfg.d_vocab, (2, 7), generator=torch.Generator().manual_seed(3))
+    """Random ids from 1: the pad id (0) at a row's end would read as right padding, refused without a mask."""
+    return torch.randint(1, gpt2.cfg.d_vocab, (2, 7), generator=torch.Generator().manual_seed(3))
 
 
 def writes(sae) -> str:
