@@ -81,12 +81,8 @@ def attribute(
     circuit-tracer). `progress`: a tqdm bar over the feature rows (None: when writing to a terminal).
     """
     settings = _check_settings(max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row)
-    if torch.is_inference_mode_enabled():
-        raise RuntimeError("hooked.graphs.attribute needs gradients; call it outside torch.inference_mode()")
-    registered_hooks(model, "hooked.graphs.attribute", part_of_model=False)
-    tc = Transcoders(transcoders, model)
-    tokens = prompt_tokens(model, prompt)
-    return _attribute_all(model, tc, [tokens], settings, update_interval, progress)[0]
+    tc = _ready(model, transcoders, "hooked.graphs.attribute")
+    return _attribute_all(model, tc, [prompt_tokens(model, prompt)], settings, update_interval, progress)[0]
 
 
 def attribute_batch(
@@ -115,12 +111,6 @@ def attribute_batch(
     every `update_interval` passes). Returns the graphs in the order of `prompts`.
     """
     settings = _check_settings(max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row)
-    if torch.is_inference_mode_enabled():
-        raise RuntimeError("hooked.graphs.attribute_batch needs gradients; call it outside torch.inference_mode()")
-    if getattr(model, "tensor_parallel", False):
-        raise NotImplementedError(
-            "hooked.graphs.attribute_batch runs on one process; load the model without tensor parallelism"
-        )
     if isinstance(prompts, Tensor):
         if prompts.ndim != 2:
             raise ValueError(f"a tensor of prompts is [n_prompts, pos], not {tuple(prompts.shape)}")
@@ -135,8 +125,7 @@ def attribute_batch(
             "this is one prompt's token ids, not a list of prompts: use graphs.attribute(model, ids, ...), or"
             " attribute_batch(model, [ids], ...)"
         )
-    registered_hooks(model, "hooked.graphs.attribute_batch", part_of_model=False)
-    tc = Transcoders(transcoders, model)
+    tc = _ready(model, transcoders, "hooked.graphs.attribute_batch")
     tokens = [prompt_tokens(model, p) for p in prompts]
     graphs: list[Graph | None] = [None] * len(tokens)
     by_length: dict[int, list[int]] = {}
@@ -149,6 +138,15 @@ def attribute_batch(
             for i, graph in zip(group, computed, strict=True):
                 graphs[i] = graph
     return graphs
+
+
+def _ready(model: HookedTransformer, transcoders, caller: str) -> Transcoders:
+    """The checks both entry points make before anything runs: gradients available, no outside hooks on the model,
+    and transcoders that fit it."""
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError(f"{caller} needs gradients; call it outside torch.inference_mode()")
+    registered_hooks(model, caller, part_of_model=False)
+    return Transcoders(transcoders, model)
 
 
 def _attribute_all(model, tc: Transcoders, tokens: list[Tensor], settings, update_interval, progress) -> list[Graph]:
@@ -389,9 +387,9 @@ def frozen_points(model: HookedTransformer) -> list[str]:
     names = [n for n in model.hook_dict if n.endswith(("attn.hook_q", "attn.hook_k", "hook_scale"))]
     for point in ("attn.hook_q", "attn.hook_k"):
         if sum(n.endswith(point) for n in model.hook_dict) != model.cfg.n_layers:
-            raise NotImplementedError(
-                f"{type(model).__name__} does not have one {point} per layer, which the replacement model detaches"
-                " to freeze the attention pattern"
+            raise ValueError(
+                f"{type(model).__name__} does not have one {point} per layer, where the replacement model freezes the"
+                " attention pattern (by detaching queries and keys), so its graph cannot be built"
             )
     return names
 
@@ -590,10 +588,7 @@ class _Rows:
         self.count += k
 
     def coo(self) -> tuple[Tensor, Tensor, Tensor]:
-        """(row, column, value) of every entry kept, rows in computed order."""
-        if self.matrix is not None:
-            rows, columns = self.matrix[: self.count].nonzero(as_tuple=True)
-            return rows, columns, self.matrix[rows, columns]
+        """(row, column, value) of every entry kept, rows in computed order (the sparse store's)."""
         if not self.values:
             empty = torch.zeros(0, dtype=torch.long)
             return empty, empty, torch.zeros(0)

@@ -7,7 +7,8 @@ never from hooked.circuits:
 - ACDC: a plain sequential ACDC, one edge at a time in ACDC's order, each trial a `brute_patch` forward;
   KL divergence to the clean model's logits (the ACDC paper's metric), the two-sided and the signed criterion;
 - per-prompt positions: `patch_at_columns` (brute_patch adding the term at each prompt's own columns only) and
-  `wang_at_columns` (Wang et al.'s two forwards, the second replacing the receivers' inputs at those columns);
+  test_circuits.brute_wang with `columns` (Wang et al.'s two forwards, the second replacing the receivers' inputs
+  at those columns);
   attribution at positions from gradients taken by hand;
 - experts as nodes (Qwen3-MoE, Mixtral): each expert's write computed by hand from the per-slot points
   (`expert_writes`), patched with plain hooks (`expert_patch`), and its EAP score from hand gradients.
@@ -28,6 +29,7 @@ from hooked.testing import random_model
 from tests.circuits.test_circuits import (
     answers_metric,
     brute_patch,
+    brute_wang,
     direct_edges,
     hand_gradients,
     is_whole,
@@ -37,7 +39,6 @@ from tests.circuits.test_circuits import (
     receiver_point,
     ref_acdc_order,
     ref_edges,
-    ref_inputs_of,
     run_metric,
     score,
     shape,
@@ -214,53 +215,6 @@ def patch_at_columns(model, clean, corrupt, edges, metric, mask, columns):
     return score(model, metric, logits, mask)
 
 
-def wang_at_columns(model, clean, corrupt, senders, receivers, metric, mask, columns):
-    """Wang et al.'s path patching (pre-norm blocks): (1) senders corrupt, every other head frozen at its clean
-    write, MLPs recomputed, receivers' inputs recorded; (2) the clean run with those inputs at `columns` only."""
-    n_layers, n_heads, n_kv = shape(model)
-    head_points = [f"blocks.{layer}.attn.hook_result" for layer in range(n_layers)]
-    sender_points = [source_point(n_layers, s) for s in senders]
-    with torch.no_grad():
-        _, clean_cache = model.run_with_cache(clean, attention_mask=mask, names_filter=head_points)
-        _, corrupt_cache = model.run_with_cache(
-            corrupt, attention_mask=mask, names_filter=[p for p, _ in sender_points]
-        )
-
-    def write(activation, hook):
-        new = clean_cache[hook.name].clone() if hook.name in head_points else activation.clone()
-        for point, head in sender_points:
-            if point == hook.name:
-                slot(new, head)[...] = slot(corrupt_cache[point], head)
-        return new
-
-    at: dict[str, list] = {}
-    for receiver in [r for node in receivers for r in ref_inputs_of(node, n_heads, n_kv)]:
-        point, head = receiver_point(n_layers, receiver)
-        at.setdefault(point, []).append(head)
-    recorded = {}
-
-    def keep(activation, hook):
-        recorded[hook.name] = activation.clone()
-
-    written = set(head_points) | {p for p, _ in sender_points}
-    with torch.no_grad():
-        model.run_with_hooks(
-            clean, attention_mask=mask, fwd_hooks=[(n, write) for n in written] + [(n, keep) for n in at]
-        )
-
-    def replace(activation, hook):
-        new = activation.clone()
-        for head in at[hook.name]:
-            for b, row in enumerate(columns):
-                for column in row:
-                    slot(new, head)[b, column] = slot(recorded[hook.name], head)[b, column]
-        return new
-
-    with torch.no_grad():
-        logits = model.run_with_hooks(clean, attention_mask=mask, fwd_hooks=[(n, replace) for n in at])
-    return score(model, metric, logits, mask)
-
-
 def close(actual, expected):
     scale = max(1.0, float(expected.abs().max()))
     assert torch.allclose(actual, expected, atol=2e-5 * scale, rtol=0), (actual, expected)
@@ -310,7 +264,7 @@ def test_path_patching_at_end_and_per_prompt_equals_plain_hooks(method):
                 edges = direct_edges(model, senders, receivers)
                 expected = patch_at_columns(model, clean, corrupt, edges, metric, mask, columns)
             else:
-                expected = wang_at_columns(model, clean, corrupt, senders, receivers, metric, mask, columns)
+                expected = brute_wang(model, clean, corrupt, senders, receivers, metric, mask, columns=columns)
             close(result.values[0], expected)
     assert no_hooks(model)
 

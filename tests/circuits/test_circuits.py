@@ -311,10 +311,11 @@ def ablated(write, mask, ablation):
     return torch.zeros_like(write) if ablation == "zero" else write
 
 
-def brute_wang(model, clean, corrupt, senders, receivers, metric, mask=None, ablation="corrupt"):
+def brute_wang(model, clean, corrupt, senders, receivers, metric, mask=None, ablation="corrupt", columns=None):
     """Wang et al.'s path patching in two plain forwards: (1) senders corrupt, every other head frozen at
-    its clean write, MLPs recomputed, receivers' inputs recorded; (2) the clean run reading those. A post-norm
-    layer's attention output (hook_attn_out) is frozen as its heads are elsewhere."""
+    its clean write, MLPs recomputed, receivers' inputs recorded; (2) the clean run reading those (at
+    `columns[b]` of prompt b only, where given). A post-norm layer's attention output (hook_attn_out) is frozen as
+    its heads are elsewhere."""
     n_layers, n_heads, n_kv = shape(model)
     head_points = [
         f"blocks.{layer}.{'hook_attn_out' if is_whole(model) else 'attn.hook_result'}" for layer in range(n_layers)
@@ -352,7 +353,12 @@ def brute_wang(model, clean, corrupt, senders, receivers, metric, mask=None, abl
     def replace(activation, hook):
         new = activation.clone()
         for head in at[hook.name]:
-            slot(new, head)[...] = slot(recorded[hook.name], head)
+            if columns is None:
+                slot(new, head)[...] = slot(recorded[hook.name], head)
+                continue
+            for b, row in enumerate(columns):
+                for column in row:
+                    slot(new, head)[b, column] = slot(recorded[hook.name], head)[b, column]
         return new
 
     with torch.no_grad():

@@ -40,10 +40,14 @@ def transcoders(cfg) -> list:
     ]
 
 
-def graph(model, **settings) -> dict:
-    """The graph of one 7-token prompt (at most 5 logits), as tensors."""
-    tokens = torch.randint(1, model.cfg.d_vocab, (7,), generator=torch.Generator().manual_seed(5))
-    g = graphs.attribute(model, tokens, transcoders(model.cfg), max_n_logits=5, batch_size=8, **settings)
+def graph(model, batched: bool = False, **settings) -> dict:
+    """The graph of one 7-token prompt (at most 5 logits), as tensors; `batched`: the second of two prompts'
+    graphs from `graphs.attribute_batch`."""
+    prompts = torch.randint(1, model.cfg.d_vocab, (2, 7), generator=torch.Generator().manual_seed(5))
+    if batched:
+        g = graphs.attribute_batch(model, prompts, transcoders(model.cfg), max_n_logits=5, batch_size=8, **settings)[1]
+    else:
+        g = graphs.attribute(model, prompts[0], transcoders(model.cfg), max_n_logits=5, batch_size=8, **settings)
     return cpu(
         {
             "adjacency": g.adjacency,
@@ -96,9 +100,14 @@ def gradient(model) -> dict:
 
 
 def graphs_of(model) -> dict:
-    """Every feature's rows, and the 6 most influential features' (chosen by influence, as circuit-tracer); the
-    gradient of `gradient`."""
-    return {"all": graph(model), "selected": graph(model, max_feature_nodes=6), "gradient": gradient(model)}
+    """Every feature's rows, the 6 most influential features' (chosen by influence, as circuit-tracer), a graph of
+    a batch of two prompts; the gradient of `gradient`."""
+    return {
+        "all": graph(model),
+        "selected": graph(model, max_feature_nodes=6),
+        "batched": graph(model, batched=True),
+        "gradient": gradient(model),
+    }
 
 
 def main(argv: list[str]) -> None:

@@ -6,9 +6,6 @@ the all-reduce of the q/k/v projections' input gradient and the output projectio
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,12 +13,12 @@ import torch
 import transformers  # builds the checkpoints (the dev extra)
 
 import hooked
+from tests import torchrun
 from tests.graphs import graph_parallel_worker as worker
 from tests.infrastructure.test_distributed import build
 
 pytestmark = pytest.mark.slow  # torchrun: two processes
 
-REPO = Path(__file__).resolve().parents[2]
 ATOL = 1e-5  # float32 rounding: the all-reduces sum partial products in another order
 ROW_RTOL = 1e-5  # an adjacency entry's error over its row's largest entry (measured <= 1.3e-6)
 
@@ -65,22 +62,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def ranks(checkpoints, tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("ranks")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(Path(worker.__file__)),
-        str(out),
-        *(f"{name}={directory}" for name, directory in checkpoints.items()),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    return torchrun.ranks(worker.__file__, tmp_path_factory.mktemp("ranks"), checkpoints)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])

@@ -5,9 +5,6 @@ launches its worker)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,12 +13,11 @@ import transformers  # builds the Qwen3-MoE checkpoint (the dev extra)
 
 import hooked
 from hooked.testing import build_gpt2_checkpoint
+from tests import torchrun
 from tests.infrastructure.test_distributed import ATOL, build
 from tests.sae import feature_parallel_worker as worker
 
 pytestmark = pytest.mark.slow  # torchrun: two processes
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -52,22 +48,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def ranks(checkpoints, tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("ranks")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(Path(worker.__file__)),
-        str(out),
-        *(f"{name}={directory}" for name, directory in checkpoints.items()),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    return torchrun.ranks(worker.__file__, tmp_path_factory.mktemp("ranks"), checkpoints)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "qwen3_moe"])
