@@ -161,8 +161,11 @@ def attribute(
 ) -> EdgeScores:
     """A score for every edge: EAP (`method="eap"`) or EAP-IG (`method="eap-ig"`, `steps` interpolations).
 
-    The metric is differentiated (a `hooked.interventions.metrics` metric such as `logit_diff`; a metric that compares
-    with the base run, like KL divergence, has zero gradient at the clean run and is refused). The model's
+    The metric is differentiated (a `hooked.interventions.metrics` metric such as `logit_diff`). A metric that
+    compares with a base run, like `metrics.kl_div()`, takes the clean run as its base: KL(clean model || run). Its
+    gradient at the clean run is 0, so EAP refuses it; EAP-IG takes its gradients along the path from the clean to
+    the patched input, where they are not, and its scores sum to about KL(clean || patched) (Hanna et al. 2024,
+    "Have Faith in Faithfulness", score circuits with EAP-IG and KL this way). The model's
     parameters' `.grad` are left alone; no hook stays registered. EAP-IG's steps run as row blocks of one
     forward, `steps_per_forward` at a time (default: what fits the memory budget of the batched edge forward).
 
@@ -175,7 +178,8 @@ def attribute(
         raise ValueError(f"steps_per_forward must be a positive int, not {steps_per_forward!r}")
     if method not in ("eap", "eap-ig"):
         raise ValueError(f"method must be 'eap' or 'eap-ig', not {method!r}")
-    refuse_base_metric(metric, "circuits.attribute")
+    if method == "eap":
+        refuse_base_metric(metric, "circuits.attribute(method='eap')")
     if torch.is_inference_mode_enabled():
         raise RuntimeError("circuits.attribute needs gradients; call it outside torch.inference_mode()")
     alphas = interpolation_points(method, steps)
@@ -201,14 +205,14 @@ def attribute(
 
 
 def refuse_base_metric(metric: Callable, caller: str) -> None:
-    """Refuse a metric that compares with the base run (KL divergence): its base is the clean run, where it is at
-    its minimum, so its gradient there is 0 and every EAP score would be 0."""
+    """Refuse, for EAP, a metric that compares with the base run (KL divergence): its base is the clean run, where
+    it is at its minimum, so its gradient there is 0 and every EAP score would be 0."""
     if getattr(metric, "needs_base", False) is True:
         raise ValueError(
             f"{caller}: {metric!r} compares with the clean run, where it is at its minimum and its gradient is 0,"
-            " so every EAP score would be 0 (and EAP-IG, whose path starts there, is not built for it); use a"
-            " metric of the answers (logit_diff, log_prob, ...), or circuits.discover(method='acdc'), which"
-            " patches the edges and reads the metric itself"
+            " so every EAP score would be 0; use method='eap-ig' (its gradients are taken on the way from the"
+            " clean to the patched input, where they are not 0), a metric of the answers (logit_diff, log_prob,"
+            " ...), or circuits.discover(method='acdc'), which patches the edges and reads the metric itself"
         )
 
 
@@ -265,8 +269,11 @@ def _gradients_at(experiment: Experiment, alphas: list[float], points: list[str]
         reduced = experiment.reads.logits(model, final, prompts.key_valid)
         values = torch.cat(
             [
-                experiment.reads.evaluate(
-                    reduced[i * batch : (i + 1) * batch], None, experiment.key_valid, _at_point(alphas[i])
+                experiment.reads.evaluate(  # a metric with a base (KL) compares with the clean run
+                    reduced[i * batch : (i + 1) * batch],
+                    experiment.clean.reduced,
+                    experiment.key_valid,
+                    _at_point(alphas[i]),
                 )
                 for i in range(copies)
             ]

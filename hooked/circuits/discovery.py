@@ -41,7 +41,12 @@ D_KL(G||H) < tau`) and of that code's default: an edge is removed unless removin
 least `threshold` towards its value with every edge patched (the corrupt run). The ACDC code's metrics all
 rise as the circuit breaks (KL, a negated logit difference); here the direction is read off the clean and
 the corrupt runs (KL rises, `logit_diff` falls: an edge is kept only when its removal lowers it by the
-threshold or more), and an edge whose removal helps is removed.
+threshold or more), and an edge whose removal helps is removed. A signed ACDC circuit ranks its edges
+(`Circuit.ranking`, what `curve` grows along) by that signed score, the most harmful removal first.
+
+**EAP and EAP-IG with KL.** EAP differentiates the metric at the clean run, where KL(clean || run) is at its
+minimum: every score would be 0, so it is refused, saying so. EAP-IG takes the clean run as KL's base too, and
+its gradients at the points between the clean and the patched input, where they are not 0.
 """
 
 from __future__ import annotations
@@ -88,7 +93,7 @@ class Circuit:
     """
 
     graph: Graph
-    edges: list[Edge]  # largest |score| first
+    edges: list[Edge]  # largest |score| first (signed ACDC: largest score first)
     scores: dict[str, float]  # every graph edge -> its score
     method: str
     ablation: Ablation = "corrupt"
@@ -127,8 +132,17 @@ class Circuit:
         return self.graph.mask(self.edges)
 
     def ranking(self) -> list[Edge]:
-        """Every edge of the graph, the largest |score| first (ties in graph order): what `curve` grows along."""
-        return _ranking(self.graph, self.scores)
+        """Every edge of the graph, the largest |score| first (ties in graph order): what `curve` grows along.
+
+        A circuit of signed ACDC (`abs_value_threshold=False`) ranks by the signed score, the largest harm done
+        by removing the edge first: an edge whose removal moved the metric far the other way (it helps the
+        circuit to lose it) comes last, not first."""
+        return _ranking(self.graph, self.scores, signed=self.signed)
+
+    @property
+    def signed(self) -> bool:
+        """Whether its scores are signed ACDC's (`abs_value_threshold=False`): harm done by removing the edge."""
+        return self.provenance.get("circuits", {}).get("abs_value_threshold") is False
 
     def __len__(self) -> int:
         return len(self.edges)
@@ -336,8 +350,8 @@ def discover(
             )
     elif n_edges is None or threshold is not None:
         raise ValueError(f"method={method!r} keeps the top n_edges= edges by score; threshold= is ACDC's")
-    else:
-        refuse_base_metric(metric, f"discover(method={method!r})")
+    elif method == "eap":
+        refuse_base_metric(metric, "discover(method='eap')")
     if not isinstance(abs_value_threshold, bool):
         raise TypeError(
             f"abs_value_threshold is True (ACDC's two-sided criterion) or False (the signed one), not"
@@ -380,7 +394,7 @@ def discover(
         matrix = scores_from_gradients(experiment, receiver_gradients(experiment, alphas), experiment.where)
         scores = dict(zip(map(str, g.edges), matrix[g.coordinates()].tolist(), strict=True))
         provenance["circuits"] = {"method": method, "steps": len(alphas), "n_edges": n_edges, "ablation": ablation}
-    ranking = _ranking(g, scores)
+    ranking = _ranking(g, scores, signed=method == "acdc" and not abs_value_threshold)
     order = {e: i for i, e in enumerate(ranking)}
     edges = sorted(prune(g, kept if method == "acdc" else ranking[:n_edges], ablation), key=order.__getitem__)
     provenance["circuits"]["kept_after_pruning"] = len(edges)
@@ -515,8 +529,10 @@ def _nodes_fed(g: Graph, edge: Edge) -> list[str]:
     return g.heads_reading(edge.receiver) or [edge.receiver]
 
 
-def _ranking(g: Graph, scores: dict[str, float]) -> list[Edge]:
-    values = torch.tensor([abs(scores.get(str(e), 0.0)) for e in g.edges])
+def _ranking(g: Graph, scores: dict[str, float], signed: bool = False) -> list[Edge]:
+    """Every edge, the largest |score| first (signed: the largest score first); ties in graph order."""
+    values = torch.tensor([scores.get(str(e), 0.0) for e in g.edges], dtype=torch.float64)
+    values = values if signed else values.abs()
     return [g.edges[i] for i in torch.sort(values, descending=True, stable=True).indices.tolist()]
 
 

@@ -699,13 +699,19 @@ def test_attribution_property(data):
         assert abs(scores[edge] - value) < 1e-4 * largest, (edge, scores[edge], value)
 
 
-def test_eap_ig_converges_to_the_exact_effect_where_blocks_write_nothing():
+def input_only_model():
+    """A tiny GPT-2 whose blocks write nothing: the logits are a function of the input alone."""
     model = random_model("gpt2", seed=8, n_layers=2, d_model=16, n_heads=2, d_mlp=32, d_vocab=32, n_ctx=16)
     with torch.no_grad():
         for block in model.blocks:
             for linear in (block.attn.c_proj, block.mlp.c_proj):
                 linear.weight.zero_()
                 linear.bias.zero_()
+    return model
+
+
+def test_eap_ig_converges_to_the_exact_effect_where_blocks_write_nothing():
+    model = input_only_model()
     clean, corrupt, _ = paired_prompts(model, 4, 5, seed=9)
     metric = metrics.logit_diff(None, [3] * 4, [5] * 4)
     exact = float(
@@ -722,6 +728,52 @@ def test_eap_ig_converges_to_the_exact_effect_where_blocks_write_nothing():
     assert abs(ig64 - exact) < 0.01 * abs(eap - exact)
     assert abs(ig64 - exact) < 1e-4 * max(1.0, abs(exact))
     assert abs(ig64 - exact) < 0.1 * abs(ig8 - exact)  # the midpoint rule's error shrinks with the steps
+
+
+class HandKL:
+    """KL(base || run) at the last position, by hand: the base is the clean run's logits, fixed."""
+
+    position = -1
+
+    def __init__(self, base_logits):
+        self.log_p_base = base_logits[:, -1].double().log_softmax(-1)
+
+    def __call__(self, logits, attention_mask=None):
+        log_p_run = logits[:, -1].double().log_softmax(-1)
+        return (self.log_p_base.exp() * (self.log_p_base - log_p_run)).sum(-1)
+
+
+@pytest.mark.parametrize("arch,padded", [("gpt2", False), ("qwen3_moe", True)])
+def test_eap_ig_with_kl_takes_the_clean_run_as_base(arch, padded):
+    """EAP-IG with KL(clean || run): its gradients along the clean-to-corrupt path equal hand gradients of a KL
+    written out here against the clean logits (EAP, at the clean run where KL's gradient is 0, is refused)."""
+    model = small_model(arch, seed=16)
+    clean, corrupt, mask = paired_prompts(model, 3, 6, seed=17, padded=padded)
+    with torch.no_grad():
+        reference = HandKL(model(clean, attention_mask=mask))
+    alphas = [0.125, 0.375, 0.625, 0.875]
+    scores = circuits.attribute(model, clean, corrupt, metrics.kl_div(), method="eap-ig", steps=4, attention_mask=mask)
+    expected = hand_scores(model, clean, corrupt, reference, mask, alphas)
+    largest = max(abs(v) for v in expected.values())
+    assert largest > 1e-3
+    for edge, value in expected.items():
+        assert abs(scores[edge] - value) < 1e-4 * max(1.0, largest), (edge, scores[edge], value)
+    found = circuits.discover(
+        model, clean, corrupt, metrics.kl_div(), method="eap-ig", steps=4, n_edges=6, attention_mask=mask
+    )
+    assert found.scores == {str(e): scores[str(e)] for e in found.graph.edges}
+    assert no_hooks(model) and all(p.grad is None for p in model.parameters())
+
+
+def test_eap_ig_with_kl_sums_to_the_divergence_where_blocks_write_nothing():
+    """Where the input is the only path, input->logits' EAP-IG score with KL converges to KL(clean || corrupt)."""
+    model = input_only_model()
+    clean, corrupt, _ = paired_prompts(model, 4, 5, seed=9)
+    with torch.no_grad():
+        exact = float(HandKL(model(clean))(model(corrupt)).mean())
+    ig = circuits.attribute(model, clean, corrupt, metrics.kl_div(), method="eap-ig", steps=64)["input->logits"]
+    assert exact > 0.05
+    assert abs(ig - exact) < 1e-3 * exact
 
 
 # ============================================================================= path patching
