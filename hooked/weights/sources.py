@@ -91,7 +91,7 @@ def resolve(name_or_path: str | Path, config_only: bool = False) -> Path:
         ) from None
     except LocalEntryNotFoundError as error:
         raise CheckpointError(
-            f"{named} is not a local directory and is not in the Hugging Face cache, and {_why_not_downloaded(error)}"
+            f"{named} is not a local directory and is not in the Hugging Face cache, and {why_not_downloaded(error)}"
             + _did_you_mean(name_or_path)
         ) from None
     except RepositoryNotFoundError as error:
@@ -122,9 +122,9 @@ def _did_you_mean(name_or_path: str | Path) -> str:
     return f"; did you mean {' or '.join(repr(name) for name in close)} (TransformerLens' names)?" if close else ""
 
 
-def _why_not_downloaded(error: Exception) -> str:
+def why_not_downloaded(error: Exception, instead: str = "pass a local checkpoint directory") -> str:
     """Why the hub served no snapshot, and what to do: offline mode (and the variable that set it), or the
-    failed request."""
+    failed request; `instead` is the local alternative to name."""
     from huggingface_hub.errors import OfflineModeIsEnabled
 
     if isinstance(error.__cause__, OfflineModeIsEnabled):
@@ -136,11 +136,11 @@ def _why_not_downloaded(error: Exception) -> str:
         ]
         return (
             f"huggingface_hub is in offline mode ({', '.join(flags) or 'set when it was imported'}), so the hub was"
-            " not asked; start Python without it to download the model, or pass a local checkpoint directory"
+            f" not asked; start Python without it to download it, or {instead}"
         )
     cause = error.__cause__ or error
     detail = str(cause).splitlines()[0] if str(cause) else "no detail"
     return (
         f"the hub could not be reached ({type(cause).__name__}: {detail}); download it once with network access"
-        " or pass a local checkpoint directory"
+        f" or {instead}"
     )

@@ -7,6 +7,7 @@
 | `gemma_scope` | Gemma Scope's `params.npz`, Gemma Scope 2's `params.safetensors` |
 | `sparsify` | eai-sparsify 1.3: `cfg.json` + `sae.safetensors` |
 | `circuit_tracer` | circuit-tracer's transcoder sets: `config.yaml` + `layer_{i}.safetensors` |
+| `hub` | any of these on the Hugging Face hub: `hf://<owner>/<repo>/<path>`, only the dictionary's files fetched |
 
 A directory of per-layer SAELens directories `layer_0/`, `layer_1/`, ... is a set (a transcoder per layer): it loads
 as a list, layer i at index i, and `save` writes a list so. The dictionaries bundled with hooked's IOI models load by
@@ -29,7 +30,7 @@ from torch import nn
 
 from hooked.sae.clt import CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary
-from hooked.sae.formats import circuit_tracer, gemma_scope, saelens, sparsify
+from hooked.sae.formats import circuit_tracer, gemma_scope, hub, saelens, sparsify
 from hooked.sae.formats.files import Safetensors
 from hooked.sae.formats.layout import dtype_name
 from hooked.sae.formats.saelens import from_saelens
@@ -49,17 +50,22 @@ def load(
     dtype: torch.dtype | str | None = None,
     model: nn.Module | None = None,
     norm_scaling_factor: float | None = None,
+    revision: str | None = None,
 ) -> Dictionary | list[Dictionary] | nn.Module:
     """A dictionary from its files, the format told by them: a SAELens directory, an eai-sparsify directory, a
     Gemma Scope params.npz / params.safetensors, or a circuit-tracer directory (a transcoder set: a list of
     dictionaries, layer i at index i; a cross-layer transcoder: hooked.sae.clt's). A directory of SAELens
     directories `layer_0/` ... `layer_{n-1}/` is a set too: a list, layer i at index i. A bundled dictionary loads
-    by name (`bundled_saes()` lists them; docs/saes.md, "Bundled dictionaries").
+    by name (`bundled_saes()` lists them; docs/saes.md, "Bundled dictionaries"). A path that is not local is a path
+    on the Hugging Face hub, `hf://<owner>/<repo>/<path in the repo>` (`hf://` optional; `revision=` or
+    `?revision=` picks a branch, tag or commit): its dictionary's files alone are fetched into the hub's cache, or
+    found there offline (hooked.sae.formats.hub).
 
         sae = hooked.sae.load("path/to/saelens_dir")
         gs = hooked.sae.load("params.npz", hook_name="blocks.3.hook_resid_post")
         transcoders = hooked.sae.load("path/to/circuit_tracer_dir", model=model)
         transcoders = hooked.sae.load("hooked/ioi-gpt2/saes/transcoders")  # bundled: 4 transcoders, layer order
+        sae = hooked.sae.load("hf://jbloom/GPT2-Small-SAEs-Reformatted/blocks.8.hook_resid_pre")  # SAELens' files
 
     `hook_name` / `hook_name_out` override (or, where the files do not say, give) the points the dictionary reads
     and writes, by hooked's names. With `model`, every name is checked to be one of its hook points and every
@@ -68,7 +74,7 @@ def load(
     `norm_scaling_factor`: the input scale of a SAELens dictionary trained with
     `normalize_activations="expected_average_only_in"`, where its directory does not keep it.
     """
-    path = resolve(path)
+    path = resolve(path, revision)
     device = str(device if device is not None else model.device if model is not None else "cpu")
     check_device(device)
     if dtype is None and model is not None:
@@ -157,13 +163,18 @@ def bundled_saes() -> dict[str, Path]:
     return found
 
 
-def resolve(path: str | Path) -> Path:
+def resolve(path: str | Path, revision: str | None = None) -> Path:
     """`path` itself where it exists, else a bundled dictionary's directory for its name
-    (`hooked/<model>/saes/<name>`, or a layer of a set: `.../transcoders/layer_1`)."""
+    (`hooked/<model>/saes/<name>`, or a layer of a set: `.../transcoders/layer_1`), else the local copy of the hub
+    path it is (`hub.fetch`)."""
+    name = str(path)
+    if hub.is_hub_path(name):
+        return hub.fetch(name, revision)
     given = Path(path)
     if given.exists():
+        if revision is not None:
+            raise ValueError(f"revision={revision!r} is for a path on the hub; {given} is a local path")
         return given
-    name = str(path)
     for model, directory in bundled_models().items():
         prefix = f"{model}/saes/"
         if name.startswith(prefix) and (directory / "saes" / name.removeprefix(prefix)).exists():
@@ -173,7 +184,9 @@ def resolve(path: str | Path) -> Path:
         raise FileNotFoundError(
             f"{name!r} is not a bundled dictionary nor a local path; the bundled ones are: {listed}"
         )
-    raise FileNotFoundError(f"{given} does not exist; hooked.sae.load takes a dictionary's directory or file")
+    if given.is_absolute() or name.startswith((".", "~")):
+        raise FileNotFoundError(f"{given} does not exist; hooked.sae.load takes a dictionary's directory or file")
+    return hub.fetch(name, revision)  # not local: a path on the hub, as hooked.load reads a model's hub id
 
 
 def _layers(directory: Path) -> list[Path]:

@@ -4,7 +4,7 @@
 
     config.yaml: model_kind: transcoder_set, feature_input_hook: mlp.hook_in, feature_output_hook: hook_mlp_out,
                  activation: relu | topk (with k) | absent (JumpReLU when the weights hold a threshold, else relu),
-                 transcoders: [paths] (optional: the layers' files, local .safetensors or Gemma Scope .npz)
+                 transcoders: [paths] (optional: the layers' files, .safetensors or Gemma Scope .npz, local or hf://)
     layer_{i}.safetensors: W_enc [d_transcoder, d_model] (F.linear's layout), W_dec [d_transcoder, d_model], b_enc,
                  b_dec, activation_function.threshold (JumpReLU), W_skip [d_model, d_model] (x @ W_skip.T), k (TopK)
     output = activation(x @ W_enc.T + b_enc) @ W_dec + b_dec (+ x @ W_skip.T)
@@ -86,14 +86,13 @@ def read(directory: Path, *, device: str, dtype: str | None, model=None) -> list
 def _layer_paths(directory: Path, config: dict) -> list[Path]:
     where = directory / CONFIG
     if "transcoders" in config:
+        from hooked.sae.formats import hub
+
         listed = config["transcoders"]
-        remote = [path for path in listed if str(path).startswith("hf://")]
-        if remote:
-            raise ValueError(
-                f"{where} lists transcoders on the Hugging Face hub ({remote[0]}, ...); hooked.sae reads local files:"
-                " download them first (circuit-tracer's save_transcoders_to_cache writes a directory this reads)"
-            )
-        paths = [Path(path) if Path(path).is_absolute() else directory / path for path in listed]
+        if not isinstance(listed, list) or not all(isinstance(path, str) for path in listed):
+            raise ValueError(f"{where}: transcoders is a list of file paths (one per layer), not {listed!r}")
+        # a file on the hub (hf://owner/repo/file, as circuit-tracer's configs name them) is fetched
+        paths = [hub.fetch_file(path) if hub.is_hub_path(path) else directory / path for path in listed]
     else:
         found = {
             int(m.group(1)) for f in directory.glob("layer_*.safetensors") if (m := re.match(r"layer_(\d+)$", f.stem))

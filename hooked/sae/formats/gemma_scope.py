@@ -133,7 +133,9 @@ def _infer(path: Path) -> tuple[str | None, str | None]:
         names.append(name)
     if names[0] is not None:
         return names[0], names[1]
-    parts = path.resolve().parts[:-1]
+    # the folders, not the file resolved: in the Hugging Face cache the file is a link into blobs/, and the path
+    # to it (snapshots/<commit>/layer_20/width_16k/...) is what names the layer
+    parts = path.parent.resolve().parts
     kinds = {match.group(1) for part in parts if (match := _KIND.search(part.lower()))}
     templates = {_KINDS[kind] for kind in kinds}
     if templates == {_KINDS["res"]} and any("embedding" in part for part in parts):

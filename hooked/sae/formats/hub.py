@@ -1,0 +1,219 @@
+"""Dictionaries on the Hugging Face hub: a hub path fetched (or found in the cache) into local files.
+
+A hub path names a repository and a place in it, as circuit-tracer's configs do (circuit-tracer 0.5.0,
+`utils/hf_utils.py` `parse_hf_uri`):
+
+    hf://<owner>/<repo>[/<path in the repo>][?revision=<branch, tag or commit>]
+
+`hooked.sae.load` also takes it without `hf://` when it is not a local path, as `hooked.load` takes a model's hub
+id (then, as circuit-tracer's `HfUri.from_str` reads it, `owner/repo/path@revision`). Only the files a
+dictionary is made of are fetched, not the repository: a SAELens release holds hundreds of dictionaries
+(`cfg.json`, `sae_weights.safetensors`, `activation_scaler.json`, `activation_whitening.safetensors`), a Gemma
+Scope repository thousands (`params.npz`), a circuit-tracer repository one set (`config.yaml` and its
+`layer_{i}.safetensors` or a CLT's `W_enc_{i}` / `W_dec_{i}`). `huggingface_hub.snapshot_download` fetches them
+into its cache (https://huggingface.co/docs/huggingface_hub/guides/manage-cache) and honours HF_HUB_OFFLINE, as for
+models. huggingface_hub is imported here only when a hub path is given.
+
+A SAELens release name (`"gpt2-small-res-jb"`) is not a hub path: hooked keeps no registry of SAELens' releases.
+Where SAELens is installed, the error for such a name reads its registry (`sae_lens/pretrained_saes.yaml`, read as a
+file, SAELens not imported) and names the hub path of the release and of the SAE asked for.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+SCHEME = "hf://"
+# The files of every format hooked.sae reads, relative to the folder a hub path names (fnmatch patterns, as
+# snapshot_download takes them: `*` also crosses "/", so `layer_*` covers a set's layer_{i}/ folders too).
+DICTIONARY_FILES = (
+    "cfg.json",
+    "sae_weights.safetensors",
+    "activation_scaler.json",
+    "activation_whitening.safetensors",
+    "sae.safetensors",
+    "params.npz",
+    "params.safetensors",
+    "config.yaml",
+    "layer_*.safetensors",
+    "W_enc_*.safetensors",
+    "W_dec_*.safetensors",
+    "layer_*/cfg.json",
+    "layer_*/sae_weights.safetensors",
+    "layer_*/activation_scaler.json",
+    "layer_*/activation_whitening.safetensors",
+)
+
+
+@dataclass(frozen=True)
+class HubPath:
+    repo_id: str
+    path: str  # inside the repository; "" for its root
+    revision: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{SCHEME}{self.repo_id}" + (f"/{self.path}" if self.path else "")
+        return where + (f"?revision={self.revision}" if self.revision else "")
+
+
+def is_hub_path(name: str) -> bool:
+    return str(name).startswith(SCHEME)
+
+
+def parse(name: str, revision: str | None = None) -> HubPath:
+    """`hf://owner/repo/path?revision=r` (or the same without `hf://`) as a HubPath; `revision=` where the name
+    gives none (both: they must agree)."""
+    text = str(name)
+    at = None
+    if not is_hub_path(text) and "@" in text:  # circuit-tracer's bare form: owner/repo/path@revision
+        text, at = text.rsplit("@", 1)
+    url = urlparse(text if is_hub_path(text) else SCHEME + text)
+    parts = [part for part in (url.netloc + url.path).split("/") if part]
+    if len(parts) < 2:
+        raise FileNotFoundError(
+            f"{text!r} is not a local path, nor a hub path: a hub path is hf://<owner>/<repo>[/<path in the repo>]"
+            + release_hint(text)
+        )
+    given = at or parse_qs(url.query).get("revision", [None])[0] or None
+    if given is not None and revision is not None and given != revision:
+        raise ValueError(f"{text!r} asks for revision {given!r} but revision={revision!r} was passed; give one")
+    return HubPath("/".join(parts[:2]), "/".join(parts[2:]), given or revision)
+
+
+def fetch(name: str, revision: str | None = None) -> Path:
+    """The local copy of what hub path `name` names (a file, or a folder with its dictionary files), fetched into
+    the Hugging Face cache or found there; a clear error where it is neither."""
+    where = parse(name, revision)
+    patterns = [where.path] if Path(where.path).suffix else []  # a file, or a folder named like one
+    prefix = f"{where.path}/" if where.path else ""
+    patterns += [prefix + pattern for pattern in DICTIONARY_FILES]
+    snapshot = _snapshot(where, patterns, str(name))
+    local = snapshot / where.path if where.path else snapshot
+    if not local.exists():
+        present = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file() and p.name in _NAMES)
+        raise FileNotFoundError(
+            f"hub repository {where.repo_id}"
+            + (f" (revision {where.revision})" if where.revision else "")
+            + f" has no dictionary at {where.path!r}"
+            + (f"; it holds dictionaries at {', '.join(_folders(present)[:6])}" if present else "")
+            + _nearest(where.path, _folders(present))
+        )
+    return local
+
+
+def fetch_file(uri: str) -> Path:
+    """One file named by a hub URI (a circuit-tracer config's `hf://.../layer_0.safetensors`)."""
+    where = parse(uri)
+    if not where.path:
+        raise ValueError(f"{uri!r} names a repository, not a file")
+    local = _snapshot(where, [where.path], uri) / where.path
+    if not local.is_file():
+        raise FileNotFoundError(f"hub repository {where.repo_id} has no file {where.path!r} (named by {uri!r})")
+    return local
+
+
+_NAMES = {"cfg.json", "params.npz", "params.safetensors", "config.yaml"}
+
+
+def _folders(files: list[str]) -> list[str]:
+    return sorted({str(Path(f).parent) if Path(f).parent != Path(".") else "(the root)" for f in files})
+
+
+def _nearest(asked: str, folders: list[str]) -> str:
+    close = difflib.get_close_matches(asked, folders, n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _snapshot(where: HubPath, patterns: list[str], named: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    from hooked.weights.sources import why_not_downloaded
+
+    try:
+        return Path(snapshot_download(where.repo_id, revision=where.revision, allow_patterns=patterns))
+    except HFValidationError as error:
+        raise FileNotFoundError(
+            f"{named!r} is neither a local path nor a valid hub path ({error}){release_hint(named)}"
+        ) from None
+    except LocalEntryNotFoundError as error:
+        raise FileNotFoundError(
+            f"{named!r} is not a local path, and hub repository {where.repo_id} is not in the Hugging Face cache, and"
+            f" {why_not_downloaded(error, 'pass a local directory')}{release_hint(named)}"
+        ) from None
+    except RevisionNotFoundError:
+        raise FileNotFoundError(f"hub repository {where.repo_id} has no revision {where.revision!r}") from None
+    except RepositoryNotFoundError as error:
+        if isinstance(error, GatedRepoError):  # it exists: the hub's own message says how to get access
+            raise
+        raise FileNotFoundError(
+            f"{named!r} is not a local path, nor a repository on the Hugging Face hub ({where.repo_id})"
+            + release_hint(named)
+        ) from None
+
+
+# ----------------------------------------------------------------------------- SAELens release names
+def release_hint(name: str) -> str:
+    """Where `name` starts with a SAELens release's name and SAELens is installed: the hub path of the release
+    (and of the SAE `release/sae_id` asks for), from SAELens' registry; else nothing."""
+    text = str(name).removeprefix(SCHEME).split("?")[0]
+    release, _, sae_id = text.partition("/")
+    registry = _saelens_registry()
+    if registry is None or release not in registry:
+        return ""
+    entry = registry[release]
+    repo, saes = entry.get("repo_id"), entry.get("saes") or []
+    if not isinstance(repo, str):
+        return ""
+    by_id = {str(sae.get("id")): sae for sae in saes if isinstance(sae, dict)}
+    chosen = by_id.get(sae_id)
+    if chosen is None and sae_id:
+        close = difflib.get_close_matches(sae_id, list(by_id), n=3, cutoff=0.5)
+        hint = f"; its SAEs include {', '.join(repr(c) for c in close or list(by_id)[:3])}"
+    else:
+        hint = ""
+    example = chosen or (next(iter(by_id.values())) if by_id else None)
+    path = f"{SCHEME}{repo}" + (f"/{example['path']}" if example and example.get("path") else "")
+    conversion = entry.get("conversion_func")
+    note = (
+        f" (SAELens converts this release with {conversion!r}: hooked reads it where it is a format hooked.sae"
+        " knows, Gemma Scope's with hook_name=)"
+        if conversion
+        else ""
+    )
+    which = f"SAE {example['id']!r}" if example else "its SAEs"
+    return (
+        f"; {release!r} is a SAELens release (read from SAELens' installed registry): {which} is at"
+        f" hooked.sae.load({path!r}){note}{hint}"
+    )
+
+
+def _saelens_registry() -> dict | None:
+    """SAELens' pretrained_saes.yaml as a mapping, where SAELens is installed (found without importing it)."""
+    try:
+        spec = importlib.util.find_spec("sae_lens")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "pretrained_saes.yaml"
+    if not path.is_file():
+        return None
+    import yaml  # PyYAML, a dependency of huggingface_hub
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        registry = yaml.load(path.read_text(), Loader=loader)  # noqa: S506 (a safe loader)
+    except yaml.YAMLError:
+        return None
+    return registry if isinstance(registry, dict) else None

@@ -1,0 +1,173 @@
+"""Dictionaries read from the Hugging Face hub's cache, laid out as huggingface_hub lays it out (blobs named by
+their hash, snapshots of links into them, refs/main), offline: `hooked.sae.load("hf://owner/repo/path")` must read
+what loading the same files from a plain directory reads, fetch only a dictionary's files, follow a circuit-tracer
+config's hf:// files, and say what is wrong when the repository, the path or the cache does not hold it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import hooked
+import hooked.sae
+from tests.sae.dictionaries import random_dictionary
+from tests.sae.test_formats import D_IN, circuit_tracer_formula, circuit_tracer_set, gemma_scope_params, inputs
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """An empty hub cache, offline: `publish` puts repositories in it."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return tmp_path / "hub"
+
+
+def publish(cache: Path, repo_id: str, source: Path, revision: str = REVISION, ref: str | None = "main") -> Path:
+    """Copy the tree `source` into the cache as repository `repo_id` at `revision`, as huggingface_hub stores a
+    download: each file's bytes in blobs/<sha256>, the snapshot's files links to them. Returns the snapshot."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / revision
+    for file in sorted(p for p in source.rglob("*") if p.is_file()):
+        data = file.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = snapshot / file.relative_to(source)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    if ref is not None:
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / ref).write_text(revision)
+    return snapshot
+
+
+def same_dictionary(a, b) -> None:
+    assert a.cfg == b.cfg
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+def test_a_saelens_folder_loads_from_the_hub_as_from_a_directory(hub, tmp_path, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    asked = []  # the allow_patterns of every snapshot_download
+    real = huggingface_hub.snapshot_download
+    monkeypatch.setattr(
+        huggingface_hub, "snapshot_download", lambda *a, **k: asked.append(k["allow_patterns"]) or real(*a, **k)
+    )
+    release = tmp_path / "release"
+    for layer in (0, 1):
+        d = random_dictionary(D_IN, f"blocks.{layer}.hook_resid_post", seed=layer)
+        hooked.sae.save(d, release / f"blocks.{layer}.hook_resid_post")
+    saved = {f"blocks.1.hook_resid_post/{p.name}" for p in (release / "blocks.1.hook_resid_post").iterdir()}
+    (release / "README.md").write_text("not a dictionary")
+    (release / "blocks.1.hook_resid_post" / "sparsity.safetensors").write_bytes(b"feature densities, not read")
+    snapshot = publish(hub, "someone/tiny-saes", release)
+    local = hooked.sae.load(release / "blocks.1.hook_resid_post")
+    for name in ("hf://someone/tiny-saes/blocks.1.hook_resid_post", "someone/tiny-saes/blocks.1.hook_resid_post"):
+        got = hooked.sae.load(name)
+        same_dictionary(got, local)
+        assert got.hook_name == "blocks.1.hook_resid_post"
+    pinned = hooked.sae.load(f"hf://someone/tiny-saes/blocks.0.hook_resid_post?revision={REVISION}")
+    same_dictionary(pinned, hooked.sae.load(release / "blocks.0.hook_resid_post"))
+    same_dictionary(hooked.sae.load("hf://someone/tiny-saes/blocks.0.hook_resid_post", revision=REVISION), pinned)
+    same_dictionary(hooked.sae.load(f"someone/tiny-saes/blocks.0.hook_resid_post@{REVISION}"), pinned)
+    older = random_dictionary(D_IN, "blocks.0.hook_resid_post", seed=7)  # another commit, not on main
+    hooked.sae.save(older, tmp_path / "older" / "blocks.0.hook_resid_post")
+    publish(hub, "someone/tiny-saes", tmp_path / "older", revision="f" * 40, ref=None)
+    name = f"hf://someone/tiny-saes/blocks.0.hook_resid_post?revision={'f' * 40}"
+    same_dictionary(hooked.sae.load(name), hooked.sae.load(tmp_path / "older" / "blocks.0.hook_resid_post"))
+    same_dictionary(hooked.sae.load("someone/tiny-saes/blocks.0.hook_resid_post"), pinned)  # main is unchanged
+    # what a download would fetch of the repository: that folder's dictionary files, nothing else
+    files = [str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file()]
+    fetched = set(filter_repo_objects(files, allow_patterns=asked[0]))
+    assert fetched == saved and len(saved) >= 2, (fetched, saved)
+
+
+def test_a_gemma_scope_file_in_the_cache_names_its_layer_by_its_path(hub, tmp_path):
+    """Gemma Scope's point is read off the repository's name and the folders (layer_1, ...-res): in the cache the
+    file is a link into blobs/, so the folders must be read, not the link's target."""
+    params = gemma_scope_params()
+    folder = tmp_path / "repo" / "layer_1" / "width_16k" / "average_l0_5"
+    folder.mkdir(parents=True)
+    np.savez(folder / "params.npz", **params)
+    publish(hub, "google/gemma-scope-tiny-pt-res", tmp_path / "repo")
+    d = hooked.sae.load("hf://google/gemma-scope-tiny-pt-res/layer_1/width_16k/average_l0_5/params.npz")
+    assert d.hook_name == "blocks.1.hook_resid_post"
+    folder_load = hooked.sae.load("hf://google/gemma-scope-tiny-pt-res/layer_1/width_16k/average_l0_5")
+    same_dictionary(folder_load, d)
+    x = inputs(2, 3, D_IN)
+    p = {key: torch.from_numpy(value) for key, value in params.items()}
+    pre = x @ p["W_enc"] + p["b_enc"]
+    torch.testing.assert_close(d(x), (pre * (pre > p["threshold"])) @ p["W_dec"] + p["b_dec"])
+
+
+def test_a_circuit_tracer_config_naming_hub_files_is_followed(hub, tmp_path):
+    """circuit-tracer's configs list their layers as hf://owner/repo/file URIs, often in another repository."""
+    layers = circuit_tracer_set(tmp_path / "weights", activation="relu")
+    (tmp_path / "weights" / "config.yaml").unlink()
+    publish(hub, "someone/transcoder-weights", tmp_path / "weights")
+    config = {
+        "model_kind": "transcoder_set",
+        "feature_input_hook": "mlp.hook_in",
+        "feature_output_hook": "hook_mlp_out",
+        "activation": "relu",
+        "transcoders": [
+            f"hf://someone/transcoder-weights/layer_{layer}.safetensors?revision={REVISION}" for layer in range(2)
+        ],
+    }
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "config.yaml").write_text(yaml.safe_dump(config))
+    publish(hub, "someone/transcoders", tmp_path / "set")
+    for name in ("hf://someone/transcoders", tmp_path / "set"):  # on the hub, or a local config naming hub files
+        transcoders = hooked.sae.load(name)
+        assert [t.hook_name for t in transcoders] == ["blocks.0.mlp.hook_in", "blocks.1.mlp.hook_in"]
+        for layer, (transcoder, tensors) in enumerate(zip(transcoders, layers, strict=True)):
+            x = inputs(2, 3, D_IN, seed=layer)
+            torch.testing.assert_close(transcoder(x), circuit_tracer_formula(tensors, x, "relu"))
+
+
+@pytest.mark.unchecked
+def test_what_the_hub_cannot_give_is_named(hub, tmp_path):
+    d = random_dictionary(D_IN, "blocks.0.hook_resid_post")
+    hooked.sae.save(d, tmp_path / "release" / "blocks.0.hook_resid_post")
+    publish(hub, "someone/tiny-saes", tmp_path / "release")
+    with pytest.raises(FileNotFoundError, match=r"someone/tiny-saes has no dictionary at 'blocks\.0\.hook_resid_pre'"):
+        hooked.sae.load("hf://someone/tiny-saes/blocks.0.hook_resid_pre")
+    with pytest.raises(FileNotFoundError, match=r"did you mean 'blocks\.0\.hook_resid_post'"):
+        hooked.sae.load("hf://someone/tiny-saes/blocks.0.hook_resid_pre")
+    with pytest.raises(FileNotFoundError, match=r"not in the Hugging Face cache.*offline mode"):
+        hooked.sae.load("hf://someone/other-saes/blocks.0.hook_resid_post")
+    with pytest.raises(FileNotFoundError, match=r"not a local path, nor a hub path"):
+        hooked.sae.load("hf://someone")
+    with pytest.raises(ValueError, match=r"revision 'a' but revision='b'"):
+        hooked.sae.load("hf://someone/tiny-saes/blocks.0.hook_resid_post?revision=a", revision="b")
+    with pytest.raises(ValueError, match=r"revision='b' is for a path on the hub"):
+        hooked.sae.load(tmp_path / "release" / "blocks.0.hook_resid_post", revision="b")
+    with pytest.raises(FileNotFoundError, match=r"does not exist"):
+        hooked.sae.load(tmp_path / "nowhere")  # an absolute path is never sent to the hub
+
+
+@pytest.mark.unchecked
+def test_a_saelens_release_name_points_at_its_hub_path(hub):
+    """SAELens' registry (installed with the dev extra) is read for the error, not imported."""
+    pytest.importorskip("sae_lens", reason="the release hint reads the registry of an installed SAELens")
+    with pytest.raises(FileNotFoundError) as error:
+        hooked.sae.load("gpt2-small-res-jb")
+    assert "SAELens release" in str(error.value)
+    assert "hf://jbloom/GPT2-Small-SAEs-Reformatted/" in str(error.value)
+    with pytest.raises(FileNotFoundError) as error:
+        hooked.sae.load("gpt2-small-res-jb/blocks.8.hook_resid_pre")
+    assert "hf://jbloom/GPT2-Small-SAEs-Reformatted/blocks.8.hook_resid_pre" in str(error.value)
+    assert "'blocks.8.hook_resid_pre'" in str(error.value)
