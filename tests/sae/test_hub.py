@@ -6,7 +6,9 @@ config's hf:// files, and say what is wrong when the repository, the path or the
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +173,91 @@ def test_a_saelens_release_name_points_at_its_hub_path(hub):
         hooked.sae.load("gpt2-small-res-jb/blocks.8.hook_resid_pre")
     assert "hf://jbloom/GPT2-Small-SAEs-Reformatted/blocks.8.hook_resid_pre" in str(error.value)
     assert "'blocks.8.hook_resid_pre'" in str(error.value)
+
+
+# ============================================================================= what SAELens' registry adds
+def legacy_release_folder(directory: Path, hook: str, d_in: int, seed: int, **old_fields) -> Path:
+    """A dictionary as the early SAELens releases store it: the weights, and a SAELens 0.x cfg.json (flat keys,
+    `hook_point`, no `model_from_pretrained_kwargs`)."""
+    hooked.sae.save(random_dictionary(d_in, hook, seed=seed), directory)
+    cfg = {
+        "d_in": d_in,
+        "d_sae": 32,
+        "dtype": "float32",
+        "device": "cpu",
+        "hook_point": hook,
+        "model_name": "gpt2-small",
+        "normalize_activations": False,
+        "sae_lens_version": "0.5.1",
+    } | old_fields
+    (directory / "cfg.json").write_text(json.dumps(cfg))
+    (directory / "activation_scaler.json").unlink(missing_ok=True)
+    return directory
+
+
+def saelens_from_pretrained(release: str, sae_id: str):
+    """SAELens 6.54's own SAE.from_pretrained, reading the same offline hub cache."""
+    sae_lens = pytest.importorskip("sae_lens", reason="SAELens (the dev extra) is the reference")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return sae_lens.SAE.from_pretrained(release, sae_id, device="cpu")
+
+
+def test_release_facts_are_saelens_registry_entry_for_entry():
+    """hub.RELEASE_FACTS holds, for every release SAELens reads without a conversion, the config_overrides that
+    change the numbers and every SAE's norm_scaling_factor, as SAELens' registry has them, and nothing else."""
+    from hooked.sae.formats import hub as hub_module
+
+    registry = hub_module._saelens_registry()
+    if registry is None:
+        pytest.skip("SAELens is not installed; its registry is the reference")
+    expected: dict[str, tuple[dict, dict]] = {}
+    for entry in registry.values():
+        if entry.get("conversion_func"):
+            continue
+        overrides = {
+            key: value
+            for key, value in (entry.get("config_overrides") or {}).items()
+            if key in ("model_from_pretrained_kwargs", "normalize_activations", "hook_name", "d_in", "d_sae")
+        }
+        factors = {sae["path"]: sae["norm_scaling_factor"] for sae in entry["saes"] if "norm_scaling_factor" in sae}
+        if overrides or factors:
+            assert entry["repo_id"] not in expected, entry["repo_id"]  # one release per repository among these
+            expected[entry["repo_id"]] = (overrides, factors)
+    assert hub_module.RELEASE_FACTS == expected
+
+
+def test_a_release_trained_on_centred_weights_says_so_and_is_refused_by_an_unprocessed_model(hub, tmp_path, gpt2):
+    """gpt2-small-res-jb's files do not say its SAEs read a model with centred writing weights; SAELens'
+    registry does, and from_pretrained records it. hooked must too, and refuse the unprocessed model."""
+    hook = "blocks.0.hook_resid_pre"
+    d_model = gpt2.cfg.d_model
+    legacy_release_folder(tmp_path / "repo" / hook, hook, d_model, seed=3)
+    publish(hub, "jbloom/GPT2-Small-SAEs-Reformatted", tmp_path / "repo")
+    reference = saelens_from_pretrained("gpt2-small-res-jb", hook)
+    assert reference.cfg.metadata.model_from_pretrained_kwargs == {"center_writing_weights": True}
+    d = hooked.sae.load(f"hf://jbloom/GPT2-Small-SAEs-Reformatted/{hook}")
+    assert d.cfg.processing is not None and d.cfg.processing["center_writing_weights"] is True
+    assert not any(on for flag, on in d.cfg.processing.items() if flag != "center_writing_weights")
+    x = inputs(2, 3, d_model)
+    torch.testing.assert_close(d(x), reference(x))
+    with pytest.raises(ValueError, match="center_writing_weights=True"):
+        gpt2.run_with_saes(torch.tensor([[1, 2, 3]]), saes=[d])
+    assert hooked.sae.load(tmp_path / "repo" / hook).cfg.processing is None  # the same files, read locally: unknown
+
+
+def test_a_release_norm_scaling_factor_is_folded_as_saelens_folds_it(hub, tmp_path):
+    path = "gemma_2b_blocks.12.hook_resid_post_16384"
+    folder = legacy_release_folder(
+        tmp_path / "repo" / path, "blocks.12.hook_resid_post", D_IN, seed=5, normalize_activations=True
+    )
+    publish(hub, "jbloom/Gemma-2b-Residual-Stream-SAEs", tmp_path / "repo")
+    reference = saelens_from_pretrained("gemma-2b-res-jb", "blocks.12.hook_resid_post")
+    d = hooked.sae.load(f"jbloom/Gemma-2b-Residual-Stream-SAEs/{path}")
+    x = inputs(2, 3, D_IN) * 4
+    torch.testing.assert_close(d.encode(x), reference.encode(x))
+    torch.testing.assert_close(d(x), reference(x))
+    with pytest.raises(ValueError, match="expected_average_only_in"):
+        hooked.sae.load(folder)  # locally nothing gives the factor: refused, not guessed
+    with pytest.raises(ValueError, match="registry gives"):
+        hooked.sae.load(f"jbloom/Gemma-2b-Residual-Stream-SAEs/{path}", norm_scaling_factor=2.0)

@@ -74,6 +74,15 @@ def load(
     `norm_scaling_factor`: the input scale of a SAELens dictionary trained with
     `normalize_activations="expected_average_only_in"`, where its directory does not keep it.
     """
+    overrides, factor = ({}, None)
+    if not _local(path):  # a hub path: what SAELens' registry adds to some releases' files (hub.RELEASE_FACTS)
+        overrides, factor = hub.release_facts(str(path), revision)
+    if factor is not None and norm_scaling_factor is not None and factor != norm_scaling_factor:
+        raise ValueError(
+            f"norm_scaling_factor={norm_scaling_factor} but SAELens' registry gives {path} the factor {factor}; leave"
+            " it out to use the registry's"
+        )
+    norm_scaling_factor = factor if norm_scaling_factor is None else norm_scaling_factor
     path = resolve(path, revision)
     device = str(device if device is not None else model.device if model is not None else "cpu")
     check_device(device)
@@ -104,8 +113,16 @@ def load(
         raise ValueError(f"norm_scaling_factor is for SAELens dictionaries; {place} is not one")
     if kind == "saelens":
         return saelens.read(
-            place, **names, device=device, dtype=dtype, model=model, norm_scaling_factor=norm_scaling_factor
+            place,
+            **names,
+            device=device,
+            dtype=dtype,
+            model=model,
+            norm_scaling_factor=norm_scaling_factor,
+            overrides=overrides,
         )
+    if overrides:
+        raise ValueError(f"{place}: SAELens' registry overrides its cfg.json, but it holds no SAELens dictionary")
     if kind == "sparsify":
         return sparsify.read(place, **names, device=device, dtype=dtype, model=model)
     if kind == "gemma-scope":
@@ -161,6 +178,14 @@ def bundled_saes() -> dict[str, Path]:
             if child.is_dir():
                 found[f"{model}/saes/{child.name}"] = child
     return found
+
+
+def _local(path: str | Path) -> bool:
+    """Whether `resolve` reads `path` from this machine (a local path or a bundled name) rather than the hub."""
+    name = str(path)
+    if hub.is_hub_path(name):
+        return False
+    return Path(path).exists() or name.startswith(("hooked/", ".", "~")) or Path(path).is_absolute()
 
 
 def resolve(path: str | Path, revision: str | None = None) -> Path:

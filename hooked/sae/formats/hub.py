@@ -162,6 +162,50 @@ def _snapshot(where: HubPath, patterns: list[str], named: str) -> Path:
         ) from None
 
 
+# ----------------------------------------------------------------------------- what some releases' files omit
+# What the files of some SAELens releases do not say, and SAELens' `SAE.from_pretrained` supplies from its registry
+# (SAELens 6.54.12, `sae_lens/pretrained_saes.yaml`): a release's `config_overrides` that change the numbers (merged
+# into cfg.json before it is read, as `get_sae_lens_config_from_disk` merges them) and a SAE's `norm_scaling_factor`
+# (folded, as `SAE.from_pretrained` folds it), for every release whose files hooked reads as they are (no
+# `conversion_func`). Keyed by hub repository; applied when a dictionary is loaded from it by hub path.
+# tests/sae/test_hub.py checks the table against an installed SAELens' registry, entry for entry.
+_CENTRED = {"model_from_pretrained_kwargs": {"center_writing_weights": True}}
+_MLP_TM = "sae_group_gpt2_blocks.{}.hook_mlp_out_24576:v{}"
+RELEASE_FACTS: dict[str, tuple[dict, dict[str, float]]] = {
+    "jbloom/GPT2-Small-SAEs-Reformatted": (_CENTRED, {}),  # gpt2-small-res-jb
+    "jbloom/GPT2-Small-Feature-Splitting-Experiment-Layer-8": (_CENTRED, {}),  # gpt2-small-res-jb-feature-splitting
+    "tommmcgrath/gpt2-small-mlp-out-saes": (  # gpt2-small-mlp-tm
+        _CENTRED,
+        {
+            _MLP_TM.format(layer, version): factor
+            for layer, version, factor in (
+                (0, 1, 1.049317316132615),
+                (1, 0, 2.3693984005104283),
+                (2, 0, 1.6411934982190302),
+                (3, 0, 1.8958522157897557),
+                (4, 0, 1.81673478700627),
+                (5, 0, 1.550234472245924),
+                (6, 0, 1.3237742807210804),
+                (7, 0, 1.1042905114723296),
+                (8, 1, 0.9123762783479742),
+                (9, 0, 0.6955335635232373),
+                (10, 0, 0.3619728926727644),
+                (11, 2, 0.2851548652550073),
+            )
+        },
+    ),
+    "JoshEngels/Mistral-7B-Residual-Stream-SAEs": ({"normalize_activations": "constant_norm_rescale"}, {}),
+    "jbloom/Gemma-2b-Residual-Stream-SAEs": ({}, {"gemma_2b_blocks.12.hook_resid_post_16384": 0.21381938399317255}),
+}
+
+
+def release_facts(name: str, revision: str | None = None) -> tuple[dict, float | None]:
+    """(cfg.json overrides, norm scaling factor) SAELens' registry gives the dictionary at hub path `name`."""
+    where = parse(name, revision)
+    overrides, factors = RELEASE_FACTS.get(where.repo_id, ({}, {}))
+    return dict(overrides), factors.get(where.path.rstrip("/"))
+
+
 # ----------------------------------------------------------------------------- SAELens release names
 def release_hint(name: str) -> str:
     """Where `name` starts with a SAELens release's name and SAELens is installed: the hub path of the release

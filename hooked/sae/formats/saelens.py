@@ -78,15 +78,17 @@ def read(
     dtype: str | None,
     model=None,
     norm_scaling_factor: float | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> Dictionary:
-    """The dictionary SAELens saved in `directory` (cfg.json + sae_weights.safetensors)."""
+    """The dictionary SAELens saved in `directory` (cfg.json + sae_weights.safetensors); `overrides` are merged
+    into cfg.json's keys first, as SAELens merges a release's `config_overrides` (hooked.sae.formats.hub)."""
     config_file = directory / CONFIG
     if not (directory / WEIGHTS).exists():
         raise FileNotFoundError(
             f"{directory} has {CONFIG} but no {WEIGHTS}: a SAELens directory holds both (SAE.save_model writes"
             " them); copy the weights next to the config"
         )
-    raw = _read_json(config_file)
+    raw = _read_json(config_file) | dict(overrides or {})
     statistics = _statistics(directory, raw)
     with Safetensors(directory / WEIGHTS) as source:
         return from_config(
