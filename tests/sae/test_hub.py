@@ -157,6 +157,8 @@ def test_what_the_hub_cannot_give_is_named(hub, tmp_path):
         hooked.sae.load("hf://someone/tiny-saes/blocks.0.hook_resid_post?revision=a", revision="b")
     with pytest.raises(ValueError, match=r"revision='b' is for a path on the hub"):
         hooked.sae.load(tmp_path / "release" / "blocks.0.hook_resid_post", revision="b")
+    with pytest.raises(ValueError, match=r"revision='b' is for a path on the hub"):
+        hooked.sae.load("hooked/ioi-gpt2/saes/transcoders", revision="b")
     with pytest.raises(FileNotFoundError, match=r"does not exist"):
         hooked.sae.load(tmp_path / "nowhere")  # an absolute path is never sent to the hub
 

@@ -185,7 +185,7 @@ def _local(path: str | Path) -> bool:
     name = str(path)
     if hub.is_hub_path(name):
         return False
-    return Path(path).exists() or name.startswith(("hooked/", ".", "~")) or Path(path).is_absolute()
+    return Path(path).expanduser().exists() or name.startswith(("hooked/", ".", "~")) or Path(path).is_absolute()
 
 
 def resolve(path: str | Path, revision: str | None = None) -> Path:
@@ -195,10 +195,10 @@ def resolve(path: str | Path, revision: str | None = None) -> Path:
     name = str(path)
     if hub.is_hub_path(name):
         return hub.fetch(name, revision)
-    given = Path(path)
+    given = Path(path).expanduser()
+    if revision is not None and (given.exists() or name.startswith("hooked/")):
+        raise ValueError(f"revision={revision!r} is for a path on the hub; {name} is a local path or a bundled name")
     if given.exists():
-        if revision is not None:
-            raise ValueError(f"revision={revision!r} is for a path on the hub; {given} is a local path")
         return given
     for model, directory in bundled_models().items():
         prefix = f"{model}/saes/"
