@@ -193,11 +193,11 @@ def resolve(path: str | Path, revision: str | None = None) -> Path:
     (`hooked/<model>/saes/<name>`, or a layer of a set: `.../transcoders/layer_1`), else the local copy of the hub
     path it is (`hub.fetch`)."""
     name = str(path)
-    if hub.is_hub_path(name):
-        return hub.fetch(name, revision)
-    given = Path(path).expanduser()
-    if revision is not None and (given.exists() or name.startswith("hooked/")):
+    if not _local(path):
+        return hub.fetch(name, revision)  # as hooked.load reads a model's hub id
+    if revision is not None:
         raise ValueError(f"revision={revision!r} is for a path on the hub; {name} is a local path or a bundled name")
+    given = Path(path).expanduser()
     if given.exists():
         return given
     for model, directory in bundled_models().items():
@@ -209,9 +209,7 @@ def resolve(path: str | Path, revision: str | None = None) -> Path:
         raise FileNotFoundError(
             f"{name!r} is not a bundled dictionary nor a local path; the bundled ones are: {listed}"
         )
-    if given.is_absolute() or name.startswith((".", "~")):
-        raise FileNotFoundError(f"{given} does not exist; hooked.sae.load takes a dictionary's directory or file")
-    return hub.fetch(name, revision)  # not local: a path on the hub, as hooked.load reads a model's hub id
+    raise FileNotFoundError(f"{given} does not exist; hooked.sae.load takes a dictionary's directory or file")
 
 
 def _layers(directory: Path) -> list[Path]:
