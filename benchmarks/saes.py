@@ -18,7 +18,9 @@ timed interleaved (A B C A B C ...) after warmup; every figure is a ratio agains
    * the SAE's two matrix products alone, `x @ W_enc` and `acts @ W_dec`, on the block's real activations x
      [batch pos 768] and their features.
    Targets: hooked run_with_saes <= 0.7 x SAELens', and <= hooked forward + the two matrix products (1.0 plus
-   noise). Both logits are compared (max abs difference) before timing: a benchmark of a wrong answer is worthless.
+   noise). Beside them, untimed: the floor (hooked run_with_saes' matrix products alone, profiled, over SAELens'
+   median: the ratio if nothing else took time) and each run's minor page faults per call. Both logits are
+   compared (max abs difference) before timing: a benchmark of a wrong answer is worthless.
 2. sweep: the clean run and each of `--features` features zeroed (default 1,000: features 0..999), metric
    logit[A] - logit[B] at the last position, `--sweep-batch` x `--sweep-pos` random tokens (default 2 x 16),
    `use_error_term=True` (the features are edited, the rest of the activation kept), by
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import time
 import warnings
 
@@ -166,12 +169,14 @@ def splice_section(args, clock) -> None:
                 ),
             ]
             del ours, reference
+            runs = (
+                lambda: model.run_with_saes(tokens, saes=[ours_sae]),
+                lambda: theirs.run_with_saes(tokens, saes=[their_sae]),
+            )
             timings = compare(
                 {
-                    "hooked run_with_saes": lambda: model.run_with_saes(tokens, saes=[ours_sae]),
-                    "SAELens HookedSAETransformer.run_with_saes": lambda: theirs.run_with_saes(
-                        tokens, saes=[their_sae]
-                    ),
+                    "hooked run_with_saes": runs[0],
+                    "SAELens HookedSAETransformer.run_with_saes": runs[1],
                     "hooked forward (no SAE)": lambda: model(tokens),
                     "the SAE's two matrix products (x @ W_enc, acts @ W_dec)": lambda: (x @ W_enc, acts @ W_dec),
                     "TransformerLens 3.9 forward (HookedSAETransformer, no SAE)": lambda: theirs(tokens),
@@ -180,6 +185,11 @@ def splice_section(args, clock) -> None:
                 warmup=args.warmup,
                 clock=clock,
             )
+            floor = matrix_products(runs[0])
+            faults = [
+                ("minor page faults per call, hooked run_with_saes", page_faults(runs[0])),
+                ("minor page faults per call, SAELens run_with_saes", page_faults(runs[1])),
+            ]
         print(
             timing_table(
                 timings,
@@ -189,12 +199,39 @@ def splice_section(args, clock) -> None:
             )
         )
         print()
-        print(table(["", "value"], checks))
+        print(table(["", "value"], checks + faults))
         print()
-        print(table(["", "median", "min", "target"], splice_targets(timings)))
+        print(table(["", "median", "min", "target"], splice_targets(timings, floor)))
 
 
-def splice_targets(timings: list[Timing]) -> list[tuple]:
+def matrix_products(fn, calls: int = 3) -> float:
+    """Seconds per call that `fn` spends in matrix products (aten::addmm, mm, bmm: self time, torch.profiler).
+
+    hooked's forward is bit-identical with transformers, so these products are the same calls transformers makes;
+    the time `fn` takes beyond them is everything that could be changed without changing the logits' rounding.
+    """
+    fn()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        for _ in range(calls):
+            fn()
+    products = ("aten::addmm", "aten::mm", "aten::bmm")
+    return sum(e.self_cpu_time_total for e in profile.key_averages() if e.key in products) / 1e6 / calls
+
+
+def page_faults(fn, calls: int = 3) -> str:
+    """Minor page faults per call of `fn` (getrusage): fresh pages the kernel maps for glibc's large blocks.
+
+    Each costs the kernel ~1-2 us; how many a forward takes depends on glibc's trimming of freed memory, so they
+    are part of both runs' times and of their variance (docs/benchmarks.md, "Sparse dictionaries").
+    """
+    fn()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        fn()
+    return f"{(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls:,.0f}"
+
+
+def splice_targets(timings: list[Timing], floor: float) -> list[tuple]:
     ours, theirs, forward, products, _ = timings
 
     def ratios(pick) -> tuple[float, float]:
@@ -210,6 +247,12 @@ def splice_targets(timings: list[Timing]) -> list[tuple]:
             f"{median[1]:.3f}",
             f"{fastest[1]:.3f}",
             "<= 1.0 (+ noise)",
+        ),
+        (
+            "hooked's matrix products alone (profiled) / SAELens run_with_saes: the ratio if nothing else took time",
+            f"{floor / theirs.median:.3f}",
+            f"{floor / min(theirs.samples):.3f}",
+            "",
         ),
     ]
 
