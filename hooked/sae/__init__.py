@@ -19,7 +19,8 @@ from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.sae.splice import add_sae, reset_saes, run_with_cache_with_saes, run_with_saes, saes, spliced
 
-# name -> the module that defines it, imported when first asked for
+# name -> the module that defines it ("module:name" where it is defined under another name), imported when first
+# asked for
 _LAZY = {
     "load": "hooked.sae.formats",
     "bundled_saes": "hooked.sae.formats",
@@ -28,14 +29,58 @@ _LAZY = {
     "attribute": "hooked.sae.attribution",
     "train": "hooked.sae.training",
     "evaluate": "hooked.sae.evaluation",
+    # SAELens' model class: every hooked model splices dictionaries, so it is hooked's HookedTransformer
+    "HookedSAETransformer": "hooked.models.base:HookedTransformer",
+}
+
+_DICTIONARY = (
+    "hooked.sae.Dictionary, one class for every architecture and for transcoders"
+    " (DictionaryConfig(architecture='standard' | 'gated' | 'topk' | 'jumprelu', hook_name_out= for a transcoder));"
+    " from files: hooked.sae.load(path)"
+)
+# SAELens 6.54's names (sae_lens/__init__.py) that hooked.sae spells otherwise: what to write instead
+_SAELENS = {
+    "SAE": "hooked.sae.Dictionary: SAE.from_pretrained(release, sae_id) is hooked.sae.load(release, sae_id),"
+    " SAE.load_from_disk(path) is hooked.sae.load(path), and a SAELens SAE object converts with"
+    " hooked.sae.from_saelens(sae)",
+    "SAEConfig": "hooked.sae.DictionaryConfig (sae.cfg of a loaded dictionary)",
+    **{
+        name: _DICTIONARY
+        for name in (
+            "StandardSAE",
+            "GatedSAE",
+            "TopKSAE",
+            "JumpReLUSAE",
+            "Transcoder",
+            "SkipTranscoder",
+            "JumpReLUTranscoder",
+            "BatchTopKTrainingSAE",
+            "MatryoshkaBatchTopKTrainingSAE",
+        )
+    },
+    **{
+        name: "hooked.sae.train(model, data, hook_name=..., architecture=..., d_sae=...), which trains on the model's"
+        " own forward (docs/saes.md, 'Coming from SAELens', maps the config's fields)"
+        for name in (
+            "LanguageModelSAETrainingRunner",
+            "LanguageModelSAERunnerConfig",
+            "SAETrainingRunner",
+            "MultiSAETrainingRunner",
+        )
+    },
+    "run_evals": "hooked.sae.evaluate(model, [sae], tokens)",
 }
 
 
 def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'hooked.sae' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+        instead = _SAELENS.get(name)
+        raise AttributeError(
+            f"module 'hooked.sae' has no attribute {name!r}" + (f"; SAELens' {name} is {instead}" if instead else "")
+        )
+    module, _, attribute = module.partition(":")
+    value = getattr(importlib.import_module(module), attribute or name)
     globals()[name] = value
     return value
 

@@ -244,6 +244,22 @@ def test_a_release_trained_on_centred_weights_says_so_and_is_refused_by_an_unpro
     with pytest.raises(ValueError, match="center_writing_weights=True"):
         gpt2.run_with_saes(torch.tensor([[1, 2, 3]]), saes=[d])
     assert hooked.sae.load(tmp_path / "repo" / hook).cfg.processing is None  # the same files, read locally: unknown
+    by_id = hooked.sae.load("gpt2-small-res-jb", sae_id=hook)
+    same_dictionary(by_id, d)
+    torch.testing.assert_close(by_id(x), reference(x))
+
+
+@pytest.mark.unchecked
+def test_a_release_and_sae_id_that_saelens_does_not_list_are_named(hub, monkeypatch):
+    with pytest.raises(ValueError, match=r"'gpt2-smal-res-jb' is not a release.*did you mean 'gpt2-small-res-jb'"):
+        hooked.sae.load("gpt2-smal-res-jb", "blocks.8.hook_resid_pre")
+    with pytest.raises(ValueError, match=r"has no SAE 'blocks.8.hook_resid_pos'.*'blocks.8.hook_resid_pre'"):
+        hooked.sae.load("gpt2-small-res-jb", "blocks.8.hook_resid_pos")
+    with pytest.raises(FileNotFoundError, match=r"GPT2-Small-SAEs-Reformatted.*not in the Hugging Face cache"):
+        hooked.sae.load("gpt2-small-res-jb", "blocks.8.hook_resid_pre")  # listed, but this cache does not hold it
+    monkeypatch.setattr(hooked.sae.formats.hub, "_saelens_registry", lambda: None)  # SAELens not installed
+    with pytest.raises(ValueError, match=r"SAELens is not installed: pip install sae-lens, or give the SAE's hub"):
+        hooked.sae.load("gpt2-small-res-jb", "blocks.8.hook_resid_pre")
 
 
 def test_a_release_norm_scaling_factor_is_folded_as_saelens_folds_it(hub, tmp_path):
@@ -257,6 +273,8 @@ def test_a_release_norm_scaling_factor_is_folded_as_saelens_folds_it(hub, tmp_pa
     x = inputs(2, 3, D_IN) * 4
     torch.testing.assert_close(d.encode(x), reference.encode(x))
     torch.testing.assert_close(d(x), reference(x))
+    # by release and id, as SAELens takes them: the registry maps the id to a folder of another name
+    same_dictionary(hooked.sae.load("gemma-2b-res-jb", "blocks.12.hook_resid_post"), d)
     with pytest.raises(ValueError, match="expected_average_only_in"):
         hooked.sae.load(folder)  # locally nothing gives the factor: refused, not guessed
     with pytest.raises(ValueError, match="registry gives"):

@@ -206,3 +206,27 @@ def test_where_saelens_is_wrong(gpt2, saelens_model, tokens, caplog):
     ):
         gpt2.run_with_saes(tokens, saes=[hooked.sae.from_saelens(narrow)])
     assert not any(point._fwd for point in gpt2.hook_dict.values())  # nothing left attached
+
+
+def test_saelens_names_typed_from_memory(gpt2, gpt2_dir, tokens):
+    """SAELens' HookedSAETransformer is hooked's model class; every other SAELens name typed at hooked.sae is
+    answered with what to write instead, naming only functions hooked.sae has."""
+    import re
+
+    import sae_lens
+
+    from hooked.sae import _SAELENS
+
+    model = hooked.sae.HookedSAETransformer.from_pretrained_no_processing(gpt2_dir)
+    assert isinstance(model, hooked.HookedTransformer)
+    sae = random_sae(StandardSAE, StandardSAEConfig, 0, "blocks.1.hook_resid_pre", d_in=gpt2.cfg.d_model, d_sae=16)
+    sae = hooked.sae.from_saelens(sae)
+    torch.testing.assert_close(model.run_with_saes(tokens, saes=[sae]), gpt2.run_with_saes(tokens, saes=[sae]))
+    for name, instead in _SAELENS.items():
+        assert hasattr(sae_lens, name), f"{name} is not a SAELens 6.54 name"
+        with pytest.raises(AttributeError, match=re.escape(f"SAELens' {name} is {instead}")):
+            getattr(hooked.sae, name)
+        for function in re.findall(r"hooked\.sae\.(\w+)", instead):
+            assert hasattr(hooked.sae, function), (name, function)
+    with pytest.raises(AttributeError, match=r"has no attribute 'Nothing'$"):
+        hooked.sae.Nothing  # noqa: B018

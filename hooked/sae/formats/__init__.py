@@ -43,6 +43,7 @@ _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 
 def load(
     path: str | Path,
+    sae_id: str | None = None,
     *,
     hook_name: str | None = None,
     hook_name_out: str | None = None,
@@ -66,6 +67,11 @@ def load(
         transcoders = hooked.sae.load("path/to/circuit_tracer_dir", model=model)
         transcoders = hooked.sae.load("hooked/ioi-gpt2/saes/transcoders")  # bundled: 4 transcoders, layer order
         sae = hooked.sae.load("hf://jbloom/GPT2-Small-SAEs-Reformatted/blocks.8.hook_resid_pre")  # SAELens' files
+        sae = hooked.sae.load("gpt2-small-res-jb", "blocks.8.hook_resid_pre")  # the same, by release and id
+
+    `sae_id`: `path` is then a SAELens release and `sae_id` one of its SAEs, as SAELens'
+    `SAE.from_pretrained(release, sae_id)` takes them; both are looked up in SAELens' registry of releases, which
+    needs SAELens installed (its `pretrained_saes.yaml` is read as a file), and the SAE loads from its hub path.
 
     `hook_name` / `hook_name_out` override (or, where the files do not say, give) the points the dictionary reads
     and writes, by hooked's names. With `model`, every name is checked to be one of its hook points and every
@@ -74,6 +80,8 @@ def load(
     `norm_scaling_factor`: the input scale of a SAELens dictionary trained with
     `normalize_activations="expected_average_only_in"`, where its directory does not keep it.
     """
+    if sae_id is not None:  # a SAELens release and one of its SAEs: its hub path (revision=, if given, of its repo)
+        path = hub.release_path(str(path), sae_id)
     overrides, factor = ({}, None)
     if not _local(path):  # a hub path: what SAELens' registry adds to some releases' files (hub.RELEASE_FACTS)
         overrides, factor = hub.release_facts(str(path), revision)

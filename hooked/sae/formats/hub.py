@@ -14,9 +14,11 @@ Scope repository thousands (`params.npz`), a circuit-tracer repository one set (
 into its cache (https://huggingface.co/docs/huggingface_hub/guides/manage-cache) and honours HF_HUB_OFFLINE, as for
 models. huggingface_hub is imported here only when a hub path is given.
 
-A SAELens release name (`"gpt2-small-res-jb"`) is not a hub path: hooked keeps no registry of SAELens' releases.
-Where SAELens is installed, the error for such a name reads its registry (`sae_lens/pretrained_saes.yaml`, read as a
-file, SAELens not imported) and names the hub path of the release and of the SAE asked for.
+A SAELens release and SAE id, `hooked.sae.load("gpt2-small-res-jb", "blocks.8.hook_resid_pre")` as SAELens'
+`SAE.from_pretrained(release, sae_id)`, are looked up in SAELens' registry (`sae_lens/pretrained_saes.yaml`, read as
+a file, SAELens not imported) where SAELens is installed: hooked keeps no registry of its own. A release name alone
+is not a hub path: the error for it reads the same registry and names the hub path of the release and of the SAE
+asked for.
 """
 
 from __future__ import annotations
@@ -207,6 +209,37 @@ def release_facts(name: str, revision: str | None = None) -> tuple[dict, float |
 
 
 # ----------------------------------------------------------------------------- SAELens release names
+def release_path(release: str, sae_id: str) -> str:
+    """The hub path of SAE `sae_id` of SAELens release `release` (`hooked.sae.load(release, sae_id)`, SAELens'
+    `SAE.from_pretrained(release, sae_id)`), read from an installed SAELens' registry; a clear error where there is
+    none, or it does not list the release or the SAE."""
+    registry = _saelens_registry()
+    if registry is None:
+        raise ValueError(
+            f"load({release!r}, {sae_id!r}) looks the release up in SAELens' registry of releases"
+            " (sae_lens/pretrained_saes.yaml, read as a file, SAELens not imported), and SAELens is not installed:"
+            " pip install sae-lens, or give the SAE's hub path, hooked.sae.load('hf://<repo_id>/<path>'), the"
+            " release's repo_id and the SAE's path as that file lists them"
+        )
+    entry = registry.get(release)
+    if not isinstance(entry, dict) or not isinstance(entry.get("repo_id"), str):
+        close = difflib.get_close_matches(str(release), [str(name) for name in registry], n=3, cutoff=0.5)
+        raise ValueError(
+            f"{release!r} is not a release in SAELens' registry ({len(registry)} releases)"
+            + (f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else "")
+        )
+    by_id = _saes_by_id(entry)
+    chosen = by_id.get(str(sae_id))
+    if chosen is None:
+        close = difflib.get_close_matches(str(sae_id), list(by_id), n=3, cutoff=0.5)
+        raise ValueError(
+            f"SAELens release {release!r} has no SAE {sae_id!r}; it has {len(by_id)}, such as"
+            f" {', '.join(repr(c) for c in close or list(by_id)[:3])}"
+        )
+    folder = str(chosen.get("path") or "").strip("/")
+    return f"{SCHEME}{entry['repo_id']}" + (f"/{folder}" if folder else "")
+
+
 def release_hint(name: str) -> str:
     """Where `name` starts with a SAELens release's name and SAELens is installed: the hub path of the release
     (and of the SAE `release/sae_id` asks for), from SAELens' registry; else nothing."""
@@ -216,10 +249,10 @@ def release_hint(name: str) -> str:
     if registry is None or release not in registry:
         return ""
     entry = registry[release]
-    repo, saes = entry.get("repo_id"), entry.get("saes") or []
+    repo = entry.get("repo_id")
     if not isinstance(repo, str):
         return ""
-    by_id = {str(sae.get("id")): sae for sae in saes if isinstance(sae, dict)}
+    by_id = _saes_by_id(entry)
     chosen = by_id.get(sae_id)
     if chosen is None and sae_id:
         close = difflib.get_close_matches(sae_id, list(by_id), n=3, cutoff=0.5)
@@ -240,6 +273,11 @@ def release_hint(name: str) -> str:
         f"; {release!r} is a SAELens release (read from SAELens' installed registry): {which} is at"
         f" hooked.sae.load({path!r}){note}{hint}"
     )
+
+
+def _saes_by_id(entry: dict) -> dict[str, dict]:
+    """A registry release's SAEs by their id."""
+    return {str(sae.get("id")): sae for sae in entry.get("saes") or [] if isinstance(sae, dict)}
 
 
 def _saelens_registry() -> dict | None:
