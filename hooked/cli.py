@@ -489,6 +489,11 @@ def check_graph_args(args: argparse.Namespace) -> None:
             raise _UsageError(f"--{name.replace('_', '-')} must be between 0 and 1, got {getattr(args, name)}")
     if not args.prompt:
         raise _UsageError("--prompt is empty; give the text whose next token the graph explains")
+    if args.target and (args.max_n_logits is not None or args.desired_logit_prob is not None):
+        raise _UsageError(
+            "--target names the logit nodes; --max-n-logits / --desired-logit-prob choose them when no --target is"
+            " given: use one or the other"
+        )
 
 
 def run_graph(args: argparse.Namespace):
@@ -503,8 +508,9 @@ def run_graph(args: argparse.Namespace):
         model,
         args.prompt,
         transcoders,
-        max_n_logits=args.max_n_logits,
-        desired_logit_prob=args.desired_logit_prob,
+        attribution_targets=args.target,
+        max_n_logits=10 if args.max_n_logits is None else args.max_n_logits,
+        desired_logit_prob=0.95 if args.desired_logit_prob is None else args.desired_logit_prob,
         max_feature_nodes=args.max_feature_nodes,
         batch_size=args.batch_size,
         edges_per_row=args.edges_per_row,
@@ -731,11 +737,19 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="at most N features get rows and columns, by influence on the logits (default: all)",
     )
-    graph.add_argument("--max-n-logits", type=int, default=10, metavar="N", help="at most N logit nodes (default 10)")
+    graph.add_argument(
+        "--target",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="a logit node for this token (its text, one token: ' Mary'); repeat for several; instead of the most"
+        " probable tokens",
+    )
+    graph.add_argument("--max-n-logits", type=int, default=None, metavar="N", help="at most N logit nodes (default 10)")
     graph.add_argument(
         "--desired-logit-prob",
         type=float,
-        default=0.95,
+        default=None,
         metavar="P",
         help="logit nodes until their probability reaches P (default 0.95)",
     )

@@ -6,12 +6,13 @@ prompt's logits, as direct linear effects under the local replacement model. doc
     p = g.prune(node_threshold=0.8, edge_threshold=0.98)
 """
 
-from hooked.graphs.attribute import attribute, attribute_batch
+from hooked.graphs.attribute import CustomTarget, attribute, attribute_batch
 from hooked.graphs.graph import Graph, GraphNode, LogitTarget
 from hooked.graphs.intervene import InterventionResult, intervene
 from hooked.graphs.prune import GraphScores, PrunedGraph
 
 __all__ = [
+    "CustomTarget",
     "Graph",
     "GraphNode",
     "GraphScores",

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
@@ -55,11 +55,26 @@ if TYPE_CHECKING:
 ZERO_POSITIONS = slice(0, 1)  # features and errors zeroed: the first position (circuit-tracer's `zero_positions`)
 
 
+class CustomTarget(NamedTuple):
+    """A logit node of your own (circuit-tracer 0.5.0 `attribution/targets.py`): `vec` [d_model] is the direction
+    the final norm's output at the last position is read along (a logit difference: `W_U[a] - W_U[b]`, rows of
+    `model.unembed_weight`), `prob` its weight in pruning and scores (a probability's place), `token_str` its label.
+    Its node's vocabulary index is `d_vocab + i` for the i-th target, as circuit-tracer numbers them."""
+
+    token_str: str
+    prob: float
+    vec: Tensor
+
+
+Targets = Tensor | Sequence[int] | Sequence[str] | Sequence[CustomTarget | tuple[str, float, Tensor]] | None
+
+
 def attribute(
     model: HookedTransformer,
     prompt: str | Tensor | Sequence[int],
     transcoders: Sequence[Dictionary] | CrossLayerTranscoder,
     *,
+    attribution_targets: Targets = None,
     max_n_logits: int = 10,
     desired_logit_prob: float = 0.95,
     max_feature_nodes: int | None = None,
@@ -75,12 +90,18 @@ def attribute(
     `transcoders`: one transcoder per layer (a list, layer l at index l: `hooked.sae.load` of a circuit-tracer set)
     or a `CrossLayerTranscoder`, for this model (checked before anything runs).
     Logit nodes: the most probable next tokens, at most `max_n_logits`, until their probability reaches
-    `desired_logit_prob`. `max_feature_nodes`: at most this many features get rows and columns (None: every active
+    `desired_logit_prob`; or `attribution_targets`, as circuit-tracer 0.5.0 takes them: token ids (a tensor or a
+    list of ints), token strings (each one token), or `CustomTarget(label, weight, vector)`s (or such tuples), a
+    direction in the residual stream of your choosing (a logit difference: `W_U[a] - W_U[b]`), whose weight stands
+    in for the probability in pruning and scores (`CustomTarget`); in the order given, the ids and strings with
+    their probabilities. `max_feature_nodes`: at most this many features get rows and columns (None: every active
     one). `batch_size`: target rows per backward pass (the replacement model runs on this many copies of the
     prompt). `edges_per_row`: keep only each row's k largest edges (a sparse adjacency; None: every edge, dense, as
     circuit-tracer). `progress`: a tqdm bar over the feature rows (None: when writing to a terminal).
     """
-    settings = _check_settings(max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row)
+    settings = _check_settings(
+        max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row, attribution_targets, model
+    )
     tc = _ready(model, transcoders, "hooked.graphs.attribute")
     return _attribute_all(model, tc, [prompt_tokens(model, prompt)], settings, update_interval, progress)[0]
 
@@ -90,6 +111,7 @@ def attribute_batch(
     prompts: Sequence[str | Tensor | Sequence[int]] | Tensor,
     transcoders: Sequence[Dictionary] | CrossLayerTranscoder,
     *,
+    attribution_targets: Targets = None,
     max_n_logits: int = 10,
     desired_logit_prob: float = 0.95,
     max_feature_nodes: int | None = None,
@@ -108,9 +130,12 @@ def attribute_batch(
     per length (no padding: a padded position would shift every position-indexed node). Each graph equals
     `attribute(model, prompt, transcoders, batch_size=batch_size // n)` for its group of n (with
     `max_feature_nodes`, which features are selected depends on the rows per pass, since influence is re-ranked
-    every `update_interval` passes). Returns the graphs in the order of `prompts`.
+    every `update_interval` passes). `attribution_targets` (as `attribute`'s) are every prompt's logit nodes. Returns
+    the graphs in the order of `prompts`.
     """
-    settings = _check_settings(max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row)
+    settings = _check_settings(
+        max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row, attribution_targets, model
+    )
     if isinstance(prompts, Tensor):
         if prompts.ndim != 2:
             raise ValueError(f"a tensor of prompts is [n_prompts, pos], not {tuple(prompts.shape)}")
@@ -158,7 +183,7 @@ def _attribute_all(model, tc: Transcoders, tokens: list[Tensor], settings, updat
     try:
         for p, _ in frozen:
             p.requires_grad_(False)
-        nodes = [_nodes(model, tc, t, *settings[:2]) for t in tokens]
+        nodes = [_nodes(model, tc, t, *settings[:2], settings[5]) for t in tokens]
         most = max(max(len(n.logit_ids), n.n_active) for n in nodes)
         copies = max(1, min(batch_size // len(tokens), most))  # no more copies than targets
         run = _ReplacementRun(model, tc, torch.stack(tokens), nodes, copies)
@@ -209,7 +234,9 @@ def prompt_tokens(model: HookedTransformer, prompt) -> Tensor:
     return tokens.to(model.device)
 
 
-def _check_settings(max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row):
+def _check_settings(
+    max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row, attribution_targets, model
+):
     if not isinstance(max_n_logits, int) or max_n_logits < 1:
         raise ValueError(f"max_n_logits must be a positive integer (the most logit nodes), not {max_n_logits!r}")
     if not 0 < desired_logit_prob <= 1:
@@ -223,7 +250,101 @@ def _check_settings(max_n_logits, desired_logit_prob, max_feature_nodes, batch_s
         raise ValueError(f"batch_size must be a positive integer (rows per backward pass), not {batch_size!r}")
     if edges_per_row is not None and (not isinstance(edges_per_row, int) or edges_per_row < 1):
         raise ValueError(f"edges_per_row must be None (keep every edge) or a positive integer, not {edges_per_row!r}")
-    return max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row
+    targets = _check_targets(attribution_targets, model)
+    if targets is not None and (max_n_logits, desired_logit_prob) != (10, 0.95):
+        raise ValueError(
+            f"max_n_logits={max_n_logits} / desired_logit_prob={desired_logit_prob} choose the logit nodes when"
+            " attribution_targets is None; attribution_targets names them, so these would be ignored: leave them out"
+        )
+    return max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row, targets
+
+
+# ----------------------------------------------------------------------------- the logit nodes asked for
+@dataclass(frozen=True)
+class _Targets:
+    """`attribution_targets` checked: token ids (from ids or strings), or custom (label, weight, vector) triples."""
+
+    ids: tuple[int, ...] = ()
+    custom: tuple[CustomTarget, ...] = ()
+
+
+def _check_targets(targets, model) -> _Targets | None:
+    """`attribution_targets` as ids or custom targets, each checked before anything runs."""
+    if targets is None:
+        return None
+    d_vocab, d_model = model.cfg.d_vocab, model.cfg.d_model
+    if isinstance(targets, Tensor):
+        if targets.ndim != 1 or targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+            raise TypeError(
+                f"attribution_targets as a tensor is 1-D token ids, not a {targets.dtype} tensor of shape"
+                f" {tuple(targets.shape)}"
+            )
+        targets = targets.tolist()
+    if isinstance(targets, str) or not isinstance(targets, Sequence):
+        raise TypeError(
+            "attribution_targets is None (the most probable tokens), token ids (a tensor or a list of ints), token"
+            f" strings, or CustomTarget(label, weight, vector)s; not {type(targets).__name__}"
+            + (f": for the one token {targets!r}, pass [{targets!r}]" if isinstance(targets, str) else "")
+        )
+    if not targets:
+        raise ValueError("attribution_targets is empty; leave it None for the most probable tokens")
+    kinds = {
+        "id" if isinstance(t, int) and not isinstance(t, bool) else "str" if isinstance(t, str) else "custom"
+        for t in targets
+    }
+    if len(kinds) > 1:
+        raise TypeError(
+            f"attribution_targets mixes {' and '.join(sorted(kinds))} targets; give one kind: token ids, token"
+            " strings, or custom targets (a token's own direction is model.unembed_weight[id] - its mean row)"
+        )
+    if kinds == {"custom"}:
+        return _Targets(custom=tuple(_custom(t, i, d_model) for i, t in enumerate(targets)))
+    ids = [_token_id(t, model) for t in targets] if kinds == {"str"} else list(targets)
+    bad = [i for i in ids if not 0 <= i < d_vocab]
+    if bad:
+        raise ValueError(f"attribution target id {bad[0]} is outside this model's vocabulary (0..{d_vocab - 1})")
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise ValueError(f"attribution_targets names token {repeated[0]} more than once; each is one logit node")
+    return _Targets(ids=tuple(ids))
+
+
+def _token_id(text: str, model) -> int:
+    """The one token `text` is, encoded without special tokens (circuit-tracer's `_from_str`)."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError(f"attribution target {text!r} is text and this model has no tokenizer: give token ids")
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ValueError(
+            f"attribution target {text!r} is {len(ids)} tokens ({list(ids)}), not one: give a single token's text"
+            " (often with its leading space, ' Mary'), or its id"
+        )
+    return int(ids[0])
+
+
+def _custom(target, i: int, d_model: int) -> CustomTarget:
+    if not isinstance(target, tuple) or len(target) != 3:
+        raise TypeError(
+            f"attribution target {i} is {type(target).__name__}, not a CustomTarget(label, weight, vector) or a"
+            " (label, weight, vector) tuple"
+        )
+    label, weight, vec = target
+    if not isinstance(label, str):
+        raise TypeError(f"attribution target {i}'s label is {type(label).__name__}, not str")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < float("inf"):
+        raise ValueError(
+            f"attribution target {i} ({label!r}) has weight {weight!r}: a finite number >= 0 (it stands in for a"
+            " probability when pruning)"
+        )
+    if not isinstance(vec, Tensor) or tuple(vec.shape) != (d_model,) or not vec.is_floating_point():
+        what = f"a tensor of shape {tuple(vec.shape)}" if isinstance(vec, Tensor) else type(vec).__name__
+        raise ValueError(
+            f"attribution target {i} ({label!r})'s vector is {what}, not a float tensor [d_model={d_model}]"
+        )
+    if not torch.isfinite(vec).all():
+        raise ValueError(f"attribution target {i} ({label!r})'s vector has non-finite entries")
+    return CustomTarget(label, float(weight), vec.detach())
 
 
 # ----------------------------------------------------------------------------- the nodes, from one clean forward
@@ -297,9 +418,10 @@ class _Nodes:
     writes: list[_Writes]  # per output layer
     errors: Tensor  # [n_layers, pos, d_out]
     embeddings: Tensor  # [pos, d_model]
-    logit_ids: Tensor  # [n_logits]
+    logit_ids: Tensor  # [n_logits]; a custom target's is d_vocab + its index, as circuit-tracer's
     logit_probabilities: Tensor
     logit_vectors: Tensor  # [n_logits, d_model]
+    logit_labels: list[str] | None  # custom targets' labels (None: the tokens' text)
 
     @property
     def n_active(self) -> int:
@@ -316,7 +438,14 @@ class _Nodes:
 
 
 @torch.no_grad()
-def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logits: int, desired: float) -> _Nodes:
+def _nodes(
+    model: HookedTransformer,
+    tc: Transcoders,
+    tokens: Tensor,
+    max_n_logits: int,
+    desired: float,
+    targets: _Targets | None = None,
+) -> _Nodes:
     names = [*tc.hook_in, *tc.hook_out, "hook_embed"]
     logits, cache = model.run_with_cache(tokens[None], names_filter=names)
     x = [cache[name][0] for name in tc.hook_in]
@@ -351,9 +480,22 @@ def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logi
         writes.append(into_m)
 
     probabilities = torch.softmax(logits[0, -1], dim=-1)
-    top_p, top_ids = torch.topk(probabilities, min(max_n_logits, probabilities.shape[0]))
-    cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), desired)) + 1
-    ids = top_ids[:cutoff]
+    labels = None
+    if targets is None:  # the most probable tokens, until they hold `desired`
+        top_p, top_ids = torch.topk(probabilities, min(max_n_logits, probabilities.shape[0]))
+        cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), desired)) + 1
+        ids = top_ids[:cutoff]
+    elif targets.ids:
+        ids = torch.tensor(targets.ids, device=probabilities.device)
+    if targets is None or targets.ids:
+        weights, vectors = probabilities[ids], _centred_unembedding(model, ids)
+    else:
+        n, vocab = len(targets.custom), probabilities.shape[0]
+        ids = torch.arange(vocab, vocab + n, device=probabilities.device)
+        weights = torch.tensor([t.prob for t in targets.custom], device=probabilities.device)
+        w_u = model.unembed_weight
+        vectors = torch.stack([t.vec.to(w_u.device, w_u.dtype) for t in targets.custom])
+        labels = [t.token_str for t in targets.custom]
     return _Nodes(
         tc=tc,
         active=torch.cat(active).cpu(),
@@ -362,8 +504,9 @@ def _nodes(model: HookedTransformer, tc: Transcoders, tokens: Tensor, max_n_logi
         errors=torch.stack(errors),
         embeddings=cache["hook_embed"][0],
         logit_ids=ids,
-        logit_probabilities=probabilities[ids],
-        logit_vectors=_centred_unembedding(model, ids),
+        logit_probabilities=weights,
+        logit_vectors=vectors,
+        logit_labels=labels,
     )
 
 
@@ -672,7 +815,10 @@ def _graph(model: HookedTransformer, tc: Transcoders, tokens: Tensor, nodes: _No
         activation_values=nodes.values.float().cpu(),
         selected_features=selected,
         adjacency=adjacency,
-        logit_targets=[LogitTarget(decode([int(t)]), int(t)) for t in nodes.logit_ids],
+        logit_targets=[
+            LogitTarget(decode([int(t)]) if nodes.logit_labels is None else nodes.logit_labels[i], int(t))
+            for i, t in enumerate(nodes.logit_ids)
+        ],
         logit_probabilities=nodes.logit_probabilities.float().cpu(),
         n_layers=tc.n_layers,
         vocab_size=cfg.d_vocab,

@@ -4,9 +4,9 @@ Tracing"; circuit-tracer 0.5.0, `graph.py`). `hooked.graphs.attribute` builds it
 
 Node order, as circuit-tracer's: the selected features (`selected_features`, indices into `active_features`, whose
 rows are sorted by layer, position, feature), then the error nodes layer by layer and position by position
-(`n_layers * n_pos`), then one token node per position, then the logit nodes by falling probability. The adjacency
-has rows as targets and columns as sources: `adjacency[t, s]` is the direct effect of node s on node t. Error and
-token rows and logit columns are zero.
+(`n_layers * n_pos`), then one token node per position, then the logit nodes by falling probability (or in the
+order `attribute`'s `attribution_targets` gave them). The adjacency has rows as targets and columns as sources:
+`adjacency[t, s]` is the direct effect of node s on node t. Error and token rows and logit columns are zero.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ class Graph:
     selected_features: Tensor  # [n_features] int64, ascending: the active features that are nodes
     adjacency: Tensor  # [N, N] float32, rows targets, columns sources; dense or sparse COO
     logit_targets: list[LogitTarget]
-    logit_probabilities: Tensor  # [n_logits]: each logit node's probability at the last position
+    logit_probabilities: Tensor  # [n_logits]: each logit node's probability at the last position (a custom target's
+    # weight: attribute's attribution_targets; its vocab_idx is vocab_size + its index)
     n_layers: int
     vocab_size: int
     feature_input_hook: str  # hooked's point name with {layer}: where the transcoders read
@@ -118,7 +119,8 @@ class Graph:
 
     def node_label(self, i: int, tokenizer: Any = None) -> str:
         """A short name for node i: "L2 F17 @5", "error L1 @3", "token 'cat' @2" (or "token 123 @2" without a
-        `tokenizer`: anything with `decode(ids)`, such as `model.tokenizer`), "logit 'dog' (p=0.42)"."""
+        `tokenizer`: anything with `decode(ids)`, such as `model.tokenizer`), "logit 'dog' (p=0.42)" (a custom
+        target: "logit 'dog - cat' (weight 1.00)")."""
         node = self.node(i)
         if node.kind == "feature":
             return f"L{node.layer} F{node.index} @{node.position}"
@@ -128,7 +130,10 @@ class Graph:
             text = node.index if tokenizer is None else repr(tokenizer.decode([node.index]))
             return f"token {text} @{node.position}"
         target = self.logit_targets[i - self.logit_offset]
-        return f"logit {target.token_str!r} (p={float(self.logit_probabilities[i - self.logit_offset]):.2f})"
+        weight = float(self.logit_probabilities[i - self.logit_offset])
+        if target.vocab_idx >= self.vocab_size:  # a custom target (attribute's attribution_targets): its weight
+            return f"logit {target.token_str!r} (weight {weight:.2f})"
+        return f"logit {target.token_str!r} (p={weight:.2f})"
 
     def feature_address(self, i: int) -> str:
         """hooked's component address of feature node i, `L{layer}.{part}.F{feature}@{position}` with the part

@@ -76,6 +76,17 @@ def build_llama_checkpoint(
     return directory
 
 
+def as_targets(spec: dict):
+    """A job's `attribution_targets` as JSON ({"ids": [...]}, {"strings": [...]} or {"custom": [[label, weight,
+    [floats]]]}) as `attribute` takes them, in hooked and in circuit-tracer (circuit_tracer_side.py, which cannot
+    import this file, reads them the same way)."""
+    if "ids" in spec:
+        return torch.tensor(spec["ids"], dtype=torch.long)
+    if "strings" in spec:
+        return list(spec["strings"])
+    return [(label, weight, torch.tensor(vector, dtype=torch.float32)) for label, weight, vector in spec["custom"]]
+
+
 def prompt_tokens(checkpoint: Path, prompt: str = PROMPT) -> list[int]:
     """The prompt's token ids from the checkpoint's tokenizer, BOS first (circuit-tracer prepends none then)."""
     from tokenizers import Tokenizer

@@ -3,6 +3,8 @@
 
     python circuit_tracer_side.py WORK    # WORK/jobs.json -> WORK/{name}.safetensors + WORK/{name}.json per job
 
+A job's settings are `attribute`'s keyword arguments; `attribution_targets` comes as JSON (`targets` below).
+
 The replacement model is built offline. TransformerLens 3.2.1's `from_pretrained` takes only its own list of
 model names and reads their configs from the hub, so this does by hand what circuit-tracer's
 `TransformerLensReplacementModel.from_pretrained_and_transcoders` does through it
@@ -119,13 +121,26 @@ def replacement_model(checkpoint: Path, transcoders: Path):
     return model, hf
 
 
+def targets(spec: dict):
+    """A job's `attribution_targets` as circuit-tracer takes them (circuit_tracer_reference.as_targets, which this
+    venv cannot import: hooked's tests are not on its path)."""
+    if "ids" in spec:
+        return torch.tensor(spec["ids"], dtype=torch.long)
+    if "strings" in spec:
+        return list(spec["strings"])
+    return [(label, weight, torch.tensor(vector, dtype=torch.float32)) for label, weight, vector in spec["custom"]]
+
+
 def run(job: dict, work: Path) -> None:
     model, hf = replacement_model(Path(job["checkpoint"]), Path(job["transcoders"]))
     tokens = torch.tensor(job["tokens"], dtype=torch.long)
     with torch.no_grad():
         tl_logits = model(tokens[None])[0]
         hf_logits = hf(tokens[None]).logits[0]
-    graph = attribute(tokens, model, **job["settings"])
+    settings = dict(job["settings"])
+    if "attribution_targets" in settings:
+        settings["attribution_targets"] = targets(settings["attribution_targets"])
+    graph = attribute(tokens, model, **settings)
     tensors = {
         "input_tokens": graph.input_tokens,
         "active_features": graph.active_features,

@@ -140,9 +140,13 @@ def reference(
     max_n_logits: int = 10,
     desired_logit_prob: float = 0.95,
     feature_rows: list[int] | None = None,
+    logit_ids: list[int] | None = None,
+    logit_directions: Tensor | None = None,
 ) -> Reference:
     """The reference on `tokens` [pos] (no special token added); `feature_rows`: the active features (indices)
-    whose rows to compute (None: all; the other feature rows are NaN)."""
+    whose rows to compute (None: all; the other feature rows are NaN). The logit targets: the most probable tokens
+    by `max_n_logits` and `desired_logit_prob`, or the tokens `logit_ids`, or the directions `logit_directions`
+    [n, d_model] (numbered d_vocab + i, as circuit-tracer numbers custom targets)."""
     layers = explicit_layers(transcoders)
     dtype = model.dtype
     n_layers, n_pos = len(layers), tokens.shape[0]
@@ -167,12 +171,19 @@ def reference(
     n_active = active.shape[0]
 
     probabilities = torch.softmax(model_logits[0, -1], -1)
-    order = probabilities.argsort(descending=True)
-    reached = (probabilities[order].cumsum(0) >= desired_logit_prob).nonzero()
-    n_logits = min(max_n_logits, int(reached[0]) + 1 if reached.numel() else probabilities.shape[0])
-    logit_ids = order[:n_logits]
     w_u = model.unembed_weight.detach()
-    directions = w_u[logit_ids] - w_u.mean(0)
+    if logit_directions is not None:
+        directions = logit_directions.to(dtype)
+        logit_ids = torch.arange(w_u.shape[0], w_u.shape[0] + directions.shape[0])
+    else:
+        if logit_ids is None:
+            order = probabilities.argsort(descending=True)
+            reached = (probabilities[order].cumsum(0) >= desired_logit_prob).nonzero()
+            n_logits = min(max_n_logits, int(reached[0]) + 1 if reached.numel() else probabilities.shape[0])
+            logit_ids = order[:n_logits]
+        logit_ids = torch.as_tensor(logit_ids)
+        directions = w_u[logit_ids] - w_u.mean(0)
+    n_logits = logit_ids.shape[0]
 
     def writes(m: int, scale: Tensor) -> Tensor:
         """What the features write to output layer m, feature i scaled by scale[i]: [pos, d_out]."""
@@ -322,6 +333,54 @@ def test_every_entry_is_the_replacement_models_derivative(architecture, kind):
     assert disagreements(graph, ref) == []
 
 
+@pytest.mark.parametrize(("architecture", "kind"), [("llama", "skip set"), ("gemma2", "clt")])
+def test_attribution_targets_rows_are_the_replacement_models_derivatives(architecture, kind):
+    """Tokens asked for, and directions of one's own (a logit difference, a random direction), each a logit row
+    the reference computes along that direction; their weights are the tokens' probabilities and the given ones."""
+    model = tiny(architecture)
+    transcoders = transcoders_of(model, kind)
+    probabilities = torch.softmax(model(TOKENS[None])[0, -1].detach(), -1)
+    least, middle = int(probabilities.argmin()), int(probabilities.argsort()[len(probabilities) // 2])
+    ids = [least, middle, 5]  # not the salient ones, in an order of their own
+    graph = graphs.attribute(model, TOKENS, transcoders, attribution_targets=torch.tensor(ids))
+    assert disagreements(graph, reference(model, TOKENS, transcoders, logit_ids=ids)) == []
+    torch.testing.assert_close(graph.logit_probabilities, probabilities[ids].float())
+
+    w_u = model.unembed_weight.detach()
+    directions = torch.stack([w_u[least] - w_u[middle], torch.randn(model.cfg.d_model, dtype=DTYPE)])
+    custom = [graphs.CustomTarget("least - middle", 1.0, directions[0]), ("random", 0.25, directions[1])]
+    graph = graphs.attribute(model, TOKENS, transcoders, attribution_targets=custom)
+    assert disagreements(graph, reference(model, TOKENS, transcoders, logit_directions=directions)) == []
+    d_vocab = model.cfg.d_vocab
+    assert [tuple(t) for t in graph.logit_targets] == [("least - middle", d_vocab), ("random", d_vocab + 1)]
+    assert graph.logit_probabilities.tolist() == [1.0, 0.25]
+
+
+def test_attribution_targets_by_text_are_the_tokens_they_encode_to(ioi_graph_inputs):
+    """On the bundled model (it has a tokenizer): the names as text give the graph the names' ids give, the rows of
+    a logit difference are the difference of the two names' rows (each row is linear in its direction), and a
+    custom target's node prints with its label."""
+    model, transcoders, prompt = ioi_graph_inputs
+    names = [" Mary", " John"]
+    ids = [model.tokenizer.encode(name, add_special_tokens=False)[0] for name in names]
+    by_text = graphs.attribute(model, prompt, transcoders, attribution_targets=names)
+    by_id = graphs.attribute(model, prompt, transcoders, attribution_targets=ids)
+    assert [tuple(t) for t in by_text.logit_targets] == [(model.tokenizer.decode([i]), i) for i in ids]
+    assert torch.equal(by_text.adjacency, by_id.adjacency)
+    assert torch.equal(by_text.logit_probabilities, by_id.logit_probabilities)
+
+    w_u = model.unembed_weight.detach()
+    difference = graphs.CustomTarget("Mary - John", 1.0, w_u[ids[0]] - w_u[ids[1]])
+    diff = graphs.attribute(model, prompt, transcoders, attribution_targets=[difference])
+    rows = by_id.adjacency[by_id.logit_offset :, : by_id.logit_offset]
+    expected = rows[0] - rows[1]
+    got = diff.adjacency[diff.logit_offset, : diff.logit_offset]
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5 * float(expected.abs().max()))
+    assert diff.node_label(diff.logit_offset) == "logit 'Mary - John' (weight 1.00)"
+    p_mary = float(by_id.logit_probabilities[0])
+    assert by_id.node_label(by_id.logit_offset) == f"logit {model.tokenizer.decode([ids[0]])!r} (p={p_mary:.2f})"
+
+
 @pytest.mark.parametrize("architecture", ["qwen3_moe", "mixtral"])
 def test_moe_families_have_the_points_a_transcoder_replacing_the_block_reads_and_writes(architecture):
     """Every layer of the tiny MoE models is sparse (a router), and its transcoder reads the input of the whole MoE
@@ -442,12 +501,18 @@ def test_breaking_a_convention_makes_the_reference_disagree(monkeypatch, gpt2_ca
 
 
 # ----------------------------------------------------------------------------- the bundled IOI model
-def test_the_bundled_ioi_graph_agrees_with_the_reference_on_sampled_rows():
-    """hooked/ioi-gpt2 (4 layers, d_model 128) with its bundled transcoders, in float32, on an IOI prompt: the logit
-    rows and every 25th feature row (each layer's included)."""
+@pytest.fixture(scope="module")
+def ioi_graph_inputs():
+    """hooked/ioi-gpt2, its bundled transcoders and an IOI prompt."""
     model = hooked.load("hooked/ioi-gpt2")
     transcoders = hooked.sae.load("hooked/ioi-gpt2/saes/transcoders", model=model)
-    prompt = "When Mary and John went to the store, John gave a drink to"
+    return model, transcoders, "When Mary and John went to the store, John gave a drink to"
+
+
+def test_the_bundled_ioi_graph_agrees_with_the_reference_on_sampled_rows(ioi_graph_inputs):
+    """hooked/ioi-gpt2 (4 layers, d_model 128) with its bundled transcoders, in float32, on an IOI prompt: the logit
+    rows and every 25th feature row (each layer's included)."""
+    model, transcoders, prompt = ioi_graph_inputs
     graph = graphs.attribute(model, prompt, transcoders)
     tokenizer = model.tokenizer
     assert graph.input_tokens.tolist() == [tokenizer.bos_token_id, *tokenizer.encode(prompt, add_special_tokens=False)]

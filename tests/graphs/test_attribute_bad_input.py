@@ -161,6 +161,52 @@ def test_settings_that_select_nothing(model, settings, match):
     refused(model, ValueError, match, lambda: graphs.attribute(model, TOKENS, transcoders(model), **settings))
 
 
+VECTOR = torch.ones(32)  # the model's d_model
+BAD_TARGETS = [
+    ([], ValueError, r"attribution_targets is empty; leave it None"),
+    (" Mary", TypeError, r"for the one token ' Mary', pass \[' Mary'\]"),
+    (torch.tensor([[1, 2]]), TypeError, r"1-D token ids, not a torch.int64 tensor of shape \(1, 2\)"),
+    (torch.tensor([0.5]), TypeError, r"1-D token ids, not a torch.float32 tensor"),
+    ([1, 64], ValueError, r"target id 64 is outside this model's vocabulary \(0..63\)"),
+    ([3, 5, 3], ValueError, r"names token 3 more than once"),
+    ([3, " Mary"], TypeError, r"mixes id and str targets; give one kind"),
+    ([3, ("diff", 1.0, VECTOR)], TypeError, r"mixes custom and id targets"),
+    ([" Mary"], ValueError, r"' Mary' is text and this model has no tokenizer: give token ids"),
+    ([("diff", 1.0)], TypeError, r"target 0 is tuple, not a CustomTarget\(label, weight, vector\)"),
+    ([("diff", -1.0, VECTOR)], ValueError, r"target 0 \('diff'\) has weight -1.0: a finite number >= 0"),
+    ([("diff", float("nan"), VECTOR)], ValueError, r"has weight nan"),
+    ([(3, 1.0, VECTOR)], TypeError, r"target 0's label is int, not str"),
+    ([("diff", 1.0, torch.ones(31))], ValueError, r"vector is a tensor of shape \(31,\), not a float tensor"),
+    ([("diff", 1.0, torch.ones(32, dtype=torch.long))], ValueError, r"not a float tensor \[d_model=32\]"),
+    ([("diff", 1.0, VECTOR * float("inf"))], ValueError, r"vector has non-finite entries"),
+]
+
+
+@pytest.mark.unchecked
+@pytest.mark.parametrize(("targets", "error", "match"), BAD_TARGETS)
+def test_attribution_targets_that_name_no_logit_node(model, targets, error, match):
+    refused(
+        model, error, match, lambda: graphs.attribute(model, TOKENS, transcoders(model), attribution_targets=targets)
+    )
+    refused(
+        model,
+        error,
+        match,
+        lambda: graphs.attribute_batch(model, [TOKENS, TOKENS[:3]], transcoders(model), attribution_targets=targets),
+    )
+
+
+@pytest.mark.unchecked
+@pytest.mark.parametrize("settings", [dict(max_n_logits=3), dict(desired_logit_prob=0.5)])
+def test_attribution_targets_with_settings_that_would_be_ignored(model, settings):
+    refused(
+        model,
+        ValueError,
+        r"choose the logit nodes when attribution_targets is None; .* would be ignored: leave them out",
+        lambda: graphs.attribute(model, TOKENS, transcoders(model), attribution_targets=[1, 2], **settings),
+    )
+
+
 @pytest.mark.unchecked
 def test_a_model_with_hooks_registered(model):
     model.add_hook("blocks.0.hook_resid_pre", lambda x, hook: x)

@@ -34,8 +34,10 @@ def assert_same(batched: graphs.Graph, alone: graphs.Graph) -> None:
         dict(arch="llama", clt=True, settings={}),
         dict(arch="gpt2", clt=False, settings=dict(max_feature_nodes=7)),  # influence-ranked, per prompt
         dict(arch="llama", clt=False, settings=dict(edges_per_row=5)),
+        dict(arch="gpt2", clt=False, settings=dict(attribution_targets=[9, 2, 30])),  # every prompt's logit nodes
+        dict(arch="llama", clt=True, settings=dict(attribution_targets=[("up", 0.5, torch.linspace(-1, 1, 32))])),
     ],
-    ids=["set", "clt", "max_feature_nodes", "edges_per_row"],
+    ids=["set", "clt", "max_feature_nodes", "edges_per_row", "token targets", "custom target"],
 )
 def test_each_graph_of_a_batch_equals_its_prompt_alone(case):
     model = tiny(case["arch"])

@@ -18,6 +18,7 @@ import hooked
 import hooked.sae
 from tests.graphs.circuit_tracer_reference import (
     Job,
+    as_targets,
     build_llama_checkpoint,
     circuit_tracer_graphs,
     prompt_tokens,
@@ -40,7 +41,35 @@ SETTINGS = {
     # 24 features chosen by influence, ranked again after each 4 * 4 rows (circuit-tracer's update_interval 4)
     "selected": dict(max_n_logits=5, desired_logit_prob=0.95, max_feature_nodes=24, batch_size=4),
 }
-CASES = [(transcoders, settings) for transcoders in TRANSCODERS for settings in SETTINGS]
+# attribution_targets (JSON, as both sides read it: circuit_tracer_reference.as_targets): token ids in an order of
+# their own, two words as text (one token each in the checkpoints' small BPE), and custom directions, a logit
+# difference and a fixed direction (`with_targets`)
+SETTINGS |= {
+    "ids": dict(max_feature_nodes=None, batch_size=16, attribution_targets={"ids": [7, 250, 2]}),
+    "strings": dict(max_feature_nodes=24, batch_size=4, attribution_targets={"strings": [" went", " the"]}),
+    "custom": dict(max_feature_nodes=None, batch_size=16, attribution_targets={"custom": []}),
+}
+CASES = [(transcoders, settings) for transcoders in TRANSCODERS for settings in ("all", "selected")]
+CASES += [("set", "ids"), ("set_skip", "strings"), ("clt", "custom")]
+
+
+def with_targets(settings: dict, checkpoint) -> dict:
+    """`settings` with custom targets made from the checkpoint's unembedding: logit(' went') - logit(' the'), and
+    a fixed direction with its own weight."""
+    if "custom" not in settings.get("attribution_targets", {}):
+        return settings
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    went, the = (tokenizer.encode(word, add_special_tokens=False).ids for word in (" went", " the"))
+    assert len(went) == len(the) == 1
+    w_u = load_file(checkpoint / "model.safetensors")["lm_head.weight"]
+    custom = [
+        ["went - the", 1.0, (w_u[went[0]] - w_u[the[0]]).tolist()],
+        ["fixed", 0.3, torch.linspace(-1, 1, w_u.shape[1]).tolist()],
+    ]
+    return {**settings, "attribution_targets": {"custom": custom}}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +90,12 @@ def built(tmp_path_factory):
 def references(built):
     checkpoints, folders, tokens = built
     jobs = {
-        (tc, setting): Job(checkpoints[TRANSCODERS[tc][0]], folders[tc], tokens, SETTINGS[setting])
+        (tc, setting): Job(
+            checkpoints[TRANSCODERS[tc][0]],
+            folders[tc],
+            tokens,
+            with_targets(SETTINGS[setting], checkpoints[TRANSCODERS[tc][0]]),
+        )
         for tc, setting in CASES
     }
     return circuit_tracer_graphs(jobs)
@@ -126,12 +160,24 @@ def test_reference_graph_is_well_formed(built, references, tc, setting):
     assert adjacency[:expected_features].abs().sum() > 0 and adjacency[-n_logits:].abs().sum() > 0
 
     probabilities = reference.hf_logits[-1].softmax(-1)
-    top = probabilities.topk(settings["max_n_logits"])
-    cut = min(int((top.values.cumsum(0) < settings["desired_logit_prob"]).sum()) + 1, settings["max_n_logits"])
-    assert [vocab for _, vocab in reference.logit_targets] == top.indices[:cut].tolist()
-    assert close(reference.logit_probabilities, top.values[:cut]).all()
-    if setting == "all":
-        assert cut < settings["max_n_logits"]  # the cut by probability is exercised
+    spec = with_targets(settings, checkpoints[TRANSCODERS[tc][0]]).get("attribution_targets")
+    if spec is None:
+        top = probabilities.topk(settings["max_n_logits"])
+        cut = min(int((top.values.cumsum(0) < settings["desired_logit_prob"]).sum()) + 1, settings["max_n_logits"])
+        ids, weights = top.indices[:cut].tolist(), top.values[:cut]
+        if setting == "all":
+            assert cut < settings["max_n_logits"]  # the cut by probability is exercised
+    elif "custom" in spec:  # numbered after the vocabulary, weighted as given
+        ids = [probabilities.shape[0] + i for i in range(len(spec["custom"]))]
+        weights = torch.tensor([weight for _, weight, _ in spec["custom"]])
+    else:  # the tokens asked for, in that order, with their probabilities
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(checkpoints[TRANSCODERS[tc][0]] / "tokenizer.json"))
+        ids = spec.get("ids") or [tokenizer.encode(s, add_special_tokens=False).ids[0] for s in spec["strings"]]
+        weights = probabilities[ids]
+    assert [vocab for _, vocab in reference.logit_targets] == ids
+    assert close(reference.logit_probabilities, weights).all()
 
     model = hooked.load(checkpoints[TRANSCODERS[tc][0]])
     transcoders = hooked.sae.load(folders[tc], model=model)
@@ -173,8 +219,11 @@ def test_attribute_equals_circuit_tracer(built, references, tc, setting):
     from hooked import graphs
 
     checkpoints, folders, tokens = built
-    reference, settings = references[(tc, setting)], SETTINGS[setting]
-    model = hooked.load(checkpoints[TRANSCODERS[tc][0]])
+    checkpoint = checkpoints[TRANSCODERS[tc][0]]
+    reference, settings = references[(tc, setting)], dict(with_targets(SETTINGS[setting], checkpoint))
+    if "attribution_targets" in settings:
+        settings["attribution_targets"] = as_targets(settings["attribution_targets"])
+    model = hooked.load(checkpoint)
     transcoders = hooked.sae.load(folders[tc], model=model)
     graph = graphs.attribute(model, torch.tensor(tokens), transcoders, **settings)
 

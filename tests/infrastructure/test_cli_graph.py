@@ -45,6 +45,20 @@ def test_graph_writes_circuit_tracers_file_the_viewers_json_and_the_picture(tmp_
     assert viewer["metadata"]["slug"] == "graph" and len(viewer["nodes"]) == len(pruned.nodes)
 
 
+def test_graph_targets_name_the_logit_nodes(tmp_path, capsys):
+    out = tmp_path / "graph"
+    targets = ["--target", " John", "--target", " Mary"]
+    assert main(["graph", MODEL, "--transcoders", SET, "--prompt", PROMPT, "--out", str(out), *targets]) == 0
+    model = hooked.load(MODEL)
+    ids = [model.tokenizer.encode(name, add_special_tokens=False)[0] for name in (" John", " Mary")]
+    saved = Graph.load_circuit_tracer(out / "graph.pt")
+    assert [t.vocab_idx for t in saved.logit_targets] == ids
+    expected = graphs.attribute(model, PROMPT, hooked.sae.load(SET, model=model), attribution_targets=ids)
+    torch.testing.assert_close(saved.adjacency, expected.adjacency)
+    printed = capsys.readouterr().out
+    assert f"logits: {saved.logit_targets[0].token_str!r} {float(saved.logit_probabilities[0]):.3f}, " in printed
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -52,6 +66,8 @@ def test_graph_writes_circuit_tracers_file_the_viewers_json_and_the_picture(tmp_
         (["--prompt", ""], "--prompt is empty"),
         (["--transcoders", "hooked/ioi-gpt2/saes/nothing-here"], "nothing-here"),
         (["--max-n-logits", "0"], "max_n_logits must be a positive integer"),
+        (["--target", " Mary", "--max-n-logits", "3"], "--target names the logit nodes; --max-n-logits"),
+        (["--target", "Mary and John"], "attribution target 'Mary and John' is 3 tokens"),
     ],
 )
 def test_graph_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, capsys, change, message):
