@@ -44,10 +44,11 @@ def graph(model, batched: bool = False, **settings) -> dict:
     """The graph of one 7-token prompt (at most 5 logits), as tensors; `batched`: the second of two prompts'
     graphs from `graphs.attribute_batch`."""
     prompts = torch.randint(1, model.cfg.d_vocab, (2, 7), generator=torch.Generator().manual_seed(5))
+    settings = {"batch_size": 8, **({} if "attribution_targets" in settings else {"max_n_logits": 5}), **settings}
     if batched:
-        g = graphs.attribute_batch(model, prompts, transcoders(model.cfg), max_n_logits=5, batch_size=8, **settings)[1]
+        g = graphs.attribute_batch(model, prompts, transcoders(model.cfg), **settings)[1]
     else:
-        g = graphs.attribute(model, prompts[0], transcoders(model.cfg), max_n_logits=5, batch_size=8, **settings)
+        g = graphs.attribute(model, prompts[0], transcoders(model.cfg), **settings)
     return cpu(
         {
             "adjacency": g.adjacency,
@@ -101,11 +102,13 @@ def gradient(model) -> dict:
 
 def graphs_of(model) -> dict:
     """Every feature's rows, the 6 most influential features' (chosen by influence, as circuit-tracer), a graph of
-    a batch of two prompts; the gradient of `gradient`."""
+    a batch of two prompts, one of three tokens asked for (the last id's unembedding row is the last rank's); the
+    gradient of `gradient`."""
     return {
         "all": graph(model),
         "selected": graph(model, max_feature_nodes=6),
         "batched": graph(model, batched=True),
+        "targets": graph(model, attribution_targets=[model.cfg.d_vocab - 1, 3, 9]),  # rows of W_U on both ranks
         "gradient": gradient(model),
     }
 

@@ -42,7 +42,8 @@ def assert_same(batched: graphs.Graph, alone: graphs.Graph) -> None:
 def test_each_graph_of_a_batch_equals_its_prompt_alone(case):
     model = tiny(case["arch"])
     transcoders = random_clt(model, skip=True) if case["clt"] else transcoder_set(model, skip=True)
-    settings = dict(max_n_logits=3, desired_logit_prob=0.9, **case["settings"])
+    chosen = {} if "attribution_targets" in case["settings"] else dict(max_n_logits=3, desired_logit_prob=0.9)
+    settings = dict(**chosen, **case["settings"])
     batch_size = 6
     batched = graphs.attribute_batch(model, PROMPTS, transcoders, batch_size=batch_size, **settings)
     assert len(batched) == len(PROMPTS)
