@@ -250,6 +250,17 @@ def test_a_release_trained_on_centred_weights_says_so_and_is_refused_by_an_unpro
 
 
 @pytest.mark.unchecked
+@pytest.mark.parametrize(
+    "name, repository", [("gemma", "mwhanna/gemma-scope-transcoders"), ("llama", "mntss/transcoder-Llama-3.2-1B")]
+)
+def test_circuit_tracers_names_for_its_transcoder_sets_point_at_their_repositories(hub, name, repository):
+    with pytest.raises(
+        FileNotFoundError, match=rf"circuit-tracer's '{name}' transcoders are hooked.sae.load\('hf://{repository}'\)"
+    ):
+        hooked.sae.load(name)
+
+
+@pytest.mark.unchecked
 def test_a_release_and_sae_id_that_saelens_does_not_list_are_named(hub, monkeypatch):
     with pytest.raises(ValueError, match=r"'gpt2-smal-res-jb' is not a release.*did you mean 'gpt2-small-res-jb'"):
         hooked.sae.load("gpt2-smal-res-jb", "blocks.8.hook_resid_pre")

@@ -51,6 +51,11 @@ DICTIONARY_FILES = (
 )
 
 
+# circuit-tracer's own names for two transcoder sets (circuit-tracer 0.5.0 `utils/hf_utils.py`,
+# `load_transcoders_from_hub`): not paths, so `load` refuses them and names the repository they stand for
+CIRCUIT_TRACER_SETS = {"gemma": "mwhanna/gemma-scope-transcoders", "llama": "mntss/transcoder-Llama-3.2-1B"}
+
+
 @dataclass(frozen=True)
 class HubPath:
     repo_id: str
@@ -79,6 +84,11 @@ def parse(name: str, revision: str | None = None) -> HubPath:
         raise FileNotFoundError(
             f"{text!r} is not a local path, nor a hub path: a hub path is hf://<owner>/<repo>[/<path in the repo>]"
             + release_hint(text)
+            + (
+                f"; circuit-tracer's {text!r} transcoders are hooked.sae.load('{SCHEME}{CIRCUIT_TRACER_SETS[text]}')"
+                if text in CIRCUIT_TRACER_SETS
+                else ""
+            )
         )
     given = at or parse_qs(url.query).get("revision", [None])[0] or None
     if given is not None and revision is not None and given != revision:
