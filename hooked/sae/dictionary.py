@@ -53,6 +53,33 @@ def add_sae_points(module: nn.Module, d_in: int, d_sae: int, d_out: int) -> None
         setattr(module, name, point)
 
 
+class Metadata(dict):
+    """What a dictionary's file recorded besides its shape (`cfg.metadata`): a dict whose keys also read as
+    attributes, a key it lacks as None, as SAELens 6.54's `SAEMetadata` (`sae_lens/saes/sae.py`), so
+    `sae.cfg.metadata.model_name` works as there. `metadata.hook_name` / `hook_name_out` are where the dictionary
+    reads and writes, its config's `hook_name` / `hook_name_out` (hooked's names: `hook_name=` at load may override
+    the file's record, which stays at `metadata["hook_name"]`); they are set through the config, not here."""
+
+    def __init__(self, *args, config: DictionaryConfig | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        object.__setattr__(self, "_config", config)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in ("hook_name", "hook_name_out") and self._config is not None:
+            return getattr(self._config, name)
+        return self.get(name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in ("hook_name", "hook_name_out"):
+            raise AttributeError(
+                f"metadata.{name} is where the dictionary sits, its config's {name}: set sae.cfg.{name} (before it"
+                " is spliced), not the metadata"
+            )
+        self[name] = value
+
+
 @dataclass
 class DictionaryConfig:
     """What a dictionary is: its widths, activation, the hook points it reads and writes, and how it was made.
@@ -78,7 +105,7 @@ class DictionaryConfig:
     dtype: str = "float32"
     device: str = "cpu"
     processing: dict[str, bool] | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)  # what the file recorded besides (model_name, ...)
+    metadata: dict[str, Any] = field(default_factory=dict)  # what the file recorded besides (Metadata, above)
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
@@ -102,6 +129,11 @@ class DictionaryConfig:
             self.d_out = self.d_in
         if self.hook_name_out is None and self.d_out != self.d_in:
             raise ValueError(f"an SAE rewrites its own point, so d_out ({self.d_out}) must equal d_in ({self.d_in})")
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "metadata":  # a plain dict given or assigned reads as SAELens' metadata does
+            value = Metadata(value or {}, config=self)
+        super().__setattr__(name, value)
 
     @property
     def is_transcoder(self) -> bool:

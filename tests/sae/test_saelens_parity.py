@@ -219,8 +219,16 @@ def test_saelens_names_typed_from_memory(gpt2, gpt2_dir, tokens):
 
     model = hooked.sae.HookedSAETransformer.from_pretrained_no_processing(gpt2_dir)
     assert isinstance(model, hooked.HookedTransformer)
-    sae = random_sae(StandardSAE, StandardSAEConfig, 0, "blocks.1.hook_resid_pre", d_in=gpt2.cfg.d_model, d_sae=16)
-    sae = hooked.sae.from_saelens(sae)
+    theirs = random_sae(StandardSAE, StandardSAEConfig, 0, "blocks.1.hook_resid_pre", d_in=gpt2.cfg.d_model, d_sae=16)
+    theirs.cfg.metadata.model_name = "tiny-gpt2"
+    sae = hooked.sae.from_saelens(theirs)
+    # SAELens 6's metadata reads by attribute, None for what it lacks
+    for key in ("hook_name", "model_name", "sae_lens_version", "neuronpedia_id"):
+        assert getattr(sae.cfg.metadata, key) == getattr(theirs.cfg.metadata, key), key
+    moved = hooked.sae.from_saelens(theirs, hook_name="blocks.0.hook_resid_post")
+    assert moved.cfg.metadata.hook_name == "blocks.0.hook_resid_post"  # where it sits, not the file's record
+    with pytest.raises(AttributeError, match=r"set sae.cfg.hook_name"):
+        moved.cfg.metadata.hook_name = "blocks.1.hook_resid_post"
     torch.testing.assert_close(model.run_with_saes(tokens, saes=[sae]), gpt2.run_with_saes(tokens, saes=[sae]))
     for name, instead in _SAELENS.items():
         assert hasattr(sae_lens, name), f"{name} is not a SAELens 6.54 name"
