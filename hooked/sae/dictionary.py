@@ -344,5 +344,34 @@ class Dictionary(HookedRootModule):
         self.W_dec.div_(factor)
         self.b_dec.div_(factor)  # a skip term, (x factor) W_skip^T / factor, is unchanged
 
+    def fold_activation_norm_scaling_factor(self, scaling_factor: float) -> None:
+        """SAELens' name for `fold_scaling_factor`."""
+        self.fold_scaling_factor(scaling_factor)
+
+    @torch.no_grad()
+    def fold_W_dec_norm(self) -> Tensor:
+        """Give every decoder row norm 1 without changing the output (SAELens 6.54's `fold_W_dec_norm`, the same
+        arithmetic): each row of W_dec divided by its norm (at least 1e-8), the feature's encoder column, b_enc, a
+        JumpReLU threshold and a gated SAE's b_gate and b_mag multiplied by it, so each feature's activation is
+        multiplied by its decoder norm and comparable across features (a TopK dictionary that ranks by contribution,
+        `rescale_acts_by_decoder_norm=True`, reports pre-activation times norm already: its features stay as they
+        were). Returns the norms [d_sae].
+
+        A TopK dictionary that ranks by pre-activation (`rescale_acts_by_decoder_norm=False`) is refused, as in
+        SAELens: scaling the pre-activations would change which k features win."""
+        if self.cfg.architecture == "topk" and not self.cfg.rescale_acts_by_decoder_norm:
+            raise ValueError(
+                "fold_W_dec_norm would change which k features a TopK dictionary keeps (it ranks pre-activations,"
+                " which the norms would scale); it is safe only with rescale_acts_by_decoder_norm=True"
+            )
+        norms = self.W_dec.norm(dim=-1).clamp(min=1e-8)
+        self.W_dec.div_(norms[:, None])
+        self.W_enc.mul_(norms)
+        for name in ("b_enc", "threshold", "b_gate", "b_mag"):  # the gated SAE's r_mag scales W_enc's copy already
+            parameter = getattr(self, name, None)
+            if parameter is not None:
+                parameter.mul_(norms)
+        return norms
+
     def __repr__(self) -> str:
         return f"Dictionary({self.extra_repr()})"

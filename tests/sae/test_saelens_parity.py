@@ -238,3 +238,42 @@ def test_saelens_names_typed_from_memory(gpt2, gpt2_dir, tokens):
             assert hasattr(hooked.sae, function), (name, function)
     with pytest.raises(AttributeError, match=r"has no attribute 'Nothing'$"):
         hooked.sae.Nothing  # noqa: B018
+
+
+@pytest.mark.parametrize("kind", ["standard", "jumprelu", "gated", "topk"])
+def test_fold_W_dec_norm_as_saelens_folds_it(gpt2, kind):
+    """Folded, the parameters are SAELens' folded ones, the output is unchanged and each feature grows by its
+    decoder norm (a TopK one ranking by contribution reported that already); a TopK dictionary that ranks
+    pre-activations is refused, as SAELens refuses it."""
+    from sae_lens import GatedSAE, GatedSAEConfig, JumpReLUSAE, JumpReLUSAEConfig
+
+    classes = {
+        "standard": (StandardSAE, StandardSAEConfig, {}),
+        "jumprelu": (JumpReLUSAE, JumpReLUSAEConfig, {}),
+        "gated": (GatedSAE, GatedSAEConfig, {}),
+        "topk": (TopKSAE, TopKSAEConfig, {"k": 5, "rescale_acts_by_decoder_norm": True}),
+    }
+    cls, cfg_cls, extra = classes[kind]
+    d_model = gpt2.cfg.d_model
+    theirs = random_sae(cls, cfg_cls, 4, "blocks.0.hook_resid_post", d_in=d_model, d_sae=24, **extra)
+    ours = hooked.sae.from_saelens(theirs)
+    x = torch.randn(3, 5, d_model, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before_out, before_acts = ours(x), ours.encode(x)
+    norms = ours.fold_W_dec_norm()
+    theirs.fold_W_dec_norm()
+    for name, parameter in theirs.named_parameters():
+        torch.testing.assert_close(getattr(ours, name), parameter, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), before_out, rtol=1e-5, atol=1e-5)
+        # TopK ranking by contribution reports pre-activation x norm already: its features stay as they were
+        expected = before_acts if kind == "topk" else before_acts * norms
+        torch.testing.assert_close(ours.encode(x), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.W_dec.norm(dim=-1), torch.ones(24))
+
+    if kind == "topk":
+        ranking = random_sae(TopKSAE, TopKSAEConfig, 5, "blocks.0.hook_resid_post", d_in=d_model, d_sae=24, k=5)
+        with pytest.raises(NotImplementedError):
+            ranking.fold_W_dec_norm()
+        with pytest.raises(ValueError, match=r"safe only with rescale_acts_by_decoder_norm=True"):
+            hooked.sae.from_saelens(ranking).fold_W_dec_norm()
