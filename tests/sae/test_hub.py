@@ -246,6 +246,7 @@ def test_a_release_trained_on_centred_weights_says_so_and_is_refused_by_an_unpro
     assert hooked.sae.load(tmp_path / "repo" / hook).cfg.processing is None  # the same files, read locally: unknown
     by_id = hooked.sae.load("gpt2-small-res-jb", sae_id=hook)
     same_dictionary(by_id, d)
+    same_dictionary(hooked.sae.load(release="gpt2-small-res-jb", sae_id=hook), d)  # SAELens' keywords
     torch.testing.assert_close(by_id(x), reference(x))
 
 
@@ -268,6 +269,12 @@ def test_a_release_and_sae_id_that_saelens_does_not_list_are_named(hub, monkeypa
         hooked.sae.load("gpt2-small-res-jb", "blocks.8.hook_resid_pos")
     with pytest.raises(FileNotFoundError, match=r"GPT2-Small-SAEs-Reformatted.*not in the Hugging Face cache"):
         hooked.sae.load("gpt2-small-res-jb", "blocks.8.hook_resid_pre")  # listed, but this cache does not hold it
+    with pytest.raises(ValueError, match=r"release='gpt2-small-res-jb' needs sae_id="):
+        hooked.sae.load(release="gpt2-small-res-jb")
+    with pytest.raises(ValueError, match=r"give the release once"):
+        hooked.sae.load("gpt2-small-res-jb", "blocks.8.hook_resid_pre", release="gpt2-small-res-jb")
+    with pytest.raises(TypeError, match=r"load\(\) needs what to load"):
+        hooked.sae.load()
     monkeypatch.setattr(hooked.sae.formats.hub, "_saelens_registry", lambda: None)  # SAELens not installed
     with pytest.raises(ValueError, match=r"SAELens is not installed: pip install sae-lens, or give the SAE's hub"):
         hooked.sae.load("gpt2-small-res-jb", "blocks.8.hook_resid_pre")

@@ -42,9 +42,10 @@ _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 
 
 def load(
-    path: str | Path,
+    path: str | Path | None = None,
     sae_id: str | None = None,
     *,
+    release: str | None = None,
     hook_name: str | None = None,
     hook_name_out: str | None = None,
     device: str | torch.device | None = None,
@@ -69,9 +70,10 @@ def load(
         sae = hooked.sae.load("hf://jbloom/GPT2-Small-SAEs-Reformatted/blocks.8.hook_resid_pre")  # SAELens' files
         sae = hooked.sae.load("gpt2-small-res-jb", "blocks.8.hook_resid_pre")  # the same, by release and id
 
-    `sae_id`: `path` is then a SAELens release and `sae_id` one of its SAEs, as SAELens'
-    `SAE.from_pretrained(release, sae_id)` takes them; both are looked up in SAELens' registry of releases, which
-    needs SAELens installed (its `pretrained_saes.yaml` is read as a file), and the SAE loads from its hub path.
+    `sae_id`: `path` (or `release=`, SAELens' keyword) is then a SAELens release and `sae_id` one of its SAEs, as
+    SAELens' `SAE.from_pretrained(release, sae_id)` takes them; both are looked up in SAELens' registry of releases,
+    which needs SAELens installed (its `pretrained_saes.yaml` is read as a file), and the SAE loads from its hub
+    path.
 
     `hook_name` / `hook_name_out` override (or, where the files do not say, give) the points the dictionary reads
     and writes, by hooked's names. With `model`, every name is checked to be one of its hook points and every
@@ -80,6 +82,14 @@ def load(
     `norm_scaling_factor`: the input scale of a SAELens dictionary trained with
     `normalize_activations="expected_average_only_in"`, where its directory does not keep it.
     """
+    if release is not None:
+        if path is not None:
+            raise ValueError(f"load({path!r}, release={release!r}): give the release once, as path or as release=")
+        if sae_id is None:
+            raise ValueError(f"release={release!r} needs sae_id=, the SAE of the release to load (SAELens' sae_id)")
+        path = release
+    if path is None:
+        raise TypeError("load() needs what to load: a path, a hub path, a bundled name, or a release and sae_id")
     if sae_id is not None:  # a SAELens release and one of its SAEs: its hub path (revision=, if given, of its repo)
         path = hub.release_path(str(path), sae_id)
     overrides, factor = ({}, None)
