@@ -613,6 +613,16 @@ class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootM
             self, *model_args, saes=saes, use_error_term=use_error_term, sparse_features=sparse_features, **kwargs
         )
 
+    def run_with_hooks_with_saes(
+        self, *model_args, saes=(), fwd_hooks=(), bwd_hooks=(), use_error_term: bool | None = None, **kwargs
+    ):
+        """SAELens' `run_with_hooks_with_saes`: `run_with_hooks` with `saes` spliced for this call, so the hooks
+        may name their points (hooked/sae/splice.py)."""
+        from hooked.sae.splice import run_with_hooks_with_saes
+
+        hooks = {"fwd_hooks": fwd_hooks, "bwd_hooks": bwd_hooks}
+        return run_with_hooks_with_saes(self, *model_args, saes=saes, use_error_term=use_error_term, **hooks, **kwargs)
+
     def add_sae(self, sae, use_error_term: bool | None = None) -> None:
         """SAELens' `add_sae`: splice `sae` until `reset_saes()`."""
         from hooked.sae.splice import add_sae

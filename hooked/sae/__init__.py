@@ -17,7 +17,15 @@ import importlib
 
 from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
-from hooked.sae.splice import add_sae, reset_saes, run_with_cache_with_saes, run_with_saes, saes, spliced
+from hooked.sae.splice import (
+    add_sae,
+    reset_saes,
+    run_with_cache_with_saes,
+    run_with_hooks_with_saes,
+    run_with_saes,
+    saes,
+    spliced,
+)
 
 # name -> the module that defines it ("module:name" where it is defined under another name), imported when first
 # asked for
@@ -93,6 +101,7 @@ __all__ = [
     "add_sae",
     "reset_saes",
     "run_with_cache_with_saes",
+    "run_with_hooks_with_saes",
     "run_with_saes",
     "saes",
     "spliced",

@@ -350,6 +350,22 @@ def run_with_saes(model: HookedTransformer, *model_args, saes=(), use_error_term
         return model(*model_args, **kwargs)
 
 
+def run_with_hooks_with_saes(
+    model: HookedTransformer,
+    *model_args,
+    saes=(),
+    fwd_hooks=(),
+    bwd_hooks=(),
+    use_error_term: bool | None = None,
+    **kwargs,
+):
+    """`run_with_hooks` with `saes` spliced for this call, so `fwd_hooks` may name their points
+    (`blocks.3.hook_resid_post.hook_sae_acts_post`): SAELens' `run_with_hooks_with_saes`. The other keywords go to
+    `run_with_hooks` (`reset_hooks_end`, `clear_contexts`) and the forward."""
+    with globals()["saes"](model, saes, use_error_term=use_error_term):
+        return model.run_with_hooks(*model_args, fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks), **kwargs)
+
+
 def run_with_cache_with_saes(
     model: HookedTransformer,
     *model_args,

@@ -121,6 +121,28 @@ def test_hook_sae_values_match(gpt2, saelens_model, peers, tokens, use_error_ter
             torch.testing.assert_close(cache[name], expected[name], atol=1e-4, rtol=1e-4, msg=name)
 
 
+def test_run_with_hooks_with_saes_matches(gpt2, saelens_model, peers, tokens):
+    """A hook on a spliced point, named as SAELens names it, through SAELens' run_with_hooks_with_saes on both."""
+    theirs, ours = peers
+    name = f"{writes(theirs[0])}.hook_sae_acts_post"
+
+    def zero_features(acts, hook):
+        acts[..., :10] = 0
+        return acts
+
+    for sae in theirs:  # SAELens' run_with_hooks_with_saes reads each SAE's own flag (no use_error_term keyword)
+        sae.use_error_term = True
+    try:
+        expected = saelens_model.run_with_hooks_with_saes(tokens, saes=theirs, fwd_hooks=[(name, zero_features)])
+    finally:
+        for sae in theirs:
+            sae.use_error_term = False
+    got = gpt2.run_with_hooks_with_saes(tokens, saes=ours, fwd_hooks=[(name, zero_features)], use_error_term=True)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert (got - gpt2(tokens)).abs().max() > 1e-3  # the edit moved the logits
+    assert not hooked.sae.spliced(gpt2)  # the splice ends with the call
+
+
 def test_gradients_reach_the_features_as_in_saelens(gpt2, saelens_model, peers, tokens):
     """With the error term, the output is the model's own, and the gradient of a logit reaches each feature
     through the reconstruction only (the error is taken without gradient), in both libraries alike."""
