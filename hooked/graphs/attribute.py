@@ -298,7 +298,13 @@ def _check_targets(targets, model) -> _Targets | None:
             " strings, or custom targets (a token's own direction is model.unembed_weight[id] - its mean row)"
         )
     if kinds == {"custom"}:
-        return _Targets(custom=tuple(_custom(t, i, d_model) for i, t in enumerate(targets)))
+        custom = tuple(_custom(t, i, d_model) for i, t in enumerate(targets))
+        if sum(t.prob for t in custom) == 0:
+            raise ValueError(
+                "every attribution target has weight 0: pruning, scores and max_feature_nodes weigh the logit nodes by"
+                " their weights, so nothing would count; give the targets positive weights (1.0 for one)"
+            )
+        return _Targets(custom=custom)
     ids = [_token_id(t, model) for t in targets] if kinds == {"str"} else list(targets)
     bad = [i for i in ids if not 0 <= i < d_vocab]
     if bad:
@@ -489,6 +495,13 @@ def _nodes(
         ids = torch.tensor(targets.ids, device=probabilities.device)
     if targets is None or targets.ids:
         weights, vectors = probabilities[ids], _centred_unembedding(model, ids)
+        if targets is not None and float(weights.sum()) == 0:
+            raise ValueError(
+                f"the tokens asked for ({', '.join(str(i) for i in targets.ids)}) have probability 0 here (below"
+                f" {probabilities.dtype}'s smallest), and pruning, scores and max_feature_nodes weigh the logit nodes"
+                " by it, so nothing would count: ask for one with a probability, or give CustomTarget(label, 1.0,"
+                " W_U[id] - W_U.mean(0)) with W_U = model.unembed_weight, the same row with a weight of your own"
+            )
     else:
         n, vocab = len(targets.custom), probabilities.shape[0]
         ids = torch.arange(vocab, vocab + n, device=probabilities.device)

@@ -179,6 +179,7 @@ BAD_TARGETS = [
     ([("diff", 1.0, torch.ones(31))], ValueError, r"vector is a tensor of shape \(31,\), not a float tensor"),
     ([("diff", 1.0, torch.ones(32, dtype=torch.long))], ValueError, r"not a float tensor \[d_model=32\]"),
     ([("diff", 1.0, VECTOR * float("inf"))], ValueError, r"vector has non-finite entries"),
+    ([("a", 0.0, VECTOR), ("b", 0, VECTOR)], ValueError, r"every attribution target has weight 0: .* positive weights"),
 ]
 
 
@@ -194,6 +195,24 @@ def test_attribution_targets_that_name_no_logit_node(model, targets, error, matc
         match,
         lambda: graphs.attribute_batch(model, [TOKENS, TOKENS[:3]], transcoders(model), attribution_targets=targets),
     )
+
+
+@pytest.mark.unchecked
+def test_attribution_targets_of_probability_zero(model, monkeypatch):
+    """Tokens whose probability underflows to 0 would give every node zero influence: refused, not pruned to noise."""
+    logits = torch.full((1, len(TOKENS), model.cfg.d_vocab), -1e4)
+    logits[..., 0] = 0.0  # token 0 takes all the probability; 1 and 2 have exp(-1e4) = 0
+    monkeypatch.setattr(model, "run_with_cache", lambda *a, **k: (logits, _real_cache(model, *a, **k)))
+    refused(
+        model,
+        ValueError,
+        r"the tokens asked for \(1, 2\) have probability 0 here .* CustomTarget\(label, 1.0,",
+        lambda: graphs.attribute(model, TOKENS, transcoders(model), attribution_targets=[1, 2]),
+    )
+
+
+def _real_cache(model, *args, **kwargs):
+    return type(model).run_with_cache(model, *args, **kwargs)[1]
 
 
 @pytest.mark.unchecked
