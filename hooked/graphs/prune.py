@@ -79,7 +79,16 @@ class PrunedGraph:
 
 # ----------------------------------------------------------------------------- the shared steps
 def logit_weights(graph: Graph) -> Tensor:
-    """[N]: each logit node's probability, zero elsewhere (circuit-tracer's `logit_weights`)."""
+    """[N]: each logit node's probability, zero elsewhere (circuit-tracer's `logit_weights`). Weights summing to 0
+    (a graph read from a file whose logit probabilities are all 0) are refused: every influence would be 0, so
+    pruning would keep everything and the scores would be 0 / 0."""
+    total = float(graph.logit_probabilities.sum()) if graph.n_logits else 0.0
+    if not total > 0:
+        raise ValueError(
+            f"this graph's logit nodes weigh {total} in all (their probabilities, or custom targets' weights), so no"
+            " node has influence on them and pruning and scores mean nothing; attribute with targets that weigh"
+            " something"
+        )
     adjacency = graph.adjacency
     weights = torch.zeros(adjacency.shape[0], device=adjacency.device)
     weights[graph.logit_offset :] = graph.logit_probabilities.to(weights)

@@ -117,6 +117,10 @@ def test_bad_thresholds_and_cycles_are_refused_naming_the_problem():
     cyclic = chain({(3, 0): 1.0, (0, 0): 1.0})  # a feature driving itself, its only input: influence never fades
     with pytest.raises(RuntimeError, match="the adjacency has a cycle"):
         cyclic.prune()
+    weightless = chain(HAND, probability=0.0)  # e.g. a file whose logit probabilities underflowed
+    for measure in (weightless.prune, weightless.scores, weightless.node_influence):
+        with pytest.raises(ValueError, match=r"logit nodes weigh 0.0 in all .* pruning and scores mean nothing"):
+            measure()
 
 
 def test_a_cut_past_the_stored_scores_lands_on_the_implicit_zeros_as_the_dense_one_does():
