@@ -35,9 +35,10 @@ adjacency is a sparse tensor: memory grows with the edges kept, and pruning and 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, SupportsIndex
 
 import torch
 from torch import Tensor
@@ -66,7 +67,8 @@ class CustomTarget(NamedTuple):
     vec: Tensor
 
 
-Targets = Tensor | Sequence[int] | Sequence[str] | Sequence[CustomTarget | tuple[str, float, Tensor]] | None
+# token ids (a tensor, or ints of any kind: int, numpy, 0-d tensors), one-token texts, or custom targets
+Targets = Tensor | Sequence[SupportsIndex] | Sequence[str] | Sequence[CustomTarget | tuple[str, float, Tensor]] | None
 
 
 def attribute(
@@ -288,10 +290,7 @@ def _check_targets(targets, model) -> _Targets | None:
         )
     if not targets:
         raise ValueError("attribution_targets is empty; leave it None for the most probable tokens")
-    kinds = {
-        "id" if isinstance(t, int) and not isinstance(t, bool) else "str" if isinstance(t, str) else "custom"
-        for t in targets
-    }
+    kinds = {"id" if _is_id(t) else "str" if isinstance(t, str) else "custom" for t in targets}
     if len(kinds) > 1:
         raise TypeError(
             f"attribution_targets mixes {' and '.join(sorted(kinds))} targets; give one kind: token ids, token"
@@ -305,7 +304,7 @@ def _check_targets(targets, model) -> _Targets | None:
                 " their weights, so nothing would count; give the targets positive weights (1.0 for one)"
             )
         return _Targets(custom=custom)
-    ids = [_token_id(t, model) for t in targets] if kinds == {"str"} else list(targets)
+    ids = [_token_id(t, model) for t in targets] if kinds == {"str"} else [operator.index(t) for t in targets]
     bad = [i for i in ids if not 0 <= i < d_vocab]
     if bad:
         raise ValueError(f"attribution target id {bad[0]} is outside this model's vocabulary (0..{d_vocab - 1})")
@@ -313,6 +312,17 @@ def _check_targets(targets, model) -> _Targets | None:
     if repeated:
         raise ValueError(f"attribution_targets names token {repeated[0]} more than once; each is one logit node")
     return _Targets(ids=tuple(ids))
+
+
+def _is_id(target) -> bool:
+    """An integer of any kind (int, a numpy integer, a 0-d integer tensor), not a bool."""
+    if isinstance(target, bool) or (isinstance(target, Tensor) and target.dtype == torch.bool):
+        return False
+    try:
+        operator.index(target)
+    except TypeError:
+        return False
+    return True
 
 
 def _token_id(text: str, model) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,7 +35,7 @@ def assert_same(batched: graphs.Graph, alone: graphs.Graph) -> None:
         dict(arch="llama", clt=True, settings={}),
         dict(arch="gpt2", clt=False, settings=dict(max_feature_nodes=7)),  # influence-ranked, per prompt
         dict(arch="llama", clt=False, settings=dict(edges_per_row=5)),
-        dict(arch="gpt2", clt=False, settings=dict(attribution_targets=[9, 2, 30])),  # every prompt's logit nodes
+        dict(arch="gpt2", clt=False, settings=dict(attribution_targets=[9, np.int64(2), torch.tensor(30)])),  # ints
         dict(arch="llama", clt=True, settings=dict(attribution_targets=[("up", 0.5, torch.linspace(-1, 1, 32))])),
     ],
     ids=["set", "clt", "max_feature_nodes", "edges_per_row", "token targets", "custom target"],
