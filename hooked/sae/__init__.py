@@ -39,6 +39,7 @@ _LAZY = {
     "evaluate": "hooked.sae.evaluation",
     # SAELens' model class: every hooked model splices dictionaries, so it is hooked's HookedTransformer
     "HookedSAETransformer": "hooked.models.base:HookedTransformer",
+    "SAE": "hooked.sae.formats",  # SAELens' loaders, SAE.from_pretrained and SAE.load_from_disk
 }
 
 _DICTIONARY = (
@@ -48,9 +49,6 @@ _DICTIONARY = (
 )
 # SAELens 6.54's names (sae_lens/__init__.py) that hooked.sae spells otherwise: what to write instead
 _SAELENS = {
-    "SAE": "hooked.sae.Dictionary: SAE.from_pretrained(release, sae_id) is hooked.sae.load(release, sae_id),"
-    " SAE.load_from_disk(path) is hooked.sae.load(path), and a SAELens SAE object converts with"
-    " hooked.sae.from_saelens(sae)",
     "SAEConfig": "hooked.sae.DictionaryConfig (sae.cfg of a loaded dictionary)",
     **{
         name: _DICTIONARY

@@ -247,6 +247,15 @@ def test_a_release_trained_on_centred_weights_says_so_and_is_refused_by_an_unpro
     by_id = hooked.sae.load("gpt2-small-res-jb", sae_id=hook)
     same_dictionary(by_id, d)
     same_dictionary(hooked.sae.load(release="gpt2-small-res-jb", sae_id=hook), d)  # SAELens' keywords
+    from hooked.sae import SAE  # SAELens' loaders under their names
+
+    same_dictionary(SAE.from_pretrained("gpt2-small-res-jb", hook), d)
+    same_dictionary(SAE.load_from_disk(tmp_path / "repo" / hook), hooked.sae.load(tmp_path / "repo" / hook))
+    folded = SAE.from_pretrained(release="gpt2-small-res-jb", sae_id=hook, fold_W_dec_norm=True)
+    torch.testing.assert_close(folded.W_dec.norm(dim=-1), torch.ones(folded.cfg.d_sae))
+    torch.testing.assert_close(folded(x), reference(x))
+    with pytest.raises(TypeError, match=r"hooked.sae.SAE only loads"):
+        SAE(d.cfg)
     torch.testing.assert_close(by_id(x), reference(x))
 
 

@@ -150,6 +150,41 @@ def load(
     return _load_clt(place, device=device, dtype=dtype)
 
 
+class SAE:
+    """SAELens 6.54's loaders under their own names, so SAELens code runs as written: `SAE.from_pretrained(release,
+    sae_id)` and `SAE.load_from_disk(path)` each return a `hooked.sae.Dictionary` (`load` does the work). There is
+    no SAE class to build or subclass here: a dictionary of any architecture is a `Dictionary`."""
+
+    def __new__(cls, *args, **kwargs):
+        raise TypeError(
+            "hooked.sae.SAE only loads: SAE.from_pretrained(release, sae_id) and SAE.load_from_disk(path) return a"
+            " hooked.sae.Dictionary; to build one, hooked.sae.Dictionary(hooked.sae.DictionaryConfig(...))"
+        )
+
+    @staticmethod
+    def from_pretrained(
+        release: str, sae_id: str, device: str = "cpu", dtype: str = "float32", fold_W_dec_norm: bool = False
+    ) -> Dictionary:
+        """SAELens' `SAE.from_pretrained`: `load(release, sae_id)` in float32 unless `dtype` says otherwise, as
+        SAELens; `fold_W_dec_norm=True` folds the decoder norms after loading (`Dictionary.fold_W_dec_norm`)."""
+        return _folded(load(release, sae_id, device=device, dtype=dtype), fold_W_dec_norm)
+
+    @staticmethod
+    def load_from_disk(
+        path: str | Path, device: str = "cpu", dtype: str | None = None, fold_W_dec_norm: bool = False
+    ) -> Dictionary:
+        """SAELens' `SAE.load_from_disk`: `load(path)`, in the file's dtype unless `dtype` says otherwise."""
+        return _folded(load(path, device=device, dtype=dtype), fold_W_dec_norm)
+
+
+def _folded(dictionary, fold: bool):
+    if fold:
+        if not isinstance(dictionary, Dictionary):
+            raise ValueError(f"fold_W_dec_norm=True folds one dictionary; this loaded {type(dictionary).__name__}")
+        dictionary.fold_W_dec_norm()
+    return dictionary
+
+
 def save(
     dictionary: Dictionary | CrossLayerTranscoder | Sequence[Dictionary], path: str | Path, format: str = "saelens"
 ) -> Path:
