@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+import torch
 from torch import Tensor
 
 from hooked.graphs import prune
@@ -100,6 +101,18 @@ class Graph:
     def logit_offset(self) -> int:
         """Index of the first logit node (the most probable)."""
         return self.token_offset + self.n_pos
+
+    # ------------------------------------------------------------------------- circuit-tracer's names
+    @property
+    def adjacency_matrix(self) -> Tensor:
+        """circuit-tracer 0.5.0's name for `adjacency` (the same tensor)."""
+        return self.adjacency
+
+    @property
+    def logit_token_ids(self) -> Tensor:
+        """[n_logits] int64: each logit node's vocabulary index, circuit-tracer 0.5.0's `logit_token_ids` (a custom
+        target's is vocab_size + its index)."""
+        return torch.tensor([target.vocab_idx for target in self.logit_targets], dtype=torch.long)
 
     # ------------------------------------------------------------------------- nodes by name
     def node(self, i: int) -> GraphNode:

@@ -233,6 +233,9 @@ def test_attribute_equals_circuit_tracer(built, references, tc, setting):
     assert close(graph.activation_values.cpu(), reference.activation_values).all()
     assert torch.equal(graph.selected_features.cpu(), reference.selected_features)
     assert [tuple(target) for target in graph.logit_targets] == reference.logit_targets
+    # circuit-tracer's names for two fields (its graph's logit_token_ids and adjacency_matrix are the reference's)
+    assert graph.logit_token_ids.tolist() == [vocab for _, vocab in reference.logit_targets]
+    assert graph.adjacency_matrix is graph.adjacency
     assert close(graph.logit_probabilities.cpu().float(), reference.logit_probabilities).all()
     adjacency = graph.adjacency.to_dense() if graph.adjacency.is_sparse else graph.adjacency
     adjacency = adjacency.cpu().float()
