@@ -5,6 +5,7 @@ config's hf:// files, and say what is wrong when the repository, the path or the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -55,7 +56,12 @@ def publish(cache: Path, repo_id: str, source: Path, revision: str = REVISION, r
 
 
 def same_dictionary(a, b) -> None:
-    assert a.cfg == b.cfg
+    """The same dictionary, but for the Neuronpedia id that loading by release and id adds to the metadata."""
+
+    def cfg(d):
+        return dataclasses.replace(d.cfg, metadata={k: v for k, v in d.cfg.metadata.items() if k != "neuronpedia_id"})
+
+    assert cfg(a) == cfg(b)
     for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert torch.equal(p, q), name
 
@@ -245,11 +251,15 @@ def test_a_release_trained_on_centred_weights_says_so_and_is_refused_by_an_unpro
         gpt2.run_with_saes(torch.tensor([[1, 2, 3]]), saes=[d])
     assert hooked.sae.load(tmp_path / "repo" / hook).cfg.processing is None  # the same files, read locally: unknown
     by_id = hooked.sae.load("gpt2-small-res-jb", sae_id=hook)
+    # by release and id, the registry's Neuronpedia id is recorded too, as SAELens' from_pretrained records it
+    assert by_id.cfg.metadata.neuronpedia_id == reference.cfg.metadata.neuronpedia_id is not None
     same_dictionary(by_id, d)
     same_dictionary(hooked.sae.load(release="gpt2-small-res-jb", sae_id=hook), d)  # SAELens' keywords
     from hooked.sae import SAE  # SAELens' loaders under their names
 
-    same_dictionary(SAE.from_pretrained("gpt2-small-res-jb", hook), d)
+    from_pretrained = SAE.from_pretrained("gpt2-small-res-jb", hook)
+    assert from_pretrained.cfg.metadata.neuronpedia_id == reference.cfg.metadata.neuronpedia_id
+    same_dictionary(from_pretrained, d)
     same_dictionary(SAE.load_from_disk(tmp_path / "repo" / hook), hooked.sae.load(tmp_path / "repo" / hook))
     folded = SAE.from_pretrained(release="gpt2-small-res-jb", sae_id=hook, fold_W_dec_norm=True)
     torch.testing.assert_close(folded.W_dec.norm(dim=-1), torch.ones(folded.cfg.d_sae))

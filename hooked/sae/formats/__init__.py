@@ -90,8 +90,26 @@ def load(
         path = release
     if path is None:
         raise TypeError("load() needs what to load: a path, a hub path, a bundled name, or a release and sae_id")
+    registry = {}
     if sae_id is not None:  # a SAELens release and one of its SAEs: its hub path (revision=, if given, of its repo)
-        path = hub.release_path(str(path), sae_id)
+        path, registry = hub.release_path(str(path), sae_id), hub.release_metadata(str(path), sae_id)
+    loaded = _read(
+        path,
+        hook_name=hook_name,
+        hook_name_out=hook_name_out,
+        device=device,
+        dtype=dtype,
+        model=model,
+        norm_scaling_factor=norm_scaling_factor,
+        revision=revision,
+    )
+    if registry and isinstance(loaded, Dictionary):  # what SAELens' from_pretrained records besides (neuronpedia_id)
+        loaded.cfg.metadata.update(registry)
+    return loaded
+
+
+def _read(path, *, hook_name, hook_name_out, device, dtype, model, norm_scaling_factor, revision):
+    """`load` of a local or hub path (a release already turned into its hub path)."""
     overrides, factor = ({}, None)
     if not _local(path):  # a hub path: what SAELens' registry adds to some releases' files (hub.RELEASE_FACTS)
         overrides, factor = hub.release_facts(str(path), revision)

@@ -250,6 +250,14 @@ def release_path(release: str, sae_id: str) -> str:
     return f"{SCHEME}{entry['repo_id']}" + (f"/{folder}" if folder else "")
 
 
+def release_metadata(release: str, sae_id: str) -> dict:
+    """What SAELens' `from_pretrained` adds to the metadata of SAE `sae_id` of `release` from its registry (SAELens
+    6.54 `loading/pretrained_saes_directory.py`, `get_config_overrides`): its Neuronpedia id, where it has one."""
+    entry = (_saelens_registry() or {}).get(release) or {}
+    neuronpedia = _saes_by_id(entry).get(str(sae_id), {}).get("neuronpedia")
+    return {"neuronpedia_id": neuronpedia} if neuronpedia is not None else {}
+
+
 def release_hint(name: str) -> str:
     """Where `name` starts with a SAELens release's name and SAELens is installed: the hub path of the release
     (and of the SAE `release/sae_id` asks for), from SAELens' registry; else nothing."""
