@@ -489,11 +489,6 @@ def check_graph_args(args: argparse.Namespace) -> None:
             raise _UsageError(f"--{name.replace('_', '-')} must be between 0 and 1, got {getattr(args, name)}")
     if not args.prompt:
         raise _UsageError("--prompt is empty; give the text whose next token the graph explains")
-    if args.target and (args.max_n_logits is not None or args.desired_logit_prob is not None):
-        raise _UsageError(
-            "--target names the logit nodes; --max-n-logits / --desired-logit-prob choose them when no --target is"
-            " given: use one or the other"
-        )
 
 
 def run_graph(args: argparse.Namespace):
@@ -509,8 +504,8 @@ def run_graph(args: argparse.Namespace):
         args.prompt,
         transcoders,
         attribution_targets=args.target,
-        max_n_logits=10 if args.max_n_logits is None else args.max_n_logits,
-        desired_logit_prob=0.95 if args.desired_logit_prob is None else args.desired_logit_prob,
+        max_n_logits=args.max_n_logits,
+        desired_logit_prob=args.desired_logit_prob,
         max_feature_nodes=args.max_feature_nodes,
         batch_size=args.batch_size,
         edges_per_row=args.edges_per_row,

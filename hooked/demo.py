@@ -405,7 +405,7 @@ def _graph_chapter(model, task, args, out: Path) -> dict | None:
     pruned = graph.prune(node_threshold=0.8, edge_threshold=0.98)
     replacement, completeness = graph.scores()
     graph.plot(out / "graph.png", tokenizer=model.tokenizer, title=f"{prompt!r} -> {answer!r}")
-    logit_ids = [target.vocab_idx for target in graph.logit_targets]
+    logit_ids = graph.logit_token_ids.tolist()
     if answer_id not in logit_ids:
         print(f"\n8. attribution graph: {answer!r} is not among the logit nodes of {prompt!r}; skipped")
         return None

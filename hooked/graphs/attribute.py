@@ -77,8 +77,8 @@ def attribute(
     transcoders: Sequence[Dictionary] | CrossLayerTranscoder,
     *,
     attribution_targets: Targets = None,
-    max_n_logits: int = 10,
-    desired_logit_prob: float = 0.95,
+    max_n_logits: int | None = None,
+    desired_logit_prob: float | None = None,
     max_feature_nodes: int | None = None,
     batch_size: int = 64,
     edges_per_row: int | None = None,
@@ -91,15 +91,16 @@ def attribute(
     and a special token (BOS, else pad, else EOS) is put first unless the ids already start with one.
     `transcoders`: one transcoder per layer (a list, layer l at index l: `hooked.sae.load` of a circuit-tracer set)
     or a `CrossLayerTranscoder`, for this model (checked before anything runs).
-    Logit nodes: the most probable next tokens, at most `max_n_logits`, until their probability reaches
-    `desired_logit_prob`; or `attribution_targets`, as circuit-tracer 0.5.0 takes them: token ids (a tensor or a
-    list of ints), token strings (each one token), or `CustomTarget(label, weight, vector)`s (or such tuples), a
-    direction in the residual stream of your choosing (a logit difference: `W_U[a] - W_U[b]`), whose weight stands
-    in for the probability in pruning and scores (`CustomTarget`); in the order given, the ids and strings with
-    their probabilities. `max_feature_nodes`: at most this many features get rows and columns (None: every active
-    one). `batch_size`: target rows per backward pass (the replacement model runs on this many copies of the
-    prompt). `edges_per_row`: keep only each row's k largest edges (a sparse adjacency; None: every edge, dense, as
-    circuit-tracer). `progress`: a tqdm bar over the feature rows (None: when writing to a terminal).
+    Logit nodes: the most probable next tokens, at most `max_n_logits` (default 10), until their probability
+    reaches `desired_logit_prob` (default 0.95); or, with neither given, `attribution_targets`, as circuit-tracer
+    0.5.0 takes them: token ids (a tensor or a list of ints), token strings (each one token), or
+    `CustomTarget(label, weight, vector)`s (or such tuples), a direction in the residual stream of your choosing
+    (a logit difference: `W_U[a] - W_U[b]`), whose weight stands in for the probability in pruning and scores
+    (`CustomTarget`); in the order given, the ids and strings with their probabilities. `max_feature_nodes`: at
+    most this many features get rows and columns (None: every active one). `batch_size`: target rows per backward
+    pass (the replacement model runs on this many copies of the prompt). `edges_per_row`: keep only each row's k
+    largest edges (a sparse adjacency; None: every edge, dense, as circuit-tracer). `progress`: a tqdm bar over the
+    feature rows (None: when writing to a terminal).
     """
     settings = _check_settings(
         max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row, attribution_targets, model
@@ -114,8 +115,8 @@ def attribute_batch(
     transcoders: Sequence[Dictionary] | CrossLayerTranscoder,
     *,
     attribution_targets: Targets = None,
-    max_n_logits: int = 10,
-    desired_logit_prob: float = 0.95,
+    max_n_logits: int | None = None,
+    desired_logit_prob: float | None = None,
     max_feature_nodes: int | None = None,
     batch_size: int = 64,
     edges_per_row: int | None = None,
@@ -239,9 +240,18 @@ def prompt_tokens(model: HookedTransformer, prompt) -> Tensor:
 def _check_settings(
     max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row, attribution_targets, model
 ):
-    if not isinstance(max_n_logits, int) or max_n_logits < 1:
+    targets = _check_targets(attribution_targets, model)
+    if targets is not None and (max_n_logits is not None or desired_logit_prob is not None):
+        raise ValueError(
+            f"max_n_logits={max_n_logits} / desired_logit_prob={desired_logit_prob} choose the logit nodes when"
+            " attribution_targets is None; attribution_targets names them, so these would be ignored: leave them out"
+        )
+    if targets is None:  # the most probable tokens
+        max_n_logits = 10 if max_n_logits is None else max_n_logits
+        desired_logit_prob = 0.95 if desired_logit_prob is None else desired_logit_prob
+    if targets is None and (not isinstance(max_n_logits, int) or max_n_logits < 1):
         raise ValueError(f"max_n_logits must be a positive integer (the most logit nodes), not {max_n_logits!r}")
-    if not 0 < desired_logit_prob <= 1:
+    if targets is None and not 0 < desired_logit_prob <= 1:
         raise ValueError(
             f"desired_logit_prob must be in (0, 1] (the probability the logit nodes should cover), not"
             f" {desired_logit_prob!r}"
@@ -252,12 +262,6 @@ def _check_settings(
         raise ValueError(f"batch_size must be a positive integer (rows per backward pass), not {batch_size!r}")
     if edges_per_row is not None and (not isinstance(edges_per_row, int) or edges_per_row < 1):
         raise ValueError(f"edges_per_row must be None (keep every edge) or a positive integer, not {edges_per_row!r}")
-    targets = _check_targets(attribution_targets, model)
-    if targets is not None and (max_n_logits, desired_logit_prob) != (10, 0.95):
-        raise ValueError(
-            f"max_n_logits={max_n_logits} / desired_logit_prob={desired_logit_prob} choose the logit nodes when"
-            " attribution_targets is None; attribution_targets names them, so these would be ignored: leave them out"
-        )
     return max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row, targets
 
 
@@ -297,13 +301,7 @@ def _check_targets(targets, model) -> _Targets | None:
             " strings, or custom targets (a token's own direction is model.unembed_weight[id] - its mean row)"
         )
     if kinds == {"custom"}:
-        custom = tuple(_custom(t, i, d_model) for i, t in enumerate(targets))
-        if sum(t.prob for t in custom) == 0:
-            raise ValueError(
-                "every attribution target has weight 0: pruning, scores and max_feature_nodes weigh the logit nodes by"
-                " their weights, so nothing would count; give the targets positive weights (1.0 for one)"
-            )
-        return _Targets(custom=custom)
+        return _Targets(custom=tuple(_custom(t, i, d_model) for i, t in enumerate(targets)))
     ids = [_token_id(t, model) for t in targets] if kinds == {"str"} else [operator.index(t) for t in targets]
     bad = [i for i in ids if not 0 <= i < d_vocab]
     if bad:
@@ -458,8 +456,8 @@ def _nodes(
     model: HookedTransformer,
     tc: Transcoders,
     tokens: Tensor,
-    max_n_logits: int,
-    desired: float,
+    max_n_logits: int | None,
+    desired: float | None,
     targets: _Targets | None = None,
 ) -> _Nodes:
     names = [*tc.hook_in, *tc.hook_out, "hook_embed"]
@@ -505,20 +503,19 @@ def _nodes(
         ids = torch.tensor(targets.ids, device=probabilities.device)
     if targets is None or targets.ids:
         weights, vectors = probabilities[ids], _centred_unembedding(model, ids)
-        if targets is not None and float(weights.sum()) == 0:
-            raise ValueError(
-                f"the tokens asked for ({', '.join(str(i) for i in targets.ids)}) have probability 0 here (below"
-                f" {probabilities.dtype}'s smallest), and pruning, scores and max_feature_nodes weigh the logit nodes"
-                " by it, so nothing would count: ask for one with a probability, or give CustomTarget(label, 1.0,"
-                " W_U[id] - W_U.mean(0)) with W_U = model.unembed_weight, the same row with a weight of your own"
-            )
     else:
         n, vocab = len(targets.custom), probabilities.shape[0]
         ids = torch.arange(vocab, vocab + n, device=probabilities.device)
         weights = torch.tensor([t.prob for t in targets.custom], device=probabilities.device)
-        w_u = model.unembed_weight
-        vectors = torch.stack([t.vec.to(w_u.device, w_u.dtype) for t in targets.custom])
+        vectors = torch.stack([t.vec.to(probabilities.device, model.dtype) for t in targets.custom])
         labels = [t.token_str for t in targets.custom]
+    if float(weights.sum()) == 0:  # the targets asked for: a probability under the dtype's smallest, or weights of 0
+        raise ValueError(
+            f"the logit nodes asked for weigh 0 in all (their {'weights' if labels else 'probabilities here'}), and"
+            " pruning, scores and max_feature_nodes weigh the logit nodes by them, so nothing would count: give"
+            " custom targets positive weights, or for a token of probability 0, CustomTarget(label, 1.0, W_U[id] -"
+            " W_U.mean(0)) with W_U = model.unembed_weight, its own row with a weight of your own"
+        )
     return _Nodes(
         tc=tc,
         active=torch.cat(active).cpu(),

@@ -179,7 +179,7 @@ BAD_TARGETS = [
     ([("diff", 1.0, torch.ones(31))], ValueError, r"vector is a tensor of shape \(31,\), not a float tensor"),
     ([("diff", 1.0, torch.ones(32, dtype=torch.long))], ValueError, r"not a float tensor \[d_model=32\]"),
     ([("diff", 1.0, VECTOR * float("inf"))], ValueError, r"vector has non-finite entries"),
-    ([("a", 0.0, VECTOR), ("b", 0, VECTOR)], ValueError, r"every attribution target has weight 0: .* positive weights"),
+    ([("a", 0.0, VECTOR), ("b", 0, VECTOR)], ValueError, r"logit nodes asked for weigh 0 in all \(their weights\)"),
 ]
 
 
@@ -206,7 +206,7 @@ def test_attribution_targets_of_probability_zero(model, monkeypatch):
     refused(
         model,
         ValueError,
-        r"the tokens asked for \(1, 2\) have probability 0 here .* CustomTarget\(label, 1.0,",
+        r"weigh 0 in all \(their probabilities here\).* CustomTarget\(label, 1.0, W_U\[id\]",
         lambda: graphs.attribute(model, TOKENS, transcoders(model), attribution_targets=[1, 2]),
     )
 

@@ -66,7 +66,7 @@ def test_graph_targets_name_the_logit_nodes(tmp_path, capsys):
         (["--prompt", ""], "--prompt is empty"),
         (["--transcoders", "hooked/ioi-gpt2/saes/nothing-here"], "nothing-here"),
         (["--max-n-logits", "0"], "max_n_logits must be a positive integer"),
-        (["--target", " Mary", "--max-n-logits", "3"], "--target names the logit nodes; --max-n-logits"),
+        (["--target", " Mary", "--max-n-logits", "3"], "attribution_targets names them, so these would be ignored"),
         (["--target", "Mary and John"], "attribution target 'Mary and John' is 3 tokens"),
     ],
 )

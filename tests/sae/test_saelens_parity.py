@@ -295,7 +295,7 @@ def test_fold_W_dec_norm_as_saelens_folds_it(gpt2, kind):
 
     if kind == "topk":
         ranking = random_sae(TopKSAE, TopKSAEConfig, 5, "blocks.0.hook_resid_post", d_in=d_model, d_sae=24, k=5)
-        with pytest.raises(NotImplementedError):
+        with pytest.raises(NotImplementedError):  # SAELens' own refusal of this case, which hooked's mirrors
             ranking.fold_W_dec_norm()
         with pytest.raises(ValueError, match=r"safe only with rescale_acts_by_decoder_norm=True"):
             hooked.sae.from_saelens(ranking).fold_W_dec_norm()

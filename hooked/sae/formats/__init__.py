@@ -92,7 +92,7 @@ def load(
         raise TypeError("load() needs what to load: a path, a hub path, a bundled name, or a release and sae_id")
     registry = {}
     if sae_id is not None:  # a SAELens release and one of its SAEs: its hub path (revision=, if given, of its repo)
-        path, registry = hub.release_path(str(path), sae_id), hub.release_metadata(str(path), sae_id)
+        path, registry = hub.release_path(str(path), sae_id)
     loaded = _read(
         path,
         hook_name=hook_name,

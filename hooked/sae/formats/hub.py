@@ -219,10 +219,12 @@ def release_facts(name: str, revision: str | None = None) -> tuple[dict, float |
 
 
 # ----------------------------------------------------------------------------- SAELens release names
-def release_path(release: str, sae_id: str) -> str:
+def release_path(release: str, sae_id: str) -> tuple[str, dict]:
     """The hub path of SAE `sae_id` of SAELens release `release` (`hooked.sae.load(release, sae_id)`, SAELens'
-    `SAE.from_pretrained(release, sae_id)`), read from an installed SAELens' registry; a clear error where there is
-    none, or it does not list the release or the SAE."""
+    `SAE.from_pretrained(release, sae_id)`), read from an installed SAELens' registry, and what SAELens'
+    `from_pretrained` adds to its metadata from there (its Neuronpedia id, where it has one: SAELens 6.54
+    `loading/pretrained_saes_directory.py`, `get_config_overrides`); a clear error where there is no registry, or
+    it does not list the release or the SAE."""
     registry = _saelens_registry()
     if registry is None:
         raise ValueError(
@@ -247,15 +249,8 @@ def release_path(release: str, sae_id: str) -> str:
             f" {', '.join(repr(c) for c in close or list(by_id)[:3])}"
         )
     folder = str(chosen.get("path") or "").strip("/")
-    return f"{SCHEME}{entry['repo_id']}" + (f"/{folder}" if folder else "")
-
-
-def release_metadata(release: str, sae_id: str) -> dict:
-    """What SAELens' `from_pretrained` adds to the metadata of SAE `sae_id` of `release` from its registry (SAELens
-    6.54 `loading/pretrained_saes_directory.py`, `get_config_overrides`): its Neuronpedia id, where it has one."""
-    entry = (_saelens_registry() or {}).get(release) or {}
-    neuronpedia = _saes_by_id(entry).get(str(sae_id), {}).get("neuronpedia")
-    return {"neuronpedia_id": neuronpedia} if neuronpedia is not None else {}
+    metadata = {"neuronpedia_id": chosen["neuronpedia"]} if chosen.get("neuronpedia") is not None else {}
+    return f"{SCHEME}{entry['repo_id']}" + (f"/{folder}" if folder else ""), metadata
 
 
 def release_hint(name: str) -> str:
