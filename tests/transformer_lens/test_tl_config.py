@@ -30,7 +30,8 @@ def _tl_model(**fields):
         ).eval()
 
 
-def test_gpt2_config_is_transformer_lens_function(gpt2_dir):
+@pytest.mark.parametrize("act_fn", ["gelu_new", "relu"])  # relu: TransformerLens' toy configs' (a GPT-2 MLP with ReLU)
+def test_gpt2_config_is_transformer_lens_function(gpt2_dir, act_fn):
     loaded = hooked.load(gpt2_dir)
     fields = dict(
         n_layers=2,
@@ -38,7 +39,7 @@ def test_gpt2_config_is_transformer_lens_function(gpt2_dir):
         d_head=16,
         n_ctx=64,
         d_vocab=loaded.cfg.d_vocab,
-        act_fn="gelu_new",
+        act_fn=act_fn,
         normalization_type="LN",
         eps=loaded.cfg.eps,
     )
@@ -146,7 +147,7 @@ def test_random_init_is_transformer_lens_gpt2_init():
             ),
             "attn_only=True (Qwen3 blocks have an MLP",
         ),
-        (dict(act_fn="relu"), "act_fn='relu'"),
+        (dict(act_fn="solu_ln"), "act_fn='solu_ln'"),
         (dict(positional_embedding_type="shortformer"), "no hooked family has"),
         (
             dict(normalization_type="RMS", positional_embedding_type="rotary", act_fn="silu", gated_mlp=True),

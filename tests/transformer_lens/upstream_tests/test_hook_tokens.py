@@ -1,10 +1,9 @@
 """TransformerLens tests/acceptance/test_hook_tokens.py, ported.
 
 Changes to the upstream file:
-- model: the toy `HookedTransformerConfig(..., act_fn="relu", tokenizer_name="gpt2", use_hook_tokens=True)` ->
-  the same config from `hooked` with `act_fn="gelu_new"` (hooked builds a config as one of its families,
-  GPT-2 here, which has no ReLU variant) and, instead of `tokenizer_name="gpt2"` (a download), `d_vocab` of
-  the suite checkpoint's tokenizer, given to the model with `set_tokenizer` (conftest.py).
+- model: instead of `tokenizer_name="gpt2"` (a download), `d_vocab` of the suite checkpoint's tokenizer, given to
+  the model with `set_tokenizer` (conftest.py). The config is upstream's otherwise (`act_fn="relu"`: a GPT-2 MLP
+  with ReLU, as transformers' GPT2Config(activation_function="relu")).
 No other change; no differences.
 """
 
@@ -30,7 +29,7 @@ def test_patch_tokens():
         d_head=5,
         n_heads=2,
         n_ctx=20,
-        act_fn="gelu_new",
+        act_fn="relu",
         d_vocab=len(tokenizer),
         use_hook_tokens=True,
     )
