@@ -44,13 +44,17 @@ def bundled_models() -> dict[str, Path]:
     return {name: BUNDLED_DIR / name.removeprefix(BUNDLED_PREFIX) for name in BUNDLED_MODELS}
 
 
-def resolve(name_or_path: str | Path, config_only: bool = False) -> Path:
+_TOKENIZER_PATTERNS = ["config.json", *(name for name in _HUB_PATTERNS if "safetensors" not in name)]
+
+
+def resolve(name_or_path: str | Path, config_only: bool = False, tokenizer_only: bool = False) -> Path:
     """A bundled model's directory, a local checkpoint directory, or the hub snapshot of `name_or_path`
     (honours HF_HUB_OFFLINE), in that order; a TransformerLens name (`"gpt2-small"`) fetches the hub id it
     stands for (`hub_name_for`). A `hooked/...` name that is neither bundled nor a local directory raises,
     listing the bundled names; an unknown name's error suggests the closest TransformerLens names.
 
-    `config_only` fetches config.json alone (`hooked hooks` needs nothing else).
+    `config_only` fetches config.json alone (`hooked hooks` needs nothing else); `tokenizer_only` the tokenizer's
+    files and config.json, no weights (TransformerLens' `tokenizer_name`).
     """
     bundled = bundled_models()
     if str(name_or_path) in bundled:
@@ -84,7 +88,8 @@ def resolve(name_or_path: str | Path, config_only: bool = False) -> Path:
         f" (TransformerLens' name for hub id {hub_name!r})" if hub_name != str(name_or_path) else ""
     )
     try:
-        return Path(snapshot_download(hub_name, allow_patterns=["config.json"] if config_only else _HUB_PATTERNS))
+        patterns = ["config.json"] if config_only else _TOKENIZER_PATTERNS if tokenizer_only else _HUB_PATTERNS
+        return Path(snapshot_download(hub_name, allow_patterns=patterns))
     except HFValidationError as error:
         raise CheckpointError(
             f"{named} is neither a local directory nor a valid hub id: {error}{_did_you_mean(name_or_path)}"

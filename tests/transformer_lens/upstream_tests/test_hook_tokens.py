@@ -1,9 +1,8 @@
 """TransformerLens tests/acceptance/test_hook_tokens.py, ported.
 
 Changes to the upstream file:
-- model: instead of `tokenizer_name="gpt2"` (a download), `d_vocab` of the suite checkpoint's tokenizer, given to
-  the model with `set_tokenizer` (conftest.py). The config is upstream's otherwise (`act_fn="relu"`: a GPT-2 MLP
-  with ReLU, as transformers' GPT2Config(activation_function="relu")).
+- `tokenizer_name="gpt2"` (a download) -> the suite checkpoint's directory (conftest.py), which holds a GPT-2
+  tokenizer; as upstream, `d_vocab` is inferred from it.
 No other change; no differences.
 """
 
@@ -11,7 +10,6 @@ import functools
 
 import torch as t
 from jaxtyping import Int
-from transformers import AutoTokenizer
 
 from hooked import HookedTransformer, HookedTransformerConfig, HookPoint
 from tests.transformer_lens.upstream_tests.conftest import checkpoint
@@ -21,7 +19,6 @@ DIFFERENCES: list[str] = []
 
 def test_patch_tokens():
     # Define small transformer
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint(1))
     cfg = HookedTransformerConfig(
         n_layers=1,
         d_mlp=10,
@@ -30,11 +27,10 @@ def test_patch_tokens():
         n_heads=2,
         n_ctx=20,
         act_fn="relu",
-        d_vocab=len(tokenizer),
+        tokenizer_name=str(checkpoint(1)),
         use_hook_tokens=True,
     )
     model = HookedTransformer(cfg=cfg)
-    model.set_tokenizer(tokenizer)
 
     # Define short prompt, and a token to replace the first token with (note this is index 1, because BOS)
     prompt = "Hello World!"
