@@ -451,8 +451,8 @@ def loss(model, tokens, attention_mask: Tensor | None = None) -> Loss:
         attention_mask = text_mask if attention_mask is None else attention_mask
     elif not isinstance(tokens, Tensor):
         raise TypeError(f"loss takes text or token ids [batch pos], not {type(tokens).__name__}")
-    if attention_mask is None and model is not None and model.tokenizer is not None:
-        attention_mask = model.tokenizer.mask_for(tokens, model.default_prepend_bos)
+    if attention_mask is None and model is not None:  # read from the ids as every entry point reads them
+        attention_mask = model.padding_mask(tokens)
     if model is not None and tokens.numel() and int(tokens.max()) >= model.cfg.d_vocab:
         raise ValueError(
             f"token id {int(tokens.max())} is out of range for the model's vocabulary of {model.cfg.d_vocab}"

@@ -7,7 +7,7 @@
 What happens, in order (the names are this file's):
 
 1. **Tokens** (`token_rows`): a token tensor ([n pos] rows used as they are, padding left out where an
-   `attention_mask` says so, or a [n] stream), a list of texts, a
+   `attention_mask` says so or, without one, as the model reads padding from ids; or a [n] stream), a list of texts, a
    local .txt (a text per line) or .jsonl ({"text": ...} per line) file, or any iterable of texts or {"text": ...}
    records. Texts are tokenized with the model's tokenizer, joined with a separator (BOS, else EOS) and cut into
    rows of `context_size`, each starting with BOS when the model prepends one (SAELens'
@@ -172,7 +172,10 @@ def train(
     (an entry's own `seed` only the latter). `device`, `dtype`: the dictionaries' (default: the model's device).
     `attention_mask` [n pos] goes with token rows [n pos] of prompts of different lengths (`tokens, mask =
     model.tokens_and_mask(texts, None, None)`): the forward runs with it, as at inference, and the padding's
-    activations are left out of training (`n_tokens` counts real tokens).
+    activations are left out of training (`n_tokens` counts real tokens). Without it, padding is read from the
+    rows as the model's forward reads it (`model.padding_mask`), or the rows are refused where the ids cannot say
+    which are pads; rows that hold the pad id as a real token (GPT-2's `<|endoftext|>` between documents) take
+    `attention_mask=torch.ones_like(rows)`, or go in as a stream, `rows.reshape(-1)`.
     `checkpoint_dir` gets the final dictionaries (`final_<tokens>/`) and, every `checkpoint_every` tokens, one
     `<tokens>/` each, in SAELens' format (cfg.json + sae_weights.safetensors; a subfolder per dictionary when there
     are several). The config records the model's weight processing and where the dictionary reads.
@@ -513,6 +516,8 @@ def _tensor_rows(model, data: Tensor, context_size, prepend_bos, bos, eos, limit
             )
         if limit is not None and data.shape[1] > limit:
             raise ValueError(f"the token rows are {data.shape[1]} long, but this model has only {limit} positions")
+        if mask is None:  # padding read from the ids as every entry point reads it, or refused (docs/hooks.md)
+            mask = model.padding_mask(data, None, prepend_bos)
         if mask is not None:
             if not isinstance(mask, Tensor) or mask.shape != data.shape:
                 shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
