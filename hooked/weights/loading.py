@@ -117,7 +117,8 @@ def check_device(device: torch.device | str) -> None:
 
 
 def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    # float64 too: a reference to check float32 or a kernel against (`model.to(torch.float64)` computes the same)
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
     if isinstance(dtype, str):
         if dtype.removeprefix("torch.") not in names:
             raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(names)}")
