@@ -78,7 +78,8 @@ class Transcoders:
                     )
         for module in self.modules:
             _check_dtype_device(model, module)
-            _check_processing(model, module)
+        for module, reads, writes in self._named():
+            _check_processing(model, module, [reads, writes])
 
     def _named(self):
         """(module, point read, point written) per layer."""
