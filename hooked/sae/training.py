@@ -613,6 +613,7 @@ class ActivationStream:
         )
         if getattr(model, "tensor_parallel", False):
             self.stop_at_layer = None
+        self.rows_read = 0  # the token rows run so far, to name a NaN's row
 
     def batches(self, repeat: bool) -> Iterator[dict[str, Tensor]]:
         rows_per_forward = max(1, math.ceil(self.batch_tokens / self.rows.context_size))
@@ -655,7 +656,27 @@ class ActivationStream:
 
         with torch.no_grad(), self.model.hooks(fwd_hooks=[(self.points, keep)]):
             self.model(tokens, attention_mask=mask, return_type=None, stop_at_layer=self.stop_at_layer)
+        for name, buffer in buffers.items():
+            _check_finite(buffer[at : at + n], mask, name, self.rows_read)
+        self.rows_read += tokens.shape[0]
         return n
+
+
+def _check_finite(kept: Tensor, mask: Tensor, name: str, first_row: int) -> None:
+    """Refuse NaN or infinite activations where they enter, before any step reads them: a dictionary trained on them
+    would end with NaN weights, and its L0 would still look plausible. Names the point and the rows and positions."""
+    bad = ~torch.isfinite(kept).all(-1)
+    if not bool(bad.any()):
+        return
+    where = mask.nonzero()[bad.nonzero().flatten()].tolist()  # [row, position] in this forward's rows
+    listed = ", ".join(f"row {first_row + row} position {position}" for row, position in where[:5])
+    more = f" and {len(where) - 5} more" if len(where) > 5 else ""
+    raise ValueError(
+        f"the activations at {name} are NaN or infinite at {len(where)} real position{'s' if len(where) > 1 else ''}"
+        f" ({listed}{more}; rows as training cuts the data, counted from 0): a dictionary trained on them would get"
+        " NaN weights. Nothing was trained on them. Look for NaN in the model's weights, or for a value overflowing"
+        " the model's dtype, on those tokens (model.run_with_cache on them shows where it starts)"
+    )
 
 
 def _rows(batch: dict[str, Tensor]) -> int:
