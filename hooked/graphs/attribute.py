@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from hooked.graphs.graph import Graph, LogitTarget
+from hooked.graphs.graph import Graph, LogitTarget, default_scan
 from hooked.graphs.transcoders import Transcoders
 from hooked.interventions.row_blocks import registered_hooks
 from hooked.sae.clt import CrossLayerTranscoder
@@ -871,6 +871,7 @@ def _graph(model: HookedTransformer, tc: Transcoders, tokens: Tensor, nodes: _No
         feature_input_hook=tc.templates[0],
         feature_output_hook=tc.templates[1],
         model_info=info,
+        scan=tc.scan or default_scan(info),  # circuit-tracer's create_graph_files refuses a graph without one
     )
 
 

@@ -25,6 +25,8 @@ output, and the other two are refused with the fix named.
 from __future__ import annotations
 
 import contextlib
+import re
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -33,9 +35,11 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from hooked.hooks import HookPoint, _HookContext
+from hooked.models import MODEL_CLASSES
 from hooked.processing import changes_activations
 from hooked.sae.clt import CLTForward, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary
+from hooked.weights.sources import is_local_directory, same_model_name
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -76,6 +80,7 @@ class _Splice:
         _check_width(model, dictionary, self.write, dictionary.cfg.d_out, "d_out", "writes", heads)
         _check_dtype_device(model, dictionary)
         _check_processing(model, dictionary, [self.read, self.write])
+        _check_model_name(model, dictionary)
         _check_not_spliced(dictionary, _named(dictionary))
         self.stash: dict[int, Tensor] = {}
 
@@ -145,6 +150,7 @@ class _CrossLayerSplice:
             _check_width(model, clt, write, clt.cfg.d_out, "d_out", "writes")
         _check_dtype_device(model, clt)
         _check_processing(model, clt, self.reads + self.writes)
+        _check_model_name(model, clt)
         for layer in range(clt.cfg.n_layers):
             _check_not_spliced(clt, _named_layer(clt, layer), home=f"layers.{layer}.")
         self.state = CLTForward()
@@ -298,6 +304,43 @@ def _check_processing(model: HookedTransformer, dictionary: Spliceable, points: 
             f" there are not the ones the dictionary was trained on. Load the model so (hooked.load(name, {want})) or"
             " reload it unprocessed"
         )
+
+
+def _check_model_name(model: HookedTransformer, dictionary: Spliceable) -> None:
+    """Refuse a dictionary whose metadata names another model than this one: with the same widths it splices and
+    runs, reading activations it was not trained on (ioi-gpt2's transcoders on ioi-qwen3moe explain none of the
+    variance). A model loaded from a local directory is named by the folder, which need not be the model's name:
+    there a disagreement is a warning. `dictionary.allow_other_model = True` splices it anyway."""
+    recorded = dictionary.cfg.metadata.get("model_name")
+    name = getattr(model, "name_or_path", None)
+    if getattr(dictionary, "allow_other_model", False) or name is None or not isinstance(recorded, str):
+        return
+    if not recorded or recorded in _IN_MEMORY_NAMES or same_model_name(recorded, name):
+        return
+    local = is_local_directory(name)
+    if not all(map(_names_a_model, [recorded] + ([] if local else [str(name)]))):  # built in memory: random_model(...)
+        return
+    message = (
+        f"{dictionary!r} was trained on {recorded!r} (cfg.metadata.model_name), and this model is {name!r}: with the"
+        " same widths it would splice and run, reading activations it was not trained on. Splice the dictionary made"
+        " for this model; to splice this one anyway (to measure how it transfers), set"
+        " dictionary.allow_other_model = True"
+    )
+    if local:
+        warnings.warn(
+            message + " (this model was loaded from a directory, whose name may not be the model's)", stacklevel=4
+        )
+        return
+    raise ValueError(message)
+
+
+def _names_a_model(name: str) -> bool:
+    """Whether `name` can name a hub model or a bundled one (`owner/name`, `name`), not a model built in memory."""
+    return re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) is not None
+
+
+# what training records as model_name for a model built in memory (no name_or_path): its class, which names no model
+_IN_MEMORY_NAMES = frozenset(cls.__name__ for cls in MODEL_CLASSES)
 
 
 # ----------------------------------------------------------------------------- the public API

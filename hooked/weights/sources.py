@@ -114,6 +114,25 @@ def hub_name_for(name_or_path: str | Path) -> str:
     return aliases.hub_id(str(name_or_path)) or str(name_or_path)
 
 
+def same_model_name(recorded: str, name_or_path: str | Path) -> bool:
+    """Whether a model name a file records (a SAELens or circuit-tracer config's `model_name`) names the model loaded
+    from `name_or_path`: the same hub id once TransformerLens' names are resolved (`"gpt2-small"` is `"gpt2"`), case
+    aside; or, where one of the two names no owner (`"gpt2"`; a local directory counts by its last folder), the same
+    name after the other's owner (`"openai-community/gpt2"`)."""
+    a = hub_name_for(str(recorded)).rstrip("/").lower()
+    path = Path(name_or_path).expanduser()
+    local = str(name_or_path) not in bundled_models() and path.is_dir()
+    b = path.resolve().name.lower() if local else hub_name_for(str(name_or_path)).rstrip("/").lower()
+    if a == b:
+        return True
+    return ("/" not in a or "/" not in b) and a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+
+
+def is_local_directory(name_or_path: str | Path) -> bool:
+    """Whether `resolve` reads `name_or_path` as a local directory (not a bundled model)."""
+    return str(name_or_path) not in bundled_models() and Path(name_or_path).expanduser().is_dir()
+
+
 def from_the_hub(name_or_path: str | Path) -> bool:
     """Whether `resolve` takes `name_or_path` from the hub: it is neither a bundled model nor a local directory."""
     return str(name_or_path) not in bundled_models() and not Path(name_or_path).expanduser().is_dir()

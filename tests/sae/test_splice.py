@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import hooked
+import hooked.sae
 from hooked import ablate, processing
 from hooked.testing import ARCHITECTURES, random_model
 from tests.sae.dictionaries import explicit_acts, random_dictionary, replacing, spliced_names
@@ -335,3 +337,30 @@ def test_sparse_features_equal_the_dense_cache_in_less_memory(model):
     )
     _, alone = model.run_with_cache_with_saes(tokens, saes=[sae], names_filter=[features])
     assert torch.equal(one[features].to_dense(), alone[features][:, -1:])
+
+
+def test_a_dictionary_named_for_another_model_is_refused_unless_allowed(gpt2_dir):
+    """ioi-gpt2's transcoders have ioi-qwen3moe's widths, so nothing else stops them: their metadata's model_name
+    does, naming both models and the override; the same files splice into their own model, and into a model loaded
+    from a directory (whose folder name says little) with a warning."""
+    gpt2, moe = hooked.load("hooked/ioi-gpt2"), hooked.load("hooked/ioi-qwen3moe")
+    transcoder = hooked.sae.load("hooked/ioi-gpt2/saes/transcoders/layer_0")
+    assert transcoder.cfg.metadata.model_name == "hooked/ioi-gpt2"
+    tokens = gpt2.to_tokens(["When Mary and John went to the store, John gave a drink to"])
+    with pytest.raises(ValueError, match=r"trained on 'hooked/ioi-gpt2'.*this model is 'hooked/ioi-qwen3moe'.*"
+                       r"allow_other_model = True"):  # fmt: skip
+        moe.run_with_saes(tokens, saes=[transcoder])
+    with pytest.raises(ValueError, match="allow_other_model"):
+        hooked.sae.evaluate(moe, transcoder, tokens)
+    nothing_attached(moe, transcoder)
+    gpt2.run_with_saes(tokens, saes=[transcoder])  # its own model
+    transcoder.allow_other_model = True
+    moe.run_with_saes(tokens, saes=[transcoder])  # told to: taken
+    transcoder.allow_other_model = False
+    local = hooked.load(gpt2_dir)
+    sae = random_dictionary(local.cfg.d_model, "blocks.0.hook_resid_post", metadata={"model_name": "hooked/ioi-gpt2"})
+    with pytest.warns(UserWarning, match="loaded from a directory"):
+        local.run_with_saes(tokens_of(local), saes=[sae])
+    named = random_model("gpt2", seed=1, n_layers=1)  # built in memory: its name is no model's
+    other = random_dictionary(named.cfg.d_model, "blocks.0.hook_resid_post", metadata={"model_name": "someone/else"})
+    named.run_with_saes(tokens_of(named), saes=[other])
