@@ -108,6 +108,12 @@ def evaluate(
             raise TypeError(f"evaluate takes hooked.sae dictionaries (hooked.sae.load(...)), not {type(d).__name__}")
         with model.saes([d]):  # every splice check (hook names, widths, dtype, processing), before any forward
             pass
+        broken = [name for name, parameter in d.named_parameters() if not bool(torch.isfinite(parameter).all())]
+        if broken:  # a topk's L0 would still read k, beside NaN FVU and cross-entropy
+            raise ValueError(
+                f"{d!r} has NaN or infinite weights ({', '.join(broken)}): every figure but a TopK's L0 would be NaN."
+                " Was it trained on NaN activations? hooked.sae.train refuses them where they enter"
+            )
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size= is a positive int, not {batch_size!r}")
     ignored = _ignored_ids(model, exclude_special_tokens)  # before any forward

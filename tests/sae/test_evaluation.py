@@ -168,11 +168,20 @@ def test_a_trained_dictionary_recovers_most_of_the_loss(model):
         ([], TypeError, "non-empty"),
         (DictionaryConfig(d_in=128, d_sae=8, hook_name="blocks.9.hook_resid_post"), KeyError, "not a hook point"),
         (DictionaryConfig(d_in=64, d_sae=8, hook_name=RESID), ValueError, "d_in is 64"),
+        (
+            (DictionaryConfig(d_in=128, d_sae=16, hook_name=RESID, architecture="topk", k=4),),
+            ValueError,
+            r"NaN or infinite weights \(W_dec\)",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_anything_runs(model, prompts, bad, error, match):
     if isinstance(bad, DictionaryConfig):
         bad = Dictionary(bad)
+    if isinstance(bad, tuple):  # a TopK SAE with a NaN in its decoder: its L0 alone would look plausible
+        bad = random_dictionary(bad[0], 0)
+        with torch.no_grad():
+            bad.W_dec[3, 5] = float("nan")
     with pytest.raises(error, match=match):
         hooked.sae.evaluate(model, bad, prompts)
     assert not any(point._fwd for point in model.hook_dict.values())
