@@ -25,7 +25,7 @@ from hooked.layers import AttentionMask, position_ids_for
 from hooked.models.building import BuildingMethods, BuildsFromConfig
 from hooked.models.tokens import TokenMethods
 from hooked.models.weight_views import WeightStacks
-from hooked.processing import unprocessed
+from hooked.processing import changes_activations, unprocessed
 from hooked.rows import Rows, running_rows
 from hooked.tokenizer import HookedTokenizer
 
@@ -535,6 +535,19 @@ class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootM
         if key_valid is not None and not bool(key_valid.any(-1).all()):
             raise ValueError("attention_mask has a row with no real token; remove that row")
         return tokens, key_valid
+
+    def processing_changes(self, flag: str, point: str) -> bool:
+        """Whether TransformerLens' weight-processing flag `flag` changes the activation at hook point `point`
+        (hooked.processing.CHANGED_POINTS): fold_ln changes `mlp.hook_in` alone. A dictionary trained with other
+        processing than this model's is refused only where it reads or writes such a point."""
+        return changes_activations(flag, point)
+
+    def name_agreement(self, recorded: str) -> str:
+        """Whether this model is the one a file's `model_name` records: "same", "other", "other directory" (loaded
+        from a directory, whose name need not be the model's) or "unknown" (hooked.weights.sources.name_agreement)."""
+        from hooked.weights.sources import name_agreement  # the weights' loader imports the models
+
+        return name_agreement(self.name_or_path, recorded)
 
     def padding_mask(
         self,

@@ -25,7 +25,6 @@ output, and the other two are refused with the fix named.
 from __future__ import annotations
 
 import contextlib
-import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,11 +34,8 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from hooked.hooks import HookPoint, _HookContext
-from hooked.models import MODEL_CLASSES
-from hooked.processing import changes_activations
 from hooked.sae.clt import CLTForward, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary
-from hooked.weights.sources import is_local_directory, same_model_name
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -294,7 +290,7 @@ def _check_processing(model: HookedTransformer, dictionary: Spliceable, points: 
         return
     has = {flag: bool(value) for flag, value in getattr(model, "processing", {}).items()}
     differ = sorted(flag for flag in set(trained) | set(has) if bool(trained.get(flag)) != has.get(flag, False))
-    changed = {flag: [p for p in dict.fromkeys(points) if changes_activations(flag, p)] for flag in differ}
+    changed = {flag: [p for p in dict.fromkeys(points) if model.processing_changes(flag, p)] for flag in differ}
     differ = [flag for flag in differ if changed[flag]]
     if differ:
         want = ", ".join(f"{flag}={bool(trained.get(flag))}" for flag in differ)
@@ -312,35 +308,24 @@ def _check_model_name(model: HookedTransformer, dictionary: Spliceable) -> None:
     variance). A model loaded from a local directory is named by the folder, which need not be the model's name:
     there a disagreement is a warning. `dictionary.allow_other_model = True` splices it anyway."""
     recorded = dictionary.cfg.metadata.get("model_name")
-    name = getattr(model, "name_or_path", None)
-    if getattr(dictionary, "allow_other_model", False) or name is None or not isinstance(recorded, str):
+    if getattr(dictionary, "allow_other_model", False) or not isinstance(recorded, str):
         return
-    if not recorded or recorded in _IN_MEMORY_NAMES or same_model_name(recorded, name):
+    agreement = model.name_agreement(recorded)  # the model knows its own name (hooked.weights.sources)
+    if agreement in ("same", "unknown"):
         return
-    local = is_local_directory(name)
-    if not all(map(_names_a_model, [recorded] + ([] if local else [str(name)]))):  # built in memory: random_model(...)
-        return
+    name = model.name_or_path
     message = (
         f"{dictionary!r} was trained on {recorded!r} (cfg.metadata.model_name), and this model is {name!r}: with the"
         " same widths it would splice and run, reading activations it was not trained on. Splice the dictionary made"
         " for this model; to splice this one anyway (to measure how it transfers), set"
         " dictionary.allow_other_model = True"
     )
-    if local:
+    if agreement == "other directory":
         warnings.warn(
             message + " (this model was loaded from a directory, whose name may not be the model's)", stacklevel=4
         )
         return
     raise ValueError(message)
-
-
-def _names_a_model(name: str) -> bool:
-    """Whether `name` can name a hub model or a bundled one (`owner/name`, `name`), not a model built in memory."""
-    return re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) is not None
-
-
-# what training records as model_name for a model built in memory (no name_or_path): its class, which names no model
-_IN_MEMORY_NAMES = frozenset(cls.__name__ for cls in MODEL_CLASSES)
 
 
 # ----------------------------------------------------------------------------- the public API

@@ -15,6 +15,7 @@ never needs it, and the tests replace `huggingface_hub.snapshot_download` to pro
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from hooked.transformer_lens import aliases
@@ -126,6 +127,25 @@ def same_model_name(recorded: str, name_or_path: str | Path) -> bool:
     if a == b:
         return True
     return ("/" not in a or "/" not in b) and a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+
+
+def name_agreement(name_or_path: str | Path | None, recorded: str) -> str:
+    """Whether the model loaded from `name_or_path` is the one a file's `model_name` records: "same"; "other";
+    "other directory" where the model came from a local directory, whose folder name need not be the model's;
+    "unknown" where either name names no model (a model built in memory has no `name_or_path`, and training records
+    its class name, `"GPT2"`, for one)."""
+    from hooked.models import MODEL_CLASSES
+
+    in_memory = {model_class.__name__ for model_class in MODEL_CLASSES}
+    if name_or_path is None or not recorded or recorded in in_memory:
+        return "unknown"
+    if same_model_name(recorded, name_or_path):
+        return "same"
+    local = is_local_directory(name_or_path)
+    names = [recorded] if local else [recorded, str(name_or_path)]
+    if not all(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) for name in names):  # `owner/name` or `name`: a model's
+        return "unknown"
+    return "other directory" if local else "other"
 
 
 def is_local_directory(name_or_path: str | Path) -> bool:
