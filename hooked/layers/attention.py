@@ -304,8 +304,7 @@ def attend(
         boolean_mask = mask.causal(q.device)  # SDPA's is_causal aligns top-left and knows no window
     if backend == "eager":
         if n_kv_heads != n_heads:  # query head h reads kv head h // group
-            k = k.repeat_interleave(n_heads // n_kv_heads, dim=1)
-            v = v.repeat_interleave(n_heads // n_kv_heads, dim=1)
+            k, v = repeat_kv(k, n_heads // n_kv_heads), repeat_kv(v, n_heads // n_kv_heads)
         scores = torch.matmul(q, k.transpose(-1, -2))
         # The same operations in place where autograd does not record them (the values are bit-identical):
         # [batch head pos pos] is the largest tensor of the layer, and each copy costs an allocation and a pass.
@@ -335,6 +334,15 @@ def attend(
             enable_gqa=n_kv_heads != n_heads,
         )
     return z.transpose(1, 2).contiguous()  # a no-op when SDPA already wrote [batch pos head d_head]
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """[batch kv_head pos d_head] -> [batch kv_head * n_rep pos d_head], kv head j serving query heads j * n_rep ..
+    (j + 1) * n_rep - 1, as transformers 5.24's `repeat_kv`: expand, then reshape, which keeps a view where it can
+    (one kv head: a stride-0 axis). The same memory layout as there matters: a BLAS product over another layout
+    (repeat_interleave's copy) may round differently on some CPUs' kernels (MKL_CBWR=COMPATIBLE)."""
+    batch, n_kv_heads, pos, d_head = x.shape
+    return x[:, :, None].expand(batch, n_kv_heads, n_rep, pos, d_head).reshape(batch, n_kv_heads * n_rep, pos, d_head)
 
 
 def writable(z: Tensor) -> Tensor:

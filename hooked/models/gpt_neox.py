@@ -247,7 +247,11 @@ def rotate_leading(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """RoPE on the first cos.shape[-1] dimensions of x [batch pos head d_head], the rest passed through
     (transformers' `apply_rotary_pos_emb` for GPT-NeoX: rotate, then concatenate)."""
     rotary_dim = cos.shape[-1]
-    return torch.cat([apply_rotary(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]], dim=-1)
+    # transformers concatenates [batch head pos d_head] tensors, so its result is laid out that way: the same layout
+    # here (concatenated per head, then viewed back) keeps the eager path's q @ k^T on the BLAS path transformers
+    # takes, which matters on some CPUs' kernels (MKL_CBWR=COMPATIBLE rounds other layouts apart). Same values.
+    parts = [apply_rotary(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]]
+    return torch.cat([part.transpose(1, 2) for part in parts], dim=-1).transpose(1, 2)
 
 
 class GPTNeoXAttention(nn.Module):
