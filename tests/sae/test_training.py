@@ -367,6 +367,25 @@ def test_streamed_activations_are_the_models_own(model):
         torch.testing.assert_close(got[name][order_got], want[name][order_want], rtol=1e-5, atol=1e-5)
 
 
+def test_the_buffer_mixes_tokens_across_forwards(model):
+    """SAELens' mixing buffer: a batch draws on every forward in the buffer, and the half kept back mixes with later
+    forwards. Row i is token i + 1 throughout, so a streamed residual (embedding + position) says its row."""
+    ids = torch.arange(1, 25)[:, None].repeat(1, 16)  # 6 forwards of 4 rows of 16
+    point = "blocks.0.hook_resid_pre"
+    rows = training.token_rows(model, ids, None, False)
+    stream = training.ActivationStream(model, rows, [point], 64, 4, 0, torch.device("cpu"), torch.float32)
+    batches = [batch[point] for batch in stream.batches(repeat=False)]
+    _, cache = model.run_with_cache(ids, attention_mask=torch.ones_like(ids, dtype=torch.bool), names_filter=[point])
+    every = cache[point].reshape(-1, cache[point].shape[-1])  # [row-major tokens d_model]
+    distances = [torch.cdist(batch, every, compute_mode="donot_use_mm_for_euclid_dist") for batch in batches]
+    assert max(float(d.min(-1).values.max()) for d in distances) < 1e-4  # each streamed row is some token's
+    tokens = [d.argmin(-1) for d in distances]
+    assert sorted(torch.cat(tokens).tolist()) == list(range(24 * 16))  # every token once
+    forwards = [set((t // 64).tolist()) for t in tokens]  # 64 tokens a forward
+    assert forwards[0] == {0, 1, 2, 3}  # the first batch draws on all 4 forwards of the full buffer
+    assert forwards[2] & {0, 1, 2, 3} and forwards[2] & {4, 5}  # what was kept, mixed with the next forwards
+
+
 def test_padded_rows_stream_only_real_tokens_as_each_prompt_alone(model):
     """Left-padded prompts of different lengths with their attention_mask: every real token's activation comes out
     once, equal to the prompt run alone without padding; no padding position comes out."""
