@@ -45,7 +45,8 @@ offered it as `b_dec_init_method="geometric_median"`, 6.54 starts at zero): the 
 transcoder's b_dec starts at the mean of the first batch's targets, its b_enc centring its pre-activations on that
 batch's mean input (eai-sparsify's trainer). Adam at a constant learning rate, each step's gradients clipped to total
 norm `MAX_GRAD_NORM` (SAELens): without the clip, Adam's second moment (beta2 0.999) remembers the large gradients of
-the first steps and shrinks the later ones (docs/benchmarks.md, "Sparse dictionaries: training quality").
+the first steps and shrinks the later ones (docs/benchmarks.md, "Sparse dictionaries: training quality vs
+SAELens").
 
 The loop drives any object with `DictionaryTrainer`'s surface (`points`, `d_sae`, `feature_shape`, `device`,
 `initialize`, `parameters`, `forward` -> `StepResult`, `before_update`, `after_update`, `resample`, `export`) through
