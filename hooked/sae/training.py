@@ -662,18 +662,6 @@ class ActivationStream:
         return n
 
 
-@torch.no_grad()
-def geometric_median(points: Float[Tensor, "tokens width"], steps: int = GEOMETRIC_MEDIAN_STEPS) -> Tensor:
-    """The point minimising the summed Euclidean distance to `points` (Weiszfeld's iteration from their mean, in
-    float64; a point the estimate lands on weighs as if 1e-8 away)."""
-    x = points.double()
-    median = x.mean(0)
-    for _ in range(steps):
-        weights = 1 / (x - median).norm(dim=-1).clamp_min(1e-8)
-        median = (weights[:, None] * x).sum(0) / weights.sum()
-    return median.to(points.dtype)
-
-
 def _rows(batch: dict[str, Tensor]) -> int:
     return next(iter(batch.values())).shape[0]
 
@@ -689,6 +677,18 @@ class StepResult:
     l0: Tensor  # mean active features per token
     fvu: Tensor  # fraction of variance unexplained on this batch
     recons: Tensor  # [tokens d_out], detached: what `resample` reads
+
+
+@torch.no_grad()
+def geometric_median(points: Float[Tensor, "tokens width"], steps: int = GEOMETRIC_MEDIAN_STEPS) -> Tensor:
+    """The point minimising the summed Euclidean distance to `points` (Weiszfeld's iteration from their mean, in
+    float64; a point the estimate lands on weighs as if 1e-8 away)."""
+    x = points.double()
+    median = x.mean(0)
+    for _ in range(steps):
+        weights = 1 / (x - median).norm(dim=-1).clamp_min(1e-8)
+        median = (weights[:, None] * x).sum(0) / weights.sum()
+    return median.to(points.dtype)
 
 
 class DictionaryTrainer:
