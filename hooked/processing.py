@@ -34,6 +34,7 @@ axis, its bias), an attention module its stored `value_bias`, and the model its 
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterator
 
 import torch
@@ -42,6 +43,27 @@ from torch import Tensor, nn
 from hooked.layers import Projection  # noqa: F401  (declared by the layers, read here)
 
 FLAGS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases", "refactor_factored_attn_matrices")
+
+# The hook points whose activations each flag changes (fnmatch patterns over hooked's names); every other point
+# keeps its values to float rounding. fold_ln moves each norm's gain into the weights that read it, so of the
+# activations only a norm's output *with* its gain changes, which is what the MLP reads (`mlp.hook_in`); the residual
+# stream, `ln*.hook_normalized` (before the gain), q/k/v and every output stay. The other flags are declared as
+# changing every point (centring the writing weights changes the residual stream and every write to it, folding
+# value biases hook_v and hook_z). Read where a dictionary records the processing it was trained on
+# (hooked/sae/splice.py): a difference matters only at the points it reads and writes. Checked by running models
+# with and without each flag (tests/transformer_lens/test_processing.py).
+CHANGED_POINTS = {
+    "fold_ln": ("blocks.*.mlp.hook_in",),
+    "center_writing_weights": ("*",),
+    "center_unembed": ("*",),
+    "fold_value_biases": ("*",),
+    "refactor_factored_attn_matrices": ("*",),
+}
+
+
+def changes_activations(flag: str, point: str) -> bool:
+    """Whether processing flag `flag` changes the activation at hook point `point` (CHANGED_POINTS)."""
+    return any(fnmatch.fnmatchcase(point, pattern) for pattern in CHANGED_POINTS[flag])
 
 
 def unprocessed() -> dict[str, bool]:

@@ -127,8 +127,11 @@ class HookedTokenizer:
         unpadded row, the longest, as every batch the tokenizer pads has; where every run is longer than
         that (rows sliced out of a padded batch without its longest, prompts that begin, or under right
         padding end, with the pad id) the ids cannot tell padding from tokens and this raises, asking for
-        the mask (`strict=False` reads them as TransformerLens does instead). Rows whose runs on the other
-        side differ (right-padded ids read on the left) raise too (`_check_other_side`). Read from the values, the
+        the mask (`strict=False` reads them as TransformerLens does instead). Where BOS is the pad id and
+        `prepend_bos`, a padded batch with a row that does not begin with it raises too: ids made with
+        `prepend_bos=False` are padded with the BOS id, so a padded row's last pad could be a BOS or padding.
+        Rows whose runs on the other side differ (right-padded ids read on the left) raise too
+        (`_check_other_side`). Read from the values, the
         mask survives `.to()`, `.clone()` and saving, and a slice that keeps the longest row.
         """
         if tokens.numel() == 0 or tokens.ndim < 2:
@@ -143,6 +146,17 @@ class HookedTokenizer:
         bos_run = 1 if prepend_bos and self.bos_token_id == self.pad_token_id else 0  # real pad ids a run can hold
         # A leading run ends with the BOS; a trailing run holds it only when the row is nothing else.
         least_real = 0 if right else bos_run
+        if strict and bos_run and not right and int(runs.min()) == 0:
+            row = int((runs == 0).nonzero()[0])
+            raise ValueError(
+                "these token ids come without an attention_mask and are read as made with prepend_bos=True"
+                f" (model.default_prepend_bos, unless the call takes prepend_bos=), but row {row} does not begin"
+                f" with the BOS {self.bos_token!r}, which is also the pad id ({self.pad_token_id}): ids made with"
+                " prepend_bos=False (model.to_tokens(texts, prepend_bos=False) pads with that id) cannot say whether"
+                " a padded row's last pad is a BOS or padding; pass attention_mask= (1 = real token;"
+                " model.tokenizer(texts, return_tensors='pt') returns it with the ids), or prepend_bos=False where"
+                " the call takes it (model(tokens, prepend_bos=False)), or make the ids with prepend_bos=True"
+            )
         if strict and int(runs.min()) > least_real:
             shown = f"{runs.tolist()[:8]}{'...' if len(runs) > 8 else ''}"
             where = "ends with" if right else "begins with" + (" a BOS and more" if bos_run else "")

@@ -76,7 +76,7 @@ class EdgeScores:
     `to_csv(path)`."""
 
     graph: Graph
-    matrix: Tensor  # [n_sources, n_receivers] float32; 0 where there is no edge
+    matrix: Tensor  # [n_sources, n_receivers] float32 (float64 for a float64 model); 0 where there is no edge
     method: str
     provenance: dict = field(default_factory=dict)
 
@@ -328,7 +328,7 @@ def scores_from_gradients(experiment: Experiment, gradients: dict[str, Tensor], 
             " value is finite but its gradient is not (a norm or a square root at 0, a NaN in the backward);"
             " differentiate a metric whose gradient is defined at the clean run"
         )
-    return matrix.float()
+    return matrix  # in the gradients' precision: float32, or the float64 of a float64 model
 
 
 def scores_for(

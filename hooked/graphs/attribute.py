@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from hooked.graphs.graph import Graph, LogitTarget
+from hooked.graphs.graph import Graph, LogitTarget, default_scan
 from hooked.graphs.transcoders import Transcoders
 from hooked.interventions.row_blocks import registered_hooks
 from hooked.sae.clt import CrossLayerTranscoder
@@ -84,11 +84,14 @@ def attribute(
     edges_per_row: int | None = None,
     update_interval: int = 4,
     progress: bool | None = None,
+    attention_mask: Tensor | None = None,
 ) -> Graph:
     """The attribution graph of one prompt through `transcoders` (module docstring: what it is).
 
-    `prompt`: text, or token ids [pos] (or [1, pos]). As circuit-tracer, text is tokenized without special tokens
-    and a special token (BOS, else pad, else EOS) is put first unless the ids already start with one.
+    `prompt`: text, or token ids [pos] (or [1, pos]), with their `attention_mask` (1 = real token) where they are a
+    padded row: its padding is left out, so the graph is the prompt's alone (a row's ids alone never say which are
+    pads, as for the model's forward). As circuit-tracer, text is tokenized without special tokens and a special
+    token (BOS, else pad, else EOS) is put first unless the ids already start with one.
     `transcoders`: one transcoder per layer (a list, layer l at index l: `hooked.sae.load` of a circuit-tracer set)
     or a `CrossLayerTranscoder`, for this model (checked before anything runs).
     Logit nodes: the most probable next tokens, at most `max_n_logits` (default 10), until their probability
@@ -106,7 +109,8 @@ def attribute(
         max_n_logits, desired_logit_prob, max_feature_nodes, batch_size, edges_per_row, attribution_targets, model
     )
     tc = _ready(model, transcoders, "hooked.graphs.attribute")
-    return _attribute_all(model, tc, [prompt_tokens(model, prompt)], settings, update_interval, progress)[0]
+    tokens = prompt_tokens(model, prompt, attention_mask)
+    return _attribute_all(model, tc, [tokens], settings, update_interval, progress)[0]
 
 
 def attribute_batch(
@@ -122,15 +126,19 @@ def attribute_batch(
     edges_per_row: int | None = None,
     update_interval: int = 4,
     progress: bool | None = None,
+    attention_mask: Tensor | None = None,
 ) -> list[Graph]:
     """The attribution graph of each of several prompts, computed together: `attribute`'s graph for each (the same
     numbers), from shared forward and backward passes.
 
     `prompts`: a list of prompts (texts, or token-id lists / 1-D tensors), or a 2-D tensor of ids, one prompt per
-    row. Prompts of the same length (after the special token `attribute` puts first) share one replacement forward,
-    `batch_size // n` copies of each of n prompts, and every backward pass serves all of them: the logit rows of
-    every prompt in one pass, then their feature rows side by side. Prompts of different lengths run in one group
-    per length (no padding: a padded position would shift every position-indexed node). Each graph equals
+    row, padded as `model.to_tokens(texts)` pads: its padding (`attention_mask`, 1 = real token; without it, read
+    from the ids as the model's forward reads it, `model.padding_mask`, or refused where the ids cannot say) is left
+    out, so each row's graph is its prompt's alone. Prompts of the same length (after the special token `attribute`
+    puts first) share one replacement forward, `batch_size // n` copies of each of n prompts, and every backward
+    pass serves all of them: the logit rows of every prompt in one pass, then their feature rows side by side.
+    Prompts of different lengths run in one group per length (no padding: a padded position would shift every
+    position-indexed node). Each graph equals
     `attribute(model, prompt, transcoders, batch_size=batch_size // n)` for its group of n (with
     `max_feature_nodes`, which features are selected depends on the rows per pass, since influence is re-ranked
     every `update_interval` passes). `attribution_targets` (as `attribute`'s) are every prompt's logit nodes. Returns
@@ -142,7 +150,11 @@ def attribute_batch(
     if isinstance(prompts, Tensor):
         if prompts.ndim != 2:
             raise ValueError(f"a tensor of prompts is [n_prompts, pos], not {tuple(prompts.shape)}")
-        prompts = list(prompts)
+        prompts = unpadded_rows(model, prompts, attention_mask)
+    elif attention_mask is not None:
+        raise ValueError(
+            "attention_mask= goes with a 2-D tensor of padded ids; a list of prompts holds each prompt unpadded"
+        )
     if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
         raise TypeError(
             "attribute_batch takes a non-empty list of prompts (texts or token-id lists) or a 2-D tensor of ids;"
@@ -198,10 +210,24 @@ def _attribute_all(model, tc: Transcoders, tokens: list[Tensor], settings, updat
     return [_graph(model, tc, t, n, r) for t, n, r in zip(tokens, nodes, rows, strict=True)]
 
 
-def prompt_tokens(model: HookedTransformer, prompt) -> Tensor:
-    """The prompt's ids [pos], a special token first (circuit-tracer 0.5.0 `replacement_model/common.py`
-    `ensure_tokenized`)."""
+def unpadded_rows(model: HookedTransformer, tokens: Tensor, attention_mask: Tensor | None) -> list[Tensor]:
+    """Each row of ids [n pos] without its padding, read as every entry point reads it (`model.padding_mask`):
+    a graph has a node per position, so a pad kept would be a token node and shift every position after it."""
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise TypeError(f"token ids are an integer tensor, not {tokens.dtype}")
+    mask = model.padding_mask(tokens, attention_mask)
+    return list(tokens) if mask is None else [row[keep] for row, keep in zip(tokens, mask, strict=True)]
+
+
+def prompt_tokens(model: HookedTransformer, prompt, attention_mask: Tensor | None = None) -> Tensor:
+    """The prompt's ids [pos], without the padding `attention_mask` marks, a special token first (circuit-tracer
+    0.5.0 `replacement_model/common.py` `ensure_tokenized`)."""
     tokenizer = getattr(model, "tokenizer", None)
+    if attention_mask is not None:
+        if isinstance(prompt, str):
+            raise ValueError("attention_mask= goes with token ids; a text prompt has no padding")
+        ids = torch.as_tensor(prompt)
+        (prompt,) = unpadded_rows(model, ids.reshape(1, -1), torch.as_tensor(attention_mask).reshape(1, -1))
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("this model has no tokenizer, so give the prompt as token ids")
@@ -845,6 +871,7 @@ def _graph(model: HookedTransformer, tc: Transcoders, tokens: Tensor, nodes: _No
         feature_input_hook=tc.templates[0],
         feature_output_hook=tc.templates[1],
         model_info=info,
+        scan=tc.scan or default_scan(info),  # circuit-tracer's create_graph_files refuses a graph without one
     )
 
 

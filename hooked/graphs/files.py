@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from hooked.graphs.graph import Graph, LogitTarget
+from hooked.graphs.graph import Graph, LogitTarget, default_scan
 
 CONFIG_NAME = "circuit_tracer.utils.tl_nnsight_mapping.UnifiedConfig"
 LOGIT_TARGET_NAME = "circuit_tracer.attribution.targets.LogitTarget"
@@ -120,7 +120,7 @@ def save_circuit_tracer(graph: Graph, path: str | Path) -> None:
         "input_tokens": graph.input_tokens.cpu(),
         "selected_features": graph.selected_features.cpu(),
         "activation_values": graph.activation_values.cpu(),
-        "scan": graph.scan,
+        "scan": default_scan(graph.model_info) if graph.scan is None else graph.scan,  # create_graph_files needs one
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     torch.save(record, path, pickle_module=_PICKLE_MODULE)

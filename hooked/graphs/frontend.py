@@ -30,7 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hooked.graphs.graph import Graph
+from hooked.graphs.graph import Graph, default_scan
 from hooked.graphs.prune import PrunedGraph
 
 
@@ -107,7 +107,7 @@ def graph_json(
     scan = graph.scan if scan is None else scan
     transcoder_list: list[str] = []
     if scan is None:
-        scan = graph.model_info.get("model_name") or "unknown"
+        scan = default_scan(graph.model_info)
     elif isinstance(scan, list):
         transcoder_list = list(scan)
         scan = "custom-" + hashlib.sha256("-".join(transcoder_list).encode()).hexdigest()[:16]

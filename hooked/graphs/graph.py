@@ -43,6 +43,12 @@ class GraphNode(NamedTuple):
     index: int | None
 
 
+def default_scan(model_info: dict[str, Any]) -> str:
+    """The `scan` of a graph whose transcoders name none and were not loaded from a path (made in memory): the
+    model's name, else "unknown". circuit-tracer's `create_graph_files` refuses a graph without a scan."""
+    return model_info.get("model_name") or "unknown"
+
+
 @dataclass
 class Graph:
     """One prompt's attribution graph (module docstring: node order and what an entry means).

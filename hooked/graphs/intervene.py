@@ -85,10 +85,12 @@ def intervene(
     interventions: Mapping[Feature, float],
     *,
     freeze: Freeze = "none",
+    attention_mask: Tensor | None = None,
 ) -> InterventionResult:
     """Run `prompt` with each feature of `interventions` set to its value (module docstring: what is frozen).
 
-    `prompt` and `transcoders` as `graphs.attribute` takes them (the same tokens, so positions match a graph's).
+    `prompt`, its `attention_mask` and `transcoders` as `graphs.attribute` takes them (the same tokens, so positions
+    match a graph's).
     A feature is `(layer, position, feature)` or an address `"L1.mlp_out.F5@3"` (`Graph.feature_address`; without
     `@pos` the feature is set at every position); positions may be negative.
     """
@@ -101,7 +103,7 @@ def intervene(
         )
     registered_hooks(model, "hooked.graphs.intervene", part_of_model=False)
     tc = Transcoders(transcoders, model)
-    tokens = prompt_tokens(model, prompt)
+    tokens = prompt_tokens(model, prompt, attention_mask)
     points = [f"{name}.hook_sae_acts_post" for name in tc.hook_out]
     errors = [f"{name}.hook_sae_error" for name in tc.hook_out]
     frozen = []

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from hooked.sae.clt import CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary
-from hooked.sae.splice import _check_dtype_device, _check_processing, _check_width, _point
+from hooked.sae.splice import _check_dtype_device, _check_model_name, _check_processing, _check_width, _point
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -78,7 +78,9 @@ class Transcoders:
                     )
         for module in self.modules:
             _check_dtype_device(model, module)
-            _check_processing(model, module)
+            _check_model_name(model, module)
+        for module, reads, writes in self._named():
+            _check_processing(model, module, [reads, writes])
 
     def _named(self):
         """(module, point read, point written) per layer."""
@@ -93,6 +95,17 @@ class Transcoders:
     @property
     def dtype(self) -> torch.dtype:
         return self.modules[0].dtype
+
+    @property
+    def scan(self) -> str | None:
+        """circuit-tracer's `scan`, what names these transcoders for a graph's viewer: the one their files record
+        (circuit-tracer's config.yaml), else the path they were loaded from (`hooked.sae.load` keeps it as
+        `loaded_from`); None for transcoders made in memory."""
+        first = self.modules[0]
+        recorded = first.cfg.metadata.get("scan")
+        if isinstance(recorded, str) and recorded:
+            return recorded
+        return getattr(first, "loaded_from", None)
 
     @property
     def device(self) -> torch.device:

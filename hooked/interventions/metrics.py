@@ -1,4 +1,4 @@
-"""Metrics: plain callables of logits that give one float32 number per prompt.
+"""Metrics: plain callables of logits that give one float32 number per prompt (float64 for float64 logits).
 
 A metric is a frozen dataclass. Called on the full logits [batch pos d_vocab] of a run, it returns
 [batch]. It also declares what it reads, so that a sweep can keep only that much of every run:
@@ -11,7 +11,8 @@ A metric is a frozen dataclass. Called on the full logits [batch pos d_vocab] of
 
 `compute(logits, base_logits, attention_mask)` takes logits already reduced to
 [batch, read_pos, len(columns) or d_vocab], read_pos 1 or pos (`attention_mask` keeps every position), and
-`metric(logits)` is `reduce` followed by `compute`. Everything is computed in float32. With
+`metric(logits)` is `reduce` followed by `compute`. Everything is computed in float32 (in float64 for
+a float64 model, whose digits a float32 metric would drop: `_wide`). With
 position=None a metric scores every position and averages each prompt's real ones (the attention
 mask's True entries; every position when the mask is None).
 
@@ -198,7 +199,7 @@ class LogitDiff(_Metric):
         attention_mask: Mask | None = None,
     ) -> Float[Tensor, " batch"]:
         self._check_reduced(logits, attention_mask, len(self.correct))
-        logits = logits.float()
+        logits = _wide(logits)
         diff = _gather(logits, self._correct_columns) - _gather(logits, self._incorrect_columns)
         return self._over_positions(diff, attention_mask)
 
@@ -230,7 +231,7 @@ class _TokenMetric(_Metric):
             raise ValueError(
                 f"{self!r} reads token id {max(self.tokens)}, but the logits have a vocabulary of {logits.shape[-1]}"
             )
-        return self._over_positions(self._score(logits.float()), attention_mask)
+        return self._over_positions(self._score(_wide(logits)), attention_mask)
 
     def _score(self, logits: Float[Tensor, "batch pos d_vocab"]) -> Float[Tensor, "batch pos"]:
         """The score of each prompt's token at each position (each token metric defines it)."""
@@ -294,8 +295,8 @@ class KLDiv(_Metric):
             raise ValueError(
                 f"base_logits have shape {tuple(base_logits.shape)} but the logits have {tuple(logits.shape)}"
             )
-        log_p_run = logits.float().log_softmax(-1)
-        log_p_base = base_logits.float().log_softmax(-1)
+        log_p_run = _wide(logits).log_softmax(-1)
+        log_p_base = _wide(base_logits).log_softmax(-1)
         p_base = log_p_base.exp()
         # A token the base run gives probability 0 adds 0, not 0 * (-inf - x) = nan.
         per_position = torch.where(p_base > 0, p_base * (log_p_base - log_p_run), 0.0).sum(-1)
@@ -354,7 +355,7 @@ class Loss(_Metric):
                 f"{logits.shape[-1]}"
             )
         tokens = self.tokens.to(logits.device)
-        log_probs = logits[:, :-1].float().log_softmax(-1)
+        log_probs = _wide(logits[:, :-1]).log_softmax(-1)
         per_token = -log_probs.gather(-1, tokens[:, 1:, None])[..., 0]  # [batch, pos - 1]
         mask = attention_mask if attention_mask is not None else self.mask
         if mask is None:
@@ -451,8 +452,8 @@ def loss(model, tokens, attention_mask: Tensor | None = None) -> Loss:
         attention_mask = text_mask if attention_mask is None else attention_mask
     elif not isinstance(tokens, Tensor):
         raise TypeError(f"loss takes text or token ids [batch pos], not {type(tokens).__name__}")
-    if attention_mask is None and model is not None and model.tokenizer is not None:
-        attention_mask = model.tokenizer.mask_for(tokens, model.default_prepend_bos)
+    if attention_mask is None and model is not None:  # read from the ids as every entry point reads them
+        attention_mask = model.padding_mask(tokens)
     if model is not None and tokens.numel() and int(tokens.max()) >= model.cfg.d_vocab:
         raise ValueError(
             f"token id {int(tokens.max())} is out of range for the model's vocabulary of {model.cfg.d_vocab}"
@@ -627,6 +628,11 @@ def _as_id(value, what: str) -> int:
     if token < 0:
         raise ValueError(f"{what} is {token}: token ids are non-negative")
     return token
+
+
+def _wide(logits: Tensor) -> Tensor:
+    """Logits in the precision a metric computes in: float32, or float64 when they are float64."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 def _gather(values: Float[Tensor, "batch pos columns"], columns: tuple[int, ...]) -> Float[Tensor, "batch pos"]:

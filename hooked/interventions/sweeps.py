@@ -442,7 +442,7 @@ class MetricReads:
 
 
 def metric_values(metric: Callable, values: Any, batch: int, what: str = "") -> Tensor:
-    """What a user's metric returned, as float32 [batch], or an error saying what it returned instead.
+    """What a user's metric returned, as float32 [batch] (float64 kept), or an error saying what it returned instead.
 
     Every caller of a metric (sweeps, patching, attribution, circuits) passes its result through here,
     so a scalar, a list or a wrong length fails with one message, not deep inside torch; and a NaN fails
@@ -460,7 +460,7 @@ def metric_values(metric: Callable, values: Any, batch: int, what: str = "") -> 
                 " small and turn every mean into NaN. Look for a 0/0 or a log of 0 in the metric, or NaN logits"
                 " (run the model on those prompts)"
             )
-        return values.float()
+        return values.to(torch.promote_types(values.dtype, torch.float32))  # a float64 model's digits kept
     if isinstance(values, Tensor) and values.ndim == 0:
         got = "a scalar (0-d tensor); did it average over the prompts? return the values before .mean()"
     elif isinstance(values, Tensor):

@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from hooked.cache import ActivationCache, accumulated_bias, run_with_cache
@@ -25,7 +25,7 @@ from hooked.layers import AttentionMask, position_ids_for
 from hooked.models.building import BuildingMethods, BuildsFromConfig
 from hooked.models.tokens import TokenMethods
 from hooked.models.weight_views import WeightStacks
-from hooked.processing import unprocessed
+from hooked.processing import changes_activations, unprocessed
 from hooked.rows import Rows, running_rows
 from hooked.tokenizer import HookedTokenizer
 
@@ -521,21 +521,8 @@ class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootM
                 tokens = tokens[None]
             if tokens.ndim != 2:
                 raise ValueError(f"token ids must be [batch pos] or [pos], got shape {tuple(input.shape)}")
-            if (
-                attention_mask is None and self.tokenizer is not None
-            ):  # padding read from the ids (the tokenizer's side)
-                attention_mask = self.tokenizer.mask_for(
-                    tokens, self.default_prepend_bos if prepend_bos is None else prepend_bos, padding_side=padding_side
-                )
-            key_valid = None
-            if attention_mask is not None:
-                attention_mask = attention_mask[None] if attention_mask.ndim == 1 else attention_mask
-                if attention_mask.shape != tokens.shape:
-                    raise ValueError(
-                        f"attention_mask has shape {tuple(attention_mask.shape)} but the tokens have "
-                        f"{tuple(tokens.shape)}"
-                    )
-                key_valid = attention_mask.to(device=device, dtype=torch.bool)
+            key_valid = self.padding_mask(tokens, attention_mask, prepend_bos, padding_side)
+            key_valid = None if key_valid is None else key_valid.to(device)
             tokens = tokens.to(device=device, dtype=torch.long)
         else:
             raise TypeError(
@@ -548,6 +535,55 @@ class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootM
         if key_valid is not None and not bool(key_valid.any(-1).all()):
             raise ValueError("attention_mask has a row with no real token; remove that row")
         return tokens, key_valid
+
+    def processing_changes(self, flag: str, point: str) -> bool:
+        """Whether TransformerLens' weight-processing flag `flag` changes the activation at hook point `point`
+        (hooked.processing.CHANGED_POINTS): fold_ln changes `mlp.hook_in` alone. A dictionary trained with other
+        processing than this model's is refused only where it reads or writes such a point."""
+        return changes_activations(flag, point)
+
+    def name_agreement(self, recorded: str) -> str:
+        """Whether this model is the one a file's `model_name` records: "same", "other", "other directory" (loaded
+        from a directory, whose name need not be the model's) or "unknown" (hooked.weights.sources.name_agreement)."""
+        from hooked.weights.sources import name_agreement  # the weights' loader imports the models
+
+        return name_agreement(self.name_or_path, recorded)
+
+    def padding_mask(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        attention_mask: Tensor | None = None,
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
+    ) -> Bool[Tensor, "batch pos"] | None:
+        """The mask of token ids (True = real token; None: nothing is padding), on the ids' device: the one
+        padding rule of every entry point that takes ids (the forward and what runs it, `hooked.sae.train`,
+        `hooked.graphs.attribute_batch`), so one tensor reads alike everywhere (docs/hooks.md, "Inputs,
+        padding and BOS").
+
+        `attention_mask` ([batch pos] or [pos]; 1 = real token) is taken as given; without it the padding is
+        read from the ids (`HookedTokenizer.mask_for`: each row's leading pad ids, or trailing ones where
+        `padding_side`, default the tokenizer's, is "right"; the last of a leading run is the BOS where BOS is
+        the pad id and `prepend_bos`, default `default_prepend_bos`), and ids that cannot say which of their
+        ids are padding are refused, naming the fix.
+        """
+        if attention_mask is None:
+            if self.tokenizer is None:
+                return None
+            prepend_bos = self.default_prepend_bos if prepend_bos is None else prepend_bos
+            mask = self.tokenizer.mask_for(tokens, prepend_bos, padding_side=padding_side)
+        else:
+            mask = attention_mask[None] if attention_mask.ndim == 1 else attention_mask
+            if mask.shape != tokens.shape:
+                raise ValueError(
+                    f"attention_mask has shape {tuple(attention_mask.shape)} but the tokens have {tuple(tokens.shape)}"
+                )
+        if mask is None or bool(mask.all()):
+            return None
+        mask = mask.to(device=tokens.device, dtype=torch.bool)
+        if not bool(mask.any(-1).all()):
+            raise ValueError("attention_mask has a row with no real token; remove that row")
+        return mask
 
     def _check_tokens(self, tokens: Tensor) -> None:
         if tokens.numel() == 0:

@@ -108,6 +108,7 @@ class BuildingMethods:
         default_padding_side: str = "left",
         dtype: torch.dtype | str = torch.float32,
         first_n_layers: int | None = None,
+        use_hook_tokens: bool = False,
         **from_pretrained_kwargs,
     ) -> HookedTransformer:
         """Load from a local directory, a hub id or a TransformerLens model name, processed as TransformerLens does.
@@ -116,7 +117,8 @@ class BuildingMethods:
         next weights, the writing weights and the unembedding centred, the value biases folded
         (`hooked.processing`; `from_pretrained_no_processing` or `hooked.load` keep the checkpoint's
         own
-        weights). Every other argument is either honoured or refused; none is ignored. On the base class
+        weights). `use_hook_tokens=True` (a config field TransformerLens takes here too) adds `hook_tokens`. Every
+        other argument is either honoured or refused; none is ignored. On the base class
         the architecture is read from config.json, as `hooked.load`.
 
             model = hooked.HookedTransformer.from_pretrained("gpt2-small")   # hub id "gpt2"
@@ -157,7 +159,12 @@ class BuildingMethods:
             refactor_factored_attn_matrices=refactor_factored_attn_matrices,
         )
         model = load_model(
-            name_or_path, dtype=dtype, device=device or "cpu", model_class=model_class, processing=processing
+            name_or_path,
+            dtype=dtype,
+            device=device or "cpu",
+            model_class=model_class,
+            processing=processing,
+            use_hook_tokens=use_hook_tokens,
         )
         if default_prepend_bos is not None:
             model.cfg.default_prepend_bos = default_prepend_bos

@@ -74,8 +74,12 @@ class ModelConfig:
 
     @property
     def tokenizer_name(self) -> str | None:
-        """Where the model's tokenizer was read from (the hub id or directory it was loaded from)."""
-        return self._bound_model().name_or_path
+        """Where the model's tokenizer was read from (the hub id or directory it was loaded from; for a model built
+        from a config, its tokenizer's `name_or_path`, e.g. TransformerLens' `tokenizer_name`)."""
+        model = self._bound_model()
+        if model.name_or_path is None and model.tokenizer is not None:
+            return model.tokenizer.name_or_path or None
+        return model.name_or_path
 
     @property
     def dtype(self) -> torch.dtype:

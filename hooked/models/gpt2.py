@@ -53,7 +53,7 @@ class GPT2Config(ModelConfig):
     d_vocab: int  # vocabulary size
     n_ctx: int  # learned positions (n_positions)
     layer_norm_eps: float = 1e-5
-    activation: Literal["gelu_new", "gelu"] | None = "gelu_new"  # None in an attn_only model (no MLP)
+    activation: Literal["gelu_new", "gelu", "relu"] | None = "gelu_new"  # None in an attn_only model (no MLP)
     scale_attn_by_inverse_layer_idx: bool = False  # divide scores by (layer + 1) as well
     attn_only: bool = False  # TransformerLens' toy models: blocks without MLP (HookedTransformerConfig only)
     default_prepend_bos: bool = True  # as TransformerLens; settable, read by to_tokens and the forward
@@ -86,7 +86,9 @@ class GPT2Config(ModelConfig):
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
 
-    transformer_lens_shape = "normalization_type='LN', positional_embedding_type='standard', act_fn gelu_new or gelu"
+    transformer_lens_shape = (
+        "normalization_type='LN', positional_embedding_type='standard', act_fn gelu_new, gelu or relu"
+    )
 
     @classmethod
     def from_transformer_lens(cls, tl: dict) -> tuple[GPT2Config | None, list[str] | None]:
@@ -94,8 +96,8 @@ class GPT2Config(ModelConfig):
             return None, None
         n_heads, d_head, d_model, act_fn = tl["n_heads"], tl["d_head"], tl["d_model"], tl["act_fn"]
         problems = [
-            f"act_fn={act_fn!r} (GPT-2 has gelu_new or gelu)"
-            if act_fn not in ("gelu_new", "gelu") and not tl["attn_only"]
+            f"act_fn={act_fn!r} (GPT-2 has {', '.join(ACTIVATIONS)})"
+            if act_fn not in ACTIVATIONS and not tl["attn_only"]
             else None,  # no MLP: act_fn unused
             f"d_model={d_model} != n_heads * d_head = {n_heads * d_head}" if n_heads * d_head != d_model else None,
             "gated_mlp=True" if tl["gated_mlp"] else None,
@@ -131,8 +133,8 @@ class GPT2Config(ModelConfig):
             if config.get(key) == bad:
                 raise ValueError(f"GPT-2 with {key}={bad} is not supported by hooked")
         activation = config.get("activation_function", "gelu_new")
-        if activation not in ("gelu_new", "gelu"):
-            raise ValueError(f"GPT-2 activation {activation!r} is not supported (gelu_new, gelu)")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"GPT-2 activation {activation!r} is not supported ({', '.join(ACTIVATIONS)})")
         return cls(
             n_layers=config["n_layer"],
             d_model=config["n_embd"],
@@ -144,6 +146,11 @@ class GPT2Config(ModelConfig):
             activation=activation,
             scale_attn_by_inverse_layer_idx=config.get("scale_attn_by_inverse_layer_idx", False),
         )
+
+
+# transformers' ACT2FN entries a GPT2Config's `activation_function` may name that hooked runs: the same functions
+# (GELUActivation is F.gelu, NewGELUActivation is gelu_new's formula, "relu" is nn.ReLU), so the logits stay exact.
+ACTIVATIONS = {"gelu_new": gelu_new, "gelu": F.gelu, "relu": F.relu}
 
 
 # ============================================================================= modules and forward
@@ -261,7 +268,7 @@ class GPT2MLP(nn.Module):
         super().__init__()
         self.c_fc = Conv1D(cfg.d_model, cfg.d_mlp)
         self.c_proj = Conv1D(cfg.d_mlp, cfg.d_model)
-        self.activation = gelu_new if cfg.activation == "gelu_new" else F.gelu
+        self.activation = ACTIVATIONS[cfg.activation]
         self.hook_in = HookPoint("batch pos d_model")  # what the MLP reads: after ln2 (its weight included)
         self.hook_in.cached_by_default = False  # as hook_mlp_in: a copy of a neighbour, cached on request
         self.hook_pre = HookPoint("batch pos d_mlp")
@@ -460,6 +467,6 @@ class GPT2(HookedTransformer):
         "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the LayerNorm's weight and bias included: what `c_fc` reads;"
         " circuit-tracer's name, the point a transcoder reads; a default cache leaves it out (cache it by name)",
         "blocks.{i}.mlp.hook_pre": "`c_fc` output, the pre-activation",
-        "blocks.{i}.mlp.hook_post": "the neurons, `gelu_new(pre)`",
+        "blocks.{i}.mlp.hook_post": "the neurons, `act(pre)`: `gelu_new` unless the config names `gelu` or `relu`",
         "hook_pos_embed": "position embeddings `wpe[position_ids]` (position ids skip left padding)",
     }

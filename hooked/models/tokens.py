@@ -78,15 +78,20 @@ class TokenMethods:
 
         `truncate` keeps each prompt's first `cfg.n_ctx` tokens. A batch whose ids would not give back its
         mask (a prompt that begins, or under right padding ends, with the pad token, GPT-2's
-        `<|endoftext|>`) raises, saying how to keep the mask. Ids padded on the other side than the
-        tokenizer's are read as the tokenizer's side says: pass their `attention_mask=` to the model.
+        `<|endoftext|>`) raises, saying how to keep the mask; so does one that would give back another mask
+        read with `default_prepend_bos`, as the calls that take no `prepend_bos=` read ids. Where BOS is
+        the pad id, a padded batch made with `prepend_bos=False` (the default being True) is refused by
+        those calls, naming the fix: pass its `attention_mask=` (or `prepend_bos=False` where the call
+        takes it). Ids padded on the other side than the tokenizer's are read as the tokenizer's side
+        says: pass their `attention_mask=` to the model.
         """
         tokenizer = self._require_tokenizer()
         side = tokenizer._side(padding_side)
         tokens, mask = self._tokenize(input, prepend_bos, truncate, side)
-        tokenizer.check_mask_readable(
-            tokens, mask, self.default_prepend_bos if prepend_bos is None else prepend_bos, side
-        )
+        prepend_bos = self.default_prepend_bos if prepend_bos is None else prepend_bos
+        tokenizer.check_mask_readable(tokens, mask, prepend_bos, side)
+        if prepend_bos != self.default_prepend_bos:  # as the calls that take no prepend_bos= read the ids
+            tokenizer.check_mask_readable(tokens, mask, self.default_prepend_bos, side)
         return tokens.to(self.device) if move_to_device and tokens.device != self.device else tokens
 
     def to_str_tokens(self, input, prepend_bos: bool | None = None, padding_side: str | None = None):

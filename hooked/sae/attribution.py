@@ -58,7 +58,8 @@ class FeatureScores:
 
     `scores` [n_features] is the estimate averaged over prompts, `per_prompt` [batch, n_features] each prompt's;
     `per_position` [n_features, positions] (with `attribute(..., per_position=True)`) averages over the prompts
-    that have each position in the prompt. Features are listed dictionary by dictionary, in index order.
+    that have each position in the prompt. Features are listed dictionary by dictionary, in index order. The
+    tensors are float32, float64 for a float64 model.
     """
 
     features: list[str]  # addresses: "L3.resid_post.F12", "L1.mlp_out.F5"
@@ -186,13 +187,14 @@ def attribute(
     finally:
         model.train(was_training)
 
-    precision = torch.promote_types(model.dtype, torch.float32)  # the estimate sums many small products
+    # the estimate sums many small products: float32 at least, and the model's float64 kept (scores in it)
+    precision = torch.promote_types(model.dtype, torch.float32)
     products = [
         (torch.zeros_like(a, dtype=precision) if g is None else g.to(precision)) * (a_c.to(precision) - a.to(precision))
         for g, a, a_c in zip(gradients, clean_acts, corrupt_acts, strict=True)
     ]
     products = torch.cat(products, dim=-1)  # [batch pos n_features]; 0 at padding, which nothing reads
-    per_prompt = products.sum(1).float().cpu()
+    per_prompt = products.sum(1).cpu()
     infinite = ~torch.isfinite(per_prompt).all(0)
     if bool(infinite.any()):
         names = [name for d in dictionaries for name in feature_names(d)]
@@ -212,8 +214,8 @@ def attribute(
         features=[name for d in dictionaries for name in feature_names(d)],
         scores=per_prompt.mean(0),
         per_prompt=per_prompt,
-        clean=clean_values.detach().float().cpu(),
-        corrupt=corrupt_values.float().cpu(),
+        clean=clean_values.detach().to(precision).cpu(),
+        corrupt=corrupt_values.to(precision).cpu(),
         per_position=_per_position(products, tokens, key_valid) if per_position else None,
         provenance=provenance,
     )
@@ -330,7 +332,7 @@ def _per_position(products: Tensor, tokens: Tensor, key_valid: Tensor | None) ->
     sums = torch.zeros(n_positions, products.shape[-1], dtype=products.dtype, device=products.device)
     sums.index_add_(0, position_ids[real], products[real])
     counts = torch.bincount(position_ids[real], minlength=n_positions).to(products.dtype)
-    return (sums / counts[:, None]).T.float().cpu()
+    return (sums / counts[:, None]).T.cpu()
 
 
 __all__ = ["FeatureScores", "attribute", "feature_names"]

@@ -150,6 +150,8 @@ class CrossLayerTranscoder(HookedRootModule):
         dtype = getattr(torch, cfg.dtype) if isinstance(cfg.dtype, str) else cfg.dtype
         self.layers = nn.ModuleList(CLTLayer(cfg, layer, skip, dtype) for layer in range(cfg.n_layers))
         self.use_error_term = False  # as Dictionary's: run_with_saes(use_error_term=None) reads it
+        self.allow_other_model = False  # as Dictionary's: splice although cfg.metadata.model_name names another model
+        self.loaded_from: str | None = None  # as Dictionary's: the path hooked.sae.load read it from
         self.setup_hooks()
 
     # ----------------------------------------------------------------- what it is

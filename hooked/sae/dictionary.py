@@ -171,6 +171,8 @@ class Dictionary(HookedRootModule):
             self.threshold = nn.Parameter(torch.zeros(d_sae, **kw))
         self.W_skip = nn.Parameter(torch.zeros(d_out, d_in, **kw)) if skip else None
         self.use_error_term = False  # SAELens' SAE attribute: run_with_saes(use_error_term=None) reads it
+        self.allow_other_model = False  # True: splice although cfg.metadata.model_name names another model
+        self.loaded_from: str | None = None  # the path hooked.sae.load read it from, as given
         add_sae_points(self, d_in, d_sae, d_out)
         self.setup_hooks()
 

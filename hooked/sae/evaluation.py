@@ -16,11 +16,19 @@ term) into an otherwise clean forward:
 - `dead_features`: active on no token; `dense_features`: active on more than `dense_threshold` (10%) of them.
 
 Cross-entropy is averaged over the positions whose token and next token are real, as `return_type="loss"` does.
+
+`exclude_special_tokens` is SAELens' `run_evals` choice (6.54, `evals.py`), off by default here: True leaves the
+positions holding the tokenizer's BOS, EOS and pad ids out of every figure (a list: those ids), as `run_evals` does
+by default. As there, the dictionary is then spliced only at the other positions (the special ones keep their clean
+activation), the zero ablation still zeroes every position, and a cross-entropy term counts when its input token is
+not special. The default counts every real token, BOS included, because that is what `run_with_saes` splices: the
+figures describe the splice a user runs (docs/saes.md, "Evaluation").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,9 +93,12 @@ def evaluate(
     attention_mask: Tensor | None = None,
     batch_size: int = 32,
     dense_threshold: float = 0.1,
+    exclude_special_tokens: bool | Sequence[int] = False,
 ) -> EvaluationTable:
     """L0, FVU, cross-entropy clean / spliced / zero-ablated, loss recovered, dead and dense features of each
-    dictionary on `tokens` (ids [batch pos], or texts); see the module docstring. `batch_size` rows per forward."""
+    dictionary on `tokens` (ids [batch pos], or texts); see the module docstring. `batch_size` rows per forward.
+    `exclude_special_tokens=True` (or a list of ids) leaves BOS, EOS and pad positions out as SAELens' `run_evals`
+    does by default; the default, False, counts every real token."""
     if isinstance(dictionaries, Dictionary):
         dictionaries = [dictionaries]
     if not isinstance(dictionaries, Sequence) or not dictionaries:
@@ -97,33 +108,77 @@ def evaluate(
             raise TypeError(f"evaluate takes hooked.sae dictionaries (hooked.sae.load(...)), not {type(d).__name__}")
         with model.saes([d]):  # every splice check (hook names, widths, dtype, processing), before any forward
             pass
+        broken = [name for name, parameter in d.named_parameters() if not bool(torch.isfinite(parameter).all())]
+        if broken:  # a topk's L0 would still read k, beside NaN FVU and cross-entropy
+            raise ValueError(
+                f"{d!r} has NaN or infinite weights ({', '.join(broken)}): every figure but a TopK's L0 would be NaN."
+                " Was it trained on NaN activations? hooked.sae.train refuses them where they enter"
+            )
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size= is a positive int, not {batch_size!r}")
+    ignored = _ignored_ids(model, exclude_special_tokens)  # before any forward
     tokens, valid = model.tokens_and_mask(tokens, attention_mask, None)
     valid = torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device) if valid is None else valid
+    counted = valid & ~torch.isin(tokens, torch.tensor(ignored, dtype=tokens.dtype, device=tokens.device))
     stats = [_Stats(d) for d in dictionaries]
     written = sorted({d.hook_name_out for d in dictionaries}, key=model.hook_names.index)
     clean_loss = _Mean()
     with torch.no_grad():
         for start in range(0, tokens.shape[0], batch_size):
             rows, mask = tokens[start : start + batch_size], valid[start : start + batch_size]
+            keep = counted[start : start + batch_size]
             kwargs = dict(attention_mask=mask, return_type="loss", loss_per_token=True)
             per_token, cache = model.run_with_cache(rows, names_filter=written, **kwargs)
-            pairs = mask[:, :-1] & mask[:, 1:]  # the positions whose loss counts
+            pairs = mask[:, :-1] & mask[:, 1:] & keep[:, :-1]  # the positions whose loss counts
             clean_loss.add(per_token, pairs)
             for d, stat in zip(dictionaries, stats, strict=True):
                 point = d.hook_name_out
                 names = [f"{point}.hook_sae_acts_post", f"{point}.hook_sae_output"]
-                spliced, features = model.run_with_cache_with_saes(
-                    rows, saes=[d], use_error_term=False, names_filter=names, **kwargs
-                )
+                # SAELens' exclusion splices only the counted positions: the others get their clean activation back
+                unspliced = [(point, partial(_restore, cache[point], keep))] if ignored else []
+                with model.saes([d], use_error_term=False), model.hooks(fwd_hooks=unspliced):
+                    spliced, features = model.run_with_cache(rows, names_filter=names, **kwargs)
                 zeroed = model.run_with_hooks(rows, fwd_hooks=[(point, _zero)], **kwargs)
-                stat.add(cache[point], features[names[1]], features[names[0]], mask, spliced, zeroed, pairs)
+                stat.add(cache[point], features[names[1]], features[names[0]], keep, spliced, zeroed, pairs)
     return EvaluationTable(stat.row(clean_loss.value, dense_threshold) for stat in stats)
 
 
 def _zero(activation: Tensor, hook) -> Tensor:
     return torch.zeros_like(activation)
+
+
+def _restore(clean: Tensor, keep: Tensor, activation: Tensor, hook) -> Tensor:
+    """The dictionary's output where `keep` [batch pos], the clean activation elsewhere (SAELens' torch.where)."""
+    return torch.where(keep.view(*keep.shape, *[1] * (activation.ndim - 2)), activation, clean)
+
+
+def _ignored_ids(model: HookedTransformer, exclude_special_tokens) -> list[int]:
+    """The token ids whose positions evaluate leaves out: none, the tokenizer's special ones (True: SAELens'
+    `get_special_token_ids`, its BOS, EOS and pad ids), or the ids given."""
+    if exclude_special_tokens is False:
+        return []
+    if exclude_special_tokens is True:
+        tokenizer = getattr(model, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError(
+                "exclude_special_tokens=True reads the special ids from the model's tokenizer, and this model has"
+                " none; give the ids: exclude_special_tokens=[0]"
+            )
+        return sorted(special_token_ids(tokenizer))
+    ids = list(exclude_special_tokens) if isinstance(exclude_special_tokens, (list, tuple, set, range)) else None
+    if ids is None or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise TypeError(f"exclude_special_tokens is True, False or a list of token ids, not {exclude_special_tokens!r}")
+    return sorted(set(ids))
+
+
+def special_token_ids(tokenizer) -> set[int]:
+    """BOS, EOS and pad, the ids SAELens 6.54's `get_special_token_ids` takes (`util.py`: the tokenizer's
+    structural special tokens). A pad id hooked's tokenizer filled in (0, for a tokenizer with neither pad nor EOS)
+    is no token of the vocabulary's own and is left out."""
+    ids = {tokenizer.bos_token_id, tokenizer.eos_token_id}
+    if tokenizer.eos_token_id is not None or tokenizer.pad_token_id != 0:
+        ids.add(tokenizer.pad_token_id)
+    return {i for i in ids if i is not None}
 
 
 class _Mean:

@@ -25,6 +25,7 @@ output, and the other two are refused with the fix named.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -74,7 +75,8 @@ class _Splice:
         _check_width(model, dictionary, self.read, dictionary.cfg.d_in, "d_in", "reads", heads)
         _check_width(model, dictionary, self.write, dictionary.cfg.d_out, "d_out", "writes", heads)
         _check_dtype_device(model, dictionary)
-        _check_processing(model, dictionary)
+        _check_processing(model, dictionary, [self.read, self.write])
+        _check_model_name(model, dictionary)
         _check_not_spliced(dictionary, _named(dictionary))
         self.stash: dict[int, Tensor] = {}
 
@@ -143,7 +145,8 @@ class _CrossLayerSplice:
             _check_width(model, clt, read, clt.cfg.d_in, "d_in", "reads")
             _check_width(model, clt, write, clt.cfg.d_out, "d_out", "writes")
         _check_dtype_device(model, clt)
-        _check_processing(model, clt)
+        _check_processing(model, clt, self.reads + self.writes)
+        _check_model_name(model, clt)
         for layer in range(clt.cfg.n_layers):
             _check_not_spliced(clt, _named_layer(clt, layer), home=f"layers.{layer}.")
         self.state = CLTForward()
@@ -278,19 +281,51 @@ def _check_not_spliced(dictionary: Spliceable, named: list[tuple[HookPoint, str]
         raise ValueError(f"{dictionary!r} is already spliced ({spliced_at}); one place at once")
 
 
-def _check_processing(model: HookedTransformer, dictionary: Spliceable) -> None:
-    """Refuse a dictionary trained on differently processed weights (fold_ln, centring) than the model has."""
+def _check_processing(model: HookedTransformer, dictionary: Spliceable, points: list[str]) -> None:
+    """Refuse a dictionary trained on differently processed weights (fold_ln, centring) than the model has, where the
+    difference changes the activations at a point it reads or writes (hooked.processing.CHANGED_POINTS): fold_ln
+    leaves the residual stream as it was, so a residual SAE trained with it splices into a model without it."""
     trained = dictionary.cfg.processing
     if trained is None:
         return
     has = {flag: bool(value) for flag, value in getattr(model, "processing", {}).items()}
     differ = sorted(flag for flag in set(trained) | set(has) if bool(trained.get(flag)) != has.get(flag, False))
+    changed = {flag: [p for p in dict.fromkeys(points) if model.processing_changes(flag, p)] for flag in differ}
+    differ = [flag for flag in differ if changed[flag]]
     if differ:
         want = ", ".join(f"{flag}={bool(trained.get(flag))}" for flag in differ)
+        where = "; ".join(f"{flag} changes {', '.join(changed[flag])}" for flag in differ)
         raise ValueError(
-            f"{dictionary!r} was trained on a model with {want}, and this model differs; its activations are not the"
-            f" ones the dictionary reads. Load the model so (hooked.load(name, {want})) or reload it unprocessed"
+            f"{dictionary!r} was trained on a model with {want}, and this model differs: {where}, so the activations"
+            f" there are not the ones the dictionary was trained on. Load the model so (hooked.load(name, {want})) or"
+            " reload it unprocessed"
         )
+
+
+def _check_model_name(model: HookedTransformer, dictionary: Spliceable) -> None:
+    """Refuse a dictionary whose metadata names another model than this one: with the same widths it splices and
+    runs, reading activations it was not trained on (ioi-gpt2's transcoders on ioi-qwen3moe explain none of the
+    variance). A model loaded from a local directory is named by the folder, which need not be the model's name:
+    there a disagreement is a warning. `dictionary.allow_other_model = True` splices it anyway."""
+    recorded = dictionary.cfg.metadata.get("model_name")
+    if getattr(dictionary, "allow_other_model", False) or not isinstance(recorded, str):
+        return
+    agreement = model.name_agreement(recorded)  # the model knows its own name (hooked.weights.sources)
+    if agreement in ("same", "unknown"):
+        return
+    name = model.name_or_path
+    message = (
+        f"{dictionary!r} was trained on {recorded!r} (cfg.metadata.model_name), and this model is {name!r}: with the"
+        " same widths it would splice and run, reading activations it was not trained on. Splice the dictionary made"
+        " for this model; to splice this one anyway (to measure how it transfers), set"
+        " dictionary.allow_other_model = True"
+    )
+    if agreement == "other directory":
+        warnings.warn(
+            message + " (this model was loaded from a directory, whose name may not be the model's)", stacklevel=4
+        )
+        return
+    raise ValueError(message)
 
 
 # ----------------------------------------------------------------------------- the public API

@@ -7,7 +7,7 @@
 What happens, in order (the names are this file's):
 
 1. **Tokens** (`token_rows`): a token tensor ([n pos] rows used as they are, padding left out where an
-   `attention_mask` says so, or a [n] stream), a list of texts, a
+   `attention_mask` says so or, without one, as the model reads padding from ids; or a [n] stream), a list of texts, a
    local .txt (a text per line) or .jsonl ({"text": ...} per line) file, or any iterable of texts or {"text": ...}
    records. Texts are tokenized with the model's tokenizer, joined with a separator (BOS, else EOS) and cut into
    rows of `context_size`, each starting with BOS when the model prepends one (SAELens'
@@ -181,7 +181,10 @@ def train(
     (an entry's own `seed` only the latter). `device`, `dtype`: the dictionaries' (default: the model's device).
     `attention_mask` [n pos] goes with token rows [n pos] of prompts of different lengths (`tokens, mask =
     model.tokens_and_mask(texts, None, None)`): the forward runs with it, as at inference, and the padding's
-    activations are left out of training (`n_tokens` counts real tokens).
+    activations are left out of training (`n_tokens` counts real tokens). Without it, padding is read from the
+    rows as the model's forward reads it (`model.padding_mask`), or the rows are refused where the ids cannot say
+    which are pads; rows that hold the pad id as a real token (GPT-2's `<|endoftext|>` between documents) take
+    `attention_mask=torch.ones_like(rows)`, or go in as a stream, `rows.reshape(-1)`.
     `checkpoint_dir` gets the final dictionaries (`final_<tokens>/`) and, every `checkpoint_every` tokens, one
     `<tokens>/` each, in SAELens' format (cfg.json + sae_weights.safetensors; a subfolder per dictionary when there
     are several). The config records the model's weight processing and where the dictionary reads.
@@ -522,6 +525,8 @@ def _tensor_rows(model, data: Tensor, context_size, prepend_bos, bos, eos, limit
             )
         if limit is not None and data.shape[1] > limit:
             raise ValueError(f"the token rows are {data.shape[1]} long, but this model has only {limit} positions")
+        if mask is None:  # padding read from the ids as every entry point reads it, or refused (docs/hooks.md)
+            mask = model.padding_mask(data, None, prepend_bos)
         if mask is not None:
             if not isinstance(mask, Tensor) or mask.shape != data.shape:
                 shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
@@ -617,6 +622,7 @@ class ActivationStream:
         )
         if getattr(model, "tensor_parallel", False):
             self.stop_at_layer = None
+        self.rows_read = 0  # the token rows run so far, to name a NaN's row
 
     def batches(self, repeat: bool) -> Iterator[dict[str, Tensor]]:
         rows_per_forward = max(1, math.ceil(self.batch_tokens / self.rows.context_size))
@@ -659,7 +665,27 @@ class ActivationStream:
 
         with torch.no_grad(), self.model.hooks(fwd_hooks=[(self.points, keep)]):
             self.model(tokens, attention_mask=mask, return_type=None, stop_at_layer=self.stop_at_layer)
+        for name, buffer in buffers.items():
+            _check_finite(buffer[at : at + n], mask, name, self.rows_read)
+        self.rows_read += tokens.shape[0]
         return n
+
+
+def _check_finite(kept: Tensor, mask: Tensor, name: str, first_row: int) -> None:
+    """Refuse NaN or infinite activations where they enter, before any step reads them: a dictionary trained on them
+    would end with NaN weights, and its L0 would still look plausible. Names the point and the rows and positions."""
+    bad = ~torch.isfinite(kept).all(-1)
+    if not bool(bad.any()):
+        return
+    where = mask.nonzero()[bad.nonzero().flatten()].tolist()  # [row, position] in this forward's rows
+    listed = ", ".join(f"row {first_row + row} position {position}" for row, position in where[:5])
+    more = f" and {len(where) - 5} more" if len(where) > 5 else ""
+    raise ValueError(
+        f"the activations at {name} are NaN or infinite at {len(where)} real position{'s' if len(where) > 1 else ''}"
+        f" ({listed}{more}; rows as training cuts the data, counted from 0): a dictionary trained on them would get"
+        " NaN weights. Nothing was trained on them. Look for NaN in the model's weights, or for a value overflowing"
+        " the model's dtype, on those tokens (model.run_with_cache on them shows where it starts)"
+    )
 
 
 def _rows(batch: dict[str, Tensor]) -> int:

@@ -10,14 +10,16 @@ family's config class declares the fields it takes, `from_transformer_lens`):
 
 | TransformerLens fields | family |
 |---|---|
-| `normalization_type="LN"`, `positional_embedding_type="standard"`, `act_fn` `"gelu_new"` or `"gelu"`, d_model = n_heads * d_head | `GPT2` |
+| `normalization_type="LN"`, `positional_embedding_type="standard"`, `act_fn` `"gelu_new"`, `"gelu"` or `"relu"`, d_model = n_heads * d_head | `GPT2` |
 | the same with `attn_only=True` (any `act_fn`: there is no MLP) | `GPT2` with attention-only blocks (no ln2, MLP or resid_mid, as TransformerLens 3.9's `TransformerBlock`) |
 | `normalization_type="RMS"`, `positional_embedding_type="rotary"`, `act_fn="silu"`, `gated_mlp=True`, `use_qk_norm=True`, `final_rms=True` | `Qwen3` |
 | the same with `use_qk_norm=False` | `Llama` |
 | `normalization_type="LN"`, `positional_embedding_type="rotary"`, an even `rotary_dim`, `parallel_attn_mlp` either way | `GPTNeoX` |
 
 `use_hook_tokens=True` gives either model TransformerLens' `hook_tokens` on the token ids (`cfg.use_hook_tokens`).
-Anything else (`normalization_type=None`, `act_fn="relu"` or `"solu_ln"`, shortformer or alibi positions,
+`tokenizer_name=` loads that tokenizer (a hub id, from the cache offline, or a directory) onto the model and, without
+`d_vocab`, takes its size from it, as TransformerLens does.
+Anything else (`normalization_type=None`, `act_fn="solu_ln"`, shortformer or alibi positions,
 `LNPre`, GPT-2 with grouped-query heads, mixtures of experts, sliding windows)
 is refused with the field that no family has. Fields that only change how TransformerLens runs (`device`,
 `dtype`, `seed`, `use_attn_result`, ...) are honoured or accepted; fields with a non-default value that
@@ -31,6 +33,7 @@ differently), so the same seed does not give TransformerLens' numbers, only thei
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +63,6 @@ _FIXED = {
     "init_mode": "gpt2",
     "window_size": None,
     "attn_types": None,
-    "tokenizer_name": None,
     "original_architecture": None,
     "n_devices": 1,
 }
@@ -99,10 +101,12 @@ class HookedTransformerConfigSpec:
     dtype: torch.dtype = torch.float32
     tie_word_embeddings: bool = False  # W_U is W_E (TransformerLens' default: an unembedding of its own)
     extra: dict[str, Any] = field(default_factory=dict)  # accepted TransformerLens fields, readable back
+    tokenizer_name: str | None = None  # the hub id or directory the model's tokenizer is loaded from
+    tokenizer: Any = field(default=None, repr=False, compare=False)  # that tokenizer (a HookedTokenizer)
 
     def build_model(self, tokenizer=None, move_to_device: bool = True, default_padding_side: str = "right"):
         """`HookedTransformer(cfg)`: the family's model with randomly initialised weights (module docstring)."""
-        return HookedTransformer.from_config(
+        model = HookedTransformer.from_config(
             self.family,
             tokenizer,
             move_to_device,
@@ -113,9 +117,12 @@ class HookedTransformerConfigSpec:
             device=self.device,
             dtype=self.dtype,
         )
+        if self.tokenizer is not None:  # tokenizer_name's, as TransformerLens' HookedTransformer(cfg) sets it
+            model.set_tokenizer(copy.copy(self.tokenizer), default_padding_side)  # each model its own padding side
+        return model
 
     def __getattr__(self, name: str):  # only for names the dataclass lacks
-        if name.startswith("__") or name in ("family", "extra"):  # copy / pickle probe before fields exist
+        if name.startswith("__") or name in ("family", "extra", "tokenizer"):  # copy / pickle probe before fields exist
             raise AttributeError(name)
         if name in self.extra:
             return self.extra[name]
@@ -149,6 +156,7 @@ def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a
     attn_only: bool = False,
     use_hook_tokens: bool = False,
     parallel_attn_mlp: bool = False,
+    tokenizer_name: str | None = None,
     **fields: Any,
 ) -> HookedTransformerConfigSpec:
     """TransformerLens' config, mapped to the family it describes (module docstring); raises naming what no family
@@ -163,8 +171,11 @@ def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a
         if d_model % d_head:
             raise ValueError(f"d_model ({d_model}) must be divisible by d_head ({d_head})")
         n_heads = d_model // d_head
+    tokenizer = None if tokenizer_name is None else named_tokenizer(tokenizer_name)
+    if d_vocab <= 0 and tokenizer is not None:  # TransformerLens: the largest id in the vocabulary, plus one
+        d_vocab = max(tokenizer.get_vocab().values()) + 1
     if d_vocab <= 0:
-        raise ValueError("HookedTransformerConfig: give d_vocab (hooked builds no tokenizer to infer it from)")
+        raise ValueError("HookedTransformerConfig: give d_vocab, or tokenizer_name= to infer it from a tokenizer")
     d_mlp = 4 * d_model if d_mlp is None else d_mlp
     tl = dict(
         d_model=d_model,
@@ -204,7 +215,29 @@ def HookedTransformerConfig(  # noqa: N802  (TransformerLens' class name; here a
         dtype,
         tie_word_embeddings,
         {"seed": seed, **extra},
+        tokenizer_name=tokenizer_name,
+        tokenizer=tokenizer,
     )
+
+
+def named_tokenizer(name: str):
+    """TransformerLens' `tokenizer_name`: the tokenizer of a hub id (its files only, from the cache offline) or of
+    a local directory, as `hooked.load` reads a checkpoint's."""
+    import json
+
+    from hooked.tokenizer import HookedTokenizer
+    from hooked.weights.sources import resolve
+
+    directory = resolve(name, tokenizer_only=True)
+    config = json.loads((directory / "config.json").read_text()) if (directory / "config.json").exists() else {}
+    tokenizer = HookedTokenizer.from_directory(directory, config)
+    if tokenizer is None:
+        raise ValueError(
+            f"HookedTransformerConfig: tokenizer_name={name!r}, but {directory} has no tokenizer files (tokenizer.json,"
+            " or vocab.json and merges.txt)"
+        )
+    tokenizer.name_or_path = name  # the name given, as a Hugging Face tokenizer keeps it
+    return tokenizer
 
 
 def family_config(tl: dict[str, Any]):
@@ -240,8 +273,8 @@ def family_config(tl: dict[str, Any]):
 def _why(name: str) -> str:
     from hooked.models import MODEL_CLASSES
 
-    if name in ("tokenizer_name", "n_devices", "original_architecture"):
-        return "hooked builds no tokenizer or multi-device model here; load a checkpoint with hooked.load for those"
+    if name in ("n_devices", "original_architecture"):
+        return "hooked builds no multi-device model here; load a checkpoint with hooked.load for those"
     # A family whose config gives this field another value (or computes it) has the feature, from a checkpoint only.
     having = [
         model_class.title or model_class.__name__

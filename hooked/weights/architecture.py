@@ -67,8 +67,10 @@ def _no_init() -> Iterator[None]:
             setattr(torch.nn.init, name, fn)
 
 
-def build_on_meta(model_class, config: dict):
-    """The model a config.json describes, on the meta device: shapes only, no memory, no init."""
+def build_on_meta(model_class, config: dict, use_hook_tokens: bool = False):
+    """The model a config.json describes, on the meta device: shapes only, no memory, no init. `use_hook_tokens`
+    gives it TransformerLens' `hook_tokens` on the token ids."""
     cfg = model_class.config_class.from_hf(config)
+    cfg.set_use_hook_tokens(use_hook_tokens)
     with torch.device("meta"), _no_init():
         return model_class(cfg)

@@ -32,6 +32,7 @@ def load_model(
     tp: int | None = None,
     timeout: float | None = None,
     processing: dict | None = None,
+    use_hook_tokens: bool = False,
 ):
     """Build the model a checkpoint describes and fill it from its safetensors files.
 
@@ -51,7 +52,7 @@ def load_model(
             " the whole vocabulary on one rank; load with tp=1 or without processing"
         )
     if tp is None:
-        return _load(name_or_path, dtype, device, model_class, processing=processing)
+        return _load(name_or_path, dtype, device, model_class, processing=processing, use_hook_tokens=use_hook_tokens)
     parallel = Parallel.create(tp, timeout)
     model, error = None, None
     try:
@@ -62,7 +63,7 @@ def load_model(
     return model
 
 
-def _load(name_or_path, dtype, device, model_class, parallel=None, processing=None):
+def _load(name_or_path, dtype, device, model_class, parallel=None, processing=None, use_hook_tokens=False):
     dtype = _as_dtype(dtype)
     directory = resolve(name_or_path)
     config = read_config(directory)
@@ -72,7 +73,7 @@ def _load(name_or_path, dtype, device, model_class, parallel=None, processing=No
             f"{directory} holds a {detected.__name__} checkpoint, not {model_class.__name__}; use hooked.load"
         )
     model_class = detected
-    model = build_on_meta(model_class, config)
+    model = build_on_meta(model_class, config, use_hook_tokens)
     processing = processing or unprocessed()
     check_flags(model, processing)  # a refused combination (a rotary model's refactoring) fails before any read
     plan = None
@@ -116,7 +117,8 @@ def check_device(device: torch.device | str) -> None:
 
 
 def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    # float64 too: a reference to check float32 or a kernel against (`model.to(torch.float64)` computes the same)
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
     if isinstance(dtype, str):
         if dtype.removeprefix("torch.") not in names:
             raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(names)}")

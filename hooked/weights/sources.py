@@ -15,6 +15,7 @@ never needs it, and the tests replace `huggingface_hub.snapshot_download` to pro
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from hooked.transformer_lens import aliases
@@ -44,13 +45,17 @@ def bundled_models() -> dict[str, Path]:
     return {name: BUNDLED_DIR / name.removeprefix(BUNDLED_PREFIX) for name in BUNDLED_MODELS}
 
 
-def resolve(name_or_path: str | Path, config_only: bool = False) -> Path:
+_TOKENIZER_PATTERNS = ["config.json", *(name for name in _HUB_PATTERNS if "safetensors" not in name)]
+
+
+def resolve(name_or_path: str | Path, config_only: bool = False, tokenizer_only: bool = False) -> Path:
     """A bundled model's directory, a local checkpoint directory, or the hub snapshot of `name_or_path`
     (honours HF_HUB_OFFLINE), in that order; a TransformerLens name (`"gpt2-small"`) fetches the hub id it
     stands for (`hub_name_for`). A `hooked/...` name that is neither bundled nor a local directory raises,
     listing the bundled names; an unknown name's error suggests the closest TransformerLens names.
 
-    `config_only` fetches config.json alone (`hooked hooks` needs nothing else).
+    `config_only` fetches config.json alone (`hooked hooks` needs nothing else); `tokenizer_only` the tokenizer's
+    files and config.json, no weights (TransformerLens' `tokenizer_name`).
     """
     bundled = bundled_models()
     if str(name_or_path) in bundled:
@@ -84,7 +89,8 @@ def resolve(name_or_path: str | Path, config_only: bool = False) -> Path:
         f" (TransformerLens' name for hub id {hub_name!r})" if hub_name != str(name_or_path) else ""
     )
     try:
-        return Path(snapshot_download(hub_name, allow_patterns=["config.json"] if config_only else _HUB_PATTERNS))
+        patterns = ["config.json"] if config_only else _TOKENIZER_PATTERNS if tokenizer_only else _HUB_PATTERNS
+        return Path(snapshot_download(hub_name, allow_patterns=patterns))
     except HFValidationError as error:
         raise CheckpointError(
             f"{named} is neither a local directory nor a valid hub id: {error}{_did_you_mean(name_or_path)}"
@@ -107,6 +113,44 @@ def hub_name_for(name_or_path: str | Path) -> str:
     for one of its names or aliases (`"gpt2-small"` -> `"gpt2"`; hooked.transformer_lens.aliases), else
     the name itself."""
     return aliases.hub_id(str(name_or_path)) or str(name_or_path)
+
+
+def same_model_name(recorded: str, name_or_path: str | Path) -> bool:
+    """Whether a model name a file records (a SAELens or circuit-tracer config's `model_name`) names the model loaded
+    from `name_or_path`: the same hub id once TransformerLens' names are resolved (`"gpt2-small"` is `"gpt2"`), case
+    aside; or, where one of the two names no owner (`"gpt2"`; a local directory counts by its last folder), the same
+    name after the other's owner (`"openai-community/gpt2"`)."""
+    a = hub_name_for(str(recorded)).rstrip("/").lower()
+    path = Path(name_or_path).expanduser()
+    local = str(name_or_path) not in bundled_models() and path.is_dir()
+    b = path.resolve().name.lower() if local else hub_name_for(str(name_or_path)).rstrip("/").lower()
+    if a == b:
+        return True
+    return ("/" not in a or "/" not in b) and a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+
+
+def name_agreement(name_or_path: str | Path | None, recorded: str) -> str:
+    """Whether the model loaded from `name_or_path` is the one a file's `model_name` records: "same"; "other";
+    "other directory" where the model came from a local directory, whose folder name need not be the model's;
+    "unknown" where either name names no model (a model built in memory has no `name_or_path`, and training records
+    its class name, `"GPT2"`, for one)."""
+    from hooked.models import MODEL_CLASSES
+
+    in_memory = {model_class.__name__ for model_class in MODEL_CLASSES}
+    if name_or_path is None or not recorded or recorded in in_memory:
+        return "unknown"
+    if same_model_name(recorded, name_or_path):
+        return "same"
+    local = is_local_directory(name_or_path)
+    names = [recorded] if local else [recorded, str(name_or_path)]
+    if not all(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) for name in names):  # `owner/name` or `name`: a model's
+        return "unknown"
+    return "other directory" if local else "other"
+
+
+def is_local_directory(name_or_path: str | Path) -> bool:
+    """Whether `resolve` reads `name_or_path` as a local directory (not a bundled model)."""
+    return str(name_or_path) not in bundled_models() and Path(name_or_path).expanduser().is_dir()
 
 
 def from_the_hub(name_or_path: str | Path) -> bool:

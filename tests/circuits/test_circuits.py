@@ -730,6 +730,32 @@ def test_eap_ig_converges_to_the_exact_effect_where_blocks_write_nothing():
     assert abs(ig64 - exact) < 0.1 * abs(ig8 - exact)  # the midpoint rule's error shrinks with the steps
 
 
+def test_a_float64_model_gets_float64_edge_scores():
+    """EAP's input->logits score of a model whose blocks write nothing, in float64: d metric / d final residual
+    times (corrupt - clean) input, by autograd in float64, agrees to float64 rounding (a float32 metric or matrix
+    would leave 1e-7 of it), and the matrix is float64."""
+    model = input_only_model().double()
+    clean, corrupt, _ = paired_prompts(model, 4, 5, seed=9)
+    metric = metrics.logit_diff(None, [3] * 4, [5] * 4)
+    scores = circuits.attribute(model, clean, corrupt, metric, method="eap")
+    assert scores.matrix.dtype == torch.float64
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    kept = {}
+
+    def leaf(activation, hook):
+        kept["resid"] = activation.detach().requires_grad_(True)
+        return kept["resid"]
+
+    logits = model.run_with_hooks(clean, fwd_hooks=[(last, leaf)])
+    (grad,) = torch.autograd.grad((logits[:, -1, 3] - logits[:, -1, 5]).sum(), kept["resid"])
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean, names_filter=[last])
+        _, corrupt_cache = model.run_with_cache(corrupt, names_filter=[last])
+    expected = float((grad * (corrupt_cache[last] - cache[last])).sum() / clean.shape[0])
+    assert abs(expected) > 0.1
+    assert abs(scores["input->logits"] - expected) < 1e-12 * max(1.0, abs(expected))
+
+
 class HandKL:
     """KL(base || run) at the last position, by hand: the base is the clean run's logits, fixed."""
 

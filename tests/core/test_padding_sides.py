@@ -4,8 +4,10 @@ The bundled IOI GPT-2 pads on the left and its pad id is its BOS and EOS (`<|end
 ids given to it without `attention_mask=` used to be read as unpadded: the trailing pads were tokens, and every
 metric at position -1 of a short row read a pad (issue 31: `circuits.patch_edges` gave base 8.468 where the
 left-padded batch gives 13.245). The property test draws the padding side, whether the mask is given and the
-row lengths, and checks every entry point that takes ids against the left-padded batch with its mask (itself
-checked against each prompt run alone): equal at each row's real positions, or refused naming the mask.
+row lengths, and checks every entry point that takes ids (the model's, the SAE ones: `run_with_saes`,
+`hooked.sae.evaluate`, `attribute` and `train`; and `graphs.attribute_batch`) against the left-padded batch with
+its mask (itself checked against each prompt run alone): equal at each row's real positions, or refused naming
+the mask.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import hooked
-from hooked import ablate, circuits, metrics, patch
+from hooked import ablate, circuits, graphs, metrics, patch
 from hooked.testing import random_model
+from tests.sae.dictionaries import random_dictionary
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matrices: a second thread only waits
 
 PAD = 0  # the bundled IOI GPT-2's BOS, EOS and pad id
 REFUSAL = "attention_mask="
 TOL = dict(atol=1e-4, rtol=1e-4)
+SAE_POINT = "blocks.1.hook_resid_post"
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +42,25 @@ def tiny(model):
     tiny.tokenizer = model.tokenizer
     assert tiny.default_prepend_bos  # the BOS (the pad id) of each row is real
     return tiny
+
+
+@pytest.fixture(scope="module")
+def dictionaries(tiny):
+    """A random SAE on the tiny model's residual stream and a random transcoder per layer (float32)."""
+    d = tiny.cfg.d_model
+    sae = random_dictionary(d, SAE_POINT, d_sae=16)
+    transcoders = [
+        random_dictionary(
+            d,
+            f"blocks.{layer}.mlp.hook_in",
+            hook_name_out=f"blocks.{layer}.hook_mlp_out",
+            d_sae=12,
+            architecture="jumprelu",
+            seed=layer,
+        )  # fmt: skip
+        for layer in range(tiny.cfg.n_layers)
+    ]
+    return sae, transcoders
 
 
 @pytest.fixture(scope="module")
@@ -150,9 +173,10 @@ def _per_row(values: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
     return [values[i][mask[i]] for i in range(len(mask))]
 
 
-def _entry_points(model, clean, corrupt, attention_mask, mask, correct, incorrect) -> dict:
+def _entry_points(model, dictionaries, clean, corrupt, attention_mask, mask, correct, incorrect) -> dict:
     """Every entry point's result on ids `clean` / `corrupt` (mask given or not); `mask` is the true one, used
     only to read the results out at each row's real positions."""
+    sae, transcoders = dictionaries
     metric = metrics.logit_diff(model, correct, incorrect)
     zero = {"L1H0": ablate.hooks(model, "L1H0")}
     kw = dict(attention_mask=attention_mask)
@@ -169,6 +193,12 @@ def _entry_points(model, clean, corrupt, attention_mask, mask, correct, incorrec
     path = circuits.path_patch(model, clean, corrupt, ["L1H0"], ["logits"], metric, **kw)
     scores = circuits.attribute(model, clean, corrupt, metric, method="eap", **kw)
     found = circuits.discover(model, clean, corrupt, metric, method="eap", n_edges=4, **kw)
+    (evaluated,) = hooked.sae.evaluate(model, sae, clean, **kw)
+    features = hooked.sae.attribute(model, clean, corrupt, metric, saes=[sae], **kw)
+    # lr so small that b_dec stays the first batch's mean (all the tokens): the activations trained on
+    trained = hooked.sae.train(model, clean, hook_name=SAE_POINT, d_sae=8, k=2, lr=1e-12, batch_tokens=64,
+                               progress=False, **kw)  # fmt: skip
+    attributed = graphs.attribute_batch(model, clean, transcoders, max_n_logits=2, batch_size=4, **kw)
     return {
         "forward": _per_row(logits, mask),
         "loss": model(clean, return_type="loss", **kw),
@@ -183,6 +213,12 @@ def _entry_points(model, clean, corrupt, attention_mask, mask, correct, incorrec
         "path_patch": path.values,
         "attribute": scores.matrix,
         "discover": [str(edge) for edge in found.edges],
+        "run_with_saes": _per_row(model.run_with_saes(clean, saes=[sae], **kw), mask),
+        "evaluate": torch.tensor([evaluated[key] for key in ("n_tokens", "l0", "fvu", "ce_clean", "ce_spliced")]),
+        "sae.attribute": features.per_prompt,
+        "train": torch.cat([torch.tensor([trained.cfg.metadata["n_training_tokens"]]), trained.b_dec.detach()]),
+        "graphs.attribute_batch": [graph.adjacency for graph in attributed],
+        "graph tokens": [graph.input_tokens.tolist() for graph in attributed],
     }
 
 
@@ -199,7 +235,7 @@ def _entry_points(model, clean, corrupt, attention_mask, mask, correct, incorrec
 @example(side="right", with_mask=False, lengths=[5, 3], seed=1)
 @example(side="left", with_mask=False, lengths=[3, 8, 2, 5], seed=2)
 @example(side="left", with_mask=True, lengths=[6, 2], seed=3)
-def test_every_entry_point_equals_the_left_padded_batch_or_refuses(tiny, side, with_mask, lengths, seed):
+def test_every_entry_point_equals_the_left_padded_batch_or_refuses(tiny, dictionaries, side, with_mask, lengths, seed):
     model = tiny
     generator = torch.Generator().manual_seed(seed)
 
@@ -212,18 +248,22 @@ def test_every_entry_point_equals_the_left_padded_batch_or_refuses(tiny, side, w
 
     reference_ids, reference_mask = padded(rows, "left")
     reference = _entry_points(
-        model, reference_ids, padded(other, "left")[0], reference_mask, reference_mask, correct, incorrect
+        model, dictionaries, reference_ids, padded(other, "left")[0], reference_mask, reference_mask, correct, incorrect
     )
-    # The reference itself: each row's logits equal the prompt run alone.
+    # The reference itself: each row's logits equal the prompt run alone; the graphs' tokens are the rows; the
+    # dictionary trained on the real tokens' activations, each prompt run alone.
     for row, logits in zip(rows, reference["forward"], strict=True):
         torch.testing.assert_close(logits, model(torch.tensor([row]))[0], **TOL)
+    assert reference["graph tokens"] == rows
+    alone = torch.cat([model.run_with_cache(torch.tensor([row]))[1][SAE_POINT][0] for row in rows])
+    torch.testing.assert_close(reference["train"], torch.cat([torch.tensor([len(alone)]), alone.mean(0)]), **TOL)
 
     clean, mask = padded(rows, side)
     corrupt = padded(other, side)[0]
     ragged = len(set(lengths)) > 1
     if side == "right" and ragged and not with_mask:
         with pytest.raises(ValueError, match="look padded on the right") as caught:
-            _entry_points(model, clean, corrupt, None, mask, correct, incorrect)
+            _entry_points(model, dictionaries, clean, corrupt, None, mask, correct, incorrect)
         assert REFUSAL in str(caught.value)
         metric = metrics.logit_diff(model, correct, incorrect)
         for call in (  # each entry point refuses on its own, before anything runs
@@ -231,13 +271,17 @@ def test_every_entry_point_equals_the_left_padded_batch_or_refuses(tiny, side, w
             lambda: hooked.sweep(model, clean, {"L1H0": ablate.hooks(model, "L1H0")}, metric),
             lambda: circuits.patch_edges(model, clean, corrupt, ["L1H0->logits"], metric),
             lambda: model.generate(clean, max_new_tokens=1),
+            lambda: hooked.sae.evaluate(model, dictionaries[0], clean),
+            lambda: hooked.sae.attribute(model, clean, corrupt, metric, saes=[dictionaries[0]]),
+            lambda: hooked.sae.train(model, clean, hook_name=SAE_POINT, d_sae=8, k=2, progress=False),
+            lambda: graphs.attribute_batch(model, clean, dictionaries[1], max_n_logits=2),
         ):
             with pytest.raises(ValueError, match="look padded on the right"):
                 call()
         return
-    got = _entry_points(model, clean, corrupt, mask if with_mask else None, mask, correct, incorrect)
+    got = _entry_points(model, dictionaries, clean, corrupt, mask if with_mask else None, mask, correct, incorrect)
     for name, expected in reference.items():
-        if name == "discover":
+        if name in ("discover", "graph tokens"):
             assert got[name] == expected, name
         elif isinstance(expected, list):
             for a, b in zip(got[name], expected, strict=True):

@@ -94,8 +94,13 @@ def test_mask_from_ids_follows_transformer_lens_rules(gpt2):
     assert pad == gpt2.tokenizer.bos_token_id  # GPT-2: <|endoftext|> is both
     x, y = (pad + 5) % gpt2.cfg.d_vocab, (pad + 7) % gpt2.cfg.d_vocab
     tokens = torch.tensor([[pad, pad, pad, x, y], [pad, x, y, pad, x], [x, y, x, y, x]])
-    with_bos = gpt2.tokenizer.mask_for(tokens, prepend_bos=True)
+    with_bos = gpt2.tokenizer.mask_for(tokens, prepend_bos=True, strict=False)
     assert with_bos.tolist() == [[False, False, True, True, True], [True] * 5, [True] * 5]
+    # hooked's strict reading: a row without the BOS beside padded rows could be ids made without BOS, whose
+    # pads are all padding (the last not a BOS), so the ids cannot say; rows that all begin with it read as above
+    with pytest.raises(ValueError, match="row 2 does not begin with the BOS"):
+        gpt2.tokenizer.mask_for(tokens, prepend_bos=True)
+    assert gpt2.tokenizer.mask_for(tokens[:2], prepend_bos=True).tolist() == with_bos[:2].tolist()
     without_bos = gpt2.tokenizer.mask_for(tokens, prepend_bos=False)
     assert without_bos.tolist() == [[False, False, False, True, True], [False, True, True, True, True], [True] * 5]
     assert gpt2.tokenizer.mask_for(tokens[2:], prepend_bos=True) is None  # unpadded: no mask at all
@@ -282,9 +287,10 @@ def test_to_single_token_refuses_a_word_the_tokenizer_does_not_know():
 @given(lengths=st.lists(st.integers(1, 4), min_size=1, max_size=4), extra=st.integers(0, 2), seed=st.integers(0, 9))
 def test_any_leading_pad_runs_are_read_as_the_rule_says(gpt2, lengths, extra, seed):
     """Rows of `lengths[i]` non-pad tokens after a run of pad ids (GPT-2: BOS = EOS = pad), all as wide as
-    the longest plus `extra`: equal runs (or one row) are never masked; runs that differ with a row of at
-    most one pad id are a left-padded batch whose BOS is the last id of each run (TransformerLens' rule);
-    runs that all exceed one id cannot be told apart from prompts that begin with pad ids, and raise."""
+    the longest plus `extra`: equal runs (or one row) are never masked; runs that differ with a row of one
+    pad id are a left-padded batch whose BOS is the last id of each run (TransformerLens' rule); runs that
+    all exceed one id cannot be told apart from prompts that begin with pad ids, and a row of none (no BOS)
+    from ids made without BOS, whose last pad is padding: both raise."""
     pad = gpt2.tokenizer.pad_token_id
     width = max(lengths) + extra
     tokens = torch.randint(0, gpt2.cfg.d_vocab, (len(lengths), width), generator=torch.Generator().manual_seed(seed))
@@ -297,7 +303,7 @@ def test_any_leading_pad_runs_are_read_as_the_rule_says(gpt2, lengths, extra, se
             torch.testing.assert_close(
                 gpt2(tokens), gpt2(tokens, attention_mask=torch.ones_like(tokens)), rtol=0, atol=0
             )
-        elif min(runs) > 1:
+        elif min(runs) != 1:
             with pytest.raises(ValueError, match="pass attention_mask="):
                 gpt2(tokens)
         else:

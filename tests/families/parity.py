@@ -313,19 +313,34 @@ def ln1_head_zero(name, ours, theirs):
     return ours, (theirs[:, :, 0] if ".ln1." in name else theirs)
 
 
+# TransformerLens computes each hook point with other operations in another order (einsum projections, rotary
+# angles as pos / base ** (2i / d), scale before or after q.k, softmax of its own): the two agree to float32
+# rounding, which grows with the magnitudes a tensor is made of, not with each element (an element near 0 made
+# from values near 90 carries their rounding). So the tolerance is a number of float32 ulps of the tensor's
+# largest magnitude. Measured over Llama, OLMo 2, Gemma 2 and Gemma 3 (wide weights, activations up to ~90) under
+# ATen's default, AVX2 and AVX-512 kernels and MKL_CBWR=COMPATIBLE: at most 56 ulps (a Gemma 2 score, 2e-5 at
+# 3.0); twice that bound leaves room for another CPU's kernels, and a wrong operation is off by percent, not ulps.
+TRANSFORMER_LENS_ULPS = 128
+
+
+def within_ulps_of_magnitude(ours: torch.Tensor, theirs: torch.Tensor, ulps: int, msg: str = "") -> None:
+    """`ours` equals `theirs` to `ulps` float32 ulps of the largest magnitude in `theirs` (rtol 0)."""
+    atol = ulps * torch.finfo(torch.float32).eps * theirs.abs().max().item()
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=atol, msg=msg or None)
+
+
 def compare_with_transformer_lens(
-    model, tl, tokens, only_hooked: set[str], only_transformer_lens: set[str], adjust=None, atol=1e-5
-) -> dict:
-    """Every hook point both models have holds the same tensor (rtol 1e-5, `atol`: a number, or name -> number;
-    the logits are "logits"), after `adjust(name, ours, theirs) -> (ours, theirs)` reconciles a family's layouts;
+    model, tl, tokens, only_hooked: set[str], only_transformer_lens: set[str], adjust=None
+):
+    """Every hook point both models have holds the same tensor, to TRANSFORMER_LENS_ULPS of its largest magnitude
+    (the logits are "logits"), after `adjust(name, ours, theirs) -> (ours, theirs)` reconciles a family's layouts;
     masked scores compare where TransformerLens' are finite (it writes -inf, hooked the dtype's minimum).
     `only_hooked` are per-block names, besides ON_REQUEST, which every family has; returns hooked's cache."""
-    tolerance = atol if callable(atol) else lambda name: atol
     (tl_logits, tl_cache), (logits, cache) = cache_every_point([tl, model], tokens)
     ours_only = {f"blocks.{i}.{name}" for i in range(model.cfg.n_layers) for name in {*only_hooked, *ON_REQUEST}}
     assert set(tl_cache.keys()) - set(model.hook_names) == only_transformer_lens
     assert set(model.hook_names) - set(tl_cache.keys()) == ours_only
-    torch.testing.assert_close(logits, tl_logits, rtol=1e-5, atol=tolerance("logits"))
+    within_ulps_of_magnitude(logits, tl_logits, TRANSFORMER_LENS_ULPS, "logits")
     for name in set(model.hook_names) - ours_only:
         ours, theirs = cache[name], tl_cache[name]
         if adjust is not None:
@@ -334,7 +349,7 @@ def compare_with_transformer_lens(
             visible = torch.isfinite(theirs)
             assert torch.equal(visible, ours > torch.finfo(ours.dtype).min), name
             ours, theirs = ours[visible], theirs[visible]
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=tolerance(name), msg=name)
+        within_ulps_of_magnitude(ours, theirs, TRANSFORMER_LENS_ULPS, name)
     return cache
 
 

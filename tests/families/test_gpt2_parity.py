@@ -61,6 +61,24 @@ def test_float32_bit_exact(gpt2, gpt2_dir, tokens, path, hf_implementation):
         assert torch.equal(point.ctx.pop("seen"), expected), f"resid_post of block {layer} differs"
 
 
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_other_activations_bit_exact(gpt2_dir, tokens, tmp_path, activation):
+    """GPT2Config's `activation_function` may name any of transformers' ACT2FN; hooked runs "gelu" and "relu" as
+    they do (F.gelu, F.relu): exact, the same kernels in the same order. The neurons hold act(pre)."""
+    for file in gpt2_dir.iterdir():
+        (tmp_path / file.name).symlink_to(file)
+    config = json.loads((gpt2_dir / "config.json").read_text())
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({**config, "activation_function": activation}))
+    reference_logits, _ = hf_block_outputs(hf_model(tmp_path, "sdpa"), tokens)
+    model = hooked.load(tmp_path)
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens, names_filter=["blocks.0.mlp.hook_pre", "blocks.0.mlp.hook_post"])
+    assert torch.equal(logits, reference_logits)
+    functions = {"gelu": torch.nn.functional.gelu, "relu": torch.relu}
+    assert torch.equal(cache["blocks.0.mlp.hook_post"], functions[activation](cache["blocks.0.mlp.hook_pre"]))
+
+
 def test_sdpa_and_eager_paths_give_the_same_z_and_logits(gpt2, tokens):
     is_z = lambda name: name.endswith("hook_z")  # noqa: E731
     with torch.no_grad():

@@ -165,8 +165,8 @@ def test_greedy_generation_equals_transformers(dirs, models, lengths):
 
 # ----------------------------------------------------------------------------- TransformerLens 3.9
 def check_against_transformer_lens(model, tl, tokens):
-    """Every hook point both have holds the same tensor up to float32 rounding (rtol = atol = 1e-5; measured
-    <= 1e-6), TransformerLens' per-head ln1 at head 0 (tests/families/parity.py)."""
+    """Every hook point both have holds the same tensor up to float32 rounding (tests/families/parity.py),
+    TransformerLens' per-head ln1 at head 0."""
     compare_with_transformer_lens(model, tl, tokens, set(), UNEMBED_POINTS, adjust=ln1_head_zero)
 
 

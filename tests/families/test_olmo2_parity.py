@@ -184,7 +184,7 @@ ONLY_HOOKED = {"attn.hook_q_normed", "attn.hook_k_normed", "hook_attn_out_pre_no
 
 
 def test_every_hook_equals_transformer_lens(dirs, models):
-    """Every hook point both have holds the same tensor up to float32 rounding (rtol = atol = 1e-5), among them
+    """Every hook point both have holds the same tensor up to float32 rounding (tests/families/parity.py), among them
     TransformerLens' post-norm ln1 / ln2 and hook_attn_out / hook_mlp_out after them. TransformerLens holds
     q_norm / k_norm's hook_normalized flat [batch pos heads * d_head]; hooked splits it by head."""
     model, tl = models["mha"], tl_olmo2(dirs["mha"])

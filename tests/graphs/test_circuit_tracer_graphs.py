@@ -173,3 +173,43 @@ def test_hooked_reads_circuit_tracers_own_file(exchanged):
         graph.model_info["original_architecture"] == "LlamaForCausalLM" and graph.model_info["n_key_value_heads"] == 1
     )
     assert graph.n_nodes == 13 and graph.node_label(0) == "L0 F3 @1"
+
+
+def test_create_graph_files_takes_a_graph_of_transcoders_whose_files_name_no_scan(tmp_path):
+    """circuit-tracer's create_graph_files refuses a graph without a scan ('Neither scan nor graph.scan was set').
+    A graph hooked attributes through a transcoder set whose config.yaml names none carries the path the set was
+    loaded from, which circuit-tracer's viewer files then name."""
+    import yaml
+
+    import hooked.sae
+    from hooked import graphs
+    from hooked.testing import random_model
+    from tests.sae.dictionaries import random_dictionary
+
+    model = random_model("gpt2", seed=1)
+    transcoders = [
+        random_dictionary(
+            model.cfg.d_model, f"blocks.{layer}.mlp.hook_in", hook_name_out=f"blocks.{layer}.hook_mlp_out", d_sae=8,
+            architecture="jumprelu", seed=layer,
+        )
+        for layer in range(model.cfg.n_layers)
+    ]  # fmt: skip
+    folder = tmp_path / "set"
+    hooked.sae.save(transcoders, folder, format="circuit-tracer")
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    del config["scan"]
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    graph = graphs.attribute(model, torch.tensor([3, 17, 42, 8, 25]), hooked.sae.load(folder), progress=False)
+    graph.model_info["tokenizer_name"] = str(_tokenizer_folder(tmp_path / "tokenizer"))
+    graph.save_circuit_tracer(tmp_path / "graph.pt")
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from circuit_tracer.utils.create_graph_files import create_graph_files
+        work = sys.argv[1]
+        create_graph_files(f"{work}/graph.pt", "g", f"{work}/frontend", node_threshold=0.8, edge_threshold=0.98)
+        """
+    )
+    run_circuit_tracer(script, str(tmp_path))
+    written = json.loads((tmp_path / "frontend" / "g.json").read_text())
+    assert written["metadata"]["scan"] == str(folder) == graph.scan

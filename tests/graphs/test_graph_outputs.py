@@ -123,3 +123,42 @@ def test_plot_draws_the_pruned_graph_to_a_png(tmp_path, sparse):
     assert features and all(graph.node_label(i).split(" @")[0] in texts for i in features)
     assert len(figure.axes[0].collections[0].get_segments()) == len(pruned.edges())
     plt.close(figure)
+
+
+def test_every_graph_has_a_scan_the_transcoders_own_else_their_path(tmp_path):
+    """circuit-tracer's create_graph_files refuses a graph without `scan` ('Neither scan nor graph.scan was set').
+    A graph keeps the scan its transcoders' config.yaml names; where it names none, the path they were loaded from;
+    transcoders made in memory give the model's name; and a Graph built without one is written with one."""
+    import yaml
+
+    import hooked.sae
+    from hooked import graphs
+
+    model = random_model("gpt2", seed=1)
+    made = [
+        random_dictionary(
+            model.cfg.d_model, f"blocks.{layer}.mlp.hook_in", hook_name_out=f"blocks.{layer}.hook_mlp_out", d_sae=8,
+            architecture="jumprelu", seed=layer,
+        )
+        for layer in range(model.cfg.n_layers)
+    ]  # fmt: skip
+    named, unnamed = tmp_path / "named", tmp_path / "unnamed"
+    for folder, scan in ((named, "gpt2-tiny-transcoders"), (unnamed, None)):
+        hooked.sae.save(made, folder, format="circuit-tracer")
+        config = yaml.safe_load((folder / "config.yaml").read_text())
+        config.pop("scan", None)
+        (folder / "config.yaml").write_text(yaml.safe_dump(config | ({"scan": scan} if scan else {})))
+    prompt = torch.tensor([3, 17, 42, 8, 25])
+    for transcoders, scan in (
+        (hooked.sae.load(named), "gpt2-tiny-transcoders"),
+        (hooked.sae.load(str(unnamed)), str(unnamed)),
+        (made, model.cfg.model_name),
+    ):
+        graph = graphs.attribute(model, prompt, transcoders, progress=False)
+        assert graph.scan == scan
+        graph.save_circuit_tracer(tmp_path / "graph.pt")
+        assert Graph.load_circuit_tracer(tmp_path / "graph.pt").scan == scan
+    bare = random_graph(seed=6)
+    bare.scan = None
+    bare.save_circuit_tracer(tmp_path / "bare.pt")
+    assert Graph.load_circuit_tracer(tmp_path / "bare.pt").scan == "random"  # its model_info's model_name

@@ -36,7 +36,7 @@ def test_unknown_hub_id_offline_says_what_to_do(hub_cache):
         hooked.load("someone/other-model")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_weights_are_read_into_the_requested_dtype(gpt2_dir, dtype):
     model = hooked.load(gpt2_dir, dtype=dtype)
     assert {p.dtype for p in model.parameters()} == {dtype}
@@ -48,6 +48,18 @@ def test_dtype_may_be_given_by_name(gpt2_dir):
     assert hooked.load(gpt2_dir, dtype="bfloat16").dtype == torch.bfloat16
     with pytest.raises(ValueError, match="dtype"):
         hooked.load(gpt2_dir, dtype="float8")
+
+
+def test_float64_loads_as_model_to_float64_computes(gpt2_dir, tokens):
+    """float64 (a reference for float32 and the kernels) loads, and computes what converting after loading does:
+    the file's float32 values widen exactly either way and both run the same float64 kernels, hence equality."""
+    model = hooked.load(gpt2_dir, dtype=torch.float64)
+    converted = hooked.load(gpt2_dir).to(torch.float64)
+    assert hooked.load(gpt2_dir, dtype="float64").dtype == torch.float64
+    with torch.no_grad():
+        logits = model(tokens)
+        assert logits.dtype == torch.float64
+        assert torch.equal(logits, converted(tokens))
 
 
 def test_model_class_must_match_the_checkpoint(gpt2_dir):

@@ -416,7 +416,7 @@ def test_a_patch_of_another_shape_fails_at_the_first_forward_and_leaves_no_hook(
 
 def test_differently_padded_clean_prompts_are_refused(gpt2):
     clean, corrupt, mask = padded_pair(gpt2)
-    _, unpadded = gpt2.run_with_cache(clean)
+    _, unpadded = gpt2.run_with_cache(clean, attention_mask=torch.ones_like(mask))
     metric = metrics.logit_diff(gpt2, [1, 2], [3, 4])
     with pytest.raises(ValueError, match="padded differently"):
         patch.resid_sweep(gpt2, corrupt, unpadded, metric, attention_mask=mask)

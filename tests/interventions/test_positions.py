@@ -102,6 +102,8 @@ def test_per_prompt_zero_through_addresses_and_a_sweep(gpt2):
 def test_per_prompt_positions_while_generating(gpt2):
     """Decode steps compute other columns: position p of prompt i is written once, on the prompt's call."""
     tokens = torch.randint(0, gpt2.cfg.d_vocab, (3, 6), generator=torch.Generator().manual_seed(3))
+    pad = gpt2.tokenizer.pad_token_id
+    tokens[tokens == pad] = (pad + 1) % gpt2.cfg.d_vocab  # unpadded prompts: no row begins with the pad id
     positions = [1, 5, -3]
     name = "blocks.0.attn.hook_z"
     out = gpt2.generate(

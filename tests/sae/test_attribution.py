@@ -116,9 +116,33 @@ def test_each_score_is_the_derivative_of_the_patch_it_estimates(use_error_term):
             for feature in range(d.cfg.d_sae):
                 out = model.run_with_hooks(clean, fwd_hooks=[(point, patch.activation(nudged, features=feature))])
                 derivatives.append((last_token_diff(out) - base) / eps)
-    derivatives = torch.stack(derivatives, dim=-1).float()
+    derivatives = torch.stack(derivatives, dim=-1)
     torch.testing.assert_close(scores.per_prompt, derivatives, atol=1e-5, rtol=1e-4)
     assert derivatives.abs().max() > 1e-2
+
+
+def test_a_float64_model_gets_float64_scores():
+    """The scores, the metric values and the per-position table in the model's float64, through a library metric:
+    equal to the explicit float64 formula (with the metric written in float64 too) to float64 rounding, far below
+    what a float32 step anywhere (the metric's softmax-free difference, the products' sum) would leave."""
+    model = random_model("gpt2", seed=4, n_layers=2).double()
+    sae, tc = dictionaries(model, torch.float64)
+    clean, corrupt = pair(model, seed=2)
+    metric = metrics.logit_diff(model, [1, 2, 3, 4], [5, 6, 7, 8])
+    scores = hooked.sae.attribute(model, clean, corrupt, metric, saes=[sae, tc], per_position=True)
+
+    def diff64(logits, base_logits=None, attention_mask=None):
+        rows = torch.arange(4)
+        return logits[rows, -1, torch.tensor([1, 2, 3, 4])] - logits[rows, -1, torch.tensor([5, 6, 7, 8])]
+
+    expected = explicit_products(model, sae, tc, clean, corrupt, diff64).sum(1)
+    assert {scores.scores.dtype, scores.per_prompt.dtype, scores.clean.dtype, scores.per_position.dtype} == {
+        torch.float64
+    }
+    torch.testing.assert_close(scores.per_prompt, expected, atol=1e-12, rtol=1e-10)
+    with torch.no_grad(), model.saes([sae, tc], use_error_term=True):
+        torch.testing.assert_close(scores.clean, diff64(model(clean)), atol=1e-12, rtol=0)
+    assert expected.abs().max() > 1e-2
 
 
 def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:

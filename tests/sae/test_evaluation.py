@@ -168,12 +168,87 @@ def test_a_trained_dictionary_recovers_most_of_the_loss(model):
         ([], TypeError, "non-empty"),
         (DictionaryConfig(d_in=128, d_sae=8, hook_name="blocks.9.hook_resid_post"), KeyError, "not a hook point"),
         (DictionaryConfig(d_in=64, d_sae=8, hook_name=RESID), ValueError, "d_in is 64"),
+        (
+            (DictionaryConfig(d_in=128, d_sae=16, hook_name=RESID, architecture="topk", k=4),),
+            ValueError,
+            r"NaN or infinite weights \(W_dec\)",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_anything_runs(model, prompts, bad, error, match):
     if isinstance(bad, DictionaryConfig):
         bad = Dictionary(bad)
+    if isinstance(bad, tuple):  # a TopK SAE with a NaN in its decoder: its L0 alone would look plausible
+        bad = random_dictionary(bad[0], 0)
+        with torch.no_grad():
+            bad.W_dec[3, 5] = float("nan")
     with pytest.raises(error, match=match):
         hooked.sae.evaluate(model, bad, prompts)
     assert not any(point._fwd for point in model.hook_dict.values())
     assert not any(".hook_sae_" in name for name in model.hook_dict)
+
+
+@pytest.mark.parametrize("which", ["bundled", "random"])
+def test_special_tokens_left_out_as_saelens_run_evals_leaves_them(model, which, tmp_path):
+    """SAELens 6.54's own run_evals on the same weights (the bundled SAE, read by SAELens from its files) and the
+    same token rows: exclude_special_tokens=True gives its default figures (BOS positions out, the SAE bypassed
+    there), the default False its exclude_special_tokens=False ones; and the BOS position moves the FVU. The bundled
+    SAE reconstructs BOS almost exactly (trained on it), so whether it is bypassed there shows in the random one."""
+    import collections
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from sae_lens import SAE
+        from sae_lens.evals import EvalConfig, run_evals
+        from sae_lens.training.activation_scaler import ActivationScaler
+
+    prompts = tasks.ioi(120, seed=5).clean
+    lengths = model.tokens_and_mask(prompts, None, None)[1].sum(1).tolist()
+    common = collections.Counter(lengths).most_common(1)[0][0]
+    rows = model.to_tokens([p for p, n in zip(prompts, lengths, strict=True) if n == common])  # no padding: SAELens
+    assert rows.shape[0] > 20 and bool((rows[:, 0] == model.tokenizer.bos_token_id).all())  # has none
+    if which == "bundled":
+        path = hooked.sae.bundled_saes()["hooked/ioi-gpt2/saes/blocks.2.hook_resid_post"]
+    else:
+        cfg = DictionaryConfig(d_in=128, d_sae=96, hook_name=RESID, architecture="topk", k=5, apply_b_dec_to_input=True)
+        path = hooked.sae.save(random_dictionary(cfg, 0), tmp_path / "sae")
+    theirs, ours = SAE.load_from_disk(str(path)), hooked.sae.load(path)
+
+    class Store:  # the ActivationsStore surface run_evals reads: these rows, one batch
+        context_size, store_batch_size_prompts = rows.shape[1], rows.shape[0]
+
+        def get_batch_tokens(self, n):
+            return rows
+
+        def reset_input_dataset(self):
+            pass
+
+    config = EvalConfig(
+        batch_size_prompts=rows.shape[0], n_eval_reconstruction_batches=1, n_eval_sparsity_variance_batches=1,
+        compute_kl=False, compute_ce_loss=True, compute_sparsity_metrics=True, compute_variance_metrics=True,
+        compute_l2_norms=False, compute_featurewise_density_statistics=False,
+        compute_featurewise_weight_based_metrics=False,
+    )  # fmt: skip
+    fvus = []
+    for exclude in (True, False):
+        metrics, _ = run_evals(theirs, Store(), model, ActivationScaler(), config, exclude_special_tokens=exclude)
+        (row,) = hooked.sae.evaluate(model, ours, rows, exclude_special_tokens=exclude)
+        ce, quality = metrics["model_performance_preservation"], metrics["reconstruction_quality"]
+        expected = {
+            "l0": metrics["sparsity"]["l0"],
+            "fvu": 1 - quality["explained_variance"],
+            "ce_clean": ce["ce_loss_without_sae"],
+            "ce_spliced": ce["ce_loss_with_sae"],
+            "ce_zero_ablated": ce["ce_loss_with_ablation"],
+            "loss_recovered": ce["ce_loss_score"],
+        }
+        for key, value in expected.items():  # SAELens averages in float32, hooked in float64
+            assert row[key] == pytest.approx(value, rel=2e-5, abs=1e-6), (exclude, key)
+        assert row["n_tokens"] == rows.numel() - (rows.shape[0] if exclude else 0)
+        fvus.append(row["fvu"])
+    assert abs(fvus[0] - fvus[1]) > 1e-3 * fvus[1]  # BOS counted or not is no rounding matter
+    (listed,) = hooked.sae.evaluate(model, ours, rows, exclude_special_tokens=[model.tokenizer.bos_token_id])
+    assert listed["fvu"] == pytest.approx(fvus[0], rel=1e-12)
+    with pytest.raises(TypeError, match="exclude_special_tokens"):  # the type check in tests, ours without
+        hooked.sae.evaluate(model, ours, rows, exclude_special_tokens="bos")

@@ -299,3 +299,15 @@ def test_fold_W_dec_norm_as_saelens_folds_it(gpt2, kind):
             ranking.fold_W_dec_norm()
         with pytest.raises(ValueError, match=r"safe only with rescale_acts_by_decoder_norm=True"):
             hooked.sae.from_saelens(ranking).fold_W_dec_norm()
+
+
+def test_a_saelens_sae_without_a_hook_name_names_from_saelens_fix(gpt2):
+    """The fix an SAE in memory without a hook name needs is from_saelens's own keyword, not load's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sae = StandardSAE(StandardSAEConfig(d_in=gpt2.cfg.d_model, d_sae=8))
+    assert sae.cfg.metadata.hook_name is None
+    with pytest.raises(ValueError, match=r"records no hook_name .*hooked\.sae\.from_saelens\(sae, hook_name=") as e:
+        hooked.sae.from_saelens(sae)
+    assert "hooked.sae.load" not in str(e.value)
+    assert hooked.sae.from_saelens(sae, hook_name="blocks.0.hook_resid_post").hook_name == "blocks.0.hook_resid_post"

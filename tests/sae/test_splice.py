@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hooked import ablate
+import hooked
+import hooked.sae
+from hooked import ablate, processing
 from hooked.testing import ARCHITECTURES, random_model
 from tests.sae.dictionaries import explicit_acts, random_dictionary, replacing, spliced_names
 
@@ -200,9 +202,9 @@ def refusals(model):
             r"on meta, the model torch\.float32 on cpu",
         ),
         "processing": (
-            random_dictionary(d_model, "blocks.0.hook_resid_post", processing={"fold_ln": True}),
+            random_dictionary(d_model, "blocks.0.hook_resid_post", processing={"center_writing_weights": True}),
             ValueError,
-            r"trained on a model with fold_ln=True",
+            r"trained on a model with center_writing_weights=True.*changes blocks\.0\.hook_resid_post",
         ),
         "reads after it writes": (
             random_dictionary(d_model, "blocks.1.mlp.hook_in", hook_name_out="blocks.0.hook_mlp_out"),
@@ -232,6 +234,34 @@ def test_every_refusal_leaves_nothing_half_done(model, case, how):
     nothing_attached(model, good)
     assert model.hook_dict[good.hook_name].sizes == {}
     torch.testing.assert_close(model(tokens), plain, atol=0, rtol=0)
+
+
+def test_fold_ln_is_refused_only_where_it_changes_what_the_dictionary_reads(model):
+    """fold_ln moves each norm's gain into the weights that read it: the residual stream keeps its values, so an SAE
+    there trained with fold_ln splices into a model without it and computes the same; a transcoder reading
+    mlp.hook_in (after ln2's gain) reads other values, and is refused, naming the point."""
+    tokens = tokens_of(model)
+    folded = random_model("gpt2", seed=1, n_layers=2)
+    processing.process_weights(
+        folded, fold_ln=True, center_writing_weights=False, center_unembed=False, fold_value_biases=False
+    )
+    assert folded.processing["fold_ln"] and not model.processing["fold_ln"]
+    sae = random_dictionary(model.cfg.d_model, "blocks.0.hook_resid_post", processing={"fold_ln": True})
+    point = "blocks.0.hook_resid_post.hook_sae_acts_post"
+    _, here = model.run_with_cache_with_saes(tokens, saes=[sae], names_filter=[point])
+    _, there = folded.run_with_cache_with_saes(tokens, saes=[sae], names_filter=[point])
+    torch.testing.assert_close(here[point], there[point], atol=ATOL, rtol=0)  # folding: float32 reassociation
+    assert here[point].abs().max() > 1e-2
+    tc = random_dictionary(
+        model.cfg.d_model, "blocks.1.mlp.hook_in", hook_name_out="blocks.1.hook_mlp_out", processing={"fold_ln": True}
+    )
+    with pytest.raises(ValueError, match=r"fold_ln=True.*fold_ln changes blocks\.1\.mlp\.hook_in"):
+        model.run_with_saes(tokens, saes=[tc])
+    folded.run_with_saes(tokens, saes=[tc])  # its own processing: taken
+    nothing_attached(model, sae, tc)
+    _, unfolded_in = model.run_with_cache(tokens, names_filter=["blocks.1.mlp.hook_in"])
+    _, folded_in = folded.run_with_cache(tokens, names_filter=["blocks.1.mlp.hook_in"])
+    assert (unfolded_in["blocks.1.mlp.hook_in"] - folded_in["blocks.1.mlp.hook_in"]).abs().max() > 1e-2
 
 
 def test_two_dictionaries_on_one_point_and_a_dictionary_twice_are_refused(model):
@@ -307,3 +337,30 @@ def test_sparse_features_equal_the_dense_cache_in_less_memory(model):
     )
     _, alone = model.run_with_cache_with_saes(tokens, saes=[sae], names_filter=[features])
     assert torch.equal(one[features].to_dense(), alone[features][:, -1:])
+
+
+def test_a_dictionary_named_for_another_model_is_refused_unless_allowed(gpt2_dir):
+    """ioi-gpt2's transcoders have ioi-qwen3moe's widths, so nothing else stops them: their metadata's model_name
+    does, naming both models and the override; the same files splice into their own model, and into a model loaded
+    from a directory (whose folder name says little) with a warning."""
+    gpt2, moe = hooked.load("hooked/ioi-gpt2"), hooked.load("hooked/ioi-qwen3moe")
+    transcoder = hooked.sae.load("hooked/ioi-gpt2/saes/transcoders/layer_0")
+    assert transcoder.cfg.metadata.model_name == "hooked/ioi-gpt2"
+    tokens = gpt2.to_tokens(["When Mary and John went to the store, John gave a drink to"])
+    with pytest.raises(ValueError, match=r"trained on 'hooked/ioi-gpt2'.*this model is 'hooked/ioi-qwen3moe'.*"
+                       r"allow_other_model = True"):  # fmt: skip
+        moe.run_with_saes(tokens, saes=[transcoder])
+    with pytest.raises(ValueError, match="allow_other_model"):
+        hooked.sae.evaluate(moe, transcoder, tokens)
+    nothing_attached(moe, transcoder)
+    gpt2.run_with_saes(tokens, saes=[transcoder])  # its own model
+    transcoder.allow_other_model = True
+    moe.run_with_saes(tokens, saes=[transcoder])  # told to: taken
+    transcoder.allow_other_model = False
+    local = hooked.load(gpt2_dir)
+    sae = random_dictionary(local.cfg.d_model, "blocks.0.hook_resid_post", metadata={"model_name": "hooked/ioi-gpt2"})
+    with pytest.warns(UserWarning, match="loaded from a directory"):
+        local.run_with_saes(tokens_of(local), saes=[sae])
+    named = random_model("gpt2", seed=1, n_layers=1)  # built in memory: its name is no model's
+    other = random_dictionary(named.cfg.d_model, "blocks.0.hook_resid_post", metadata={"model_name": "someone/else"})
+    named.run_with_saes(tokens_of(named), saes=[other])

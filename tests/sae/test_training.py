@@ -593,3 +593,27 @@ def test_training_under_no_grad_trains_as_with_gradients_and_inference_mode_is_r
     assert not torch.equal(with_grad.W_enc, with_grad.W_dec.T)  # it did train (the encoder starts as W_dec.T)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="outside torch.inference_mode"):
         hooked.sae.train(model, texts, **options)
+
+
+def test_nan_activations_are_refused_where_they_enter_naming_the_point_and_positions():
+    """A NaN in the embedding of one token id: at blocks.0.hook_resid_pre (before any attention mixes positions) the
+    activation is NaN exactly where that token sits. Training there is refused, naming the point and those rows and
+    positions, instead of ending with NaN weights."""
+    model = hooked.testing.random_model("gpt2", seed=0, n_layers=1)
+    poisoned = 7
+    with torch.no_grad():
+        model.W_E[poisoned] = float("nan")
+    ids = torch.randint(8, model.cfg.d_vocab, (40, 12), generator=torch.Generator().manual_seed(1))
+    ids[33, 5] = ids[35, 2] = poisoned
+    with pytest.raises(ValueError, match=r"blocks\.0\.hook_resid_pre are NaN or infinite at 2 real positions"
+                       r" \(row 33 position 5, row 35 position 2;") as error:  # fmt: skip
+        hooked.sae.train(
+            model, ids, hook_name="blocks.0.hook_resid_pre", architecture="topk", d_sae=32, k=4, batch_tokens=48,
+            buffer_batches=2, progress=False,
+        )  # fmt: skip
+    assert "Nothing was trained on them" in str(error.value)
+    clean = hooked.sae.train(
+        model, ids[:30], hook_name="blocks.0.hook_resid_pre", architecture="topk", d_sae=32, k=4, batch_tokens=48,
+        buffer_batches=2, progress=False,
+    )  # fmt: skip
+    assert all(bool(torch.isfinite(p).all()) for p in clean.parameters())

@@ -215,3 +215,21 @@ def test_generation_cache_holds_the_ids_of_one_forward(models):
     assert set(cache) == set(whole) and torch.equal(cache["hook_tokens"], out)
     for name in whole:
         torch.testing.assert_close(cache[name], whole[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_from_pretrained_takes_use_hook_tokens(gpt2_dir):
+    """`HookedTransformer.from_pretrained(path, use_hook_tokens=True)`, as TransformerLens' from_pretrained passes the
+    field to the config: a hook replacing an id gives what the replaced ids give, on a model without the hook."""
+    model = hooked.HookedTransformer.from_pretrained(gpt2_dir, use_hook_tokens=True)
+    plain = hooked.HookedTransformer.from_pretrained(gpt2_dir)
+    assert next(iter(model.hook_dict)) == "hook_tokens" and "hook_tokens" not in plain.hook_dict
+    tokens = torch.randint(1, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(1))
+    replaced = tokens.clone()
+    replaced[0, 2] = 7
+
+    def replace(ids, hook):
+        ids[0, 2] = 7
+        return ids
+
+    with torch.no_grad():
+        torch.testing.assert_close(model.run_with_hooks(tokens, fwd_hooks=[("hook_tokens", replace)]), plain(replaced))

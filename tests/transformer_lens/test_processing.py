@@ -24,8 +24,8 @@ import transformers
 
 import hooked
 from hooked.cache import Slice
-from hooked.processing import FLAGS, process_weights
-from hooked.testing import build_gpt2_checkpoint, random_model, randomize_norms
+from hooked.processing import FLAGS, changes_activations, process_weights
+from hooked.testing import ARCHITECTURES, build_gpt2_checkpoint, random_model, randomize_norms
 from tests.transformer_lens.tl_reference import tl_gpt2, tl_qwen3
 
 with warnings.catch_warnings():
@@ -314,6 +314,30 @@ def test_a_float64_model_is_processed_in_float64(architecture):
     with torch.no_grad():
         ours, base = model(ids, attention_mask=mask), reference(ids, attention_mask=mask)
     torch.testing.assert_close(ours.log_softmax(-1)[mask], base.log_softmax(-1)[mask], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("architecture", [a for a in ARCHITECTURES if a != "olmo2"])  # OLMo 2 refuses fold_ln
+def test_fold_ln_changes_no_activation_outside_its_declared_points(architecture):
+    """hooked.processing.CHANGED_POINTS["fold_ln"], which the splice's processing check reads, against both models
+    run: every hook point it does not name (the residual stream, ln*.hook_normalized, q/k/v, every output) holds
+    what the unprocessed model's holds, to float32 rounding of the refolded products."""
+    model, reference = (random_model(architecture, seed=6, n_layers=2) for _ in range(2))
+    randomize_norms(model, seed=1)
+    randomize_norms(reference, seed=1)
+    process_weights(model, fold_ln=True, center_writing_weights=False, center_unembed=False, fold_value_biases=False)
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 7), generator=torch.Generator().manual_seed(6))
+    every = lambda name: True  # noqa: E731  (the points cached only on request, mlp.hook_in among them, too)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=every)
+        _, base_cache = reference.run_with_cache(tokens, names_filter=every)
+    kept = [name for name in base_cache.keys() if not changes_activations("fold_ln", name)]
+    assert "blocks.0.hook_resid_post" in kept and len(kept) > 20
+    for name in kept:
+        scale = 1 + float(base_cache[name].float().abs().max())
+        close(cache[name].float() / scale, base_cache[name].float() / scale, msg=name)
+    changed = [name for name in base_cache.keys() if changes_activations("fold_ln", name)]
+    moved = [name for name in changed if (cache[name] - base_cache[name]).abs().max() > 1e-3]
+    assert moved  # and the point it names does move: the gain is in it
 
 
 def test_qwen3_moe_activations_are_unchanged_by_rms_processing():

@@ -5,6 +5,7 @@ builds from the same keyword arguments, given the same weights, gives the same l
 Qwen3). The random initialisation is checked by its statistics; refusals name the field.
 """
 
+import shutil
 import warnings
 
 import pytest
@@ -30,7 +31,8 @@ def _tl_model(**fields):
         ).eval()
 
 
-def test_gpt2_config_is_transformer_lens_function(gpt2_dir):
+@pytest.mark.parametrize("act_fn", ["gelu_new", "relu"])  # relu: TransformerLens' toy configs' (a GPT-2 MLP with ReLU)
+def test_gpt2_config_is_transformer_lens_function(gpt2_dir, act_fn):
     loaded = hooked.load(gpt2_dir)
     fields = dict(
         n_layers=2,
@@ -38,7 +40,7 @@ def test_gpt2_config_is_transformer_lens_function(gpt2_dir):
         d_head=16,
         n_ctx=64,
         d_vocab=loaded.cfg.d_vocab,
-        act_fn="gelu_new",
+        act_fn=act_fn,
         normalization_type="LN",
         eps=loaded.cfg.eps,
     )
@@ -110,6 +112,36 @@ def test_qwen3_config_is_transformer_lens_function(tmp_path):
     torch.testing.assert_close(ours(tokens), theirs(tokens), atol=1e-4, rtol=1e-4)
 
 
+def test_tokenizer_name_loads_the_tokenizer_and_its_vocabulary_size(gpt2_dir, tmp_path, monkeypatch):
+    """`tokenizer_name` (TransformerLens' toy configs name "gpt2") loads that tokenizer, from a hub cache offline
+    with its tokenizer files alone, and infers d_vocab from it as TransformerLens does (the largest id + 1):
+    TransformerLens 3.9 given the same tokenizer tokenizes the same text to the same ids."""
+    from huggingface_hub import constants
+
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "hub" / "models--someone--tiny-gpt2" / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for file in gpt2_dir.iterdir():
+        if not file.name.endswith(".safetensors"):  # a tokenizer's repository: no weights needed
+            shutil.copy(file, snapshot / file.name)
+    (tmp_path / "hub" / "models--someone--tiny-gpt2" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someone--tiny-gpt2" / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    fields = dict(n_layers=1, d_model=10, d_head=5, n_ctx=20, act_fn="relu", use_hook_tokens=True)
+    model = hooked.HookedTransformer(hooked.HookedTransformerConfig(**fields, tokenizer_name="someone/tiny-gpt2"))
+    reference = tl_gpt2(gpt2_dir)
+    assert model.cfg.d_vocab == max(reference.tokenizer.get_vocab().values()) + 1 == model.W_E.shape[0]
+    assert torch.equal(model.to_tokens("Hello World!"), reference.to_tokens("Hello World!"))
+    assert model.cfg.tokenizer_name == "someone/tiny-gpt2"
+    with pytest.raises(hooked.CheckpointError, match="not in the Hugging Face cache"):
+        hooked.HookedTransformerConfig(**fields, tokenizer_name="someone/other")
+    with pytest.raises(ValueError, match="has no tokenizer files"):
+        hooked.HookedTransformerConfig(**fields, tokenizer_name=str(tmp_path / "hub"))
+    with pytest.raises(ValueError, match="give d_vocab, or tokenizer_name="):
+        hooked.HookedTransformerConfig(**fields)
+
+
 def test_random_init_is_transformer_lens_gpt2_init():
     cfg = hooked.HookedTransformerConfig(
         n_layers=2, d_model=256, d_head=32, n_ctx=64, d_vocab=500, act_fn="gelu", seed=1
@@ -146,14 +178,13 @@ def test_random_init_is_transformer_lens_gpt2_init():
             ),
             "attn_only=True (Qwen3 blocks have an MLP",
         ),
-        (dict(act_fn="relu"), "act_fn='relu'"),
+        (dict(act_fn="solu_ln"), "act_fn='solu_ln'"),
         (dict(positional_embedding_type="shortformer"), "no hooked family has"),
         (
             dict(normalization_type="RMS", positional_embedding_type="rotary", act_fn="silu", gated_mlp=True),
             "use_qk_norm=False",
         ),
         (dict(n_key_value_heads=2), "n_key_value_heads=2"),
-        (dict(tokenizer_name="gpt2"), "tokenizer_name='gpt2'"),
         (dict(bogus=1), "unexpected keyword argument 'bogus'"),
         (dict(use_attention_sinks=True), "use_attention_sinks=True is not supported: no hooked family has it"),
         # a field some families' checkpoints set: named, with the way to get such a model

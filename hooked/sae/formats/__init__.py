@@ -105,6 +105,8 @@ def load(
     )
     if registry and isinstance(loaded, Dictionary):  # what SAELens' from_pretrained records besides (neuronpedia_id)
         loaded.cfg.metadata.update(registry)
+    for module in loaded if isinstance(loaded, list) else [loaded]:
+        module.loaded_from = str(path)  # as given: an attribution graph's scan where the files name none
     return loaded
 
 

@@ -133,6 +133,7 @@ def from_saelens(
         model=model,
         norm_scaling_factor=norm_scaling_factor,
         statistics={},
+        call="hooked.sae.from_saelens(sae",
     )
     dictionary.use_error_term = bool(
         getattr(sae, "use_error_term", False)
@@ -152,8 +153,10 @@ def from_config(
     model,
     norm_scaling_factor: float | None,
     statistics: dict[str, Any],
+    call: str = "hooked.sae.load(path",
 ) -> Dictionary:
-    """A SAELens config (a cfg.json's contents) and its tensors -> the dictionary; everything checked first."""
+    """A SAELens config (a cfg.json's contents) and its tensors -> the dictionary; everything checked first.
+    `call`: how the caller's own call begins, for the fix an error names."""
     raw = upgrade(raw)
     architecture = raw.get("architecture", "standard")
     if architecture not in ARCHITECTURES:
@@ -164,7 +167,9 @@ def from_config(
         )
     kind, transcoder, skip = ARCHITECTURES[architecture]
     metadata = dict(raw.get("metadata") or {})
-    hook_in, hook_out = _hook_names(metadata, transcoder, architecture, config_file, hook_name, hook_name_out, model)
+    hook_in, hook_out = _hook_names(
+        metadata, transcoder, architecture, config_file, hook_name, hook_name_out, model, call
+    )
     for field in ("d_in", "d_sae"):
         if not isinstance(raw.get(field), int) or raw[field] <= 0:
             raise ValueError(f"{config_file}: {field} is {raw.get(field)!r}; it must be a positive int")
@@ -305,8 +310,9 @@ def upgrade(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- what the config records
-def _hook_names(metadata, transcoder, architecture, config_file, hook_name, hook_name_out, model):
-    """The hooked names of the points the dictionary reads and writes: the arguments, else the metadata's."""
+def _hook_names(metadata, transcoder, architecture, config_file, hook_name, hook_name_out, model, call):
+    """The hooked names of the points the dictionary reads and writes: the arguments, else the metadata's (`call`:
+    how the user's call begins, `hooked.sae.load(path` or `hooked.sae.from_saelens(sae`, to name the fix)."""
     if metadata.get("hook_head_index") is not None:
         raise ValueError(
             f"{config_file}: this dictionary reads head {metadata['hook_head_index']} of {metadata.get('hook_name')}"
@@ -326,7 +332,7 @@ def _hook_names(metadata, transcoder, architecture, config_file, hook_name, hook
         name = given if given is not None else metadata.get(field)
         if name is None:
             raise ValueError(
-                f"{config_file} records no {field} (metadata.{field}); pass it: hooked.sae.load(path,"
+                f"{config_file} records no {field} (metadata.{field}); pass it: {call},"
                 f" {field}='blocks.3.{'hook_mlp_out' if field == 'hook_name_out' else 'hook_resid_post'}')"
             )
         if given is None and proxy:

@@ -1,10 +1,8 @@
 """TransformerLens tests/acceptance/test_hook_tokens.py, ported.
 
 Changes to the upstream file:
-- model: the toy `HookedTransformerConfig(..., act_fn="relu", tokenizer_name="gpt2", use_hook_tokens=True)` ->
-  the same config from `hooked` with `act_fn="gelu_new"` (hooked builds a config as one of its families,
-  GPT-2 here, which has no ReLU variant) and, instead of `tokenizer_name="gpt2"` (a download), `d_vocab` of
-  the suite checkpoint's tokenizer, given to the model with `set_tokenizer` (conftest.py).
+- `tokenizer_name="gpt2"` (a download) -> the suite checkpoint's directory (conftest.py), which holds a GPT-2
+  tokenizer; as upstream, `d_vocab` is inferred from it.
 No other change; no differences.
 """
 
@@ -12,7 +10,6 @@ import functools
 
 import torch as t
 from jaxtyping import Int
-from transformers import AutoTokenizer
 
 from hooked import HookedTransformer, HookedTransformerConfig, HookPoint
 from tests.transformer_lens.upstream_tests.conftest import checkpoint
@@ -22,7 +19,6 @@ DIFFERENCES: list[str] = []
 
 def test_patch_tokens():
     # Define small transformer
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint(1))
     cfg = HookedTransformerConfig(
         n_layers=1,
         d_mlp=10,
@@ -30,12 +26,11 @@ def test_patch_tokens():
         d_head=5,
         n_heads=2,
         n_ctx=20,
-        act_fn="gelu_new",
-        d_vocab=len(tokenizer),
+        act_fn="relu",
+        tokenizer_name=str(checkpoint(1)),
         use_hook_tokens=True,
     )
     model = HookedTransformer(cfg=cfg)
-    model.set_tokenizer(tokenizer)
 
     # Define short prompt, and a token to replace the first token with (note this is index 1, because BOS)
     prompt = "Hello World!"

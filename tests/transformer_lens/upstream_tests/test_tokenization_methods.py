@@ -6,8 +6,7 @@ Changes to the upstream file:
   HookedTransformer on the same checkpoint and tokenizer (`tests.transformer_lens.tl_reference.tl_gpt2`).
 - Numbers of solu-1l's tokenizer (token ids, `d_vocab` 48262, its `name_or_path`, the 1027 tokens of the
   untruncated text, `d_model` 512) are replaced by what `reference` gives for the same call.
-- `test_set_tokenizer_lazy`: the toy config's `act_fn="relu"` -> `"gelu_new"` (hooked builds a config as one of
-  its families, GPT-2 here, and has no ReLU GPT-2); `AutoTokenizer.from_pretrained("gpt2")` -> the checkpoint's
+- `test_set_tokenizer_lazy`: `AutoTokenizer.from_pretrained("gpt2")` -> the checkpoint's
   tokenizer, and `d_vocab` 50256 -> its vocabulary size. The glitch token " SolidGoldMagikarp" (43453) is not
   one token of that tokenizer; "biomolecules" (a single token there) is used instead, its id from `reference`.
 - `test_to_string_multiple`: the ids of solu-1l's vocabulary -> ids of this one (the first row starts with
@@ -43,7 +42,7 @@ def test_set_tokenizer_during_initialization():
 
 def test_set_tokenizer_lazy():
     cfg = HookedTransformerConfig(
-        n_layers=1, d_model=10, n_ctx=1024, d_head=1, act_fn="gelu_new", d_vocab=reference.cfg.d_vocab
+        n_layers=1, d_model=10, n_ctx=1024, d_head=1, act_fn="relu", d_vocab=reference.cfg.d_vocab
     )
     model2 = HookedTransformer(cfg)
     original_tokenizer = model2.tokenizer
