@@ -38,9 +38,15 @@ reconstruction = squared error summed over the output width, averaged over token
   kept >= 0. Decoder rows free (SAELens' JumpReLUTrainingSAE, "step" mode).
 
 Initialisation (SAELens' `initialize_weights`): decoder rows drawn uniformly (its kaiming_uniform_), scaled to
-norm 0.1 (1 for the unit-norm architectures), the encoder their transpose (a transcoder's encoder drawn apart); b_dec
-at the mean of the first batch's targets (an SAE subtracts it from its input, SAELens' `apply_b_dec_to_input`), a
-transcoder's b_enc centring its pre-activations on that batch's mean input (eai-sparsify's trainer).
+norm 0.1 (1 for the unit-norm architectures), the encoder their transpose (a transcoder's encoder drawn apart). An
+SAE's b_dec starts at the geometric median of the first batch (`geometric_median`; SAELens' trainers before 6.0
+offered it as `b_dec_init_method="geometric_median"`, 6.54 starts at zero): the centre it subtracts from its input
+(`apply_b_dec_to_input`) is then not pulled by the few tokens of outsized norm, such as a GPT-2's first position. A
+transcoder's b_dec starts at the mean of the first batch's targets, its b_enc centring its pre-activations on that
+batch's mean input (eai-sparsify's trainer). Adam at a constant learning rate, each step's gradients clipped to total
+norm `MAX_GRAD_NORM` (SAELens): without the clip, Adam's second moment (beta2 0.999) remembers the large gradients of
+the first steps and shrinks the later ones (docs/benchmarks.md, "Sparse dictionaries: training quality vs
+SAELens").
 
 The loop drives any object with `DictionaryTrainer`'s surface (`points`, `d_sae`, `feature_shape`, `device`,
 `initialize`, `parameters`, `forward` -> `StepResult`, `before_update`, `after_update`, `resample`, `export`) through
@@ -71,6 +77,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from jaxtyping import Float
 from torch import Tensor
 
 from hooked.hooks import EMBED_STAGE
@@ -88,6 +95,8 @@ BATCHTOPK_THRESHOLD_RATE = 0.01  # SAELens' topk_threshold_lr
 DECODER_INIT_NORM = 0.1  # SAELens' decoder_init_norm (Anthropic's April 2024 update)
 CLT_READ, CLT_WRITE = "blocks.{layer}.mlp.hook_in", "blocks.{layer}.hook_mlp_out"  # circuit-tracer's CLT points
 RESAMPLE_ENCODER_SCALE = 0.2  # Anthropic's resampling: new encoder rows at 0.2 x the live rows' mean norm
+MAX_GRAD_NORM = 1.0  # each step's gradients clipped to this total norm (SAELens 6.54 `sae_trainer.py` `_train_step`)
+GEOMETRIC_MEDIAN_STEPS = 30  # Weiszfeld iterations for an SAE's b_dec at the first batch's geometric median
 PRE_BYTES = 8 * 2**20  # TopK computes its pre-activations this many bytes of rows at a time
 
 
@@ -696,6 +705,18 @@ class StepResult:
     recons: Tensor  # [tokens d_out], detached: what `resample` reads
 
 
+@torch.no_grad()
+def geometric_median(points: Float[Tensor, "tokens width"], steps: int = GEOMETRIC_MEDIAN_STEPS) -> Tensor:
+    """The point minimising the summed Euclidean distance to `points` (Weiszfeld's iteration from their mean, in
+    float64; a point the estimate lands on weighs as if 1e-8 away)."""
+    x = points.double()
+    median = x.mean(0)
+    for _ in range(steps):
+        weights = 1 / (x - median).norm(dim=-1).clamp_min(1e-8)
+        median = (weights[:, None] * x).sum(0) / weights.sum()
+    return median.to(points.dtype)
+
+
 class DictionaryTrainer:
     """How an SAE or a transcoder learns: the surface the training loop drives (see the module docstring).
 
@@ -753,11 +774,11 @@ class DictionaryTrainer:
 
     @torch.no_grad()
     def initialize(self, batch: dict[str, Tensor]) -> None:
-        """Data-dependent initialisation from the first batch: b_dec at the targets' mean (a transcoder's b_enc
-        centres its pre-activations on the inputs' mean)."""
+        """Data-dependent initialisation from the first batch: an SAE's b_dec at its geometric median; a
+        transcoder's b_dec at the targets' mean, its b_enc centring its pre-activations on the inputs' mean."""
         x, y = self.inputs(batch)
         d = self.dictionary
-        d.b_dec.copy_(y.mean(0))
+        d.b_dec.copy_(y.mean(0) if d.cfg.is_transcoder else geometric_median(y))
         if d.cfg.is_transcoder:
             d.b_enc.copy_(-(x.mean(0) @ d.W_enc))
 
@@ -1142,6 +1163,7 @@ class Run:
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         self.trainer.before_update()
+        torch.nn.utils.clip_grad_norm_(self.trainer.parameters(), MAX_GRAD_NORM)
         self.optimizer.step()
         self.trainer.after_update()
         self.steps += 1

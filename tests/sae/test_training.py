@@ -5,6 +5,7 @@ several dictionaries from one pass equal each trained alone; checkpoints load in
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -125,6 +126,60 @@ def test_loss_and_gradients_equal_saelens_training_classes(architecture):
     for name, parameter in ours_d.named_parameters():
         if parameter.grad is not None or name in ("W_enc", "W_dec", "b_enc", "b_dec"):
             torch.testing.assert_close(parameter.grad, peer_parameters[name].grad, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_a_step_is_adam_on_gradients_clipped_to_total_norm_one():
+    """Two steps of Run against Adam on the explicit loss's gradients, scaled by hand to total norm MAX_GRAD_NORM
+    (torch's clip_grad_norm_ formula, max_norm / (norm + 1e-6)); activations of norm ~50 make every gradient's norm
+    far above 1, so unclipped steps differ from the second on (Adam's first step is sign-like either way)."""
+    generator = torch.Generator().manual_seed(3)
+    batches = [torch.randn(64, 16, generator=generator) * 12 + 4 for _ in range(2)]
+    run = training.Run(make_trainer("standard").spec, make_trainer("standard"))
+    reference = make_trainer("standard")  # the same seed: the same initial weights
+    reference.initialize({"h": batches[0]})
+    d = reference.dictionary
+    parameters = [d.W_enc, d.b_enc, d.W_dec, d.b_dec]
+    adam = torch.optim.Adam(parameters, lr=reference.spec.learning_rate)
+    norms = []
+    for x in batches:
+        run.step({"h": x})
+        acts, out = reconstruct(d, x)
+        loss = (out - x).pow(2).sum(-1).mean() + 0.7 * (acts * d.W_dec.norm(dim=-1)).sum(-1).mean()
+        adam.zero_grad()
+        loss.backward()
+        norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in parameters))
+        norms.append(float(norm))
+        with torch.no_grad():
+            for p in parameters:
+                p.grad *= min(1.0, training.MAX_GRAD_NORM / (float(norm) + 1e-6))
+        adam.step()
+    assert min(norms) > 100  # the clip acts at both steps
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+        torch.testing.assert_close(getattr(run.trainer.dictionary, name), getattr(d, name), msg=name)
+
+
+def test_an_saes_b_dec_starts_at_the_geometric_median():
+    """The first batch's geometric median (scipy's minimiser of the summed distances, an independent solver), not
+    its mean, which the few far tokens pull; a transcoder's b_dec stays at its targets' mean."""
+    from scipy.optimize import minimize
+
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(200, 16, generator=generator, dtype=torch.float64)
+    x[:4] += 60  # a GPT-2 first position's outsized norm, on a few tokens
+    trainer = make_trainer("topk", k=4)
+    trainer.initialize({"h": x.float()})
+    numpy_x = x.numpy()
+    solved = minimize(
+        lambda z: ((numpy_x - z) ** 2).sum(-1).__pow__(0.5).sum(), numpy_x.mean(0), method="BFGS", tol=1e-10
+    ).x
+    torch.testing.assert_close(trainer.dictionary.b_dec, torch.tensor(solved, dtype=torch.float32), atol=1e-3, rtol=0)
+    assert float((x.mean(0).float() - trainer.dictionary.b_dec.detach()).norm()) > 0.5  # the mean is elsewhere
+
+    spec = replace(trainer.spec, hook_name_out="o")
+    cfg = DictionaryConfig(d_in=16, d_sae=64, hook_name="h", hook_name_out="o", d_out=16, architecture="topk", k=4)
+    transcoder = training.TopKTrainer(spec, cfg, torch.Generator().manual_seed(0))
+    transcoder.initialize({"h": x.float(), "o": 2 * x.float()})
+    torch.testing.assert_close(transcoder.dictionary.b_dec, 2 * x.float().mean(0))
 
 
 def test_sparse_topk_backward_equals_dense_autograd():
@@ -310,6 +365,25 @@ def test_streamed_activations_are_the_models_own(model):
     order_got, order_want = (got[MLP_IN] @ projection).argsort(), (want[MLP_IN] @ projection).argsort()
     for name in (MLP_IN, MLP_OUT):
         torch.testing.assert_close(got[name][order_got], want[name][order_want], rtol=1e-5, atol=1e-5)
+
+
+def test_the_buffer_mixes_tokens_across_forwards(model):
+    """SAELens' mixing buffer: a batch draws on every forward in the buffer, and the half kept back mixes with later
+    forwards. Row i is token i + 1 throughout, so a streamed residual (embedding + position) says its row."""
+    ids = torch.arange(1, 25)[:, None].repeat(1, 16)  # 6 forwards of 4 rows of 16
+    point = "blocks.0.hook_resid_pre"
+    rows = training.token_rows(model, ids, None, False)
+    stream = training.ActivationStream(model, rows, [point], 64, 4, 0, torch.device("cpu"), torch.float32)
+    batches = [batch[point] for batch in stream.batches(repeat=False)]
+    _, cache = model.run_with_cache(ids, attention_mask=torch.ones_like(ids, dtype=torch.bool), names_filter=[point])
+    every = cache[point].reshape(-1, cache[point].shape[-1])  # [row-major tokens d_model]
+    distances = [torch.cdist(batch, every, compute_mode="donot_use_mm_for_euclid_dist") for batch in batches]
+    assert max(float(d.min(-1).values.max()) for d in distances) < 1e-4  # each streamed row is some token's
+    tokens = [d.argmin(-1) for d in distances]
+    assert sorted(torch.cat(tokens).tolist()) == list(range(24 * 16))  # every token once
+    forwards = [set((t // 64).tolist()) for t in tokens]  # 64 tokens a forward
+    assert forwards[0] == {0, 1, 2, 3}  # the first batch draws on all 4 forwards of the full buffer
+    assert forwards[2] & {0, 1, 2, 3} and forwards[2] & {4, 5}  # what was kept, mixed with the next forwards
 
 
 def test_padded_rows_stream_only_real_tokens_as_each_prompt_alone(model):
