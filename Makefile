@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # nnsight's dependencies are not pinned in constraints.txt and the tests never use them.
 BENCH_VENV ?= /tmp/hooked-bench/venv
 
-.PHONY: demo test test-fast lint format bench bench-sweep install gpu-check
+.PHONY: demo test test-fast test-other-kernels lint format bench bench-sweep install gpu-check
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,19 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) -m hooked.demo
 
+# The numerical tests run twice: on this machine's default kernels, then on other ones (ATen's AVX2 kernels, MKL's
+# COMPATIBLE code path), so a comparison that holds only on one CPU's kernels fails here, not on a user's machine
+# (docs/attention.md). tests/infrastructure (CLI, docs, wheel, notebooks, torchrun) runs once.
+OTHER_KERNELS := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE
+NUMERICAL_TESTS := tests/core tests/kernels tests/families tests/interventions tests/circuits tests/sae tests/graphs \
+	tests/transformer_lens
+
 test: lint
 	$(PY) -m pytest -q
+	$(OTHER_KERNELS) $(PY) -m pytest -q -m "not slow" $(NUMERICAL_TESTS)
+
+test-other-kernels: $(VENV)/.installed  # the second half of `make test` alone
+	$(OTHER_KERNELS) $(PY) -m pytest -q -m "not slow" $(NUMERICAL_TESTS)
 
 test-fast: lint  # everything but the tests marked slow (wheel, notebooks, demos, torchrun, site build)
 	$(PY) -m pytest -q -m "not slow"
