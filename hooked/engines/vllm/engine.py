@@ -3,8 +3,8 @@
 `VllmEngine(path)` starts `vllm.LLM` on a checkpoint directory with the architecture swapped for hooked's
 (`hf_overrides`), greedy, eager (Python hooks cannot run inside a captured graph). `add_variant(fwd_hooks)` ships the
 hooks to every worker (cloudpickled through `collective_rpc`) and returns an id; `generate` queues one request per
-(prompt, variant), the variant named in `SamplingParams.extra_args`, and returns each request's tokens and its
-raw logits at every generated position (vLLM's `logprobs_mode="raw_logits"` over the whole vocabulary).
+(prompt, variant), the variant named in `SamplingParams.extra_args` and salting the prefix cache, and returns
+each request's tokens and its raw logits at every generated position (vLLM's `logprobs_mode="raw_logits"` over the whole vocabulary).
 """
 
 from __future__ import annotations
@@ -80,7 +80,13 @@ class VllmEngine:
             )
             for variant, tag in zip(variants, tags, strict=True)
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        # vLLM's prefix cache reuses the keys and values of a prompt another request already computed; a variant's
+        # hooks change them, so each variant gets its own cache (cache_salt), shared with its own requests only.
+        requests = [
+            TokensPrompt(prompt_token_ids=p) if v is None else TokensPrompt(prompt_token_ids=p, cache_salt=v)
+            for p, v in zip(prompts, variants, strict=True)
+        ]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
         hooked_tags = [tag for tag, variant in zip(tags, variants, strict=True) if variant is not None]
         failed = self.llm.collective_rpc("hooked_take_errors", args=(hooked_tags,))[0] if hooked_tags else {}
         if failed:  # the first request whose hook raised, as the user's own exception
