@@ -4,7 +4,8 @@
 (`hf_overrides`), greedy, eager (Python hooks cannot run inside a captured graph). `add_variant(fwd_hooks)` ships the
 hooks to every worker (cloudpickled through `collective_rpc`) and returns an id; `generate` queues one request per
 (prompt, variant), the variant named in `SamplingParams.extra_args` and salting the prefix cache, and returns
-each request's tokens and its raw logits at every generated position (vLLM's `logprobs_mode="raw_logits"` over the whole vocabulary).
+each request's tokens and its raw logits at every generated position (vLLM's `logprobs_mode="raw_logits"` over
+the whole vocabulary).
 """
 
 from __future__ import annotations
@@ -54,7 +55,11 @@ class VllmEngine:
 
     def add_variant(self, fwd_hooks) -> str:
         variant = f"v{next(self._ids)}"
-        self.llm.collective_rpc("hooked_install_variant", args=(variant, cloudpickle.dumps(list(fwd_hooks))))
+        replies = self.llm.collective_rpc("hooked_install_variant", args=(variant, cloudpickle.dumps(list(fwd_hooks))))
+        failed = [reply for reply in replies if reply is not None]
+        if failed:  # the user's own error (KeyError for an unknown name, ...), from the first worker that refused
+            self.llm.collective_rpc("hooked_drop_variant", args=(variant,))
+            raise cloudpickle.loads(failed[0])
         return variant
 
     def drop_variant(self, variant: str) -> None:

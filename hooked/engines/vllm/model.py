@@ -15,19 +15,22 @@ hooked's blocks run the flat batch as one row `[1, num_tokens, ...]`; `attend` h
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
+from pathlib import Path
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from vllm.config import VllmConfig
+from vllm.distributed.parallel_state import get_tp_group
 from vllm.model_executor.layers.attention import Attention
 
-from hooked.engines.vllm import HOOKED_PREFIX
+from hooked.distributed import Parallel, parallelize, vocab_parallel_logits
 from hooked.engines.vllm.step import HookList, Step, run_flat
 from hooked.hooks import HookPoint
 from hooked.layers.attention import EngineAttention
-from hooked.weights.architecture import architecture_for
+from hooked.weights.architecture import architecture_for, build_on_meta, read_config
+from hooked.weights.state_dict import read_state_dict
 
 
 class _PagedCore(EngineAttention):
@@ -54,22 +57,30 @@ class HookedForVllm(nn.Module):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
-        hf_config = vllm_config.model_config.hf_config.to_dict()
-        hf_config["architectures"] = [name.removeprefix(HOOKED_PREFIX) for name in hf_config["architectures"]]
-        self.model_class = architecture_for(hf_config)
-        cfg = self.model_class.config_class.from_hf(hf_config)
-        self.model = self.model_class(cfg)
-        self.model.requires_grad_(False)
+        # hooked reads the checkpoint itself (its own config, names and tensor-parallel slices), as hooked.load does
+        self.directory = Path(vllm_config.model_config.model)
+        self.dtype = vllm_config.model_config.dtype
+        config = read_config(self.directory)
+        self.model_class = architecture_for(config)
+        model = build_on_meta(self.model_class, config)
+        self.plan = None
+        group = get_tp_group()
+        if group.world_size > 1:  # hooked's own tensor parallelism over vLLM's tensor-parallel group
+            model.parallel = Parallel(
+                group.world_size, group.rank_in_group, list(group.ranks), group.device_group, 1, 0, None
+            )
+            self.plan = parallelize(model, model.parallel)
+        self.model = model
         self.paged = nn.ModuleList(
             Attention(
-                cfg.n_heads,
-                cfg.d_head,
-                num_kv_heads=cfg.n_kv_heads,
+                block.attn.n_heads,  # this rank's heads under tensor parallelism
+                block.attn.d_head,
+                num_kv_heads=getattr(block.attn, "n_kv_heads", block.attn.n_heads),
                 scale=block.attn.scaling,
                 cache_config=vllm_config.cache_config,
                 prefix=f"{prefix + '.' if prefix else ''}blocks.{layer}.attn.paged",
             )
-            for layer, block in enumerate(self.model.blocks)
+            for layer, block in enumerate(model.blocks)
         )
         self.core = _PagedCore(self.paged)
         # Set by the model runner before each forward (hooked.engines.vllm.worker); None: no request has hooks.
@@ -78,6 +89,8 @@ class HookedForVllm(nn.Module):
         self.errors: dict[str, BaseException] = {}  # request tag -> its hook's error, until the caller takes it
 
     def embed_input_ids(self, input_ids: Tensor) -> Tensor:
+        if self.model.tensor_parallel:
+            raise NotImplementedError("embed_input_ids under tensor parallelism: hooked embeds inside forward")
         return F.embedding(input_ids, self.model.token_embedding_weight)
 
     def forward(
@@ -92,24 +105,15 @@ class HookedForVllm(nn.Module):
         return run_flat(self.model, input_ids, positions, self.core, self.step, self.variants, self.errors)
 
     def compute_logits(self, hidden_states: Tensor) -> Tensor:
-        return F.linear(hidden_states, self.model.unembed_weight, self.model.unembed_bias)
+        model = self.model
+        if model.tensor_parallel:  # this rank holds some vocabulary rows: gathered, whole logits on every rank
+            return vocab_parallel_logits(model.parallel, hidden_states, model.unembed_weight, model.cfg.d_vocab, None)
+        return F.linear(hidden_states, model.unembed_weight, model.unembed_bias)
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
-        renames = [(re.compile(pattern), replacement) for pattern, replacement in self.model.checkpoint_renames]
-        ignored = [re.compile(pattern) for pattern in self.model.checkpoint_ignored]
-        parameters = dict(self.model.named_parameters())
-        loaded = set()
-        for key, tensor in weights:
-            name = next((p.fullmatch(key).expand(r) for p, r in renames if p.fullmatch(key)), None)
-            if name is None:
-                if any(p.fullmatch(key) for p in ignored):
-                    continue
-                raise ValueError(f"checkpoint key {key!r} has no place in hooked's {self.model_class.__name__}")
-            if parameters[name].shape != tensor.shape:
-                raise ValueError(f"{key}: checkpoint shape {tuple(tensor.shape)} != {tuple(parameters[name].shape)}")
-            parameters[name].data.copy_(tensor)
-            loaded.add(f"model.{name}")
-        missing = {f"model.{name}" for name in parameters} - loaded
-        if missing:
-            raise ValueError(f"the checkpoint lacks {sorted(missing)}")
-        return loaded
+        for _ in weights:  # vLLM's whole tensors: hooked reads its own (sliced under tensor parallelism) instead
+            pass
+        state = read_state_dict(self.directory, self.model, self.dtype, torch.device("cpu"), self.plan)
+        self.model.load_state_dict(state, strict=True, assign=True)  # every key used, every shape checked
+        self.model.requires_grad_(False).eval()
+        return {f"model.{name}" for name, _ in self.model.named_parameters()}

@@ -50,11 +50,18 @@ class HookedWorkerExtension:
         runner._model_forward = model_forward
         runner._hooked_tracking = True
 
-    def hooked_install_variant(self, variant: str, hooks: bytes) -> None:
+    def hooked_install_variant(self, variant: str, hooks: bytes) -> bytes | None:
+        """Install one variant's hooks, checked first; returns the error (cloudpickled) instead of raising it: under
+        tensor parallelism vLLM's executor raises at the first worker's failure and leaves the other workers'
+        replies queued, so the next call would read a stale failure (seen with vllm 0.32, TP=2)."""
         model = self.model_runner.model
-        hooks = cloudpickle.loads(hooks)
-        check_hooks(model.model, hooks)  # before any request of this variant is queued
+        try:
+            hooks = cloudpickle.loads(hooks)
+            check_hooks(model.model, hooks)  # before any request of this variant is queued
+        except Exception as error:
+            return _pickled(error)
         model.variants[variant] = list(hooks)
+        return None
 
     def hooked_drop_variant(self, variant: str) -> None:
         self.model_runner.model.variants.pop(variant, None)
