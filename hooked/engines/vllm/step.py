@@ -76,7 +76,16 @@ def step_hooks(
             continue
         for name, fn in variants[variant]:
             by_name.setdefault(name, []).append((index, step.starts[index], step.starts[index + 1], fn))
-    return [(name, _Dispatch(step, positions, segments, errors)) for name, segments in by_name.items()]
+    rows = {  # each hooked request's Rows, built once per step and shared by every point's dispatcher
+        index: _request_rows(step, positions, index) for segments in by_name.values() for index, *_ in segments
+    }
+    return [(name, _Dispatch(step, rows, segments, errors)) for name, segments in by_name.items()]
+
+
+def _request_rows(step: Step, positions: Tensor, index: int) -> Rows:
+    position_ids = positions[step.starts[index] : step.starts[index + 1]][None]
+    lengths = torch.tensor([[step.prompt_lengths[index]]])
+    return Rows(position_ids, None, int(position_ids[0, 0]), lengths)
 
 
 def _tag(step: Step, index: int) -> str:
@@ -86,7 +95,7 @@ def _tag(step: Step, index: int) -> str:
 @dataclass(eq=False)
 class _Dispatch:
     step: Step
-    positions: Tensor
+    rows: dict[int, Rows]  # request index -> what its hooks' `hook.rows` report
     segments: list[tuple[int, int, int, Callable]]  # (request index, start row, end row, user fn)
     errors: dict | None
 
@@ -98,10 +107,8 @@ class _Dispatch:
             if self.errors is not None and tag in self.errors:
                 continue  # an earlier hook of this request failed in this step
             rows = activation.narrow(axis, start, end - start)  # a view: in-place edits reach the forward
-            position_ids = self.positions[start:end][None]
-            lengths = torch.tensor([[self.step.prompt_lengths[index]]])
             try:
-                with running_rows(Rows(position_ids, None, int(position_ids[0, 0]), lengths)):
+                with running_rows(self.rows[index]):
                     result = fn(rows, hook)
                 if result is not None and (result.shape != rows.shape or result.dtype != rows.dtype):
                     raise ValueError(
