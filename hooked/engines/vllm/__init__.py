@@ -6,7 +6,7 @@ Importing this package does not import vLLM; `register()` does.
 
 HOOKED_PREFIX = "Hooked"  # hooked's architecture for a checkpoint's: "Hooked" + its name (HookedGPT2LMHeadModel)
 # The checkpoint architectures checked on vLLM so far (the spike): the others are refused until tested.
-ARCHITECTURES = ("GPT2LMHeadModel", "Qwen3ForCausalLM")
+ARCHITECTURES = ("GPT2LMHeadModel", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
 def register() -> None:
