@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hooked import ablate
 from hooked.engines.vllm.step import Step, check_hooks, run_flat
 from hooked.layers.attention import EngineAttention
 from hooked.testing import random_model
@@ -60,7 +61,9 @@ def halve(z, hook):
 ATOL = 1e-5
 
 
-@pytest.mark.parametrize("hook", [zero_head_0, halve])
+@pytest.mark.parametrize(
+    "hook", [zero_head_0, halve, ablate.zero(heads=[1])], ids=["in_place", "replacement", "ablate"]
+)
 def test_a_hook_on_one_request_leaves_the_other_clean(model, hook):
     hooked_a, clean_b = flat_logits(model, ("zero", None), {"zero": [("blocks.0.attn.hook_z", hook)]})
     with torch.no_grad():
@@ -90,6 +93,8 @@ def test_points_without_positions_are_refused_up_front(model):
         check_hooks(model, [("blocks.0.attn.hook_pattern", zero_head_0)])
     with pytest.raises(KeyError, match="hook_zz"):
         check_hooks(model, [("blocks.0.attn.hook_zz", zero_head_0)])
+    with pytest.raises(IndexError, match="out of range"):  # 4 heads: hooked.ablate's own check runs
+        check_hooks(model, [("blocks.0.attn.hook_z", ablate.zero(heads=[7]))])
 
 
 def test_a_failing_hook_is_filed_for_its_request_and_the_step_goes_on(model):

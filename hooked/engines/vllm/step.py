@@ -52,12 +52,16 @@ def _pos_axis(point: HookPoint) -> int:
 def check_hooks(model, hooks: HookList) -> None:
     """Refuse, before any request is queued, a hook the engine could not run on a request's rows: an unknown name
     (KeyError naming the nearest ones), a point without a 'pos' axis (attention scores and patterns, which paged
-    attention never forms), or something not callable."""
+    attention never forms), something not callable, or what the hook's own `validate_hook_point` refuses (an
+    out-of-range head of `hooked.ablate.zero(heads=...)`)."""
     for name, fn in hooks:
-        for resolved in model.resolve_hook_names(name):
-            _pos_axis(model.hook_dict[resolved])
         if not callable(fn):
             raise TypeError(f"the hook at {name} is a {type(fn).__name__}, not a callable fn(activation, hook)")
+        validate = getattr(fn, "validate_hook_point", None)  # hooked.ablate's selectors (heads=, positions=, ...)
+        for resolved in model.resolve_hook_names(name):
+            _pos_axis(model.hook_dict[resolved])
+            if validate is not None:
+                validate(model.hook_dict[resolved], model)
 
 
 def step_hooks(
