@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hooked import ablate
-from hooked.engines.vllm.step import Step, check_hooks, run_flat
+from hooked.engines.vllm.step import Capture, Step, check_hooks, run_flat
 from hooked.layers.attention import EngineAttention
 from hooked.testing import random_model
 
@@ -115,3 +115,17 @@ def test_a_failing_hook_is_filed_for_its_request_and_the_step_goes_on(model):
     torch.testing.assert_close(F.linear(hidden[starts[1] :], model.unembed_weight), alone_b, atol=ATOL, rtol=0)
     with pytest.raises(ZeroDivisionError), torch.no_grad():  # without an errors dict, the hook's error propagates
         run_flat(model, tokens, positions, SegmentAttention(starts), step, {"bad": [("hook_embed", boom)]})
+
+
+def test_a_capture_keeps_each_request_apart(model):
+    capture = Capture()
+    tokens = torch.tensor([t for prompt in PROMPTS for t in prompt])
+    positions = torch.cat([torch.arange(len(prompt)) for prompt in PROMPTS])
+    starts = (0, len(PROMPTS[0]), len(PROMPTS[0]) + len(PROMPTS[1]))
+    step = Step(("a", "b"), starts, ("cache", "cache"), tuple(len(p) for p in PROMPTS), tags=("ta", "tb"))
+    with torch.no_grad():
+        run_flat(model, tokens, positions, SegmentAttention(starts), step, {"cache": [("hook_embed", capture)]}, {})
+        for tag, prompt in zip(("ta", "tb"), PROMPTS, strict=True):
+            _, alone = model.run_with_cache(torch.tensor([prompt]), names_filter="hook_embed")
+            assert torch.equal(capture.take(tag)["hook_embed"], alone["hook_embed"])  # a row lookup: exact
+    assert capture.store == {}

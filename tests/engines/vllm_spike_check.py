@@ -110,6 +110,19 @@ def main(directory: Path, family: str, tp: int) -> None:
             assert error < ATOL, error
         gap = (results[0].logits - results[1].logits).abs().max().item()
         assert gap > 1e-2, f"zeroing head 0 changed nothing ({gap})"
+        # a cache per request, over the prefill and every decode step, with the variant's hook in place
+        names = ["blocks.0.hook_resid_post", "blocks.1.attn.hook_z"]
+        cached = engine.add_variant(hook, cache=names)
+        got = engine.generate([PROMPTS[1], PROMPTS[1]], [cached, None], NEW_TOKENS, logits=False)
+        tokens = PROMPTS[1] + got[0].tokens[:-1]  # the last generated token is never fed back
+        with torch.no_grad(), model.hooks(fwd_hooks=hook):
+            _, reference = model.run_with_cache(torch.tensor([tokens]), names_filter=names)
+        for name in names:
+            error = (got[0].cache[name] - reference[name]).abs().max().item()
+            print(f"cache {name} {tuple(got[0].cache[name].shape)}: max |activation - hooked alone| {error:.2e}")
+            assert got[0].cache[name].shape == reference[name].shape and error < ATOL, error
+        assert got[1].cache == {}, "the clean request brought a cache back"
+
         if family == "qwen3_moe":  # expert masking on one request, the other clean, in the same batch
             masking = [("blocks.0.mlp.hook_router_logits", mask_expert_0)]
             masked = engine.add_variant(masking)

@@ -26,6 +26,7 @@ from hooked.engines.vllm.worker import TAG_KEY, VARIANT_KEY
 class Generation:
     tokens: list[int]  # the generated ids
     logits: torch.Tensor | None  # [new_tokens d_vocab] raw logits each generated id was chosen from
+    cache: dict[str, torch.Tensor]  # the variant's cached points: [1, prompt + new_tokens - 1, ...]
 
 
 class VllmEngine:
@@ -53,9 +54,12 @@ class VllmEngine:
         self.llm.collective_rpc("hooked_track_steps")
         self._ids = itertools.count()
 
-    def add_variant(self, fwd_hooks) -> str:
+    def add_variant(self, fwd_hooks=(), cache: list[str] = ()) -> str:
+        """A variant: `fwd_hooks` [(hook name, fn)] run on each of its requests' rows; `cache` names the points whose
+        activations each request brings back (`Generation.cache`)."""
         variant = f"v{next(self._ids)}"
-        replies = self.llm.collective_rpc("hooked_install_variant", args=(variant, cloudpickle.dumps(list(fwd_hooks))))
+        hooks = cloudpickle.dumps(list(fwd_hooks))
+        replies = self.llm.collective_rpc("hooked_install_variant", args=(variant, hooks, list(cache)))
         failed = [reply for reply in replies if reply is not None]
         if failed:  # the user's own error (KeyError for an unknown name, ...), from the first worker that refused
             self.llm.collective_rpc("hooked_drop_variant", args=(variant,))
@@ -94,19 +98,21 @@ class VllmEngine:
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         hooked_tags = [tag for tag, variant in zip(tags, variants, strict=True) if variant is not None]
         failed = self.llm.collective_rpc("hooked_take_errors", args=(hooked_tags,))[0] if hooked_tags else {}
+        caches = self.llm.collective_rpc("hooked_take_cache", args=(hooked_tags,))[0] if hooked_tags else {}
         if failed:  # the first request whose hook raised, as the user's own exception
             tag = next(tag for tag in tags if tag in failed)
             error = cloudpickle.loads(failed[tag])
             error.add_note(f"(raised by a hook of request {tags.index(tag)}, variant {variants[tags.index(tag)]})")
             raise error
         results = []
-        for output in outputs:
+        for output, tag in zip(outputs, tags, strict=True):
             completion = output.outputs[0]
             rows = torch.empty(len(completion.token_ids), self.vocab_size)
             for step, entries in enumerate(completion.logprobs or ()):
                 for token, entry in entries.items():
                     rows[step, token] = entry.logprob
-            results.append(Generation(list(completion.token_ids), rows if logits else None))
+            cache = cloudpickle.loads(caches[tag]) if tag in caches else {}
+            results.append(Generation(list(completion.token_ids), rows if logits else None, cache))
         return results
 
     def step_history(self) -> list[tuple[int, int]]:

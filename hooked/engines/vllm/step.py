@@ -10,7 +10,8 @@ layout, with `hook.position_ids` / `hook.rows` set for that request alone. This 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -20,6 +21,34 @@ from hooked.layers.attention import AttentionMask, EngineAttention, engine_atten
 from hooked.rows import Rows, running_rows
 
 HookList = Sequence[tuple[str, Callable]]
+
+_request: ContextVar[str | None] = ContextVar("hooked_engine_request", default=None)
+
+
+def current_request() -> str:
+    """The tag of the request whose rows the running hook holds (inside a hook on an engine step)."""
+    tag = _request.get()
+    if tag is None:
+        raise RuntimeError("current_request() is known only inside a hook, while an engine step runs")
+    return tag
+
+
+@dataclass(eq=False)
+class Capture:
+    """A hook that keeps each request's activations at its point, step after step, in `store[tag][name]` (a list
+    of `[1, pos, ...]` pieces along the point's pos axis: the prefill, then one per decode step)."""
+
+    store: dict = field(default_factory=dict)
+    pos_axis: dict = field(default_factory=dict)  # hook name -> its pos axis
+
+    def __call__(self, activation: Tensor, hook: HookPoint) -> None:
+        self.pos_axis[hook.name] = _pos_axis(hook)
+        self.store.setdefault(current_request(), {}).setdefault(hook.name, []).append(activation.clone())
+
+    def take(self, tag: str) -> dict[str, Tensor]:
+        """The request's activations, each point's pieces joined along its pos axis; removed from the store."""
+        pieces = self.store.pop(tag, {})
+        return {name: torch.cat(parts, dim=self.pos_axis[name]) for name, parts in pieces.items()}
 
 
 @dataclass(frozen=True)
@@ -111,6 +140,7 @@ class _Dispatch:
             if self.errors is not None and tag in self.errors:
                 continue  # an earlier hook of this request failed in this step
             rows = activation.narrow(axis, start, end - start)  # a view: in-place edits reach the forward
+            token = _request.set(tag)
             try:
                 with running_rows(self.rows[index]):
                     result = fn(rows, hook)
@@ -124,6 +154,8 @@ class _Dispatch:
                     raise
                 self.errors[tag] = error  # the engine goes on; the caller raises it for this request
                 continue
+            finally:
+                _request.reset(token)
             if result is None:
                 continue
             if not replaced:  # a replacement never edits the tensor other readers hold: copy once per step

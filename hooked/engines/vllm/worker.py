@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import cloudpickle
 
-from hooked.engines.vllm.step import Step, check_hooks
+from hooked.engines.vllm.step import Capture, Step, check_hooks
 
 VARIANT_KEY = "hooked_variant"  # SamplingParams.extra_args key naming the request's variant
 TAG_KEY = "hooked_request"  # ... and the caller's name for the request, which its hook errors are filed under
@@ -50,18 +50,26 @@ class HookedWorkerExtension:
         runner._model_forward = model_forward
         runner._hooked_tracking = True
 
-    def hooked_install_variant(self, variant: str, hooks: bytes) -> bytes | None:
+    def hooked_install_variant(self, variant: str, hooks: bytes, cache: list[str] | None = None) -> bytes | None:
         """Install one variant's hooks, checked first; returns the error (cloudpickled) instead of raising it: under
         tensor parallelism vLLM's executor raises at the first worker's failure and leaves the other workers'
         replies queued, so the next call would read a stale failure (seen with vllm 0.32, TP=2)."""
         model = self.model_runner.model
         try:
-            hooks = cloudpickle.loads(hooks)
+            hooks = list(cloudpickle.loads(hooks))
+            if cache:  # after the variant's own hooks: the cache holds what they left
+                hooks += [(name, _capture(model)) for name in cache]
             check_hooks(model.model, hooks)  # before any request of this variant is queued
         except Exception as error:
             return _pickled(error)
-        model.variants[variant] = list(hooks)
+        model.variants[variant] = hooks
         return None
+
+    def hooked_take_cache(self, tags: list[str]) -> dict[str, bytes]:
+        """Each request's cached activations ({hook name: [1, pos, ...]}, prefill and decode steps joined),
+        cloudpickled, removed from the model."""
+        capture = _capture(self.model_runner.model)
+        return {tag: cloudpickle.dumps(capture.take(tag)) for tag in tags if tag in capture.store}
 
     def hooked_drop_variant(self, variant: str) -> None:
         self.model_runner.model.variants.pop(variant, None)
@@ -86,3 +94,9 @@ def _pickled(error: BaseException) -> bytes:
         return cloudpickle.dumps(error)
     except Exception:  # an exception that does not pickle: its type and message still reach the caller
         return cloudpickle.dumps(RuntimeError(f"{type(error).__name__}: {error}"))
+
+
+def _capture(model) -> Capture:
+    if not hasattr(model, "capture"):
+        model.capture = Capture()
+    return model.capture
