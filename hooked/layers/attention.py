@@ -151,6 +151,29 @@ AttentionBackend = Literal["triton", "sdpa", "eager"]
 
 
 _forced_backend: ContextVar[str | None] = ContextVar("hooked_attention_backend", default=None)
+# An inference engine's attention core (hooked.engines.vllm): it replaces `attend` for every layer while set, and
+# owns the keys and values (a paged KV cache), so q, k, v and z still pass through the model's own hook points.
+_engine_attention: ContextVar[EngineAttention | None] = ContextVar("hooked_engine_attention", default=None)
+
+
+class EngineAttention:
+    """What an engine's attention core implements: `z` [batch pos head_index d_head] for one layer's q, k, v (the
+    layer named by `hook_attn_scores.layer()`), with the engine's own cache and per-request boundaries."""
+
+    def __call__(
+        self, q: Tensor, k: Tensor, v: Tensor, scaling: float, hook_attn_scores: HookPoint, hook_pattern: HookPoint
+    ) -> Tensor:
+        raise NotImplementedError
+
+
+@contextlib.contextmanager
+def engine_attention(core: EngineAttention) -> Iterator[None]:
+    """Run every `attend` of the body through `core` (an inference engine's paged attention)."""
+    token = _engine_attention.set(core)
+    try:
+        yield
+    finally:
+        _engine_attention.reset(token)
 
 
 @contextlib.contextmanager
@@ -288,6 +311,11 @@ def attend(
     before the mask, as transformers 5.24 `gemma2.eager_attention_forward`; `hook_attn_scores` sees the
     capped scores. SDPA cannot cap: a softcap runs on the kernel or the eager path.
     """
+    engine = _engine_attention.get()
+    if engine is not None:  # an inference engine's paged attention (hooked.engines.vllm)
+        if softcap is not None or mask.window is not None:
+            raise NotImplementedError("engine attention with a softcap or a sliding window is not wired yet")
+        return engine(q, k, v, scaling, hook_attn_scores, hook_pattern)
     backend = choose_backend(q, mask, hook_attn_scores, hook_pattern, softcap)
     batch, pos, n_heads, d_head = q.shape
     n_kv_heads = k.shape[2]

@@ -1,0 +1,123 @@
+"""The caller's side: a vLLM engine running hooked's modules, with variants of hooks per request.
+
+`VllmEngine(path)` starts `vllm.LLM` on a checkpoint directory with the architecture swapped for hooked's
+(`hf_overrides`), greedy, eager (Python hooks cannot run inside a captured graph). `add_variant(fwd_hooks)` ships the
+hooks to every worker (cloudpickled through `collective_rpc`) and returns an id; `generate` queues one request per
+(prompt, variant), the variant named in `SamplingParams.extra_args` and salting the prefix cache, and returns
+each request's tokens and its raw logits at every generated position (vLLM's `logprobs_mode="raw_logits"` over
+the whole vocabulary).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import cloudpickle
+import torch
+
+from hooked.engines.vllm import ARCHITECTURES, HOOKED_PREFIX, register
+from hooked.engines.vllm.worker import TAG_KEY, VARIANT_KEY
+
+
+@dataclass(frozen=True)
+class Generation:
+    tokens: list[int]  # the generated ids
+    logits: torch.Tensor | None  # [new_tokens d_vocab] raw logits each generated id was chosen from
+    cache: dict[str, torch.Tensor]  # the variant's cached points: [1, prompt + new_tokens - 1, ...]
+
+
+class VllmEngine:
+    def __init__(self, path: str | Path, max_model_len: int = 128, **engine_args):
+        from vllm import LLM
+
+        config = json.loads((Path(path) / "config.json").read_text())
+        architecture = config["architectures"][0]
+        if architecture not in ARCHITECTURES:
+            raise ValueError(f"hooked on vLLM runs {sorted(ARCHITECTURES)}; {path} holds {architecture}")
+        register()
+        self.vocab_size = config["vocab_size"]
+        self.llm = LLM(
+            model=str(path),
+            hf_overrides={"architectures": [HOOKED_PREFIX + architecture]},
+            dtype="float32",
+            enforce_eager=True,
+            skip_tokenizer_init=True,
+            max_model_len=max_model_len,
+            logprobs_mode="raw_logits",
+            max_logprobs=self.vocab_size,
+            worker_extension_cls="hooked.engines.vllm.worker.HookedWorkerExtension",
+            **engine_args,
+        )
+        self.llm.collective_rpc("hooked_track_steps")
+        self._ids = itertools.count()
+
+    def add_variant(self, fwd_hooks=(), cache: list[str] = ()) -> str:
+        """A variant: `fwd_hooks` [(hook name, fn)] run on each of its requests' rows; `cache` names the points whose
+        activations each request brings back (`Generation.cache`)."""
+        variant = f"v{next(self._ids)}"
+        hooks = cloudpickle.dumps(list(fwd_hooks))
+        replies = self.llm.collective_rpc("hooked_install_variant", args=(variant, hooks, list(cache)))
+        failed = [reply for reply in replies if reply is not None]
+        if failed:  # the user's own error (KeyError for an unknown name, ...), from the first worker that refused
+            self.llm.collective_rpc("hooked_drop_variant", args=(variant,))
+            raise cloudpickle.loads(failed[0])
+        return variant
+
+    def drop_variant(self, variant: str) -> None:
+        self.llm.collective_rpc("hooked_drop_variant", args=(variant,))
+
+    def generate(
+        self, prompts: list[list[int]], variants: list[str | None], max_new_tokens: int, logits: bool = True
+    ) -> list[Generation]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if len(prompts) != len(variants):
+            raise ValueError(f"{len(prompts)} prompts but {len(variants)} variants: give one variant per prompt")
+        tags = [f"r{next(self._ids)}" for _ in prompts]
+        params = [
+            SamplingParams(
+                temperature=0.0,
+                max_tokens=max_new_tokens,
+                ignore_eos=True,
+                detokenize=False,
+                logprobs=self.vocab_size if logits else None,
+                extra_args=None if variant is None else {VARIANT_KEY: variant, TAG_KEY: tag},
+            )
+            for variant, tag in zip(variants, tags, strict=True)
+        ]
+        # vLLM's prefix cache reuses the keys and values of a prompt another request already computed; a variant's
+        # hooks change them, so each variant gets its own cache (cache_salt), shared with its own requests only.
+        requests = [
+            TokensPrompt(prompt_token_ids=p) if v is None else TokensPrompt(prompt_token_ids=p, cache_salt=v)
+            for p, v in zip(prompts, variants, strict=True)
+        ]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        hooked_tags = [tag for tag, variant in zip(tags, variants, strict=True) if variant is not None]
+        failed = self.llm.collective_rpc("hooked_take_errors", args=(hooked_tags,))[0] if hooked_tags else {}
+        caches = self.llm.collective_rpc("hooked_take_cache", args=(hooked_tags,))[0] if hooked_tags else {}
+        if failed:  # the first request whose hook raised, as the user's own exception
+            tag = next(tag for tag in tags if tag in failed)
+            error = cloudpickle.loads(failed[tag])
+            error.add_note(f"(raised by a hook of request {tags.index(tag)}, variant {variants[tags.index(tag)]})")
+            raise error
+        results = []
+        for output, tag in zip(outputs, tags, strict=True):
+            completion = output.outputs[0]
+            rows = torch.empty(len(completion.token_ids), self.vocab_size)
+            for step, entries in enumerate(completion.logprobs or ()):
+                for token, entry in entries.items():
+                    rows[step, token] = entry.logprob
+            cache = cloudpickle.loads(caches[tag]) if tag in caches else {}
+            results.append(Generation(list(completion.token_ids), rows if logits else None, cache))
+        return results
+
+    def step_history(self) -> list[tuple[int, int]]:
+        """(requests, tokens) of each engine step since the last call (rank 0's view)."""
+        return self.llm.collective_rpc("hooked_step_history")[0]
+
+    def close(self) -> None:
+        self.llm.llm_engine.engine_core.shutdown()

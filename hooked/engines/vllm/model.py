@@ -1,0 +1,119 @@
+"""A vLLM model class that runs hooked's own modules, with vLLM's paged attention as the attention core.
+
+vLLM 0.32's model interface (vllm/model_executor/models/gpt2.py is the in-tree GPT-2): the class takes
+`vllm_config` and `prefix`; `forward(input_ids, positions, intermediate_tensors, inputs_embeds)` runs the step's
+flat batch `[num_tokens]`; `compute_logits(hidden_states)` unembeds the rows the sampler reads;
+`load_weights(iterable of (checkpoint name, tensor))` returns the parameter names it filled. Attention goes
+through `vllm.model_executor.layers.attention.Attention`, one per layer, which owns that layer's paged KV cache
+and reads the step's attention metadata from the forward context.
+
+hooked's blocks run the flat batch as one row `[1, num_tokens, ...]`; `attend` hands q, k, v to `_PagedCore`
+(hooked.layers.attention.engine_attention), so every hook point fires as on hooked's own engine. Per-request hooks
+(`hooked.engines.vllm.step`) cut the rows back into requests; the step's layout is set by the model runner
+(`hooked.engines.vllm.worker`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from vllm.config import VllmConfig
+from vllm.distributed.parallel_state import get_tp_group
+from vllm.model_executor.layers.attention import Attention
+
+from hooked.distributed import Parallel, parallelize, vocab_parallel_logits
+from hooked.engines.vllm.step import HookList, Step, run_flat
+from hooked.hooks import HookPoint
+from hooked.layers.attention import EngineAttention
+from hooked.weights.architecture import architecture_for, build_on_meta, read_config
+from hooked.weights.state_dict import read_state_dict
+
+
+class _PagedCore(EngineAttention):
+    def __init__(self, layers: nn.ModuleList):
+        self.layers = layers
+
+    def __call__(self, q, k, v, scaling: float, hook_attn_scores: HookPoint, hook_pattern: HookPoint) -> Tensor:
+        if hook_attn_scores.listening or hook_pattern.listening:
+            raise NotImplementedError(
+                f"{hook_attn_scores.name} / {hook_pattern.name}: vLLM's paged attention does not form the scores"
+                " or the pattern; run this hook on hooked's own engine"
+            )
+        attention = self.layers[hook_attn_scores.layer()]
+        if scaling != attention.impl.scale:
+            raise ValueError(f"layer scaling {scaling} differs from the engine's {attention.impl.scale}")
+        _, tokens, n_heads, d_head = q.shape
+        z = attention(q[0].reshape(tokens, -1), k[0].reshape(tokens, -1), v[0].reshape(tokens, -1))
+        return z.view(1, tokens, n_heads, d_head)
+
+
+class HookedForVllm(nn.Module):
+    """A hooked family as a vLLM text-generation model, registered as `Hooked` + the checkpoint's architecture
+    (`HookedGPT2LMHeadModel`); the family comes from the checkpoint's config, as `hooked.load` finds it."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        # hooked reads the checkpoint itself (its own config, names and tensor-parallel slices), as hooked.load does
+        self.directory = Path(vllm_config.model_config.model)
+        self.dtype = vllm_config.model_config.dtype
+        config = read_config(self.directory)
+        self.model_class = architecture_for(config)
+        model = build_on_meta(self.model_class, config)
+        self.plan = None
+        group = get_tp_group()
+        if group.world_size > 1:  # hooked's own tensor parallelism over vLLM's tensor-parallel group
+            model.parallel = Parallel(
+                group.world_size, group.rank_in_group, list(group.ranks), group.device_group, 1, 0, None
+            )
+            self.plan = parallelize(model, model.parallel)
+        self.model = model
+        self.paged = nn.ModuleList(
+            Attention(
+                block.attn.n_heads,  # this rank's heads under tensor parallelism
+                block.attn.d_head,
+                num_kv_heads=getattr(block.attn, "n_kv_heads", block.attn.n_heads),
+                scale=block.attn.scaling,
+                cache_config=vllm_config.cache_config,
+                prefix=f"{prefix + '.' if prefix else ''}blocks.{layer}.attn.paged",
+            )
+            for layer, block in enumerate(model.blocks)
+        )
+        self.core = _PagedCore(self.paged)
+        # Set by the model runner before each forward (hooked.engines.vllm.worker); None: no request has hooks.
+        self.step: Step | None = None
+        self.variants: dict[str, HookList] = {}  # variant id -> [(hook name, fn)], installed by the worker
+        self.errors: dict[str, BaseException] = {}  # request tag -> its hook's error, until the caller takes it
+
+    def embed_input_ids(self, input_ids: Tensor) -> Tensor:
+        if self.model.tensor_parallel:
+            raise NotImplementedError("embed_input_ids under tensor parallelism: hooked embeds inside forward")
+        return F.embedding(input_ids, self.model.token_embedding_weight)
+
+    def forward(
+        self,
+        input_ids: Tensor | None,
+        positions: Tensor,
+        intermediate_tensors=None,
+        inputs_embeds: Tensor | None = None,
+    ) -> Tensor:
+        if inputs_embeds is not None:
+            raise NotImplementedError("prompt embeddings are not supported by hooked on vLLM")
+        return run_flat(self.model, input_ids, positions, self.core, self.step, self.variants, self.errors)
+
+    def compute_logits(self, hidden_states: Tensor) -> Tensor:
+        model = self.model
+        if model.tensor_parallel:  # this rank holds some vocabulary rows: gathered, whole logits on every rank
+            return vocab_parallel_logits(model.parallel, hidden_states, model.unembed_weight, model.cfg.d_vocab, None)
+        return F.linear(hidden_states, model.unembed_weight, model.unembed_bias)
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
+        for _ in weights:  # vLLM's whole tensors: hooked reads its own (sliced under tensor parallelism) instead
+            pass
+        state = read_state_dict(self.directory, self.model, self.dtype, torch.device("cpu"), self.plan)
+        self.model.load_state_dict(state, strict=True, assign=True)  # every key used, every shape checked
+        self.model.requires_grad_(False).eval()
+        return {f"model.{name}" for name, _ in self.model.named_parameters()}

