@@ -1073,7 +1073,7 @@ def test_attribute_under_no_grad_and_differently_padded_pairs():
     metric = answers_metric(model, 2)
     with torch.no_grad():  # attribution takes its own gradients
         quiet = circuits.attribute(model, clean, corrupt, metric)
-    assert torch.equal(quiet.matrix, circuits.attribute(model, clean, corrupt, metric).matrix)
+    assert torch.equal(quiet.matrix, circuits.attribute(model, clean, corrupt, metric).matrix)  # the same call twice
     assert quiet.matrix.abs().max() > 1e-3
     ioi = hooked.load("hooked/ioi-gpt2")
     task = hooked.tasks.ioi(2, seed=1)  # prompts of 19 and 20 tokens

@@ -1,4 +1,9 @@
-"""The hook algebra: names, shapes, replacement semantics, ownership and clean-up."""
+"""The hook algebra: names, shapes, replacement semantics, ownership and clean-up.
+
+A hook that only reads, or an edit made in place and the same edit returned, leaves the forward on the same path
+with the same shapes: the same kernels in the same order, so those compare exactly (torch.equal); a hook that
+moves attention or a norm onto its step-by-step path compares to float32 rounding.
+"""
 
 import pytest
 import torch
@@ -137,7 +142,7 @@ def test_zeroing_a_head_of_z_equals_zeroing_its_rows_of_the_output_projection(gp
         edited = hooked.load(gpt2_dir)
         edited.blocks[layer].attn.c_proj.weight[head * d_head : (head + 1) * d_head] = 0.0  # Conv1D: [in, out]
         expected = edited(tokens)
-    assert torch.equal(ablated, expected)
+    assert torch.equal(ablated, expected)  # exact: the same matmul shapes, the zero as an input or as a weight
 
 
 def test_replacing_z_by_return_equals_in_place_edit(gpt2, tokens):
@@ -164,7 +169,7 @@ def test_resid_post_edit_reaches_the_next_block_and_logits(gpt2, tokens):
         _, clean = gpt2.run_with_cache(tokens, names_filter="blocks.1.hook_resid_post")
         logits = gpt2.run_with_hooks(tokens, fwd_hooks=[("blocks.1.hook_resid_post", lambda x, hook: x + delta)])
         manual = torch.nn.functional.linear(gpt2.ln_final(clean["blocks.1.hook_resid_post"] + delta), gpt2.wte.weight)
-    assert torch.equal(logits, manual)
+    assert torch.equal(logits, manual)  # exact: GPT-2's own final norm and unembedding, the same ops and shapes
 
 
 def test_in_place_edit_at_resid_pre_does_not_corrupt_cached_resid_post(gpt2, tokens):

@@ -7,6 +7,9 @@ rounding. Qwen3 (RMSNorm) likewise, against TransformerLens' Qwen3. Qwen3-MoE is
 `HookedTransformer` architecture: there the processed model's hooks must equal the unprocessed model's
 (folding an RMSNorm weight changes no activation) and its log-probs too. Memory: fresh processes load a
 checkpoint with and without processing and compare their peak resident memory.
+
+Parameters compare exactly (torch.equal) where no step touched them, or where the same processing ran the same
+operations on the same weights twice (a method and a loader).
 """
 
 from __future__ import annotations
