@@ -166,8 +166,9 @@ def test_hooks_hold_what_the_docs_say(dense_models):
         rtol=1e-5,
         atol=1e-5,
     )
+    # Exact at position 0: cos = attention_factor and sin = 0 there, so RoPE is the same single product
     torch.testing.assert_close(
-        cache["rot_k", 1][:, 0], cache["k_normed", 1][:, 0] * model.rotary.attention_factor, rtol=0, atol=1e-6
+        cache["rot_k", 1][:, 0], cache["k_normed", 1][:, 0] * model.rotary.attention_factor, rtol=0, atol=0
     )
     z = cache["z", 1]
     torch.testing.assert_close(attn.o_proj(z.flatten(-2)), cache["attn_out", 1], rtol=0, atol=1e-6)
