@@ -147,7 +147,7 @@ def bf16_spread(directory, model_class, tokens, attention_mask=None) -> tuple[to
     for implementation in ("sdpa", "eager"):
         model = model_class.from_pretrained(directory, attn_implementation=implementation, dtype=torch.bfloat16).eval()
         with torch.no_grad():
-            outputs[implementation] = model(tokens, attention_mask=attention_mask).logits.float()
+            outputs[implementation] = model(tokens, attention_mask=attention_mask, use_cache=False).logits.float()
     return outputs["sdpa"], (outputs["eager"] - outputs["sdpa"]).abs().max().item()
 
 

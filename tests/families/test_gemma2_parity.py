@@ -206,7 +206,7 @@ def test_bfloat16_within_transformers_own_spread(dirs):
         for implementation in ("eager", "flex_attention"):
             reference = HF.from_pretrained(dirs[case], attn_implementation=implementation, dtype=torch.bfloat16).eval()
             with torch.no_grad():
-                outputs[implementation] = reference(tokens).logits.float()
+                outputs[implementation] = reference(tokens, use_cache=False).logits.float()  # as hf_outputs
         spread = (outputs["flex_attention"] - outputs["eager"]).abs().max().item()
         with torch.no_grad():
             logits = model(tokens)
