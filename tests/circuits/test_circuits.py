@@ -1156,8 +1156,10 @@ def test_split_input_points_hold_the_residual_stream_per_head(arch):
     resid = base[f"blocks.{layer}.hook_resid_pre"]
     for name, heads in zip(names[:3], (n_heads, n_kv, n_kv), strict=True):
         assert cache[name].shape == (*resid.shape[:2], heads, resid.shape[-1])
-        torch.testing.assert_close(cache[name], resid[:, :, None].expand_as(cache[name]), rtol=0, atol=1e-6)
-    torch.testing.assert_close(cache[names[3]], base[f"blocks.{layer}.hook_resid_mid"], rtol=0, atol=1e-6)
+        # exact: a copy of resid_pre per head, which the layers before ran as in the plain run
+        torch.testing.assert_close(cache[name], resid[:, :, None].expand_as(cache[name]), rtol=0, atol=0)
+    # per-head projections sum in another order than the fused one: float32 rounding of the stream's magnitude
+    assert_close_to_scale(cache[names[3]], base[f"blocks.{layer}.hook_resid_mid"], 1e-5)
     assert_close_to_scale(split, plain, 1e-5)  # the split path computes the same model
 
     shift = torch.randn(resid.shape[-1], generator=torch.Generator().manual_seed(23))
