@@ -1073,7 +1073,7 @@ def test_attribute_under_no_grad_and_differently_padded_pairs():
     metric = answers_metric(model, 2)
     with torch.no_grad():  # attribution takes its own gradients
         quiet = circuits.attribute(model, clean, corrupt, metric)
-    assert torch.equal(quiet.matrix, circuits.attribute(model, clean, corrupt, metric).matrix)
+    assert torch.equal(quiet.matrix, circuits.attribute(model, clean, corrupt, metric).matrix)  # the same call twice
     assert quiet.matrix.abs().max() > 1e-3
     ioi = hooked.load("hooked/ioi-gpt2")
     task = hooked.tasks.ioi(2, seed=1)  # prompts of 19 and 20 tokens
@@ -1156,8 +1156,10 @@ def test_split_input_points_hold_the_residual_stream_per_head(arch):
     resid = base[f"blocks.{layer}.hook_resid_pre"]
     for name, heads in zip(names[:3], (n_heads, n_kv, n_kv), strict=True):
         assert cache[name].shape == (*resid.shape[:2], heads, resid.shape[-1])
-        torch.testing.assert_close(cache[name], resid[:, :, None].expand_as(cache[name]), rtol=0, atol=1e-6)
-    torch.testing.assert_close(cache[names[3]], base[f"blocks.{layer}.hook_resid_mid"], rtol=0, atol=1e-6)
+        # exact: a copy of resid_pre per head, which the layers before ran as in the plain run
+        torch.testing.assert_close(cache[name], resid[:, :, None].expand_as(cache[name]), rtol=0, atol=0)
+    # per-head projections sum in another order than the fused one: float32 rounding of the stream's magnitude
+    assert_close_to_scale(cache[names[3]], base[f"blocks.{layer}.hook_resid_mid"], 1e-5)
     assert_close_to_scale(split, plain, 1e-5)  # the split path computes the same model
 
     shift = torch.randn(resid.shape[-1], generator=torch.Generator().manual_seed(23))

@@ -27,7 +27,7 @@ def test_edge_scores_values_is_an_attribute(setup):
     scores = circuits.attribute(model, clean, corrupt, metric)
     values = scores.values
     expected = torch.tensor([scores[edge] for edge in scores.graph.edges])  # each edge looked up by name
-    torch.testing.assert_close(values, expected, rtol=0, atol=0)
+    torch.testing.assert_close(values, expected, rtol=0, atol=0)  # the same numbers, read two ways
     with pytest.raises(TypeError, match=r"EdgeScores.values is an attribute .* write scores.values, not"):
         scores.values()
     # Everything done with it is a plain tensor, copies included.
@@ -43,7 +43,7 @@ def test_a_plain_list_of_edges_is_named_after_its_edges(setup):
     listed = circuits.patch_edges(model, clean, corrupt, edges, metric)
     named = circuits.patch_edges(model, clean, corrupt, {"x": edges}, metric)
     assert listed.variants == ["L0H0->logits+L0H1->L1H0.v+L0.mlp->logits@-1"]
-    torch.testing.assert_close(listed.values, named.values, rtol=0, atol=0)
+    torch.testing.assert_close(listed.values, named.values, rtol=0, atol=0)  # the same edges: the same runs
     one = circuits.patch_edges(model, clean, corrupt, "L0H0->logits", metric)  # one edge, not its characters
     assert one.variants == ["L0H0->logits"]
     torch.testing.assert_close(

@@ -1,4 +1,9 @@
-"""run_with_cache options and the ActivationCache analysis helpers, checked against the weights."""
+"""run_with_cache options and the ActivationCache analysis helpers, checked against the weights.
+
+A cache holds the tensors its hooks saw: an entry read by another key, sliced, stacked or compared with the same
+forward run again on the same input (the same path, the same shapes) is the same number, so these compare
+exactly; sums recomputed from the weights compare to float32 rounding.
+"""
 
 import pytest
 import torch

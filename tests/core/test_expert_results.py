@@ -69,7 +69,7 @@ def test_each_expert_writes_its_routed_share_and_unrouted_experts_write_zero(run
         routed = F.one_hot(cache["expert_indices", layer], model.cfg.n_experts).sum(-2).bool()  # [batch pos n_experts]
         assert torch.all(results[~routed] == 0)
         assert torch.all(results[routed].abs().sum(-1) > 0)
-        assert torch.equal(cache.get_expert_results(layer - model.cfg.n_layers), results)
+        assert torch.equal(cache.get_expert_results(layer - model.cfg.n_layers), results)  # one layer, two names
 
 
 def test_experts_sum_to_the_mlp_output(run):
@@ -87,7 +87,7 @@ def test_stack_expert_results_orders_and_labels_like_stack_head_results(run):
     for row, label in enumerate(labels):
         component = parse_address(model, label)  # a label is an address ablate and patch take
         layer, expert = int(component.hook_name.split(".")[1]), component.selectors["experts"][0]
-        assert torch.equal(stack[row], cache.get_expert_results(layer)[:, :, expert])
+        assert torch.equal(stack[row], cache.get_expert_results(layer)[:, :, expert])  # the stack copies them
     upto = sparse[0] + 1
     assert cache.stack_expert_results(upto, return_labels=True)[1] == [f"L{sparse[0]}.E{e}" for e in range(n_experts)]
     assert cache.stack_expert_results(0).shape == (0, 3, 9, model.cfg.d_model)

@@ -22,6 +22,20 @@ import hooked
 from hooked import ablate
 from hooked.testing import randomize_norms
 
+# ----------------------------------------------------------------------------- tolerances
+# Exact equality holds only where both sides run the same kernels in the same order (check_bit_exact). Where
+# they do not (another batch shape or padding through the matmuls, SDPA against eager, a fold of the weights),
+# float32 rounding grows with the magnitudes the sums are made of, so the tolerance is a number of float32 ulps
+# of the largest magnitude. Measured at most 64 (a Gemma 2 prompt alone against its left-padded batch, logits
+# capped at 2.0, under ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE); twice that leaves room for another CPU.
+REORDERED_ULPS = 128
+
+
+def within_ulps_of_magnitude(ours: torch.Tensor, theirs: torch.Tensor, ulps: int, msg: str = "") -> None:
+    """`ours` equals `theirs` to `ulps` float32 ulps of the largest magnitude in `theirs` (rtol 0)."""
+    atol = ulps * torch.finfo(torch.float32).eps * theirs.abs().max().item()
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=atol, msg=msg or None)
+
 
 # ----------------------------------------------------------------------------- checkpoints and references
 def build_checkpoint(directory, hf_config, model_class, seed: int = 0, **save_kwargs):
@@ -63,10 +77,10 @@ def hf_reference(directory, model_class, attn_implementation: str):
 def hf_outputs(model, tokens, attention_mask=None):
     """Logits and hidden states: [i] = resid_pre of block i for i < n_layers, [-1] = after the final norm.
 
-    use_cache=False: with a cache, transformers copies k and v into contiguous buffers, while hooked (and
-    transformers without a cache) attend over views of the projections. The values are the same, but a BLAS
-    product over another memory layout may take another code path: MKL_CBWR=COMPATIBLE rounds the two apart.
-    Without the cache both run the same kernels on the same layouts, which is what makes 0.0 the right bound."""
+    use_cache=False: with its KV cache transformers' eager attention multiplies contiguous copies of k and v
+    (the cache concatenates them), where hooked multiplies views of the projection; a batched matmul may round
+    differently on the two layouts (it does under MKL_CBWR=COMPATIBLE), so a bit-exact comparison needs both
+    sides on the same layout."""
     with torch.no_grad():
         out = model(tokens, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
     return out.logits, out.hidden_states
@@ -107,7 +121,10 @@ def max_diffs(hooked_result, reference) -> dict[str, float]:
 
 def check_bit_exact(model, reference, tokens, eager: bool) -> None:
     """The hooked model (on its eager attention path if `eager`) against the transformers model `reference`:
-    max abs difference 0.0 for the logits, every resid_pre and the final norm's output."""
+    max abs difference 0.0 for the logits, every resid_pre and the final norm's output. Exact by construction:
+    hooked runs transformers' operations in its order, on operands of the same shapes and memory layouts, so
+    the same kernels sum in the same order on any CPU (a family whose layouts differ fails under
+    MKL_CBWR=COMPATIBLE, where a matmul's rounding depends on its operands' strides)."""
     diffs = max_diffs(hooked_outputs(model, tokens, eager=eager), hf_outputs(reference, tokens))
     assert diffs == dict.fromkeys(diffs, 0.0), diffs
 
@@ -130,7 +147,7 @@ def bf16_spread(directory, model_class, tokens, attention_mask=None) -> tuple[to
     for implementation in ("sdpa", "eager"):
         model = model_class.from_pretrained(directory, attn_implementation=implementation, dtype=torch.bfloat16).eval()
         with torch.no_grad():
-            outputs[implementation] = model(tokens, attention_mask=attention_mask).logits.float()
+            outputs[implementation] = model(tokens, attention_mask=attention_mask, use_cache=False).logits.float()
     return outputs["sdpa"], (outputs["eager"] - outputs["sdpa"]).abs().max().item()
 
 
@@ -157,9 +174,9 @@ def left_padded(lengths, seed=10):
 
 
 def check_left_padded_batch(model, hf, lengths):
-    """A left-padded batch equals transformers with its attention_mask (SDPA and eager paths), and each prompt run
-    alone. Not exact: the padded rows' masks are built differently, and a prompt alone is a product of another shape
-    (other BLAS blocking, another summation order), so float32 rounding of the logits' magnitude, PADDING_ULPS."""
+    """A left-padded batch equals transformers with its attention_mask (SDPA and eager paths) and each prompt
+    run alone, to REORDERED_ULPS of the logits' magnitude: the padded rows' masks are built differently, and a
+    prompt alone runs other matmul shapes than the batch, so the sums round differently."""
     prompts, tokens, mask = left_padded(lengths)
     with torch.no_grad():
         batched = model(tokens, attention_mask=mask)
@@ -167,15 +184,11 @@ def check_left_padded_batch(model, hf, lengths):
             eager = model(tokens, attention_mask=mask)
         reference = hf(tokens, attention_mask=mask).logits
         real = mask.bool()
-        within_ulps_of_magnitude(batched[real], reference[real], PADDING_ULPS, "sdpa")
-        within_ulps_of_magnitude(eager[real], reference[real], PADDING_ULPS, "eager")
+        within_ulps_of_magnitude(batched[real], reference[real], REORDERED_ULPS, "batch against transformers")
+        within_ulps_of_magnitude(eager[real], reference[real], REORDERED_ULPS, "eager batch against transformers")
         for row, prompt in enumerate(prompts):
-            within_ulps_of_magnitude(batched[row, -len(prompt) :], model(prompt[None])[0], PADDING_ULPS, f"row {row}")
-
-
-# Measured on every family under ATen's default, AVX2 and AVX-512 kernels and MKL_CBWR=COMPATIBLE: at most 38 ulps of
-# the logits' largest magnitude (a padded batch against transformers'); over three times that for other CPUs' kernels.
-PADDING_ULPS = 128
+            alone = model(prompt[None])[0]
+            within_ulps_of_magnitude(batched[row, -len(prompt) :], alone, REORDERED_ULPS, f"prompt {row} alone")
 
 
 def check_greedy_generation(model, hf, lengths, new_tokens=12):
@@ -187,6 +200,7 @@ def check_greedy_generation(model, hf, lengths, new_tokens=12):
             tokens, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
         )
     ours = model.generate(tokens, new_tokens, attention_mask=mask, stop_at_eos=False)
+    # Token ids: the argmax of logits equal to float32 rounding (bit-exact on one layout); no near-tie here
     assert torch.equal(ours, reference), (ours, reference)
     without_cache = model.generate(tokens, new_tokens, attention_mask=mask, stop_at_eos=False, use_past_kv_cache=False)
     assert torch.equal(without_cache, reference)
@@ -229,6 +243,7 @@ def check_zero_heads_equals_zeroing_o_proj(
         projection = getattr(edited.blocks[layer].attn, output_projection)
         for head in heads:
             projection.weight[:, head * d_head : (head + 1) * d_head] = 0.0
+        # atol 0 where exact: zeroing z's slice or the weight's columns runs the same matmuls of the same shapes
         torch.testing.assert_close(ablated, edited(tokens), rtol=0, atol=atol)
         assert (ablated - model(tokens)).abs().max() > 1e-3
 
@@ -332,12 +347,6 @@ def ln1_head_zero(name, ours, theirs):
 # ATen's default, AVX2 and AVX-512 kernels and MKL_CBWR=COMPATIBLE: at most 56 ulps (a Gemma 2 score, 2e-5 at
 # 3.0); twice that bound leaves room for another CPU's kernels, and a wrong operation is off by percent, not ulps.
 TRANSFORMER_LENS_ULPS = 128
-
-
-def within_ulps_of_magnitude(ours: torch.Tensor, theirs: torch.Tensor, ulps: int, msg: str = "") -> None:
-    """`ours` equals `theirs` to `ulps` float32 ulps of the largest magnitude in `theirs` (rtol 0)."""
-    atol = ulps * torch.finfo(torch.float32).eps * theirs.abs().max().item()
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=atol, msg=msg or None)
 
 
 def compare_with_transformer_lens(

@@ -130,7 +130,7 @@ def test_sharded_checkpoint_loads_the_same(gpt2, tmp_path, tokens):
     assert len(set(index["weight_map"].values())) > 1
     sharded = hooked.load(directory)
     with torch.no_grad():
-        assert torch.equal(sharded(tokens), gpt2(tokens))
+        assert torch.equal(sharded(tokens), gpt2(tokens))  # exact: the same weights through the same forward
 
 
 def test_hub_key_layout_loads_the_same(gpt2, gpt2_dir, tmp_path, tokens):
@@ -148,4 +148,4 @@ def test_hub_key_layout_loads_the_same(gpt2, gpt2_dir, tmp_path, tokens):
     save_file(hub_state, directory / "model.safetensors", metadata={"format": "pt"})
     (directory / "config.json").write_text((gpt2_dir / "config.json").read_text())
     with torch.no_grad():
-        assert torch.equal(hooked.load(directory)(tokens), gpt2(tokens))
+        assert torch.equal(hooked.load(directory)(tokens), gpt2(tokens))  # the same weights, the same forward

@@ -231,7 +231,7 @@ def test_hooks_hold_what_the_docs_say(models):
         half = model.cfg.d_head // 2
         pair_norm = lambda x: x[..., :half] ** 2 + x[..., half:] ** 2  # noqa: E731  RoPE keeps each pair's norm
         torch.testing.assert_close(pair_norm(cache["rot_q", 1]), pair_norm(cache["q", 1]), rtol=1e-5, atol=1e-5)
-        assert torch.equal(cache["rot_k", 1][:, 0], cache["k", 1][:, 0])  # position 0 is not turned
+        assert torch.equal(cache["rot_k", 1][:, 0], cache["k", 1][:, 0])  # position 0 is not turned (cos 1, sin 0)
         torch.testing.assert_close(
             block.attn.o_proj(cache["z", 1].flatten(-2)), cache["attn_out", 1], rtol=0, atol=1e-6
         )
@@ -245,7 +245,7 @@ def test_hooks_hold_what_the_docs_say(models):
         torch.testing.assert_close(
             cache["post", 1] @ model.W_out[1] + block.mlp.b_out, cache["mlp_out", 1], rtol=0, atol=1e-5
         )
-    assert torch.equal(model.W_E[tokens], cache["embed"])
+    assert torch.equal(model.W_E[tokens], cache["embed"])  # a lookup: the very rows
 
 
 # ----------------------------------------------------------------------------- features on Llama
@@ -262,7 +262,7 @@ def test_run_with_cache_equals_the_forward(models):
     tokens = random_tokens(2, 6)
     logits, cache = model.run_with_cache(tokens)  # caching the pattern runs the eager path
     with torch.no_grad(), hooked.layers.attention_backend("eager"):
-        assert torch.equal(logits, model(tokens))
+        assert torch.equal(logits, model(tokens))  # exact: the same eager path on the same input; the cache only reads
         assert torch.equal(model.ln_final(cache["blocks.1.hook_resid_post"]), model.ln_final(cache["resid_post", 1]))
         torch.testing.assert_close(cache.accumulated_resid(apply_ln=False)[-1], cache["resid_post", 1], rtol=0, atol=0)
 

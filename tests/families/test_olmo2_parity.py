@@ -293,7 +293,7 @@ def test_hooks_hold_what_the_docs_say(models):
         check(mlp_pre_norm, cache["post", 1] @ block.mlp.W_out)
         check(cache["mlp_out", 1], rms(mlp_pre_norm, block.ln2.weight, eps))
         check(cache["resid_post", 1], cache["resid_mid", 1] + cache["mlp_out", 1])
-    assert torch.equal(model.W_E[tokens], cache["embed"])
+    assert torch.equal(model.W_E[tokens], cache["embed"])  # a lookup: the very rows
 
 
 def test_one_heads_query_input_moves_every_heads_normalised_query(models):
@@ -333,7 +333,7 @@ def test_run_with_cache_equals_the_forward(models):
     tokens = random_tokens(2, 6)
     logits, cache = model.run_with_cache(tokens)  # caching the pattern runs the eager path
     with torch.no_grad(), hooked.layers.attention_backend("eager"):
-        assert torch.equal(logits, model(tokens))
+        assert torch.equal(logits, model(tokens))  # exact: the same eager path on the same input; the cache only reads
     torch.testing.assert_close(cache.accumulated_resid(apply_ln=False)[-1], cache["resid_post", 1], rtol=0, atol=0)
     # Into the unembedding the final norm (a true pre-norm) applies: the logit lens, ln_final run on the last row.
     final = cache.accumulated_resid(apply_ln=True)[-1]

@@ -164,7 +164,7 @@ def test_hook_shapes_dtypes_and_weights(moe_models):
     probs = F.softmax(cache["router_logits", 1], dim=-1)
     top = probs.topk(3, dim=-1)
     torch.testing.assert_close(cache["expert_weights", 1], top.values)  # not renormalised
-    assert torch.equal(cache["expert_indices", 1], top.indices)
+    assert torch.equal(cache["expert_indices", 1], top.indices)  # the model's softmax and top-k on its own logits
     # per slot: pre = the gate pre-activation of the expert the slot holds, post = silu(pre) * up
     mlp, indices = model.blocks[1].mlp, cache["expert_indices", 1]
     x = model.blocks[1].ln2(cache["resid_mid", 1])
@@ -233,6 +233,7 @@ def test_masking_an_expert_at_router_logits_routes_over_the_others(moe_dirs, moe
     expected, experts = reference_moe(
         x, tensors, layer, cfg.n_experts, cfg.top_k, cfg.norm_topk_prob, excluded={expert}
     )
+    # Integers: the same experts unless two router logits lie within float32 rounding (none here)
     assert torch.equal(experts, masked["expert_indices", layer])
     torch.testing.assert_close(masked["mlp_out", layer], expected, rtol=0, atol=1e-5)
     assert (masked["mlp_out", layer] - clean["mlp_out", layer]).abs().max() > 1e-2  # the mask did something
@@ -294,6 +295,7 @@ def test_ablating_an_expert_neuron_equals_zeroing_its_down_proj_column(moe_dirs,
         )
         edited = copy.deepcopy(model)
         edited.blocks[layer].mlp.experts.down_proj[expert, :, neuron] = 0.0
+        # Exact: the same matmuls of the same shapes, a zero entering as an activation or as a weight
         assert torch.equal(ablated, edited(tokens))
         assert (ablated - model(tokens)).abs().max() > 1e-4
     # and against the reference from the file, at the layer
@@ -328,7 +330,7 @@ def test_unrouted_experts_are_never_computed(moe_models):
             poisoned.blocks[layer].mlp.experts.gate_up_proj[3] = float("nan")
         logits = poisoned.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith("hook_router_logits"), mask)])
         assert torch.isfinite(logits).all()
-        assert torch.equal(
+        assert torch.equal(  # exact: the masked expert never runs, so the same operations run on the same numbers
             logits, model.run_with_hooks(tokens, fwd_hooks=[(lambda n: n.endswith("hook_router_logits"), mask)])
         )
 
@@ -384,7 +386,7 @@ def test_sharded_checkpoint_loads_identically(tmp_path, moe_models):
     sharded = hooked.load(directory)
     tokens = random_tokens(2, 6)
     with torch.no_grad():
-        assert torch.equal(sharded(tokens), moe_models["k3_step2"](tokens))
+        assert torch.equal(sharded(tokens), moe_models["k3_step2"](tokens))  # the same weights, the same forward
 
 
 QWEN3_MOE_SPARSE_BLOCK = [  # the hook points of a sparse block, in forward order

@@ -1,7 +1,8 @@
 """Per-call hooks belong to the caller: threads and asyncio tasks sharing one model never see each other's.
 
 Every concurrent result is compared with the same call run alone, sequentially, beforehand: exact
-equality (torch.equal), since the same forward on the same inputs is deterministic on this CPU.
+equality (torch.equal), since the same forward on the same inputs runs the same kernels in the same order (one
+model, one thread count), whichever thread runs it.
 """
 
 from __future__ import annotations

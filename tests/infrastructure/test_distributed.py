@@ -406,6 +406,8 @@ def test_generation_and_unembedding_rows_at_tp2(ranks, single, arch):
     expected = model.generate(padded, max_new_tokens=4, attention_mask=mask, return_type="tokens")
     ids = torch.tensor([0, model.cfg.d_vocab // 2, model.cfg.d_vocab - 1])
     for rank in ranks:
+        # Token ids from logits equal to ATOL (the all-reduces sum in another order): no two logits nearly tie here.
+        # The unembedding rows are gathered from the shards, a copy: exact.
         assert torch.equal(rank[arch]["generated"], expected)
         torch.testing.assert_close(rank[arch]["directions"], model.tokens_to_residual_directions(ids), rtol=0, atol=0)
 
@@ -496,7 +498,7 @@ def test_a_failing_rank_makes_every_rank_raise(failures, case, on_rank_1, on_ran
 def test_after_failures_no_hook_is_left_and_the_model_still_works(failures):
     for rank in failures:
         assert rank["hooks_left"] == 0
-        torch.testing.assert_close(rank["after"], rank["first"], rtol=0, atol=0)
+        torch.testing.assert_close(rank["after"], rank["first"], rtol=0, atol=0)  # the same forward on each rank, twice
 
 
 def test_a_stalled_rank_ends_in_an_error_after_the_timeout_not_a_hang(checkpoints, tmp_path):

@@ -27,7 +27,7 @@ def hub_cache(gpt2_dir, tmp_path, monkeypatch):
 def test_hub_id_loads_from_the_cache_offline(gpt2, hub_cache, tokens):
     model = hooked.load("someone/tiny-gpt2")
     with torch.no_grad():
-        assert torch.equal(model(tokens), gpt2(tokens))
+        assert torch.equal(model(tokens), gpt2(tokens))  # exact: the same weights through the same forward
     assert model.tokenizer is not None
 
 
@@ -124,6 +124,7 @@ def test_every_malformed_safetensors_file_is_refused_or_read_right(gpt2, gpt2_di
             outcomes["refused"] += 1
             continue
         with torch.no_grad():
+            # exact: the original weights run the same forward; any other weight shows
             assert torch.equal(model(tokens), expected), f"{description}: loaded silently with other weights"
         outcomes["read right"] += 1
     assert outcomes["refused"] > 140, outcomes

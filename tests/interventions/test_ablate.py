@@ -1,5 +1,9 @@
 """Ablation callbacks: what each writes, checked against explicit computations on the weights or on
-cached activations, and the errors bad selectors and references get before any forward runs."""
+cached activations, and the errors bad selectors and references get before any forward runs.
+
+What an ablation writes (zeros, a cached activation, another row of the batch) is a copy, and the entries it
+leaves come from the same forward on the same input as the clean run's: both compare exactly (torch.equal).
+"""
 
 from __future__ import annotations
 

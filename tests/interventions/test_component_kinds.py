@@ -90,6 +90,7 @@ def test_ablate_hooks_zero_exactly_the_selected_dimensions(declared):
             ablated = model.run_with_hooks(tokens, fwd_hooks=pairs)
             expected = model.run_with_hooks(tokens, fwd_hooks=zero_dims(1, [5, 7]))
             clean = model(tokens)
+        # Exact: both zero the same entries, then the same forward runs on the same numbers
         torch.testing.assert_close(ablated, expected, rtol=0, atol=0)
         assert not torch.allclose(ablated, clean), architecture  # the zeroed dimensions mattered
 
@@ -112,7 +113,7 @@ def test_its_selector_is_a_keyword_of_every_ablation(declared, gpt2):
         resid[:, -1, 3] = clean_cache[hook.name][:, -1, 3]
         return resid
 
-    with torch.no_grad():
+    with torch.no_grad():  # exact: both write the same cached values, then the same forward runs
         torch.testing.assert_close(
             gpt2.run_with_hooks(corrupt, fwd_hooks=[(name, fn)]),
             gpt2.run_with_hooks(corrupt, fwd_hooks=[(name, by_hand)]),

@@ -4,6 +4,11 @@ on every decode step, seeded sampling, variants as one batch, the cache of a gen
 The independent references: transformers' `generate(do_sample=False)` on the same checkpoint (GPT-2,
 Qwen3, Qwen3-MoE; one prompt and left-padded batches), and a greedy loop of full forwards written
 here, with the same hooks.
+
+Token ids compare exactly (torch.equal) where the logits they are chosen from agree to float32 rounding (a KV
+cache or another batch shape sums in another order): an id could differ only where the top two logits (or a
+sampled draw and a step of the distribution) lie within that rounding, which these seeds avoid, and where the
+property tests cannot rule it out they check the gap first.
 """
 
 from __future__ import annotations
@@ -246,12 +251,13 @@ def test_generating_with_hooks_equals_a_greedy_loop_of_full_forwards(data):
     if all(bool(((s.topk(2).values[:, 0] - s.topk(2).values[:, 1]) > 1e-3).all()) for s in step_logits):
         reference, _ = greedy_loop(model, tokens, mask, new, fwd_hooks)
         assert torch.equal(out, reference)
-    assert torch.equal(
-        out,
-        model.generate(
-            tokens, new, attention_mask=mask, stop_at_eos=False, fwd_hooks=fwd_hooks, use_past_kv_cache=False
-        ),
-    )
+        # without the cache, full forwards of other shapes: the same ids where no two logits nearly tie
+        assert torch.equal(
+            out,
+            model.generate(
+                tokens, new, attention_mask=mask, stop_at_eos=False, fwd_hooks=fwd_hooks, use_past_kv_cache=False
+            ),
+        )
 
 
 def greedy_loop_on(model, sequence, mask, new: int, fwd_hooks):

@@ -4,7 +4,8 @@ The silent case (issue 31): `circuit.faithfulness(held_clean, held_corrupt, metr
 prompts' `logit_diff` read the held-out logits at the discovery prompts' answer ids and returned 3.14
 (1.01 with the held-out answers), since only the prompt count was checked. Each refusal here is checked
 to happen before anything runs (no hook left), and each accepted case to give the value of the same
-metric built without prompts (binding changes which prompts are accepted, never a value).
+metric built without prompts (binding changes which prompts are accepted, never a value): exactly, since both
+run the same forward and the same metric operations on the same numbers.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Metrics against plain torch written out prompt by prompt, on random logits and on the tiny GPT-2.
 
 Each reference loops over the prompts and positions in float64, so it shares no code path (no
-gather, no masking trick) with the metric it checks.
+gather, no masking trick) with the metric it checks. Where a metric is compared with itself (called on the
+full logits against `compute` on the columns it reduces to, bf16 against the float32 it casts to, a mask
+stored against one given at call time) the same operations run on the same numbers: exact (rtol=0, atol=0).
 """
 
 import dataclasses

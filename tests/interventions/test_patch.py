@@ -101,6 +101,7 @@ def test_patching_clean_into_clean_changes_nothing(gpt2):
     _, cache = gpt2.run_with_cache(clean, names_filter=lambda name: name.endswith("hook_z"))
     with torch.no_grad():
         every_head = patch.hooks(gpt2, ablate.components(gpt2, "heads"), cache)
+        # Exact: the patch writes z's own values back (a copy), and both runs take the same path on the same input
         assert torch.equal(gpt2.run_with_hooks(clean, fwd_hooks=every_head), gpt2(clean))
     result = patch.head_sweep(gpt2, clean, cache, answer_metric(gpt2, *pair(gpt2)))
     assert max(abs(change) for change in result.change.values()) < 1e-5
@@ -113,7 +114,7 @@ def test_patching_the_whole_residual_stream_gives_the_clean_run(gpt2):
     _, cache = gpt2.run_with_cache(clean, names_filter="blocks.0.hook_resid_pre")
     with torch.no_grad():
         patched = gpt2.run_with_hooks(corrupt, fwd_hooks=[("blocks.0.hook_resid_pre", patch.activation(cache))])
-        assert torch.equal(patched, gpt2(clean))
+        assert torch.equal(patched, gpt2(clean))  # exact: from resid_pre on, the same numbers through the same path
         assert not torch.allclose(gpt2(corrupt), gpt2(clean), atol=1e-3)  # the corruption mattered
 
 
@@ -347,7 +348,7 @@ def test_attribution_is_the_same_on_every_attention_path(gpt2):
         torch.testing.assert_close(results[backend].values, results["eager"].values, rtol=0, atol=1e-5)
     assert min(abs(change) for change in results["eager"].change.values()) > 1e-4
     for before, parameter in zip(grads_before, gpt2.parameters(), strict=True):  # the model's .grad as it was
-        assert (parameter.grad is None) if before is None else torch.equal(parameter.grad, before)
+        assert (parameter.grad is None) if before is None else torch.equal(parameter.grad, before)  # untouched
 
 
 def parameter_grads(model, tokens, hook_fn):

@@ -67,7 +67,7 @@ def same_shape_tokens(data, model, like: torch.Tensor) -> torch.Tensor:
 def test_random_model_is_a_function_of_its_seed():
     first, again, other = (random_model("qwen3_moe", seed=seed, mlp_only_layers=[0]) for seed in (1, 1, 2))
     for name, parameter in first.state_dict().items():
-        assert torch.equal(parameter, again.state_dict()[name]), name
+        assert torch.equal(parameter, again.state_dict()[name]), name  # the same seeded draws
         assert not torch.equal(parameter, other.state_dict()[name]), name  # every tensor drawn, none left at its init
     assert first.cfg.is_sparse(1) and not first.cfg.is_sparse(0)
 

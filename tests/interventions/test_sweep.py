@@ -173,6 +173,7 @@ def test_result_table_exports_and_provenance(gpt2, tmp_path):
     assert (tmp_path / "run" / "sweep.csv").read_text().splitlines()[0].startswith("variant,diff,change,p0")
     assert (tmp_path / "run" / "sweep.png").stat().st_size > 1000
     loaded = hooked.SweepResult.from_json(tmp_path / "run" / "sweep.json")
+    # Exact: JSON holds each float32 as a decimal that reads back to the same number
     assert torch.equal(loaded.values, result.values) and loaded.variants == result.variants
     grid, rows, cols = result.grid()[0], result.grid()[3], result.grid()[4]
     assert (rows, cols) == ([0, 1], [0, 1, 2, 3]) and grid[1, 2] == pytest.approx(result.change["L1H2"])

@@ -29,6 +29,7 @@ def test_forced_eager_is_the_pattern_path_bit_for_bit(gpt2, tokens):
             forced = gpt2(tokens)
         with hooked.attention_backend("sdpa"):
             sdpa = gpt2(tokens)
+    # Exact: each pair runs the same path (eager, then SDPA) on the same input; a hook that reads changes nothing
     assert torch.equal(forced, hooked_pattern)
     assert torch.equal(sdpa, gpt2(tokens).detach())
 

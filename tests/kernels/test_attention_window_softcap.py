@@ -73,7 +73,10 @@ def test_hook_attn_scores_sees_the_capped_scores():
     scores_point.remove_hooks()
     raw = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(2, dim=2)) * scaling
     visible = mask.boolean.expand_as(raw)
-    torch.testing.assert_close(seen["scores"][visible], (CAP * torch.tanh(raw / CAP))[visible], rtol=0, atol=1e-6)
+    # einsum and attend's matmul sum q.k in other orders: float32 rounding of the raw scores (a few ulps of their
+    # magnitude, which the cap's slope <= 1 does not grow)
+    atol = 16 * torch.finfo(torch.float32).eps * raw[visible].abs().max().item()
+    torch.testing.assert_close(seen["scores"][visible], (CAP * torch.tanh(raw / CAP))[visible], rtol=0, atol=atol)
     assert seen["scores"][visible].abs().max() <= CAP and raw[visible].abs().max() > 2 * CAP
     assert (seen["scores"][~visible] == torch.finfo(torch.float32).min).all()
 

@@ -55,7 +55,7 @@ def test_aliases_load_their_hub_id_from_the_cache(gpt2, hub_cache, tokens):
         model = hooked.load(name)
         assert isinstance(model, hooked.GPT2) and model.name_or_path == "gpt2"  # provenance: the hub id
         with torch.no_grad():
-            assert torch.equal(model(tokens), gpt2(tokens))
+            assert torch.equal(model(tokens), gpt2(tokens))  # the same weights through the same forward
     assert resolve("gpt2-small", config_only=True) == resolve("gpt2")  # what `hooked hooks gpt2-small` reads
     for name in ("qwen3-0.6b", "qwen/qwen3-0.6b", "Qwen/Qwen3-0.6B"):
         model = hooked.load(name)

@@ -270,6 +270,7 @@ WEIGHT_NAMES = (
 
 
 def assert_weights_match(ours, theirs, names):
+    """Exact (atol=0): both libraries hold the checkpoint's numbers, rearranged (views, reshapes, copies)."""
     for name in names:
         close(getattr(ours, name).detach(), getattr(theirs, name).detach(), atol=0)
     for block, tl_block in zip(ours.blocks, theirs.blocks, strict=True):
@@ -294,7 +295,7 @@ def assert_circuits_match(ours, theirs):
             for i in range(ours.cfg.n_layers):
                 block_circuit = getattr(ours.blocks[i].attn, name)
                 close(block_circuit.AB, getattr(theirs.blocks[i].attn, name).AB, atol=1e-6)
-                close(block_circuit[1].AB, mine[i, 1].AB, atol=0)
+                close(block_circuit[1].AB, mine[i, 1].AB, atol=0)  # the same factors, the same product
             close((ours.W_E @ mine[0, 1] @ ours.W_U).AB, (theirs.W_E @ reference[0, 1] @ theirs.W_U).AB, atol=1e-5)
 
 
@@ -309,6 +310,7 @@ def test_grouped_query_weights_are_repeated_per_query_head_as_transformer_lens(q
     assert_weights_match(ours, theirs, WEIGHT_NAMES)
     assert_circuits_match(ours, theirs)
     for block, tl_block in zip(ours.blocks, theirs.blocks, strict=True):
+        # exact: the checkpoint's numbers, rearranged
         close(block.attn.W_K_grouped.detach(), tl_block.attn._W_K.detach(), atol=0)
         close(block.attn.W_V_grouped.detach(), tl_block.attn._W_V.detach(), atol=0)
         close(block.attn.W_K[3], block.attn.W_K_grouped[1], atol=0)  # query head 3 reads key/value head 3 // 2

@@ -170,6 +170,7 @@ def test_generation_hooks_each_steps_new_ids(models):
             # a copy in: TransformerLens hands the caller's own tensor to the hook, which edits it in place
             logits = theirs.run_with_hooks(their_out.clone(), fwd_hooks=[("hook_tokens", replace_first(7))])
             their_out = torch.cat([their_out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    # Token ids: argmaxes of logits equal to float32 rounding; equal unless two logits nearly tie (not here)
     assert torch.equal(replaced[0], their_out) and torch.equal(replaced[1], their_out)
     assert not torch.equal(replaced[0], ours.generate(prompt, max_new_tokens=4, do_sample=False, verbose=False))
 

@@ -74,7 +74,8 @@ def test_default_prepend_bos_is_settable_and_used(gpt2, tl):
         tl.cfg.default_prepend_bos = False
         assert torch.equal(gpt2.to_tokens("Hi"), tl.to_tokens("Hi"))
         assert gpt2.to_tokens("Hi").shape[1] == tokens.shape[1] - 1
-        torch.testing.assert_close(gpt2("Hi"), gpt2(tokens[:, 1:]), rtol=0, atol=0)  # the forward reads it too
+        # the forward reads it too: the same ids, the same forward, so exact
+        torch.testing.assert_close(gpt2("Hi"), gpt2(tokens[:, 1:]), rtol=0, atol=0)
     finally:
         gpt2.cfg.default_prepend_bos = True
         tl.cfg.default_prepend_bos = True
