@@ -18,6 +18,7 @@ import hooked
 import hooked.sae
 from hooked import graphs
 from hooked.testing import random_model
+from tests.core.test_padding_sides import padded
 from tests.graphs.test_attribute import transcoder_set
 from tests.graphs.test_attribute_batch import assert_same
 from tests.sae.dictionaries import random_dictionary
@@ -38,18 +39,6 @@ def model():
 @pytest.fixture(scope="module")
 def sae(model):
     return random_dictionary(model.cfg.d_model, RESID, d_sae=32)
-
-
-def padded(rows: list[list[int]], side: str = "left") -> tuple[torch.Tensor, torch.Tensor]:
-    """Ids [batch pos] padded with PAD on `side`, and their mask (True = real token), written out here."""
-    length = max(len(row) for row in rows)
-    tokens = torch.full((len(rows), length), PAD, dtype=torch.long)
-    mask = torch.zeros((len(rows), length), dtype=torch.bool)
-    for i, row in enumerate(rows):
-        columns = slice(length - len(row), None) if side == "left" else slice(0, len(row))
-        tokens[i, columns] = torch.tensor(row)
-        mask[i, columns] = True
-    return tokens, mask
 
 
 # ----------------------------------------------------------------------------- prepend_bos=False, pad id = BOS id

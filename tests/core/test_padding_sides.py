@@ -69,7 +69,7 @@ def task():
     return hooked.tasks.ioi(6, seed=0)
 
 
-def padded(rows: list[list[int]], side: str) -> tuple[torch.Tensor, torch.Tensor]:
+def padded(rows: list[list[int]], side: str = "left") -> tuple[torch.Tensor, torch.Tensor]:
     """Ids [batch pos] padded with PAD on `side`, and their mask (True = real token)."""
     length = max(len(row) for row in rows)
     tokens = torch.full((len(rows), length), PAD, dtype=torch.long)
