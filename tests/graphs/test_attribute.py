@@ -262,7 +262,8 @@ def reference(
 def disagreements(graph, ref: Reference, rtol: float = 1e-5, atol: float = 1e-6) -> list[str]:
     """How `graph` differs from the reference (empty: it agrees) over the rows the reference computed, every active
     feature selected. An entry agrees within `rtol` of itself plus `atol` of the largest entry (the graph holds
-    float32 contractions of the model's gradients)."""
+    float32 contractions of the model's gradients). The active and selected features are integer indices, compared
+    exactly: chosen from activations equal to rounding on both sides, none within rounding of its threshold here."""
     n_active = ref.active.shape[0]
     if not torch.equal(graph.active_features, ref.active):
         return [f"active features differ: {graph.active_features.shape[0]} vs the reference's {n_active}"]
@@ -353,7 +354,7 @@ def test_attribution_targets_rows_are_the_replacement_models_derivatives(archite
     assert disagreements(graph, reference(model, TOKENS, transcoders, logit_directions=directions)) == []
     d_vocab = model.cfg.d_vocab
     assert [tuple(t) for t in graph.logit_targets] == [("least - middle", d_vocab), ("random", d_vocab + 1)]
-    assert graph.logit_probabilities.tolist() == [1.0, 0.25]
+    assert graph.logit_probabilities.tolist() == [1.0, 0.25]  # exact: the weights given, copied
 
 
 def test_attribution_targets_by_text_are_the_tokens_they_encode_to(ioi_graph_inputs):
@@ -366,6 +367,7 @@ def test_attribution_targets_by_text_are_the_tokens_they_encode_to(ioi_graph_inp
     by_text = graphs.attribute(model, prompt, transcoders, attribution_targets=names)
     by_id = graphs.attribute(model, prompt, transcoders, attribution_targets=ids)
     assert [tuple(t) for t in by_text.logit_targets] == [(model.tokenizer.decode([i]), i) for i in ids]
+    # exact: the text encodes to the same ids, so the same attribution runs on the same input
     assert torch.equal(by_text.adjacency, by_id.adjacency)
     assert torch.equal(by_text.logit_probabilities, by_id.logit_probabilities)
 
@@ -423,6 +425,7 @@ def test_max_feature_nodes_keeps_the_full_graphs_rows_and_columns_of_the_feature
     full = graphs.attribute(model, TOKENS, transcoders)
     k = full.n_features // 3
     small = graphs.attribute(model, TOKENS, transcoders, max_feature_nodes=k, batch_size=8, update_interval=1)
+    # integer indices: the active features come from the same forward on the same input
     assert torch.equal(small.active_features, full.active_features)
     assert small.n_features == k and torch.equal(small.selected_features, small.selected_features.unique())
     keep = torch.cat([small.selected_features, torch.arange(full.n_features, full.n_nodes)])
@@ -437,7 +440,7 @@ def test_edges_per_row_keeps_each_rows_largest_entries_of_the_reference():
     graph = graphs.attribute(model, TOKENS, transcoders, edges_per_row=k)
     ref = reference(model, TOKENS, transcoders)
     assert graph.adjacency.is_sparse
-    assert disagreements(graph, ref, rtol=1e-5, atol=0) != []  # it dropped entries...
+    assert disagreements(graph, ref, rtol=1e-5, atol=0) != []  # it dropped entries (0 where the reference is not)...
     kept = graph.adjacency.to_dense().double()
     on = kept != 0
     assert (on.sum(1) <= k).all()

@@ -17,6 +17,9 @@ PROMPTS = [[3, 17, 42, 8, 25, 11, 60], [3, 9, 14, 2, 33, 50, 7], [3, 40, 41], [3
 
 
 def assert_same(batched: graphs.Graph, alone: graphs.Graph) -> None:
+    """Tokens and feature indices are integers, compared exactly: the features are chosen from activations (and
+    influences) equal to float64 rounding across batch shapes, none within rounding of a threshold or a tie here.
+    The adjacency, sums in another order, to float64 rounding."""
     assert torch.equal(batched.input_tokens, alone.input_tokens)
     assert torch.equal(batched.active_features, alone.active_features)
     assert torch.equal(batched.selected_features, alone.selected_features)

@@ -116,6 +116,7 @@ def test_pruning_and_scores_equal_circuit_tracers(exchanged, name):
         pruned = graph.prune(node_threshold, edge_threshold)
         node_mask = theirs[f"node_mask{k}"]
         assert 0 < int(node_mask[: graph.token_offset].sum()) < graph.token_offset  # pruning kept some, not all
+        # boolean masks, exact: thresholds on scores equal to float32 rounding (as above), none within it of a cut
         assert torch.equal(pruned.node_mask, node_mask)
         edge_mask = pruned.edge_mask.to_dense() if pruned.edge_mask.is_sparse else pruned.edge_mask
         assert torch.equal(edge_mask, theirs[f"edge_mask{k}"])
@@ -164,7 +165,7 @@ def _assert_same_records(ours: list[dict], theirs: list[dict]) -> None:
 def test_hooked_reads_circuit_tracers_own_file(exchanged):
     work, _, _ = exchanged
     graph = Graph.load_circuit_tracer(work / "own.pt")
-    assert torch.equal(graph.adjacency, load_file(work / "own.safetensors")["adjacency"])
+    assert torch.equal(graph.adjacency, load_file(work / "own.safetensors")["adjacency"])  # a copy: the same tensor
     assert graph.input_string == "own prompt" and graph.input_tokens.tolist() == [5, 6, 7]
     assert graph.active_features.tolist() == [[0, 1, 3], [1, 2, 4]] and graph.selected_features.tolist() == [0, 1]
     assert [tuple(t) for t in graph.logit_targets] == [("x", 3), ("y", 9)]

@@ -5,8 +5,10 @@ and a JumpReLU cross-layer transcoder, every active feature a node or `max_featu
 circuit-tracer runs in its own venv (tests/graphs/circuit_tracer_reference.py). Its model is checked first to be
 the checkpoint (its logits are transformers' and hooked's), and its graph to be well formed, so that a difference
 in the parity test is hooked's. Graphs are compared exactly where they are integers (the active features and their
-order, the selected features, the logit tokens) and to float32 rounding elsewhere: each adjacency row within
-1e-5 of its largest entry (+ 1e-6), a failure naming the node types of the entries that differ.
+order, the selected features, the logit tokens: chosen from activations, influences and probabilities equal to
+float32 rounding on both sides, none within it of a threshold or a tie here) and to float32 rounding elsewhere:
+each adjacency row within 1e-5 of its largest entry (+ 1e-6), a failure naming the node types of the entries that
+differ.
 """
 
 from __future__ import annotations
@@ -189,7 +191,7 @@ def test_reference_graph_is_well_formed(built, references, tc, setting):
             inputs = torch.stack([cache[f"blocks.{i}.mlp.hook_in"][0] for i in range(n_layers)])
             acts = transcoders.encode(inputs)
     acts[:, 0] = 0  # circuit-tracer zeroes the BOS position's features
-    assert torch.equal(acts.nonzero(), active)
+    assert torch.equal(acts.nonzero(), active)  # integer indices (see the module's docstring)
     assert close(acts[tuple(active.T)], reference.activation_values).all()
 
 

@@ -75,6 +75,7 @@ def test_the_circuit_tracer_file_reads_back_and_names_circuit_tracers_classes(tm
     assert not any(name.startswith("hooked") for name in globals_named)
     back = Graph.load_circuit_tracer(tmp_path / "graph.pt")
     adjacency = graph.adjacency.to_dense() if sparse else graph.adjacency
+    # exact, here and below: the file holds copies of the tensors (a sparse adjacency's entries written into zeros)
     assert torch.equal(back.adjacency, adjacency) and not back.adjacency.is_sparse
     for name in ("input_tokens", "active_features", "activation_values", "selected_features", "logit_probabilities"):
         assert torch.equal(getattr(back, name), getattr(graph, name)), name

@@ -66,7 +66,7 @@ def test_pruning_a_hand_worked_chain(sparse):
         expected[0, 2] = expected[3, 0] = True
         expected[3, 2] = token_to_logit
         edge_mask = pruned.edge_mask.to_dense() if sparse else pruned.edge_mask
-        assert torch.equal(edge_mask, expected)
+        assert torch.equal(edge_mask, expected)  # boolean masks: no cumulative score lies near a threshold
         torch.testing.assert_close(pruned.cumulative_scores, torch.tensor([13 / 15, 1.0, 7 / 15, 1.0]))
         assert pruned.edges() == [(0, 2, 2.0), (3, 0, 3.0)] + ([(3, 2, 0.5)] if token_to_logit else [])
 
@@ -88,6 +88,7 @@ def test_the_sparse_path_equals_the_dense_one_when_it_holds_every_edge(settings,
     sparse = with_adjacency(dense, dense.adjacency.to_sparse())
     ours, reference = sparse.prune(*thresholds), dense.prune(*thresholds)
     assert 0 < int(reference.node_mask[: dense.token_offset].sum()) <= dense.token_offset
+    # boolean masks, exact: thresholds on scores equal to float32 rounding, none within it of a cut (not 1.0, above)
     assert torch.equal(ours.node_mask, reference.node_mask)
     stored = dense.adjacency != 0  # the sparse mask has entries only where the adjacency does
     assert torch.equal(ours.edge_mask.to_dense(), reference.edge_mask & stored)
@@ -102,6 +103,7 @@ def test_a_top_k_sparse_graph_prunes_as_its_dense_copy():
     dense = with_adjacency(sparse, sparse.adjacency.to_dense())
     ours, reference = sparse.prune(), dense.prune()
     assert ours.edge_mask.is_sparse and ours.edge_mask._nnz() == sparse.adjacency._nnz()
+    # boolean masks, exact: thresholds on scores equal to float32 rounding, none within it of a cut
     assert torch.equal(ours.node_mask, reference.node_mask)
     assert torch.equal(ours.edge_mask.to_dense(), reference.edge_mask)
     assert sparse.scores() == pytest.approx(dense.scores(), rel=1e-5)

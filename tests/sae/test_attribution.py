@@ -190,7 +190,7 @@ def test_per_position_scores_table_and_ranking():
     assert table["score"].abs().is_monotonic_decreasing
     assert table.loc[scores.features[3], "point"] == "L0.resid_post" and table.loc[scores.features[3], "index"] == 3
     name, value = scores.top(1)[0]
-    assert scores[name] == value and abs(value) == float(scores.scores.abs().max())
+    assert scores[name] == value and abs(value) == float(scores.scores.abs().max())  # exact: the stored score, read
     assert repr(scores).startswith(f"FeatureScores(32 features; top: {name}")
     with pytest.raises(KeyError, match="is not a scored feature"):
         scores["L0.resid_post.F99"]

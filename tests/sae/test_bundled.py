@@ -151,7 +151,7 @@ def test_the_bundled_dictionaries_load_by_name():
         assert all(d.cfg.metadata["model_name"] == model_name for d in layers)
         one = hooked.sae.load(f"{name}/layer_2")  # a layer by name, the same weights as in the set
         path = hooked.sae.bundled_saes()[name] / "layer_2"
-        for got in (one, hooked.sae.load(path)):
+        for got in (one, hooked.sae.load(path)):  # exact: the same file's tensors, read twice
             assert torch.equal(got.W_enc, layers[2].W_enc) and torch.equal(got.threshold, layers[2].threshold)
     total = sum(f.stat().st_size for f in (ROOT / "hooked" / "bundled").glob("*/saes/**/*") if f.is_file())
     assert total < 3.5e6  # docs/saes.md: 2.7 MB in all

@@ -78,6 +78,7 @@ def test_forward_and_encode_equal_the_arithmetic_bit_for_bit(architecture):
     with torch.no_grad():
         acts = acts_of(d, pre_of(d, x))
         assert (acts == 0).any() and (acts > 0).any()
+        # exact: the same matmuls, bias add and relu / topk on the same input (in place or not, the same values)
         assert torch.equal(d.encode(x), acts)
         assert torch.equal(d(x), decode(d, acts))
         torch.testing.assert_close(d(x, use_error_term=True), x)  # no hook: the output is the input
@@ -113,6 +114,7 @@ def test_a_hook_keeping_the_pre_activations_keeps_their_negatives(architecture):
         model.run_with_hooks(tokens, fwd_hooks=[(lambda name: name.startswith(f"{point}.hook_sae"), keep)])
         pre = pre_of(d, kept[f"{point}.hook_sae_input"])
     assert (pre < 0).any()
+    # exact: what the hooks kept is what the dictionary computed, and pre_of / acts_of run its ops on its input
     assert torch.equal(kept[f"{point}.hook_sae_acts_pre"], pre)
     assert torch.equal(kept[f"{point}.hook_sae_acts_post"], acts_of(d, pre))
 

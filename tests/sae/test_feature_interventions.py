@@ -109,6 +109,7 @@ def test_constant_writes_a_value_reads_like_itself_and_refuses_what_cannot_broad
         resid[:, 2] = direction
         return resid
 
+    # exact: both hooks write the same values at the same point, and the rest is the same forward on the same input
     torch.testing.assert_close(
         model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_post", ablate.constant(direction, positions=2))]),
         model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_post", steer)]),
@@ -121,7 +122,7 @@ def test_constant_writes_a_value_reads_like_itself_and_refuses_what_cannot_broad
         post[..., 3] = 1.5
         return post
 
-    torch.testing.assert_close(
+    torch.testing.assert_close(  # exact, as above
         model.run_with_hooks(tokens, fwd_hooks=ablate.hooks(model, "L1.N3", "constant", value=1.5)),
         model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.mlp.hook_post", clamp)]),
         atol=0,
@@ -255,6 +256,7 @@ def test_generating_with_a_feature_held_equals_a_loop_of_full_forwards(model, wh
             steps.append(logits)
             sequence = torch.cat([sequence, logits.argmax(-1, keepdim=True)], 1)
     assert all(bool(((s.topk(2).values[:, 0] - s.topk(2).values[:, 1]) > 1e-3).all()) for s in steps)  # no ties
+    # Token ids: the argmax of logits equal to float32 rounding (the KV cache sums in another order), no near-tie
     assert torch.equal(generated, sequence)
     with model.saes([d], use_error_term=True):
         assert not torch.equal(model.generate(tokens, new, stop_at_eos=False), generated)  # holding it matters

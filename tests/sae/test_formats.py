@@ -151,7 +151,7 @@ def test_saved_by_hooked_loads_in_saelens_with_the_same_outputs(architecture, tm
     assert reloaded.cfg.metadata.hook_name == dictionary.hook_name
     assert_same(dictionary, reloaded, inputs(2, 4, D_IN, seed=5))
     again = hooked.sae.load(tmp_path / "out")  # and round trip through hooked itself
-    for name, parameter in dictionary.named_parameters():
+    for name, parameter in dictionary.named_parameters():  # exact: a copy, the tensors written and read back
         torch.testing.assert_close(getattr(again, name), parameter, rtol=0, atol=0)
 
 
@@ -323,6 +323,7 @@ def test_dtype_and_device_arguments(tmp_path):
     dictionary = hooked.sae.load(tmp_path, dtype=torch.bfloat16)
     assert dictionary.dtype == torch.bfloat16 and dictionary.cfg.dtype == "bfloat16"
     reference = hooked.sae.load(tmp_path)
+    # exact: the same float32 values in the file, rounded to bfloat16 by the same cast
     torch.testing.assert_close(dictionary.W_enc, reference.W_enc.to(torch.bfloat16), rtol=0, atol=0)
 
 
@@ -555,7 +556,7 @@ def test_circuit_tracer_save_round_trips(tmp_path):
     for layer, tensors in enumerate(layers):  # the same file circuit-tracer wrote, key for key
         written = load_file(tmp_path / "out" / f"layer_{layer}.safetensors")
         assert set(written) == set(tensors)
-        for key, value in tensors.items():
+        for key, value in tensors.items():  # exact: a copy of what was loaded, in the file's layout
             torch.testing.assert_close(written[key], value, rtol=0, atol=0)
 
 

@@ -56,7 +56,8 @@ def publish(cache: Path, repo_id: str, source: Path, revision: str = REVISION, r
 
 
 def same_dictionary(a, b) -> None:
-    """The same dictionary, but for the Neuronpedia id that loading by release and id adds to the metadata."""
+    """The same dictionary, but for the Neuronpedia id that loading by release and id adds to the metadata. The
+    parameters compare exactly (torch.equal): both read the same bytes (the cache's blobs are copies of the files)."""
 
     def cfg(d):
         return dataclasses.replace(d.cfg, metadata={k: v for k, v in d.cfg.metadata.items() if k != "neuronpedia_id"})

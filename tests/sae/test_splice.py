@@ -175,7 +175,7 @@ def test_nothing_stays_attached_after_a_call_or_an_exception(model):
         with model.saes([sae]):
             model.run_with_hooks(tokens, fwd_hooks=[(sae.hook_sae_acts_post.name, failing)])
     nothing_attached(model, sae, tc)
-    torch.testing.assert_close(model(tokens), plain, atol=0, rtol=0)
+    torch.testing.assert_close(model(tokens), plain, atol=0, rtol=0)  # exact: the same forward on the same input
 
 
 def refusals(model):
@@ -233,7 +233,7 @@ def test_every_refusal_leaves_nothing_half_done(model, case, how):
                 pytest.fail("the block ran")
     nothing_attached(model, good)
     assert model.hook_dict[good.hook_name].sizes == {}
-    torch.testing.assert_close(model(tokens), plain, atol=0, rtol=0)
+    torch.testing.assert_close(model(tokens), plain, atol=0, rtol=0)  # exact: the same forward on the same input
 
 
 def test_fold_ln_is_refused_only_where_it_changes_what_the_dictionary_reads(model):
@@ -319,6 +319,7 @@ def test_sparse_features_equal_the_dense_cache_in_less_memory(model):
     )
     logits, dense = model.run_with_cache_with_saes(tokens, saes=[sae, tc])
     sparse_logits, sparse = model.run_with_cache_with_saes(tokens, saes=[sae, tc], sparse_features=True)
+    # exact: the same spliced forward on the same input; the sparse cache holds a copy of the same features
     torch.testing.assert_close(sparse_logits, logits, atol=0, rtol=0)
     assert set(sparse) == set(dense)
     for name in dense:
@@ -336,6 +337,7 @@ def test_sparse_features_equal_the_dense_cache_in_less_memory(model):
         tokens, saes=[sae], sparse_features=True, names_filter=[features], pos_slice=-1, device="cpu"
     )
     _, alone = model.run_with_cache_with_saes(tokens, saes=[sae], names_filter=[features])
+    # exact: the same forward on the same input; pos_slice keeps a copy of the last position's features
     assert torch.equal(one[features].to_dense(), alone[features][:, -1:])
 
 

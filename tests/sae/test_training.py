@@ -277,7 +277,7 @@ def test_batchtopk_saves_as_jumprelu_with_one_threshold(trained, heldout):
     d = trained["batchtopk"][1]
     assert d.cfg.architecture == "jumprelu" and d.cfg.metadata["training_architecture"] == "batchtopk"
     threshold = d.threshold.detach()
-    assert float(threshold.min()) == float(threshold.max()) > 0
+    assert float(threshold.min()) == float(threshold.max()) > 0  # exact: one value, filled into every feature
     with torch.no_grad():
         l0 = float((reconstruct(d, heldout[RESID])[0] > 0).sum(-1).float().mean())
     assert k / 2 < l0 < 2 * k
@@ -338,6 +338,7 @@ def test_text_rows_are_the_tokenizer_ids_joined_and_cut(model, texts, tmp_path):
 
 
 def test_token_tensor_rows(model):
+    """Token rows are integer ids: they compare exactly (torch.equal)."""
     ids = torch.randint(1, model.cfg.d_vocab, (6, 10), generator=torch.Generator().manual_seed(0))
     rows = training.token_rows(model, ids, None, True)  # rows as they are
     assert torch.equal(torch.cat(list(rows.batches(4, repeat=False))), ids)
@@ -419,6 +420,8 @@ def test_several_dictionaries_from_one_pass_equal_each_alone(model, texts):
     assert isinstance(together, list) and len(together) == 3
     for d, one in zip(together, settings, strict=True):
         (alone,) = hooked.sae.train(model, texts, dictionaries=[one], **common)  # the stream seeded as together
+        # exact: the same activations (the same forward on the same rows, however far it runs, shuffled by the same
+        # seed), trained by the same steps; the dictionaries trained together share nothing else
         for name, parameter in alone.named_parameters():
             torch.testing.assert_close(getattr(d, name), parameter, rtol=0, atol=0, msg=name)
 
@@ -476,12 +479,12 @@ def test_resampling_points_dead_features_at_inputs_and_resets_adam():
     for f in features.tolist():
         row = d.W_dec[f] / d.W_dec[f].norm()
         assert (inputs @ row).max() > 1 - 1e-5  # along one token's input
-        assert float(d.b_enc[f]) == 0
+        assert float(d.b_enc[f]) == 0  # exact here and below: resample writes zeros
         state = optimizer.state[d.W_dec]
         assert float(state["exp_avg"][f].abs().max()) == 0 == float(state["exp_avg_sq"][f].abs().max())
     keep = torch.ones(64, dtype=torch.bool)
     keep[features] = False
-    torch.testing.assert_close(d.W_dec[keep], before["W_dec"][keep], rtol=0, atol=0)
+    torch.testing.assert_close(d.W_dec[keep], before["W_dec"][keep], rtol=0, atol=0)  # exact: rows left as they were
 
 
 def test_dead_features_are_tracked_and_resampled_every_window(model, texts, monkeypatch):
@@ -510,6 +513,7 @@ def test_dead_features_are_tracked_and_resampled_every_window(model, texts, monk
     expected = []
     for step, (mask, given) in enumerate(zip(fired, dead_given, strict=True), 1):
         dead = silent > window  # what AuxK gets: None when no feature is dead
+        # exact: boolean masks, counted from the same steps' fired features
         assert (given is None and not dead.any()) or torch.equal(given, dead), step
         silent += 1
         silent[mask] = 0
@@ -588,7 +592,7 @@ def test_training_under_no_grad_trains_as_with_gradients_and_inference_mode_is_r
     with_grad = hooked.sae.train(model, texts, **options)
     with torch.no_grad():
         without = hooked.sae.train(model, texts, **options)
-    for name, value in with_grad.state_dict().items():
+    for name, value in with_grad.state_dict().items():  # exact: train turns gradients on itself, the same steps run
         torch.testing.assert_close(without.state_dict()[name], value, atol=0, rtol=0)
     assert not torch.equal(with_grad.W_enc, with_grad.W_dec.T)  # it did train (the encoder starts as W_dec.T)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="outside torch.inference_mode"):
