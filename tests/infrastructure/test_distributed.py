@@ -25,6 +25,7 @@ import transformers  # builds the Qwen3 checkpoints (the dev extra)
 
 import hooked
 from hooked.testing import build_gpt2_checkpoint, randomize_norms
+from tests.families.parity import REORDERED_ULPS, within_ulps_of_magnitude
 from tests.infrastructure import distributed_worker as worker
 
 pytestmark = pytest.mark.slow  # make test-fast leaves this file out
@@ -280,9 +281,10 @@ def test_every_cached_hook_is_whole_and_equal_on_every_rank(ranks, single, arch)
         for name, value in cache.items():
             assert cached[name].shape == value.shape, name  # TransformerLens' shapes: every head, every neuron
             if value.dtype.is_floating_point:
-                # relative too: Gemma's residual stream (embeddings times sqrt(d_model)) reaches 10+, where
-                # float32 rounding of a differently ordered sum is above ATOL (measured 1.2e-5 at |x| = 12.7)
-                torch.testing.assert_close(cached[name], value, rtol=1e-6, atol=ATOL, msg=name)
+                # the all-reduces sum partial products in another order, and a rank's attention runs over half the
+                # heads (other shapes, other BLAS blocking): float32 rounding, which follows the magnitudes a tensor is
+                # made of (Gemma's residual stream, embeddings times sqrt(d_model), reaches 10+), not each element
+                within_ulps_of_magnitude(cached[name], value, REORDERED_ULPS, name)
             else:
                 assert torch.equal(cached[name], value), name
 
