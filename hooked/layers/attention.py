@@ -7,6 +7,7 @@ branch (docs/attention.md).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import functools
 import importlib.util
@@ -156,14 +157,14 @@ _forced_backend: ContextVar[str | None] = ContextVar("hooked_attention_backend",
 _engine_attention: ContextVar[EngineAttention | None] = ContextVar("hooked_engine_attention", default=None)
 
 
-class EngineAttention:
+class EngineAttention(abc.ABC):
     """What an engine's attention core implements: `z` [batch pos head_index d_head] for one layer's q, k, v (the
     layer named by `hook_attn_scores.layer()`), with the engine's own cache and per-request boundaries."""
 
+    @abc.abstractmethod
     def __call__(
         self, q: Tensor, k: Tensor, v: Tensor, scaling: float, hook_attn_scores: HookPoint, hook_pattern: HookPoint
-    ) -> Tensor:
-        raise NotImplementedError
+    ) -> Tensor: ...
 
 
 @contextlib.contextmanager
