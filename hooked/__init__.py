@@ -102,6 +102,8 @@ def load(
     center_unembed: bool = False,
     fold_value_biases: bool = False,
     refactor_factored_attn_matrices: bool = False,
+    engine: str | None = None,
+    **engine_args,
 ) -> HookedTransformer:
     """Load a model from a local directory, a hub id or a TransformerLens model name (`"gpt2-small"`); the
     class is chosen from config.json.
@@ -116,8 +118,16 @@ def load(
     each group: heads, MLP columns, experts and the vocabulary, each rank reading only its slices of the
     files; hooks still see whole tensors. `tp=1` keeps a whole model per rank, for data-parallel sweeps.
     `timeout` (seconds) bounds every collective. See `hooked.distributed` and docs/scaling.md.
+
+    `engine="vllm"` serves the model from a vLLM engine running hooked's own modules (`tensor_parallel_size=N`
+    and vLLM's other engine arguments as keywords): `run_with_hooks`, `run_with_cache`, `model.hooks`,
+    `generate`, `hooked.sweep` and `hooked.generate_variants` run as requests in vLLM's scheduler
+    (hooked.engines.vllm, docs/vllm.md).
     """
     from hooked.weights import load_model
+
+    if engine is not None or engine_args:
+        return _load_on_engine(name_or_path, engine, dtype, device, tp, _processing_asked(locals()), engine_args)
 
     processing = dict(
         fold_ln=fold_ln,
@@ -127,6 +137,34 @@ def load(
         refactor_factored_attn_matrices=refactor_factored_attn_matrices,
     )
     return load_model(name_or_path, dtype=dtype, device=device, tp=tp, timeout=timeout, processing=processing)
+
+
+def _processing_asked(arguments: dict) -> list[str]:
+    from hooked.processing import FLAGS
+
+    return [flag for flag in FLAGS if arguments.get(flag)]
+
+
+def _load_on_engine(name_or_path, engine, dtype, device, tp, processing: list[str], engine_args: dict):
+    if engine != "vllm":
+        if engine is None:
+            raise TypeError(
+                f"hooked.load got unexpected keyword argument(s) {sorted(engine_args)}; engine arguments go with"
+                " engine='vllm'"
+            )
+        raise ValueError(f"engine={engine!r}: hooked runs on its own engine (engine=None) or on 'vllm'")
+    if tp is not None:
+        raise ValueError("tp= is hooked's own tensor parallelism under torchrun; on vLLM pass tensor_parallel_size=N")
+    if processing:
+        raise ValueError(
+            f"{', '.join(processing)}: weight processing is not supported on vLLM (the engine reads the checkpoint's"
+            " own weights); load with hooked.load(path, ...) for processed weights"
+        )
+    if str(device) != "cpu":
+        raise ValueError(f"device={device!r}: vLLM places the model itself (its own device); leave device= out")
+    from hooked.engines.vllm.hooked_model import VllmModel
+
+    return VllmModel(name_or_path, dtype=dtype, **engine_args)
 
 
 __all__ = [

@@ -383,6 +383,8 @@ def generate_variants(
     alone: with `stop_at_eos`, a block is cut where all its own rows have finished, and sampling draws
     the same numbers for every block.
     """
+    if getattr(model, "engine_name", None) is not None:  # a model served by an inference engine: its own requests
+        return model.generate_variants(input, variants, max_new_tokens, **kwargs)
     if not isinstance(variants, Mapping) or not variants:
         raise ValueError("variants must be a non-empty dict: {name: [(hook_name, callback), ...]}")
     for refused in ("return_cache", "fwd_hooks", "use_past_kv_cache"):

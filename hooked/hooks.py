@@ -46,6 +46,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 
 from hooked.rows import Rows, current_rows
@@ -53,6 +54,20 @@ from hooked.rows import Rows, current_rows
 HookFn = Callable[[Tensor, "HookPoint"], Tensor | None]
 NameFilter = str | Sequence[str] | Callable[[str], bool]
 Direction = Literal["fwd", "bwd"]
+
+
+def needs_gradients(model, caller: str) -> None:
+    """The check every analysis that backpropagates makes first (attribution, EAP / EAP-IG, graphs, dictionary
+    training): gradients must be on, and the model must be one that computes them (a model served by an inference
+    engine runs under inference mode: `hooked.engines`)."""
+    engine = getattr(model, "engine_name", None)
+    if engine is not None:
+        raise RuntimeError(
+            f"{caller} needs gradients, but this model runs on {engine}, which computes none (it runs under"
+            " torch.inference_mode()); load the model with hooked.load(path) (hooked's own engine) for it"
+        )
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError(f"{caller} needs gradients; call it outside torch.inference_mode()")
 
 
 class AssertionValueError(ValueError, AssertionError):

@@ -36,6 +36,7 @@ from hooked.circuits.engine import Ablation, Where, _stage_loop, columns_at, row
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import Edge, Graph
 from hooked.circuits.graph import graph as build_graph
+from hooked.hooks import needs_gradients
 from hooked.interventions.positions import Positions, as_positions, positions_record
 from hooked.interventions.sweeps import sweep_provenance
 
@@ -180,8 +181,7 @@ def attribute(
         raise ValueError(f"method must be 'eap' or 'eap-ig', not {method!r}")
     if method == "eap":
         refuse_base_metric(metric, "circuits.attribute(method='eap')")
-    if torch.is_inference_mode_enabled():
-        raise RuntimeError("circuits.attribute needs gradients; call it outside torch.inference_mode()")
+    needs_gradients(model, "circuits.attribute")
     alphas = interpolation_points(method, steps)
     where = as_positions(positions)
     experiment = Experiment.of(

@@ -73,6 +73,7 @@ from hooked.circuits.engine import Ablation, Where
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import INPUT, LOGITS, Edge, Graph, graph_of_shape
 from hooked.circuits.graph import graph as build_graph
+from hooked.hooks import needs_gradients
 from hooked.interventions import metrics
 from hooked.interventions.positions import PerPrompt, Positions, as_positions, per_prompt, positions_record
 from hooked.interventions.results import write_json
@@ -365,8 +366,7 @@ def discover(
         raise ValueError(f"n_edges must be a non-negative int, not {n_edges!r}")
     if threshold is not None:
         check_threshold(threshold)
-    if torch.is_inference_mode_enabled():
-        raise RuntimeError("circuits.discover computes gradients; call it outside torch.inference_mode()")
+    needs_gradients(model, "circuits.discover")
     alphas = interpolation_points(method, steps) if method != "acdc" else None
     experiment = Experiment.of(
         model,

@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 
 from hooked.graphs.graph import Graph, LogitTarget, default_scan
 from hooked.graphs.transcoders import Transcoders
+from hooked.hooks import needs_gradients
 from hooked.interventions.row_blocks import registered_hooks
 from hooked.sae.clt import CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary
@@ -183,8 +184,7 @@ def attribute_batch(
 def _ready(model: HookedTransformer, transcoders, caller: str) -> Transcoders:
     """The checks both entry points make before anything runs: gradients available, no outside hooks on the model,
     and transcoders that fit it."""
-    if torch.is_inference_mode_enabled():
-        raise RuntimeError(f"{caller} needs gradients; call it outside torch.inference_mode()")
+    needs_gradients(model, caller)
     registered_hooks(model, caller, part_of_model=False)
     return Transcoders(transcoders, model)
 

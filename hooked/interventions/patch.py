@@ -51,7 +51,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hooked.cache import ActivationCache, act_name
-from hooked.hooks import HookFn, HookPoint
+from hooked.hooks import HookFn, HookPoint, needs_gradients
 from hooked.interventions import ablate
 from hooked.interventions.ablate import Reference, Resample, Selector, is_tokens
 from hooked.interventions.addresses import head_names
@@ -266,8 +266,7 @@ def _check_can_attribute(model: HookedTransformer, hook: str, metric: Callable) 
             " run), where such a metric is at its minimum: every estimate would be 0. Use a metric that"
             " reads the answers (logit_diff, log_prob, ...) or run the activation-patching sweep"
         )
-    if torch.is_inference_mode_enabled():
-        raise RuntimeError("attribution needs gradients; call it outside torch.inference_mode()")
+    needs_gradients(model, "attribution")
     # As hooked.sweep: the estimate must line up with the sweep's unhooked corrupt run. A spliced dictionary, which a
     # sweep runs with, is refused too: its error term passes no gradient, so the estimate would not be the sweep's.
     registered_hooks(model, "patch.attribution", part_of_model=False)

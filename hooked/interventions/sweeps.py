@@ -111,6 +111,11 @@ def sweep(
     `True` with a model loaded without `tp` uses every rank of the job (each holds a whole model).
     Every rank must call `sweep` with the same arguments (docs/scaling.md).
     """
+    if getattr(model, "engine_name", None) is not None:  # a model served by an inference engine: its own sweep
+        options = dict(max_rows=max_rows, max_bytes=max_bytes, data_parallel=data_parallel)
+        return model.sweep(
+            input, variants, metric, attention_mask=attention_mask, progress=progress, task=task, **options
+        )
     if not isinstance(variants, Mapping) or not variants:
         raise ValueError("variants must be a non-empty dict: {name: [(hook_name, callback), ...]}")
     group = _data_parallel_group(model, data_parallel)

@@ -37,6 +37,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from hooked.hooks import needs_gradients
 from hooked.interventions import kinds
 from hooked.interventions.metrics import check_prompts
 from hooked.interventions.row_blocks import registered_hooks
@@ -164,8 +165,7 @@ def attribute(
             f"{metric!r} compares with the clean run, where its gradient is 0: every score would be 0;"
             " use a metric of the answers (logit_diff, log_prob, ...)"
         )
-    if torch.is_inference_mode_enabled():
-        raise RuntimeError("hooked.sae.attribute needs gradients; call it outside torch.inference_mode()")
+    needs_gradients(model, "hooked.sae.attribute")
     registered_hooks(model, "hooked.sae.attribute")
     tokens, key_valid = model.tokens_and_mask(clean, attention_mask, prepend_bos=None)
     check_prompts(metric, model, tokens, key_valid, "hooked.sae.attribute")

@@ -80,7 +80,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from hooked.hooks import EMBED_STAGE
+from hooked.hooks import EMBED_STAGE, needs_gradients
 from hooked.sae.clt import CLT_ARCHITECTURES, CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.version import __version__
@@ -221,8 +221,7 @@ def train(
         _check_positive("checkpoint_every", checkpoint_every)
         if checkpoint_dir is None:
             raise ValueError("checkpoint_every= needs checkpoint_dir=, the folder the checkpoints go to")
-    if torch.is_inference_mode_enabled():
-        raise RuntimeError("hooked.sae.train needs gradients; call it outside torch.inference_mode()")
+    needs_gradients(model, "hooked.sae.train")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype= is a floating torch dtype (torch.float32), not {dtype!r}")
     device = torch.device(device) if device is not None else model.device

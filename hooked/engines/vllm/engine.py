@@ -19,7 +19,7 @@ import cloudpickle
 import torch
 
 from hooked.engines.vllm import ARCHITECTURES, HOOKED_PREFIX, register
-from hooked.engines.vllm.worker import TAG_KEY, VARIANT_KEY
+from hooked.engines.vllm.worker import OUTPUT_KEY, TAG_KEY, VARIANT_KEY
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,11 @@ class Generation:
     tokens: list[int]  # the generated ids
     logits: torch.Tensor | None  # [new_tokens d_vocab] raw logits each generated id was chosen from
     cache: dict[str, torch.Tensor]  # the variant's cached points: [1, prompt + new_tokens - 1, ...]
+    prompt_logits: torch.Tensor | None = None  # [positions d_vocab] (or [positions columns]): generate(prompt_logits=)
 
 
 class VllmEngine:
-    def __init__(self, path: str | Path, max_model_len: int = 128, **engine_args):
+    def __init__(self, path: str | Path, max_model_len: int = 128, dtype: str = "float32", **engine_args):
         from vllm import LLM
 
         config = json.loads((Path(path) / "config.json").read_text())
@@ -42,7 +43,7 @@ class VllmEngine:
         self.llm = LLM(
             model=str(path),
             hf_overrides={"architectures": [HOOKED_PREFIX + architecture]},
-            dtype="float32",
+            dtype=dtype,
             enforce_eager=True,
             skip_tokenizer_init=True,
             max_model_len=max_model_len,
@@ -70,35 +71,65 @@ class VllmEngine:
         self.llm.collective_rpc("hooked_drop_variant", args=(variant,))
 
     def generate(
-        self, prompts: list[list[int]], variants: list[str | None], max_new_tokens: int, logits: bool = True
+        self,
+        prompts: list[list[int]],
+        variants: list[str | None],
+        max_new_tokens: int,
+        logits: bool = True,
+        *,
+        prompt_logits: str | None = None,
+        columns: list[int] | None = None,
+        sampling: dict | None = None,
+        stop_token_ids: list[int] | None = None,
     ) -> list[Generation]:
+        """One request per (prompt, variant), all queued at once (the scheduler batches them as it likes).
+
+        `logits`: the raw logits each generated token was chosen from. `prompt_logits` ("all" | "last"): the
+        logits at the prompt's positions (or its last), computed in the workers from the final norm's output
+        (`Generation.prompt_logits`; `columns` keeps only those token ids). `sampling`: SamplingParams fields
+        (greedy without). `stop_token_ids`: a request ends at the first of them (default: runs max_new_tokens)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         if len(prompts) != len(variants):
             raise ValueError(f"{len(prompts)} prompts but {len(variants)} variants: give one variant per prompt")
+        if prompt_logits not in (None, "all", "last"):
+            raise ValueError(f"prompt_logits is None, 'all' or 'last', not {prompt_logits!r}")
         tags = [f"r{next(self._ids)}" for _ in prompts]
-        params = [
-            SamplingParams(
-                temperature=0.0,
-                max_tokens=max_new_tokens,
-                ignore_eos=True,
-                detokenize=False,
-                logprobs=self.vocab_size if logits else None,
-                extra_args=None if variant is None else {VARIANT_KEY: variant, TAG_KEY: tag},
+        sampling = {"temperature": 0.0, **(sampling or {})}
+        params = []
+        for variant, tag in zip(variants, tags, strict=True):
+            extra = {TAG_KEY: tag}
+            if variant is not None:
+                extra[VARIANT_KEY] = variant
+            if prompt_logits is not None:
+                extra[OUTPUT_KEY] = prompt_logits
+            params.append(
+                SamplingParams(
+                    max_tokens=max_new_tokens,
+                    ignore_eos=True,  # the caller's stop_token_ids decide (vLLM's EOS could differ)
+                    stop_token_ids=list(stop_token_ids or ()),
+                    detokenize=False,
+                    logprobs=self.vocab_size if logits else None,
+                    extra_args=extra,
+                    **sampling,
+                )
             )
-            for variant, tag in zip(variants, tags, strict=True)
-        ]
         # vLLM's prefix cache reuses the keys and values of a prompt another request already computed; a variant's
         # hooks change them, so each variant gets its own cache (cache_salt), shared with its own requests only.
         requests = [
-            TokensPrompt(prompt_token_ids=p) if v is None else TokensPrompt(prompt_token_ids=p, cache_salt=v)
+            TokensPrompt(prompt_token_ids=list(p))
+            if v is None
+            else TokensPrompt(prompt_token_ids=list(p), cache_salt=v)
             for p, v in zip(prompts, variants, strict=True)
         ]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         hooked_tags = [tag for tag, variant in zip(tags, variants, strict=True) if variant is not None]
         failed = self.llm.collective_rpc("hooked_take_errors", args=(hooked_tags,))[0] if hooked_tags else {}
         caches = self.llm.collective_rpc("hooked_take_cache", args=(hooked_tags,))[0] if hooked_tags else {}
+        finals = {}
+        if prompt_logits is not None:  # every rank runs it: the unembedding is a collective under TP
+            finals = self.llm.collective_rpc("hooked_take_outputs", args=(tags, columns))[0]
         if failed:  # the first request whose hook raised, as the user's own exception
             tag = next(tag for tag in tags if tag in failed)
             error = cloudpickle.loads(failed[tag])
@@ -107,12 +138,15 @@ class VllmEngine:
         results = []
         for output, tag in zip(outputs, tags, strict=True):
             completion = output.outputs[0]
-            rows = torch.empty(len(completion.token_ids), self.vocab_size)
-            for step, entries in enumerate(completion.logprobs or ()):
-                for token, entry in entries.items():
-                    rows[step, token] = entry.logprob
+            rows = None
+            if logits:
+                rows = torch.empty(len(completion.token_ids), self.vocab_size)
+                for step, entries in enumerate(completion.logprobs or ()):
+                    for token, entry in entries.items():
+                        rows[step, token] = entry.logprob
             cache = cloudpickle.loads(caches[tag]) if tag in caches else {}
-            results.append(Generation(list(completion.token_ids), rows if logits else None, cache))
+            final = cloudpickle.loads(finals[tag]) if tag in finals else None
+            results.append(Generation(list(completion.token_ids), rows, cache, final))
         return results
 
     def step_history(self) -> list[tuple[int, int]]:

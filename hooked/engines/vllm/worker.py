@@ -13,11 +13,16 @@ variant. `hooked_install_variant` puts one variant's hooks on the model, checked
 from __future__ import annotations
 
 import cloudpickle
+import torch
 
 from hooked.engines.vllm.step import Capture, Step, check_hooks
 
 VARIANT_KEY = "hooked_variant"  # SamplingParams.extra_args key naming the request's variant
 TAG_KEY = "hooked_request"  # ... and the caller's name for the request, which its hook errors are filed under
+# ... and which of its prompt's final hidden states (the final norm's output) the request brings back as logits:
+# "all" (every prompt position) or "last" (the prompt's last position); absent: none (generation's own logits
+# come from vLLM's sampler)
+OUTPUT_KEY = "hooked_output"
 
 
 class HookedWorkerExtension:
@@ -43,9 +48,14 @@ class HookedWorkerExtension:
             if len(steps) < 10_000:  # what the steps held (requests, tokens): the spike's evidence of mixed batches
                 steps.append((n, starts[-1]))
             try:
-                return forward(*args, **kwargs)
+                hidden = forward(*args, **kwargs)
             finally:
                 model.step = None
+            wanted = [(index, args[OUTPUT_KEY]) for index, args in enumerate(extra) if args.get(OUTPUT_KEY)]
+            if wanted:
+                positions = kwargs.get("positions")
+                _keep_outputs(model, hidden, positions, starts, tags, lengths, wanted)
+            return hidden
 
         runner._model_forward = model_forward
         runner._hooked_tracking = True
@@ -71,6 +81,24 @@ class HookedWorkerExtension:
         capture = _capture(self.model_runner.model)
         return {tag: cloudpickle.dumps(capture.take(tag)) for tag in tags if tag in capture.store}
 
+    def hooked_take_outputs(self, tags: list[str], columns: list[int] | None = None) -> dict[str, bytes]:
+        """Each request's logits at the prompt positions it asked for ([positions d_vocab], or [positions columns]
+        with `columns`), from the final hidden states its prefill kept, by the model's own `compute_logits` (the
+        unembedding generation uses; under tensor parallelism a collective, which every rank runs for the same
+        tags in the same order); cloudpickled, removed from the model."""
+        model = self.model_runner.model
+        outputs = model.__dict__.setdefault("hooked_outputs", {})
+        taken = {}
+        for tag in tags:
+            pieces = outputs.pop(tag, None)
+            if pieces is None:
+                continue
+            logits = model.compute_logits(torch.cat(pieces))
+            if columns is not None:
+                logits = logits[:, torch.as_tensor(columns, device=logits.device)]
+            taken[tag] = cloudpickle.dumps(logits.float().cpu())
+        return taken
+
     def hooked_drop_variant(self, variant: str) -> None:
         self.model_runner.model.variants.pop(variant, None)
 
@@ -87,6 +115,19 @@ class HookedWorkerExtension:
         if clear:
             runner.__dict__["_hooked_steps"] = []
         return steps
+
+
+def _keep_outputs(model, hidden, positions, starts, tags, lengths, wanted) -> None:
+    """Keep the final hidden states of the prompt positions each request in `wanted` [(index, "all" | "last")]
+    asked for (a copy: vLLM reuses its buffers), until `hooked_take_outputs`. A prompt split over several steps
+    (chunked prefill) adds one piece per step; decode steps add nothing."""
+    outputs = model.__dict__.setdefault("hooked_outputs", {})
+    for index, which in wanted:
+        rows = slice(starts[index], starts[index + 1])
+        at = positions[rows]
+        keep = at < lengths[index] if which == "all" else at == lengths[index] - 1
+        if bool(keep.any()):
+            outputs.setdefault(tags[index], []).append(hidden[rows][keep].clone())
 
 
 def _pickled(error: BaseException) -> bytes:
