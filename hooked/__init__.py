@@ -28,6 +28,7 @@ from hooked import (
 )
 from hooked.analysis import PositionAttention, attention_to_positions, logit_lens
 from hooked.cache import ActivationCache, act_name
+from hooked.engines.vllm.hooked_model import VllmModel
 from hooked.factored import FactoredMatrix
 from hooked.generation import generate_variants
 from hooked.hooks import HookedRootModule, HookPoint
@@ -104,7 +105,7 @@ def load(
     refactor_factored_attn_matrices: bool = False,
     engine: str | None = None,
     **engine_args,
-) -> HookedTransformer:
+) -> HookedTransformer | VllmModel:
     """Load a model from a local directory, a hub id or a TransformerLens model name (`"gpt2-small"`); the
     class is chosen from config.json.
 
@@ -162,8 +163,6 @@ def _load_on_engine(name_or_path, engine, dtype, device, tp, processing: list[st
         )
     if str(device) != "cpu":
         raise ValueError(f"device={device!r}: vLLM places the model itself (its own device); leave device= out")
-    from hooked.engines.vllm.hooked_model import VllmModel
-
     return VllmModel(name_or_path, dtype=dtype, **engine_args)
 
 

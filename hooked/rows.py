@@ -26,11 +26,16 @@ class Rows:
     # last column here (the plain forward's rule); generation sets each prompt's length, so that
     # -1 stays the prompt's last token on every decode step.
     lengths: Tensor | None = None
+    # [batch] which prompt of the caller's batch each row runs, where an inference engine runs each prompt as a
+    # request of its own (hooked.engines): what per-prompt values (one position per prompt, a paired source) are
+    # read at. None: row i is prompt i (within its block of a sweep).
+    prompts: Tensor | None = None
 
     def select(self, rows: slice) -> Rows:
         mask = None if self.attention_mask is None else self.attention_mask[rows]
         lengths = None if self.lengths is None else self.lengths[rows]
-        return Rows(self.position_ids[rows], mask, self.start, lengths)
+        prompts = None if self.prompts is None else self.prompts[rows]
+        return Rows(self.position_ids[rows], mask, self.start, lengths, prompts)
 
     def prompt_lengths(self) -> Tensor:
         """[batch 1] the length negative positions count back from."""

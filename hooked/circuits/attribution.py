@@ -175,13 +175,13 @@ def attribute(
     positions=positions)` of the edge. EAP-IG's path still runs from the clean to the corrupt input at every position.
     `experts=True`: the experts of a mixture-of-experts MLP are sources (`circuits.graph`).
     """
+    needs_gradients(model, "circuits.attribute")
     if steps_per_forward is not None and (not isinstance(steps_per_forward, int) or steps_per_forward < 1):
         raise ValueError(f"steps_per_forward must be a positive int, not {steps_per_forward!r}")
     if method not in ("eap", "eap-ig"):
         raise ValueError(f"method must be 'eap' or 'eap-ig', not {method!r}")
     if method == "eap":
         refuse_base_metric(metric, "circuits.attribute(method='eap')")
-    needs_gradients(model, "circuits.attribute")
     alphas = interpolation_points(method, steps)
     where = as_positions(positions)
     experiment = Experiment.of(

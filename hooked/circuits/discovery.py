@@ -342,6 +342,7 @@ def discover(
     `positions=` (as `patch_edges` takes it) makes every edge an edge at those positions of each prompt: scores,
     ACDC's trials and the circuit's faithfulness patch edges there only.
     """
+    needs_gradients(model, "circuits.discover")
     if method not in ("eap", "eap-ig", "acdc"):
         raise ValueError(f"method must be 'eap', 'eap-ig' or 'acdc', not {method!r}")
     if method == "acdc":
@@ -366,7 +367,6 @@ def discover(
         raise ValueError(f"n_edges must be a non-negative int, not {n_edges!r}")
     if threshold is not None:
         check_threshold(threshold)
-    needs_gradients(model, "circuits.discover")
     alphas = interpolation_points(method, steps) if method != "acdc" else None
     experiment = Experiment.of(
         model,

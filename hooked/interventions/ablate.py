@@ -242,6 +242,7 @@ def _positions_mask(ablation: Ablation, hook: HookPoint | RowsView) -> Tensor:
         rows.prompt_lengths(),
         generating=rows.lengths is not None,
         what=f"{ablation!r} at {hook.name}",
+        prompts=rows.prompts,
     )
 
 
@@ -537,6 +538,8 @@ class Resample(_FromReference):
             return activation[self._derangement(activation, hook)]
         whole, _, whole_mask = self.reference_at(hook)
         rows = hook.rows
+        if rows.prompts is not None:  # an engine's request: its prompt's row of the source, without its padding
+            whole, whole_mask = _prompts_of(self, whole, whole_mask, rows.prompts, hook)
         source, source_mask = _columns_of(self, whole, whole_mask, activation, hook, rows)
         if source.shape != activation.shape:
             raise ValueError(
@@ -591,6 +594,26 @@ def _columns_of(
     if "key_pos" in hook.axes:
         source = source.narrow(hook.axes.index("key_pos"), 0, activation.shape[hook.axes.index("key_pos")])
     return source, None if source_mask is None else source_mask[:, start : start + n]
+
+
+def _prompts_of(ablation, source: Tensor, source_mask: Tensor | None, prompts: Tensor, hook) -> tuple[Tensor, None]:
+    """The source's rows for `prompts` (one request's prompt, as an engine runs it: unpadded), padding columns
+    dropped: [1 pos ...] with no mask."""
+    if prompts.numel() != 1:
+        raise ValueError(f"{ablation!r} at {hook.name}: an engine request runs one prompt, not {prompts.numel()}")
+    prompt = int(prompts[0])
+    if prompt >= source.shape[0]:
+        raise ValueError(
+            f"{ablation!r} at {hook.name}: the source has {source.shape[0]} prompts but this call runs prompt {prompt};"
+            " give the source for the same prompts"
+        )
+    row = source[prompt : prompt + 1]
+    if source_mask is None:
+        return row, None
+    real = source_mask[prompt].nonzero()[:, 0].to(row.device)
+    for axis in (i for i, a in enumerate(hook.axes) if a in kinds.POSITION_AXES):
+        row = row.index_select(axis, real)
+    return row, None
 
 
 def _prompts_differ(source: Tensor, source_mask: Tensor | None, hook: HookPoint | RowsView) -> str:

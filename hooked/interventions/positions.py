@@ -138,13 +138,22 @@ def positions_mask(
     lengths: Tensor,
     generating: bool = False,
     what: str = "positions=",
+    prompts: Tensor | None = None,
 ) -> Tensor:
     """[batch pos] True at the real tokens whose position in their prompt is selected: a set of positions for
     every row, or one per row (`PerPrompt`). `lengths` [batch 1] is what negative positions count back from
-    (each prompt's length); `what` names the caller in errors.
+    (each prompt's length); `what` names the caller in errors. `prompts` [batch] (`Rows.prompts`): the prompt of the
+    caller's batch each row runs, where an engine runs prompts as separate requests.
     """
     batch = position_ids.shape[0]
-    if isinstance(positions, PerPrompt):
+    if isinstance(positions, PerPrompt) and prompts is not None:
+        if int(prompts.max()) >= len(positions):
+            raise ValueError(
+                f"{what}: positions= gives {len(positions)} positions, one per prompt, but this call runs prompt"
+                f" {int(prompts.max())}; give one position per prompt, in the order of the prompts"
+            )
+        wanted = torch.tensor(positions.values, device=position_ids.device)[prompts.to(position_ids.device)][:, None]
+    elif isinstance(positions, PerPrompt):
         if len(positions) != batch:
             raise ValueError(
                 f"{what}: positions= gives {len(positions)} positions, one per prompt, but this forward runs {batch}"

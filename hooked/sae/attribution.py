@@ -150,6 +150,7 @@ def attribute(
     (and, with `per_position=True`, also kept per position in the prompt). The model runs in eval mode; parameter
     `.grad`s are not touched and nothing stays attached, also when the metric raises.
     """
+    needs_gradients(model, "hooked.sae.attribute")
     dictionaries = [saes] if isinstance(saes, Dictionary) else list(saes)
     if not dictionaries:
         raise ValueError("attribute scores the features of saes=[...]; give at least one dictionary")
@@ -165,7 +166,6 @@ def attribute(
             f"{metric!r} compares with the clean run, where its gradient is 0: every score would be 0;"
             " use a metric of the answers (logit_diff, log_prob, ...)"
         )
-    needs_gradients(model, "hooked.sae.attribute")
     registered_hooks(model, "hooked.sae.attribute")
     tokens, key_valid = model.tokens_and_mask(clean, attention_mask, prepend_bos=None)
     check_prompts(metric, model, tokens, key_valid, "hooked.sae.attribute")

@@ -192,6 +192,7 @@ def train(
     hook_name / hook_name_out are templates with {layer}, by default 'blocks.{layer}.mlp.hook_in' and
     'blocks.{layer}.hook_mlp_out'; its checkpoints are circuit-tracer's folders).
     """
+    needs_gradients(model, "hooked.sae.train")
     defaults = dict(
         hook_name=hook_name,
         architecture=architecture,
@@ -221,7 +222,6 @@ def train(
         _check_positive("checkpoint_every", checkpoint_every)
         if checkpoint_dir is None:
             raise ValueError("checkpoint_every= needs checkpoint_dir=, the folder the checkpoints go to")
-    needs_gradients(model, "hooked.sae.train")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype= is a floating torch dtype (torch.float32), not {dtype!r}")
     device = torch.device(device) if device is not None else model.device

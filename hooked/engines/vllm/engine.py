@@ -19,7 +19,7 @@ import cloudpickle
 import torch
 
 from hooked.engines.vllm import ARCHITECTURES, HOOKED_PREFIX, register
-from hooked.engines.vllm.worker import OUTPUT_KEY, TAG_KEY, VARIANT_KEY
+from hooked.engines.vllm.worker import OUTPUT_KEY, PROMPT_KEY, TAG_KEY, VARIANT_KEY
 
 
 @dataclass(frozen=True)
@@ -81,13 +81,16 @@ class VllmEngine:
         columns: list[int] | None = None,
         sampling: dict | None = None,
         stop_token_ids: list[int] | None = None,
+        prompt_indices: list[int] | None = None,
     ) -> list[Generation]:
         """One request per (prompt, variant), all queued at once (the scheduler batches them as it likes).
 
         `logits`: the raw logits each generated token was chosen from. `prompt_logits` ("all" | "last"): the
         logits at the prompt's positions (or its last), computed in the workers from the final norm's output
         (`Generation.prompt_logits`; `columns` keeps only those token ids). `sampling`: SamplingParams fields
-        (greedy without). `stop_token_ids`: a request ends at the first of them (default: runs max_new_tokens)."""
+        (greedy without). `stop_token_ids`: a request ends at the first of them (default: runs max_new_tokens).
+        `prompt_indices`: each request's prompt in the caller's batch, which per-prompt selectors (one position per
+        prompt, a paired source) read (`hook.rows.prompts`)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -98,8 +101,11 @@ class VllmEngine:
         tags = [f"r{next(self._ids)}" for _ in prompts]
         sampling = {"temperature": 0.0, **(sampling or {})}
         params = []
-        for variant, tag in zip(variants, tags, strict=True):
+        indices = [None] * len(prompts) if prompt_indices is None else list(prompt_indices)
+        for variant, tag, index in zip(variants, tags, indices, strict=True):
             extra = {TAG_KEY: tag}
+            if index is not None:
+                extra[PROMPT_KEY] = index
             if variant is not None:
                 extra[VARIANT_KEY] = variant
             if prompt_logits is not None:
@@ -151,7 +157,7 @@ class VllmEngine:
 
     def step_history(self) -> list[tuple[int, int]]:
         """(requests, tokens) of each engine step since the last call (rank 0's view)."""
-        return self.llm.collective_rpc("hooked_step_history")[0]
+        return [tuple(step) for step in self.llm.collective_rpc("hooked_step_history")[0]]
 
     def close(self) -> None:
         self.llm.llm_engine.engine_core.shutdown()

@@ -145,6 +145,10 @@ class VllmModel:
         """Shut the engine's processes down (also done when the model is garbage-collected or Python exits)."""
         self._closer()
 
+    def _open(self) -> None:
+        if not self._closer.alive:
+            raise RuntimeError("this model's vLLM engine was closed (model.close()); load the model again")
+
     def __enter__(self) -> VllmModel:
         return self
 
@@ -319,10 +323,17 @@ class VllmModel:
 
     def _run(self, prompts, fwd_hooks, cache_names=(), prompt_logits=None, max_new_tokens=1, **options):
         """The prompts as requests under one variant made of `fwd_hooks` (and the cache of `cache_names`)."""
+        self._open()
         variant = self._engine.add_variant(fwd_hooks, cache=list(cache_names)) if fwd_hooks or cache_names else None
         try:
             return self._engine.generate(
-                prompts, [variant] * len(prompts), max_new_tokens, logits=False, prompt_logits=prompt_logits, **options
+                prompts,
+                [variant] * len(prompts),
+                max_new_tokens,
+                logits=False,
+                prompt_logits=prompt_logits,
+                prompt_indices=list(range(len(prompts))),
+                **options,
             )
         finally:
             if variant is not None:
@@ -417,6 +428,7 @@ class VllmModel:
             )
         active = self._active_hooks()
         planned = {name: self._checked(active + _pairs(pairs)) for name, pairs in variants.items()}
+        self._open()
         ids = {}
         try:
             for name, pairs in planned.items():
@@ -429,6 +441,7 @@ class VllmModel:
                 logits=False,
                 sampling=sampling,
                 stop_token_ids=eos_ids,
+                prompt_indices=list(range(len(prompts))) * len(planned),
             )
         finally:
             for variant in ids.values():
@@ -480,6 +493,7 @@ class VllmModel:
         which = "last" if reads.position == -1 else "all"
         columns = None if reads.columns is None else reads.columns.tolist()
 
+        self._open()
         ids = {}
         try:
             for variant in planned:
@@ -492,6 +506,7 @@ class VllmModel:
                 logits=False,
                 prompt_logits=which,
                 columns=columns,
+                prompt_indices=list(range(len(prompts))) * len(runs),
             )
         finally:
             for variant in ids.values():

@@ -60,6 +60,7 @@ class Step:
     variants: tuple[str | None, ...]  # the hooked variant each request asked for (None: no hooks)
     prompt_lengths: tuple[int, ...]  # each request's prompt length (what -1 counts back from in generation)
     tags: tuple[str | None, ...] | None = None  # the caller's name for each request, which its hook errors go to
+    prompts: tuple[int | None, ...] | None = None  # each request's prompt in its caller's batch (Rows.prompts)
 
     def __post_init__(self):
         n = len(self.request_ids)
@@ -67,6 +68,8 @@ class Step:
             raise ValueError(f"a step of {n} requests needs {n + 1} starts and {n} variants and prompt lengths")
         if self.tags is not None and len(self.tags) != n:
             raise ValueError(f"a step of {n} requests needs {n} tags")
+        if self.prompts is not None and len(self.prompts) != n:
+            raise ValueError(f"a step of {n} requests needs {n} prompt indices")
 
 
 def _pos_axis(point: HookPoint) -> int:
@@ -118,7 +121,9 @@ def step_hooks(
 def _request_rows(step: Step, positions: Tensor, index: int) -> Rows:
     position_ids = positions[step.starts[index] : step.starts[index + 1]][None]
     lengths = torch.tensor([[step.prompt_lengths[index]]])
-    return Rows(position_ids, None, int(position_ids[0, 0]), lengths)
+    prompt = None if step.prompts is None else step.prompts[index]
+    prompts = None if prompt is None else torch.tensor([prompt])
+    return Rows(position_ids, None, int(position_ids[0, 0]), lengths, prompts)
 
 
 def _tag(step: Step, index: int) -> str:

@@ -23,6 +23,7 @@ TAG_KEY = "hooked_request"  # ... and the caller's name for the request, which i
 # "all" (every prompt position) or "last" (the prompt's last position); absent: none (generation's own logits
 # come from vLLM's sampler)
 OUTPUT_KEY = "hooked_output"
+PROMPT_KEY = "hooked_prompt"  # ... and its prompt's index in the caller's batch (what per-prompt selectors read)
 
 
 class HookedWorkerExtension:
@@ -43,7 +44,8 @@ class HookedWorkerExtension:
             tags = tuple(args.get(TAG_KEY) for args in extra)
             starts = tuple(int(x) for x in runner.query_start_loc.cpu[: n + 1])
             lengths = tuple(state.num_prompt_tokens for state in states)
-            model.step = Step(request_ids, starts, variants, lengths, tags)
+            prompts = tuple(args.get(PROMPT_KEY) for args in extra)
+            model.step = Step(request_ids, starts, variants, lengths, tags, prompts)
             steps = runner.__dict__.setdefault("_hooked_steps", [])
             if len(steps) < 10_000:  # what the steps held (requests, tokens): the spike's evidence of mixed batches
                 steps.append((n, starts[-1]))
