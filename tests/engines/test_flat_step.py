@@ -244,3 +244,17 @@ def test_a_pattern_is_refused_on_a_step_without_the_whole_prompt(model, rows_of_
     torch.testing.assert_close(F.linear(hidden[starts[1] :], model.unembed_weight), alone_b, atol=ATOL, rtol=0)
     with pytest.raises(NotImplementedError, match="formed on a request's prompt only"), torch.no_grad():
         run_flat(model, tokens, positions, SegmentAttention(starts), step, variants)  # no errors dict: raised
+
+
+def attend_to_position_0_only(pattern, hook):
+    return torch.zeros_like(pattern).index_fill_(-1, torch.tensor([0]), 1.0)
+
+
+def test_two_requests_edit_the_same_pattern_each_their_own_way(family_model):
+    model, name = family_model, "blocks.0.attn.hook_pattern"
+    hooks = ([(name, no_attention_to_position_1)], [(name, attend_to_position_0_only)])
+    logits = flat_step(model, ("a", "b"), {"a": hooks[0], "b": hooks[1]}, {})
+    for got, prompt, fwd_hooks in zip(logits, PROMPTS, hooks, strict=True):
+        with torch.no_grad():
+            alone = model.run_with_hooks(torch.tensor([prompt]), fwd_hooks=fwd_hooks)[0]
+        torch.testing.assert_close(got, alone, atol=ATOL, rtol=0)  # as the pattern test above
