@@ -116,11 +116,14 @@ def check_patterns(engine, model) -> None:
         clean = next(r for (p, e), r in zip(cases, got, strict=True) if p == prompt and e is None)
         assert (result.logits - clean.logits).abs().max() > 1e-3, f"edit {edit} changed nothing"
         for name in cached:
-            # Patterns <= 1, scores O(10) (masked: the dtype's minimum on both sides), resid O(1):
-            # from q and k of float32 layers run on the flat batch, 1e-5 as for the logits.
+            # Float32 from layers run on the flat batch (BLAS may block sums otherwise): 1e-5 relative to the
+            # point's magnitude (patterns <= 1, resid O(1), scores up to 8 here: measured 1.3e-6, under 3 ulps),
+            # the masked scores (the dtype's minimum on both sides) left out of the magnitude.
             error = (result.cache[name] - reference[name]).abs().max().item()
+            unmasked = reference[name][reference[name] > torch.finfo(torch.float32).min / 2]
+            bound = ATOL * max(1.0, unmasked.abs().max().item())
             print(f"  cache {name} {tuple(result.cache[name].shape)}: max |activation - hooked alone| {error:.2e}")
-            assert result.cache[name].shape == reference[name].shape and error < ATOL, error
+            assert result.cache[name].shape == reference[name].shape and error < bound, (error, bound)
     try:
         engine.generate([PROMPTS[0]], [variants[0]], 2)
     except ValueError as error:
