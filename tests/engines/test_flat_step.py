@@ -223,7 +223,7 @@ def test_a_cached_pattern_leaves_the_request_as_the_engine_computed_it(family_mo
 
 @pytest.mark.parametrize(
     "rows_of_a, holds",
-    [([5], "a decode step (position 5"), ([2, 3, 4], "positions 2..4 of its 5-token prompt")],
+    [([5], "a decode step (position 5"), ([2, 3, 4], "positions 2..4, not its whole prompt 0..4")],
     ids=["decode", "prefix_hit"],
 )
 def test_a_pattern_is_refused_on_a_step_without_the_whole_prompt(model, rows_of_a, holds):

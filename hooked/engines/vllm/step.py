@@ -303,8 +303,9 @@ def _whole_prompt_refusal(step: Step, rows: Rows, index: int) -> str | None:
         holds = f"a decode step (position {first}, after its {prompt}-token prompt)"
     else:
         holds = (
-            f"positions {first}..{last} of its {prompt}-token prompt and generated tokens (a chunked prefill, a"
-            " prefix-cache hit or a recomputation after preemption)"
+            f"positions {first}..{last}, not its whole prompt 0..{prompt - 1} (a chunked prefill: raise the engine's"
+            " max_num_batched_tokens; a prefix-cache hit: give the request a cache_salt of its own; or a"
+            " recomputation after preemption)"
         )
     return (
         "on the engine, attention scores and patterns are formed on a request's prompt only, in the step that"
