@@ -28,7 +28,8 @@ from hooked.engines.vllm.worker import TAG_KEY, VARIANT_KEY
 class Generation:
     tokens: list[int]  # the generated ids
     logits: torch.Tensor | None  # [new_tokens d_vocab] raw logits each generated id was chosen from
-    cache: dict[str, torch.Tensor]  # the variant's cached points: [1, prompt + new_tokens - 1, ...]
+    cache: dict[str, torch.Tensor]  # the variant's cached points: [1, prompt + new_tokens - 1, ...]; scores and
+    # patterns: [1, head_index, prompt, prompt]
 
 
 class VllmEngine:
