@@ -159,17 +159,30 @@ _engine_attention: ContextVar[EngineAttention | None] = ContextVar("hooked_engin
 
 class EngineAttention(abc.ABC):
     """What an engine's attention core implements: `z` [batch pos head_index d_head] for one layer's q, k, v (the
-    layer named by `hook_attn_scores.layer()`), with the engine's own cache and per-request boundaries."""
+    layer named by `hook_attn_scores.layer()`), with the engine's own cache and per-request boundaries.
+    `softmax_in_float32`, `softcap` and `window` are the layer's, as `attend` takes them: what a core needs to form
+    one request's scores and pattern on hooked's eager path when a hook listens there."""
 
     @abc.abstractmethod
     def __call__(
-        self, q: Tensor, k: Tensor, v: Tensor, scaling: float, hook_attn_scores: HookPoint, hook_pattern: HookPoint
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        scaling: float,
+        hook_attn_scores: HookPoint,
+        hook_pattern: HookPoint,
+        *,
+        softmax_in_float32: bool,
+        softcap: float | None = None,
+        window: int | None = None,
     ) -> Tensor: ...
 
 
 @contextlib.contextmanager
-def engine_attention(core: EngineAttention) -> Iterator[None]:
-    """Run every `attend` of the body through `core` (an inference engine's paged attention)."""
+def engine_attention(core: EngineAttention | None) -> Iterator[None]:
+    """Run every `attend` of the body through `core` (an inference engine's paged attention); None: hooked's own
+    paths (what a core runs inside itself to form one request's pattern eagerly)."""
     token = _engine_attention.set(core)
     try:
         yield
@@ -316,7 +329,17 @@ def attend(
     if engine is not None:  # an inference engine's paged attention (hooked.engines.vllm)
         if softcap is not None or mask.window is not None:
             raise NotImplementedError("engine attention with a softcap or a sliding window is not wired yet")
-        return engine(q, k, v, scaling, hook_attn_scores, hook_pattern)
+        return engine(
+            q,
+            k,
+            v,
+            scaling,
+            hook_attn_scores,
+            hook_pattern,
+            softmax_in_float32=softmax_in_float32,
+            softcap=softcap,
+            window=mask.window,
+        )
     backend = choose_backend(q, mask, hook_attn_scores, hook_pattern, softcap)
     batch, pos, n_heads, d_head = q.shape
     n_kv_heads = k.shape[2]

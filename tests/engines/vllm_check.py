@@ -28,6 +28,19 @@ def zero_head_0(z, hook):
     z[:, :, 0] = 0.0
 
 
+def no_attention_to_position_1(pattern, hook):
+    """Zero every query's attention to key 1, then renormalise each row."""
+    if pattern.ndim != 4 or pattern.shape[0] != 1 or pattern.shape[2] != pattern.shape[3]:
+        raise AssertionError(f"hook_pattern should see one request [1 head pos pos], got {tuple(pattern.shape)}")
+    pattern = pattern.clone()
+    pattern[..., 1] = 0.0
+    return pattern / pattern.sum(-1, keepdim=True)
+
+
+def favour_position_0(scores, hook):
+    scores[..., 0] += 4.0  # in place: every query attends more to the first token (never masked)
+
+
 def boom(z, hook):
     raise ZeroDivisionError("the user's own error")
 
@@ -73,6 +86,62 @@ def build_qwen3_checkpoint(directory: Path, moe: bool) -> None:
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shared)).eval()
     randomize_norms(model, 0)
     model.save_pretrained(directory)
+
+
+def check_patterns(engine, model) -> None:
+    """Scores and patterns on request (the prefill): two requests edit them (a pattern replaced in layer 0, scores
+    raised in place at key 0 in layer 1) and cache them, beside clean requests of the same prompts in the same
+    batch, each against hooked alone (run_with_cache with the same hook: hooked's eager attention on the prompt)."""
+    cached = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_attn_scores", "blocks.1.hook_resid_post"]
+    edits = (
+        [("blocks.0.attn.hook_pattern", no_attention_to_position_1)],
+        [("blocks.1.attn.hook_attn_scores", favour_position_0)],
+    )
+    variants = [engine.add_variant(edit, cache=cached) for edit in edits]
+    # a clean request first: vLLM's first step may hold it alone, the next holds both edits beside a clean one
+    cases = [(PROMPTS[2], None), (PROMPTS[0], 0), (PROMPTS[0], None), (PROMPTS[2], 1)]
+    got = engine.generate([p for p, _ in cases], [None if e is None else variants[e] for _, e in cases], 1)
+    steps = engine.step_history()
+    print(f"pattern steps (requests, tokens): {steps}")
+    assert any(requests > 1 for requests, _ in steps), "no step held a pattern request beside others"
+    for (prompt, edit), result in zip(cases, got, strict=True):
+        with torch.no_grad(), model.hooks(fwd_hooks=edits[edit] if edit is not None else []):
+            logits, reference = model.run_with_cache(torch.tensor([prompt]), names_filter=cached)
+        error = (result.logits[0] - logits[0, -1]).abs().max().item()
+        kind = "clean " if edit is None else f"edit {edit}"
+        print(f"len {len(prompt)} {kind}: max |logit - hooked alone| {error:.2e}")
+        assert error < ATOL, error
+        if edit is None:
+            assert result.cache == {}, "a clean request brought a cache back"
+            continue
+        clean = next(r for (p, e), r in zip(cases, got, strict=True) if p == prompt and e is None)
+        assert (result.logits - clean.logits).abs().max() > 1e-3, f"edit {edit} changed nothing"
+        for name in cached:
+            # Float32 from layers run on the flat batch (BLAS may block sums otherwise): 1e-5 relative to the
+            # point's magnitude (patterns <= 1, resid O(1), scores up to 8 here: measured 1.3e-6, under 3 ulps),
+            # the masked scores (the dtype's minimum on both sides) left out of the magnitude.
+            error = (result.cache[name] - reference[name]).abs().max().item()
+            unmasked = reference[name][reference[name] > torch.finfo(torch.float32).min / 2]
+            bound = ATOL * max(1.0, unmasked.abs().max().item())
+            print(f"  cache {name} {tuple(result.cache[name].shape)}: max |activation - hooked alone| {error:.2e}")
+            assert result.cache[name].shape == reference[name].shape and error < bound, (error, bound)
+    try:
+        engine.generate([PROMPTS[0]], [variants[0]], 2)
+    except ValueError as error:
+        print(f"refused 2 new tokens for a pattern variant: {error}")
+    else:
+        raise AssertionError("a pattern variant generated past its prompt")
+    # A long prompt (full KV blocks) with a pattern edit, twice: the second must compute its whole prompt again
+    # (a prefix-cache hit would skip the rows its pattern needs: the engine gives each such request its own salt).
+    long_prompt = [(7 * i + 3) % 300 for i in range(70)]
+    editing = engine.add_variant(edits[0])
+    for turn in range(2):
+        got = engine.generate([long_prompt], [editing], 1)[0]
+        with torch.no_grad():
+            logits = model.run_with_hooks(torch.tensor([long_prompt]), fwd_hooks=edits[0])[0, -1]
+        error = (got.logits[0] - logits).abs().max().item()
+        print(f"len 70 pattern edit, turn {turn}: max |logit - hooked alone| {error:.2e}")
+        assert error < ATOL, error
 
 
 def mask_expert_0(router_logits, hook):
@@ -136,6 +205,7 @@ def main(directory: Path, family: str, tp: int) -> None:
         steps = engine.step_history()
         print(f"steps (requests, tokens): {steps}")
         assert any(requests > 1 for requests, _ in steps), "no step held several requests"
+        check_patterns(engine, model)
 
         # vLLM's prefix cache must not hand one variant the keys and values another computed: a long prompt (full
         # KV blocks) hooked first, then clean, then hooked again, each against hooked alone.
@@ -147,7 +217,7 @@ def main(directory: Path, family: str, tp: int) -> None:
             print(f"len 70 {'hooked' if variant else 'clean '} after the other: max |logit - hooked alone| {error:.2e}")
             assert got.tokens == tokens and error < ATOL, (got.tokens, tokens, error)
 
-        for name, kind in (("blocks.0.attn.hook_zz", KeyError), ("blocks.0.attn.hook_pattern", ValueError)):
+        for name, kind in (("blocks.0.attn.hook_zz", KeyError),):
             try:
                 engine.add_variant([(name, zero_head_0)])
             except kind as error:

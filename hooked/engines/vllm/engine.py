@@ -5,7 +5,9 @@
 hooks to every worker (cloudpickled through `collective_rpc`) and returns an id; `generate` queues one request per
 (prompt, variant), the variant named in `SamplingParams.extra_args` and salting the prefix cache, and returns
 each request's tokens and its raw logits at every generated position (vLLM's `logprobs_mode="raw_logits"` over
-the whole vocabulary).
+the whole vocabulary). A variant that hooks or caches attention scores or patterns forms them on each request's
+prompt (hooked.engines.vllm.step.form_patterns): its requests generate one token and never share a prefix-cache
+entry.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from hooked.engines.vllm.worker import OUTPUT_KEY, PROMPT_KEY, TAG_KEY, VARIANT_
 class Generation:
     tokens: list[int]  # the generated ids
     logits: torch.Tensor | None  # [new_tokens d_vocab] raw logits each generated id was chosen from
-    cache: dict[str, torch.Tensor]  # the variant's cached points: [1, prompt + new_tokens - 1, ...]
+    cache: dict[str, torch.Tensor]  # the variant's cached points: [1, prompt + new_tokens - 1, ...]; scores and
+    # patterns: [1, head_index, prompt, prompt]
     prompt_logits: torch.Tensor | None = None  # [positions d_vocab] (or [positions columns]): generate(prompt_logits=)
 
 
@@ -54,6 +57,7 @@ class VllmEngine:
         )
         self.llm.collective_rpc("hooked_track_steps")
         self._ids = itertools.count()
+        self._pattern_points: dict[str, list[str]] = {}  # variant -> the scores / pattern points it hooks or caches
 
     def add_variant(self, fwd_hooks=(), cache: list[str] = ()) -> str:
         """A variant: `fwd_hooks` [(hook name, fn)] run on each of its requests' rows; `cache` names the points whose
@@ -65,10 +69,12 @@ class VllmEngine:
         if failed:  # the user's own error (KeyError for an unknown name, ...), from the first worker that refused
             self.llm.collective_rpc("hooked_drop_variant", args=(variant,))
             raise cloudpickle.loads(failed[0])
+        self._pattern_points[variant] = self.llm.collective_rpc("hooked_pattern_points", args=(variant,))[0]
         return variant
 
     def drop_variant(self, variant: str) -> None:
         self.llm.collective_rpc("hooked_drop_variant", args=(variant,))
+        self._pattern_points.pop(variant, None)
 
     def generate(
         self,
@@ -98,6 +104,17 @@ class VllmEngine:
             raise ValueError(f"{len(prompts)} prompts but {len(variants)} variants: give one variant per prompt")
         if prompt_logits not in (None, "all", "last"):
             raise ValueError(f"prompt_logits is None, 'all' or 'last', not {prompt_logits!r}")
+        forming = {variant: self._pattern_points.get(variant) for variant in variants if variant is not None}
+        forming = {variant: points for variant, points in forming.items() if points}
+        if forming and max_new_tokens > 1:
+            variant, points = next(iter(forming.items()))
+            raise ValueError(
+                f"variant {variant} hooks or caches {', '.join(points)}: on the engine, attention scores and patterns"
+                f" are formed on a request's prompt only, so its requests generate max_new_tokens=1, not"
+                f" {max_new_tokens}. For scores or patterns over generated tokens, run the generation on hooked's own"
+                " engine (model.generate with fwd_hooks), or cache them over one forward on the full sequence"
+                " (model.run_with_cache(prompt + generated tokens))"
+            )
         tags = [f"r{next(self._ids)}" for _ in prompts]
         sampling = {"temperature": 0.0, **(sampling or {})}
         params = []
@@ -122,12 +139,15 @@ class VllmEngine:
                 )
             )
         # vLLM's prefix cache reuses the keys and values of a prompt another request already computed; a variant's
-        # hooks change them, so each variant gets its own cache (cache_salt), shared with its own requests only.
+        # hooks change them, so each variant gets its own cache (cache_salt), shared with its own requests only. A
+        # request that forms patterns must compute its whole prompt (a hit would skip the rows its pattern needs):
+        # a salt of its own.
+        salts = [v if v not in forming else f"{v}/{tag}" for v, tag in zip(variants, tags, strict=True)]
         requests = [
             TokensPrompt(prompt_token_ids=list(p))
-            if v is None
-            else TokensPrompt(prompt_token_ids=list(p), cache_salt=v)
-            for p, v in zip(prompts, variants, strict=True)
+            if s is None
+            else TokensPrompt(prompt_token_ids=list(p), cache_salt=s)
+            for p, s in zip(prompts, salts, strict=True)
         ]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         hooked_tags = [tag for tag, variant in zip(tags, variants, strict=True) if variant is not None]

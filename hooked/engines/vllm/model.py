@@ -26,7 +26,7 @@ from vllm.distributed.parallel_state import get_tp_group
 from vllm.model_executor.layers.attention import Attention
 
 from hooked.distributed import Parallel, parallelize, vocab_parallel_logits
-from hooked.engines.vllm.step import HookList, Step, run_flat
+from hooked.engines.vllm.step import HookList, Step, form_patterns, run_flat
 from hooked.hooks import HookPoint
 from hooked.layers.attention import EngineAttention
 from hooked.weights.architecture import architecture_for, build_on_meta, read_config
@@ -37,18 +37,40 @@ class _PagedCore(EngineAttention):
     def __init__(self, layers: nn.ModuleList):
         self.layers = layers
 
-    def __call__(self, q, k, v, scaling: float, hook_attn_scores: HookPoint, hook_pattern: HookPoint) -> Tensor:
-        if hook_attn_scores.listening or hook_pattern.listening:
-            raise NotImplementedError(
-                f"{hook_attn_scores.name} / {hook_pattern.name}: vLLM's paged attention does not form the scores"
-                " or the pattern; run this hook on hooked's own engine"
-            )
+    def __call__(
+        self,
+        q,
+        k,
+        v,
+        scaling: float,
+        hook_attn_scores: HookPoint,
+        hook_pattern: HookPoint,
+        *,
+        softmax_in_float32: bool,
+        softcap: float | None = None,
+        window: int | None = None,
+    ) -> Tensor:
         attention = self.layers[hook_attn_scores.layer()]
         if scaling != attention.impl.scale:
             raise ValueError(f"layer scaling {scaling} differs from the engine's {attention.impl.scale}")
         _, tokens, n_heads, d_head = q.shape
+        # every row, hooked or not: the paged call is what fills the KV cache
         z = attention(q[0].reshape(tokens, -1), k[0].reshape(tokens, -1), v[0].reshape(tokens, -1))
-        return z.view(1, tokens, n_heads, d_head)
+        z = z.view(1, tokens, n_heads, d_head)
+        if hook_attn_scores.listening or hook_pattern.listening:  # paged attention never forms them: per request
+            z = form_patterns(
+                q,
+                k,
+                v,
+                z,
+                scaling,
+                hook_attn_scores,
+                hook_pattern,
+                softmax_in_float32=softmax_in_float32,
+                softcap=softcap,
+                window=window,
+            )
+        return z
 
 
 class HookedForVllm(nn.Module):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import cloudpickle
 import torch
 
-from hooked.engines.vllm.step import Capture, Step, check_hooks
+from hooked.engines.vllm.step import Capture, Step, check_hooks, pattern_points
 
 VARIANT_KEY = "hooked_variant"  # SamplingParams.extra_args key naming the request's variant
 TAG_KEY = "hooked_request"  # ... and the caller's name for the request, which its hook errors are filed under
@@ -76,6 +76,13 @@ class HookedWorkerExtension:
             return _pickled(error)
         model.variants[variant] = hooks
         return None
+
+    def hooked_pattern_points(self, variant: str) -> list[str]:
+        """The attention scores and pattern points an installed variant hooks or caches: its requests form them on
+        their prompt (hooked.engines.vllm.step.form_patterns), so the caller gives each its own prefix-cache salt
+        and one new token."""
+        model = self.model_runner.model
+        return pattern_points(model.model, model.variants[variant])
 
     def hooked_take_cache(self, tags: list[str]) -> dict[str, bytes]:
         """Each request's cached activations ({hook name: [1, pos, ...]}, prefill and decode steps joined),
