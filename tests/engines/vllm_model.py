@@ -284,6 +284,38 @@ def test_a_raising_hook_reaches_the_caller_and_the_engine_answers_the_next_call(
     assert (served(torch.tensor([PROMPTS[1]]))[0] - alone(own, PROMPTS[1])).abs().max() < ATOL
 
 
+def test_the_command_line_sweeps_on_vllm_as_on_hooked_s_own_engine(tmp_path):
+    """`hooked sweep --engine vllm` on GPT-2 (head_dim 64: vLLM's CPU attention refuses 16) writes the table hooked's
+    own sweep computes; resample reads the paired corrupt prompts, one per request."""
+    from hooked.cli import main
+    from hooked.interventions import tasks
+    from hooked.interventions.results import SweepResult
+    from hooked.testing import build_gpt2_checkpoint
+
+    directory = build_gpt2_checkpoint(tmp_path / "gpt2", n_embd=128, n_head=2, n_positions=128)
+    names = [
+        "Mary",
+        "John",
+        "Alice",
+        "Anna",
+    ]  # single tokens of the fixture tokenizer (tests/infrastructure/test_cli.py)
+    argv = ["sweep", str(directory), "--components", "heads", "--method", "resample", "--n", "4", "--seed", "1"]
+    argv += ["--names", *names, "--out", str(tmp_path / "out"), "--engine", "vllm"]
+    assert main(argv) == 0
+    saved = SweepResult.from_json(tmp_path / "out" / "heads-resample.json")
+    assert saved.provenance["engine"] == "vllm"
+
+    own = hooked.load(directory)
+    task = tasks.ioi(4, seed=1, names=names)
+    with torch.no_grad():
+        _, source = own.run_with_cache(task.corrupt)
+        variants = {address: ablate.hooks(own, address, "resample", source=source) for address in saved.variants}
+        expected = hooked.sweep(own, task.clean, variants, metrics.logit_diff(own, task.correct, task.incorrect))
+    assert saved.variants == expected.variants
+    assert (saved.values - expected.values).abs().max() < ATOL and (saved.base - expected.base).abs().max() < ATOL
+    assert (saved.values - saved.base).abs().max() > 1e-3  # the ablations moved the metric
+
+
 def children() -> set[int]:
     """This process's running child processes (Linux: /proc/PID/task/*/children), less an exited one not yet reaped
     (state Z) and Python's multiprocessing resource tracker (one per Python process, started by the first spawned

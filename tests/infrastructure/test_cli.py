@@ -249,6 +249,8 @@ def test_sweep_without_one_token_answers_names_them(gpt2_dir, tmp_path, capsys):
         (["--task", "sst2"], "invalid choice: 'sst2'"),
         (["--n", "0"], "--n must be at least 1"),
         (["--max-rows", "1"], "max_rows=1 is smaller than one variant's 4 rows"),
+        (["--engine", "vllm"], "--engine vllm needs vLLM in this Python"),  # this environment has no vLLM
+        (["--tensor-parallel-size", "2"], "--tensor-parallel-size belongs to --engine vllm"),
     ],
 )
 def test_sweep_refuses_bad_input_in_one_line_and_writes_nothing(gpt2_dir, tmp_path, capsys, change, message):

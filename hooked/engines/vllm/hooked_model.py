@@ -31,30 +31,27 @@ GRADIENTS = (
     " hooked.load(path) (hooked's own engine) for attribution, EAP / EAP-IG, graphs and training"
 )
 
-# What this process may read of the model's description: names, config, tokenizer. Anything else (weights,
-# blocks) lives in vLLM's workers.
-DESCRIBED = frozenset(
+# The described model's calls that would run a forward here (on the meta device): refused, naming the way.
+RUNS_HERE = frozenset(
     {
-        "cfg",
-        "tokenizer",
-        "hook_dict",
-        "name_or_path",
-        "default_prepend_bos",
-        "max_positions",
-        "resolve_hook_names",
-        "default_cache_names",
-        "hook_shapes",
-        "axis_sizes",
-        "padding_mask",
-        "tokens_and_mask",
-        "to_tokens",
-        "to_string",
-        "to_str_tokens",
-        "to_single_token",
-        "get_token_position",
-        "name_agreement",
-        "processing_changes",
-        "hook_points",
+        "run_with_saes",
+        "run_with_cache_with_saes",
+        "run_with_hooks_with_saes",
+        "saes",
+        "add_sae",
+        "forward_tokens",
+        "logits_from_resid",
+        "embed",
+        "resid_from_tokens",
+        "accumulated_bias",
+        "to",
+        "cuda",
+        "half",
+        "float",
+        "process_weights_",
+        "state_dict",
+        "parameters",
+        "named_parameters",
     }
 )
 
@@ -117,15 +114,18 @@ class VllmModel:
 
     # ----------------------------------------------------------------- what this process knows
     def __getattr__(self, name: str):
+        """The model's description answers what it can: config, tokenizer, hook points, structure (its modules are on
+        PyTorch's meta device, without weights); a weight, or a call that would run the model here, is refused."""
         if name.startswith("__") or name in ("_described", "_engine"):
             raise AttributeError(name)
-        if name in DESCRIBED:
-            return getattr(self._described, name)
-        raise AttributeError(
-            f"{name!r} is not available on a model served by vLLM: its weights and modules live in vLLM's worker"
-            " processes. Read weights from a model loaded with hooked.load(path) (hooked's own engine); the calls"
-            " this model answers are listed in docs/vllm.md"
-        )
+        value = getattr(self._described, name)
+        if isinstance(value, Tensor) or name in RUNS_HERE:
+            raise AttributeError(
+                f"{name!r} is not available on a model served by vLLM: its weights live in vLLM's worker processes."
+                " Load the model with hooked.load(path) (hooked's own engine) for weights, dictionaries spliced in"
+                " and anything else the calls listed in docs/vllm.md do not cover"
+            )
+        return value
 
     def __reduce__(self):  # a hook shipped to the workers may hold a cache that points here: it goes as a stub
         return (_Elsewhere, (self.name_or_path,))
