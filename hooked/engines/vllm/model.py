@@ -28,14 +28,54 @@ from vllm.model_executor.layers.attention import Attention
 from hooked.distributed import Parallel, parallelize, vocab_parallel_logits
 from hooked.engines.vllm.step import HookList, Step, run_flat
 from hooked.hooks import HookPoint
-from hooked.layers.attention import EngineAttention
+from hooked.layers.attention import EngineAttention, softcap_
 from hooked.weights.architecture import architecture_for, build_on_meta, read_config
 from hooked.weights.state_dict import read_state_dict
 
 
+def layer_window(cfg, layer: int) -> int | None:
+    """The sliding window hooked's model applies at `layer` (None: full attention), as its `block_inputs` picks the
+    mask: every layer of a config with a `sliding_window` (Llama's None, Mistral, Mixtral), only the
+    "sliding_attention" layers of a sandwich decoder (Gemma 2 and 3: `is_sliding`). `_PagedCore.check_layer`
+    checks it against the mask each layer is handed whenever the step's flat batch is longer than the window."""
+    window = getattr(cfg, "sliding_window", None)
+    if window is not None and hasattr(cfg, "is_sliding") and not cfg.is_sliding(layer):
+        return None
+    return window
+
+
+def final_softcap(model: nn.Module) -> float | None:
+    """The cap `model.logits_from_resid` puts on the unembedding's output (Gemma 2 and 3's final_logit_softcapping),
+    for `compute_logits`; refuses a family whose logits_from_resid does something else this module does not know."""
+    from hooked.models.base import HookedTransformer
+    from hooked.models.sandwich_decoder import SandwichDecoder
+
+    method = type(model).logits_from_resid
+    if method is HookedTransformer.logits_from_resid:
+        return None
+    if method is SandwichDecoder.logits_from_resid:
+        return model.cfg.final_logit_softcapping
+    raise NotImplementedError(
+        f"{type(model).__name__}.logits_from_resid changes the logits in a way hooked on vLLM's compute_logits does"
+        " not reproduce; run this family on hooked's own engine"
+    )
+
+
 class _PagedCore(EngineAttention):
-    def __init__(self, layers: nn.ModuleList):
+    def __init__(self, layers: nn.ModuleList, softcaps: list[float | None], windows: list[int | None]):
         self.layers = layers
+        self.softcaps = softcaps  # per layer: what each layer's vLLM Attention was built with
+        self.windows = windows
+
+    def check_layer(self, layer: int, softcap: float | None, window: int | None) -> None:
+        # The layer's own softcap and (when the flat batch is longer than it) window, against what its Attention
+        # applies: a family whose window or cap HookedForVllm read wrongly fails here instead of computing another
+        # number.
+        if softcap != self.softcaps[layer] or (window is not None and window != self.windows[layer]):
+            raise ValueError(
+                f"layer {layer} asks for attention softcap {softcap} and window {window}; its vLLM Attention was"
+                f" built with softcap {self.softcaps[layer]} and window {self.windows[layer]}"
+            )
 
     def __call__(self, q, k, v, scaling: float, hook_attn_scores: HookPoint, hook_pattern: HookPoint) -> Tensor:
         if hook_attn_scores.listening or hook_pattern.listening:
@@ -71,18 +111,34 @@ class HookedForVllm(nn.Module):
             )
             self.plan = parallelize(model, model.parallel)
         self.model = model
+        self.final_softcap = final_softcap(model)
+        # Each layer's attention as hooked computes it: Gemma 2's score cap (GroupedQueryAttention.softcap, applied
+        # to the scaled scores before the mask, as vLLM's logits_soft_cap), Mistral's / Gemma's sliding window.
+        softcaps = [getattr(block.attn, "softcap", None) for block in model.blocks]
+        windows = [layer_window(model.cfg, layer) for layer in range(len(model.blocks))]
         self.paged = nn.ModuleList(
             Attention(
                 block.attn.n_heads,  # this rank's heads under tensor parallelism
                 block.attn.d_head,
                 num_kv_heads=getattr(block.attn, "n_kv_heads", block.attn.n_heads),
-                scale=block.attn.scaling,
+                scale=block.attn.scaling,  # Gemma: query_pre_attn_scalar ** -0.5
                 cache_config=vllm_config.cache_config,
+                logits_soft_cap=softcaps[layer],
+                per_layer_sliding_window=windows[layer],
                 prefix=f"{prefix + '.' if prefix else ''}blocks.{layer}.attn.paged",
             )
             for layer, block in enumerate(model.blocks)
         )
-        self.core = _PagedCore(self.paged)
+        for layer, attention in enumerate(self.paged):
+            # per_layer_sliding_window=None does not mean "no window" to vLLM: Attention then takes the
+            # model-wide cache_config.sliding_window (the checkpoint's, when it has no layer_types).
+            if attention.sliding_window != windows[layer]:
+                raise NotImplementedError(
+                    f"layer {layer}: hooked attends over {'every key' if windows[layer] is None else windows[layer]}"
+                    f" but vLLM's Attention took the model-wide sliding_window {attention.sliding_window}"
+                    " (vllm/model_executor/layers/attention/attention.py); run this checkpoint on hooked's own engine"
+                )
+        self.core = _PagedCore(self.paged, softcaps, windows)
         # Set by the model runner before each forward (hooked.engines.vllm.worker); None: no request has hooks.
         self.step: Step | None = None
         self.variants: dict[str, HookList] = {}  # variant id -> [(hook name, fn)], installed by the worker
@@ -105,10 +161,14 @@ class HookedForVllm(nn.Module):
         return run_flat(self.model, input_ids, positions, self.core, self.step, self.variants, self.errors)
 
     def compute_logits(self, hidden_states: Tensor) -> Tensor:
+        """`model.logits_from_resid` after the final norm (`forward` returned its output): the unembedding, then the
+        family's final logit cap (Gemma 2 and 3's final_logit_softcapping) with hooked's own `softcap_`."""
         model = self.model
         if model.tensor_parallel:  # this rank holds some vocabulary rows: gathered, whole logits on every rank
-            return vocab_parallel_logits(model.parallel, hidden_states, model.unembed_weight, model.cfg.d_vocab, None)
-        return F.linear(hidden_states, model.unembed_weight, model.unembed_bias)
+            logits = vocab_parallel_logits(model.parallel, hidden_states, model.unembed_weight, model.cfg.d_vocab, None)
+        else:
+            logits = F.linear(hidden_states, model.unembed_weight, model.unembed_bias)
+        return softcap_(logits, self.final_softcap)
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
         for _ in weights:  # vLLM's whole tensors: hooked reads its own (sliced under tensor parallelism) instead
