@@ -25,40 +25,13 @@ from vllm.config import VllmConfig
 from vllm.distributed.parallel_state import get_tp_group
 from vllm.model_executor.layers.attention import Attention
 
-from hooked.distributed import Parallel, parallelize, vocab_parallel_logits
+from hooked.distributed import Parallel, parallelize
+from hooked.engines.vllm.families import final_softcap, layer_window, logits_from_normed
 from hooked.engines.vllm.step import HookList, Step, run_flat
 from hooked.hooks import HookPoint
-from hooked.layers.attention import EngineAttention, softcap_
+from hooked.layers.attention import EngineAttention
 from hooked.weights.architecture import architecture_for, build_on_meta, read_config
 from hooked.weights.state_dict import read_state_dict
-
-
-def layer_window(cfg, layer: int) -> int | None:
-    """The sliding window hooked's model applies at `layer` (None: full attention), as its `block_inputs` picks the
-    mask: every layer of a config with a `sliding_window` (Llama's None, Mistral, Mixtral), only the
-    "sliding_attention" layers of a sandwich decoder (Gemma 2 and 3: `is_sliding`). `_PagedCore.check_layer`
-    checks it against the mask each layer is handed whenever the step's flat batch is longer than the window."""
-    window = getattr(cfg, "sliding_window", None)
-    if window is not None and hasattr(cfg, "is_sliding") and not cfg.is_sliding(layer):
-        return None
-    return window
-
-
-def final_softcap(model: nn.Module) -> float | None:
-    """The cap `model.logits_from_resid` puts on the unembedding's output (Gemma 2 and 3's final_logit_softcapping),
-    for `compute_logits`; refuses a family whose logits_from_resid does something else this module does not know."""
-    from hooked.models.base import HookedTransformer
-    from hooked.models.sandwich_decoder import SandwichDecoder
-
-    method = type(model).logits_from_resid
-    if method is HookedTransformer.logits_from_resid:
-        return None
-    if method is SandwichDecoder.logits_from_resid:
-        return model.cfg.final_logit_softcapping
-    raise NotImplementedError(
-        f"{type(model).__name__}.logits_from_resid changes the logits in a way hooked on vLLM's compute_logits does"
-        " not reproduce; run this family on hooked's own engine"
-    )
 
 
 class _PagedCore(EngineAttention):
@@ -130,13 +103,13 @@ class HookedForVllm(nn.Module):
             for layer, block in enumerate(model.blocks)
         )
         for layer, attention in enumerate(self.paged):
-            # per_layer_sliding_window=None does not mean "no window" to vLLM: Attention then takes the
-            # model-wide cache_config.sliding_window (the checkpoint's, when it has no layer_types).
+            # per_layer_sliding_window=None does not mean "no window" to vLLM: Attention then takes the model-wide
+            # cache_config.sliding_window (families.vllm_model_wide_window). families.check_supported refuses that
+            # from the checkpoint before an engine starts; this is the worker's own check on what was built.
             if attention.sliding_window != windows[layer]:
                 raise NotImplementedError(
-                    f"layer {layer}: hooked attends over {'every key' if windows[layer] is None else windows[layer]}"
-                    f" but vLLM's Attention took the model-wide sliding_window {attention.sliding_window}"
-                    " (vllm/model_executor/layers/attention/attention.py); run this checkpoint on hooked's own engine"
+                    f"layer {layer}: hooked's window is {windows[layer]} (None: every key), vLLM's Attention applies"
+                    f" {attention.sliding_window}; run this checkpoint on hooked's own engine"
                 )
         self.core = _PagedCore(self.paged, softcaps, windows)
         # Set by the model runner before each forward (hooked.engines.vllm.worker); None: no request has hooks.
@@ -163,12 +136,7 @@ class HookedForVllm(nn.Module):
     def compute_logits(self, hidden_states: Tensor) -> Tensor:
         """`model.logits_from_resid` after the final norm (`forward` returned its output): the unembedding, then the
         family's final logit cap (Gemma 2 and 3's final_logit_softcapping) with hooked's own `softcap_`."""
-        model = self.model
-        if model.tensor_parallel:  # this rank holds some vocabulary rows: gathered, whole logits on every rank
-            logits = vocab_parallel_logits(model.parallel, hidden_states, model.unembed_weight, model.cfg.d_vocab, None)
-        else:
-            logits = F.linear(hidden_states, model.unembed_weight, model.unembed_bias)
-        return softcap_(logits, self.final_softcap)
+        return logits_from_normed(self.model, hidden_states, self.final_softcap)
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
         for _ in weights:  # vLLM's whole tensors: hooked reads its own (sliced under tensor parallelism) instead
