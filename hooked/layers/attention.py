@@ -178,6 +178,16 @@ class EngineAttention(abc.ABC):
         window: int | None = None,
     ) -> Tensor: ...
 
+    def check_layer(self, layer: int, softcap: float | None, window: int | None) -> None:
+        """Raise unless this core applies the layer's attention logit `softcap` and sliding `window` (None: none,
+        or, for the window, none the step's flat batch can show). An engine is told both when it builds its
+        attention; this core applies neither, so it refuses a layer with either rather than compute another
+        number."""
+        if softcap is not None or window is not None:
+            raise NotImplementedError(
+                f"{type(self).__name__} applies no attention logit softcap or sliding window (layer {layer})"
+            )
+
 
 @contextlib.contextmanager
 def engine_attention(core: EngineAttention | None) -> Iterator[None]:
@@ -327,8 +337,7 @@ def attend(
     """
     engine = _engine_attention.get()
     if engine is not None:  # an inference engine's paged attention (hooked.engines.vllm)
-        if softcap is not None or mask.window is not None:
-            raise NotImplementedError("engine attention with a softcap or a sliding window is not wired yet")
+        engine.check_layer(hook_attn_scores.layer(), softcap, mask.window)
         return engine(
             q,
             k,

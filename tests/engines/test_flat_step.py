@@ -258,3 +258,20 @@ def test_two_requests_edit_the_same_pattern_each_their_own_way(family_model):
         with torch.no_grad():
             alone = model.run_with_hooks(torch.tensor([prompt]), fwd_hooks=fwd_hooks)[0]
         torch.testing.assert_close(got, alone, atol=ATOL, rtol=0)  # as the pattern test above
+
+
+@pytest.mark.parametrize("family", ["gemma2", "mistral"])
+def test_a_core_that_applies_no_softcap_or_window_refuses_a_layer_with_one(family):
+    """The stand-in core (EngineAttention's default `check_layer`) computes plain causal attention: a Gemma 2 layer
+    (score cap) or a Mistral layer whose window is shorter than the flat batch is refused, never run without it."""
+    model = random_model(family, seed=1, n_layers=1)
+    if family == "gemma2":
+        assert model.blocks[0].attn.softcap is not None
+    else:
+        assert model.cfg.sliding_window is not None and model.cfg.sliding_window < sum(map(len, PROMPTS))
+    tokens = torch.tensor([t for prompt in PROMPTS for t in prompt])
+    positions = torch.cat([torch.arange(len(prompt)) for prompt in PROMPTS])
+    starts = (0, len(PROMPTS[0]), len(PROMPTS[0]) + len(PROMPTS[1]))
+    with pytest.raises(NotImplementedError, match="applies no attention logit softcap or sliding window"):
+        with torch.no_grad():
+            run_flat(model, tokens, positions, SegmentAttention(starts), None, {})

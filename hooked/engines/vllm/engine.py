@@ -20,7 +20,8 @@ from pathlib import Path
 import cloudpickle
 import torch
 
-from hooked.engines.vllm import ARCHITECTURES, HOOKED_PREFIX, register
+from hooked.engines.vllm import HOOKED_PREFIX, register
+from hooked.engines.vllm.families import check_supported
 from hooked.engines.vllm.worker import OUTPUT_KEY, PROMPT_KEY, TAG_KEY, VARIANT_KEY
 
 
@@ -39,8 +40,9 @@ class VllmEngine:
 
         config = json.loads((Path(path) / "config.json").read_text())
         architecture = config["architectures"][0]
-        if architecture not in ARCHITECTURES:
-            raise ValueError(f"hooked on vLLM runs {sorted(ARCHITECTURES)}; {path} holds {architecture}")
+        check_supported(
+            path
+        )  # before vLLM starts: its own refusal would reach us as "Engine core initialization failed"
         register()
         self.vocab_size = config["vocab_size"]
         self.llm = LLM(

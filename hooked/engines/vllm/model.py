@@ -25,7 +25,8 @@ from vllm.config import VllmConfig
 from vllm.distributed.parallel_state import get_tp_group
 from vllm.model_executor.layers.attention import Attention
 
-from hooked.distributed import Parallel, parallelize, vocab_parallel_logits
+from hooked.distributed import Parallel, parallelize
+from hooked.engines.vllm.families import final_softcap, layer_window, logits_from_normed
 from hooked.engines.vllm.step import HookList, Step, form_patterns, run_flat
 from hooked.hooks import HookPoint
 from hooked.layers.attention import EngineAttention
@@ -34,8 +35,20 @@ from hooked.weights.state_dict import read_state_dict
 
 
 class _PagedCore(EngineAttention):
-    def __init__(self, layers: nn.ModuleList):
+    def __init__(self, layers: nn.ModuleList, softcaps: list[float | None], windows: list[int | None]):
         self.layers = layers
+        self.softcaps = softcaps  # per layer: what each layer's vLLM Attention was built with
+        self.windows = windows
+
+    def check_layer(self, layer: int, softcap: float | None, window: int | None) -> None:
+        # The layer's own softcap and (when the flat batch is longer than it) window, against what its Attention
+        # applies: a family whose window or cap HookedForVllm read wrongly fails here instead of computing another
+        # number.
+        if softcap != self.softcaps[layer] or (window is not None and window != self.windows[layer]):
+            raise ValueError(
+                f"layer {layer} asks for attention softcap {softcap} and window {window}; its vLLM Attention was"
+                f" built with softcap {self.softcaps[layer]} and window {self.windows[layer]}"
+            )
 
     def __call__(
         self,
@@ -93,18 +106,34 @@ class HookedForVllm(nn.Module):
             )
             self.plan = parallelize(model, model.parallel)
         self.model = model
+        self.final_softcap = final_softcap(model)
+        # Each layer's attention as hooked computes it: Gemma 2's score cap (GroupedQueryAttention.softcap, applied
+        # to the scaled scores before the mask, as vLLM's logits_soft_cap), Mistral's / Gemma's sliding window.
+        softcaps = [getattr(block.attn, "softcap", None) for block in model.blocks]
+        windows = [layer_window(model.cfg, layer) for layer in range(len(model.blocks))]
         self.paged = nn.ModuleList(
             Attention(
                 block.attn.n_heads,  # this rank's heads under tensor parallelism
                 block.attn.d_head,
                 num_kv_heads=getattr(block.attn, "n_kv_heads", block.attn.n_heads),
-                scale=block.attn.scaling,
+                scale=block.attn.scaling,  # Gemma: query_pre_attn_scalar ** -0.5
                 cache_config=vllm_config.cache_config,
+                logits_soft_cap=softcaps[layer],
+                per_layer_sliding_window=windows[layer],
                 prefix=f"{prefix + '.' if prefix else ''}blocks.{layer}.attn.paged",
             )
             for layer, block in enumerate(model.blocks)
         )
-        self.core = _PagedCore(self.paged)
+        for layer, attention in enumerate(self.paged):
+            # per_layer_sliding_window=None does not mean "no window" to vLLM: Attention then takes the model-wide
+            # cache_config.sliding_window (families.vllm_model_wide_window). families.check_supported refuses that
+            # from the checkpoint before an engine starts; this is the worker's own check on what was built.
+            if attention.sliding_window != windows[layer]:
+                raise NotImplementedError(
+                    f"layer {layer}: hooked's window is {windows[layer]} (None: every key), vLLM's Attention applies"
+                    f" {attention.sliding_window}; run this checkpoint on hooked's own engine"
+                )
+        self.core = _PagedCore(self.paged, softcaps, windows)
         # Set by the model runner before each forward (hooked.engines.vllm.worker); None: no request has hooks.
         self.step: Step | None = None
         self.variants: dict[str, HookList] = {}  # variant id -> [(hook name, fn)], installed by the worker
@@ -127,10 +156,9 @@ class HookedForVllm(nn.Module):
         return run_flat(self.model, input_ids, positions, self.core, self.step, self.variants, self.errors)
 
     def compute_logits(self, hidden_states: Tensor) -> Tensor:
-        model = self.model
-        if model.tensor_parallel:  # this rank holds some vocabulary rows: gathered, whole logits on every rank
-            return vocab_parallel_logits(model.parallel, hidden_states, model.unembed_weight, model.cfg.d_vocab, None)
-        return F.linear(hidden_states, model.unembed_weight, model.unembed_bias)
+        """`model.logits_from_resid` after the final norm (`forward` returned its output): the unembedding, then the
+        family's final logit cap (Gemma 2 and 3's final_logit_softcapping) with hooked's own `softcap_`."""
+        return logits_from_normed(self.model, hidden_states, self.final_softcap)
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
         for _ in weights:  # vLLM's whole tensors: hooked reads its own (sliced under tensor parallelism) instead
