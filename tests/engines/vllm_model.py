@@ -10,6 +10,8 @@ to that bound.
 """
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -333,6 +335,63 @@ def children() -> set[int]:
         if state != "Z" and b"multiprocessing.resource_tracker" not in command:
             running.add(pid)
     return running
+
+
+SERVE = """
+import os, sys, time
+def main():
+    import hooked
+    model = hooked.load(sys.argv[1], engine="vllm", max_model_len=64)
+    print("ready", flush=True)
+    time.sleep(600)
+if __name__ == "__main__":
+    main()
+"""
+
+
+def descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").iterdir():
+            try:
+                kids = {int(child) for child in (task / "children").read_text().split()}
+            except FileNotFoundError:
+                continue
+            found |= kids
+            todo += kids
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_parent_leaves_no_engine_process_behind(checkpoint, tmp_path):
+    """A notebook kernel restarted or a test runner's timeout kills the process that holds the model outright: vLLM's
+    engine core and workers must end too (hooked.engines.vllm.end_with_parent), not keep their memory."""
+    script = tmp_path / "serve.py"
+    script.write_text(SERVE)
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    server = subprocess.Popen(
+        [sys.executable, str(script), str(checkpoint)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env=environment,
+    )  # fmt: skip
+    try:
+        lines = iter(server.stdout.readline, "")  # vLLM logs to stdout too
+        assert any(line.strip() == "ready" for line in lines), "the server ended before its model was ready"
+        engine = {pid for pid in descendants(server.pid) if b"VLLM" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+        assert engine, "no vLLM process under the server"
+    finally:
+        server.kill()
+        server.wait()
+    deadline = time.monotonic() + 60  # vLLM's own teardown (workers, shared memory) once signalled
+    while any(map(alive, engine)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(map(alive, engine)), "vLLM processes outlived the killed process that started them"
 
 
 def test_closing_the_model_ends_the_engine_processes(served):
