@@ -140,7 +140,7 @@ def generate(
     fwd_hooks: Sequence[tuple[NameFilter, HookFn]] = (),
     return_cache: bool = False,
     names_filter: NameFilter | None = None,
-    _copies: int = 1,
+    _copies: int | None = None,  # generate_variants: the number of variant blocks (the raw rows come back)
 ):
     """See `HookedTransformer.generate`."""
     from hooked.tokenizer import HookedTokenizer
@@ -191,9 +191,9 @@ def generate(
     # is recorded under no_grad instead: its tensors may then be used in a backward pass later.
     with torch.no_grad() if return_cache else torch.inference_mode(), model.hooks(fwd_hooks=hooks):
         run = _Run(model, tokens, key_valid, lengths, use_past_kv_cache, max_new_tokens + int(return_cache))
-        out = run.loop(max_new_tokens, sampler, eos_ids, seed, _copies, verbose, recorder is not None)
+        out = run.loop(max_new_tokens, sampler, eos_ids, seed, _copies or 1, verbose, recorder is not None)
     out = out.clone()  # a normal tensor (not an inference one): the tokens may go into a forward with gradients
-    if _copies > 1:  # each variant's block keeps its own length, as if generated alone
+    if _copies is not None:  # generate_variants, even of one variant: each block keeps its own length
         return out, run.key_valid_full(out.shape[1]), lengths, eos_ids
     if right_padded and return_type != "str":  # ids in, ids out: padded on the right again
         return move_padding(out, run.key_valid_full(out.shape[1]), "right")[0]

@@ -323,6 +323,15 @@ def test_variants_generated_as_one_batch_equal_each_alone(arch, sample):
         assert len({tuple(output.flatten().tolist()) for output in together.values()}) > 1
 
 
+def test_one_variant_generated_alone_equals_generate_with_its_hooks():
+    model = random_model("qwen3", seed=7)
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 5), generator=torch.Generator().manual_seed(8))
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    hooks = ablate.hooks(model, "L0H1")
+    (output,) = hooked.generate_variants(model, tokens, {"L0H1": hooks}, 6, attention_mask=mask).values()
+    assert torch.equal(output, model.generate(tokens, 6, attention_mask=mask, fwd_hooks=hooks))
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "qwen3_moe"])
 def test_cache_of_a_generation_equals_one_forward_over_the_final_sequence(arch):
     model = random_model(arch, seed=8)
