@@ -2,6 +2,7 @@
 own model without hooks and against hooked's own engine.
 
     PYTHONPATH=. .vllm-venv/bin/python benchmarks/vllm.py [--quick] [--repeats 3] [--concurrency 64,128,256,512]
+                                                          [--profile]
 
 Runs in vLLM's environment (`.vllm-venv`, docs/vllm.md: hooked installed there editable, so its own engine runs
 there too). Three sides, each in a process of its own, one after another (one engine at a time on a small machine):
@@ -26,6 +27,9 @@ side computes on one thread; hooked's side calls `torch.set_num_threads(1)`.
     N (the kernel's high-water mark, VmHWM, reset before (b)'s calls at that N), the RSS after loading, and the KV cache
     each layout needs for those requests (computed from the shapes: vLLM's paged blocks of `block_size` tokens,
     hooked's cache of batch x the longest prompt + new tokens).
+
+`--profile` instead runs hooked-vllm alone with the engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) under
+cProfile, the sweep and the same requests without hooks, and prints the seconds spent in step.py's dispatch.
 
 Times: wall seconds (median of `--repeats` after one warm-up) and CPU seconds of the side's processes (the driver
 and vLLM's engine core: user + system), which a busy shared machine disturbs much less than wall time. Ratios are
@@ -348,7 +352,7 @@ def main() -> None:
         config = json.loads((args.checkpoint / "config.json").read_text())
         args.sweep_requests = (1 + config["num_hidden_layers"] + config["num_attention_heads"]) * args.prompts
         if args.side == "profile":
-            print(profile(args), flush=True)
+            print("PROFILE\n" + profile(args), flush=True)  # after vLLM's own log lines (also on stdout)
         else:
             print("RESULT " + json.dumps(run_side(args.side, args)), flush=True)
         return
@@ -377,7 +381,8 @@ def main() -> None:
         done = subprocess.run(
             command, env=dict(env, VLLM_ENABLE_V1_MULTIPROCESSING="0"), capture_output=True, text=True
         )
-        print(done.stdout if done.returncode == 0 else f"profile: failed\n{done.stderr[-3000:]}")
+        found = done.returncode == 0 and "PROFILE\n" in done.stdout
+        print(done.stdout.rpartition("PROFILE\n")[2] if found else f"profile: failed\n{done.stderr[-3000:]}")
         return
     results = {}
     for side in args.sides.split(","):
