@@ -23,17 +23,17 @@ side computes on one thread; hooked's side calls `torch.set_num_threads(1)`.
     runs the same requests with no hooks (what hooked's modules cost without hooks), hooked its
     `generate_variants` of the same sweep (one batch of variants x prompts rows).
 (b) Throughput: N concurrent requests (prompt lengths drawn from the same range, clean), generated tokens/s.
-(c) Memory: the peak RSS of the process holding the model (vLLM's engine core; hooked's own process) over each
-    N (the kernel's high-water mark, VmHWM, reset before (b)'s calls at that N), the RSS after loading, and the KV cache
-    each layout needs for those requests (computed from the shapes: vLLM's paged blocks of `block_size` tokens,
-    hooked's cache of batch x the longest prompt + new tokens).
+(c) Memory: the peak RSS of the process holding the model (vLLM's worker, its largest child process; hooked's
+    own process) over each N (the kernel's high-water mark, VmHWM, reset before (b)'s calls at that N), the RSS
+    after loading, and the KV cache the requests need, from the shapes: their tokens alone, vLLM's paged blocks of
+    `block_size` tokens, hooked's cache of batch x (the longest prompt + new tokens).
+(d) step.py's Python cost per hooked request at one decode step of `--dispatch-requests` requests, by hook kind
+    (in the driver's process, no engine): what a step pays per hooked request on top of the model's forward.
 
-`--profile` instead runs hooked-vllm alone with the engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) under
-cProfile, the sweep and the same requests without hooks, and prints the seconds spent in step.py's dispatch.
-
-Times: wall seconds (median of `--repeats` after one warm-up) and CPU seconds of the side's processes (the driver
-and vLLM's engine core: user + system), which a busy shared machine disturbs much less than wall time. Ratios are
-against the native run of the same invocation.
+Times: wall seconds (median of `--repeats` after one warm-up) and CPU seconds of the side's processes (the driver,
+vLLM's engine core and worker: user + system). One thread's CPU time is what a busy shared machine disturbs least
+for hooked's own engine; vLLM's processes also spend CPU time waiting on each other, which grows with the load, so
+read its CPU column as a second noisy estimate. Ratios are against the native run of the same invocation.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class ModelProcess:
 
         me = psutil.Process()
         children = me.children(recursive=True)
-        # vLLM's engine core is the child with the most memory (others: the resource tracker, compile workers)
+        # the child with the most memory holds the model: vLLM's worker (beside the engine core, resource tracker)
         self.process = max(children, key=lambda p: p.memory_info().rss) if children else me
 
     def _status(self, key: str) -> int:
@@ -321,6 +321,59 @@ def profile(args) -> str:
     return out.getvalue()
 
 
+def dispatch_cost(args) -> str:
+    """(d) step.py's per-request Python cost at one decode step of N hooked requests (one token each), in this
+    process, no engine: `step_hooks` (a dispatcher per point, each request's Rows) and the dispatcher's call
+    (cutting each request's row, its hook, writing back), per hook kind; best of 5, microseconds per request."""
+    import torch
+
+    from hooked.ablate import zero
+    from hooked.engines.vllm.step import Step, step_hooks
+    from hooked.testing import random_model
+
+    torch.set_num_threads(1)
+    model = random_model("qwen3", seed=0)
+
+    def in_place_head(z, hook):
+        z[:, :, 1] = 0.0
+
+    def in_place_all(activation, hook):
+        activation.zero_()
+
+    def no_op(activation, hook):
+        return None
+
+    kinds = {
+        "zero(heads=1) at attn.hook_z": ("blocks.0.attn.hook_z", zero(heads=1)),
+        "z[:, :, 1] = 0 in place at attn.hook_z": ("blocks.0.attn.hook_z", in_place_head),
+        "zero() at hook_mlp_out": ("blocks.0.hook_mlp_out", zero()),
+        "x.zero_() in place at hook_mlp_out": ("blocks.0.hook_mlp_out", in_place_all),
+        "a no-op at hook_mlp_out": ("blocks.0.hook_mlp_out", no_op),
+    }
+    n = args.dispatch_requests
+    step = Step(tuple(f"r{i}" for i in range(n)), tuple(range(n + 1)), ("v",) * n, (10,) * n)
+    positions = torch.full((n,), 10)
+    rows = []
+    for label, (name, fn) in kinds.items():
+        point = model.hook_dict[name]
+        sizes = {"batch": 1, "pos": n, **model.axis_sizes()}
+        activation = torch.randn(*(sizes[axis] for axis in point.axes))
+        build, call = [], []
+        for _ in range(5):
+            start = time.perf_counter()
+            ((_, dispatch),) = step_hooks(step, positions, {"v": [(name, fn)]}, {})
+            built = time.perf_counter()
+            dispatch(activation.clone(), point)
+            build.append(built - start)
+            call.append(time.perf_counter() - built)
+        rows.append((label, f"{min(build) / n * 1e6:.1f}", f"{min(call) / n * 1e6:.1f}"))
+    return table(
+        ["", "step_hooks us/request", "dispatch us/request"],
+        rows,
+        title=f"\n(d) step.py at one decode step of {n} hooked requests (hooked's tiny random Qwen3, one thread)",
+    )
+
+
 # ----------------------------------------------------------------------------- the driver
 def kv_bytes_per_token(config: dict) -> int:
     return config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * config["head_dim"] * 4  # float32
@@ -340,6 +393,8 @@ def main() -> None:
     parser.add_argument("--sides", default=",".join(SIDES))
     parser.add_argument("--kv-cache-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE for both vLLM sides")
     parser.add_argument("--profile", action="store_true", help="cProfile hooked-vllm's sweep (in one process)")
+    parser.add_argument("--side-timeout", type=int, default=1200, help="seconds before a side's process is stopped")
+    parser.add_argument("--dispatch-requests", type=int, default=512, help="hooked requests in (d)'s decode step")
     parser.add_argument("--side", help=argparse.SUPPRESS)  # inside one side's process
     parser.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -392,7 +447,19 @@ def main() -> None:
         command += ["--new", str(args.new), "--throughput-new", str(args.throughput_new)]
         command += ["--throughput-repeats", str(args.throughput_repeats)]
         started = time.perf_counter()
-        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        # its own session: a side stopped at --side-timeout (its engine process died and left its driver waiting:
+        # seen once here) is stopped with the engine processes it started
+        child = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        try:
+            stdout, stderr = child.communicate(timeout=args.side_timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, 9)
+            child.communicate()
+            print(f"{side}: stopped after {args.side_timeout} s", flush=True)
+            continue
+        done = subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode != 0 or not lines:
             print(f"{side}: failed (exit code {done.returncode})\n{done.stderr[-3000:]}", flush=True)
@@ -404,6 +471,7 @@ def main() -> None:
             flush=True,
         )
     report(results, shape, args)
+    print(dispatch_cost(args))
 
 
 def report(results: dict, shape: dict, args) -> None:
@@ -504,7 +572,7 @@ def report(results: dict, shape: dict, args) -> None:
             f"blocks of {block} tokens per request, hooked's batch x (longest prompt + new tokens)",
         )
     )
-    print("RSS counts shared library pages too (torch, vLLM's ops); the engine core's, not its parent's.")
+    print("RSS counts shared library pages too (torch, vLLM's ops); vLLM's: its worker process's (the largest child).")
 
 
 def _lengths(n: int, prompt_tokens: int, args, shape: dict) -> list[int]:
