@@ -95,6 +95,8 @@ class HookedForVllm(nn.Module):
         # hooked reads the checkpoint itself (its own config, names and tensor-parallel slices), as hooked.load does
         self.directory = Path(vllm_config.model_config.model)
         self.dtype = vllm_config.model_config.dtype
+        # where vLLM builds the model (its model loader: the load config's device, else the device config's)
+        self.load_device = torch.device(vllm_config.load_config.device or vllm_config.device_config.device)
         config = read_config(self.directory)
         self.model_class = architecture_for(config)
         model = build_on_meta(self.model_class, config)
@@ -163,7 +165,7 @@ class HookedForVllm(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
         for _ in weights:  # vLLM's whole tensors: hooked reads its own (sliced under tensor parallelism) instead
             pass
-        state = read_state_dict(self.directory, self.model, self.dtype, torch.device("cpu"), self.plan)
+        state = read_state_dict(self.directory, self.model, self.dtype, self.load_device, self.plan)
         self.model.load_state_dict(state, strict=True, assign=True)  # every key used, every shape checked
         self.model.requires_grad_(False).eval()
         return {f"model.{name}" for name, _ in self.model.named_parameters()}
