@@ -1,6 +1,8 @@
 """SAELens 6.54's directory format, read and written: `cfg.json` + `sae_weights.safetensors`, as `SAE.save_model`
 writes it and `SAE.load_from_disk` reads it (SAELens 6.54 `saes/sae.py`, `saes/*_sae.py`, `saes/transcoder.py`,
-`loading/pretrained_sae_loaders.py`); and SAELens SAE objects in memory (`from_saelens`).
+`loading/pretrained_sae_loaders.py`); and SAELens SAE objects in memory (`from_saelens`). A set, one dictionary per
+layer, is a directory of such directories, `layer_0/`, `layer_1/`, ...: read as a list, layer i at index i, and
+written from one.
 
 What the config means, and what the reader does with it:
 
