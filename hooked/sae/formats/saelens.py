@@ -105,40 +105,20 @@ def read(
     """The dictionary SAELens saved in `directory` (cfg.json + sae_weights.safetensors), or the set of them in its
     layer_{i}/ directories (a list, layer i at index i); `overrides` are merged into cfg.json's keys first, as
     SAELens merges a release's `config_overrides` (hooked.sae.formats.hub)."""
-    if not (directory / CONFIG).is_file():
-        if hook_name or hook_name_out:
-            raise ValueError(
-                f"{directory} is a set of per-layer dictionaries, each naming its own points; hook_name /"
-                f" hook_name_out would give every layer the same one: load one layer ({directory / 'layer_0'}) to"
-                " override its names"
-            )
-        kwargs = {"device": device, "dtype": dtype, "model": model, "norm_scaling_factor": norm_scaling_factor}
-        return [
-            _read_directory(layer, hook_name=None, hook_name_out=None, **kwargs, overrides=overrides)
-            for layer in _layers(directory)
-        ]
-    return _read_directory(
-        directory,
-        hook_name=hook_name,
-        hook_name_out=hook_name_out,
-        device=device,
-        dtype=dtype,
-        model=model,
-        norm_scaling_factor=norm_scaling_factor,
-        overrides=overrides,
-    )
+    options = {"device": device, "dtype": dtype, "model": model}
+    options |= {"norm_scaling_factor": norm_scaling_factor, "overrides": overrides}
+    if (directory / CONFIG).is_file():
+        return _read_directory(directory, hook_name, hook_name_out, **options)
+    if hook_name or hook_name_out:
+        raise ValueError(
+            f"{directory} is a set of per-layer dictionaries, each naming its own points; hook_name / hook_name_out"
+            f" would give every layer the same one: load one layer ({directory / 'layer_0'}) to override its names"
+        )
+    return [_read_directory(layer, None, None, **options) for layer in _layers(directory)]
 
 
 def _read_directory(
-    directory: Path,
-    *,
-    hook_name: str | None,
-    hook_name_out: str | None,
-    device: str,
-    dtype: str | None,
-    model,
-    norm_scaling_factor: float | None,
-    overrides: dict[str, Any] | None,
+    directory: Path, hook_name: str | None, hook_name_out: str | None, *, norm_scaling_factor, overrides, **options
 ) -> Dictionary:
     """The one dictionary in `directory` (cfg.json + sae_weights.safetensors)."""
     config_file = directory / CONFIG
@@ -156,11 +136,9 @@ def _read_directory(
             config_file=str(config_file),
             hook_name=hook_name,
             hook_name_out=hook_name_out,
-            device=device,
-            dtype=dtype,
-            model=model,
             norm_scaling_factor=norm_scaling_factor,
             statistics=statistics,
+            **options,
         )
 
 
