@@ -12,8 +12,10 @@ with a hook point on every activation, loaded from Hugging Face safetensors.
 The package is folders by wing: the hook core and the shared layers at the top (`hooks`, `rows`, `names`,
 `layers`, `rotary`, `kv_cache`, `cache`, `generation`), `models/` (one file per family over a shared
 decoder), `weights/` (reading checkpoints), `kernels/`, `interventions/` (ablate, patch, sweeps,
-metrics, tasks), `circuits/`, and `transformer_lens/` (TransformerLens' API). The README's "What is
-where" table lists every public module.
+metrics, tasks), `circuits/`, `sae/` (sparse dictionaries: SAEs, transcoders and cross-layer transcoders,
+their file formats, splicing, training), `graphs/` (attribution graphs through transcoders), `engines/`
+(hooked's modules run by an inference engine: vLLM), and `transformer_lens/` (TransformerLens' API). The
+README's "What is where" table lists every public module.
 """
 
 import importlib

@@ -368,7 +368,16 @@ def saes(
     """Splice `saes` into `model` for the body of a `with` block (SAELens' `model.saes(saes=[...])`).
 
     `use_error_term=None` takes each dictionary's own `use_error_term` (False unless set), as SAELens does."""
-    splices = _splices(model, saes, use_error_term)
+    with _spliced(model, saes, use_error_term):
+        yield model
+
+
+@contextlib.contextmanager
+def _spliced(
+    model: HookedTransformer, dictionaries: Sequence[Spliceable] | Spliceable, use_error_term: bool | None
+) -> Iterator[HookedTransformer]:
+    """`saes`, under a name that the keyword `saes=` of the functions below does not shadow."""
+    splices = _splices(model, dictionaries, use_error_term)
     for splice in splices:
         splice.attach_points()
     try:
@@ -381,7 +390,7 @@ def saes(
 
 def run_with_saes(model: HookedTransformer, *model_args, saes=(), use_error_term: bool | None = None, **kwargs):
     """The model's forward with `saes` spliced for this call only."""
-    with globals()["saes"](model, saes, use_error_term=use_error_term):
+    with _spliced(model, saes, use_error_term):
         return model(*model_args, **kwargs)
 
 
@@ -397,7 +406,7 @@ def run_with_hooks_with_saes(
     """`run_with_hooks` with `saes` spliced for this call, so `fwd_hooks` may name their points
     (`blocks.3.hook_resid_post.hook_sae_acts_post`): SAELens' `run_with_hooks_with_saes`. The other keywords go to
     `run_with_hooks` (`reset_hooks_end`, `clear_contexts`) and the forward."""
-    with globals()["saes"](model, saes, use_error_term=use_error_term):
+    with _spliced(model, saes, use_error_term):
         return model.run_with_hooks(*model_args, fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks), **kwargs)
 
 
@@ -417,7 +426,7 @@ def run_with_cache_with_saes(
     active feature (three int64 indices and a float32 value), so a dictionary of 16,384 features with 64 active
     per token keeps 1.8 KB per token instead of 64 KB; below one active feature in seven it always saves.
     """
-    with globals()["saes"](model, saes, use_error_term=use_error_term):
+    with _spliced(model, saes, use_error_term):
         if sparse_features:
             kwargs["sparse"] = [name for d in _as_list(saes) for name in _features_points(d)]
         return model.run_with_cache(*model_args, **kwargs)

@@ -6,7 +6,8 @@ directory, else a snapshot from the Hugging Face hub, fetched or found in its ca
 is huggingface_hub's: https://huggingface.co/docs/huggingface_hub/guides/manage-cache; it honours
 HF_HUB_OFFLINE). A TransformerLens model name (`"gpt2-small"`) stands for the hub id TransformerLens
 loads for it (hooked.transformer_lens.aliases, from TransformerLens 3.9's `supported_models.py`), and
-an unknown name's error suggests the closest of those names.
+an unknown name's error suggests the closest of those names. That table belongs to the compatibility wing
+(hooked/transformer_lens/), above the loader: it is imported where a name is looked up, not with this module.
 
 huggingface_hub is imported inside the functions that ask the hub: a bundled or local checkpoint
 never needs it, and the tests replace `huggingface_hub.snapshot_download` to prove the hub is not asked.
@@ -18,7 +19,6 @@ import os
 import re
 from pathlib import Path
 
-from hooked.transformer_lens import aliases
 from hooked.weights.errors import CheckpointError
 
 _HUB_PATTERNS = [
@@ -112,6 +112,8 @@ def hub_name_for(name_or_path: str | Path) -> str:
     """The hub id to download for a name that is not a local directory: TransformerLens' official name
     for one of its names or aliases (`"gpt2-small"` -> `"gpt2"`; hooked.transformer_lens.aliases), else
     the name itself."""
+    from hooked.transformer_lens import aliases
+
     return aliases.hub_id(str(name_or_path)) or str(name_or_path)
 
 
@@ -160,6 +162,8 @@ def from_the_hub(name_or_path: str | Path) -> bool:
 
 def _did_you_mean(name_or_path: str | Path) -> str:
     """A hint naming the closest TransformerLens names, when `name_or_path` is none of them."""
+    from hooked.transformer_lens import aliases
+
     if aliases.hub_id(str(name_or_path)) is not None:
         return ""
     close = aliases.nearest(str(name_or_path))

@@ -58,6 +58,13 @@ def test_the_checker_sees_a_missing_family():
     assert re.search(r"(?<![\w-])Qwen3(?![\w-])", "GPT-2 and Qwen3-MoE") is None  # Qwen3-MoE is not Qwen3
 
 
+def test_the_package_docstring_names_every_wing():
+    """Each folder of the package (but the bundled models' data) is a wing the docstring's list names."""
+    wings = [path.name for path in sorted((ROOT / "hooked").iterdir()) if (path / "__init__.py").is_file()]
+    missing = [wing for wing in wings if f"`{wing}/`" not in hooked.__doc__ and f"`{wing}`" not in hooked.__doc__]
+    assert len(wings) >= 10 and not missing, f"the package docstring's list of wings omits {missing}"
+
+
 def test_every_family_and_its_config_is_exported():
     classes = {model_class.__name__ for model_class in MODEL_CLASSES}
     configs = {model_class.config_class.__name__ for model_class in MODEL_CLASSES}

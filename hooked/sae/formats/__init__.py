@@ -1,12 +1,14 @@
 """`hooked.sae.load` and `hooked.sae.save`: every common dictionary format into one in-memory model
-(`hooked.sae.Dictionary`) and back. One small module per format:
+(`hooked.sae.Dictionary`) and back. One small module per format, each following one protocol (`Format`: its
+NAME, FILES, LOOKS_FOR, `detect`, `read`, and `write` where it writes), all listed once in `FORMATS`, which `load`,
+`save` and the hub read: a new format is a module and an entry there (docs/adding-a-format.md).
 
 | module | files |
 |---|---|
 | `saelens` | SAELens 6.54: `cfg.json` + `sae_weights.safetensors` (and SAELens SAE objects: `from_saelens`) |
 | `gemma_scope` | Gemma Scope's `params.npz`, Gemma Scope 2's `params.safetensors` |
 | `sparsify` | eai-sparsify 1.3: `cfg.json` + `sae.safetensors` |
-| `circuit_tracer` | circuit-tracer's transcoder sets: `config.yaml` + `layer_{i}.safetensors` |
+| `circuit_tracer` | circuit-tracer: `config.yaml` + `layer_{i}.safetensors` (a set), or a CLT (`circuit_tracer_clt`) |
 | `hub` | any of these on the Hugging Face hub: `hf://<owner>/<repo>/<path>`, only the dictionary's files fetched |
 
 A directory of per-layer SAELens directories `layer_0/`, `layer_1/`, ... is a set (a transcoder per layer): it loads
@@ -21,9 +23,10 @@ its final dtype and device and streams each tensor into its parameter, one at a 
 
 from __future__ import annotations
 
-import re
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -31,14 +34,35 @@ from torch import nn
 from hooked.sae.clt import CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary
 from hooked.sae.formats import circuit_tracer, gemma_scope, hub, saelens, sparsify
-from hooked.sae.formats.files import Safetensors
 from hooked.sae.formats.layout import dtype_name
 from hooked.sae.formats.saelens import from_saelens
 from hooked.weights import bundled_models, check_device
 
-FORMATS = ("saelens", "circuit-tracer")
-LAYER_DIR = re.compile(r"^layer_(\d+)$")  # a set's per-layer SAELens directories: layer_0/, layer_1/, ...
-_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+
+@runtime_checkable
+class Format(Protocol):
+    """What a format module defines (docs/adding-a-format.md); `load`, `save` and the hub read only this.
+
+    `detect(path)` is given a directory, or a file the user named: a format stored in single files (Gemma Scope's)
+    claims such a file itself; for a directory format, a file named in its FILES stands for its directory.
+    `read(path, *, hook_name, hook_name_out, device, dtype, model)` returns a `Dictionary`, a list of them (layer i
+    at index i) or a cross-layer transcoder; `device` is a str, `dtype` a name ('float32') or None for the file's.
+    A reader that also names `norm_scaling_factor` or `overrides` (SAELens') is given them; any other refuses them.
+    A module that writes has `write(dictionary, directory) -> directory` too: `save(format=NAME)`.
+    """
+
+    NAME: str  # save's format= and what errors call it
+    FILES: tuple[str, ...]  # what a hub path fetches, fnmatch patterns relative to the dictionary's folder
+    LOOKS_FOR: str  # what detect looks for, in words, for the error when no format claims a directory
+
+    def detect(self, path: Path) -> bool: ...
+
+    def read(self, path: Path, **kwargs) -> Dictionary | list[Dictionary] | nn.Module: ...
+
+
+# Every format hooked.sae reads, each a module following `Format`: a new format is a module and an entry here.
+# The order is only the order errors list them in: a directory two formats claim is refused, not given to the first.
+FORMATS: list[Format] = [saelens, sparsify, gemma_scope, circuit_tracer]
 
 
 def load(
@@ -127,47 +151,28 @@ def _read(path, *, hook_name, hook_name_out, device, dtype, model, norm_scaling_
     if dtype is None and model is not None:
         dtype = model.dtype
     dtype = dtype_name(dtype) if dtype is not None else None
-    kind, place = _locate(path)
-    names = {"hook_name": hook_name, "hook_name_out": hook_name_out}
-    if kind == "layers":
-        if hook_name or hook_name_out:
-            raise ValueError(
-                f"{place} is a set of per-layer dictionaries, each naming its own points; hook_name / hook_name_out"
-                f" would give every layer the same one: load one layer ({place / 'layer_0'}) to override its names"
-            )
-        return [
-            saelens.read(
-                layer, **names, device=device, dtype=dtype, model=model, norm_scaling_factor=norm_scaling_factor
-            )
-            for layer in _layers(place)
-        ]
-    if kind in ("circuit-tracer", "clt") and (hook_name or hook_name_out or norm_scaling_factor):
-        raise ValueError(
-            f"{place}: a circuit-tracer set names its points in config.yaml (feature_input_hook,"
-            " feature_output_hook) and has no input scale; edit the file rather than pass hook_name / hook_name_out /"
-            " norm_scaling_factor"
-        )
-    if kind != "saelens" and norm_scaling_factor is not None:
-        raise ValueError(f"norm_scaling_factor is for SAELens dictionaries; {place} is not one")
-    if kind == "saelens":
-        return saelens.read(
-            place,
-            **names,
-            device=device,
-            dtype=dtype,
-            model=model,
-            norm_scaling_factor=norm_scaling_factor,
-            overrides=overrides,
-        )
-    if overrides:
-        raise ValueError(f"{place}: SAELens' registry overrides its cfg.json, but it holds no SAELens dictionary")
-    if kind == "sparsify":
-        return sparsify.read(place, **names, device=device, dtype=dtype, model=model)
-    if kind == "gemma-scope":
-        return gemma_scope.read(place, **names, device=device, dtype=dtype, model=model)
-    if kind == "circuit-tracer":
-        return circuit_tracer.read(place, device=device, dtype=dtype, model=model)
-    return _load_clt(place, device=device, dtype=dtype)
+    found, place = locate(path)
+    # what only some formats read (SAELens'): passed to a reader whose signature names it, refused by any other
+    extras = {"norm_scaling_factor": norm_scaling_factor, "overrides": overrides or None}
+    taken = inspect.signature(found.read).parameters
+    for keyword, value in extras.items():
+        if value is not None and keyword not in taken:
+            raise ValueError(_NOT_READ[keyword].format(place=place))
+    return found.read(
+        place,
+        hook_name=hook_name,
+        hook_name_out=hook_name_out,
+        device=device,
+        dtype=dtype,
+        model=model,
+        **{keyword: value for keyword, value in extras.items() if value is not None},
+    )
+
+
+_NOT_READ = {
+    "norm_scaling_factor": "norm_scaling_factor is for SAELens dictionaries; {place} is not one",
+    "overrides": "{place}: SAELens' registry overrides its cfg.json, but it holds no SAELens dictionary",
+}
 
 
 class SAE:
@@ -217,27 +222,13 @@ def save(
         hooked.sae.save(transcoders, "my_transcoders")  # my_transcoders/layer_0/, layer_1/, ...
         hooked.sae.save(transcoders, "my_transcoders", format="circuit-tracer")
     """
-    if format not in FORMATS:
-        raise ValueError(f"format={format!r}: hooked.sae.save writes {', '.join(repr(f) for f in FORMATS)}")
+    writers = {found.NAME: found for found in FORMATS if hasattr(found, "write")}
+    if format not in writers:
+        raise ValueError(f"format={format!r}: hooked.sae.save writes {', '.join(repr(f) for f in writers)}")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{path} is a file; save writes a directory")
-    if format == "circuit-tracer":
-        if isinstance(dictionary, CrossLayerTranscoder):
-            from hooked.sae.formats.circuit_tracer_clt import save_circuit_tracer
-
-            return save_circuit_tracer(dictionary, path)
-        if isinstance(dictionary, Dictionary):
-            dictionary = [dictionary]
-        return circuit_tracer.write(list(dictionary), path)
-    if isinstance(dictionary, Sequence) and not isinstance(dictionary, str):
-        return _write_layers(list(dictionary), path)
-    if not isinstance(dictionary, Dictionary):
-        raise TypeError(
-            f"format='saelens' saves a hooked.sae dictionary or a list of them (layer i at index i), not"
-            f" {type(dictionary).__name__}"
-        )
-    return saelens.write(dictionary, path)
+    return writers[format].write(dictionary, path)
 
 
 def bundled_saes() -> dict[str, Path]:
@@ -267,7 +258,7 @@ def resolve(path: str | Path, revision: str | None = None) -> Path:
     path it is (`hub.fetch`)."""
     name = str(path)
     if not _local(path):
-        return hub.fetch(name, revision)  # as hooked.load reads a model's hub id
+        return hub.fetch(name, revision, files=dictionary_files())  # as hooked.load reads a model's hub id
     if revision is not None:
         raise ValueError(f"revision={revision!r} is for a path on the hub; {name} is a local path or a bundled name")
     given = Path(path).expanduser()
@@ -285,98 +276,35 @@ def resolve(path: str | Path, revision: str | None = None) -> Path:
     raise FileNotFoundError(f"{given} does not exist; hooked.sae.load takes a dictionary's directory or file")
 
 
-def _layers(directory: Path) -> list[Path]:
-    """A set's per-layer directories, layer 0 first; refused unless they are layer_0 ... layer_{n-1}."""
-    found = {int(LAYER_DIR.match(child.name).group(1)): child for child in directory.iterdir() if _is_layer(child)}
-    missing = sorted(set(range(max(found) + 1)) - set(found))
-    if missing:
-        raise ValueError(
-            f"{directory} holds {', '.join(f'layer_{i}' for i in sorted(found))} but not layer_{missing[0]}: a set of"
-            " per-layer directories is layer_0 ... layer_{n-1}, layer i at index i; load the layers one by one"
-        )
-    return [found[i] for i in range(len(found))]
-
-
-def _is_layer(path: Path) -> bool:
-    return path.is_dir() and LAYER_DIR.match(path.name) is not None and (path / saelens.CONFIG).exists()
-
-
-def _write_layers(dictionaries: list, path: Path) -> Path:
-    """A list in SAELens' format: `path/layer_{i}/` for dictionary i, which must read and write layer i."""
-    if not dictionaries or not all(isinstance(d, Dictionary) for d in dictionaries):
-        raise TypeError("format='saelens' saves a list of hooked.sae dictionaries, layer i at index i")
-    for layer, d in enumerate(dictionaries):
-        if any(
-            (m := _BLOCK.match(name)) is None or int(m.group(1)) != layer for name in (d.hook_name, d.hook_name_out)
-        ):
-            raise ValueError(
-                f"{d!r} is at index {layer} but reads or writes another layer's point; a list is saved layer i at"
-                f" index i (path/layer_{{i}}/), so it loads back in that order; save the others one by one"
-            )
-    for layer, d in enumerate(dictionaries):
-        saelens.write(d, path / f"layer_{layer}")
-    return path
-
-
-def _locate(path: Path) -> tuple[str, Path]:
-    """(format, the directory or file to read) for `path`, from the files there."""
-    if path.is_file():
-        if path.name in gemma_scope.FILES or path.suffix == ".npz":
-            return "gemma-scope", path
-        if path.name == saelens.WEIGHTS or path.name in (saelens.CONFIG, circuit_tracer.CONFIG, sparsify.WEIGHTS):
-            return _locate(path.parent)
-        if path.suffix == ".safetensors" and _holds(path, "w_enc"):
-            return "gemma-scope", path  # a Gemma Scope 2 file under another name
+def locate(path: Path) -> tuple[Format, Path]:
+    """The format that reads `path` (a local directory or file) and what it reads there; refused where no format
+    claims it, or where two do (hooked.sae.load will not pick one)."""
+    claims = [found for found in FORMATS if found.detect(path)]
+    if path.is_file() and not claims:
+        if any(path.name in found.FILES for found in FORMATS):  # a directory format's file: read its directory
+            return locate(path.parent)
         raise ValueError(
             f"{path} is not a dictionary file hooked.sae reads on its own; give the directory that holds it (a"
             " circuit-tracer layer_{i}.safetensors: the set's directory, with its config.yaml)"
         )
-    if (path / circuit_tracer.CONFIG).exists():
-        kind = circuit_tracer.read_config(path).get("model_kind")
-        if kind == "cross_layer_transcoder":
-            return "clt", path
-        if kind != "transcoder_set":
-            raise ValueError(
-                f"{path / circuit_tracer.CONFIG}: model_kind {kind!r} is not transcoder_set or cross_layer_transcoder"
-            )
-        return "circuit-tracer", path
-    if (path / saelens.CONFIG).exists():
-        if (path / sparsify.WEIGHTS).exists() and not (path / saelens.WEIGHTS).exists():
-            return "sparsify", path
-        return ("sparsify" if _is_sparsify_config(path / saelens.CONFIG) else "saelens"), path
-    for name in gemma_scope.FILES:
-        if (path / name).exists():
-            return "gemma-scope", path / name
-    if any(_is_layer(child) for child in path.iterdir()):
-        return "layers", path
-    raise FileNotFoundError(
-        f"{path} holds no dictionary hooked.sae knows: it looks for cfg.json + sae_weights.safetensors (SAELens),"
-        " cfg.json + sae.safetensors (eai-sparsify), params.npz / params.safetensors (Gemma Scope), or config.yaml"
-        " (circuit-tracer), or SAELens directories layer_0/, layer_1/, ... (a set)"
-    )
+    if not claims:
+        raise FileNotFoundError(
+            f"{path} holds no dictionary hooked.sae knows: it looks for "
+            + "; ".join(found.LOOKS_FOR for found in FORMATS)
+        )
+    if len(claims) > 1:
+        raise ValueError(
+            f"{path} holds the files of {len(claims)} formats ("
+            + "; ".join(found.LOOKS_FOR for found in claims)
+            + "), so which dictionary it means is ambiguous: move each into a directory of its own"
+            + (" (or give the file itself)" if path.is_dir() else "")
+        )
+    return claims[0], path
 
 
-def _holds(path: Path, key: str) -> bool:
-    with Safetensors(path) as source:
-        return key in source.keys()
-
-
-def _is_sparsify_config(path: Path) -> bool:
-    import json
-
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
-    return isinstance(raw, dict) and "d_sae" not in raw and ("expansion_factor" in raw or "num_latents" in raw)
-
-
-def _load_clt(path: Path, device: str, dtype: str | None):
-    """A circuit-tracer cross-layer transcoder (hooked/sae/formats/circuit_tracer_clt.py); its points and widths
-    are checked against a model when it is spliced."""
-    from hooked.sae.formats.circuit_tracer_clt import load_circuit_tracer_clt
-
-    return load_circuit_tracer_clt(path, device=device, dtype=getattr(torch, dtype) if dtype else None)
+def dictionary_files() -> tuple[str, ...]:
+    """Every format's files (fnmatch patterns, relative to a dictionary's folder): what a hub path fetches."""
+    return tuple(dict.fromkeys(pattern for found in FORMATS for pattern in found.FILES))
 
 
 __all__ = ["bundled_saes", "from_saelens", "load", "save"]

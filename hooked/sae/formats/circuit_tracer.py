@@ -30,13 +30,18 @@ from pathlib import Path
 import torch
 
 from hooked.processing import unprocessed
+from hooked.sae.clt import CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.sae.formats import gemma_scope
 from hooked.sae.formats.files import Safetensors, write_safetensors
 from hooked.sae.formats.layout import Stored, build, check
 from hooked.sae.formats.names import to_hooked, to_transformer_lens
 
+NAME = "circuit-tracer"
 CONFIG = "config.yaml"
+# a set's layer files, or a cross-layer transcoder's (hooked/sae/formats/circuit_tracer_clt.py)
+FILES = (CONFIG, "layer_*.safetensors", "W_enc_*.safetensors", "W_dec_*.safetensors")
+LOOKS_FOR = "config.yaml (circuit-tracer)"
 _THRESHOLD = "activation_function.threshold"
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
@@ -54,7 +59,40 @@ def read_config(directory: Path) -> dict:
     return config
 
 
-def read(directory: Path, *, device: str, dtype: str | None, model=None) -> list[Dictionary]:
+def detect(path: Path) -> bool:
+    """Whether directory `path` is circuit-tracer's: it has config.yaml (its model_kind is checked by `read`)."""
+    return (path / CONFIG).is_file()
+
+
+def read(
+    directory: Path,
+    *,
+    hook_name: str | None,
+    hook_name_out: str | None,
+    device: str,
+    dtype: str | None,
+    model=None,
+    norm_scaling_factor: float | None = None,
+) -> list[Dictionary] | CrossLayerTranscoder:
+    """What circuit-tracer saved in `directory`: a transcoder set (a list, layer i at index i) or a cross-layer
+    transcoder (hooked.sae.clt's; its points and widths are checked against a model when it is spliced)."""
+    kind = read_config(directory).get("model_kind")
+    if kind not in ("transcoder_set", "cross_layer_transcoder"):
+        raise ValueError(f"{directory / CONFIG}: model_kind {kind!r} is not transcoder_set or cross_layer_transcoder")
+    if hook_name or hook_name_out or norm_scaling_factor is not None:
+        raise ValueError(
+            f"{directory}: a circuit-tracer set names its points in config.yaml (feature_input_hook,"
+            " feature_output_hook) and has no input scale; edit the file rather than pass hook_name / hook_name_out /"
+            " norm_scaling_factor"
+        )
+    if kind == "cross_layer_transcoder":
+        from hooked.sae.formats.circuit_tracer_clt import load_circuit_tracer_clt
+
+        return load_circuit_tracer_clt(directory, device=device, dtype=getattr(torch, dtype) if dtype else None)
+    return _read_set(directory, device=device, dtype=dtype, model=model)
+
+
+def _read_set(directory: Path, *, device: str, dtype: str | None, model) -> list[Dictionary]:
     """The transcoder set circuit-tracer saved in `directory`, layer i at index i."""
     config = read_config(directory)
     where = directory / CONFIG
@@ -72,7 +110,7 @@ def read(directory: Path, *, device: str, dtype: str | None, model=None) -> list
     for layer, path in enumerate(paths):
         hook_in = to_hooked(f"blocks.{layer}.{config['feature_input_hook']}", model)
         hook_out = to_hooked(f"blocks.{layer}.{config['feature_output_hook']}", model)
-        if path.suffix == ".npz" or _holds_gemma_scope_2(path):
+        if path.suffix == ".npz" or gemma_scope.is_version_2(path):
             transcoder = gemma_scope.read(
                 path, hook_name=hook_in, hook_name_out=hook_out, device=device, dtype=dtype, model=model
             )
@@ -112,11 +150,6 @@ def _layer_paths(directory: Path, config: dict) -> list[Path]:
     if absent:
         raise FileNotFoundError(f"{where} names transcoder files that do not exist: {absent}")
     return paths
-
-
-def _holds_gemma_scope_2(path: Path) -> bool:
-    with Safetensors(path) as source:
-        return "w_enc" in source.keys()
 
 
 def _read_layer(
@@ -161,8 +194,18 @@ def _read_layer(
         return build(cfg, source, layout, skip)
 
 
+def write(dictionary: Dictionary | CrossLayerTranscoder | Sequence[Dictionary], directory: Path) -> Path:
+    """Save a list of transcoders (or one), layer i at index i, as circuit-tracer's transcoder set, or a cross-layer
+    transcoder as its CLT folder (hooked/sae/formats/circuit_tracer_clt.py)."""
+    if isinstance(dictionary, CrossLayerTranscoder):
+        from hooked.sae.formats.circuit_tracer_clt import save_circuit_tracer
+
+        return save_circuit_tracer(dictionary, directory)
+    return _write_set([dictionary] if isinstance(dictionary, Dictionary) else list(dictionary), directory)
+
+
 @torch.no_grad()
-def write(transcoders: Sequence[Dictionary], directory: Path) -> Path:
+def _write_set(transcoders: Sequence[Dictionary], directory: Path) -> Path:
     """Save a list of transcoders, layer i at index i, as circuit-tracer's transcoder set (the layout
     `load_transcoders_from_cache` reads: config.yaml and layer_{i}.safetensors)."""
     import yaml
@@ -206,7 +249,7 @@ def write(transcoders: Sequence[Dictionary], directory: Path) -> Path:
             "a TopK transcoder set: circuit-tracer 0.5.0 reads activation/k from config.yaml when it loads a set by its"
             " config (utils/hf_utils.py load_transcoders), but its local-folder loader (utils/caching.py"
             " load_transcoders_from_cache) drops them and would run the set without TopK (docs/saes.md)",
-            stacklevel=3,
+            stacklevel=4,
         )
     (directory / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
     return directory

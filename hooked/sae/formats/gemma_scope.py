@@ -30,7 +30,9 @@ from hooked.sae.formats.files import Npz, Safetensors
 from hooked.sae.formats.layout import Stored, build, check
 from hooked.sae.formats.names import to_hooked
 
+NAME = "gemma-scope"
 FILES = ("params.npz", "params.safetensors")
+LOOKS_FOR = "params.npz / params.safetensors (Gemma Scope)"
 
 # a path component naming Gemma Scope's kind -> (hook_name, hook_name_out) templates
 _KINDS = {
@@ -55,6 +57,22 @@ _HF_POINTS = [
 _EXAMPLE = "hook_name='blocks.12.hook_resid_post' (hook_mlp_out for an MLP SAE, attn.hook_z for an attention one)"
 
 
+def detect(path: Path) -> bool:
+    """Whether `path` is a Gemma Scope file (params.npz, params.safetensors, any .npz, or a .safetensors in Gemma
+    Scope 2's layout under another name) or a directory holding params.npz / params.safetensors."""
+    if path.is_file():
+        return path.name in FILES or path.suffix == ".npz" or is_version_2(path)
+    return any((path / name).is_file() for name in FILES)
+
+
+def is_version_2(path: Path) -> bool:
+    """Whether `path` is a .safetensors file in Gemma Scope 2's layout (its encoder is `w_enc`, lower case)."""
+    if path.suffix != ".safetensors":
+        return False
+    with Safetensors(path) as source:
+        return "w_enc" in source.keys()
+
+
 def read(
     path: Path,
     *,
@@ -64,7 +82,10 @@ def read(
     dtype: str | None,
     model=None,
 ) -> Dictionary:
-    """The Gemma Scope dictionary in `path` (a params.npz or params.safetensors file)."""
+    """The Gemma Scope dictionary in `path` (a params.npz or params.safetensors file, or the directory that holds
+    one: params.npz first)."""
+    if path.is_dir():
+        path = next(path / name for name in FILES if (path / name).is_file())
     source = Npz(path) if path.suffix == ".npz" else Safetensors(path)
     with source:
         keys = set(source.keys())

@@ -7,12 +7,13 @@ A hub path names a repository and a place in it, as circuit-tracer's configs do 
 
 `hooked.sae.load` also takes it without `hf://` when it is not a local path, as `hooked.load` takes a model's hub
 id (then, as circuit-tracer's `HfUri.from_str` reads it, `owner/repo/path@revision`). Only the files a
-dictionary is made of are fetched, not the repository: a SAELens release holds hundreds of dictionaries
-(`cfg.json`, `sae_weights.safetensors`, `activation_scaler.json`, `activation_whitening.safetensors`), a Gemma
-Scope repository thousands (`params.npz`), a circuit-tracer repository one set (`config.yaml` and its
-`layer_{i}.safetensors` or a CLT's `W_enc_{i}` / `W_dec_{i}`). `huggingface_hub.snapshot_download` fetches them
-into its cache (https://huggingface.co/docs/huggingface_hub/guides/manage-cache) and honours HF_HUB_OFFLINE, as for
-models. huggingface_hub is imported here only when a hub path is given.
+dictionary is made of are fetched (each format's `FILES`, `hooked.sae.formats.FORMATS`), not the repository: a
+SAELens release holds hundreds of dictionaries (`cfg.json`, `sae_weights.safetensors`, `activation_scaler.json`,
+`activation_whitening.safetensors`), a Gemma Scope repository thousands (`params.npz`), a circuit-tracer
+repository one set (`config.yaml` and its `layer_{i}.safetensors` or a CLT's `W_enc_{i}` / `W_dec_{i}`).
+`huggingface_hub.snapshot_download` fetches them into its cache
+(https://huggingface.co/docs/huggingface_hub/guides/manage-cache) and honours HF_HUB_OFFLINE, as for models.
+huggingface_hub is imported here only when a hub path is given.
 
 A SAELens release and SAE id, `hooked.sae.load("gpt2-small-res-jb", "blocks.8.hook_resid_pre")` as SAELens'
 `SAE.from_pretrained(release, sae_id)`, are looked up in SAELens' registry (`sae_lens/pretrained_saes.yaml`, read as
@@ -25,32 +26,12 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 SCHEME = "hf://"
-# The files of every format hooked.sae reads, relative to the folder a hub path names (fnmatch patterns, as
-# snapshot_download takes them: `*` also crosses "/", so `layer_*` covers a set's layer_{i}/ folders too).
-DICTIONARY_FILES = (
-    "cfg.json",
-    "sae_weights.safetensors",
-    "activation_scaler.json",
-    "activation_whitening.safetensors",
-    "sae.safetensors",
-    "params.npz",
-    "params.safetensors",
-    "config.yaml",
-    "layer_*.safetensors",
-    "W_enc_*.safetensors",
-    "W_dec_*.safetensors",
-    "layer_*/cfg.json",
-    "layer_*/sae_weights.safetensors",
-    "layer_*/activation_scaler.json",
-    "layer_*/activation_whitening.safetensors",
-)
-
-
 # circuit-tracer's own names for two transcoder sets (circuit-tracer 0.5.0 `utils/hf_utils.py`,
 # `load_transcoders_from_hub`): not paths, so `load` refuses them and names the repository they stand for
 CIRCUIT_TRACER_SETS = {"gemma": "mwhanna/gemma-scope-transcoders", "llama": "mntss/transcoder-Llama-3.2-1B"}
@@ -96,17 +77,20 @@ def parse(name: str, revision: str | None = None) -> HubPath:
     return HubPath("/".join(parts[:2]), "/".join(parts[2:]), given or revision)
 
 
-def fetch(name: str, revision: str | None = None) -> Path:
-    """The local copy of what hub path `name` names (a file, or a folder with its dictionary files), fetched into
+def fetch(name: str, revision: str | None = None, *, files: Sequence[str]) -> Path:
+    """The local copy of what hub path `name` names (a file, or a folder with its dictionary files: `files`,
+    fnmatch patterns relative to the folder, every format's, `hooked.sae.formats.dictionary_files()`), fetched into
     the Hugging Face cache or found there; a clear error where it is neither."""
     where = parse(name, revision)
     patterns = [where.path] if Path(where.path).suffix else []  # a file, or a folder named like one
     prefix = f"{where.path}/" if where.path else ""
-    patterns += [prefix + pattern for pattern in DICTIONARY_FILES]
+    patterns += [prefix + pattern for pattern in files]
     snapshot = _snapshot(where, patterns, str(name))
     local = snapshot / where.path if where.path else snapshot
     if not local.exists():
-        present = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file() and p.name in _NAMES)
+        # the folders that hold a file a format is named by (a whole name, not a pattern: cfg.json, params.npz, ...)
+        names = {pattern for pattern in files if not any(char in pattern for char in "*?[/")}
+        present = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file() and p.name in names)
         raise FileNotFoundError(
             f"hub repository {where.repo_id}"
             + (f" (revision {where.revision})" if where.revision else "")
@@ -126,9 +110,6 @@ def fetch_file(uri: str) -> Path:
     if not local.is_file():
         raise FileNotFoundError(f"hub repository {where.repo_id} has no file {where.path!r} (named by {uri!r})")
     return local
-
-
-_NAMES = {"cfg.json", "params.npz", "params.safetensors", "config.yaml"}
 
 
 def _folders(files: list[str]) -> list[str]:

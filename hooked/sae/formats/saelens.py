@@ -1,6 +1,8 @@
 """SAELens 6.54's directory format, read and written: `cfg.json` + `sae_weights.safetensors`, as `SAE.save_model`
 writes it and `SAE.load_from_disk` reads it (SAELens 6.54 `saes/sae.py`, `saes/*_sae.py`, `saes/transcoder.py`,
-`loading/pretrained_sae_loaders.py`); and SAELens SAE objects in memory (`from_saelens`).
+`loading/pretrained_sae_loaders.py`); and SAELens SAE objects in memory (`from_saelens`). A set, one dictionary per
+layer, is a directory of such directories, `layer_0/`, `layer_1/`, ...: read as a list, layer i at index i, and
+written from one.
 
 What the config means, and what the reader does with it:
 
@@ -35,6 +37,8 @@ refused here rather than run either way.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +46,22 @@ import torch
 
 from hooked.processing import FLAGS
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
+from hooked.sae.formats import sparsify
 from hooked.sae.formats.files import InMemory, Safetensors, TensorSource, write_safetensors
 from hooked.sae.formats.layout import Stored, build, check, dtype_name
 from hooked.sae.formats.names import from_module_name, to_hooked, to_transformer_lens
 
+NAME = "saelens"
 CONFIG = "cfg.json"
 WEIGHTS = "sae_weights.safetensors"
 SCALER = "activation_scaler.json"  # SAELens' ACTIVATION_SCALER_CFG_FILENAME, written with every checkpoint
 WHITENING = "activation_whitening.safetensors"
+_OWN = (CONFIG, WEIGHTS, SCALER, WHITENING)
+# one directory, or a set: one directory per layer, layer_0/, layer_1/, ... (fnmatch's `*` also crosses "/")
+FILES = _OWN + tuple(f"layer_*/{name}" for name in _OWN)
+LOOKS_FOR = "cfg.json + sae_weights.safetensors (SAELens) or SAELens directories layer_0/, layer_1/, ... (a set)"
+LAYER_DIR = re.compile(r"^layer_(\d+)$")  # a set's per-layer directories
+_BLOCK = re.compile(r"^blocks\.(\d+)\.")
 FORMAT_VERSION = "6.54.12"  # the SAELens version whose format `write` produces (SAELens reads the version)
 
 # SAELens architecture -> (hooked architecture, transcoder, skip)
@@ -69,6 +81,16 @@ _BATCH_TOPK = ("batchtopk", "matryoshka_batchtopk")
 _NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm", "covariance_whitening")
 
 
+def detect(path: Path) -> bool:
+    """Whether directory `path` holds a SAELens dictionary (cfg.json, unless eai-sparsify's, which has the same
+    name: `sparsify.detect` tells them apart) or a set of them (layer_0/, layer_1/, ... each with its cfg.json)."""
+    if not path.is_dir():
+        return False
+    if (path / CONFIG).is_file():
+        return not sparsify.detect(path)
+    return any(_is_layer(child) for child in path.iterdir())
+
+
 def read(
     directory: Path,
     *,
@@ -79,9 +101,26 @@ def read(
     model=None,
     norm_scaling_factor: float | None = None,
     overrides: dict[str, Any] | None = None,
+) -> Dictionary | list[Dictionary]:
+    """The dictionary SAELens saved in `directory` (cfg.json + sae_weights.safetensors), or the set of them in its
+    layer_{i}/ directories (a list, layer i at index i); `overrides` are merged into cfg.json's keys first, as
+    SAELens merges a release's `config_overrides` (hooked.sae.formats.hub)."""
+    options = {"device": device, "dtype": dtype, "model": model}
+    options |= {"norm_scaling_factor": norm_scaling_factor, "overrides": overrides}
+    if (directory / CONFIG).is_file():
+        return _read_directory(directory, hook_name, hook_name_out, **options)
+    if hook_name or hook_name_out:
+        raise ValueError(
+            f"{directory} is a set of per-layer dictionaries, each naming its own points; hook_name / hook_name_out"
+            f" would give every layer the same one: load one layer ({directory / 'layer_0'}) to override its names"
+        )
+    return [_read_directory(layer, None, None, **options) for layer in _layers(directory)]
+
+
+def _read_directory(
+    directory: Path, hook_name: str | None, hook_name_out: str | None, *, norm_scaling_factor, overrides, **options
 ) -> Dictionary:
-    """The dictionary SAELens saved in `directory` (cfg.json + sae_weights.safetensors); `overrides` are merged
-    into cfg.json's keys first, as SAELens merges a release's `config_overrides` (hooked.sae.formats.hub)."""
+    """The one dictionary in `directory` (cfg.json + sae_weights.safetensors)."""
     config_file = directory / CONFIG
     if not (directory / WEIGHTS).exists():
         raise FileNotFoundError(
@@ -97,11 +136,9 @@ def read(
             config_file=str(config_file),
             hook_name=hook_name,
             hook_name_out=hook_name_out,
-            device=device,
-            dtype=dtype,
-            model=model,
             norm_scaling_factor=norm_scaling_factor,
             statistics=statistics,
+            **options,
         )
 
 
@@ -412,7 +449,53 @@ def _fold_whitening(dictionary: Dictionary, mean, matrix, inverse) -> None:
 
 
 # ----------------------------------------------------------------------------- writing
-def write(dictionary: Dictionary, directory: Path) -> Path:
+def _layers(directory: Path) -> list[Path]:
+    """A set's per-layer directories, layer 0 first; refused unless they are layer_0 ... layer_{n-1}."""
+    found = {int(LAYER_DIR.match(child.name).group(1)): child for child in directory.iterdir() if _is_layer(child)}
+    missing = sorted(set(range(max(found) + 1)) - set(found))
+    if missing:
+        raise ValueError(
+            f"{directory} holds {', '.join(f'layer_{i}' for i in sorted(found))} but not layer_{missing[0]}: a set of"
+            " per-layer directories is layer_0 ... layer_{n-1}, layer i at index i; load the layers one by one"
+        )
+    return [found[i] for i in range(len(found))]
+
+
+def _is_layer(path: Path) -> bool:
+    return path.is_dir() and LAYER_DIR.match(path.name) is not None and (path / CONFIG).exists()
+
+
+def write(dictionary: Dictionary | Sequence[Dictionary], directory: Path) -> Path:
+    """Save `dictionary` as SAELens 6.54's `SAE.save_model` does, so `SAE.load_from_disk(directory)` reads it; a
+    list, layer i at index i, as one such directory per layer, `directory/layer_{i}/`."""
+    if isinstance(dictionary, Sequence) and not isinstance(dictionary, str):
+        return _write_layers(list(dictionary), directory)
+    if not isinstance(dictionary, Dictionary):
+        raise TypeError(
+            f"format='saelens' saves a hooked.sae dictionary or a list of them (layer i at index i), not"
+            f" {type(dictionary).__name__}"
+        )
+    return _write_directory(dictionary, directory)
+
+
+def _write_layers(dictionaries: list, directory: Path) -> Path:
+    """A list in SAELens' format: `directory/layer_{i}/` for dictionary i, which must read and write layer i."""
+    if not dictionaries or not all(isinstance(d, Dictionary) for d in dictionaries):
+        raise TypeError("format='saelens' saves a list of hooked.sae dictionaries, layer i at index i")
+    for layer, d in enumerate(dictionaries):
+        if any(
+            (m := _BLOCK.match(name)) is None or int(m.group(1)) != layer for name in (d.hook_name, d.hook_name_out)
+        ):
+            raise ValueError(
+                f"{d!r} is at index {layer} but reads or writes another layer's point; a list is saved layer i at"
+                f" index i (path/layer_{{i}}/), so it loads back in that order; save the others one by one"
+            )
+    for layer, d in enumerate(dictionaries):
+        _write_directory(d, directory / f"layer_{layer}")
+    return directory
+
+
+def _write_directory(dictionary: Dictionary, directory: Path) -> Path:
     """Save `dictionary` as SAELens 6.54's `SAE.save_model` does, so `SAE.load_from_disk(directory)` reads it."""
     cfg = dictionary.cfg
     skip = dictionary.W_skip is not None

@@ -25,8 +25,27 @@ from hooked.sae.formats.files import Safetensors
 from hooked.sae.formats.layout import Stored, build, check, dtype_name
 from hooked.sae.formats.names import from_module_name, to_hooked
 
+NAME = "sparsify"
 CONFIG = "cfg.json"
 WEIGHTS = "sae.safetensors"
+FILES = (CONFIG, WEIGHTS)
+LOOKS_FOR = "cfg.json + sae.safetensors (eai-sparsify)"
+
+
+def detect(path: Path) -> bool:
+    """Whether directory `path` holds a sparse coder eai-sparsify saved. SAELens names its config cfg.json too: the
+    directory is eai-sparsify's when sae.safetensors is there without SAELens' sae_weights.safetensors, or when the
+    config is a `SparseCoderConfig` (no d_sae, which SAELens' configs always have; expansion_factor or
+    num_latents instead)."""
+    if not (path / CONFIG).is_file():
+        return False
+    if (path / WEIGHTS).exists() and not (path / "sae_weights.safetensors").exists():
+        return True
+    try:
+        raw = json.loads((path / CONFIG).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(raw, dict) and "d_sae" not in raw and ("expansion_factor" in raw or "num_latents" in raw)
 
 
 def read(
