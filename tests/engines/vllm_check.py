@@ -281,6 +281,12 @@ def mask_expert_0(router_logits, hook):
 
 
 def main(directory: Path, family: str, tp: int) -> None:
+    if tp == 1:
+        # The engine core in this process (vLLM's in-process engine: no engine-core and worker processes to start,
+        # about 13 s of each case on 2 cores). The family's numbers do not depend on it; the default multiprocessing
+        # engine (its plugin loading, hook errors across processes, shutdown) is what tests/engines/vllm_model.py
+        # runs, and the TP=2 cases here.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import hooked
     from hooked.engines.vllm.engine import VllmEngine
 

@@ -23,16 +23,20 @@ ARCHITECTURES = (
 
 
 def register() -> None:
-    """Register hooked's model class with vLLM's ModelRegistry under `Hooked` + each checkpoint architecture (lazily,
-    by "module:Class", so the registry's inspection subprocess and vLLM's workers import it themselves).
+    """Register hooked's model class with vLLM's ModelRegistry under `Hooked` + each checkpoint architecture. The class
+    itself, not vLLM's lazy "module:Class" form: a lazy entry is inspected in a subprocess of its own, which imports
+    vLLM and torch again (about 7 s of every engine start on 2 cores); the class's module imports only what the engine
+    has imported already.
 
     vLLM calls this in every process it starts (the `vllm.general_plugins` entry point); there it also ties the
     process's life to its parent's (`end_with_parent`)."""
     from vllm import ModelRegistry
 
+    from hooked.engines.vllm.model import HookedForVllm
+
     end_with_parent()
     for architecture in ARCHITECTURES:
-        ModelRegistry.register_model(HOOKED_PREFIX + architecture, "hooked.engines.vllm.model:HookedForVllm")
+        ModelRegistry.register_model(HOOKED_PREFIX + architecture, HookedForVllm)
 
 
 def end_with_parent() -> None:
