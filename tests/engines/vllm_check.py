@@ -51,8 +51,10 @@ def no_attention_to_position_1(pattern, hook):
     return pattern / pattern.sum(-1, keepdim=True)
 
 
-def favour_position_0(scores, hook):
-    scores[..., 0] += 4.0  # in place: every query attends more to the first token (never masked)
+def favour_itself(scores, hook):
+    # in place: every query attends more to its own token (never masked, by the causal mask nor by a sliding window;
+    # the first token would be outside Mistral's window for the later queries, and the edit would change nothing)
+    scores.diagonal(dim1=-2, dim2=-1).add_(4.0)
 
 
 def boom(z, hook):
@@ -199,12 +201,12 @@ def build_checkpoint(directory: Path, family: str) -> None:
 
 def check_patterns(engine, model) -> None:
     """Scores and patterns on request (the prefill): two requests edit them (a pattern replaced in layer 0, scores
-    raised in place at key 0 in layer 1) and cache them, beside clean requests of the same prompts in the same
+    raised in place on the diagonal in layer 1) and cache them, beside clean requests of the same prompts in the same
     batch, each against hooked alone (run_with_cache with the same hook: hooked's eager attention on the prompt)."""
     cached = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_attn_scores", "blocks.1.hook_resid_post"]
     edits = (
         [("blocks.0.attn.hook_pattern", no_attention_to_position_1)],
-        [("blocks.1.attn.hook_attn_scores", favour_position_0)],
+        [("blocks.1.attn.hook_attn_scores", favour_itself)],
     )
     variants = [engine.add_variant(edit, cache=cached) for edit in edits]
     # a clean request first: vLLM's first step may hold it alone, the next holds both edits beside a clean one
