@@ -27,10 +27,11 @@ PARALLEL ?= -n auto
 NUMERICAL_TESTS := tests/core tests/kernels tests/families tests/interventions tests/circuits tests/sae tests/graphs \
 	tests/transformer_lens tests/engines
 
-# vLLM's environment is built while the first two passes run (make -j2: pip mostly waits on the disk and network).
+# hooked's own suite and the vLLM tests (vLLM's environment first) run side by side (make -j2), each target's output
+# printed whole when it ends (-Otarget): neither keeps both cores busy all the time (pip waits on the disk and network,
+# an engine on its processes, xdist on its slowest tests), and together they finish minutes sooner.
 test: lint
-	$(MAKE) --no-print-directory -j2 test-hooked vllm-env
-	$(MAKE) --no-print-directory test-vllm
+	$(MAKE) --no-print-directory -j2 -Otarget test-hooked test-vllm
 
 test-hooked: $(VENV)/.installed  # the suite in hooked's own environment: every test, then the numerical ones again
 	$(PY) -m pytest -q $(PARALLEL)
