@@ -209,6 +209,27 @@ WING_RULES = [
     ),
     ("hooked.interventions.", ("hooked.circuits",), "an intervention imports a circuit module"),
     ("hooked.interventions.", ("hooked.sae",), "an intervention imports hooked.sae, which is built on them"),
+    # Attribution graphs stand on the dictionaries, the interventions and the circuits' machinery; none of those (nor a
+    # model) may reach up into them.
+    (
+        ("hooked.sae", "hooked.interventions.", "hooked.circuits.", "hooked.models."),
+        ("hooked.graphs",),
+        "a module below the graphs imports hooked.graphs, which is built on it",
+    ),
+    # Inference engines run the models and answer the analyses' calls; the library below them knows an engine only
+    # by the `engine_name` a served model carries, never by importing it (the package namespace re-exports it).
+    (
+        (
+            "hooked.models.",
+            "hooked.interventions.",
+            "hooked.circuits.",
+            "hooked.sae",
+            "hooked.graphs.",
+            "hooked.weights.",
+        ),
+        ("hooked.engines",),
+        "a module below the engines imports hooked.engines, which is built on it",
+    ),
 ]
 # What the dictionary, its splice and the package that holds them may import: the low floor and each other.
 SAE_CORE = {"hooked.sae", "hooked.sae.dictionary", "hooked.sae.clt", "hooked.sae.splice"}
@@ -254,7 +275,7 @@ def import_violations(source: str, importer: str) -> list[str]:
         if low_floor(importer) and not low_floor(imported) and not imported.startswith("hooked.kernels"):
             found.append(f"{where} the low-floor module {importer} imports {imported}, a higher one")
         for prefix, forbidden, what in WING_RULES:
-            if importer.startswith(prefix) and imported.startswith(forbidden):
+            if importer.startswith(prefix) and imported.startswith(forbidden):  # str.startswith takes a tuple too
                 found.append(f"{where} {what}: {imported}")
         if importer in SAE_CORE and not (low_floor(imported) or imported in SAE_CORE):
             found.append(
@@ -306,6 +327,12 @@ def test_wings_import_in_one_direction():
         ("hooked.sae.dictionary", "def f():\n    from hooked.interventions import kinds", "stand on the low floor"),
         ("hooked.sae", "from hooked.sae.attribution import attribute", "stand on the low floor alone"),
         ("hooked.models.base", "def f():\n    from hooked.sae.attribution import attribute", "a model file imports"),
+        ("hooked.sae.training", "from hooked.graphs.attribute import attribute", "below the graphs imports"),
+        ("hooked.interventions.sweeps", "def f():\n    import hooked.graphs", "below the graphs imports"),
+        ("hooked.circuits.engine", "from hooked.graphs import Graph", "below the graphs imports"),
+        ("hooked.interventions.sweeps", "from hooked.engines.vllm import hooked_model", "below the engines imports"),
+        ("hooked.graphs.attribute", "def f():\n    import hooked.engines.vllm.engine", "below the engines imports"),
+        ("hooked.weights.loading", "from hooked.engines.vllm.hooked_model import VllmModel", "below the engines"),
     ],
 )
 def test_the_import_checker_catches_each_kind_of_violation(importer, snippet, expected):
