@@ -20,7 +20,12 @@ import torch
 
 os.environ.pop("TRITON_INTERPRET", None)  # tests/conftest.py sets it for hooked's kernels; vLLM must not see it
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: the tiny model needs next to nothing
-vllm = pytest.importorskip("vllm", reason="run through `make test-vllm` (vLLM's own environment)")
+try:
+    import vllm  # noqa: F401
+except ImportError as error:  # not a skip: the file is run only where vLLM must be there
+    raise ImportError(
+        "tests/engines/vllm_model.py runs in vLLM's own environment: run it through `make test-vllm`"
+    ) from error
 
 import hooked  # noqa: E402
 from hooked import ablate  # noqa: E402
