@@ -323,15 +323,28 @@ def test_the_command_line_sweeps_on_vllm_as_on_hooked_s_own_engine(tmp_path):
     assert (saved.values - saved.base).abs().max() > 1e-3  # the ablations moved the metric
 
 
-def children() -> set[int]:
-    """This process's running child processes (Linux: /proc/PID/task/*/children), less an exited one not yet reaped
-    (state Z) and Python's multiprocessing resource tracker (one per Python process, started by the first spawned
-    process: it reads a pipe from this process and ends when this process does)."""
+def direct_children(pid: int) -> set[int]:
+    """The children of process PID (Linux: /proc/PID/task/*/children). A thread or process may end between listing
+    and reading (vLLM's threads come and go while it shuts down): what ended has no children to read."""
     found = set()
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        found |= {int(pid) for pid in (task / "children").read_text().split()}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return found
+    for task in tasks:
+        try:
+            found |= {int(child) for child in (task / "children").read_text().split()}
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def children() -> set[int]:
+    """This process's running child processes, less an exited one not yet reaped (state Z) and Python's
+    multiprocessing resource tracker (one per Python process, started by the first spawned process: it reads a pipe
+    from this process and ends when this process does)."""
     running = set()
-    for pid in found:
+    for pid in direct_children(os.getpid()):
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -357,15 +370,17 @@ if __name__ == "__main__":
 def descendants(pid: int) -> set[int]:
     found, todo = set(), [pid]
     while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").iterdir():
-            try:
-                kids = {int(child) for child in (task / "children").read_text().split()}
-            except FileNotFoundError:
-                continue
-            found |= kids
-            todo += kids
+        kids = direct_children(todo.pop())
+        found |= kids
+        todo += kids
     return found
+
+
+def command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:  # ended since it was listed
+        return b""
 
 
 def alive(pid: int) -> bool:
@@ -388,7 +403,7 @@ def test_a_killed_parent_leaves_no_engine_process_behind(checkpoint, tmp_path):
     try:
         lines = iter(server.stdout.readline, "")  # vLLM logs to stdout too
         assert any(line.strip() == "ready" for line in lines), "the server ended before its model was ready"
-        engine = {pid for pid in descendants(server.pid) if b"VLLM" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+        engine = {pid for pid in descendants(server.pid) if b"VLLM" in command_line(pid)}
         assert engine, "no vLLM process under the server"
     finally:
         server.kill()
