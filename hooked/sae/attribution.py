@@ -30,7 +30,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,6 +44,7 @@ from hooked.interventions.sweeps import metric_values, sweep_provenance
 from hooked.layers import position_ids_for
 from hooked.sae.dictionary import Dictionary
 from hooked.sae.splice import saes as splice
+from hooked.tables import ResultTable
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -54,8 +54,9 @@ _PARTS = {hook: part for part, hook in kinds.FEATURE_POINTS.items()}
 
 
 @dataclass
-class FeatureScores:
-    """A score per feature: `scores["L3.resid_post.F12"]`, `top(20)`, `table()`, `to_csv(path)`.
+class FeatureScores(ResultTable):
+    """A score per feature: `scores["L3.resid_post.F12"]`, `top(20)`, `table()`, `to_csv(path)` (one row per
+    feature, largest |score| first: hooked/tables.py).
 
     `scores` [n_features] is the estimate averaged over prompts, `per_prompt` [batch, n_features] each prompt's;
     `per_position` [n_features, positions] (with `attribute(..., per_position=True)`) averages over the prompts
@@ -70,6 +71,9 @@ class FeatureScores:
     corrupt: Float[Tensor, " batch"]  # and on the corrupt ones
     per_position: Tensor | None = None
     provenance: dict = field(default_factory=dict)
+
+    table_index = "feature"
+    columns = ("feature", "point", "index", "score", "rank")
 
     def __post_init__(self):
         self._index = {name: i for i, name in enumerate(self.features)}
@@ -98,23 +102,6 @@ class FeatureScores:
             point, index = name.rsplit(".F", 1)
             rows.append({"feature": name, "point": point, "index": int(index), "score": self[name], "rank": rank})
         return rows
-
-    def table(self):
-        """A pandas DataFrame (the `tables` extra): one row per feature, largest |score| first."""
-        import pandas as pd
-
-        return pd.DataFrame(self.rows()).set_index("feature")
-
-    def to_csv(self, path: str | Path) -> Path:
-        import csv
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=["feature", "point", "index", "score", "rank"])
-            writer.writeheader()
-            writer.writerows(self.rows())
-        return path
 
     def to_dict(self) -> dict:
         return {
