@@ -35,7 +35,7 @@ from hooked.circuits.engine import Ablation, Where, _stage_loop, columns_at, row
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import Edge, Graph
 from hooked.circuits.graph import graph as build_graph
-from hooked.hooks import needs_gradients
+from hooked.hooks import evaluating, needs_gradients
 from hooked.interventions.positions import Positions, as_positions, positions_record
 from hooked.interventions.sweeps import sweep_provenance
 from hooked.tables import ResultTable
@@ -223,15 +223,11 @@ def receiver_gradients(
     points = list(dict.fromkeys(receiver.hook_name for receiver in g.receivers))
     precision = torch.promote_types(model.dtype, torch.float32)
     totals: dict[str, Tensor] = {}
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         for first in range(0, len(alphas), steps_per_forward):
             for point, grad in _gradients_at(experiment, alphas[first : first + steps_per_forward], points).items():
                 grad = grad.to(precision).sum(0)  # [B ...]: the sum over this chunk's alphas
                 totals[point] = grad if point not in totals else totals[point] + grad
-    finally:
-        model.train(was_training)
     return {point: total / len(alphas) for point, total in totals.items()}
 
 

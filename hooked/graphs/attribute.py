@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 
 from hooked.graphs.graph import Graph, LogitTarget, default_scan
 from hooked.graphs.transcoders import Transcoders
-from hooked.hooks import needs_gradients
+from hooked.hooks import evaluating, needs_gradients
 from hooked.interventions.row_blocks import registered_hooks
 from hooked.sae.clt import CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary
@@ -192,21 +192,19 @@ def _ready(model: HookedTransformer, transcoders, caller: str) -> Transcoders:
 def _attribute_all(model, tc: Transcoders, tokens: list[Tensor], settings, update_interval, progress) -> list[Graph]:
     """The graphs of prompts of one length, sharing the replacement model's forward and backward passes."""
     batch_size = settings[3]
-    was_training = model.training
-    model.eval()
     frozen = [(p, p.requires_grad) for module in (model, *tc.modules) for p in module.parameters()]
-    try:
-        for p, _ in frozen:
-            p.requires_grad_(False)
-        nodes = [_nodes(model, tc, t, *settings[:2], settings[5]) for t in tokens]
-        most = max(max(len(n.logit_ids), n.n_active) for n in nodes)
-        copies = max(1, min(batch_size // len(tokens), most))  # no more copies than targets
-        run = _ReplacementRun(model, tc, torch.stack(tokens), nodes, copies)
-        rows = _attribute_rows(run, nodes, settings, update_interval, progress)
-    finally:
-        for p, flag in frozen:
-            p.requires_grad_(flag)
-        model.train(was_training)
+    with evaluating(model):
+        try:
+            for p, _ in frozen:
+                p.requires_grad_(False)
+            nodes = [_nodes(model, tc, t, *settings[:2], settings[5]) for t in tokens]
+            most = max(max(len(n.logit_ids), n.n_active) for n in nodes)
+            copies = max(1, min(batch_size // len(tokens), most))  # no more copies than targets
+            run = _ReplacementRun(model, tc, torch.stack(tokens), nodes, copies)
+            rows = _attribute_rows(run, nodes, settings, update_interval, progress)
+        finally:
+            for p, flag in frozen:
+                p.requires_grad_(flag)
     return [_graph(model, tc, t, n, r) for t, n, r in zip(tokens, nodes, rows, strict=True)]
 
 

@@ -36,7 +36,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from hooked.hooks import needs_gradients
+from hooked.hooks import evaluating, needs_gradients
 from hooked.interventions import kinds
 from hooked.interventions.metrics import check_prompts
 from hooked.interventions.row_blocks import registered_hooks
@@ -160,9 +160,7 @@ def attribute(
     _check_paired(tokens, key_valid, corrupt_tokens, corrupt_valid)
     mask = torch.ones_like(tokens, dtype=torch.bool) if key_valid is None else key_valid  # always passed explicitly
 
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         with torch.no_grad(), splice(model, dictionaries, use_error_term=use_error_term):
             names = [d.hook_sae_acts_post.name for d in dictionaries]
             corrupt_logits, cache = model.run_with_cache(corrupt_tokens, attention_mask=mask, names_filter=names)
@@ -171,8 +169,6 @@ def attribute(
         clean_values, clean_acts, gradients = _clean_gradients(
             model, dictionaries, tokens, mask, key_valid, metric, use_error_term
         )
-    finally:
-        model.train(was_training)
 
     # the estimate sums many small products: float32 at least, and the model's float64 kept (scores in it)
     precision = torch.promote_types(model.dtype, torch.float32)
