@@ -17,7 +17,7 @@ from torch import Tensor
 
 from hooked.sae.clt import CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary
-from hooked.sae.splice import _check_dtype_device, _check_model_name, _check_processing, _check_width, _point
+from hooked.sae.fits import check_dtype_device, check_model_name, check_processing, check_width, hook_point
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -67,8 +67,8 @@ class Transcoders:
                 (reads, "hook_name", self.d_in, "reads"),
                 (writes, "hook_name_out", self.d_out, "writes"),
             ):
-                _point(model, name, module, field)
-                _check_width(model, module, name, width, "d_in" if verb == "reads" else "d_out", verb)
+                hook_point(model, name, module, field)
+                check_width(model, module, name, width, "d_in" if verb == "reads" else "d_out", verb)
         for layer, (read, write) in enumerate(zip(self.hook_in, self.hook_out, strict=True)):
             for name, role in ((read, "reads"), (write, "writes")):
                 if not name.startswith(f"blocks.{layer}."):
@@ -77,10 +77,10 @@ class Transcoders:
                         f" set reads and writes blocks.l (give the set in layer order: hooked.sae.load does)"
                     )
         for module in self.modules:
-            _check_dtype_device(model, module)
-            _check_model_name(model, module)
+            check_dtype_device(model, module)
+            check_model_name(model, module)
         for module, reads, writes in self._named():
-            _check_processing(model, module, [reads, writes])
+            check_processing(model, module, [reads, writes])
 
     def _named(self):
         """(module, point read, point written) per layer."""
