@@ -89,8 +89,8 @@ def attribute(
     padded row: its padding is left out, so the graph is the prompt's alone (a row's ids alone never say which are
     pads, as for the model's forward). As circuit-tracer, text is tokenized without special tokens and a special
     token (BOS, else pad, else EOS) is put first unless the ids already start with one.
-    `transcoders`: one transcoder per layer (a list, layer l at index l: `hooked.sae.load` of a circuit-tracer set)
-    or a `CrossLayerTranscoder`, for this model (checked before anything runs).
+    `transcoders`: one transcoder per layer (a list, layer l at index l: `hooked.sae.load` of a circuit-tracer set;
+    or a `hooked.sae.TranscoderSet`) or a `CrossLayerTranscoder`, for this model (checked before anything runs).
     Logit nodes: the most probable next tokens, at most `max_n_logits` (default 10), until their probability
     reaches `desired_logit_prob` (default 0.95); or, with neither given, `attribution_targets`, as circuit-tracer
     0.5.0 takes them: token ids (a tensor or a list of ints), token strings (each one token), or
