@@ -105,7 +105,7 @@ def test_graphs_run_in_eval_mode_and_give_the_mode_back(model, monkeypatch, fail
         for layer in range(model.cfg.n_layers)
     ]
     seen: list[bool] = []
-    real_rows = graphs_attribute._attribute_rows
+    real_rows = graphs_attribute.attribute_rows
 
     def attribute_rows(*args, **kwargs):
         seen.append(model.training)
@@ -113,7 +113,7 @@ def test_graphs_run_in_eval_mode_and_give_the_mode_back(model, monkeypatch, fail
             raise Broken("the attribution failed")
         return real_rows(*args, **kwargs)
 
-    monkeypatch.setattr(graphs_attribute, "_attribute_rows", attribute_rows)
+    monkeypatch.setattr(graphs_attribute, "attribute_rows", attribute_rows)
     model.train()
     try:
         if fail:
