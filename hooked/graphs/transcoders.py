@@ -15,16 +15,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from hooked.sae import architectures
 from hooked.sae.clt import CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary
 from hooked.sae.splice import _check_dtype_device, _check_model_name, _check_processing, _check_width, _point
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
-
-# A feature's pre-activation must be linear in the input (its encoder row is the direction a target reads), and its
-# output linear in the activation (its decoder row is what it writes): these architectures are.
-LINEAR_ARCHITECTURES = ("standard", "jumprelu", "topk")
 
 
 class Transcoders:
@@ -181,8 +178,8 @@ def _dictionary_list(transcoders) -> list[Dictionary]:
                 " graph replaces each MLP by a transcoder, which reads the MLP's input and writes its output"
             )
         problems = []
-        if cfg.architecture not in LINEAR_ARCHITECTURES:
-            problems.append(f"architecture {cfg.architecture!r} (one of {', '.join(LINEAR_ARCHITECTURES)})")
+        if not cfg.declaration.linear:  # its declaration: pre-activation a column of W_enc, output a row of W_dec
+            problems.append(f"architecture {cfg.architecture!r} (one of {', '.join(architectures.linear())})")
         if cfg.normalize_activations != "none":
             problems.append(f"normalize_activations={cfg.normalize_activations!r} (none)")
         if cfg.rescale_acts_by_decoder_norm:

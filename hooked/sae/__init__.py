@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 
+from hooked.sae.architectures import ARCHITECTURES, Architecture, register_architecture
 from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.sae.splice import (
@@ -43,9 +44,8 @@ _LAZY = {
 }
 
 _DICTIONARY = (
-    "hooked.sae.Dictionary, one class for every architecture and for transcoders"
-    " (DictionaryConfig(architecture='standard' | 'gated' | 'topk' | 'jumprelu', hook_name_out= for a transcoder));"
-    " from files: hooked.sae.load(path)"
+    "hooked.sae.Dictionary, one class for every architecture and for transcoders (DictionaryConfig(architecture="
+    " one of hooked.sae.ARCHITECTURES, hook_name_out= for a transcoder)); from files: hooked.sae.load(path)"
 )
 # SAELens 6.54's names (sae_lens/__init__.py) that hooked.sae spells otherwise: what to write instead
 _SAELENS = {
@@ -92,11 +92,14 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "ARCHITECTURES",
+    "Architecture",
     "CLTConfig",
     "CrossLayerTranscoder",
     "Dictionary",
     "DictionaryConfig",
     "add_sae",
+    "register_architecture",
     "reset_saes",
     "run_with_cache_with_saes",
     "run_with_hooks_with_saes",

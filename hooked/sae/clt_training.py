@@ -122,7 +122,7 @@ class CLTTrainer(DictionaryTrainer):
         if clt.has_skip:
             outs = [out + x @ module.W_skip for out, x, module in zip(outs, xs, clt.layers, strict=True)]
         mse = sum((out - y).pow(2).sum(-1).mean() for out, y in zip(outs, ys, strict=True))
-        parts = {"mse": mse, ("l1" if cfg.architecture == "standard" else "l0"): penalty}
+        parts = {"mse": mse, ("l1" if clt.layers[0].threshold is None else "l0"): penalty}
         recons, targets = torch.stack(outs).detach(), torch.stack(ys)
         with torch.no_grad():
             active = torch.stack(acts_by_layer) > 0  # [n_layers tokens d_sae]

@@ -81,14 +81,15 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hooked.hooks import EMBED_STAGE, needs_gradients
-from hooked.sae.clt import CLT_ARCHITECTURES, CLTConfig, CrossLayerTranscoder
+from hooked.sae import architectures
+from hooked.sae.architectures import TOPK
+from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.version import __version__
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
 
-ARCHITECTURES = ("standard", "topk", "batchtopk", "jumprelu")
 JUMPRELU_BANDWIDTH = 0.05  # SAELens' jumprelu_bandwidth
 JUMPRELU_INIT_THRESHOLD = 0.01  # SAELens' jumprelu_init_threshold
 BATCHTOPK_THRESHOLD_RATE = 0.01  # SAELens' topk_threshold_lr
@@ -139,7 +140,7 @@ def train(
     data,
     *,
     hook_name: str | None = None,
-    architecture: str = "topk",
+    architecture: str = TOPK.name,
     d_sae: int | None = None,
     k: float | None = None,
     hook_name_out: str | None = None,
@@ -289,21 +290,26 @@ def _spec(model: HookedTransformer, defaults: dict, overrides: dict, index: int)
         if values[name] is not None and not values["cross_layer"]:
             values[name] = _hook_point(model, values[name], f"{where}{name}")
     architecture = values["architecture"]
-    if architecture not in ARCHITECTURES:
+    declaration = architectures.ARCHITECTURES.get(architecture)
+    if declaration is None or declaration.trainer is None:
         raise ValueError(
-            f"{where}architecture {architecture!r} cannot be trained; choose one of {', '.join(ARCHITECTURES)}"
-            " (a transcoder is one of them with hook_name_out=)"
+            f"{where}architecture {architecture!r} cannot be trained; choose one of"
+            f" {', '.join(architectures.trainable())} (a transcoder is one of them with hook_name_out=)"
         )
     d_sae = values["d_sae"]
     if isinstance(d_sae, bool) or not isinstance(d_sae, int) or d_sae < 1:
         raise ValueError(f"{where}d_sae= is the number of features, a positive int, not {d_sae!r}")
     k = values["k"]
-    if architecture == "topk" and (isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= d_sae):
-        raise ValueError(f"{where}a topk dictionary needs k=, an int in 1..d_sae ({d_sae}), not {k!r}")
-    if architecture == "batchtopk" and (isinstance(k, bool) or not isinstance(k, int | float) or not 0 < k <= d_sae):
-        raise ValueError(f"{where}a batchtopk dictionary needs k=, the mean features per token in (0, {d_sae}]")
-    if architecture in ("standard", "jumprelu") and k is not None:
-        raise ValueError(f"{where}k={k} is for topk and batchtopk; {architecture} sets its sparsity by a coefficient")
+    per_token = declaration.k == "per_token"
+    if per_token and (isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= d_sae):
+        raise ValueError(f"{where}a {architecture} dictionary needs k=, an int in 1..d_sae ({d_sae}), not {k!r}")
+    if declaration.k == "batch_mean" and (isinstance(k, bool) or not isinstance(k, int | float) or not 0 < k <= d_sae):
+        raise ValueError(f"{where}a {architecture} dictionary needs k=, the mean features per token in (0, {d_sae}]")
+    if declaration.k is None and k is not None:
+        raise ValueError(
+            f"{where}k={k} is for {' and '.join(architectures.with_k())}; {architecture} sets its sparsity by a"
+            " coefficient"
+        )
     if values["skip"] and values["hook_name_out"] is None:
         raise ValueError(f"{where}skip=True is a transcoder's linear path: give hook_name_out= too")
     out = values["hook_name_out"]
@@ -339,7 +345,8 @@ def _cross_layer_points(model: HookedTransformer, values: dict, where: str) -> N
     """A cross-layer transcoder's templates (circuit-tracer's points by default), each layer's points checked."""
     values["hook_name"] = values["hook_name"] or CLT_READ
     values["hook_name_out"] = values["hook_name_out"] or CLT_WRITE
-    if values["architecture"] not in CLT_ARCHITECTURES:
+    declaration = architectures.ARCHITECTURES.get(values["architecture"])
+    if declaration is None or not declaration.cross_layer:
         raise ValueError(
             f"{where}a cross-layer transcoder is architecture 'standard' (relu, L1) or 'jumprelu' (L0), not"
             f" {values['architecture']!r}"
@@ -723,7 +730,6 @@ class DictionaryTrainer:
     decoder's rows are held to."""
 
     unit_norm_decoder = False
-    dictionary_architecture = "standard"
 
     def __init__(self, spec: DictionarySpec, cfg: DictionaryConfig, generator: torch.Generator):
         self.spec, self.generator = spec, generator
@@ -749,11 +755,10 @@ class DictionaryTrainer:
         return self.dictionary.device
 
     def parameters(self) -> list[torch.nn.Parameter]:
+        """W_enc, b_enc, W_dec, b_dec, a skip's W_skip, then the rest its architecture declares (a threshold)."""
         d = self.dictionary
-        return [d.W_enc, d.b_enc, d.W_dec, d.b_dec] + ([d.W_skip] if d.W_skip is not None else []) + self._extra()
-
-    def _extra(self) -> list[torch.nn.Parameter]:
-        return []
+        declared = [getattr(d, name) for name in d.declaration.parameters if name != "b_enc"]
+        return [d.W_enc, d.b_enc, d.W_dec, d.b_dec] + ([d.W_skip] if d.W_skip is not None else []) + declared
 
     # ----------------------------------------------------------------- initialisation
     @torch.no_grad()
@@ -896,7 +901,6 @@ class TopKTrainer(DictionaryTrainer):
     """The k largest pre-activations per token, ReLU; unit-norm decoder rows; AuxK on the dead features."""
 
     unit_norm_decoder = True
-    dictionary_architecture = "topk"
 
     def forward(self, batch: dict[str, Tensor], dead: Tensor | None) -> StepResult:
         x, y = self.inputs(batch)
@@ -934,8 +938,6 @@ class BatchTopKTrainer(TopKTrainer):
     """The k x tokens largest activations of the batch (SAELens' BatchTopKTrainingSAE); saved as JumpReLU with the
     running threshold for every feature."""
 
-    dictionary_architecture = "jumprelu"
-
     def __init__(self, spec: DictionarySpec, cfg: DictionaryConfig, generator: torch.Generator):
         super().__init__(spec, cfg, generator)
         self.threshold: float | None = None  # float64 running minimum of the kept activations
@@ -969,15 +971,10 @@ class JumpReLUTrainer(DictionaryTrainer):
     """relu(pre) * (pre > threshold), threshold learnt by a straight-through estimator; L0 penalty (SAELens'
     JumpReLUTrainingSAE, "step" mode)."""
 
-    dictionary_architecture = "jumprelu"
-
     def __init__(self, spec: DictionarySpec, cfg: DictionaryConfig, generator: torch.Generator):
         super().__init__(spec, cfg, generator)
         with torch.no_grad():
             self.dictionary.threshold.fill_(JUMPRELU_INIT_THRESHOLD)
-
-    def _extra(self) -> list[torch.nn.Parameter]:
-        return [self.dictionary.threshold]
 
     def encode_for_training(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         d = self.dictionary
@@ -990,14 +987,6 @@ class JumpReLUTrainer(DictionaryTrainer):
 
     def _resampled(self, features: Tensor) -> None:
         self.dictionary.threshold[features] = JUMPRELU_INIT_THRESHOLD
-
-
-TRAINERS: dict[str, type[DictionaryTrainer]] = {
-    "standard": StandardTrainer,
-    "topk": TopKTrainer,
-    "batchtopk": BatchTopKTrainer,
-    "jumprelu": JumpReLUTrainer,
-}
 
 
 # ============================================================================= autograd pieces
@@ -1083,7 +1072,8 @@ def build_trainer(
         return _build_clt_trainer(spec, model, rows, device, dtype)
     d_in, flatten = _width(model, spec.hook_name)
     d_out = _width(model, spec.hook_name_out)[0] if spec.hook_name_out is not None else d_in
-    trainer_class = TRAINERS[spec.architecture]
+    declaration = architectures.get(spec.architecture)
+    runs = declaration.runs  # a training-only architecture's (batchtopk) dictionary is another's (jumprelu)
     metadata = {
         "model_name": str(getattr(model, "name_or_path", "") or type(model).__name__),
         "hook_name": spec.hook_name,
@@ -1092,25 +1082,25 @@ def build_trainer(
         "prepend_bos": rows.prepend_bos,
         "dataset_path": rows.description,
         "training_architecture": spec.architecture,
-        **({"training_k": spec.k} if spec.architecture == "batchtopk" else {}),
+        **({"training_k": spec.k} if spec.k is not None and runs.k is None else {}),  # k the dictionary has not
         "trained_by": f"hooked {__version__} (hooked.sae.train)",
     }
     cfg = DictionaryConfig(
         d_in=d_in,
         d_sae=spec.d_sae,
         hook_name=spec.hook_name,
-        architecture=trainer_class.dictionary_architecture,
+        architecture=runs.name,
         hook_name_out=spec.hook_name_out,
         d_out=d_out,
         apply_b_dec_to_input=spec.hook_name_out is None,
-        k=int(spec.k) if spec.architecture == "topk" else None,
+        k=int(spec.k) if runs.k is not None else None,
         reshape_activations="hook_z" if flatten else "none",
         dtype=str(dtype).removeprefix("torch."),
         device=str(device),
         processing=dict(getattr(model, "processing", {}) or {}),
         metadata=metadata,
     )
-    return trainer_class(spec, cfg, torch.Generator().manual_seed(spec.seed))
+    return declaration.trainer_class()(spec, cfg, torch.Generator().manual_seed(spec.seed))
 
 
 def _build_clt_trainer(
@@ -1223,9 +1213,21 @@ def _checkpoint(runs: list[Run], directory: Path, name: str) -> None:
 
 
 def _check_saveable(spec: DictionarySpec) -> None:
-    if spec.architecture == "topk" and spec.hook_name_out is not None:  # checkpoints are in SAELens' format
+    """Refuse, before training, checkpoints SAELens' format cannot hold (a CLT's are circuit-tracer's)."""
+    if spec.cross_layer:
+        return
+    names = architectures.get(spec.architecture).runs.saelens
+    saved_as = None if names is None else (names.transcoder if spec.hook_name_out is not None else names.sae)
+    if saved_as is None:
+        kind = "transcoder" if spec.hook_name_out is not None else "SAE"
+        savable = [
+            name
+            for name, a in architectures.ARCHITECTURES.items()
+            if a.trainer is not None and a.runs.saelens is not None
+            and (a.runs.saelens.transcoder if spec.hook_name_out is not None else a.runs.saelens.sae)
+        ]  # fmt: skip
         raise ValueError(
-            "SAELens 6.54 has no TopK transcoder, so a topk transcoder's checkpoints cannot be written in its format;"
-            " train architecture='batchtopk' or 'jumprelu' (saved as jumprelu_transcoder), or leave checkpoint_dir"
-            " out and keep the returned dictionary"
+            f"SAELens 6.54 has no {spec.architecture} {kind}, so a {spec.architecture} {kind}'s checkpoints cannot be"
+            f" written in its format; train architecture= one of {', '.join(map(repr, savable))}, or leave"
+            " checkpoint_dir out and keep the returned dictionary"
         )

@@ -15,7 +15,7 @@ import hooked
 import hooked.sae
 import hooked.testing
 from hooked.interventions import tasks
-from hooked.sae import training
+from hooked.sae import architectures, training
 from hooked.sae.dictionary import DictionaryConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/sae/conftest.py
@@ -69,12 +69,12 @@ def make_trainer(architecture: str, d_in: int = 16, d_sae: int = 64, k: int | No
         l1_coefficient=0.7, l0_coefficient=0.3, aux_coefficient=0.5, lr=1e-3, dead_feature_window=10,
         resample_dead=False, seed=0,
     )  # fmt: skip
-    trainer_class = training.TRAINERS[architecture]
+    declaration = architectures.get(architecture)  # its trainer, and the architecture its dictionary runs
     cfg = DictionaryConfig(
-        d_in=d_in, d_sae=d_sae, hook_name="h", architecture=trainer_class.dictionary_architecture,
-        apply_b_dec_to_input=True, k=k if architecture == "topk" else None,
+        d_in=d_in, d_sae=d_sae, hook_name="h", architecture=declaration.runs.name,
+        apply_b_dec_to_input=True, k=k if declaration.runs.k is not None else None,
     )  # fmt: skip
-    return trainer_class(spec, cfg, torch.Generator().manual_seed(0))
+    return declaration.trainer_class()(spec, cfg, torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize("architecture", ["standard", "topk", "batchtopk", "jumprelu"])
