@@ -542,7 +542,11 @@ def test_dead_features_are_tracked_and_resampled_every_window(model, texts, monk
         (dict(hook_name=RESID, k=2, d_sae=8, checkpoint_every=10), ValueError, "checkpoint_dir"),
         (dict(dictionaries=[dict(hook_name=RESID, k=2, d_sae=8, batch_tokens=3)]), TypeError, "unknown setting"),
         (dict(dictionaries=[dict(hook_name=RESID, d_sae=8)]), ValueError, r"dictionaries\[0\]: a topk"),
-        (dict(hook_name=MLP_IN, hook_name_out=MLP_OUT, k=2, d_sae=8, checkpoint_dir="x"), ValueError, "TopK"),
+        (
+            dict(hook_name=MLP_IN, hook_name_out=MLP_OUT, k=2, d_sae=8, checkpoint_dir="x"),
+            ValueError,
+            "no topk transcoder",
+        ),
         (dict(hook_name="blocks.1.attn.hook_pattern", k=2, d_sae=8), ValueError, "one vector per position"),
     ],
 )
