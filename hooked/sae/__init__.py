@@ -37,6 +37,7 @@ _LAZY = {
     "from_saelens": "hooked.sae.formats",
     "attribute": "hooked.sae.attribution",
     "train": "hooked.sae.training",
+    "TrainingConfig": "hooked.sae.training",
     "evaluate": "hooked.sae.evaluation",
     # SAELens' model class: every hooked model splices dictionaries, so it is hooked's HookedTransformer
     "HookedSAETransformer": "hooked.models.base:HookedTransformer",

@@ -253,7 +253,7 @@ STANDARD = register_architecture(
         scaled_with_feature=("b_enc",),
         linear=True,
         cross_layer=True,
-        trainer="hooked.sae.training:StandardTrainer",
+        trainer="hooked.sae.training.trainers:StandardTrainer",
         saelens=SAELensNames(sae="standard", transcoder="transcoder", skip_transcoder="skip_transcoder"),
         circuit_tracer="relu",
     )
@@ -278,7 +278,7 @@ TOPK = register_architecture(
         ranked=True,
         scaled_with_feature=("b_enc",),
         linear=True,
-        trainer="hooked.sae.training:TopKTrainer",
+        trainer="hooked.sae.training.trainers:TopKTrainer",
         saelens=SAELensNames(sae="topk", default_k=100),
         circuit_tracer="topk",
     )
@@ -291,7 +291,7 @@ JUMPRELU = register_architecture(
         scaled_with_feature=("b_enc", "threshold"),
         linear=True,
         cross_layer=True,
-        trainer="hooked.sae.training:JumpReLUTrainer",
+        trainer="hooked.sae.training.trainers:JumpReLUTrainer",
         saelens=SAELensNames(
             sae="jumprelu", transcoder="jumprelu_transcoder", skip_transcoder="jumprelu_skip_transcoder"
         ),
@@ -305,7 +305,7 @@ BATCHTOPK = register_architecture(
         activation=None,
         runs_as="jumprelu",  # with the running threshold for every feature, as SAELens saves it
         k="batch_mean",
-        trainer="hooked.sae.training:BatchTopKTrainer",
+        trainer="hooked.sae.training.trainers:BatchTopKTrainer",
         saelens=SAELensNames(
             sae="batchtopk",
             also=("matryoshka_batchtopk",),

@@ -4,6 +4,7 @@ several dictionaries from one pass equal each trained alone; checkpoints load in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 
@@ -588,6 +589,23 @@ def test_texts_need_a_tokenizer():
     model = hooked.testing.random_model("gpt2")
     with pytest.raises(ValueError, match="tokenizer"):
         hooked.sae.train(model, ["a text"], hook_name="blocks.0.hook_resid_post", k=2, d_sae=8, progress=False)
+
+
+def test_a_config_trains_as_its_keywords_and_a_keyword_beside_it_is_refused(model, texts):
+    options = dict(hook_name=RESID, k=4, d_sae=16, n_tokens=1024, batch_tokens=256, context_size=32, progress=False)
+    by_keywords = hooked.sae.train(model, texts, **options)
+    config = hooked.sae.TrainingConfig(**options)
+    by_config = hooked.sae.train(model, texts, config)
+    for name, value in by_keywords.state_dict().items():  # exact: the same settings run the same steps
+        torch.testing.assert_close(by_config.state_dict()[name], value, atol=0, rtol=0)
+    assert not torch.equal(by_config.W_enc, by_config.W_dec.T)  # it did train (the encoder starts as W_dec.T)
+    with pytest.raises(TypeError, match=r"given config= and the keyword\(s\) k=, seed= too; set them in the config"):
+        hooked.sae.train(model, texts, config, k=8, seed=1)
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['d_sea'\]; its settings are hook_name, "):
+        hooked.sae.train(model, texts, hook_name=RESID, k=4, d_sea=16)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.k = 8  # a config is varied by dataclasses.replace, which leaves the first as it was
+    assert dataclasses.replace(config, k=8).k == 8 and config.k == 4
 
 
 def test_training_under_no_grad_trains_as_with_gradients_and_inference_mode_is_refused(model, texts):

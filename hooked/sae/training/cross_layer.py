@@ -1,5 +1,5 @@
 """How a cross-layer transcoder learns (`hooked.sae.train(model, data, cross_layer=True, ...)`): the trainer the
-loop of hooked/sae/training.py drives, with `DictionaryTrainer`'s surface, fed every layer's input and output
+loop of hooked/sae/training/loop.py drives, with `DictionaryTrainer`'s surface, fed every layer's input and output
 point from the same stream.
 
 For the CLT of hooked/sae/clt.py (layer l reads x_l, its features write every layer m >= l through W_dec_l[:, m - l]),
@@ -26,11 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
-from hooked.sae.training import (
+from hooked.sae.training.config import DictionarySpec
+from hooked.sae.training.trainers import (
     DECODER_INIT_NORM,
     JUMPRELU_BANDWIDTH,
     JUMPRELU_INIT_THRESHOLD,
-    DictionarySpec,
     DictionaryTrainer,
     JumpReLU,
     StepFunction,
