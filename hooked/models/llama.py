@@ -34,6 +34,7 @@ from hooked.models.rotary_decoder import (
     PreNormBlock,
     RotaryDecoder,
     RotaryRMSNames,
+    decoder_checkpoint_table,
     rms_rotary_fields,
     rope_default_linear_or_llama3,
 )
@@ -226,13 +227,10 @@ class Llama(RotaryDecoder):
     architectures = ("LlamaForCausalLM", "llama")
     family = "llama"
     title = "Llama"
-    checkpoint_table = (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-        (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
-        (r"model\.norm\.weight", r"ln_final.weight"),
+    checkpoint_table = decoder_checkpoint_table(
+        PreNormBlock.checkpoint_norms,
+        attention=r"(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)",  # no q/k norms
+        mlp=r"(gate_proj|up_proj|down_proj)\.(weight|bias)",  # mlp_bias
     )
     # Older checkpoints saved RoPE's inv_freq (recomputed here).
     checkpoint_extra_ignored = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
@@ -261,7 +259,6 @@ class Llama(RotaryDecoder):
         "meta-llama/Meta-Llama-3-8B": (),
         "meta-llama/Meta-Llama-3-8B-Instruct": (),
     }
-    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
 
     @classmethod
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
@@ -311,9 +308,7 @@ class Mistral(Llama):
         "mistralai/Mistral-Nemo-Base-2407": ("mistral-nemo-base-2407",),
         "mistralai/Mistral-Small-24B-Base-2501": (),
     }
-    random_sizes = dict(
-        n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64, sliding_window=4
-    )
+    random_sizes = dict(Llama.random_sizes, sliding_window=4)
     hook_docs = {
         **Llama.hook_docs,
         "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated, set to the dtype's"

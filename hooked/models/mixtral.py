@@ -35,8 +35,15 @@ from torch import Tensor
 from hooked.layers import AttentionMask
 from hooked.models.config import EXPERT_AXIS_FIELDS, ModelConfig
 from hooked.models.grouped_query_attention import GroupedQueryAttention
+from hooked.models.llama import Mistral
 from hooked.models.moe import SparseMoeMLP
-from hooked.models.rotary_decoder import PreNormBlock, RotaryDecoder, RotaryRMSNames, rope_default_linear_or_llama3
+from hooked.models.rotary_decoder import (
+    PreNormBlock,
+    RotaryDecoder,
+    RotaryRMSNames,
+    decoder_checkpoint_table,
+    rope_default_linear_or_llama3,
+)
 from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
 
 
@@ -195,12 +202,9 @@ class Mixtral(RotaryDecoder):
     architectures = ("MixtralForCausalLM", "mixtral")
     family = "mixtral"
     title = "Mixtral"
-    checkpoint_table = (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-        (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.weight", r"blocks.\1.attn.\2.weight"),
-        (r"model\.norm\.weight", r"ln_final.weight"),
+    checkpoint_table = decoder_checkpoint_table(
+        PreNormBlock.checkpoint_norms, attention=r"(q_proj|k_proj|v_proj|o_proj)\.(weight)", mlp=None
+    ) + (
         (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.gate\.weight", r"blocks.\1.mlp.gate.weight"),  # the router
         # transformers' in-memory layout, already fused and stacked
         (
@@ -235,18 +239,7 @@ class Mixtral(RotaryDecoder):
         "mistralai/Mixtral-8x7B-Instruct-v0.1": ("mixtral-instruct", "mixtral-8x7b-instruct"),
         "mistralai/Mixtral-8x7B-v0.1": ("mixtral", "mixtral-8x7b"),
     }
-    random_sizes = dict(
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        n_kv_heads=2,
-        d_head=8,
-        d_mlp=16,
-        d_vocab=64,
-        sliding_window=4,
-        n_experts=4,
-        top_k=2,
-    )
+    random_sizes = dict(RotaryDecoder.random_sizes, d_mlp=16, sliding_window=4, n_experts=4, top_k=2)
     random_std = {"mlp.gate.weight": 0.6}  # router logits apart: top-k decided by margins
 
     @classmethod
@@ -265,21 +258,8 @@ class Mixtral(RotaryDecoder):
         )
         return sizes
 
-    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
-        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
-        " embedding: RoPE acts on q and k)",
-        "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
-        "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
-        "blocks.{i}.attn.hook_q": "`q_proj` output (its bias included) split by head, before RoPE",
-        "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before RoPE",
-        "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
-        "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin`, frequencies plain, `linear` or"
-        " `llama3`-scaled",
-        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated, set to the dtype's"
-        " minimum on future keys and on keys `sliding_window` or more columns back; listening switches the layer to"
-        " the eager attention path",
-        "blocks.{i}.attn.hook_pattern": "softmax of the scores (float32, cast back): exactly zero outside the sliding"
-        " window",
+    hook_docs = {  # for docs/hooks-reference.md: Mistral's (hooked.models.Mistral) outside the MLP, then the MoE's
+        **{name: text for name, text in Mistral.hook_docs.items() if ".mlp." not in name},
         "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what the router (`gate`) and the"
         " experts read; circuit-tracer's name, the point a transcoder reads; a default cache leaves it out (cache it"
         " by name)",

@@ -39,7 +39,7 @@ from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, Projection, RMSNorm, Split, mlp_input
 from hooked.models.config import ModelConfig
 from hooked.models.grouped_query_attention import GroupedQueryAttention
-from hooked.models.rotary_decoder import RotaryDecoder, RotaryRMSNames
+from hooked.models.rotary_decoder import RotaryDecoder, RotaryRMSNames, decoder_checkpoint_table
 from hooked.rotary import RotaryEmbedding
 
 _NO_PRE_NORM = (
@@ -276,6 +276,10 @@ class Olmo2Block(nn.Module):
     # (hooked.components.additive_writes refuses the per-head / per-neuron stacks for this block; the circuits
     # graph takes its attention as one node, L{l}.attn).
     output_norms: ClassVar[tuple[str, ...]] = ("ln1", "ln2")
+    checkpoint_norms: ClassVar[dict[str, str]] = {
+        "post_attention_layernorm": "ln1",
+        "post_feedforward_layernorm": "ln2",
+    }
 
     def __init__(self, cfg: Olmo2Config):
         super().__init__()
@@ -353,29 +357,19 @@ class Olmo2(RotaryDecoder):
         return cos, sin, mask
 
     # ------------------------------------------------------------------------- declarations
-    # What the rest of the library reads about OLMo 2 (docs/adding-a-model.md); draw_sizes is the rotary decoder's.
+    # What the rest of the library reads about OLMo 2 (docs/adding-a-model.md); random_sizes and draw_sizes are
+    # the rotary decoder's.
     config_class = Olmo2Config
     architectures = ("Olmo2ForCausalLM", "olmo2")
     family = "olmo2"
     title = "OLMo 2"
-    checkpoint_table = (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1.weight"),
-        (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
-        (
-            r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
-            r"blocks.\1.attn.\2.\3",
-        ),
-        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-        (r"model\.norm\.weight", r"ln_final.weight"),
-    )
+    checkpoint_table = decoder_checkpoint_table(Olmo2Block.checkpoint_norms)
     # TransformerLens 3.9's official names (supported_models.py) of OLMo 2 checkpoints -> its aliases
     # (hooked.transformer_lens.aliases)
     transformer_lens_names = {
         "allenai/OLMo-2-0425-1B": ("olmo-2-1b",),
         "allenai/OLMo-2-1124-7B": ("olmo-2-7b",),
     }
-    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
     hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
         "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
         " embedding: RoPE acts on q and k)",

@@ -25,6 +25,7 @@ from hooked.models.rotary_decoder import (
     PreNormBlock,
     RotaryDecoder,
     RotaryRMSNames,
+    decoder_checkpoint_table,
     rms_rotary_fields,
     rope_default_or_yarn,
 )
@@ -112,28 +113,18 @@ class Qwen3(RotaryDecoder):
         return PreNormBlock(cfg, GatedMLP(cfg.d_model, cfg.d_mlp), GroupedQueryAttention(cfg, qk_norm=RMSNorm))
 
     # ------------------------------------------------------------------------- declarations
-    # What the rest of the library reads about Qwen3 (docs/adding-a-model.md); draw_sizes is the rotary decoder's.
+    # What the rest of the library reads about Qwen3 (docs/adding-a-model.md); random_sizes and draw_sizes are
+    # the rotary decoder's.
     config_class = Qwen3Config
     architectures = ("Qwen3ForCausalLM", "qwen3")
     family = "qwen3"
     title = "Qwen3"
-    checkpoint_table = (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-        (
-            r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
-            r"blocks.\1.attn.\2.\3",
-        ),
-        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-        (r"model\.norm\.weight", r"ln_final.weight"),
-    )
+    checkpoint_table = decoder_checkpoint_table(PreNormBlock.checkpoint_norms)
     # TransformerLens 3.9's official names (supported_models.py) of Qwen3 checkpoints -> its aliases
     # (hooked.transformer_lens.aliases)
     transformer_lens_names = {
         f"Qwen/Qwen3-{size}": (f"qwen3-{size.lower()}",) for size in ("0.6B", "0.6B-Base", "1.7B", "4B", "8B", "14B")
     }
-    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
     hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
         "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
         " embedding: RoPE acts on q and k)",

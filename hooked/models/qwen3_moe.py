@@ -21,10 +21,12 @@ from hooked.layers import GatedMLP, RMSNorm
 from hooked.models.config import EXPERT_AXIS_FIELDS, ModelConfig
 from hooked.models.grouped_query_attention import GroupedQueryAttention
 from hooked.models.moe import SparseMoeMLP
+from hooked.models.qwen3 import Qwen3
 from hooked.models.rotary_decoder import (
     PreNormBlock,
     RotaryDecoder,
     RotaryRMSNames,
+    decoder_checkpoint_table,
     rms_rotary_fields,
     rope_default_or_yarn,
 )
@@ -137,17 +139,7 @@ class Qwen3Moe(RotaryDecoder):
     architectures = ("Qwen3MoeForCausalLM", "qwen3_moe")
     family = "qwen3_moe"
     title = "Qwen3-MoE"
-    checkpoint_table = (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-        (
-            r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
-            r"blocks.\1.attn.\2.\3",
-        ),
-        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-        (r"model\.norm\.weight", r"ln_final.weight"),
-    )
+    checkpoint_table = decoder_checkpoint_table(PreNormBlock.checkpoint_norms)
 
     @property
     def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
@@ -171,18 +163,7 @@ class Qwen3Moe(RotaryDecoder):
         (r"model\.layers\.(\d+)\.mlp\.experts\.(?P<expert>\d+)\.down_proj\.weight", r"blocks.\1.mlp.experts.down_proj"),
     )
     transformer_lens_names = {}  # TransformerLens 3.9 lists no Qwen3-MoE model
-    random_sizes = dict(
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        n_kv_heads=2,
-        d_head=8,
-        d_mlp=48,
-        d_vocab=64,
-        n_experts=4,
-        top_k=2,
-        d_expert_mlp=16,
-    )
+    random_sizes = dict(RotaryDecoder.random_sizes, n_experts=4, top_k=2, d_expert_mlp=16)
     random_std = {"mlp.gate.weight": 0.6}  # router logits a few units apart: top-k decided by margins, not rounding
     docs_sizes = {"n_layers": 2, "mlp_only_layers": (0,), "decoder_sparse_step": 1}  # both MLP kinds in the reference
 
@@ -203,30 +184,10 @@ class Qwen3Moe(RotaryDecoder):
         sizes.update(decoder_sparse_step=step, mlp_only_layers=tuple(sorted(dense)))
         return sizes
 
-    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
-        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
-        " embedding: RoPE acts on q and k)",
-        "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
-        "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
-        "blocks.{i}.attn.hook_q": "`q_proj` output split by head, before `q_norm` and RoPE",
-        "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before `k_norm` and RoPE",
-        "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
-        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads"
-        " kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the"
-        " layer to the eager attention path",
-        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
-        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
-        " what the projection reads",
+    hook_docs = {  # for docs/hooks-reference.md: Qwen3's (hooked.models.Qwen3), and the sparse MLP's
+        **Qwen3.hook_docs,
         "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what `gate_proj` and `up_proj` read"
         " on a dense layer, the router and the experts on a sparse one; circuit-tracer's name, the point a transcoder"
         " reads; a default cache leaves it out (cache it by name)",
-        "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(x)`",
-        "blocks.{i}.mlp.hook_post": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
-        "blocks.{i}.attn.q_norm.hook_scale": "the per-head RMSNorm's scale of q",
-        "blocks.{i}.attn.q_norm.hook_normalized": "q divided by its per-head scale, before `q_norm`'s weight",
-        "blocks.{i}.attn.hook_q_normed": "`q_norm(q)`: after the per-head RMSNorm and its weight, before RoPE",
-        "blocks.{i}.attn.k_norm.hook_scale": "the per-head RMSNorm's scale of k",
-        "blocks.{i}.attn.k_norm.hook_normalized": "k divided by its per-head scale, before `k_norm`'s weight",
-        "blocks.{i}.attn.hook_k_normed": "`k_norm(k)`: after the per-head RMSNorm and its weight, before RoPE",
         "blocks.{i}.hook_mlp_out": "MLP output; on a sparse layer `sum_j weight_j * down_e(j)(post_j)` over the slots",
     }

@@ -161,6 +161,31 @@ def rope_default_linear_or_llama3(config: dict, family: str) -> tuple[float, Lin
     )
 
 
+# ============================================================================= checkpoint
+def decoder_checkpoint_table(
+    norms: dict[str, str],
+    attention: str = r"(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
+    mlp: str | None = r"(gate_proj|up_proj|down_proj)\.(weight)",
+) -> tuple[tuple[str, str], ...]:
+    """A rotary decoder's `checkpoint_table`: transformers' `model.embed_tokens`, `model.layers.{i}.*` and
+    `model.norm` keys -> this module tree (`embed_tokens`, `blocks.{i}.*`, `ln_final`).
+
+    `norms`: each block's norms, checkpoint name -> hooked's (the block's `checkpoint_norms`). `attention` and
+    `mlp`: the leaves of `self_attn.` and `mlp.` a family reads, each a regex of two groups (module, parameter);
+    `mlp=None` for a family that maps its MLP itself (Mixtral's stacked experts)."""
+    layer = r"model\.layers\.(\d+)\."
+    return (
+        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+        *(
+            (layer + checkpoint_name + r"\.weight", rf"blocks.\1.{name}.weight")
+            for checkpoint_name, name in norms.items()
+        ),
+        (layer + r"self_attn\." + attention, r"blocks.\1.attn.\2.\3"),
+        *(() if mlp is None else ((layer + r"mlp\." + mlp, r"blocks.\1.mlp.\2.\3"),)),
+        (r"model\.norm\.weight", r"ln_final.weight"),
+    )
+
+
 # ============================================================================= modules and forward
 class PreNormBlock(nn.Module):
     """The pre-norm block: resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid)),
@@ -168,6 +193,7 @@ class PreNormBlock(nn.Module):
     (`GatedMLP`, Llama's with biases, or a sparse mixture of experts: hooked.models.moe) are given."""
 
     mlp_stage = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out", "hook_resid_post")  # what mlp_half computes
+    checkpoint_norms = {"input_layernorm": "ln1", "post_attention_layernorm": "ln2"}  # transformers' names -> hooked's
 
     def __init__(self, cfg: ModelConfig, mlp: nn.Module, attn: nn.Module):
         super().__init__()
@@ -210,6 +236,8 @@ class RotaryDecoder(HookedTransformer):
     built in the order the forward runs them, which is the order of `hook_names` and of the parameters."""
 
     embedding_hook_names = ("hook_embed",)
+    # hooked.testing's tiny random model (a family adds its own fields or changes one)
+    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
 
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, final_norm: type[RMSNorm] = RMSNorm):
         super().__init__(cfg)
