@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hooked.models.grouped_query_attention import GroupedQueryAttention
+from hooked.models.rotary_decoder import sizes_from_hf
 from hooked.models.sandwich_decoder import SandwichDecoder, SandwichDecoderConfig, SandwichNormBlock
 from hooked.rotary import RotaryEmbedding
 
@@ -25,15 +26,8 @@ from hooked.rotary import RotaryEmbedding
 # ============================================================================= config
 @dataclass
 class Gemma2Config(SandwichDecoderConfig):
-    n_layers: int  # transformer blocks (num_hidden_layers)
-    d_model: int  # residual stream width (hidden_size)
-    n_heads: int  # query heads (num_attention_heads)
-    n_kv_heads: int  # key/value heads (num_key_value_heads)
-    d_head: int  # per-head width (head_dim), independent of d_model / n_heads
-    d_mlp: int  # MLP width (intermediate_size)
-    d_vocab: int  # vocabulary size
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0  # RoPE base
+    """The rotary decoder's sizes (RotaryDecoderConfig: n_layers ... d_vocab, rms_norm_eps, rope_theta), and:"""
+
     tie_word_embeddings: bool = True  # transformers' Gemma2Config default: unembedding = the token embedding
     attention_bias: bool = False  # biases on q/k/v/o projections
     max_position_embeddings: int = 8192  # bounds sliding_window (RoPE itself has no hard limit)
@@ -72,13 +66,7 @@ class Gemma2Config(SandwichDecoderConfig):
             )
         layer_types = config.get("layer_types")
         return dict(
-            n_layers=config["num_hidden_layers"],
-            d_model=config["hidden_size"],
-            n_heads=config["num_attention_heads"],
-            n_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-            d_head=config.get("head_dim") or 256,  # transformers' Gemma2Config default
-            d_mlp=config["intermediate_size"],
-            d_vocab=config["vocab_size"],
+            **sizes_from_hf(config, head_dim=256),  # transformers' Gemma2Config default head_dim
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
             tie_word_embeddings=config.get("tie_word_embeddings", True),

@@ -29,7 +29,9 @@ import torch
 from torch import Tensor
 
 from hooked.layers import AttentionMask
+from hooked.models.config import alias
 from hooked.models.grouped_query_attention import GroupedQueryAttention
+from hooked.models.rotary_decoder import sizes_from_hf
 from hooked.models.sandwich_decoder import (
     LAYER_TYPES,
     GemmaRMSNorm,
@@ -64,14 +66,8 @@ ROPE_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}  # t
 
 @dataclass
 class Gemma3Config(SandwichDecoderConfig):
-    n_layers: int  # transformer blocks (num_hidden_layers)
-    d_model: int  # residual stream width (hidden_size)
-    n_heads: int  # query heads (num_attention_heads)
-    n_kv_heads: int  # key/value heads (num_key_value_heads)
-    d_head: int  # per-head width (head_dim), independent of d_model / n_heads
-    d_mlp: int  # MLP width (intermediate_size)
-    d_vocab: int  # vocabulary size
-    rms_norm_eps: float = 1e-6
+    """The rotary decoder's sizes (RotaryDecoderConfig: n_layers ... d_vocab, rms_norm_eps, rope_theta), and:"""
+
     rope_theta: float = 1_000_000.0  # RoPE base of full_attention layers
     tie_word_embeddings: bool = True  # unembedding = the token embedding
     attention_bias: bool = False  # biases on q/k/v/o projections
@@ -116,9 +112,7 @@ class Gemma3Config(SandwichDecoderConfig):
         super().__post_init__()
 
     # TransformerLens' names for the same settings (its google/gemma-3-* configs)
-    @property
-    def rotary_base_local(self) -> float:
-        return self.rope_local_theta
+    rotary_base_local = alias("rope_local_theta")
 
     @property
     def rotary_scaling_factor(self) -> float:
@@ -169,13 +163,7 @@ class Gemma3Config(SandwichDecoderConfig):
             )
         layer_types = config.get("layer_types")
         return dict(  # every key but layer_types is there: _HF_DEFAULTS fills what the config leaves out
-            n_layers=config["num_hidden_layers"],
-            d_model=config["hidden_size"],
-            n_heads=config["num_attention_heads"],
-            n_kv_heads=config["num_key_value_heads"] or config["num_attention_heads"],
-            d_head=config["head_dim"] or _HF_DEFAULTS["head_dim"],
-            d_mlp=config["intermediate_size"],
-            d_vocab=config["vocab_size"],
+            **sizes_from_hf(config, head_dim=_HF_DEFAULTS["head_dim"]),
             rms_norm_eps=config["rms_norm_eps"],
             tie_word_embeddings=config["tie_word_embeddings"],
             attention_bias=config["attention_bias"],

@@ -39,7 +39,7 @@ from hooked.layers import (
     writable,
 )
 from hooked.models.base import HookedTransformer
-from hooked.models.config import ModelConfig
+from hooked.models.config import ModelConfig, alias
 from hooked.rows import current_rows
 
 
@@ -66,21 +66,14 @@ class GPT2Config(ModelConfig):
     final_rms = False
     rotary_dim = None
 
-    @property
-    def act_fn(self) -> str:
-        return self.activation
-
-    @property
-    def eps(self) -> float:
-        return self.layer_norm_eps
+    act_fn = alias("activation")
+    eps = alias("layer_norm_eps")
 
     @property
     def d_head(self) -> int:
         return self.d_model // self.n_heads
 
-    @property
-    def n_kv_heads(self) -> int:
-        return self.n_heads
+    n_kv_heads = alias("n_heads")
 
     def __post_init__(self):
         if self.d_model % self.n_heads:

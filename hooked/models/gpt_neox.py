@@ -43,7 +43,7 @@ from hooked.layers import (
     writable,
 )
 from hooked.models.base import HookedTransformer
-from hooked.models.config import ModelConfig
+from hooked.models.config import ModelConfig, alias
 from hooked.rotary import RotaryEmbedding, apply_rotary
 
 
@@ -95,30 +95,19 @@ class GPTNeoXConfig(ModelConfig):
     def d_head(self) -> int:
         return self.d_model // self.n_heads
 
-    @property
-    def n_kv_heads(self) -> int:
-        return self.n_heads
+    n_kv_heads = alias("n_heads")
 
     @property
     def act_fn(self) -> str:
         return "silu" if self.activation == "swish" else self.activation
 
-    @property
-    def parallel_attn_mlp(self) -> bool:
-        return self.use_parallel_residual
-
-    @property
-    def n_ctx(self) -> int:
-        """Where `to_tokens(truncate=True)` cuts: the config's length (TransformerLens' n_ctx)."""
-        return self.max_position_embeddings
-
-    @property
-    def eps(self) -> float:
-        return self.layer_norm_eps
-
-    @property
-    def rotary_base(self) -> float:
-        return self.rope_theta
+    parallel_attn_mlp = alias("use_parallel_residual")
+    n_ctx = alias(
+        "max_position_embeddings",
+        "Where `to_tokens(truncate=True)` cuts: the config's length (TransformerLens' n_ctx).",
+    )
+    eps = alias("layer_norm_eps")
+    rotary_base = alias("rope_theta")
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
@@ -240,6 +229,37 @@ def _rope_from_hf(config: dict) -> tuple[float, float]:
     if not 0.0 < rotary_pct <= 1.0:
         raise ValueError(f"rotary_pct / partial_rotary_factor {rotary_pct} must be in (0, 1]")
     return theta, rotary_pct
+
+
+# Pythia's sizes -> the sizes its first release was named by, which TransformerLens 3.9 keeps as aliases
+PYTHIA_FIRST_NAMES = {
+    "70m": "19m",
+    "160m": "125m",
+    "410m": "350m",
+    "1b": "800m",
+    "1.4b": "1.3b",
+    "2.8b": "2.7b",
+    "6.9b": "6.7b",
+    "12b": "13b",
+}
+
+
+def pythia_names() -> dict[str, tuple[str, ...]]:
+    """TransformerLens 3.9's official Pythia names (supported_models.py) -> its aliases
+    (hooked.transformer_lens.aliases): each size and variant under its short name and its first release's names;
+    `pythia` and `pythia-v0` are 70m's."""
+    names = {"EleutherAI/pythia-14m": ("pythia-14m",), "EleutherAI/pythia-31m": ("pythia-31m",)}
+    for size, first in PYTHIA_FIRST_NAMES.items():
+        seeds = ("-seed1", "-seed2", "-seed3") if size == "160m" else ()
+        for variant in ("", "-deduped", "-deduped-v0", "-v0", *seeds):
+            short = {"70m": "pythia", "70m-v0": "pythia-v0"}.get(size + variant)
+            aliases = (f"pythia-{size}{variant}", *((short,) if short else ()))
+            names[f"EleutherAI/pythia-{size}{variant}"] = (
+                *aliases,
+                f"EleutherAI/pythia-{first}{variant}",
+                f"pythia-{first}{variant}",
+            )
+    return dict(sorted(names.items()))
 
 
 # ============================================================================= modules and forward
@@ -535,95 +555,7 @@ class GPTNeoX(HookedTransformer):
     # (hooked.transformer_lens.aliases)
     transformer_lens_names = {
         "EleutherAI/gpt-neox-20b": ("gpt-neox-20b", "gpt-neox", "neox"),
-        "EleutherAI/pythia-1.4b": ("pythia-1.4b", "EleutherAI/pythia-1.3b", "pythia-1.3b"),
-        "EleutherAI/pythia-1.4b-deduped": (
-            "pythia-1.4b-deduped",
-            "EleutherAI/pythia-1.3b-deduped",
-            "pythia-1.3b-deduped",
-        ),
-        "EleutherAI/pythia-1.4b-deduped-v0": (
-            "pythia-1.4b-deduped-v0",
-            "EleutherAI/pythia-1.3b-deduped-v0",
-            "pythia-1.3b-deduped-v0",
-        ),
-        "EleutherAI/pythia-1.4b-v0": ("pythia-1.4b-v0", "EleutherAI/pythia-1.3b-v0", "pythia-1.3b-v0"),
-        "EleutherAI/pythia-12b": ("pythia-12b", "EleutherAI/pythia-13b", "pythia-13b"),
-        "EleutherAI/pythia-12b-deduped": ("pythia-12b-deduped", "EleutherAI/pythia-13b-deduped", "pythia-13b-deduped"),
-        "EleutherAI/pythia-12b-deduped-v0": (
-            "pythia-12b-deduped-v0",
-            "EleutherAI/pythia-13b-deduped-v0",
-            "pythia-13b-deduped-v0",
-        ),
-        "EleutherAI/pythia-12b-v0": ("pythia-12b-v0", "EleutherAI/pythia-13b-v0", "pythia-13b-v0"),
-        "EleutherAI/pythia-14m": ("pythia-14m",),
-        "EleutherAI/pythia-160m": ("pythia-160m", "EleutherAI/pythia-125m", "pythia-125m"),
-        "EleutherAI/pythia-160m-deduped": (
-            "pythia-160m-deduped",
-            "EleutherAI/pythia-125m-deduped",
-            "pythia-125m-deduped",
-        ),
-        "EleutherAI/pythia-160m-deduped-v0": (
-            "pythia-160m-deduped-v0",
-            "EleutherAI/pythia-125m-deduped-v0",
-            "pythia-125m-deduped-v0",
-        ),
-        "EleutherAI/pythia-160m-seed1": ("pythia-160m-seed1", "EleutherAI/pythia-125m-seed1", "pythia-125m-seed1"),
-        "EleutherAI/pythia-160m-seed2": ("pythia-160m-seed2", "EleutherAI/pythia-125m-seed2", "pythia-125m-seed2"),
-        "EleutherAI/pythia-160m-seed3": ("pythia-160m-seed3", "EleutherAI/pythia-125m-seed3", "pythia-125m-seed3"),
-        "EleutherAI/pythia-160m-v0": ("pythia-160m-v0", "EleutherAI/pythia-125m-v0", "pythia-125m-v0"),
-        "EleutherAI/pythia-1b": ("pythia-1b", "EleutherAI/pythia-800m", "pythia-800m"),
-        "EleutherAI/pythia-1b-deduped": ("pythia-1b-deduped", "EleutherAI/pythia-800m-deduped", "pythia-800m-deduped"),
-        "EleutherAI/pythia-1b-deduped-v0": (
-            "pythia-1b-deduped-v0",
-            "EleutherAI/pythia-800m-deduped-v0",
-            "pythia-800m-deduped-v0",
-        ),
-        "EleutherAI/pythia-1b-v0": ("pythia-1b-v0", "EleutherAI/pythia-800m-v0", "pythia-800m-v0"),
-        "EleutherAI/pythia-2.8b": ("pythia-2.8b", "EleutherAI/pythia-2.7b", "pythia-2.7b"),
-        "EleutherAI/pythia-2.8b-deduped": (
-            "pythia-2.8b-deduped",
-            "EleutherAI/pythia-2.7b-deduped",
-            "pythia-2.7b-deduped",
-        ),
-        "EleutherAI/pythia-2.8b-deduped-v0": (
-            "pythia-2.8b-deduped-v0",
-            "EleutherAI/pythia-2.7b-deduped-v0",
-            "pythia-2.7b-deduped-v0",
-        ),
-        "EleutherAI/pythia-2.8b-v0": ("pythia-2.8b-v0", "EleutherAI/pythia-2.7b-v0", "pythia-2.7b-v0"),
-        "EleutherAI/pythia-31m": ("pythia-31m",),
-        "EleutherAI/pythia-410m": ("pythia-410m", "EleutherAI/pythia-350m", "pythia-350m"),
-        "EleutherAI/pythia-410m-deduped": (
-            "pythia-410m-deduped",
-            "EleutherAI/pythia-350m-deduped",
-            "pythia-350m-deduped",
-        ),
-        "EleutherAI/pythia-410m-deduped-v0": (
-            "pythia-410m-deduped-v0",
-            "EleutherAI/pythia-350m-deduped-v0",
-            "pythia-350m-deduped-v0",
-        ),
-        "EleutherAI/pythia-410m-v0": ("pythia-410m-v0", "EleutherAI/pythia-350m-v0", "pythia-350m-v0"),
-        "EleutherAI/pythia-6.9b": ("pythia-6.9b", "EleutherAI/pythia-6.7b", "pythia-6.7b"),
-        "EleutherAI/pythia-6.9b-deduped": (
-            "pythia-6.9b-deduped",
-            "EleutherAI/pythia-6.7b-deduped",
-            "pythia-6.7b-deduped",
-        ),
-        "EleutherAI/pythia-6.9b-deduped-v0": (
-            "pythia-6.9b-deduped-v0",
-            "EleutherAI/pythia-6.7b-deduped-v0",
-            "pythia-6.7b-deduped-v0",
-        ),
-        "EleutherAI/pythia-6.9b-v0": ("pythia-6.9b-v0", "EleutherAI/pythia-6.7b-v0", "pythia-6.7b-v0"),
-        "EleutherAI/pythia-70m": ("pythia-70m", "pythia", "EleutherAI/pythia-19m", "pythia-19m"),
-        "EleutherAI/pythia-70m-deduped": ("pythia-70m-deduped", "EleutherAI/pythia-19m-deduped", "pythia-19m-deduped"),
-        "EleutherAI/pythia-70m-deduped-v0": (
-            "pythia-70m-deduped-v0",
-            "EleutherAI/pythia-19m-deduped-v0",
-            "pythia-19m-deduped-v0",
-        ),
-        "EleutherAI/pythia-70m-v0": ("pythia-70m-v0", "pythia-v0", "EleutherAI/pythia-19m-v0", "pythia-19m-v0"),
+        **pythia_names(),
     }
     random_sizes = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, d_vocab=64, rotary_dim=4)
 

@@ -25,6 +25,23 @@ from hooked.layers import AttentionMask, Projection, RMSNorm, Split, add_bias, a
 from hooked.models.config import ModelConfig
 from hooked.rotary import apply_rotary
 
+# What the projections' hook points hold, for docs/hooks-reference.md: without q/k norms (Llama, Mistral, Mixtral),
+# and with per-head RMSNorms (`qk_norm=RMSNorm`: Qwen3, Qwen3-MoE).
+HOOK_DOCS = {
+    "blocks.{i}.attn.hook_q": "`q_proj` output (its bias included) split by head, before RoPE",
+    "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before RoPE",
+}
+RMS_QK_NORM_HOOK_DOCS = {
+    "blocks.{i}.attn.hook_q": "`q_proj` output split by head, before `q_norm` and RoPE",
+    "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before `k_norm` and RoPE",
+    "blocks.{i}.attn.q_norm.hook_scale": "the per-head RMSNorm's scale of q",
+    "blocks.{i}.attn.q_norm.hook_normalized": "q divided by its per-head scale, before `q_norm`'s weight",
+    "blocks.{i}.attn.hook_q_normed": "`q_norm(q)`: after the per-head RMSNorm and its weight, before RoPE",
+    "blocks.{i}.attn.k_norm.hook_scale": "the per-head RMSNorm's scale of k",
+    "blocks.{i}.attn.k_norm.hook_normalized": "k divided by its per-head scale, before `k_norm`'s weight",
+    "blocks.{i}.attn.hook_k_normed": "`k_norm(k)`: after the per-head RMSNorm and its weight, before RoPE",
+}
+
 
 class GroupedQueryAttention(nn.Module):
     """Grouped-query attention with RoPE: `n_heads` query heads read `n_kv_heads` key/value heads.

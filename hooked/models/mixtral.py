@@ -33,34 +33,29 @@ import torch
 from torch import Tensor
 
 from hooked.layers import AttentionMask
-from hooked.models.config import EXPERT_AXIS_FIELDS, ModelConfig
-from hooked.models.grouped_query_attention import GroupedQueryAttention
-from hooked.models.llama import Mistral
+from hooked.models.config import EXPERT_AXIS_FIELDS, ModelConfig, alias
+from hooked.models.grouped_query_attention import HOOK_DOCS, GroupedQueryAttention
 from hooked.models.moe import SparseMoeMLP
 from hooked.models.rotary_decoder import (
+    PRE_NORM_HOOK_DOCS,
+    SLIDING_WINDOW_HOOK_DOCS,
     PreNormBlock,
     RotaryDecoder,
-    RotaryRMSNames,
+    RotaryDecoderConfig,
     decoder_checkpoint_table,
+    require_silu,
     rope_default_linear_or_llama3,
+    sizes_from_hf,
 )
 from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
 
 
 # ============================================================================= config
 @dataclass
-class MixtralConfig(RotaryRMSNames, ModelConfig):
-    """Mistral's fields (d_mlp is each expert's width, intermediate_size; no biases) plus the experts."""
+class MixtralConfig(RotaryDecoderConfig):
+    """Mistral's fields (d_mlp is each expert's width, intermediate_size; head_dim hidden_size / num_attention_heads
+    when config.json has none; no biases) plus the experts."""
 
-    n_layers: int  # transformer blocks (num_hidden_layers)
-    d_model: int  # residual stream width (hidden_size)
-    n_heads: int  # query heads (num_attention_heads)
-    n_kv_heads: int  # key/value heads (num_key_value_heads); n_heads / n_kv_heads queries share one
-    d_head: int  # per-head width (head_dim; hidden_size / num_attention_heads when the config has none)
-    d_mlp: int  # each expert's MLP width (intermediate_size)
-    d_vocab: int  # vocabulary size
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0  # RoPE base
     rope_scaling: LinearScaling | Llama3Scaling | None = None  # rope_type "linear" / "llama3"; None: plain RoPE
     tie_word_embeddings: bool = False  # unembedding = the token embedding
     attention_bias: bool = False  # always False from a config.json: transformers' Mixtral has no biases
@@ -72,55 +67,30 @@ class MixtralConfig(RotaryRMSNames, ModelConfig):
     n_experts: int  # experts per block (num_local_experts)
     top_k: int  # experts per token (num_experts_per_tok)
 
-    # TransformerLens' names for what the architecture fixes
-    normalization_type = "RMS"
-    positional_embedding_type = "rotary"
+    # TransformerLens' names for what the architecture fixes (the rest are RotaryDecoderConfig's)
     act_fn = "silu"
     original_architecture = "MixtralForCausalLM"
     axis_fields = {**ModelConfig.axis_fields, **EXPERT_AXIS_FIELDS}
-    gated_mlp = True
-    final_rms = True
-    rotary_adjacent_pairs = False  # half-split RoPE
     norm_topk_prob = True  # transformers' MixtralTopKRouter renormalises the top-k weights unconditionally
 
-    @property
-    def d_expert_mlp(self) -> int:
-        return self.d_mlp  # every MLP is sparse: the expert width is intermediate_size
-
+    d_expert_mlp = alias("d_mlp")  # every MLP is sparse: the expert width is intermediate_size
     # TransformerLens' names for the same settings
-    @property
-    def num_experts(self) -> int:
-        return self.n_experts
-
-    @property
-    def experts_per_token(self) -> int:
-        return self.top_k
+    num_experts = alias("n_experts")
+    experts_per_token = alias("top_k")
 
     @property
     def use_NTK_by_parts_rope(self) -> bool:  # the "llama3" scaling
         return isinstance(self.rope_scaling, Llama3Scaling)
 
-    @property
-    def window_size(self) -> int | None:  # TransformerLens' Mistral: attn_types "local"
-        return self.sliding_window
+    window_size = alias("sliding_window")  # TransformerLens' Mistral: attn_types "local"
 
     @property
     def use_local_attn(self) -> bool:
         return self.sliding_window is not None
 
     def __post_init__(self):
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
-            )
-        if self.d_head % 2:
-            raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
-        window = self.sliding_window
-        if window is not None and not (isinstance(window, int) and 0 < window <= self.max_position_embeddings):
-            raise ValueError(
-                f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
-                f" ({self.max_position_embeddings}), or null for plain causal attention"
-            )
+        super().__post_init__()
+        self.check_sliding_window()
         if not (isinstance(self.n_experts, int) and self.n_experts >= 1):
             raise ValueError(f"num_local_experts {self.n_experts!r} must be a whole number >= 1")
         if not (isinstance(self.top_k, int) and 1 <= self.top_k <= self.n_experts):
@@ -144,23 +114,13 @@ class MixtralConfig(RotaryRMSNames, ModelConfig):
                 f"{family} with layer_types {sorted(layer_types)} (interleaved sliding and full"
                 " attention) is not supported by hooked: every layer must attend alike"
             )
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(
-                f"{family} with hidden_act {config['hidden_act']!r} is not supported by hooked (silu only)"
-            )
+        require_silu(config, family)
         theta, scaling = rope_default_linear_or_llama3(config, family)
-        n_heads = config["num_attention_heads"]
         # router_jitter_noise is ignored: transformers multiplies the MLP input by U(1 - noise, 1 + noise) only
         # when training (`self.training and jitter_noise > 0`); hooked computes the inference forward.
         # output_router_logits / router_aux_loss_coef are training losses, attention_dropout training only.
         return cls(
-            n_layers=config["num_hidden_layers"],
-            d_model=config["hidden_size"],
-            n_heads=n_heads,
-            n_kv_heads=config.get("num_key_value_heads") or n_heads,
-            d_head=config.get("head_dim") or config["hidden_size"] // n_heads,
-            d_mlp=config["intermediate_size"],
-            d_vocab=config["vocab_size"],
+            **sizes_from_hf(config),
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             rope_theta=theta,
             rope_scaling=scaling,
@@ -258,8 +218,12 @@ class Mixtral(RotaryDecoder):
         )
         return sizes
 
-    hook_docs = {  # for docs/hooks-reference.md: Mistral's (hooked.models.Mistral) outside the MLP, then the MoE's
-        **{name: text for name, text in Mistral.hook_docs.items() if ".mlp." not in name},
+    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
+        **PRE_NORM_HOOK_DOCS,
+        **HOOK_DOCS,  # the attention's q and k
+        "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin`, frequencies plain, `linear` or"
+        " `llama3`-scaled",
+        **SLIDING_WINDOW_HOOK_DOCS,
         "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what the router (`gate`) and the"
         " experts read; circuit-tracer's name, the point a transcoder reads; a default cache leaves it out (cache it"
         " by name)",

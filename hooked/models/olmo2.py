@@ -37,9 +37,14 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, Projection, RMSNorm, Split, mlp_input
-from hooked.models.config import ModelConfig
 from hooked.models.grouped_query_attention import GroupedQueryAttention
-from hooked.models.rotary_decoder import RotaryDecoder, RotaryRMSNames, decoder_checkpoint_table
+from hooked.models.rotary_decoder import (
+    RotaryDecoder,
+    RotaryDecoderConfig,
+    decoder_checkpoint_table,
+    require_silu,
+    sizes_from_hf,
+)
 from hooked.rotary import RotaryEmbedding
 
 _NO_PRE_NORM = (
@@ -50,14 +55,9 @@ _NO_PRE_NORM = (
 
 # ============================================================================= config
 @dataclass
-class Olmo2Config(RotaryRMSNames, ModelConfig):
-    n_layers: int  # transformer blocks (num_hidden_layers)
-    d_model: int  # residual stream width (hidden_size)
-    n_heads: int  # query heads (num_attention_heads)
-    n_kv_heads: int  # key/value heads (num_key_value_heads); n_heads / n_kv_heads queries share one
-    d_head: int  # per-head width (head_dim; hidden_size / num_attention_heads when the config has none)
-    d_mlp: int  # MLP width (intermediate_size)
-    d_vocab: int  # vocabulary size
+class Olmo2Config(RotaryDecoderConfig):
+    """The rotary decoder's fields (head_dim: hidden_size / num_attention_heads when config.json has none)."""
+
     rms_norm_eps: float = 1e-5  # transformers' Olmo2Config default
     rope_theta: float = 10000.0  # RoPE base (the OLMo 2 checkpoints: 500000)
     tie_word_embeddings: bool = False  # unembedding = the token embedding
@@ -65,32 +65,16 @@ class Olmo2Config(RotaryRMSNames, ModelConfig):
     max_position_embeddings: int = 2048  # informative only: RoPE has no hard limit
     default_prepend_bos: bool = False  # OLMo 2's tokenizer adds no BOS (TransformerLens 3.9 loads it without)
 
-    # TransformerLens' names for what the architecture fixes
-    normalization_type = "RMS"
-    positional_embedding_type = "rotary"
+    # TransformerLens' names for what the architecture fixes (the rest are RotaryDecoderConfig's)
     act_fn = "silu"
     original_architecture = "Olmo2ForCausalLM"
-    gated_mlp = True
-    final_rms = True
     use_qk_norm = (
         False  # TransformerLens' per-head q/k norm flag: OLMo 2's norms span all heads (by architecture there)
     )
-    rotary_adjacent_pairs = False  # half-split RoPE
-
-    def __post_init__(self):
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
-            )
-        if self.d_head % 2:
-            raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
 
     @classmethod
     def from_hf(cls, config: dict) -> Olmo2Config:
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(
-                f"Olmo2ForCausalLM with hidden_act {config['hidden_act']!r} is not supported by hooked (silu only)"
-            )
+        require_silu(config, "Olmo2ForCausalLM")
         rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
@@ -111,13 +95,7 @@ class Olmo2Config(RotaryRMSNames, ModelConfig):
                 " and config.json gives no head_dim"
             )
         return cls(
-            n_layers=config["num_hidden_layers"],
-            d_model=config["hidden_size"],
-            n_heads=n_heads,
-            n_kv_heads=config.get("num_key_value_heads") or n_heads,
-            d_head=config.get("head_dim") or config["hidden_size"] // n_heads,  # transformers reads head_dim when given
-            d_mlp=config["intermediate_size"],
-            d_vocab=config["vocab_size"],
+            **sizes_from_hf(config),
             rms_norm_eps=config.get("rms_norm_eps", 1e-5),
             rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
             tie_word_embeddings=config.get("tie_word_embeddings", False),

@@ -19,32 +19,28 @@ from dataclasses import KW_ONLY, dataclass, field
 
 from hooked.layers import GatedMLP, RMSNorm
 from hooked.models.config import EXPERT_AXIS_FIELDS, ModelConfig
-from hooked.models.grouped_query_attention import GroupedQueryAttention
+from hooked.models.grouped_query_attention import RMS_QK_NORM_HOOK_DOCS, GroupedQueryAttention
 from hooked.models.moe import SparseMoeMLP
-from hooked.models.qwen3 import Qwen3
 from hooked.models.rotary_decoder import (
+    PRE_NORM_HOOK_DOCS,
     PreNormBlock,
     RotaryDecoder,
-    RotaryRMSNames,
+    RotaryDecoderConfig,
     decoder_checkpoint_table,
+    require_silu,
     rms_rotary_fields,
     rope_default_or_yarn,
+    sizes_from_hf,
 )
 from hooked.rotary import RotaryEmbedding, YarnScaling
 
 
 # ============================================================================= config
 @dataclass
-class Qwen3MoeConfig(RotaryRMSNames, ModelConfig):
-    n_layers: int  # transformer blocks (num_hidden_layers)
-    d_model: int  # residual stream width (hidden_size)
-    n_heads: int  # query heads (num_attention_heads)
-    n_kv_heads: int  # key/value heads (num_key_value_heads); n_heads / n_kv_heads queries share one
-    d_head: int  # per-head width (head_dim; hidden_size / num_attention_heads when the config has none)
-    d_mlp: int  # dense MLP width (intermediate_size)
-    d_vocab: int  # vocabulary size
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0  # RoPE base
+class Qwen3MoeConfig(RotaryDecoderConfig):
+    """The rotary decoder's fields (d_mlp: the dense layers' width; head_dim: hidden_size / num_attention_heads when
+    config.json has none, transformers' Qwen3MoeConfig having no default), Qwen3's, and the experts."""
+
     yarn: YarnScaling | None = None  # rope_type "yarn"; None: plain RoPE
     tie_word_embeddings: bool = False  # unembedding = the token embedding
     attention_bias: bool = False  # biases on q/k/v/o projections
@@ -58,18 +54,13 @@ class Qwen3MoeConfig(RotaryRMSNames, ModelConfig):
     mlp_only_layers: tuple[int, ...] = field(default=())  # layers kept dense regardless
     norm_topk_prob: bool = False  # renormalise the top-k probabilities to sum to 1
 
-    # TransformerLens' names for what the architecture fixes
-    normalization_type = "RMS"
-    positional_embedding_type = "rotary"
+    # TransformerLens' names for what the architecture fixes (the rest are RotaryDecoderConfig's)
     act_fn = "silu"
     original_architecture = "Qwen3MoeForCausalLM"
     axis_fields = {**ModelConfig.axis_fields, **EXPERT_AXIS_FIELDS}
-    gated_mlp = True
-    final_rms = True
 
     def __post_init__(self):
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        super().__post_init__()
         if self.n_experts and not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k {self.top_k} must lie in 1..n_experts ({self.n_experts})")
 
@@ -91,18 +82,10 @@ class Qwen3MoeConfig(RotaryRMSNames, ModelConfig):
     def from_hf(cls, config: dict) -> Qwen3MoeConfig:
         if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []):
             raise ValueError("Qwen3 with sliding-window attention is not supported by hooked")
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"Qwen3 activation {config['hidden_act']!r} is not supported (silu)")
+        require_silu(config, "Qwen3")
         theta, yarn = rope_default_or_yarn(config, "Qwen3")
         return cls(
-            n_layers=config["num_hidden_layers"],
-            d_model=config["hidden_size"],
-            n_heads=config["num_attention_heads"],
-            n_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-            # transformers' Qwen3MoeConfig has no head_dim default: it falls back to hidden_size / heads.
-            d_head=config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
-            d_mlp=config["intermediate_size"],
-            d_vocab=config["vocab_size"],
+            **sizes_from_hf(config),
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             rope_theta=theta,
             yarn=yarn,
@@ -184,10 +167,13 @@ class Qwen3Moe(RotaryDecoder):
         sizes.update(decoder_sparse_step=step, mlp_only_layers=tuple(sorted(dense)))
         return sizes
 
-    hook_docs = {  # for docs/hooks-reference.md: Qwen3's (hooked.models.Qwen3), and the sparse MLP's
-        **Qwen3.hook_docs,
+    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
+        **PRE_NORM_HOOK_DOCS,
+        **RMS_QK_NORM_HOOK_DOCS,
         "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what `gate_proj` and `up_proj` read"
         " on a dense layer, the router and the experts on a sparse one; circuit-tracer's name, the point a transcoder"
         " reads; a default cache leaves it out (cache it by name)",
+        "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(x)`",
+        "blocks.{i}.mlp.hook_post": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
         "blocks.{i}.hook_mlp_out": "MLP output; on a sparse layer `sum_j weight_j * down_e(j)(post_j)` over the slots",
     }

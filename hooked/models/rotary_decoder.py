@@ -6,14 +6,17 @@ tied to the embedding or its own (`lm_head`), as transformers 5.24's `Qwen3ForCa
 `Olmo2ForCausalLM`, `Gemma2ForCausalLM`, .... A family gives it a rotary table and the block of each layer
 (`make_block`). `PreNormBlock` is the block of Qwen3, Qwen3-MoE, Llama, Mistral and Mixtral: an RMSNorm before
 attention and before the MLP; OLMo 2 (post-norms, hooked/models/olmo2.py) and Gemma (sandwich norms,
-hooked/models/sandwich_decoder.py) build their own. `RotaryRMSNames` and `rms_rotary_fields` are the config
-side: TransformerLens' names for such a model's settings, and its fields read from TransformerLens' config;
-`rope_default_or_yarn` and `rope_default_linear_or_llama3` read the RoPE settings of a Hugging Face config.json.
+hooked/models/sandwich_decoder.py) build their own. The config side: `RotaryDecoderConfig`, the fields every
+family's config opens with (and TransformerLens' names for them), `sizes_from_hf` and `require_silu` reading a
+Hugging Face config.json, `rms_rotary_fields` reading TransformerLens' config, `rope_default_or_yarn` and
+`rope_default_linear_or_llama3` the RoPE settings. Declarations shared alike: `decoder_checkpoint_table` (transformers'
+checkpoint names), `RotaryDecoder.random_sizes`, `PRE_NORM_HOOK_DOCS`.
 """
 
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float
@@ -23,31 +26,83 @@ from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, Projection, RMSNorm, attention_input, mlp_input
 from hooked.models.base import HookedTransformer
-from hooked.models.config import ModelConfig
+from hooked.models.config import ModelConfig, alias
 from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding, YarnScaling
 
 
 # ============================================================================= config
-class RotaryRMSNames:
-    """TransformerLens' names for a config with RMSNorm (`rms_norm_eps`) and RoPE over whole heads (`d_head`,
-    `rope_theta`, `max_position_embeddings`), mixed into every rotary decoder's config."""
+@dataclass
+class RotaryDecoderConfig(ModelConfig):
+    """The fields every rotary decoder's config opens with, in this order, what they fix and the checks they need.
+    Each family's config dataclass subclasses it, adds its own fields and may give one of these another default."""
 
-    @property
-    def rotary_dim(self) -> int:
-        return self.d_head  # RoPE turns every pair of a head's dimensions
+    n_layers: int  # transformer blocks (num_hidden_layers)
+    d_model: int  # residual stream width (hidden_size)
+    n_heads: int  # query heads (num_attention_heads)
+    n_kv_heads: int  # key/value heads (num_key_value_heads); n_heads / n_kv_heads queries share one
+    d_head: int  # per-head width (head_dim), independent of d_model / n_heads
+    d_mlp: int  # MLP width (intermediate_size)
+    d_vocab: int  # vocabulary size
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0  # RoPE base
 
-    @property
-    def n_ctx(self) -> int:
-        """Where `to_tokens(truncate=True)` cuts: the config's length (TransformerLens caps some at 2048)."""
-        return self.max_position_embeddings
+    # TransformerLens' names for what every rotary decoder fixes
+    normalization_type = "RMS"
+    positional_embedding_type = "rotary"
+    gated_mlp = True
+    final_rms = True
+    rotary_adjacent_pairs = False  # half-split RoPE
 
-    @property
-    def eps(self) -> float:
-        return self.rms_norm_eps
+    # TransformerLens' names for these settings
+    rotary_dim = alias("d_head")  # RoPE turns every pair of a head's dimensions
+    n_ctx = alias(
+        "max_position_embeddings",
+        "Where `to_tokens(truncate=True)` cuts: the config's length (TransformerLens caps some at 2048).",
+    )
 
-    @property
-    def rotary_base(self) -> float:
-        return self.rope_theta
+    eps = alias("rms_norm_eps")
+    rotary_base = alias("rope_theta")
+
+    def __post_init__(self):
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
+            )
+        if self.d_head % 2:
+            raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
+
+    def check_sliding_window(self) -> None:
+        """A family with `sliding_window` calls it: null, or a whole number of columns in 1..max_position_embeddings."""
+        window = self.sliding_window
+        if window is not None and not (isinstance(window, int) and 0 < window <= self.max_position_embeddings):
+            raise ValueError(
+                f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
+                f" ({self.max_position_embeddings}), or null for plain causal attention"
+            )
+
+
+def sizes_from_hf(config: dict, head_dim: int | None = None) -> dict:
+    """`RotaryDecoderConfig`'s seven sizes read from a Hugging Face config.json dict. Without `head_dim` there,
+    the family's default `head_dim`, or (None) hidden_size / num_attention_heads as transformers computes it."""
+    n_heads = config["num_attention_heads"]
+    return dict(
+        n_layers=config["num_hidden_layers"],
+        d_model=config["hidden_size"],
+        n_heads=n_heads,
+        n_kv_heads=config.get("num_key_value_heads") or n_heads,
+        d_head=config.get("head_dim") or head_dim or config["hidden_size"] // n_heads,
+        d_mlp=config["intermediate_size"],
+        d_vocab=config["vocab_size"],
+    )
+
+
+def require_silu(config: dict, family: str) -> None:
+    """Refuse a config.json whose `hidden_act` is not the SiLU every gated rotary family here computes."""
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(
+            f"{family} with hidden_act {config['hidden_act']!r} (the MLP's activation) is not supported by hooked"
+            " (silu only)"
+        )
 
 
 def rms_rotary_fields(tl: dict, family: str, qk_norm: bool) -> tuple[dict | None, list[str] | None]:
@@ -227,6 +282,31 @@ class PreNormBlock(nn.Module):
     def mlp_half(self, resid_mid: Tensor) -> Tensor:
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(mlp_input(self, resid_mid))))
         return self.hook_resid_post(resid_mid + mlp_out)
+
+
+# What the hook points of a rotary decoder of pre-norm blocks hold (docs/hooks-reference.md), in the same words for
+# every family built of PreNormBlock and GroupedQueryAttention; a family's hook_docs adds its attention's and MLP's.
+PRE_NORM_HOOK_DOCS = {
+    "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
+    " embedding: RoPE acts on q and k)",
+    "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
+    "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
+    "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
+    "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads"
+    " kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the"
+    " layer to the eager attention path",
+    "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
+    "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
+    " what the projection reads",
+}
+# The same scores and pattern under a sliding window on every layer (Mistral, Mixtral)
+SLIDING_WINDOW_HOOK_DOCS = {
+    "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated, set to the dtype's"
+    " minimum on future keys and on keys `sliding_window` or more columns back; listening switches the layer to"
+    " the eager attention path",
+    "blocks.{i}.attn.hook_pattern": "softmax of the scores (float32, cast back): exactly zero outside the sliding"
+    " window",
+}
 
 
 class RotaryDecoder(HookedTransformer):

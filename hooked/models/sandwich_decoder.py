@@ -36,27 +36,22 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm, attention_input, mlp_input, softcap_
-from hooked.models.config import ModelConfig
-from hooked.models.rotary_decoder import RotaryDecoder, RotaryRMSNames
+from hooked.models.config import alias
+from hooked.models.rotary_decoder import RotaryDecoder, RotaryDecoderConfig
 from hooked.rotary import RotaryEmbedding
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 # ============================================================================= config
-class SandwichDecoderConfig(RotaryRMSNames, ModelConfig):
+class SandwichDecoderConfig(RotaryDecoderConfig):
     """What Gemma 2's and Gemma 3's config dataclasses share (each declares its own fields and defaults): the checks of
     the layer pattern, the window, the score scale and the caps, and TransformerLens' names for them. A config
     without `layer_types` gets transformers' Gemma2Config alternation (Gemma 3 sets its own pattern first)."""
 
-    # TransformerLens' names for what the architecture fixes
-    normalization_type = "RMS"
-    positional_embedding_type = "rotary"
+    # TransformerLens' names for what the architecture fixes (the rest are RotaryDecoderConfig's)
     act_fn = "gelu_pytorch_tanh"
-    gated_mlp = True
-    final_rms = True
     use_normalization_before_and_after = True  # ln1_post / ln2_post
-    rotary_adjacent_pairs = False  # half-split RoPE
     use_attn_scale = True
 
     def __post_init__(self):
@@ -65,24 +60,14 @@ class SandwichDecoderConfig(RotaryRMSNames, ModelConfig):
         else:
             types = tuple(self.layer_types)
         object.__setattr__(self, "layer_types", types)  # fields are frozen once set: a derived value, set once
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
-            )
-        if self.d_head % 2:
-            raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
+        super().__post_init__()
         if len(types) != self.n_layers or set(types) - set(LAYER_TYPES):
             raise ValueError(
                 f"layer_types {list(types)} must list one of {list(LAYER_TYPES)} per layer"
                 f" (num_hidden_layers = {self.n_layers}), or be null for transformers' alternation"
             )
-        window = self.sliding_window
-        if window is not None and not (isinstance(window, int) and 0 < window <= self.max_position_embeddings):
-            raise ValueError(
-                f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
-                f" ({self.max_position_embeddings})"
-            )
-        if window is None and "sliding_attention" in types:
+        self.check_sliding_window()
+        if self.sliding_window is None and "sliding_attention" in types:
             raise ValueError(
                 "sliding_window is null but layer_types has sliding_attention layers: give a window,"
                 " or make every layer full_attention"
@@ -111,9 +96,7 @@ class SandwichDecoderConfig(RotaryRMSNames, ModelConfig):
     def output_logits_soft_cap(self) -> float:
         return -1.0 if self.final_logit_softcapping is None else self.final_logit_softcapping
 
-    @property
-    def window_size(self) -> int | None:
-        return self.sliding_window
+    window_size = alias("sliding_window")
 
     @property
     def use_local_attn(self) -> bool:
