@@ -101,15 +101,7 @@ def activation(
     `source` is an ActivationCache of prompts of the same count and token lengths as the input (the
     clean prompts of a task), or those prompts / tokens with `model=`. Selectors as in `hooked.interventions.ablate`.
     """
-    return Patch(
-        heads=heads,
-        neurons=neurons,
-        experts=experts,
-        positions=positions,
-        more=tuple(more.items()),
-        reference=source,
-        model=model,
-    )
+    return Patch(**ablate.selectors(heads, neurons, experts, positions, more), reference=source, model=model)
 
 
 def hooks(
