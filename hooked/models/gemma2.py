@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hooked.models.grouped_query_attention import GroupedQueryAttention
-from hooked.models.rotary_decoder import sizes_from_hf
 from hooked.models.sandwich_decoder import SandwichDecoder, SandwichDecoderConfig, SandwichNormBlock
 from hooked.rotary import RotaryEmbedding
 
@@ -42,10 +41,6 @@ class Gemma2Config(SandwichDecoderConfig):
     original_architecture = "Gemma2ForCausalLM"
 
     @classmethod
-    def from_hf(cls, config: dict) -> Gemma2Config:
-        return cls(**cls._fields_from_hf(config))
-
-    @classmethod
     def _fields_from_hf(cls, config: dict) -> dict:
         """The keyword arguments of this config, read from a Hugging Face config.json dict."""
         family = cls.original_architecture
@@ -66,12 +61,9 @@ class Gemma2Config(SandwichDecoderConfig):
             )
         layer_types = config.get("layer_types")
         return dict(
-            **sizes_from_hf(config, head_dim=256),  # transformers' Gemma2Config default head_dim
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            # transformers' Gemma2Config defaults
+            **cls.common_fields_from_hf(config, max_position_embeddings=8192, head_dim=256, tie_word_embeddings=True),
             rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
-            tie_word_embeddings=config.get("tie_word_embeddings", True),
-            attention_bias=config.get("attention_bias", False),
-            max_position_embeddings=config.get("max_position_embeddings", 8192),
             query_pre_attn_scalar=config.get("query_pre_attn_scalar", 256),
             sliding_window=config.get("sliding_window", 4096),
             layer_types=None if layer_types is None else tuple(layer_types),

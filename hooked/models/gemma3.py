@@ -31,7 +31,6 @@ from torch import Tensor
 from hooked.layers import AttentionMask
 from hooked.models.config import alias
 from hooked.models.grouped_query_attention import GroupedQueryAttention
-from hooked.models.rotary_decoder import sizes_from_hf
 from hooked.models.sandwich_decoder import (
     LAYER_TYPES,
     GemmaRMSNorm,
@@ -163,11 +162,11 @@ class Gemma3Config(SandwichDecoderConfig):
             )
         layer_types = config.get("layer_types")
         return dict(  # every key but layer_types is there: _HF_DEFAULTS fills what the config leaves out
-            **sizes_from_hf(config, head_dim=_HF_DEFAULTS["head_dim"]),
-            rms_norm_eps=config["rms_norm_eps"],
-            tie_word_embeddings=config["tie_word_embeddings"],
-            attention_bias=config["attention_bias"],
-            max_position_embeddings=config["max_position_embeddings"],
+            **cls.common_fields_from_hf(
+                config,
+                max_position_embeddings=_HF_DEFAULTS["max_position_embeddings"],
+                head_dim=_HF_DEFAULTS["head_dim"],
+            ),
             query_pre_attn_scalar=config["query_pre_attn_scalar"],
             sliding_window=config["sliding_window"],
             layer_types=None if layer_types is None else tuple(layer_types),

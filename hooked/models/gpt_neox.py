@@ -35,14 +35,14 @@ from hooked.layers import (
     LayerNorm,
     Projection,
     Split,
-    add_bias,
     attend,
     attention_input,
     gelu_new,
+    heads_output,
     mlp_input,
     writable,
 )
-from hooked.models.base import HookedTransformer
+from hooked.models.base import DecoderBlock, HookedTransformer
 from hooked.models.config import ModelConfig, alias
 from hooked.rotary import RotaryEmbedding, apply_rotary
 
@@ -309,7 +309,6 @@ class GPTNeoXAttention(nn.Module):
         else:
             batch, pos, _ = x.shape
             q, k, v = self.query_key_value(x).view(batch, pos, self.n_heads, 3 * self.d_head).split(self.d_head, dim=-1)
-        batch, pos = q.shape[:2]
         # split's outputs are views autograd forbids editing in place: a listening hook gets a copy (writable)
         q = self.hook_q(writable(q) if self.hook_q.listening else q)
         k = self.hook_k(writable(k) if self.hook_k.listening else k)
@@ -319,11 +318,7 @@ class GPTNeoXAttention(nn.Module):
         if kv is not None:  # a KV cache: keys and values of every column so far (this call's included)
             k, v = kv.append(k, v)
         z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=True)
-        z = self.hook_z(writable(z) if self.hook_z.listening else z)
-        if self.hook_result.listening:  # per-head writes, summed: differs from dense by rounding only
-            result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
-            return add_bias(self.dense, result.sum(2))
-        return self.dense(z.reshape(batch, pos, -1))  # a view (z is contiguous): editing z edits dense's input
+        return heads_output(self, z, self.dense)
 
     def _qkv(self, part: int) -> Tensor:
         """Rows of query_key_value for q (0), k (1) or v (2), as TransformerLens: [head_index d_model d_head] (a
@@ -421,7 +416,7 @@ class GPTNeoXMLP(nn.Module):
         return (Projection(self.dense_4h_to_h.weight, 0, self.dense_4h_to_h.bias),)
 
 
-class GPTNeoXBlock(nn.Module):
+class GPTNeoXBlock(DecoderBlock):
     """Sequential block (`use_parallel_residual=False`): attention, then the MLP on resid_mid, as GPT-2."""
 
     mlp_stage: ClassVar[tuple[str, ...]] = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out", "hook_resid_post")
@@ -445,11 +440,6 @@ class GPTNeoXBlock(nn.Module):
         self.mlp = GPTNeoXMLP(cfg)
         self.hook_mlp_out = HookPoint("batch pos d_model")
         self.hook_resid_post = HookPoint("batch pos d_model")
-
-    def forward(
-        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
-    ) -> Tensor:
-        return self.mlp_half(self.attn_half(resid_pre, cos, sin, mask, kv=kv))
 
     def _attention(
         self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None
@@ -509,10 +499,6 @@ class GPTNeoX(HookedTransformer):
     def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
         cos, sin = self.rotary(position_ids, dtype)  # [batch pos rotary_dim], once for all blocks
         return cos, sin, mask
-
-    @property
-    def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
-        return self.embed_in.weight if self.lm_head is None else self.lm_head.weight  # lm_head: untied or processed
 
     def embedding_writers(self) -> tuple[Projection, ...]:
         return (Projection(self.embed_in.weight, 1),)

@@ -27,20 +27,15 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hooked.layers import AttentionMask, GatedMLP, Projection
+from hooked.layers import GatedMLP, Projection
 from hooked.models.config import alias
-from hooked.models.grouped_query_attention import HOOK_DOCS, GroupedQueryAttention
+from hooked.models.grouped_query_attention import GroupedQueryAttention
 from hooked.models.rotary_decoder import (
-    PRE_NORM_HOOK_DOCS,
-    SLIDING_WINDOW_HOOK_DOCS,
     PreNormBlock,
     RotaryDecoder,
     RotaryDecoderConfig,
-    decoder_checkpoint_table,
-    require_silu,
     rms_rotary_fields,
     rope_default_linear_or_llama3,
-    sizes_from_hf,
 )
 from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
 
@@ -93,25 +88,17 @@ class LlamaConfig(RotaryDecoderConfig):
         return (None, problems) if fields is None else (LlamaConfig(**fields), [])
 
     @classmethod
-    def from_hf(cls, config: dict) -> LlamaConfig:
-        return cls(**cls._fields_from_hf(config))
-
-    @classmethod
     def _fields_from_hf(cls, config: dict) -> dict:
         """The keyword arguments of this config, read from a Hugging Face config.json dict."""
         family = cls.original_architecture
-        require_silu(config, family)
+        cls.require_silu(config, family)
         # pretraining_tp > 1 is accepted: transformers 5.24's Llama never reads it (4.x sliced the same matmuls).
         theta, scaling = rope_default_linear_or_llama3(config, family)
         return dict(
-            **sizes_from_hf(config),
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            **cls.common_fields_from_hf(config, max_position_embeddings=2048),  # transformers' LlamaConfig defaults
             rope_theta=theta,
             rope_scaling=scaling,
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
-            attention_bias=config.get("attention_bias", False),
             mlp_bias=config.get("mlp_bias", False),
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
         )
 
 
@@ -188,17 +175,13 @@ class Llama(RotaryDecoder):
     def make_block(cfg: LlamaConfig, layer: int) -> PreNormBlock:
         return PreNormBlock(cfg, LlamaMLP(cfg), GroupedQueryAttention(cfg))
 
-    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
-        cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head], once for all blocks
-        return cos, sin, mask.windowed(self.cfg.sliding_window)  # every block: one (windowed) mask
-
     # ------------------------------------------------------------------------- declarations
     # What the rest of the library reads about Llama (docs/adding-a-model.md).
     config_class = LlamaConfig
     architectures = ("LlamaForCausalLM", "llama")
     family = "llama"
     title = "Llama"
-    checkpoint_table = decoder_checkpoint_table(
+    checkpoint_table = RotaryDecoder.checkpoint_table_of(
         PreNormBlock.checkpoint_norms,
         attention=r"(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)",  # no q/k norms
         mlp=r"(gate_proj|up_proj|down_proj)\.(weight|bias)",  # mlp_bias
@@ -241,8 +224,8 @@ class Llama(RotaryDecoder):
         )
 
     hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
-        **PRE_NORM_HOOK_DOCS,
-        **HOOK_DOCS,  # the attention's q and k
+        **PreNormBlock.hook_docs,
+        **GroupedQueryAttention.hook_docs,  # the attention's q and k
         "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin`, frequencies plain, `linear` or"
         " `llama3`-scaled",
         "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what `gate_proj` and `up_proj`"
@@ -271,7 +254,7 @@ class Mistral(Llama):
         "mistralai/Mistral-Small-24B-Base-2501": (),
     }
     random_sizes = dict(Llama.random_sizes, sliding_window=4)
-    hook_docs = {**Llama.hook_docs, **SLIDING_WINDOW_HOOK_DOCS}
+    hook_docs = {**Llama.hook_docs, **GroupedQueryAttention.sliding_window_hook_docs}
 
     @classmethod
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:

@@ -29,24 +29,10 @@ from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass
 
-import torch
-from torch import Tensor
-
-from hooked.layers import AttentionMask
 from hooked.models.config import EXPERT_AXIS_FIELDS, ModelConfig, alias
-from hooked.models.grouped_query_attention import HOOK_DOCS, GroupedQueryAttention
+from hooked.models.grouped_query_attention import GroupedQueryAttention
 from hooked.models.moe import SparseMoeMLP
-from hooked.models.rotary_decoder import (
-    PRE_NORM_HOOK_DOCS,
-    SLIDING_WINDOW_HOOK_DOCS,
-    PreNormBlock,
-    RotaryDecoder,
-    RotaryDecoderConfig,
-    decoder_checkpoint_table,
-    require_silu,
-    rope_default_linear_or_llama3,
-    sizes_from_hf,
-)
+from hooked.models.rotary_decoder import PreNormBlock, RotaryDecoder, RotaryDecoderConfig, rope_default_linear_or_llama3
 from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
 
 
@@ -114,19 +100,20 @@ class MixtralConfig(RotaryDecoderConfig):
                 f"{family} with layer_types {sorted(layer_types)} (interleaved sliding and full"
                 " attention) is not supported by hooked: every layer must attend alike"
             )
-        require_silu(config, family)
+        cls.require_silu(config, family)
         theta, scaling = rope_default_linear_or_llama3(config, family)
         # router_jitter_noise is ignored: transformers multiplies the MLP input by U(1 - noise, 1 + noise) only
         # when training (`self.training and jitter_noise > 0`); hooked computes the inference forward.
         # output_router_logits / router_aux_loss_coef are training losses, attention_dropout training only.
+        fields = cls.common_fields_from_hf(
+            config, max_position_embeddings=4096 * 32
+        )  # transformers' MixtralConfig defaults
+        fields["attention_bias"] = False  # transformers' Mixtral has no attention biases, whatever config.json says
         return cls(
-            **sizes_from_hf(config),
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            **fields,
             rope_theta=theta,
             rope_scaling=scaling,
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
             sliding_window=config.get("sliding_window", 4096),
-            max_position_embeddings=config.get("max_position_embeddings", 4096 * 32),
             n_experts=config["num_local_experts"],
             top_k=config["num_experts_per_tok"],
         )
@@ -152,17 +139,13 @@ class Mixtral(RotaryDecoder):
     def make_block(cfg: MixtralConfig, layer: int) -> PreNormBlock:
         return PreNormBlock(cfg, MixtralSparseMLP(cfg), GroupedQueryAttention(cfg))
 
-    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
-        cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head], once for all blocks
-        return cos, sin, mask.windowed(self.cfg.sliding_window)  # every block: one (windowed) mask
-
     # ------------------------------------------------------------------------- declarations
     # What the rest of the library reads about Mixtral (docs/adding-a-model.md).
     config_class = MixtralConfig
     architectures = ("MixtralForCausalLM", "mixtral")
     family = "mixtral"
     title = "Mixtral"
-    checkpoint_table = decoder_checkpoint_table(
+    checkpoint_table = RotaryDecoder.checkpoint_table_of(
         PreNormBlock.checkpoint_norms, attention=r"(q_proj|k_proj|v_proj|o_proj)\.(weight)", mlp=None
     ) + (
         (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.gate\.weight", r"blocks.\1.mlp.gate.weight"),  # the router
@@ -219,11 +202,11 @@ class Mixtral(RotaryDecoder):
         return sizes
 
     hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
-        **PRE_NORM_HOOK_DOCS,
-        **HOOK_DOCS,  # the attention's q and k
+        **PreNormBlock.hook_docs,
+        **GroupedQueryAttention.hook_docs,  # the attention's q and k
         "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin`, frequencies plain, `linear` or"
         " `llama3`-scaled",
-        **SLIDING_WINDOW_HOOK_DOCS,
+        **GroupedQueryAttention.sliding_window_hook_docs,
         "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what the router (`gate`) and the"
         " experts read; circuit-tracer's name, the point a transcoder reads; a default cache leaves it out (cache it"
         " by name)",

@@ -32,19 +32,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, Projection, RMSNorm, Split, mlp_input
+from hooked.models.base import DecoderBlock
 from hooked.models.grouped_query_attention import GroupedQueryAttention
-from hooked.models.rotary_decoder import (
-    RotaryDecoder,
-    RotaryDecoderConfig,
-    decoder_checkpoint_table,
-    require_silu,
-    sizes_from_hf,
-)
+from hooked.models.rotary_decoder import RotaryDecoder, RotaryDecoderConfig
 from hooked.rotary import RotaryEmbedding
 
 _NO_PRE_NORM = (
@@ -74,7 +69,7 @@ class Olmo2Config(RotaryDecoderConfig):
 
     @classmethod
     def from_hf(cls, config: dict) -> Olmo2Config:
-        require_silu(config, "Olmo2ForCausalLM")
+        cls.require_silu(config, "Olmo2ForCausalLM")
         rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
@@ -95,12 +90,10 @@ class Olmo2Config(RotaryDecoderConfig):
                 " and config.json gives no head_dim"
             )
         return cls(
-            **sizes_from_hf(config),
-            rms_norm_eps=config.get("rms_norm_eps", 1e-5),
+            **cls.common_fields_from_hf(
+                config, max_position_embeddings=2048, rms_norm_eps=1e-5
+            ),  # transformers' Olmo2Config's
             rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
-            attention_bias=config.get("attention_bias", False),
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
         )
 
 
@@ -238,7 +231,7 @@ class Olmo2Attention(GroupedQueryAttention):
         )
 
 
-class Olmo2Block(nn.Module):
+class Olmo2Block(DecoderBlock):
     """Post-norm block: each sublayer reads the residual stream un-normalised; its output is normalised
     (ln1 / ln2) before it is added."""
 
@@ -277,11 +270,6 @@ class Olmo2Block(nn.Module):
         self.ln2 = PostNorm(cfg.d_model, cfg.rms_norm_eps)  # post_feedforward_layernorm
         self.hook_mlp_out = HookPoint("batch pos d_model")  # ln2's output: what is added to the residual
         self.hook_resid_post = HookPoint("batch pos d_model")
-
-    def forward(
-        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
-    ) -> Tensor:
-        return self.mlp_half(self.attn_half(resid_pre, cos, sin, mask, kv=kv))
 
     def attn_half(
         self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
@@ -341,7 +329,7 @@ class Olmo2(RotaryDecoder):
     architectures = ("Olmo2ForCausalLM", "olmo2")
     family = "olmo2"
     title = "OLMo 2"
-    checkpoint_table = decoder_checkpoint_table(Olmo2Block.checkpoint_norms)
+    checkpoint_table = RotaryDecoder.checkpoint_table_of(Olmo2Block.checkpoint_norms)
     # TransformerLens 3.9's official names (supported_models.py) of OLMo 2 checkpoints -> its aliases
     # (hooked.transformer_lens.aliases)
     transformer_lens_names = {

@@ -19,17 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hooked.layers import GatedMLP, RMSNorm
-from hooked.models.grouped_query_attention import RMS_QK_NORM_HOOK_DOCS, GroupedQueryAttention
+from hooked.models.grouped_query_attention import GroupedQueryAttention
 from hooked.models.rotary_decoder import (
-    PRE_NORM_HOOK_DOCS,
     PreNormBlock,
     RotaryDecoder,
     RotaryDecoderConfig,
-    decoder_checkpoint_table,
-    require_silu,
     rms_rotary_fields,
     rope_default_or_yarn,
-    sizes_from_hf,
 )
 from hooked.rotary import RotaryEmbedding, YarnScaling
 
@@ -60,24 +56,18 @@ class Qwen3Config(RotaryDecoderConfig):
         return (None, problems) if fields is None else (Qwen3Config(**fields), [])
 
     @classmethod
-    def from_hf(cls, config: dict) -> Qwen3Config:
-        return cls(**cls._fields_from_hf(config))
-
-    @classmethod
     def _fields_from_hf(cls, config: dict) -> dict:
         """The keyword arguments of this config, read from a Hugging Face config.json dict."""
         if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []):
             raise ValueError("Qwen3 with sliding-window attention is not supported by hooked")
-        require_silu(config, "Qwen3")
+        cls.require_silu(config, "Qwen3")
         theta, yarn = rope_default_or_yarn(config, "Qwen3")
         return dict(
-            **sizes_from_hf(config, head_dim=128),  # transformers' Qwen3Config default head_dim
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            **cls.common_fields_from_hf(
+                config, max_position_embeddings=32768, head_dim=128
+            ),  # transformers' Qwen3Config defaults
             rope_theta=theta,
             yarn=yarn,
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
-            attention_bias=config.get("attention_bias", False),
-            max_position_embeddings=config.get("max_position_embeddings", 32768),
         )
 
 
@@ -99,15 +89,15 @@ class Qwen3(RotaryDecoder):
     architectures = ("Qwen3ForCausalLM", "qwen3")
     family = "qwen3"
     title = "Qwen3"
-    checkpoint_table = decoder_checkpoint_table(PreNormBlock.checkpoint_norms)
+    checkpoint_table = RotaryDecoder.checkpoint_table_of(PreNormBlock.checkpoint_norms)
     # TransformerLens 3.9's official names (supported_models.py) of Qwen3 checkpoints -> its aliases
     # (hooked.transformer_lens.aliases)
     transformer_lens_names = {
         f"Qwen/Qwen3-{size}": (f"qwen3-{size.lower()}",) for size in ("0.6B", "0.6B-Base", "1.7B", "4B", "8B", "14B")
     }
     hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
-        **PRE_NORM_HOOK_DOCS,
-        **RMS_QK_NORM_HOOK_DOCS,
+        **PreNormBlock.hook_docs,
+        **GroupedQueryAttention.rms_qk_norm_hook_docs,
         "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what `gate_proj` and `up_proj`"
         " read; circuit-tracer's name, the point a transcoder reads; a default cache leaves it out (cache it by name)",
         "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(x)`",

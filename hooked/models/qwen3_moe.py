@@ -19,18 +19,14 @@ from dataclasses import KW_ONLY, dataclass, field
 
 from hooked.layers import GatedMLP, RMSNorm
 from hooked.models.config import EXPERT_AXIS_FIELDS, ModelConfig
-from hooked.models.grouped_query_attention import RMS_QK_NORM_HOOK_DOCS, GroupedQueryAttention
+from hooked.models.grouped_query_attention import GroupedQueryAttention
 from hooked.models.moe import SparseMoeMLP
 from hooked.models.rotary_decoder import (
-    PRE_NORM_HOOK_DOCS,
     PreNormBlock,
     RotaryDecoder,
     RotaryDecoderConfig,
-    decoder_checkpoint_table,
-    require_silu,
     rms_rotary_fields,
     rope_default_or_yarn,
-    sizes_from_hf,
 )
 from hooked.rotary import RotaryEmbedding, YarnScaling
 
@@ -82,16 +78,12 @@ class Qwen3MoeConfig(RotaryDecoderConfig):
     def from_hf(cls, config: dict) -> Qwen3MoeConfig:
         if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []):
             raise ValueError("Qwen3 with sliding-window attention is not supported by hooked")
-        require_silu(config, "Qwen3")
+        cls.require_silu(config, "Qwen3")
         theta, yarn = rope_default_or_yarn(config, "Qwen3")
         return cls(
-            **sizes_from_hf(config),
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            **cls.common_fields_from_hf(config, max_position_embeddings=32768),  # transformers' Qwen3MoeConfig defaults
             rope_theta=theta,
             yarn=yarn,
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
-            attention_bias=config.get("attention_bias", False),
-            max_position_embeddings=config.get("max_position_embeddings", 32768),
             n_experts=config.get("num_experts", config.get("num_local_experts", 0)),  # hub: num_experts
             top_k=config["num_experts_per_tok"],
             d_expert_mlp=config["moe_intermediate_size"],
@@ -122,7 +114,7 @@ class Qwen3Moe(RotaryDecoder):
     architectures = ("Qwen3MoeForCausalLM", "qwen3_moe")
     family = "qwen3_moe"
     title = "Qwen3-MoE"
-    checkpoint_table = decoder_checkpoint_table(PreNormBlock.checkpoint_norms)
+    checkpoint_table = RotaryDecoder.checkpoint_table_of(PreNormBlock.checkpoint_norms)
 
     @property
     def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
@@ -168,8 +160,8 @@ class Qwen3Moe(RotaryDecoder):
         return sizes
 
     hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
-        **PRE_NORM_HOOK_DOCS,
-        **RMS_QK_NORM_HOOK_DOCS,
+        **PreNormBlock.hook_docs,
+        **GroupedQueryAttention.rms_qk_norm_hook_docs,
         "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what `gate_proj` and `up_proj` read"
         " on a dense layer, the router and the experts on a sparse one; circuit-tracer's name, the point a transcoder"
         " reads; a default cache leaves it out (cache it by name)",

@@ -7,16 +7,18 @@ tied to the embedding or its own (`lm_head`), as transformers 5.24's `Qwen3ForCa
 (`make_block`). `PreNormBlock` is the block of Qwen3, Qwen3-MoE, Llama, Mistral and Mixtral: an RMSNorm before
 attention and before the MLP; OLMo 2 (post-norms, hooked/models/olmo2.py) and Gemma (sandwich norms,
 hooked/models/sandwich_decoder.py) build their own. The config side: `RotaryDecoderConfig`, the fields every
-family's config opens with (and TransformerLens' names for them), `sizes_from_hf` and `require_silu` reading a
-Hugging Face config.json, `rms_rotary_fields` reading TransformerLens' config, `rope_default_or_yarn` and
-`rope_default_linear_or_llama3` the RoPE settings. Declarations shared alike: `decoder_checkpoint_table` (transformers'
-checkpoint names), `RotaryDecoder.random_sizes`, `PRE_NORM_HOOK_DOCS`.
+family's config opens with (and TransformerLens' names for them, the checks they need, and `common_fields_from_hf` /
+`require_silu` reading a Hugging Face config.json), `rms_rotary_fields` reading TransformerLens' config,
+`rope_default_or_yarn` and `rope_default_linear_or_llama3` the RoPE settings. Declarations shared alike:
+`RotaryDecoder.checkpoint_table_of` (transformers' checkpoint names), `RotaryDecoder.random_sizes` and
+`PreNormBlock.hook_docs` (what the pre-norm block's hooks hold).
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from jaxtyping import Float
@@ -25,7 +27,7 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, Projection, RMSNorm, attention_input, mlp_input
-from hooked.models.base import HookedTransformer
+from hooked.models.base import DecoderBlock, HookedTransformer
 from hooked.models.config import ModelConfig, alias
 from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding, YarnScaling
 
@@ -53,6 +55,10 @@ class RotaryDecoderConfig(ModelConfig):
     final_rms = True
     rotary_adjacent_pairs = False  # half-split RoPE
 
+    # Keys a query sees at most, its own included, on every layer (RotaryDecoder.block_inputs): none here; a family
+    # with a window declares the field (Mistral, Mixtral; Gemma's config picks layers by type).
+    sliding_window = None
+
     # TransformerLens' names for these settings
     rotary_dim = alias("d_head")  # RoPE turns every pair of a head's dimensions
     n_ctx = alias(
@@ -71,6 +77,47 @@ class RotaryDecoderConfig(ModelConfig):
         if self.d_head % 2:
             raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
 
+    @classmethod
+    def from_hf(cls, config: dict) -> RotaryDecoderConfig:
+        """This config from a Hugging Face config.json dict: the fields the family's `_fields_from_hf` reads."""
+        return cls(**cls._fields_from_hf(config))
+
+    @staticmethod
+    def require_silu(config: dict, family: str) -> None:
+        """Refuse a config.json whose `hidden_act` is not the SiLU every gated rotary family here computes."""
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(
+                f"{family} with hidden_act {config['hidden_act']!r} (the MLP's activation) is not supported by hooked"
+                " (silu only)"
+            )
+
+    @staticmethod
+    def common_fields_from_hf(
+        config: dict,
+        *,
+        max_position_embeddings: int,
+        head_dim: int | None = None,
+        rms_norm_eps: float = 1e-6,
+        tie_word_embeddings: bool = False,
+    ) -> dict:
+        """The fields every rotary family reads alike from a Hugging Face config.json dict: the sizes above but
+        rope_theta, and tie_word_embeddings, attention_bias, max_position_embeddings. A key the config leaves out takes
+        the family's transformers default given here (head_dim: None, hidden_size / num_attention_heads)."""
+        n_heads = config["num_attention_heads"]
+        return dict(
+            n_layers=config["num_hidden_layers"],
+            d_model=config["hidden_size"],
+            n_heads=n_heads,
+            n_kv_heads=config.get("num_key_value_heads") or n_heads,
+            d_head=config.get("head_dim") or head_dim or config["hidden_size"] // n_heads,
+            d_mlp=config["intermediate_size"],
+            d_vocab=config["vocab_size"],
+            rms_norm_eps=config.get("rms_norm_eps", rms_norm_eps),
+            tie_word_embeddings=config.get("tie_word_embeddings", tie_word_embeddings),
+            attention_bias=config.get("attention_bias", False),
+            max_position_embeddings=config.get("max_position_embeddings", max_position_embeddings),
+        )
+
     def check_sliding_window(self) -> None:
         """A family with `sliding_window` calls it: null, or a whole number of columns in 1..max_position_embeddings."""
         window = self.sliding_window
@@ -79,30 +126,6 @@ class RotaryDecoderConfig(ModelConfig):
                 f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
                 f" ({self.max_position_embeddings}), or null for plain causal attention"
             )
-
-
-def sizes_from_hf(config: dict, head_dim: int | None = None) -> dict:
-    """`RotaryDecoderConfig`'s seven sizes read from a Hugging Face config.json dict. Without `head_dim` there,
-    the family's default `head_dim`, or (None) hidden_size / num_attention_heads as transformers computes it."""
-    n_heads = config["num_attention_heads"]
-    return dict(
-        n_layers=config["num_hidden_layers"],
-        d_model=config["hidden_size"],
-        n_heads=n_heads,
-        n_kv_heads=config.get("num_key_value_heads") or n_heads,
-        d_head=config.get("head_dim") or head_dim or config["hidden_size"] // n_heads,
-        d_mlp=config["intermediate_size"],
-        d_vocab=config["vocab_size"],
-    )
-
-
-def require_silu(config: dict, family: str) -> None:
-    """Refuse a config.json whose `hidden_act` is not the SiLU every gated rotary family here computes."""
-    if config.get("hidden_act", "silu") != "silu":
-        raise ValueError(
-            f"{family} with hidden_act {config['hidden_act']!r} (the MLP's activation) is not supported by hooked"
-            " (silu only)"
-        )
 
 
 def rms_rotary_fields(tl: dict, family: str, qk_norm: bool) -> tuple[dict | None, list[str] | None]:
@@ -216,39 +239,29 @@ def rope_default_linear_or_llama3(config: dict, family: str) -> tuple[float, Lin
     )
 
 
-# ============================================================================= checkpoint
-def decoder_checkpoint_table(
-    norms: dict[str, str],
-    attention: str = r"(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
-    mlp: str | None = r"(gate_proj|up_proj|down_proj)\.(weight)",
-) -> tuple[tuple[str, str], ...]:
-    """A rotary decoder's `checkpoint_table`: transformers' `model.embed_tokens`, `model.layers.{i}.*` and
-    `model.norm` keys -> this module tree (`embed_tokens`, `blocks.{i}.*`, `ln_final`).
-
-    `norms`: each block's norms, checkpoint name -> hooked's (the block's `checkpoint_norms`). `attention` and
-    `mlp`: the leaves of `self_attn.` and `mlp.` a family reads, each a regex of two groups (module, parameter);
-    `mlp=None` for a family that maps its MLP itself (Mixtral's stacked experts)."""
-    layer = r"model\.layers\.(\d+)\."
-    return (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        *(
-            (layer + checkpoint_name + r"\.weight", rf"blocks.\1.{name}.weight")
-            for checkpoint_name, name in norms.items()
-        ),
-        (layer + r"self_attn\." + attention, r"blocks.\1.attn.\2.\3"),
-        *(() if mlp is None else ((layer + r"mlp\." + mlp, r"blocks.\1.mlp.\2.\3"),)),
-        (r"model\.norm\.weight", r"ln_final.weight"),
-    )
-
-
 # ============================================================================= modules and forward
-class PreNormBlock(nn.Module):
+class PreNormBlock(DecoderBlock):
     """The pre-norm block: resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid)),
     both norms RMSNorms. The attention (`GroupedQueryAttention`, with or without per-head q/k norms) and the MLP
     (`GatedMLP`, Llama's with biases, or a sparse mixture of experts: hooked.models.moe) are given."""
 
     mlp_stage = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out", "hook_resid_post")  # what mlp_half computes
     checkpoint_norms = {"input_layernorm": "ln1", "post_attention_layernorm": "ln2"}  # transformers' names -> hooked's
+    # What the hook points of a rotary decoder of pre-norm blocks hold (docs/hooks-reference.md), in the same words for
+    # every family built of PreNormBlock and GroupedQueryAttention; a family's hook_docs adds its attention's and MLP's.
+    hook_docs: ClassVar[dict[str, str]] = {
+        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
+        " embedding: RoPE acts on q and k)",
+        "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
+        "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
+        "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads"
+        " kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the"
+        " layer to the eager attention path",
+        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
+        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
+        " what the projection reads",
+    }
 
     def __init__(self, cfg: ModelConfig, mlp: nn.Module, attn: nn.Module):
         super().__init__()
@@ -266,11 +279,6 @@ class PreNormBlock(nn.Module):
         self.hook_mlp_out = HookPoint("batch pos d_model")
         self.hook_resid_post = HookPoint("batch pos d_model")
 
-    def forward(
-        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
-    ) -> Tensor:
-        return self.mlp_half(self.attn_half(resid_pre, cos, sin, mask, kv=kv))
-
     def attn_half(
         self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
     ) -> Tensor:
@@ -282,31 +290,6 @@ class PreNormBlock(nn.Module):
     def mlp_half(self, resid_mid: Tensor) -> Tensor:
         mlp_out = self.hook_mlp_out(self.mlp(self.ln2(mlp_input(self, resid_mid))))
         return self.hook_resid_post(resid_mid + mlp_out)
-
-
-# What the hook points of a rotary decoder of pre-norm blocks hold (docs/hooks-reference.md), in the same words for
-# every family built of PreNormBlock and GroupedQueryAttention; a family's hook_docs adds its attention's and MLP's.
-PRE_NORM_HOOK_DOCS = {
-    "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
-    " embedding: RoPE acts on q and k)",
-    "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
-    "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
-    "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
-    "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads"
-    " kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the"
-    " layer to the eager attention path",
-    "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
-    "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
-    " what the projection reads",
-}
-# The same scores and pattern under a sliding window on every layer (Mistral, Mixtral)
-SLIDING_WINDOW_HOOK_DOCS = {
-    "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated, set to the dtype's"
-    " minimum on future keys and on keys `sliding_window` or more columns back; listening switches the layer to"
-    " the eager attention path",
-    "blocks.{i}.attn.hook_pattern": "softmax of the scores (float32, cast back): exactly zero outside the sliding"
-    " window",
-}
 
 
 class RotaryDecoder(HookedTransformer):
@@ -335,16 +318,36 @@ class RotaryDecoder(HookedTransformer):
     def make_block(cfg: ModelConfig, layer: int) -> nn.Module:
         """Block `layer` of the model: each family defines it."""
 
+    @staticmethod
+    def checkpoint_table_of(
+        norms: dict[str, str],
+        attention: str = r"(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
+        mlp: str | None = r"(gate_proj|up_proj|down_proj)\.(weight)",
+    ) -> tuple[tuple[str, str], ...]:
+        """A rotary decoder's `checkpoint_table`: transformers' `model.embed_tokens`, `model.layers.{i}.*` and
+        `model.norm` keys -> this module tree (`embed_tokens`, `blocks.{i}.*`, `ln_final`).
+
+        `norms`: each block's norms, checkpoint name -> hooked's (the block's `checkpoint_norms`). `attention` and
+        `mlp`: the leaves of `self_attn.` and `mlp.` a family reads, each a regex of two groups (module, parameter);
+        `mlp=None` for a family that maps its MLP itself (Mixtral's stacked experts)."""
+        layer = r"model\.layers\.(\d+)\."
+        return (
+            (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+            *(
+                (layer + checkpoint_name + r"\.weight", rf"blocks.\1.{name}.weight")
+                for checkpoint_name, name in norms.items()
+            ),
+            (layer + r"self_attn\." + attention, r"blocks.\1.attn.\2.\3"),
+            *(() if mlp is None else ((layer + r"mlp\." + mlp, r"blocks.\1.mlp.\2.\3"),)),
+            (r"model\.norm\.weight", r"ln_final.weight"),
+        )
+
     def resid_from_tokens(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
         return self.hook_embed(self.embed_tokens(tokens))
 
     def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
         cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head], once for all blocks
-        return cos, sin, mask
-
-    @property
-    def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # lm_head: untied or processed
+        return cos, sin, mask.windowed(self.cfg.sliding_window)  # every block: one mask (windowed: Mistral, Mixtral)
 
     def embedding_writers(self) -> tuple[Projection, ...]:
         return (Projection(self.embed_tokens.weight, 1),)

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm, attention_input, mlp_input, softcap_
+from hooked.models.base import DecoderBlock
 from hooked.models.config import alias
 from hooked.models.rotary_decoder import RotaryDecoder, RotaryDecoderConfig
 from hooked.rotary import RotaryEmbedding
@@ -157,7 +158,7 @@ class GemmaPostNorm(GemmaRMSNorm):
         )
 
 
-class SandwichNormBlock(nn.Module):
+class SandwichNormBlock(DecoderBlock):
     """Pre- and post-norm block: ln1 -> attention -> ln1_post -> add; ln2 -> MLP -> ln2_post -> add, the MLP gated by
     gelu_pytorch_tanh. It knows its layer type and picks, from every block's inputs, the windowed mask (and local
     rotary) or the full ones. The attention is given: `GroupedQueryAttention` with Gemma's scale and cap (Gemma 2)
@@ -176,6 +177,12 @@ class SandwichNormBlock(nn.Module):
     # (hooked.components.additive_writes refuses the per-head / per-neuron stacks for this block; the circuits
     # graph takes its attention as one node, L{l}.attn).
     output_norms: ClassVar[tuple[str, ...]] = ("ln1_post", "ln2_post")
+    checkpoint_norms: ClassVar[dict[str, str]] = {  # transformers' names -> hooked's
+        "input_layernorm": "ln1",
+        "post_attention_layernorm": "ln1_post",
+        "pre_feedforward_layernorm": "ln2",
+        "post_feedforward_layernorm": "ln2_post",
+    }
 
     def __init__(self, cfg: SandwichDecoderConfig, layer: int, attn: nn.Module):
         super().__init__()
@@ -197,9 +204,6 @@ class SandwichNormBlock(nn.Module):
         self.ln2_post = GemmaPostNorm(cfg.d_model, cfg.rms_norm_eps)  # post_feedforward_layernorm
         self.hook_mlp_out = HookPoint("batch pos d_model")  # ln2_post's output: what the residual gains
         self.hook_resid_post = HookPoint("batch pos d_model")
-
-    def forward(self, resid_pre: Tensor, *inputs, kv: LayerKV | None = None) -> Tensor:
-        return self.mlp_half(self.attn_half(resid_pre, *inputs, kv=kv))
 
     def attn_half(
         self,
@@ -236,19 +240,7 @@ class SandwichDecoder(RotaryDecoder):
     # ------------------------------------------------------------------------- declarations
     # What Gemma 2 and Gemma 3 declare alike (docs/adding-a-model.md): the checkpoint's names, the tiny random model's
     # sizes (each family adds its own), and what the hooks they share hold (each family adds its attention's).
-    checkpoint_table = (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1_post.weight"),
-        (r"model\.layers\.(\d+)\.pre_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
-        (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2_post.weight"),
-        (
-            r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
-            r"blocks.\1.attn.\2.\3",
-        ),
-        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-        (r"model\.norm\.weight", r"ln_final.weight"),
-    )
+    checkpoint_table = RotaryDecoder.checkpoint_table_of(SandwichNormBlock.checkpoint_norms)
     random_sizes = dict(RotaryDecoder.random_sizes, sliding_window=3, query_pre_attn_scalar=16.0)
     hook_docs = {  # for docs/hooks-reference.md
         "hook_embed": "token embeddings times `sqrt(d_model)` (the normalizer in the weights' dtype, as transformers"
