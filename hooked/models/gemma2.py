@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hooked.models.grouped_query_attention import GroupedQueryAttention
+from hooked.models.rotary_decoder import rope_default
 from hooked.models.sandwich_decoder import SandwichDecoder, SandwichDecoderConfig, SandwichNormBlock
 from hooked.rotary import RotaryEmbedding
 
@@ -52,18 +53,12 @@ class Gemma2Config(SandwichDecoderConfig):
             )
         if config.get("use_bidirectional_attention"):
             raise ValueError(f"{family} with use_bidirectional_attention is not supported by hooked (causal only)")
-        rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(
-                f"rope_type {rope_type!r} (config.json rope_parameters / rope_scaling) is not supported for"
-                f" {family}: hooked implements plain RoPE ('default')"
-            )
+        theta = rope_default(config, family)
         layer_types = config.get("layer_types")
         return dict(
             # transformers' Gemma2Config defaults
             **cls.common_fields_from_hf(config, max_position_embeddings=8192, head_dim=256, tie_word_embeddings=True),
-            rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
+            rope_theta=theta,
             query_pre_attn_scalar=config.get("query_pre_attn_scalar", 256),
             sliding_window=config.get("sliding_window", 4096),
             layer_types=None if layer_types is None else tuple(layer_types),

@@ -105,9 +105,7 @@ class MixtralConfig(RotaryDecoderConfig):
         # router_jitter_noise is ignored: transformers multiplies the MLP input by U(1 - noise, 1 + noise) only
         # when training (`self.training and jitter_noise > 0`); hooked computes the inference forward.
         # output_router_logits / router_aux_loss_coef are training losses, attention_dropout training only.
-        fields = cls.common_fields_from_hf(
-            config, max_position_embeddings=4096 * 32
-        )  # transformers' MixtralConfig defaults
+        fields = cls.common_fields_from_hf(config, max_position_embeddings=4096 * 32)  # MixtralConfig's default
         fields["attention_bias"] = False  # transformers' Mixtral has no attention biases, whatever config.json says
         return cls(
             **fields,

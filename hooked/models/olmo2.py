@@ -39,7 +39,7 @@ from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, Projection, RMSNorm, Split, mlp_input
 from hooked.models.base import DecoderBlock
 from hooked.models.grouped_query_attention import GroupedQueryAttention
-from hooked.models.rotary_decoder import RotaryDecoder, RotaryDecoderConfig
+from hooked.models.rotary_decoder import RotaryDecoder, RotaryDecoderConfig, rope_default
 from hooked.rotary import RotaryEmbedding
 
 _NO_PRE_NORM = (
@@ -70,30 +70,17 @@ class Olmo2Config(RotaryDecoderConfig):
     @classmethod
     def from_hf(cls, config: dict) -> Olmo2Config:
         cls.require_silu(config, "Olmo2ForCausalLM")
-        rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(
-                f"rope_type {rope_type!r} (config.json rope_parameters / rope_scaling) is not supported for"
-                " Olmo2ForCausalLM: hooked implements plain RoPE ('default'), as every OLMo 2 checkpoint uses"
-            )
-        partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-        if partial != 1.0:
-            raise ValueError(
-                f"Olmo2ForCausalLM with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole "
-                "heads)"
-            )
+        theta = rope_default(config, "Olmo2ForCausalLM")  # plain RoPE: every OLMo 2 checkpoint's
         n_heads = config["num_attention_heads"]
         if not config.get("head_dim") and config["hidden_size"] % n_heads:
             raise ValueError(
                 f"hidden_size {config['hidden_size']} is not a multiple of num_attention_heads {n_heads}"
                 " and config.json gives no head_dim"
             )
+        # transformers' Olmo2Config defaults
         return cls(
-            **cls.common_fields_from_hf(
-                config, max_position_embeddings=2048, rms_norm_eps=1e-5
-            ),  # transformers' Olmo2Config's
-            rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
+            **cls.common_fields_from_hf(config, max_position_embeddings=2048, rms_norm_eps=1e-5),
+            rope_theta=theta,
         )
 
 

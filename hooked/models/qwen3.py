@@ -62,10 +62,8 @@ class Qwen3Config(RotaryDecoderConfig):
             raise ValueError("Qwen3 with sliding-window attention is not supported by hooked")
         cls.require_silu(config, "Qwen3")
         theta, yarn = rope_default_or_yarn(config, "Qwen3")
-        return dict(
-            **cls.common_fields_from_hf(
-                config, max_position_embeddings=32768, head_dim=128
-            ),  # transformers' Qwen3Config defaults
+        return dict(  # transformers' Qwen3Config defaults
+            **cls.common_fields_from_hf(config, max_position_embeddings=32768, head_dim=128),
             rope_theta=theta,
             yarn=yarn,
         )

@@ -173,14 +173,34 @@ def rms_rotary_fields(tl: dict, family: str, qk_norm: bool) -> tuple[dict | None
     ), []
 
 
+def rope_settings(config: dict, family: str) -> tuple[dict, float, str]:
+    """(the RoPE parameters, the base, the rope type) of a config.json: `rope_parameters` (transformers 5) or
+    `rope_theta` + `rope_scaling` (hub). RoPE over part of each head is refused: every family here turns whole heads."""
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(
+            f"{family} with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole heads)"
+        )
+    return rope, theta, rope.get("rope_type", rope.get("type", "default"))
+
+
+def rope_default(config: dict, family: str) -> float:
+    """The RoPE base of a family with plain RoPE only (OLMo 2, Gemma 2); any scaling is refused."""
+    _, theta, rope_type = rope_settings(config, family)
+    if rope_type != "default":
+        raise ValueError(
+            f"rope_type {rope_type!r} (config.json rope_parameters / rope_scaling) is not supported for"
+            f" {family}: hooked implements plain RoPE ('default')"
+        )
+    return theta
+
+
 def rope_default_or_yarn(config: dict, family: str) -> tuple[float, YarnScaling | None]:
     """RoPE base and scaling, plain or YaRN (Qwen3, Qwen3-MoE), from `rope_parameters` (transformers 5) or
     `rope_theta` + `rope_scaling` (hub)."""
-    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ValueError(f"{family} with partial_rotary_factor != 1 is not supported by hooked")
+    rope, theta, rope_type = rope_settings(config, family)
     if rope_type == "default":
         return theta, None
     if rope_type != "yarn":
@@ -205,14 +225,7 @@ def rope_default_or_yarn(config: dict, family: str) -> tuple[float, YarnScaling 
 def rope_default_linear_or_llama3(config: dict, family: str) -> tuple[float, LinearScaling | Llama3Scaling | None]:
     """RoPE base and scaling, plain, "linear" or "llama3" (Llama, Mistral, Mixtral), from `rope_parameters`
     (transformers 5) or `rope_theta` + `rope_scaling` (hub)."""
-    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise ValueError(
-            f"{family} with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole heads)"
-        )
+    rope, theta, rope_type = rope_settings(config, family)
     if rope_type == "default":
         return theta, None
 
