@@ -127,25 +127,20 @@ def load(
     `generate`, `hooked.sweep` and `hooked.generate_variants` run as requests in vLLM's scheduler
     (hooked.engines.vllm, docs/vllm.md).
     """
+    from hooked.processing import flags_of
     from hooked.weights import load_model
 
     if engine is not None or engine_args:
         return _load_on_engine(name_or_path, engine, dtype, device, tp, _processing_asked(locals()), engine_args)
 
-    processing = dict(
-        fold_ln=fold_ln,
-        center_writing_weights=center_writing_weights,
-        center_unembed=center_unembed,
-        fold_value_biases=fold_value_biases,
-        refactor_factored_attn_matrices=refactor_factored_attn_matrices,
-    )
+    processing = flags_of(locals())
     return load_model(name_or_path, dtype=dtype, device=device, tp=tp, timeout=timeout, processing=processing)
 
 
 def _processing_asked(arguments: dict) -> list[str]:
-    from hooked.processing import FLAGS
+    from hooked.processing import flags_of
 
-    return [flag for flag in FLAGS if arguments.get(flag)]
+    return [flag for flag, asked in flags_of(arguments).items() if asked]
 
 
 def _load_on_engine(name_or_path, engine, dtype, device, tp, processing: list[str], engine_args: dict):

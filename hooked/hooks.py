@@ -86,6 +86,14 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
         model.train(was_training)
 
 
+def refuse_level(level: object) -> None:
+    """TransformerLens' `level=` of its hook methods: context bookkeeping hooked has no use for, refused when given."""
+    if level is not None:
+        raise ValueError(
+            "hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks"
+        )
+
+
 class AssertionValueError(ValueError, AssertionError):
     """Bad input where TransformerLens 3.9 fails an `assert` (a token not in the prompt, `remove_batch_dim` on a
     batch of several): a ValueError as all bad input in hooked, and an AssertionError, so that code written for
@@ -243,10 +251,7 @@ class HookPoint(nn.Module):
         self, hook: HookFn, dir: Direction = "fwd", is_permanent: bool = False, level=None, prepend: bool = False
     ) -> None:
         """TransformerLens' `HookPoint.add_hook`: attach `hook` here until removed."""
-        if level is not None:
-            raise ValueError(
-                "hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks"
-            )
+        refuse_level(level)
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"dir must be 'fwd' or 'bwd', not {dir!r}")
         registrations = self._fwd if dir == "fwd" else self._bwd
@@ -257,10 +262,7 @@ class HookPoint(nn.Module):
         self, dir: Literal["fwd", "bwd", "both"] = "fwd", including_permanent: bool = False, level=None
     ) -> None:
         """TransformerLens' `HookPoint.remove_hooks`: drop this point's hooks of one direction (or both)."""
-        if level is not None:
-            raise ValueError(
-                "hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks"
-            )
+        refuse_level(level)
         if dir not in ("fwd", "bwd", "both"):
             raise ValueError(f"dir must be 'fwd', 'bwd' or 'both', not {dir!r}")
         kept_fwd, kept_bwd = list(self._fwd), list(self._bwd)
@@ -286,10 +288,7 @@ class HookPoint(nn.Module):
     ) -> bool:
         """TransformerLens 3.9's `HookPoint.has_hooks`: whether a hook of direction `dir` runs here for this
         caller, counting permanent ones unless `including_permanent=False`."""
-        if level is not None:
-            raise ValueError(
-                "hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks"
-            )
+        refuse_level(level)
         if dir not in ("fwd", "bwd", "both"):
             raise ValueError(f"dir must be 'fwd', 'bwd' or 'both', not {dir!r}")
         chosen = [
@@ -577,10 +576,7 @@ class HookedRootModule(nn.Module):
         self, direction: Literal["fwd", "bwd", "both"] = "both", including_permanent: bool = False, level=None
     ) -> None:
         """TransformerLens' `remove_all_hook_fns`: `reset_hooks` without emptying `hook.ctx`."""
-        if level is not None:
-            raise ValueError(
-                "hook levels are TransformerLens' context bookkeeping; hooked's `with model.hooks(...)` owns its hooks"
-            )
+        refuse_level(level)
         self.reset_hooks(clear_contexts=False, direction=direction, including_permanent=including_permanent)
 
     @contextlib.contextmanager

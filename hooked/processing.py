@@ -71,6 +71,12 @@ def unprocessed() -> dict[str, bool]:
     return dict.fromkeys(FLAGS, False)
 
 
+def flags_of(arguments: dict) -> dict[str, bool]:
+    """The processing flags among a call's arguments (`flags_of(locals())`), in FLAGS' order: `process_weights`,
+    `hooked.load` and `HookedTransformer.from_pretrained` take each flag by name and read them here alike."""
+    return {flag: arguments[flag] for flag in FLAGS}
+
+
 def process_weights(
     model: nn.Module,
     fold_ln: bool = True,
@@ -89,13 +95,7 @@ def process_weights(
         model = hooked.load("gpt2")
         hooked.processing.process_weights(model)   # = HookedTransformer.from_pretrained("gpt2")
     """
-    flags = dict(
-        fold_ln=fold_ln,
-        center_writing_weights=center_writing_weights,
-        center_unembed=center_unembed,
-        fold_value_biases=fold_value_biases,
-        refactor_factored_attn_matrices=refactor_factored_attn_matrices,
-    )
+    flags = flags_of(locals())
     check_flags(model, flags)
     if not any(flags.values()):
         return model

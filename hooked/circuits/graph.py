@@ -37,6 +37,7 @@ The order of `sources` and `receivers` is topological and fixed: edge masks and 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -131,11 +132,7 @@ class Graph:
         return self.n_kv_heads != self.n_heads
 
     def source_index(self, name: str) -> int:
-        try:
-            return self._source_index[name]
-        except KeyError:
-            hint = self.whole_attention_error(name)
-            raise KeyError(hint or _unknown(name, "source node", [s.name for s in self.sources])) from None
+        return _index_of(self._source_index, name, "source node", self.whole_attention_error)
 
     def whole_attention_error(self, name: object) -> str | None:
         """Why a head node `L{l}H{h}` is not a node where layer l's attention writes as one (`L{l}.attn`)."""
@@ -151,11 +148,7 @@ class Graph:
         )
 
     def receiver_index(self, name: str) -> int:
-        try:
-            return self._receiver_index[name]
-        except KeyError:
-            hint = self.head_kind_error(name)
-            raise KeyError(hint or _unknown(name, "receiver", [r.name for r in self.receivers])) from None
+        return _index_of(self._receiver_index, name, "receiver", self.head_kind_error)
 
     def head_kind_error(self, name: object) -> str | None:
         """Why a head input's name is of the wrong kind (`L0H1.k` on a grouped model, `L0KV0.k` on an
@@ -444,6 +437,15 @@ def graph_of_shape(
         tuple(sorted(whole_attention)),
         tuple(sorted(expert_layers.items())),
     )
+
+
+def _index_of(index: dict[str, int], name: str, what: str, why_not: Callable[[object], str | None]) -> int:
+    """`index[name]`, or a KeyError that says why `name` is not a `what` (`why_not`'s answer, else the nearest
+    names)."""
+    try:
+        return index[name]
+    except KeyError:
+        raise KeyError(why_not(name) or _unknown(name, what, list(index))) from None
 
 
 def _unknown(name: str, what: str, known: list[str]) -> str:

@@ -45,7 +45,7 @@ from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import Edge, Graph, graph
 from hooked.interventions.positions import Positions, as_positions, positions_record
 from hooked.interventions.results import SweepResult, variant_names
-from hooked.interventions.sweeps import sweep_provenance
+from hooked.interventions.sweeps import metric_name, sweep_provenance
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -373,6 +373,6 @@ def _result(experiment: Experiment, names: list[str], values: Tensor, task, circ
         variants=names,
         values=values,
         base=experiment.clean_values,
-        metric=getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__)),
+        metric=metric_name(metric),
         provenance=provenance,
     )

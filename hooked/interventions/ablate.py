@@ -45,7 +45,7 @@ Each kind's form, point and selector is declared once, in hooked/interventions/k
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -113,9 +113,7 @@ class Ablation(abc.ABC):
 
     def selector_fields(self) -> dict:
         """The keyword arguments that give another ablation class the same selection (patch.hooks)."""
-        return dict(
-            heads=self.heads, neurons=self.neurons, experts=self.experts, positions=self.positions, more=self.more
-        )
+        return selectors(self.heads, self.neurons, self.experts, self.positions, dict(self.more))
 
     # ----------------------------------------------------------------- the callback
     def __call__(self, activation: Tensor, hook: HookPoint | RowsView) -> Tensor:
@@ -272,6 +270,15 @@ class Zero(Ablation):
                 raise ValueError(all_experts_removed(point.name, n_experts))
 
 
+def selectors(
+    heads: Selector, neurons: Selector, experts: Selector, positions: Positions, more: Mapping[str, Selector]
+) -> dict:
+    """An ablation's selector fields from a constructor's selectors (`zero`, `mean`, `resample`, `constant`,
+    `patch.activation`): `more`, the selectors of kinds declared in hooked.interventions.kinds by keyword, kept as
+    (name, selector) pairs so the ablation stays a hashable value."""
+    return dict(heads=heads, neurons=neurons, experts=experts, positions=positions, more=tuple(more.items()))
+
+
 def zero(
     heads: Selector = None,
     neurons: Selector = None,
@@ -287,7 +294,7 @@ def zero(
     `per_prompt([...])`) one position per prompt. `more`: the selectors of kinds declared in
     hooked.interventions.kinds (`zero(features=12)`).
     """
-    return Zero(heads=heads, neurons=neurons, experts=experts, positions=positions, more=tuple(more.items()))
+    return Zero(**selectors(heads, neurons, experts, positions, more))
 
 
 # ----------------------------------------------------------------------------- constant
@@ -352,9 +359,7 @@ def constant(
     `value` is a float, or a tensor that broadcasts against the point's trailing axes (a [d_model] vector at
     `hook_resid_post`). Selectors as `zero`'s; under a KV cache each generated token is written too.
     """
-    return Constant(
-        heads=heads, neurons=neurons, experts=experts, positions=positions, more=tuple(more.items()), value=value
-    )
+    return Constant(**selectors(heads, neurons, experts, positions, more), value=value)
 
 
 # ----------------------------------------------------------------------------- references
@@ -514,11 +519,7 @@ def mean(
     position in the prompt with `per_position=True`. Selectors as `zero`'s.
     """
     return Mean(
-        heads=heads,
-        neurons=neurons,
-        experts=experts,
-        positions=positions,
-        more=tuple(more.items()),
+        **selectors(heads, neurons, experts, positions, more),
         reference=reference,
         model=model,
         per_position=per_position,
@@ -675,16 +676,7 @@ def resample(
         raise ValueError(
             "resample() takes a source (a cache or tokens of the same shape) or seed=, exactly one of them"
         )
-    return Resample(
-        heads=heads,
-        neurons=neurons,
-        experts=experts,
-        positions=positions,
-        more=tuple(more.items()),
-        reference=source,
-        model=model,
-        seed=seed,
-    )
+    return Resample(**selectors(heads, neurons, experts, positions, more), reference=source, model=model, seed=seed)
 
 
 def _describe(reference) -> str:

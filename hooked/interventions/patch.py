@@ -59,7 +59,14 @@ from hooked.interventions.metrics import check_prompts
 from hooked.interventions.positions import PerPrompt, Positions, as_ints, as_positions, positions_record
 from hooked.interventions.results import SweepResult, variant_names
 from hooked.interventions.row_blocks import registered_hooks
-from hooked.interventions.sweeps import PlannedVariant, metric_values, plan_variants, sweep, sweep_provenance
+from hooked.interventions.sweeps import (
+    PlannedVariant,
+    metric_name,
+    metric_values,
+    plan_variants,
+    sweep,
+    sweep_provenance,
+)
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -101,15 +108,7 @@ def activation(
     `source` is an ActivationCache of prompts of the same count and token lengths as the input (the
     clean prompts of a task), or those prompts / tokens with `model=`. Selectors as in `hooked.interventions.ablate`.
     """
-    return Patch(
-        heads=heads,
-        neurons=neurons,
-        experts=experts,
-        positions=positions,
-        more=tuple(more.items()),
-        reference=source,
-        model=model,
-    )
+    return Patch(**ablate.selectors(heads, neurons, experts, positions, more), reference=source, model=model)
 
 
 def hooks(
@@ -251,7 +250,7 @@ def attribution(
         variants=[v.name for v in planned],
         values=base[None] + estimates.float().cpu(),
         base=base,
-        metric=getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__)),
+        metric=metric_name(metric),
         provenance=provenance,
     )
 

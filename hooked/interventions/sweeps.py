@@ -137,7 +137,7 @@ def sweep(
         variants=[v.name for v in planned],
         values=values,
         base=base_value.cpu(),
-        metric=getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__)),
+        metric=metric_name(metric),
         provenance=sweep_provenance(model, planned, metric, task, tokens),
     )
 
@@ -460,7 +460,7 @@ def metric_values(metric: Callable, values: Any, batch: int, what: str = "") -> 
             rows = nan.nonzero().flatten().tolist()
             listed = ", ".join(map(str, rows[:10])) + (f" and {len(rows) - 10} more" if len(rows) > 10 else "")
             raise ValueError(
-                f"metric {_metric_name(metric)} is NaN{' ' + what if what else ''} on prompt"
+                f"metric {metric_name(metric)} is NaN{' ' + what if what else ''} on prompt"
                 f"{'s' if len(rows) > 1 else ''} {listed} (of {batch}): a NaN would compare as neither large nor"
                 " small and turn every mean into NaN. Look for a 0/0 or a log of 0 in the metric, or NaN logits"
                 " (run the model on those prompts)"
@@ -476,12 +476,13 @@ def metric_values(metric: Callable, values: Any, batch: int, what: str = "") -> 
         got = f"{type(values).__name__} {values!r}"[:200]
     error = ValueError if isinstance(values, Tensor) else TypeError
     raise error(
-        f"metric {_metric_name(metric)}: a metric must return one value per prompt, a [batch] tensor ([{batch}]"
+        f"metric {metric_name(metric)}: a metric must return one value per prompt, a [batch] tensor ([{batch}]"
         f" here); got {got}"
     )
 
 
-def _metric_name(metric: Callable) -> str:
+def metric_name(metric: Callable) -> str:
+    """How a result table names `metric`: its `name` (hooked's metrics), else its function or class name."""
     return getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__))
 
 

@@ -25,6 +25,7 @@ from hooked.layers.attention import (
     attention_backend,
     attention_input,
     choose_backend,
+    heads_output,
     position_ids_for,
     softcap_,
     triton_available,
@@ -59,5 +60,6 @@ __all__ = [
     "softcap_",
     "triton_available",
     "triton_compiles_on",
+    "heads_output",
     "writable",
 ]

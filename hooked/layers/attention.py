@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hooked.hooks import HookPoint
+from hooked.layers.linear import add_bias
 
 
 def attention_input(
@@ -404,6 +405,18 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     (repeat_interleave's copy) may round differently on some CPUs' kernels (MKL_CBWR=COMPATIBLE)."""
     batch, n_kv_heads, pos, d_head = x.shape
     return x[:, :, None].expand(batch, n_kv_heads, n_rep, pos, d_head).reshape(batch, n_kv_heads * n_rep, pos, d_head)
+
+
+def heads_output(attention: nn.Module, z: Tensor, out: nn.Module) -> Tensor:
+    """An attention module's output from its heads' z [batch pos head_index d_head], through `attention.hook_z`:
+    `out` (the output projection) of the heads concatenated, a view of z, so an edit of z at the hook edits out's
+    input; or, while `attention.hook_result` listens, each head's write `z[h] @ W_O[h]` through that hook, summed, plus
+    out's bias (equal to out(z) up to rounding; W_O is computed only then)."""
+    z = attention.hook_z(writable(z) if attention.hook_z.listening else z)
+    if attention.hook_result.listening:
+        result = attention.hook_result(torch.einsum("bphd,hdm->bphm", z, attention.W_O))
+        return add_bias(out, result.sum(2))
+    return out(z.reshape(*z.shape[:2], -1))
 
 
 def writable(z: Tensor) -> Tensor:

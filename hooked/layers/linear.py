@@ -30,9 +30,10 @@ class Conv1D(nn.Module):
         return partial + self.bias
 
 
-def add_bias(linear: nn.Linear, partial: Tensor) -> Tensor:
-    """`linear`'s output from a sum of partial products (per head): its bias added, if any; a tensor-parallel
-    layer (hooked.distributed.RowParallel) first all-reduces the partial sums."""
+def add_bias(linear: nn.Module, partial: Tensor) -> Tensor:
+    """`linear`'s output from a sum of partial products (per head): its bias added, if any; a layer with its own
+    `add_bias` (GPT-2's Conv1D; a tensor-parallel hooked.distributed.RowParallel, which first all-reduces the partial
+    sums) adds it itself."""
     if hasattr(linear, "add_bias"):
         return linear.add_bias(partial)
     return partial + linear.bias if linear.bias is not None else partial

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from hooked.cache import ActivationCache, accumulated_bias, run_with_cache
 from hooked.hooks import EMBED_STAGE, AssertionKeyError, HookedRootModule, HookPoint
-from hooked.kv_cache import KVCache
+from hooked.kv_cache import KVCache, LayerKV
 from hooked.layers import AttentionMask, position_ids_for
 from hooked.models.building import BuildingMethods, BuildsFromConfig
 from hooked.models.tokens import TokenMethods
@@ -35,6 +35,14 @@ NO_ATTN_IN = (
     "hooked has no hook_attn_in: attention reads the normalised blocks.{i}.hook_resid_pre; hook"
     " blocks.{i}.ln1.hook_normalized to change what attention alone sees"
 )
+
+
+class DecoderBlock(nn.Module):
+    """A block as its two halves (the module docstring): `attn_half(resid_pre, *inputs, kv=...)` -> resid_mid and
+    `mlp_half(resid_mid)` -> resid_post, so a forward can stop or resume between them. Every family's block is one."""
+
+    def forward(self, resid_pre: Tensor, *inputs, kv: LayerKV | None = None) -> Tensor:
+        return self.mlp_half(self.attn_half(resid_pre, *inputs, kv=kv))
 
 
 class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootModule, metaclass=BuildsFromConfig):
@@ -96,6 +104,12 @@ class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootM
             cfg.use_hook_tokens
         ):  # declared first: it fires first (TransformerLens 3.9, HookedTransformer.input_to_embed)
             self.hook_tokens = HookPoint("batch pos")  # the token ids; a hook may replace them (token_ids)
+
+    @property
+    def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
+        """The unembedding: the token embedding while tied, `lm_head`'s own weight once untied (an untied checkpoint,
+        or after weight processing, which changes W_E and W_U differently)."""
+        return self.token_embedding_weight if self.lm_head is None else self.lm_head.weight
 
     @property
     def token_embedding_weight(self) -> Tensor:

@@ -21,7 +21,7 @@ from torch import nn
 
 from hooked.layers import Conv1D
 from hooked.models.config import ModelConfig
-from hooked.processing import process_weights
+from hooked.processing import flags_of, process_weights
 from hooked.tokenizer import HookedTokenizer
 
 if TYPE_CHECKING:
@@ -151,13 +151,7 @@ class BuildingMethods:
             )
         HookedTokenizer._check_padding_side(default_padding_side)
         model_class = cls if getattr(cls, "config_class", None) is not None else None  # None: read config.json
-        processing = dict(
-            fold_ln=fold_ln,
-            center_writing_weights=center_writing_weights,
-            center_unembed=center_unembed,
-            fold_value_biases=fold_value_biases,
-            refactor_factored_attn_matrices=refactor_factored_attn_matrices,
-        )
+        processing = flags_of(locals())
         model = load_model(
             name_or_path,
             dtype=dtype,

@@ -4,6 +4,7 @@ TransformerLens' names for them. Each family's config dataclass subclasses it (h
 from __future__ import annotations
 
 import dataclasses
+import operator
 import weakref
 from typing import TYPE_CHECKING, ClassVar
 
@@ -15,6 +16,12 @@ if TYPE_CHECKING:
 # The axes a mixture-of-experts family adds to `ModelConfig.axis_fields`: experts, the slots a token routes to,
 # and each expert's MLP width.
 EXPERT_AXIS_FIELDS = {"n_experts": "n_experts", "top_k": "top_k", "d_expert_mlp": "d_expert_mlp"}
+
+
+def alias(field: str, doc: str | None = None) -> property:
+    """A read-only property holding the config attribute `field` under another name, TransformerLens' for the
+    same setting (`eps = alias("rms_norm_eps")`): the value is stored once, under hooked's name."""
+    return property(operator.attrgetter(field), doc=doc or f"TransformerLens' name for `{field}`.")
 
 
 class ModelConfig:
@@ -124,10 +131,5 @@ class ModelConfig:
         """Whether block `layer`'s MLP is a mixture of experts (a sparse family's config says which)."""
         return False
 
-    @property
-    def d_vocab_out(self) -> int:
-        return self.d_vocab
-
-    @property
-    def n_key_value_heads(self) -> int:
-        return self.n_kv_heads
+    d_vocab_out = alias("d_vocab")
+    n_key_value_heads = alias("n_kv_heads")

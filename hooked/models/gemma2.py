@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hooked.models.grouped_query_attention import GroupedQueryAttention
+from hooked.models.rotary_decoder import rope_default
 from hooked.models.sandwich_decoder import SandwichDecoder, SandwichDecoderConfig, SandwichNormBlock
 from hooked.rotary import RotaryEmbedding
 
@@ -25,15 +26,8 @@ from hooked.rotary import RotaryEmbedding
 # ============================================================================= config
 @dataclass
 class Gemma2Config(SandwichDecoderConfig):
-    n_layers: int  # transformer blocks (num_hidden_layers)
-    d_model: int  # residual stream width (hidden_size)
-    n_heads: int  # query heads (num_attention_heads)
-    n_kv_heads: int  # key/value heads (num_key_value_heads)
-    d_head: int  # per-head width (head_dim), independent of d_model / n_heads
-    d_mlp: int  # MLP width (intermediate_size)
-    d_vocab: int  # vocabulary size
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0  # RoPE base
+    """The rotary decoder's sizes (RotaryDecoderConfig: n_layers ... d_vocab, rms_norm_eps, rope_theta), and:"""
+
     tie_word_embeddings: bool = True  # transformers' Gemma2Config default: unembedding = the token embedding
     attention_bias: bool = False  # biases on q/k/v/o projections
     max_position_embeddings: int = 8192  # bounds sliding_window (RoPE itself has no hard limit)
@@ -48,10 +42,6 @@ class Gemma2Config(SandwichDecoderConfig):
     original_architecture = "Gemma2ForCausalLM"
 
     @classmethod
-    def from_hf(cls, config: dict) -> Gemma2Config:
-        return cls(**cls._fields_from_hf(config))
-
-    @classmethod
     def _fields_from_hf(cls, config: dict) -> dict:
         """The keyword arguments of this config, read from a Hugging Face config.json dict."""
         family = cls.original_architecture
@@ -63,27 +53,12 @@ class Gemma2Config(SandwichDecoderConfig):
             )
         if config.get("use_bidirectional_attention"):
             raise ValueError(f"{family} with use_bidirectional_attention is not supported by hooked (causal only)")
-        rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(
-                f"rope_type {rope_type!r} (config.json rope_parameters / rope_scaling) is not supported for"
-                f" {family}: hooked implements plain RoPE ('default')"
-            )
+        theta = rope_default(config, family)
         layer_types = config.get("layer_types")
         return dict(
-            n_layers=config["num_hidden_layers"],
-            d_model=config["hidden_size"],
-            n_heads=config["num_attention_heads"],
-            n_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-            d_head=config.get("head_dim") or 256,  # transformers' Gemma2Config default
-            d_mlp=config["intermediate_size"],
-            d_vocab=config["vocab_size"],
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
-            tie_word_embeddings=config.get("tie_word_embeddings", True),
-            attention_bias=config.get("attention_bias", False),
-            max_position_embeddings=config.get("max_position_embeddings", 8192),
+            # transformers' Gemma2Config defaults
+            **cls.common_fields_from_hf(config, max_position_embeddings=8192, head_dim=256, tie_word_embeddings=True),
+            rope_theta=theta,
             query_pre_attn_scalar=config.get("query_pre_attn_scalar", 256),
             sliding_window=config.get("sliding_window", 4096),
             layer_types=None if layer_types is None else tuple(layer_types),
@@ -107,24 +82,12 @@ class Gemma2(SandwichDecoder):
         )
 
     # ------------------------------------------------------------------------- declarations
-    # What the rest of the library reads about Gemma 2 (docs/adding-a-model.md); draw_sizes is the sandwich decoder's.
+    # What the rest of the library reads about Gemma 2 (docs/adding-a-model.md); checkpoint_table and draw_sizes are the
+    # sandwich decoder's.
     config_class = Gemma2Config
     architectures = ("Gemma2ForCausalLM", "gemma2")
     family = "gemma2"
     title = "Gemma 2"
-    checkpoint_table = (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1_post.weight"),
-        (r"model\.layers\.(\d+)\.pre_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
-        (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2_post.weight"),
-        (
-            r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
-            r"blocks.\1.attn.\2.\3",
-        ),
-        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-        (r"model\.norm\.weight", r"ln_final.weight"),
-    )
     # TransformerLens 3.9's official names (supported_models.py) of Gemma 2 checkpoints -> its aliases
     # (hooked.transformer_lens.aliases)
     transformer_lens_names = {
@@ -132,32 +95,11 @@ class Gemma2(SandwichDecoder):
         for size in ("2b", "9b", "27b")
         for tuned in ("", "-it")
     }
-    random_sizes = dict(
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        n_kv_heads=2,
-        d_head=8,
-        d_mlp=48,
-        d_vocab=64,
-        sliding_window=3,
-        query_pre_attn_scalar=16.0,
-        attn_logit_softcapping=5.0,
-        final_logit_softcapping=3.0,
-    )
-    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
-        "hook_embed": "token embeddings times `sqrt(d_model)` (the normalizer in the weights' dtype, as transformers"
-        " and TransformerLens' `W_E`), which are block 0's `hook_resid_pre`",
-        "blocks.{i}.hook_q_input": "one copy of `resid_pre` per query head, each normalised by `ln1` on its own;"
-        " listening switches to per-head projections",
-        "blocks.{i}.hook_k_input": "one copy of `resid_pre` per kv head, read through `ln1` by `k_proj`",
-        "blocks.{i}.hook_v_input": "one copy of `resid_pre` per kv head, read through `ln1` by `v_proj`",
-        "blocks.{i}.ln1.hook_scale": "the pre-attention RMSNorm's scale `sqrt(mean(x^2) + eps)` of `resid_pre`;"
-        " float32",
-        "blocks.{i}.ln1.hook_normalized": "`resid_pre / scale` cast to the model dtype, before the gain `1 + weight`",
+    random_sizes = dict(SandwichDecoder.random_sizes, attn_logit_softcapping=5.0, final_logit_softcapping=3.0)
+    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md: the sandwich decoder's, and
+        **SandwichDecoder.hook_docs,
         "blocks.{i}.attn.hook_q": "`q_proj(ln1 output)` (its bias included) split by head, before RoPE",
         "blocks.{i}.attn.hook_k": "`k_proj(ln1 output)` split by kv head, before RoPE",
-        "blocks.{i}.attn.hook_v": "`v_proj(ln1 output)` split by kv head",
         "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin`",
         "blocks.{i}.attn.hook_rot_k": "k after RoPE",
         "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * query_pre_attn_scalar**-0.5`, then CAPPED"
@@ -166,36 +108,7 @@ class Gemma2(SandwichDecoder):
         " back; listening switches the layer to the eager attention path",
         "blocks.{i}.attn.hook_pattern": "softmax of the capped scores, computed in float32 and cast back"
         " (transformers' eager `attn_weights`)",
-        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
-        " what the projection reads",
-        "blocks.{i}.attn.hook_result": "each head's write `z[h] @ W_O[h]` BEFORE the post-norm: with `b_O` they sum to"
-        " `hook_attn_out_pre_norm`, not to `hook_attn_out` (ln1_post is not linear)",
-        "blocks.{i}.hook_attn_out_pre_norm": "`o_proj`'s output, the attention's raw write, before the post-attention"
-        " norm `ln1_post`",
-        "blocks.{i}.ln1_post.hook_scale": "the post-attention RMSNorm's scale of the attention output (not of the"
-        " residual stream); float32",
-        "blocks.{i}.ln1_post.hook_normalized": "the attention output divided by that scale, before the gain"
-        " `1 + weight`",
-        "blocks.{i}.hook_attn_out": "`ln1_post(o_proj output)`: what the attention adds to the residual stream (after"
-        " the post-norm, as TransformerLens)",
-        "blocks.{i}.hook_mlp_in": "what the MLP half reads, `resid_mid`, before `ln2` (a copy when hooked)",
-        "blocks.{i}.ln2.hook_scale": "the pre-feedforward RMSNorm's scale of `resid_mid`; float32",
-        "blocks.{i}.ln2.hook_normalized": "`resid_mid / scale` cast to the model dtype, before the gain `1 + weight`",
-        "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, after the pre-feedforward norm and its gain `1 + weight`: what"
-        " `gate_proj` and `up_proj` read; circuit-tracer's name, the point a transcoder reads; a default cache leaves"
-        " it out (cache it by name)",
-        "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(ln2 output)`",
-        "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(ln2 output)`",
-        "blocks.{i}.mlp.hook_post": "the neurons, `gelu_tanh(pre) * pre_linear` = `down_proj`'s input",
-        "blocks.{i}.hook_mlp_out_pre_norm": "`down_proj`'s output, the MLP's raw write, before the post-feedforward"
-        " norm `ln2_post`",
-        "blocks.{i}.ln2_post.hook_scale": "the post-feedforward RMSNorm's scale of the MLP output (not of the residual"
-        " stream); float32",
-        "blocks.{i}.ln2_post.hook_normalized": "the MLP output divided by that scale, before the gain `1 + weight`",
-        "blocks.{i}.hook_mlp_out": "`ln2_post(down_proj output)`: what the MLP adds to the residual stream (after the"
-        " post-norm, as TransformerLens)",
         "ln_final.hook_scale": "the final RMSNorm's scale; float32. The logits are"
         " `cap * tanh((ln_final @ W_U) / cap)` (final_logit_softcapping): direct logit attribution, which is linear,"
         " attributes the PRE-cap logits",
-        "ln_final.hook_normalized": "the final residual stream divided by its scale, before the gain `1 + weight`",
     }

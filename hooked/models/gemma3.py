@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from hooked.layers import AttentionMask
+from hooked.models.config import alias
 from hooked.models.grouped_query_attention import GroupedQueryAttention
 from hooked.models.sandwich_decoder import (
     LAYER_TYPES,
@@ -64,14 +65,8 @@ ROPE_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}  # t
 
 @dataclass
 class Gemma3Config(SandwichDecoderConfig):
-    n_layers: int  # transformer blocks (num_hidden_layers)
-    d_model: int  # residual stream width (hidden_size)
-    n_heads: int  # query heads (num_attention_heads)
-    n_kv_heads: int  # key/value heads (num_key_value_heads)
-    d_head: int  # per-head width (head_dim), independent of d_model / n_heads
-    d_mlp: int  # MLP width (intermediate_size)
-    d_vocab: int  # vocabulary size
-    rms_norm_eps: float = 1e-6
+    """The rotary decoder's sizes (RotaryDecoderConfig: n_layers ... d_vocab, rms_norm_eps, rope_theta), and:"""
+
     rope_theta: float = 1_000_000.0  # RoPE base of full_attention layers
     tie_word_embeddings: bool = True  # unembedding = the token embedding
     attention_bias: bool = False  # biases on q/k/v/o projections
@@ -116,9 +111,7 @@ class Gemma3Config(SandwichDecoderConfig):
         super().__post_init__()
 
     # TransformerLens' names for the same settings (its google/gemma-3-* configs)
-    @property
-    def rotary_base_local(self) -> float:
-        return self.rope_local_theta
+    rotary_base_local = alias("rope_local_theta")
 
     @property
     def rotary_scaling_factor(self) -> float:
@@ -169,17 +162,11 @@ class Gemma3Config(SandwichDecoderConfig):
             )
         layer_types = config.get("layer_types")
         return dict(  # every key but layer_types is there: _HF_DEFAULTS fills what the config leaves out
-            n_layers=config["num_hidden_layers"],
-            d_model=config["hidden_size"],
-            n_heads=config["num_attention_heads"],
-            n_kv_heads=config["num_key_value_heads"] or config["num_attention_heads"],
-            d_head=config["head_dim"] or _HF_DEFAULTS["head_dim"],
-            d_mlp=config["intermediate_size"],
-            d_vocab=config["vocab_size"],
-            rms_norm_eps=config["rms_norm_eps"],
-            tie_word_embeddings=config["tie_word_embeddings"],
-            attention_bias=config["attention_bias"],
-            max_position_embeddings=config["max_position_embeddings"],
+            **cls.common_fields_from_hf(
+                config,
+                max_position_embeddings=_HF_DEFAULTS["max_position_embeddings"],
+                head_dim=_HF_DEFAULTS["head_dim"],
+            ),
             query_pre_attn_scalar=config["query_pre_attn_scalar"],
             sliding_window=config["sliding_window"],
             layer_types=None if layer_types is None else tuple(layer_types),
@@ -263,24 +250,12 @@ class Gemma3(SandwichDecoder):
         return cos, sin, local_cos, local_sin, mask, mask.windowed(self.cfg.sliding_window)
 
     # ------------------------------------------------------------------------- declarations
-    # What the rest of the library reads about Gemma 3 (docs/adding-a-model.md).
+    # What the rest of the library reads about Gemma 3 (docs/adding-a-model.md); checkpoint_table is the sandwich
+    # decoder's.
     config_class = Gemma3Config
     architectures = ("Gemma3ForCausalLM", "gemma3_text", "Gemma3ForConditionalGeneration", "gemma3")
     family = "gemma3"
     title = "Gemma 3"
-    checkpoint_table = (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1_post.weight"),
-        (r"model\.layers\.(\d+)\.pre_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
-        (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2_post.weight"),
-        (
-            r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
-            r"blocks.\1.attn.\2.\3",
-        ),
-        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-        (r"model\.norm\.weight", r"ln_final.weight"),
-    )
 
     @property
     def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
@@ -315,15 +290,7 @@ class Gemma3(SandwichDecoder):
         **{f"google/medgemma-{name}": (f"medgemma-{name}",) for name in ("4b-pt", "4b-it", "27b-it", "27b-text-it")},
     }
     random_sizes = dict(
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        n_kv_heads=2,
-        d_head=8,
-        d_mlp=48,
-        d_vocab=64,
-        sliding_window=3,
-        query_pre_attn_scalar=16.0,
+        SandwichDecoder.random_sizes,
         sliding_window_pattern=2,
         rope_scaling=LinearScaling(8.0),
         final_logit_softcapping=3.0,
@@ -342,19 +309,10 @@ class Gemma3(SandwichDecoder):
         )
         return sizes
 
-    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
-        "hook_embed": "token embeddings times `sqrt(d_model)` (the normalizer in the weights' dtype, as transformers"
-        " and TransformerLens' `W_E`), which are block 0's `hook_resid_pre`",
-        "blocks.{i}.hook_q_input": "one copy of `resid_pre` per query head, each normalised by `ln1` on its own;"
-        " listening switches to per-head projections",
-        "blocks.{i}.hook_k_input": "one copy of `resid_pre` per kv head, read through `ln1` by `k_proj`",
-        "blocks.{i}.hook_v_input": "one copy of `resid_pre` per kv head, read through `ln1` by `v_proj`",
-        "blocks.{i}.ln1.hook_scale": "the pre-attention RMSNorm's scale `sqrt(mean(x^2) + eps)` of `resid_pre`;"
-        " float32",
-        "blocks.{i}.ln1.hook_normalized": "`resid_pre / scale` cast to the model dtype, before the gain `1 + weight`",
+    hook_docs = {  # what each hook holds here, for docs/hooks-reference.md: the sandwich decoder's, and
+        **SandwichDecoder.hook_docs,
         "blocks.{i}.attn.hook_q": "`q_proj(ln1 output)` split by head, before `q_norm` and RoPE",
         "blocks.{i}.attn.hook_k": "`k_proj(ln1 output)` split by kv head, before `k_norm` and RoPE",
-        "blocks.{i}.attn.hook_v": "`v_proj(ln1 output)` split by kv head",
         "blocks.{i}.attn.hook_rot_q": "q_normed after RoPE with the layer's table: base `rope_local_theta` on"
         " sliding_attention layers, `rope_theta` (and its linear scaling) on full_attention layers",
         "blocks.{i}.attn.hook_rot_k": "k_normed after RoPE with the layer's table",
@@ -363,37 +321,8 @@ class Gemma3(SandwichDecoder):
         " `sliding_window` or more columns back; listening switches the layer to the eager attention path",
         "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back (transformers' eager"
         " `attn_weights`)",
-        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
-        " what the projection reads",
-        "blocks.{i}.attn.hook_result": "each head's write `z[h] @ W_O[h]` BEFORE the post-norm: with `b_O` they sum to"
-        " `hook_attn_out_pre_norm`, not to `hook_attn_out` (ln1_post is not linear)",
-        "blocks.{i}.hook_attn_out_pre_norm": "`o_proj`'s output, the attention's raw write, before the post-attention"
-        " norm `ln1_post`",
-        "blocks.{i}.ln1_post.hook_scale": "the post-attention RMSNorm's scale of the attention output (not of the"
-        " residual stream); float32",
-        "blocks.{i}.ln1_post.hook_normalized": "the attention output divided by that scale, before the gain"
-        " `1 + weight`",
-        "blocks.{i}.hook_attn_out": "`ln1_post(o_proj output)`: what the attention adds to the residual stream (after"
-        " the post-norm, as TransformerLens)",
-        "blocks.{i}.hook_mlp_in": "what the MLP half reads, `resid_mid`, before `ln2` (a copy when hooked)",
-        "blocks.{i}.ln2.hook_scale": "the pre-feedforward RMSNorm's scale of `resid_mid`; float32",
-        "blocks.{i}.ln2.hook_normalized": "`resid_mid / scale` cast to the model dtype, before the gain `1 + weight`",
-        "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, after the pre-feedforward norm and its gain `1 + weight`: what"
-        " `gate_proj` and `up_proj` read; circuit-tracer's name, the point a transcoder reads; a default cache leaves"
-        " it out (cache it by name)",
-        "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(ln2 output)`",
-        "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(ln2 output)`",
-        "blocks.{i}.mlp.hook_post": "the neurons, `gelu_tanh(pre) * pre_linear` = `down_proj`'s input",
-        "blocks.{i}.hook_mlp_out_pre_norm": "`down_proj`'s output, the MLP's raw write, before the post-feedforward"
-        " norm `ln2_post`",
-        "blocks.{i}.ln2_post.hook_scale": "the post-feedforward RMSNorm's scale of the MLP output (not of the residual"
-        " stream); float32",
-        "blocks.{i}.ln2_post.hook_normalized": "the MLP output divided by that scale, before the gain `1 + weight`",
-        "blocks.{i}.hook_mlp_out": "`ln2_post(down_proj output)`: what the MLP adds to the residual stream (after the"
-        " post-norm, as TransformerLens)",
         "ln_final.hook_scale": "the final RMSNorm's scale; float32. With `final_logit_softcapping` the logits are"
         " `cap * tanh((ln_final @ W_U) / cap)`, and direct logit attribution (linear) attributes the pre-cap logits",
-        "ln_final.hook_normalized": "the final residual stream divided by its scale, before the gain `1 + weight`",
         "blocks.{i}.attn.q_norm.hook_scale": "each query head's Gemma RMSNorm scale `sqrt(mean(q^2) + eps)` over"
         " d_head; float32",
         "blocks.{i}.attn.q_norm.hook_normalized": "`q / scale` cast to the model dtype, before the gain"

@@ -35,11 +35,12 @@ from hooked.layers import (
     attend,
     attention_input,
     gelu_new,
+    heads_output,
     mlp_input,
     writable,
 )
-from hooked.models.base import HookedTransformer
-from hooked.models.config import ModelConfig
+from hooked.models.base import DecoderBlock, HookedTransformer
+from hooked.models.config import ModelConfig, alias
 from hooked.rows import current_rows
 
 
@@ -66,21 +67,14 @@ class GPT2Config(ModelConfig):
     final_rms = False
     rotary_dim = None
 
-    @property
-    def act_fn(self) -> str:
-        return self.activation
-
-    @property
-    def eps(self) -> float:
-        return self.layer_norm_eps
+    act_fn = alias("activation")
+    eps = alias("layer_norm_eps")
 
     @property
     def d_head(self) -> int:
         return self.d_model // self.n_heads
 
-    @property
-    def n_kv_heads(self) -> int:
-        return self.n_heads
+    n_kv_heads = alias("n_heads")
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
@@ -185,7 +179,6 @@ class GPT2Attention(nn.Module):
         else:
             batch, pos, _ = x.shape
             q, k, v = self.c_attn(x).view(batch, pos, 3, self.n_heads, self.d_head).unbind(2)
-        batch, pos = q.shape[:2]
         # unbind's outputs are views autograd forbids editing in place: a listening hook gets a copy (writable)
         q = self.hook_q(writable(q) if self.hook_q.listening else q)
         k = self.hook_k(writable(k) if self.hook_k.listening else k)
@@ -193,11 +186,7 @@ class GPT2Attention(nn.Module):
         if kv is not None:  # a KV cache: keys and values of every column so far (this call's included)
             k, v = kv.append(k, v)
         z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=False)
-        z = self.hook_z(writable(z) if self.hook_z.listening else z)
-        if self.hook_result.listening:  # per-head writes, summed: differs from c_proj by rounding only
-            result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
-            return self.c_proj.add_bias(result.sum(2))
-        return self.c_proj(z.reshape(batch, pos, -1))  # a view: editing z edits c_proj's input
+        return heads_output(self, z, self.c_proj)
 
     @property
     def W_O(self) -> Float[Tensor, "head_index d_head d_model"]:
@@ -311,7 +300,7 @@ class GPT2MLP(nn.Module):
         return (Projection(self.c_proj.weight, 1, self.c_proj.bias),)
 
 
-class GPT2Block(nn.Module):
+class GPT2Block(DecoderBlock):
     mlp_stage = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out", "hook_resid_post")  # what mlp_half computes
 
     def __init__(self, cfg: GPT2Config, layer: int):
@@ -338,9 +327,6 @@ class GPT2Block(nn.Module):
             self.mlp = GPT2MLP(cfg)
             self.hook_mlp_out = HookPoint("batch pos d_model")
         self.hook_resid_post = HookPoint("batch pos d_model")
-
-    def forward(self, resid_pre: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
-        return self.mlp_half(self.attn_half(resid_pre, mask, kv=kv))
 
     def attn_half(self, resid_pre: Tensor, mask: AttentionMask, kv: LayerKV | None = None) -> Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
@@ -392,10 +378,6 @@ class GPT2(HookedTransformer):
 
     def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
         return (mask,)
-
-    @property
-    def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
-        return self.wte.weight if self.lm_head is None else self.lm_head.weight  # tied, until weight processing
 
     def embedding_writers(self) -> tuple[Projection, ...]:
         return (Projection(self.wte.weight, 1), Projection(self.wpe.weight, 1))

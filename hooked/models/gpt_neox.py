@@ -35,15 +35,15 @@ from hooked.layers import (
     LayerNorm,
     Projection,
     Split,
-    add_bias,
     attend,
     attention_input,
     gelu_new,
+    heads_output,
     mlp_input,
     writable,
 )
-from hooked.models.base import HookedTransformer
-from hooked.models.config import ModelConfig
+from hooked.models.base import DecoderBlock, HookedTransformer
+from hooked.models.config import ModelConfig, alias
 from hooked.rotary import RotaryEmbedding, apply_rotary
 
 
@@ -95,30 +95,19 @@ class GPTNeoXConfig(ModelConfig):
     def d_head(self) -> int:
         return self.d_model // self.n_heads
 
-    @property
-    def n_kv_heads(self) -> int:
-        return self.n_heads
+    n_kv_heads = alias("n_heads")
 
     @property
     def act_fn(self) -> str:
         return "silu" if self.activation == "swish" else self.activation
 
-    @property
-    def parallel_attn_mlp(self) -> bool:
-        return self.use_parallel_residual
-
-    @property
-    def n_ctx(self) -> int:
-        """Where `to_tokens(truncate=True)` cuts: the config's length (TransformerLens' n_ctx)."""
-        return self.max_position_embeddings
-
-    @property
-    def eps(self) -> float:
-        return self.layer_norm_eps
-
-    @property
-    def rotary_base(self) -> float:
-        return self.rope_theta
+    parallel_attn_mlp = alias("use_parallel_residual")
+    n_ctx = alias(
+        "max_position_embeddings",
+        "Where `to_tokens(truncate=True)` cuts: the config's length (TransformerLens' n_ctx).",
+    )
+    eps = alias("layer_norm_eps")
+    rotary_base = alias("rope_theta")
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
@@ -242,6 +231,37 @@ def _rope_from_hf(config: dict) -> tuple[float, float]:
     return theta, rotary_pct
 
 
+# Pythia's sizes -> the sizes its first release was named by, which TransformerLens 3.9 keeps as aliases
+PYTHIA_FIRST_NAMES = {
+    "70m": "19m",
+    "160m": "125m",
+    "410m": "350m",
+    "1b": "800m",
+    "1.4b": "1.3b",
+    "2.8b": "2.7b",
+    "6.9b": "6.7b",
+    "12b": "13b",
+}
+
+
+def pythia_names() -> dict[str, tuple[str, ...]]:
+    """TransformerLens 3.9's official Pythia names (supported_models.py) -> its aliases
+    (hooked.transformer_lens.aliases): each size and variant under its short name and its first release's names;
+    `pythia` and `pythia-v0` are 70m's."""
+    names = {"EleutherAI/pythia-14m": ("pythia-14m",), "EleutherAI/pythia-31m": ("pythia-31m",)}
+    for size, first in PYTHIA_FIRST_NAMES.items():
+        seeds = ("-seed1", "-seed2", "-seed3") if size == "160m" else ()
+        for variant in ("", "-deduped", "-deduped-v0", "-v0", *seeds):
+            short = {"70m": "pythia", "70m-v0": "pythia-v0"}.get(size + variant)
+            aliases = (f"pythia-{size}{variant}", *((short,) if short else ()))
+            names[f"EleutherAI/pythia-{size}{variant}"] = (
+                *aliases,
+                f"EleutherAI/pythia-{first}{variant}",
+                f"pythia-{first}{variant}",
+            )
+    return dict(sorted(names.items()))
+
+
 # ============================================================================= modules and forward
 def rotate_leading(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """RoPE on the first cos.shape[-1] dimensions of x [batch pos head d_head], the rest passed through
@@ -289,7 +309,6 @@ class GPTNeoXAttention(nn.Module):
         else:
             batch, pos, _ = x.shape
             q, k, v = self.query_key_value(x).view(batch, pos, self.n_heads, 3 * self.d_head).split(self.d_head, dim=-1)
-        batch, pos = q.shape[:2]
         # split's outputs are views autograd forbids editing in place: a listening hook gets a copy (writable)
         q = self.hook_q(writable(q) if self.hook_q.listening else q)
         k = self.hook_k(writable(k) if self.hook_k.listening else k)
@@ -299,11 +318,7 @@ class GPTNeoXAttention(nn.Module):
         if kv is not None:  # a KV cache: keys and values of every column so far (this call's included)
             k, v = kv.append(k, v)
         z = attend(q, k, v, mask, self.scaling, self.hook_attn_scores, self.hook_pattern, softmax_in_float32=True)
-        z = self.hook_z(writable(z) if self.hook_z.listening else z)
-        if self.hook_result.listening:  # per-head writes, summed: differs from dense by rounding only
-            result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
-            return add_bias(self.dense, result.sum(2))
-        return self.dense(z.reshape(batch, pos, -1))  # a view (z is contiguous): editing z edits dense's input
+        return heads_output(self, z, self.dense)
 
     def _qkv(self, part: int) -> Tensor:
         """Rows of query_key_value for q (0), k (1) or v (2), as TransformerLens: [head_index d_model d_head] (a
@@ -401,7 +416,7 @@ class GPTNeoXMLP(nn.Module):
         return (Projection(self.dense_4h_to_h.weight, 0, self.dense_4h_to_h.bias),)
 
 
-class GPTNeoXBlock(nn.Module):
+class GPTNeoXBlock(DecoderBlock):
     """Sequential block (`use_parallel_residual=False`): attention, then the MLP on resid_mid, as GPT-2."""
 
     mlp_stage: ClassVar[tuple[str, ...]] = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out", "hook_resid_post")
@@ -425,11 +440,6 @@ class GPTNeoXBlock(nn.Module):
         self.mlp = GPTNeoXMLP(cfg)
         self.hook_mlp_out = HookPoint("batch pos d_model")
         self.hook_resid_post = HookPoint("batch pos d_model")
-
-    def forward(
-        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
-    ) -> Tensor:
-        return self.mlp_half(self.attn_half(resid_pre, cos, sin, mask, kv=kv))
 
     def _attention(
         self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None
@@ -490,10 +500,6 @@ class GPTNeoX(HookedTransformer):
         cos, sin = self.rotary(position_ids, dtype)  # [batch pos rotary_dim], once for all blocks
         return cos, sin, mask
 
-    @property
-    def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
-        return self.embed_in.weight if self.lm_head is None else self.lm_head.weight  # lm_head: untied or processed
-
     def embedding_writers(self) -> tuple[Projection, ...]:
         return (Projection(self.embed_in.weight, 1),)
 
@@ -535,95 +541,7 @@ class GPTNeoX(HookedTransformer):
     # (hooked.transformer_lens.aliases)
     transformer_lens_names = {
         "EleutherAI/gpt-neox-20b": ("gpt-neox-20b", "gpt-neox", "neox"),
-        "EleutherAI/pythia-1.4b": ("pythia-1.4b", "EleutherAI/pythia-1.3b", "pythia-1.3b"),
-        "EleutherAI/pythia-1.4b-deduped": (
-            "pythia-1.4b-deduped",
-            "EleutherAI/pythia-1.3b-deduped",
-            "pythia-1.3b-deduped",
-        ),
-        "EleutherAI/pythia-1.4b-deduped-v0": (
-            "pythia-1.4b-deduped-v0",
-            "EleutherAI/pythia-1.3b-deduped-v0",
-            "pythia-1.3b-deduped-v0",
-        ),
-        "EleutherAI/pythia-1.4b-v0": ("pythia-1.4b-v0", "EleutherAI/pythia-1.3b-v0", "pythia-1.3b-v0"),
-        "EleutherAI/pythia-12b": ("pythia-12b", "EleutherAI/pythia-13b", "pythia-13b"),
-        "EleutherAI/pythia-12b-deduped": ("pythia-12b-deduped", "EleutherAI/pythia-13b-deduped", "pythia-13b-deduped"),
-        "EleutherAI/pythia-12b-deduped-v0": (
-            "pythia-12b-deduped-v0",
-            "EleutherAI/pythia-13b-deduped-v0",
-            "pythia-13b-deduped-v0",
-        ),
-        "EleutherAI/pythia-12b-v0": ("pythia-12b-v0", "EleutherAI/pythia-13b-v0", "pythia-13b-v0"),
-        "EleutherAI/pythia-14m": ("pythia-14m",),
-        "EleutherAI/pythia-160m": ("pythia-160m", "EleutherAI/pythia-125m", "pythia-125m"),
-        "EleutherAI/pythia-160m-deduped": (
-            "pythia-160m-deduped",
-            "EleutherAI/pythia-125m-deduped",
-            "pythia-125m-deduped",
-        ),
-        "EleutherAI/pythia-160m-deduped-v0": (
-            "pythia-160m-deduped-v0",
-            "EleutherAI/pythia-125m-deduped-v0",
-            "pythia-125m-deduped-v0",
-        ),
-        "EleutherAI/pythia-160m-seed1": ("pythia-160m-seed1", "EleutherAI/pythia-125m-seed1", "pythia-125m-seed1"),
-        "EleutherAI/pythia-160m-seed2": ("pythia-160m-seed2", "EleutherAI/pythia-125m-seed2", "pythia-125m-seed2"),
-        "EleutherAI/pythia-160m-seed3": ("pythia-160m-seed3", "EleutherAI/pythia-125m-seed3", "pythia-125m-seed3"),
-        "EleutherAI/pythia-160m-v0": ("pythia-160m-v0", "EleutherAI/pythia-125m-v0", "pythia-125m-v0"),
-        "EleutherAI/pythia-1b": ("pythia-1b", "EleutherAI/pythia-800m", "pythia-800m"),
-        "EleutherAI/pythia-1b-deduped": ("pythia-1b-deduped", "EleutherAI/pythia-800m-deduped", "pythia-800m-deduped"),
-        "EleutherAI/pythia-1b-deduped-v0": (
-            "pythia-1b-deduped-v0",
-            "EleutherAI/pythia-800m-deduped-v0",
-            "pythia-800m-deduped-v0",
-        ),
-        "EleutherAI/pythia-1b-v0": ("pythia-1b-v0", "EleutherAI/pythia-800m-v0", "pythia-800m-v0"),
-        "EleutherAI/pythia-2.8b": ("pythia-2.8b", "EleutherAI/pythia-2.7b", "pythia-2.7b"),
-        "EleutherAI/pythia-2.8b-deduped": (
-            "pythia-2.8b-deduped",
-            "EleutherAI/pythia-2.7b-deduped",
-            "pythia-2.7b-deduped",
-        ),
-        "EleutherAI/pythia-2.8b-deduped-v0": (
-            "pythia-2.8b-deduped-v0",
-            "EleutherAI/pythia-2.7b-deduped-v0",
-            "pythia-2.7b-deduped-v0",
-        ),
-        "EleutherAI/pythia-2.8b-v0": ("pythia-2.8b-v0", "EleutherAI/pythia-2.7b-v0", "pythia-2.7b-v0"),
-        "EleutherAI/pythia-31m": ("pythia-31m",),
-        "EleutherAI/pythia-410m": ("pythia-410m", "EleutherAI/pythia-350m", "pythia-350m"),
-        "EleutherAI/pythia-410m-deduped": (
-            "pythia-410m-deduped",
-            "EleutherAI/pythia-350m-deduped",
-            "pythia-350m-deduped",
-        ),
-        "EleutherAI/pythia-410m-deduped-v0": (
-            "pythia-410m-deduped-v0",
-            "EleutherAI/pythia-350m-deduped-v0",
-            "pythia-350m-deduped-v0",
-        ),
-        "EleutherAI/pythia-410m-v0": ("pythia-410m-v0", "EleutherAI/pythia-350m-v0", "pythia-350m-v0"),
-        "EleutherAI/pythia-6.9b": ("pythia-6.9b", "EleutherAI/pythia-6.7b", "pythia-6.7b"),
-        "EleutherAI/pythia-6.9b-deduped": (
-            "pythia-6.9b-deduped",
-            "EleutherAI/pythia-6.7b-deduped",
-            "pythia-6.7b-deduped",
-        ),
-        "EleutherAI/pythia-6.9b-deduped-v0": (
-            "pythia-6.9b-deduped-v0",
-            "EleutherAI/pythia-6.7b-deduped-v0",
-            "pythia-6.7b-deduped-v0",
-        ),
-        "EleutherAI/pythia-6.9b-v0": ("pythia-6.9b-v0", "EleutherAI/pythia-6.7b-v0", "pythia-6.7b-v0"),
-        "EleutherAI/pythia-70m": ("pythia-70m", "pythia", "EleutherAI/pythia-19m", "pythia-19m"),
-        "EleutherAI/pythia-70m-deduped": ("pythia-70m-deduped", "EleutherAI/pythia-19m-deduped", "pythia-19m-deduped"),
-        "EleutherAI/pythia-70m-deduped-v0": (
-            "pythia-70m-deduped-v0",
-            "EleutherAI/pythia-19m-deduped-v0",
-            "pythia-19m-deduped-v0",
-        ),
-        "EleutherAI/pythia-70m-v0": ("pythia-70m-v0", "pythia-v0", "EleutherAI/pythia-19m-v0", "pythia-19m-v0"),
+        **pythia_names(),
     }
     random_sizes = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, d_vocab=64, rotary_dim=4)
 

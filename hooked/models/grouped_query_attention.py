@@ -14,6 +14,8 @@ projections weight processing folds (docs/adding-a-model.md).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
@@ -21,7 +23,7 @@ from torch import Tensor, nn
 from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
-from hooked.layers import AttentionMask, Projection, RMSNorm, Split, add_bias, attend, writable
+from hooked.layers import AttentionMask, Projection, RMSNorm, Split, attend, heads_output
 from hooked.models.config import ModelConfig
 from hooked.rotary import apply_rotary
 
@@ -36,6 +38,31 @@ class GroupedQueryAttention(nn.Module):
     A sliding window is the mask's (`AttentionMask.windowed`), so it needs nothing here. The config gives
     d_model, n_heads, n_kv_heads, d_head, attention_bias and rms_norm_eps (the q/k norms').
     """
+
+    # What the projections' hook points hold, for docs/hooks-reference.md: without q/k norms (Llama, Mistral, Mixtral),
+    # and with per-head RMSNorms (`qk_norm=RMSNorm`: Qwen3, Qwen3-MoE).
+    hook_docs: ClassVar[dict[str, str]] = {
+        "blocks.{i}.attn.hook_q": "`q_proj` output (its bias included) split by head, before RoPE",
+        "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before RoPE",
+    }
+    rms_qk_norm_hook_docs: ClassVar[dict[str, str]] = {
+        "blocks.{i}.attn.hook_q": "`q_proj` output split by head, before `q_norm` and RoPE",
+        "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before `k_norm` and RoPE",
+        "blocks.{i}.attn.q_norm.hook_scale": "the per-head RMSNorm's scale of q",
+        "blocks.{i}.attn.q_norm.hook_normalized": "q divided by its per-head scale, before `q_norm`'s weight",
+        "blocks.{i}.attn.hook_q_normed": "`q_norm(q)`: after the per-head RMSNorm and its weight, before RoPE",
+        "blocks.{i}.attn.k_norm.hook_scale": "the per-head RMSNorm's scale of k",
+        "blocks.{i}.attn.k_norm.hook_normalized": "k divided by its per-head scale, before `k_norm`'s weight",
+        "blocks.{i}.attn.hook_k_normed": "`k_norm(k)`: after the per-head RMSNorm and its weight, before RoPE",
+    }
+    # The same scores and pattern under a sliding window on every layer (Mistral, Mixtral)
+    sliding_window_hook_docs: ClassVar[dict[str, str]] = {
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated, set to the dtype's"
+        " minimum on future keys and on keys `sliding_window` or more columns back; listening switches the layer to"
+        " the eager attention path",
+        "blocks.{i}.attn.hook_pattern": "softmax of the scores (float32, cast back): exactly zero outside the sliding"
+        " window",
+    }
 
     def __init__(
         self,
@@ -92,7 +119,6 @@ class GroupedQueryAttention(nn.Module):
             q = self.q_proj(x).view(batch, pos, self.n_heads, self.d_head)
             k = self.k_proj(x).view(batch, pos, self.n_kv_heads, self.d_head)
             v = self.v_proj(x).view(batch, pos, self.n_kv_heads, self.d_head)
-        batch, pos = q.shape[:2]
         q = self.hook_q(q)
         k = self.hook_k(k)
         v = self.hook_v(v)
@@ -114,11 +140,7 @@ class GroupedQueryAttention(nn.Module):
             softmax_in_float32=True,
             softcap=self.softcap,
         )
-        z = self.hook_z(writable(z) if self.hook_z.listening else z)
-        if self.hook_result.listening:  # per-head writes, summed: differs from o_proj by rounding only
-            result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
-            return add_bias(self.o_proj, result.sum(2))
-        return self.o_proj(z.reshape(batch, pos, -1))  # a view (z is contiguous): editing z edits o_proj's input
+        return heads_output(self, z, self.o_proj)
 
     def normed_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """`q_norm(q)` and `k_norm(k)` through their hooks, q's first (a subclass whose norms span the heads

@@ -27,13 +27,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from hooked.layers import AttentionMask, GatedMLP, Projection
-from hooked.models.config import ModelConfig
+from hooked.layers import GatedMLP, Projection
+from hooked.models.config import alias
 from hooked.models.grouped_query_attention import GroupedQueryAttention
 from hooked.models.rotary_decoder import (
     PreNormBlock,
     RotaryDecoder,
-    RotaryRMSNames,
+    RotaryDecoderConfig,
     rms_rotary_fields,
     rope_default_linear_or_llama3,
 )
@@ -42,16 +42,10 @@ from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
 
 # ============================================================================= config
 @dataclass
-class LlamaConfig(RotaryRMSNames, ModelConfig):
-    n_layers: int  # transformer blocks (num_hidden_layers)
-    d_model: int  # residual stream width (hidden_size)
-    n_heads: int  # query heads (num_attention_heads)
-    n_kv_heads: int  # key/value heads (num_key_value_heads); n_heads / n_kv_heads queries share one
-    d_head: int  # per-head width (head_dim; hidden_size / num_attention_heads when the config has none)
-    d_mlp: int  # MLP width (intermediate_size)
-    d_vocab: int  # vocabulary size
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0  # RoPE base
+class LlamaConfig(RotaryDecoderConfig):
+    """The rotary decoder's fields (head_dim: hidden_size / num_attention_heads when config.json has none), plus
+    RoPE's scaling, MLP biases and Mistral's window."""
+
     rope_scaling: LinearScaling | Llama3Scaling | None = None  # rope_type "linear" / "llama3"; None: plain RoPE
     tie_word_embeddings: bool = False  # unembedding = the token embedding
     attention_bias: bool = False  # biases on q/k/v/o projections (Llama only)
@@ -60,40 +54,23 @@ class LlamaConfig(RotaryRMSNames, ModelConfig):
     max_position_embeddings: int = 2048  # informative (RoPE has no hard limit); bounds sliding_window
     default_prepend_bos: bool = True  # Llama and Mistral tokenizers start with <s> / <|begin_of_text|>
 
-    # TransformerLens' names for what the architecture fixes
-    normalization_type = "RMS"
-    positional_embedding_type = "rotary"
+    # TransformerLens' names for what the architecture fixes (the rest are RotaryDecoderConfig's)
     act_fn = "silu"
     original_architecture = "LlamaForCausalLM"
-    gated_mlp = True
-    final_rms = True
-    rotary_adjacent_pairs = False  # half-split RoPE
 
     @property
     def use_NTK_by_parts_rope(self) -> bool:  # TransformerLens' name for the "llama3" scaling
         return isinstance(self.rope_scaling, Llama3Scaling)
 
-    @property
-    def window_size(self) -> int | None:  # TransformerLens' name (its Mistral: attn_types "local")
-        return self.sliding_window
+    window_size = alias("sliding_window")  # TransformerLens' name (its Mistral: attn_types "local")
 
     @property
     def use_local_attn(self) -> bool:
         return self.sliding_window is not None
 
     def __post_init__(self):
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
-            )
-        if self.d_head % 2:
-            raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
-        window = self.sliding_window
-        if window is not None and not (isinstance(window, int) and 0 < window <= self.max_position_embeddings):
-            raise ValueError(
-                f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
-                f" ({self.max_position_embeddings}), or null for plain causal attention"
-            )
+        super().__post_init__()
+        self.check_sliding_window()
 
     transformer_lens_shape = (
         "normalization_type='RMS', positional_embedding_type='rotary', act_fn='silu', gated_mlp=True,"
@@ -111,35 +88,17 @@ class LlamaConfig(RotaryRMSNames, ModelConfig):
         return (None, problems) if fields is None else (LlamaConfig(**fields), [])
 
     @classmethod
-    def from_hf(cls, config: dict) -> LlamaConfig:
-        return cls(**cls._fields_from_hf(config))
-
-    @classmethod
     def _fields_from_hf(cls, config: dict) -> dict:
         """The keyword arguments of this config, read from a Hugging Face config.json dict."""
         family = cls.original_architecture
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(
-                f"{family} with hidden_act {config['hidden_act']!r} is not supported by hooked (silu only)"
-            )
+        cls.require_silu(config, family)
         # pretraining_tp > 1 is accepted: transformers 5.24's Llama never reads it (4.x sliced the same matmuls).
         theta, scaling = rope_default_linear_or_llama3(config, family)
-        n_heads = config["num_attention_heads"]
         return dict(
-            n_layers=config["num_hidden_layers"],
-            d_model=config["hidden_size"],
-            n_heads=n_heads,
-            n_kv_heads=config.get("num_key_value_heads") or n_heads,
-            d_head=config.get("head_dim") or config["hidden_size"] // n_heads,
-            d_mlp=config["intermediate_size"],
-            d_vocab=config["vocab_size"],
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            **cls.common_fields_from_hf(config, max_position_embeddings=2048),  # transformers' LlamaConfig defaults
             rope_theta=theta,
             rope_scaling=scaling,
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
-            attention_bias=config.get("attention_bias", False),
             mlp_bias=config.get("mlp_bias", False),
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
         )
 
 
@@ -155,7 +114,7 @@ class MistralConfig(LlamaConfig):
         layer_types = set(config.get("layer_types") or ())
         if len(layer_types) > 1:  # Ministral's interleaving: transformers' Mistral would ignore it
             raise ValueError(
-                f"MistralForCausalLM with layer_types {sorted(layer_types)} (interleaved sliding and full"
+                f"{cls.original_architecture} with layer_types {sorted(layer_types)} (interleaved sliding and full"
                 " attention) is not supported by hooked: every layer must attend alike"
             )
         fields = super()._fields_from_hf(config)
@@ -216,23 +175,16 @@ class Llama(RotaryDecoder):
     def make_block(cfg: LlamaConfig, layer: int) -> PreNormBlock:
         return PreNormBlock(cfg, LlamaMLP(cfg), GroupedQueryAttention(cfg))
 
-    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
-        cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head], once for all blocks
-        return cos, sin, mask.windowed(self.cfg.sliding_window)  # every block: one (windowed) mask
-
     # ------------------------------------------------------------------------- declarations
     # What the rest of the library reads about Llama (docs/adding-a-model.md).
     config_class = LlamaConfig
     architectures = ("LlamaForCausalLM", "llama")
     family = "llama"
     title = "Llama"
-    checkpoint_table = (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-        (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
-        (r"model\.norm\.weight", r"ln_final.weight"),
+    checkpoint_table = RotaryDecoder.checkpoint_table_of(
+        PreNormBlock.checkpoint_norms,
+        attention=r"(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)",  # no q/k norms
+        mlp=r"(gate_proj|up_proj|down_proj)\.(weight|bias)",  # mlp_bias
     )
     # Older checkpoints saved RoPE's inv_freq (recomputed here).
     checkpoint_extra_ignored = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
@@ -261,7 +213,6 @@ class Llama(RotaryDecoder):
         "meta-llama/Meta-Llama-3-8B": (),
         "meta-llama/Meta-Llama-3-8B-Instruct": (),
     }
-    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
 
     @classmethod
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:
@@ -273,19 +224,10 @@ class Llama(RotaryDecoder):
         )
 
     hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
-        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
-        " embedding: RoPE acts on q and k)",
-        "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
-        "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
-        "blocks.{i}.attn.hook_q": "`q_proj` output (its bias included) split by head, before RoPE",
-        "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before RoPE",
-        "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
+        **PreNormBlock.hook_docs,
+        **GroupedQueryAttention.hook_docs,  # the attention's q and k
         "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin`, frequencies plain, `linear` or"
         " `llama3`-scaled",
-        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads"
-        " kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the"
-        " layer to the eager attention path",
-        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
         "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what `gate_proj` and `up_proj`"
         " read; circuit-tracer's name, the point a transcoder reads; a default cache leaves it out (cache it by name)",
         "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(x)` (with its bias under `mlp_bias`)",
@@ -311,17 +253,8 @@ class Mistral(Llama):
         "mistralai/Mistral-Nemo-Base-2407": ("mistral-nemo-base-2407",),
         "mistralai/Mistral-Small-24B-Base-2501": (),
     }
-    random_sizes = dict(
-        n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64, sliding_window=4
-    )
-    hook_docs = {
-        **Llama.hook_docs,
-        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated, set to the dtype's"
-        " minimum on future keys and on keys `sliding_window` or more columns back; listening switches the layer to"
-        " the eager attention path",
-        "blocks.{i}.attn.hook_pattern": "softmax of the scores (float32, cast back): exactly zero outside the sliding"
-        " window",
-    }
+    random_sizes = dict(Llama.random_sizes, sliding_window=4)
+    hook_docs = {**Llama.hook_docs, **GroupedQueryAttention.sliding_window_hook_docs}
 
     @classmethod
     def draw_sizes(cls, draw, st, n_layers: int, n_heads: int) -> dict:

@@ -29,31 +29,19 @@ from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass
 
-import torch
-from torch import Tensor
-
-from hooked.layers import AttentionMask
-from hooked.models.config import EXPERT_AXIS_FIELDS, ModelConfig
+from hooked.models.config import EXPERT_AXIS_FIELDS, ModelConfig, alias
 from hooked.models.grouped_query_attention import GroupedQueryAttention
 from hooked.models.moe import SparseMoeMLP
-from hooked.models.rotary_decoder import PreNormBlock, RotaryDecoder, RotaryRMSNames, rope_default_linear_or_llama3
+from hooked.models.rotary_decoder import PreNormBlock, RotaryDecoder, RotaryDecoderConfig, rope_default_linear_or_llama3
 from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding
 
 
 # ============================================================================= config
 @dataclass
-class MixtralConfig(RotaryRMSNames, ModelConfig):
-    """Mistral's fields (d_mlp is each expert's width, intermediate_size; no biases) plus the experts."""
+class MixtralConfig(RotaryDecoderConfig):
+    """Mistral's fields (d_mlp is each expert's width, intermediate_size; head_dim hidden_size / num_attention_heads
+    when config.json has none; no biases) plus the experts."""
 
-    n_layers: int  # transformer blocks (num_hidden_layers)
-    d_model: int  # residual stream width (hidden_size)
-    n_heads: int  # query heads (num_attention_heads)
-    n_kv_heads: int  # key/value heads (num_key_value_heads); n_heads / n_kv_heads queries share one
-    d_head: int  # per-head width (head_dim; hidden_size / num_attention_heads when the config has none)
-    d_mlp: int  # each expert's MLP width (intermediate_size)
-    d_vocab: int  # vocabulary size
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0  # RoPE base
     rope_scaling: LinearScaling | Llama3Scaling | None = None  # rope_type "linear" / "llama3"; None: plain RoPE
     tie_word_embeddings: bool = False  # unembedding = the token embedding
     attention_bias: bool = False  # always False from a config.json: transformers' Mixtral has no biases
@@ -65,55 +53,30 @@ class MixtralConfig(RotaryRMSNames, ModelConfig):
     n_experts: int  # experts per block (num_local_experts)
     top_k: int  # experts per token (num_experts_per_tok)
 
-    # TransformerLens' names for what the architecture fixes
-    normalization_type = "RMS"
-    positional_embedding_type = "rotary"
+    # TransformerLens' names for what the architecture fixes (the rest are RotaryDecoderConfig's)
     act_fn = "silu"
     original_architecture = "MixtralForCausalLM"
     axis_fields = {**ModelConfig.axis_fields, **EXPERT_AXIS_FIELDS}
-    gated_mlp = True
-    final_rms = True
-    rotary_adjacent_pairs = False  # half-split RoPE
     norm_topk_prob = True  # transformers' MixtralTopKRouter renormalises the top-k weights unconditionally
 
-    @property
-    def d_expert_mlp(self) -> int:
-        return self.d_mlp  # every MLP is sparse: the expert width is intermediate_size
-
+    d_expert_mlp = alias("d_mlp")  # every MLP is sparse: the expert width is intermediate_size
     # TransformerLens' names for the same settings
-    @property
-    def num_experts(self) -> int:
-        return self.n_experts
-
-    @property
-    def experts_per_token(self) -> int:
-        return self.top_k
+    num_experts = alias("n_experts")
+    experts_per_token = alias("top_k")
 
     @property
     def use_NTK_by_parts_rope(self) -> bool:  # the "llama3" scaling
         return isinstance(self.rope_scaling, Llama3Scaling)
 
-    @property
-    def window_size(self) -> int | None:  # TransformerLens' Mistral: attn_types "local"
-        return self.sliding_window
+    window_size = alias("sliding_window")  # TransformerLens' Mistral: attn_types "local"
 
     @property
     def use_local_attn(self) -> bool:
         return self.sliding_window is not None
 
     def __post_init__(self):
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
-            )
-        if self.d_head % 2:
-            raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
-        window = self.sliding_window
-        if window is not None and not (isinstance(window, int) and 0 < window <= self.max_position_embeddings):
-            raise ValueError(
-                f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
-                f" ({self.max_position_embeddings}), or null for plain causal attention"
-            )
+        super().__post_init__()
+        self.check_sliding_window()
         if not (isinstance(self.n_experts, int) and self.n_experts >= 1):
             raise ValueError(f"num_local_experts {self.n_experts!r} must be a whole number >= 1")
         if not (isinstance(self.top_k, int) and 1 <= self.top_k <= self.n_experts):
@@ -137,29 +100,18 @@ class MixtralConfig(RotaryRMSNames, ModelConfig):
                 f"{family} with layer_types {sorted(layer_types)} (interleaved sliding and full"
                 " attention) is not supported by hooked: every layer must attend alike"
             )
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(
-                f"{family} with hidden_act {config['hidden_act']!r} is not supported by hooked (silu only)"
-            )
+        cls.require_silu(config, family)
         theta, scaling = rope_default_linear_or_llama3(config, family)
-        n_heads = config["num_attention_heads"]
         # router_jitter_noise is ignored: transformers multiplies the MLP input by U(1 - noise, 1 + noise) only
         # when training (`self.training and jitter_noise > 0`); hooked computes the inference forward.
         # output_router_logits / router_aux_loss_coef are training losses, attention_dropout training only.
+        fields = cls.common_fields_from_hf(config, max_position_embeddings=4096 * 32)  # MixtralConfig's default
+        fields["attention_bias"] = False  # transformers' Mixtral has no attention biases, whatever config.json says
         return cls(
-            n_layers=config["num_hidden_layers"],
-            d_model=config["hidden_size"],
-            n_heads=n_heads,
-            n_kv_heads=config.get("num_key_value_heads") or n_heads,
-            d_head=config.get("head_dim") or config["hidden_size"] // n_heads,
-            d_mlp=config["intermediate_size"],
-            d_vocab=config["vocab_size"],
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            **fields,
             rope_theta=theta,
             rope_scaling=scaling,
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
             sliding_window=config.get("sliding_window", 4096),
-            max_position_embeddings=config.get("max_position_embeddings", 4096 * 32),
             n_experts=config["num_local_experts"],
             top_k=config["num_experts_per_tok"],
         )
@@ -185,22 +137,15 @@ class Mixtral(RotaryDecoder):
     def make_block(cfg: MixtralConfig, layer: int) -> PreNormBlock:
         return PreNormBlock(cfg, MixtralSparseMLP(cfg), GroupedQueryAttention(cfg))
 
-    def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
-        cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head], once for all blocks
-        return cos, sin, mask.windowed(self.cfg.sliding_window)  # every block: one (windowed) mask
-
     # ------------------------------------------------------------------------- declarations
     # What the rest of the library reads about Mixtral (docs/adding-a-model.md).
     config_class = MixtralConfig
     architectures = ("MixtralForCausalLM", "mixtral")
     family = "mixtral"
     title = "Mixtral"
-    checkpoint_table = (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-        (r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.weight", r"blocks.\1.attn.\2.weight"),
-        (r"model\.norm\.weight", r"ln_final.weight"),
+    checkpoint_table = RotaryDecoder.checkpoint_table_of(
+        PreNormBlock.checkpoint_norms, attention=r"(q_proj|k_proj|v_proj|o_proj)\.(weight)", mlp=None
+    ) + (
         (r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.gate\.weight", r"blocks.\1.mlp.gate.weight"),  # the router
         # transformers' in-memory layout, already fused and stacked
         (
@@ -235,18 +180,7 @@ class Mixtral(RotaryDecoder):
         "mistralai/Mixtral-8x7B-Instruct-v0.1": ("mixtral-instruct", "mixtral-8x7b-instruct"),
         "mistralai/Mixtral-8x7B-v0.1": ("mixtral", "mixtral-8x7b"),
     }
-    random_sizes = dict(
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        n_kv_heads=2,
-        d_head=8,
-        d_mlp=16,
-        d_vocab=64,
-        sliding_window=4,
-        n_experts=4,
-        top_k=2,
-    )
+    random_sizes = dict(RotaryDecoder.random_sizes, d_mlp=16, sliding_window=4, n_experts=4, top_k=2)
     random_std = {"mlp.gate.weight": 0.6}  # router logits apart: top-k decided by margins
 
     @classmethod
@@ -266,20 +200,11 @@ class Mixtral(RotaryDecoder):
         return sizes
 
     hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
-        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
-        " embedding: RoPE acts on q and k)",
-        "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
-        "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
-        "blocks.{i}.attn.hook_q": "`q_proj` output (its bias included) split by head, before RoPE",
-        "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before RoPE",
-        "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
+        **PreNormBlock.hook_docs,
+        **GroupedQueryAttention.hook_docs,  # the attention's q and k
         "blocks.{i}.attn.hook_rot_q": "q after RoPE: `x * cos + rotate_half(x) * sin`, frequencies plain, `linear` or"
         " `llama3`-scaled",
-        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated, set to the dtype's"
-        " minimum on future keys and on keys `sliding_window` or more columns back; listening switches the layer to"
-        " the eager attention path",
-        "blocks.{i}.attn.hook_pattern": "softmax of the scores (float32, cast back): exactly zero outside the sliding"
-        " window",
+        **GroupedQueryAttention.sliding_window_hook_docs,
         "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what the router (`gate`) and the"
         " experts read; circuit-tracer's name, the point a transcoder reads; a default cache leaves it out (cache it"
         " by name)",

@@ -32,14 +32,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, Projection, RMSNorm, Split, mlp_input
-from hooked.models.config import ModelConfig
+from hooked.models.base import DecoderBlock
 from hooked.models.grouped_query_attention import GroupedQueryAttention
-from hooked.models.rotary_decoder import RotaryDecoder, RotaryRMSNames
+from hooked.models.rotary_decoder import RotaryDecoder, RotaryDecoderConfig, rope_default
 from hooked.rotary import RotaryEmbedding
 
 _NO_PRE_NORM = (
@@ -50,14 +50,9 @@ _NO_PRE_NORM = (
 
 # ============================================================================= config
 @dataclass
-class Olmo2Config(RotaryRMSNames, ModelConfig):
-    n_layers: int  # transformer blocks (num_hidden_layers)
-    d_model: int  # residual stream width (hidden_size)
-    n_heads: int  # query heads (num_attention_heads)
-    n_kv_heads: int  # key/value heads (num_key_value_heads); n_heads / n_kv_heads queries share one
-    d_head: int  # per-head width (head_dim; hidden_size / num_attention_heads when the config has none)
-    d_mlp: int  # MLP width (intermediate_size)
-    d_vocab: int  # vocabulary size
+class Olmo2Config(RotaryDecoderConfig):
+    """The rotary decoder's fields (head_dim: hidden_size / num_attention_heads when config.json has none)."""
+
     rms_norm_eps: float = 1e-5  # transformers' Olmo2Config default
     rope_theta: float = 10000.0  # RoPE base (the OLMo 2 checkpoints: 500000)
     tie_word_embeddings: bool = False  # unembedding = the token embedding
@@ -65,64 +60,27 @@ class Olmo2Config(RotaryRMSNames, ModelConfig):
     max_position_embeddings: int = 2048  # informative only: RoPE has no hard limit
     default_prepend_bos: bool = False  # OLMo 2's tokenizer adds no BOS (TransformerLens 3.9 loads it without)
 
-    # TransformerLens' names for what the architecture fixes
-    normalization_type = "RMS"
-    positional_embedding_type = "rotary"
+    # TransformerLens' names for what the architecture fixes (the rest are RotaryDecoderConfig's)
     act_fn = "silu"
     original_architecture = "Olmo2ForCausalLM"
-    gated_mlp = True
-    final_rms = True
     use_qk_norm = (
         False  # TransformerLens' per-head q/k norm flag: OLMo 2's norms span all heads (by architecture there)
     )
-    rotary_adjacent_pairs = False  # half-split RoPE
-
-    def __post_init__(self):
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
-            )
-        if self.d_head % 2:
-            raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
 
     @classmethod
     def from_hf(cls, config: dict) -> Olmo2Config:
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(
-                f"Olmo2ForCausalLM with hidden_act {config['hidden_act']!r} is not supported by hooked (silu only)"
-            )
-        rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(
-                f"rope_type {rope_type!r} (config.json rope_parameters / rope_scaling) is not supported for"
-                " Olmo2ForCausalLM: hooked implements plain RoPE ('default'), as every OLMo 2 checkpoint uses"
-            )
-        partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-        if partial != 1.0:
-            raise ValueError(
-                f"Olmo2ForCausalLM with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole "
-                "heads)"
-            )
+        cls.require_silu(config, "Olmo2ForCausalLM")
+        theta = rope_default(config, "Olmo2ForCausalLM")  # plain RoPE: every OLMo 2 checkpoint's
         n_heads = config["num_attention_heads"]
         if not config.get("head_dim") and config["hidden_size"] % n_heads:
             raise ValueError(
                 f"hidden_size {config['hidden_size']} is not a multiple of num_attention_heads {n_heads}"
                 " and config.json gives no head_dim"
             )
+        # transformers' Olmo2Config defaults
         return cls(
-            n_layers=config["num_hidden_layers"],
-            d_model=config["hidden_size"],
-            n_heads=n_heads,
-            n_kv_heads=config.get("num_key_value_heads") or n_heads,
-            d_head=config.get("head_dim") or config["hidden_size"] // n_heads,  # transformers reads head_dim when given
-            d_mlp=config["intermediate_size"],
-            d_vocab=config["vocab_size"],
-            rms_norm_eps=config.get("rms_norm_eps", 1e-5),
-            rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
-            attention_bias=config.get("attention_bias", False),
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            **cls.common_fields_from_hf(config, max_position_embeddings=2048, rms_norm_eps=1e-5),
+            rope_theta=theta,
         )
 
 
@@ -260,7 +218,7 @@ class Olmo2Attention(GroupedQueryAttention):
         )
 
 
-class Olmo2Block(nn.Module):
+class Olmo2Block(DecoderBlock):
     """Post-norm block: each sublayer reads the residual stream un-normalised; its output is normalised
     (ln1 / ln2) before it is added."""
 
@@ -276,6 +234,10 @@ class Olmo2Block(nn.Module):
     # (hooked.components.additive_writes refuses the per-head / per-neuron stacks for this block; the circuits
     # graph takes its attention as one node, L{l}.attn).
     output_norms: ClassVar[tuple[str, ...]] = ("ln1", "ln2")
+    checkpoint_norms: ClassVar[dict[str, str]] = {
+        "post_attention_layernorm": "ln1",
+        "post_feedforward_layernorm": "ln2",
+    }
 
     def __init__(self, cfg: Olmo2Config):
         super().__init__()
@@ -295,11 +257,6 @@ class Olmo2Block(nn.Module):
         self.ln2 = PostNorm(cfg.d_model, cfg.rms_norm_eps)  # post_feedforward_layernorm
         self.hook_mlp_out = HookPoint("batch pos d_model")  # ln2's output: what is added to the residual
         self.hook_resid_post = HookPoint("batch pos d_model")
-
-    def forward(
-        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
-    ) -> Tensor:
-        return self.mlp_half(self.attn_half(resid_pre, cos, sin, mask, kv=kv))
 
     def attn_half(
         self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
@@ -353,29 +310,19 @@ class Olmo2(RotaryDecoder):
         return cos, sin, mask
 
     # ------------------------------------------------------------------------- declarations
-    # What the rest of the library reads about OLMo 2 (docs/adding-a-model.md); draw_sizes is the rotary decoder's.
+    # What the rest of the library reads about OLMo 2 (docs/adding-a-model.md); random_sizes and draw_sizes are
+    # the rotary decoder's.
     config_class = Olmo2Config
     architectures = ("Olmo2ForCausalLM", "olmo2")
     family = "olmo2"
     title = "OLMo 2"
-    checkpoint_table = (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln1.weight"),
-        (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", r"blocks.\1.ln2.weight"),
-        (
-            r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
-            r"blocks.\1.attn.\2.\3",
-        ),
-        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-        (r"model\.norm\.weight", r"ln_final.weight"),
-    )
+    checkpoint_table = RotaryDecoder.checkpoint_table_of(Olmo2Block.checkpoint_norms)
     # TransformerLens 3.9's official names (supported_models.py) of OLMo 2 checkpoints -> its aliases
     # (hooked.transformer_lens.aliases)
     transformer_lens_names = {
         "allenai/OLMo-2-0425-1B": ("olmo-2-1b",),
         "allenai/OLMo-2-1124-7B": ("olmo-2-7b",),
     }
-    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
     hook_docs = {  # what each hook holds here, for docs/hooks-reference.md
         "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
         " embedding: RoPE acts on q and k)",

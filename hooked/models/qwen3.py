@@ -19,12 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hooked.layers import GatedMLP, RMSNorm
-from hooked.models.config import ModelConfig
 from hooked.models.grouped_query_attention import GroupedQueryAttention
 from hooked.models.rotary_decoder import (
     PreNormBlock,
     RotaryDecoder,
-    RotaryRMSNames,
+    RotaryDecoderConfig,
     rms_rotary_fields,
     rope_default_or_yarn,
 )
@@ -33,33 +32,18 @@ from hooked.rotary import RotaryEmbedding, YarnScaling
 
 # ============================================================================= config
 @dataclass
-class Qwen3Config(RotaryRMSNames, ModelConfig):
-    n_layers: int  # transformer blocks (num_hidden_layers)
-    d_model: int  # residual stream width (hidden_size)
-    n_heads: int  # query heads (num_attention_heads)
-    n_kv_heads: int  # key/value heads (num_key_value_heads); n_heads / n_kv_heads queries share one
-    d_head: int  # per-head width (head_dim), independent of d_model / n_heads
-    d_mlp: int  # dense MLP width (intermediate_size)
-    d_vocab: int  # vocabulary size
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0  # RoPE base
+class Qwen3Config(RotaryDecoderConfig):
+    """The rotary decoder's fields (d_mlp: the dense MLP width), plus RoPE's YaRN scaling."""
+
     yarn: YarnScaling | None = None  # rope_type "yarn"; None: plain RoPE
     tie_word_embeddings: bool = False  # unembedding = the token embedding
     attention_bias: bool = False  # biases on q/k/v/o projections
     max_position_embeddings: int = 32768  # informative only: RoPE has no hard limit
     default_prepend_bos: bool = False  # Qwen3 has no BOS token; settable, read by to_tokens and the forward
 
-    # TransformerLens' names for what the architecture fixes
-    normalization_type = "RMS"
-    positional_embedding_type = "rotary"
+    # TransformerLens' names for what the architecture fixes (the rest are RotaryDecoderConfig's)
     act_fn = "silu"
     original_architecture = "Qwen3ForCausalLM"
-    gated_mlp = True
-    final_rms = True
-
-    def __post_init__(self):
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
 
     transformer_lens_shape = (
         "normalization_type='RMS', positional_embedding_type='rotary', act_fn='silu', gated_mlp=True,"
@@ -72,31 +56,16 @@ class Qwen3Config(RotaryRMSNames, ModelConfig):
         return (None, problems) if fields is None else (Qwen3Config(**fields), [])
 
     @classmethod
-    def from_hf(cls, config: dict) -> Qwen3Config:
-        return cls(**cls._fields_from_hf(config))
-
-    @classmethod
     def _fields_from_hf(cls, config: dict) -> dict:
         """The keyword arguments of this config, read from a Hugging Face config.json dict."""
         if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []):
             raise ValueError("Qwen3 with sliding-window attention is not supported by hooked")
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"Qwen3 activation {config['hidden_act']!r} is not supported (silu)")
+        cls.require_silu(config, "Qwen3")
         theta, yarn = rope_default_or_yarn(config, "Qwen3")
-        return dict(
-            n_layers=config["num_hidden_layers"],
-            d_model=config["hidden_size"],
-            n_heads=config["num_attention_heads"],
-            n_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-            d_head=config.get("head_dim", 128),  # transformers' Qwen3Config default
-            d_mlp=config["intermediate_size"],
-            d_vocab=config["vocab_size"],
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+        return dict(  # transformers' Qwen3Config defaults
+            **cls.common_fields_from_hf(config, max_position_embeddings=32768, head_dim=128),
             rope_theta=theta,
             yarn=yarn,
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
-            attention_bias=config.get("attention_bias", False),
-            max_position_embeddings=config.get("max_position_embeddings", 32768),
         )
 
 
@@ -112,50 +81,23 @@ class Qwen3(RotaryDecoder):
         return PreNormBlock(cfg, GatedMLP(cfg.d_model, cfg.d_mlp), GroupedQueryAttention(cfg, qk_norm=RMSNorm))
 
     # ------------------------------------------------------------------------- declarations
-    # What the rest of the library reads about Qwen3 (docs/adding-a-model.md); draw_sizes is the rotary decoder's.
+    # What the rest of the library reads about Qwen3 (docs/adding-a-model.md); random_sizes and draw_sizes are
+    # the rotary decoder's.
     config_class = Qwen3Config
     architectures = ("Qwen3ForCausalLM", "qwen3")
     family = "qwen3"
     title = "Qwen3"
-    checkpoint_table = (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-        (
-            r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
-            r"blocks.\1.attn.\2.\3",
-        ),
-        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-        (r"model\.norm\.weight", r"ln_final.weight"),
-    )
+    checkpoint_table = RotaryDecoder.checkpoint_table_of(PreNormBlock.checkpoint_norms)
     # TransformerLens 3.9's official names (supported_models.py) of Qwen3 checkpoints -> its aliases
     # (hooked.transformer_lens.aliases)
     transformer_lens_names = {
         f"Qwen/Qwen3-{size}": (f"qwen3-{size.lower()}",) for size in ("0.6B", "0.6B-Base", "1.7B", "4B", "8B", "14B")
     }
-    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
     hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
-        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
-        " embedding: RoPE acts on q and k)",
-        "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
-        "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
-        "blocks.{i}.attn.hook_q": "`q_proj` output split by head, before `q_norm` and RoPE",
-        "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before `k_norm` and RoPE",
-        "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
-        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads"
-        " kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the"
-        " layer to the eager attention path",
-        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
-        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
-        " what the projection reads",
+        **PreNormBlock.hook_docs,
+        **GroupedQueryAttention.rms_qk_norm_hook_docs,
         "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what `gate_proj` and `up_proj`"
         " read; circuit-tracer's name, the point a transcoder reads; a default cache leaves it out (cache it by name)",
         "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(x)`",
         "blocks.{i}.mlp.hook_post": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
-        "blocks.{i}.attn.q_norm.hook_scale": "the per-head RMSNorm's scale of q",
-        "blocks.{i}.attn.q_norm.hook_normalized": "q divided by its per-head scale, before `q_norm`'s weight",
-        "blocks.{i}.attn.hook_q_normed": "`q_norm(q)`: after the per-head RMSNorm and its weight, before RoPE",
-        "blocks.{i}.attn.k_norm.hook_scale": "the per-head RMSNorm's scale of k",
-        "blocks.{i}.attn.k_norm.hook_normalized": "k divided by its per-head scale, before `k_norm`'s weight",
-        "blocks.{i}.attn.hook_k_normed": "`k_norm(k)`: after the per-head RMSNorm and its weight, before RoPE",
     }

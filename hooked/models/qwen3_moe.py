@@ -24,7 +24,7 @@ from hooked.models.moe import SparseMoeMLP
 from hooked.models.rotary_decoder import (
     PreNormBlock,
     RotaryDecoder,
-    RotaryRMSNames,
+    RotaryDecoderConfig,
     rms_rotary_fields,
     rope_default_or_yarn,
 )
@@ -33,16 +33,10 @@ from hooked.rotary import RotaryEmbedding, YarnScaling
 
 # ============================================================================= config
 @dataclass
-class Qwen3MoeConfig(RotaryRMSNames, ModelConfig):
-    n_layers: int  # transformer blocks (num_hidden_layers)
-    d_model: int  # residual stream width (hidden_size)
-    n_heads: int  # query heads (num_attention_heads)
-    n_kv_heads: int  # key/value heads (num_key_value_heads); n_heads / n_kv_heads queries share one
-    d_head: int  # per-head width (head_dim; hidden_size / num_attention_heads when the config has none)
-    d_mlp: int  # dense MLP width (intermediate_size)
-    d_vocab: int  # vocabulary size
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0  # RoPE base
+class Qwen3MoeConfig(RotaryDecoderConfig):
+    """The rotary decoder's fields (d_mlp: the dense layers' width; head_dim: hidden_size / num_attention_heads when
+    config.json has none, transformers' Qwen3MoeConfig having no default), Qwen3's, and the experts."""
+
     yarn: YarnScaling | None = None  # rope_type "yarn"; None: plain RoPE
     tie_word_embeddings: bool = False  # unembedding = the token embedding
     attention_bias: bool = False  # biases on q/k/v/o projections
@@ -56,18 +50,13 @@ class Qwen3MoeConfig(RotaryRMSNames, ModelConfig):
     mlp_only_layers: tuple[int, ...] = field(default=())  # layers kept dense regardless
     norm_topk_prob: bool = False  # renormalise the top-k probabilities to sum to 1
 
-    # TransformerLens' names for what the architecture fixes
-    normalization_type = "RMS"
-    positional_embedding_type = "rotary"
+    # TransformerLens' names for what the architecture fixes (the rest are RotaryDecoderConfig's)
     act_fn = "silu"
     original_architecture = "Qwen3MoeForCausalLM"
     axis_fields = {**ModelConfig.axis_fields, **EXPERT_AXIS_FIELDS}
-    gated_mlp = True
-    final_rms = True
 
     def __post_init__(self):
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        super().__post_init__()
         if self.n_experts and not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k {self.top_k} must lie in 1..n_experts ({self.n_experts})")
 
@@ -89,24 +78,12 @@ class Qwen3MoeConfig(RotaryRMSNames, ModelConfig):
     def from_hf(cls, config: dict) -> Qwen3MoeConfig:
         if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []):
             raise ValueError("Qwen3 with sliding-window attention is not supported by hooked")
-        if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"Qwen3 activation {config['hidden_act']!r} is not supported (silu)")
+        cls.require_silu(config, "Qwen3")
         theta, yarn = rope_default_or_yarn(config, "Qwen3")
         return cls(
-            n_layers=config["num_hidden_layers"],
-            d_model=config["hidden_size"],
-            n_heads=config["num_attention_heads"],
-            n_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-            # transformers' Qwen3MoeConfig has no head_dim default: it falls back to hidden_size / heads.
-            d_head=config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
-            d_mlp=config["intermediate_size"],
-            d_vocab=config["vocab_size"],
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            **cls.common_fields_from_hf(config, max_position_embeddings=32768),  # transformers' Qwen3MoeConfig defaults
             rope_theta=theta,
             yarn=yarn,
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
-            attention_bias=config.get("attention_bias", False),
-            max_position_embeddings=config.get("max_position_embeddings", 32768),
             n_experts=config.get("num_experts", config.get("num_local_experts", 0)),  # hub: num_experts
             top_k=config["num_experts_per_tok"],
             d_expert_mlp=config["moe_intermediate_size"],
@@ -137,17 +114,7 @@ class Qwen3Moe(RotaryDecoder):
     architectures = ("Qwen3MoeForCausalLM", "qwen3_moe")
     family = "qwen3_moe"
     title = "Qwen3-MoE"
-    checkpoint_table = (
-        (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
-        (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.ln1.weight"),
-        (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.ln2.weight"),
-        (
-            r"model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
-            r"blocks.\1.attn.\2.\3",
-        ),
-        (r"model\.layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.weight", r"blocks.\1.mlp.\2.weight"),
-        (r"model\.norm\.weight", r"ln_final.weight"),
-    )
+    checkpoint_table = RotaryDecoder.checkpoint_table_of(PreNormBlock.checkpoint_norms)
 
     @property
     def checkpoint_renames(self) -> tuple[tuple[str, str], ...]:
@@ -171,18 +138,7 @@ class Qwen3Moe(RotaryDecoder):
         (r"model\.layers\.(\d+)\.mlp\.experts\.(?P<expert>\d+)\.down_proj\.weight", r"blocks.\1.mlp.experts.down_proj"),
     )
     transformer_lens_names = {}  # TransformerLens 3.9 lists no Qwen3-MoE model
-    random_sizes = dict(
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        n_kv_heads=2,
-        d_head=8,
-        d_mlp=48,
-        d_vocab=64,
-        n_experts=4,
-        top_k=2,
-        d_expert_mlp=16,
-    )
+    random_sizes = dict(RotaryDecoder.random_sizes, n_experts=4, top_k=2, d_expert_mlp=16)
     random_std = {"mlp.gate.weight": 0.6}  # router logits a few units apart: top-k decided by margins, not rounding
     docs_sizes = {"n_layers": 2, "mlp_only_layers": (0,), "decoder_sparse_step": 1}  # both MLP kinds in the reference
 
@@ -204,29 +160,12 @@ class Qwen3Moe(RotaryDecoder):
         return sizes
 
     hook_docs = {  # what each hook holds here, for docs/hooks-reference.md (shared meanings live there)
-        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
-        " embedding: RoPE acts on q and k)",
-        "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
-        "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
-        "blocks.{i}.attn.hook_q": "`q_proj` output split by head, before `q_norm` and RoPE",
-        "blocks.{i}.attn.hook_k": "`k_proj` output split by kv head, before `k_norm` and RoPE",
-        "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
-        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads"
-        " kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the"
-        " layer to the eager attention path",
-        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
-        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
-        " what the projection reads",
+        **PreNormBlock.hook_docs,
+        **GroupedQueryAttention.rms_qk_norm_hook_docs,
         "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, the RMSNorm's weight included: what `gate_proj` and `up_proj` read"
         " on a dense layer, the router and the experts on a sparse one; circuit-tracer's name, the point a transcoder"
         " reads; a default cache leaves it out (cache it by name)",
         "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(x)`",
         "blocks.{i}.mlp.hook_post": "the neurons, `silu(pre) * pre_linear` = `down_proj`'s input",
-        "blocks.{i}.attn.q_norm.hook_scale": "the per-head RMSNorm's scale of q",
-        "blocks.{i}.attn.q_norm.hook_normalized": "q divided by its per-head scale, before `q_norm`'s weight",
-        "blocks.{i}.attn.hook_q_normed": "`q_norm(q)`: after the per-head RMSNorm and its weight, before RoPE",
-        "blocks.{i}.attn.k_norm.hook_scale": "the per-head RMSNorm's scale of k",
-        "blocks.{i}.attn.k_norm.hook_normalized": "k divided by its per-head scale, before `k_norm`'s weight",
-        "blocks.{i}.attn.hook_k_normed": "`k_norm(k)`: after the per-head RMSNorm and its weight, before RoPE",
         "blocks.{i}.hook_mlp_out": "MLP output; on a sparse layer `sum_j weight_j * down_e(j)(post_j)` over the slots",
     }

@@ -6,14 +6,19 @@ tied to the embedding or its own (`lm_head`), as transformers 5.24's `Qwen3ForCa
 `Olmo2ForCausalLM`, `Gemma2ForCausalLM`, .... A family gives it a rotary table and the block of each layer
 (`make_block`). `PreNormBlock` is the block of Qwen3, Qwen3-MoE, Llama, Mistral and Mixtral: an RMSNorm before
 attention and before the MLP; OLMo 2 (post-norms, hooked/models/olmo2.py) and Gemma (sandwich norms,
-hooked/models/sandwich_decoder.py) build their own. `RotaryRMSNames` and `rms_rotary_fields` are the config
-side: TransformerLens' names for such a model's settings, and its fields read from TransformerLens' config;
-`rope_default_or_yarn` and `rope_default_linear_or_llama3` read the RoPE settings of a Hugging Face config.json.
+hooked/models/sandwich_decoder.py) build their own. The config side: `RotaryDecoderConfig`, the fields every
+family's config opens with (and TransformerLens' names for them, the checks they need, and `common_fields_from_hf` /
+`require_silu` reading a Hugging Face config.json), `rms_rotary_fields` reading TransformerLens' config,
+`rope_default_or_yarn` and `rope_default_linear_or_llama3` the RoPE settings. Declarations shared alike:
+`RotaryDecoder.checkpoint_table_of` (transformers' checkpoint names), `RotaryDecoder.random_sizes` and
+`PreNormBlock.hook_docs` (what the pre-norm block's hooks hold).
 """
 
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from jaxtyping import Float
@@ -22,32 +27,105 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, Projection, RMSNorm, attention_input, mlp_input
-from hooked.models.base import HookedTransformer
-from hooked.models.config import ModelConfig
+from hooked.models.base import DecoderBlock, HookedTransformer
+from hooked.models.config import ModelConfig, alias
 from hooked.rotary import LinearScaling, Llama3Scaling, RotaryEmbedding, YarnScaling
 
 
 # ============================================================================= config
-class RotaryRMSNames:
-    """TransformerLens' names for a config with RMSNorm (`rms_norm_eps`) and RoPE over whole heads (`d_head`,
-    `rope_theta`, `max_position_embeddings`), mixed into every rotary decoder's config."""
+@dataclass
+class RotaryDecoderConfig(ModelConfig):
+    """The fields every rotary decoder's config opens with, in this order, what they fix and the checks they need.
+    Each family's config dataclass subclasses it, adds its own fields and may give one of these another default."""
 
-    @property
-    def rotary_dim(self) -> int:
-        return self.d_head  # RoPE turns every pair of a head's dimensions
+    n_layers: int  # transformer blocks (num_hidden_layers)
+    d_model: int  # residual stream width (hidden_size)
+    n_heads: int  # query heads (num_attention_heads)
+    n_kv_heads: int  # key/value heads (num_key_value_heads); n_heads / n_kv_heads queries share one
+    d_head: int  # per-head width (head_dim), independent of d_model / n_heads
+    d_mlp: int  # MLP width (intermediate_size)
+    d_vocab: int  # vocabulary size
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0  # RoPE base
 
-    @property
-    def n_ctx(self) -> int:
-        """Where `to_tokens(truncate=True)` cuts: the config's length (TransformerLens caps some at 2048)."""
-        return self.max_position_embeddings
+    # TransformerLens' names for what every rotary decoder fixes
+    normalization_type = "RMS"
+    positional_embedding_type = "rotary"
+    gated_mlp = True
+    final_rms = True
+    rotary_adjacent_pairs = False  # half-split RoPE
 
-    @property
-    def eps(self) -> float:
-        return self.rms_norm_eps
+    # Keys a query sees at most, its own included, on every layer (RotaryDecoder.block_inputs): none here; a family
+    # with a window declares the field (Mistral, Mixtral; Gemma's config picks layers by type).
+    sliding_window = None
 
-    @property
-    def rotary_base(self) -> float:
-        return self.rope_theta
+    # TransformerLens' names for these settings
+    rotary_dim = alias("d_head")  # RoPE turns every pair of a head's dimensions
+    n_ctx = alias(
+        "max_position_embeddings",
+        "Where `to_tokens(truncate=True)` cuts: the config's length (TransformerLens caps some at 2048).",
+    )
+
+    eps = alias("rms_norm_eps")
+    rotary_base = alias("rope_theta")
+
+    def __post_init__(self):
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
+            )
+        if self.d_head % 2:
+            raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
+
+    @classmethod
+    def from_hf(cls, config: dict) -> RotaryDecoderConfig:
+        """This config from a Hugging Face config.json dict: the fields the family's `_fields_from_hf` reads."""
+        return cls(**cls._fields_from_hf(config))
+
+    @staticmethod
+    def require_silu(config: dict, family: str) -> None:
+        """Refuse a config.json whose `hidden_act` is not the SiLU every gated rotary family here computes."""
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(
+                f"{family} with hidden_act {config['hidden_act']!r} (the MLP's activation) is not supported by hooked"
+                " (silu only)"
+            )
+
+    @staticmethod
+    def common_fields_from_hf(
+        config: dict,
+        *,
+        max_position_embeddings: int,
+        head_dim: int | None = None,
+        rms_norm_eps: float = 1e-6,
+        tie_word_embeddings: bool = False,
+    ) -> dict:
+        """The fields every rotary family reads alike from a Hugging Face config.json dict: the sizes above but
+        rope_theta, and tie_word_embeddings, attention_bias, max_position_embeddings. A key the config leaves out takes
+        the family's transformers default given here (head_dim: None, hidden_size / num_attention_heads)."""
+        n_heads = config["num_attention_heads"]
+        return dict(
+            n_layers=config["num_hidden_layers"],
+            d_model=config["hidden_size"],
+            n_heads=n_heads,
+            n_kv_heads=config.get("num_key_value_heads") or n_heads,
+            d_head=config.get("head_dim") or head_dim or config["hidden_size"] // n_heads,
+            d_mlp=config["intermediate_size"],
+            d_vocab=config["vocab_size"],
+            rms_norm_eps=config.get("rms_norm_eps", rms_norm_eps),
+            tie_word_embeddings=config.get("tie_word_embeddings", tie_word_embeddings),
+            attention_bias=config.get("attention_bias", False),
+            max_position_embeddings=config.get("max_position_embeddings", max_position_embeddings),
+        )
+
+    def check_sliding_window(self) -> None:
+        """A family with `sliding_window` calls it: null, or a whole number of columns in 1..max_position_embeddings."""
+        window = self.sliding_window
+        if window is not None and not (isinstance(window, int) and 0 < window <= self.max_position_embeddings):
+            raise ValueError(
+                f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
+                f" ({self.max_position_embeddings}), or null for plain causal attention"
+            )
 
 
 def rms_rotary_fields(tl: dict, family: str, qk_norm: bool) -> tuple[dict | None, list[str] | None]:
@@ -95,14 +173,34 @@ def rms_rotary_fields(tl: dict, family: str, qk_norm: bool) -> tuple[dict | None
     ), []
 
 
+def rope_settings(config: dict, family: str) -> tuple[dict, float, str]:
+    """(the RoPE parameters, the base, the rope type) of a config.json: `rope_parameters` (transformers 5) or
+    `rope_theta` + `rope_scaling` (hub). RoPE over part of each head is refused: every family here turns whole heads."""
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(
+            f"{family} with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole heads)"
+        )
+    return rope, theta, rope.get("rope_type", rope.get("type", "default"))
+
+
+def rope_default(config: dict, family: str) -> float:
+    """The RoPE base of a family with plain RoPE only (OLMo 2, Gemma 2); any scaling is refused."""
+    _, theta, rope_type = rope_settings(config, family)
+    if rope_type != "default":
+        raise ValueError(
+            f"rope_type {rope_type!r} (config.json rope_parameters / rope_scaling) is not supported for"
+            f" {family}: hooked implements plain RoPE ('default')"
+        )
+    return theta
+
+
 def rope_default_or_yarn(config: dict, family: str) -> tuple[float, YarnScaling | None]:
     """RoPE base and scaling, plain or YaRN (Qwen3, Qwen3-MoE), from `rope_parameters` (transformers 5) or
     `rope_theta` + `rope_scaling` (hub)."""
-    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ValueError(f"{family} with partial_rotary_factor != 1 is not supported by hooked")
+    rope, theta, rope_type = rope_settings(config, family)
     if rope_type == "default":
         return theta, None
     if rope_type != "yarn":
@@ -127,14 +225,7 @@ def rope_default_or_yarn(config: dict, family: str) -> tuple[float, YarnScaling 
 def rope_default_linear_or_llama3(config: dict, family: str) -> tuple[float, LinearScaling | Llama3Scaling | None]:
     """RoPE base and scaling, plain, "linear" or "llama3" (Llama, Mistral, Mixtral), from `rope_parameters`
     (transformers 5) or `rope_theta` + `rope_scaling` (hub)."""
-    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise ValueError(
-            f"{family} with partial_rotary_factor {partial} is not supported by hooked (RoPE on whole heads)"
-        )
+    rope, theta, rope_type = rope_settings(config, family)
     if rope_type == "default":
         return theta, None
 
@@ -162,12 +253,28 @@ def rope_default_linear_or_llama3(config: dict, family: str) -> tuple[float, Lin
 
 
 # ============================================================================= modules and forward
-class PreNormBlock(nn.Module):
+class PreNormBlock(DecoderBlock):
     """The pre-norm block: resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid)),
     both norms RMSNorms. The attention (`GroupedQueryAttention`, with or without per-head q/k norms) and the MLP
     (`GatedMLP`, Llama's with biases, or a sparse mixture of experts: hooked.models.moe) are given."""
 
     mlp_stage = ("hook_mlp_in", "ln2", "mlp", "hook_mlp_out", "hook_resid_post")  # what mlp_half computes
+    checkpoint_norms = {"input_layernorm": "ln1", "post_attention_layernorm": "ln2"}  # transformers' names -> hooked's
+    # What the hook points of a rotary decoder of pre-norm blocks hold (docs/hooks-reference.md), in the same words for
+    # every family built of PreNormBlock and GroupedQueryAttention; a family's hook_docs adds its attention's and MLP's.
+    hook_docs: ClassVar[dict[str, str]] = {
+        "hook_embed": "token embeddings `embed_tokens[tokens]`, which are block 0's `hook_resid_pre` (no position"
+        " embedding: RoPE acts on q and k)",
+        "blocks.{i}.ln1.hook_scale": "the RMSNorm's scale `sqrt(mean(x^2) + eps)`, before attention; always float32",
+        "blocks.{i}.ln1.hook_normalized": "`x / scale` cast to the model dtype, before the norm's weight",
+        "blocks.{i}.attn.hook_v": "`v_proj` output split by kv head",
+        "blocks.{i}.attn.hook_attn_scores": "`rot_q @ rot_k^T * d_head**-0.5`, kv heads repeated (query head h reads"
+        " kv head h // (n_heads / n_kv_heads)), masked entries set to the dtype's minimum; listening switches the"
+        " layer to the eager attention path",
+        "blocks.{i}.attn.hook_pattern": "softmax of the scores, computed in float32 and cast back",
+        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
+        " what the projection reads",
+    }
 
     def __init__(self, cfg: ModelConfig, mlp: nn.Module, attn: nn.Module):
         super().__init__()
@@ -184,11 +291,6 @@ class PreNormBlock(nn.Module):
         self.mlp = mlp
         self.hook_mlp_out = HookPoint("batch pos d_model")
         self.hook_resid_post = HookPoint("batch pos d_model")
-
-    def forward(
-        self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
-    ) -> Tensor:
-        return self.mlp_half(self.attn_half(resid_pre, cos, sin, mask, kv=kv))
 
     def attn_half(
         self, resid_pre: Tensor, cos: Tensor, sin: Tensor, mask: AttentionMask, kv: LayerKV | None = None
@@ -210,6 +312,8 @@ class RotaryDecoder(HookedTransformer):
     built in the order the forward runs them, which is the order of `hook_names` and of the parameters."""
 
     embedding_hook_names = ("hook_embed",)
+    # hooked.testing's tiny random model (a family adds its own fields or changes one)
+    random_sizes = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64)
 
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, final_norm: type[RMSNorm] = RMSNorm):
         super().__init__(cfg)
@@ -227,16 +331,36 @@ class RotaryDecoder(HookedTransformer):
     def make_block(cfg: ModelConfig, layer: int) -> nn.Module:
         """Block `layer` of the model: each family defines it."""
 
+    @staticmethod
+    def checkpoint_table_of(
+        norms: dict[str, str],
+        attention: str = r"(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.(weight|bias)",
+        mlp: str | None = r"(gate_proj|up_proj|down_proj)\.(weight)",
+    ) -> tuple[tuple[str, str], ...]:
+        """A rotary decoder's `checkpoint_table`: transformers' `model.embed_tokens`, `model.layers.{i}.*` and
+        `model.norm` keys -> this module tree (`embed_tokens`, `blocks.{i}.*`, `ln_final`).
+
+        `norms`: each block's norms, checkpoint name -> hooked's (the block's `checkpoint_norms`). `attention` and
+        `mlp`: the leaves of `self_attn.` and `mlp.` a family reads, each a regex of two groups (module, parameter);
+        `mlp=None` for a family that maps its MLP itself (Mixtral's stacked experts)."""
+        layer = r"model\.layers\.(\d+)\."
+        return (
+            (r"model\.embed_tokens\.weight", r"embed_tokens.weight"),
+            *(
+                (layer + checkpoint_name + r"\.weight", rf"blocks.\1.{name}.weight")
+                for checkpoint_name, name in norms.items()
+            ),
+            (layer + r"self_attn\." + attention, r"blocks.\1.attn.\2.\3"),
+            *(() if mlp is None else ((layer + r"mlp\." + mlp, r"blocks.\1.mlp.\2.\3"),)),
+            (r"model\.norm\.weight", r"ln_final.weight"),
+        )
+
     def resid_from_tokens(self, tokens: Tensor, position_ids: Tensor) -> Float[Tensor, "batch pos d_model"]:
         return self.hook_embed(self.embed_tokens(tokens))
 
     def block_inputs(self, position_ids: Tensor, mask: AttentionMask, dtype: torch.dtype) -> tuple:
         cos, sin = self.rotary(position_ids, dtype)  # [batch pos d_head], once for all blocks
-        return cos, sin, mask
-
-    @property
-    def unembed_weight(self) -> Float[Tensor, "d_vocab d_model"]:
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # lm_head: untied or processed
+        return cos, sin, mask.windowed(self.cfg.sliding_window)  # every block: one mask (windowed: Mistral, Mixtral)
 
     def embedding_writers(self) -> tuple[Projection, ...]:
         return (Projection(self.embed_tokens.weight, 1),)

@@ -36,27 +36,23 @@ from torch import Tensor, nn
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
 from hooked.layers import AttentionMask, GatedMLP, RMSNorm, attention_input, mlp_input, softcap_
-from hooked.models.config import ModelConfig
-from hooked.models.rotary_decoder import RotaryDecoder, RotaryRMSNames
+from hooked.models.base import DecoderBlock
+from hooked.models.config import alias
+from hooked.models.rotary_decoder import RotaryDecoder, RotaryDecoderConfig
 from hooked.rotary import RotaryEmbedding
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 # ============================================================================= config
-class SandwichDecoderConfig(RotaryRMSNames, ModelConfig):
+class SandwichDecoderConfig(RotaryDecoderConfig):
     """What Gemma 2's and Gemma 3's config dataclasses share (each declares its own fields and defaults): the checks of
     the layer pattern, the window, the score scale and the caps, and TransformerLens' names for them. A config
     without `layer_types` gets transformers' Gemma2Config alternation (Gemma 3 sets its own pattern first)."""
 
-    # TransformerLens' names for what the architecture fixes
-    normalization_type = "RMS"
-    positional_embedding_type = "rotary"
+    # TransformerLens' names for what the architecture fixes (the rest are RotaryDecoderConfig's)
     act_fn = "gelu_pytorch_tanh"
-    gated_mlp = True
-    final_rms = True
     use_normalization_before_and_after = True  # ln1_post / ln2_post
-    rotary_adjacent_pairs = False  # half-split RoPE
     use_attn_scale = True
 
     def __post_init__(self):
@@ -65,24 +61,14 @@ class SandwichDecoderConfig(RotaryRMSNames, ModelConfig):
         else:
             types = tuple(self.layer_types)
         object.__setattr__(self, "layer_types", types)  # fields are frozen once set: a derived value, set once
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"num_attention_heads {self.n_heads} is not a multiple of num_key_value_heads {self.n_kv_heads}"
-            )
-        if self.d_head % 2:
-            raise ValueError(f"head_dim {self.d_head} is odd: half-split RoPE turns pairs of dimensions")
+        super().__post_init__()
         if len(types) != self.n_layers or set(types) - set(LAYER_TYPES):
             raise ValueError(
                 f"layer_types {list(types)} must list one of {list(LAYER_TYPES)} per layer"
                 f" (num_hidden_layers = {self.n_layers}), or be null for transformers' alternation"
             )
-        window = self.sliding_window
-        if window is not None and not (isinstance(window, int) and 0 < window <= self.max_position_embeddings):
-            raise ValueError(
-                f"sliding_window {window!r} must be a whole number in 1..max_position_embeddings"
-                f" ({self.max_position_embeddings})"
-            )
-        if window is None and "sliding_attention" in types:
+        self.check_sliding_window()
+        if self.sliding_window is None and "sliding_attention" in types:
             raise ValueError(
                 "sliding_window is null but layer_types has sliding_attention layers: give a window,"
                 " or make every layer full_attention"
@@ -111,9 +97,7 @@ class SandwichDecoderConfig(RotaryRMSNames, ModelConfig):
     def output_logits_soft_cap(self) -> float:
         return -1.0 if self.final_logit_softcapping is None else self.final_logit_softcapping
 
-    @property
-    def window_size(self) -> int | None:
-        return self.sliding_window
+    window_size = alias("sliding_window")
 
     @property
     def use_local_attn(self) -> bool:
@@ -174,7 +158,7 @@ class GemmaPostNorm(GemmaRMSNorm):
         )
 
 
-class SandwichNormBlock(nn.Module):
+class SandwichNormBlock(DecoderBlock):
     """Pre- and post-norm block: ln1 -> attention -> ln1_post -> add; ln2 -> MLP -> ln2_post -> add, the MLP gated by
     gelu_pytorch_tanh. It knows its layer type and picks, from every block's inputs, the windowed mask (and local
     rotary) or the full ones. The attention is given: `GroupedQueryAttention` with Gemma's scale and cap (Gemma 2)
@@ -193,6 +177,12 @@ class SandwichNormBlock(nn.Module):
     # (hooked.components.additive_writes refuses the per-head / per-neuron stacks for this block; the circuits
     # graph takes its attention as one node, L{l}.attn).
     output_norms: ClassVar[tuple[str, ...]] = ("ln1_post", "ln2_post")
+    checkpoint_norms: ClassVar[dict[str, str]] = {  # transformers' names -> hooked's
+        "input_layernorm": "ln1",
+        "post_attention_layernorm": "ln1_post",
+        "pre_feedforward_layernorm": "ln2",
+        "post_feedforward_layernorm": "ln2_post",
+    }
 
     def __init__(self, cfg: SandwichDecoderConfig, layer: int, attn: nn.Module):
         super().__init__()
@@ -214,9 +204,6 @@ class SandwichNormBlock(nn.Module):
         self.ln2_post = GemmaPostNorm(cfg.d_model, cfg.rms_norm_eps)  # post_feedforward_layernorm
         self.hook_mlp_out = HookPoint("batch pos d_model")  # ln2_post's output: what the residual gains
         self.hook_resid_post = HookPoint("batch pos d_model")
-
-    def forward(self, resid_pre: Tensor, *inputs, kv: LayerKV | None = None) -> Tensor:
-        return self.mlp_half(self.attn_half(resid_pre, *inputs, kv=kv))
 
     def attn_half(
         self,
@@ -249,6 +236,53 @@ class SandwichDecoder(RotaryDecoder):
 
     def __init__(self, cfg: SandwichDecoderConfig, rotary: RotaryEmbedding):
         super().__init__(cfg, rotary, final_norm=GemmaRMSNorm)
+
+    # ------------------------------------------------------------------------- declarations
+    # What Gemma 2 and Gemma 3 declare alike (docs/adding-a-model.md): the checkpoint's names, the tiny random model's
+    # sizes (each family adds its own), and what the hooks they share hold (each family adds its attention's).
+    checkpoint_table = RotaryDecoder.checkpoint_table_of(SandwichNormBlock.checkpoint_norms)
+    random_sizes = dict(RotaryDecoder.random_sizes, sliding_window=3, query_pre_attn_scalar=16.0)
+    hook_docs = {  # for docs/hooks-reference.md
+        "hook_embed": "token embeddings times `sqrt(d_model)` (the normalizer in the weights' dtype, as transformers"
+        " and TransformerLens' `W_E`), which are block 0's `hook_resid_pre`",
+        "blocks.{i}.hook_q_input": "one copy of `resid_pre` per query head, each normalised by `ln1` on its own;"
+        " listening switches to per-head projections",
+        "blocks.{i}.hook_k_input": "one copy of `resid_pre` per kv head, read through `ln1` by `k_proj`",
+        "blocks.{i}.hook_v_input": "one copy of `resid_pre` per kv head, read through `ln1` by `v_proj`",
+        "blocks.{i}.ln1.hook_scale": "the pre-attention RMSNorm's scale `sqrt(mean(x^2) + eps)` of `resid_pre`;"
+        " float32",
+        "blocks.{i}.ln1.hook_normalized": "`resid_pre / scale` cast to the model dtype, before the gain `1 + weight`",
+        "blocks.{i}.attn.hook_v": "`v_proj(ln1 output)` split by kv head",
+        "blocks.{i}.attn.hook_z": "per-head attention output; a view of `o_proj`'s input, so an in-place edit changes"
+        " what the projection reads",
+        "blocks.{i}.attn.hook_result": "each head's write `z[h] @ W_O[h]` BEFORE the post-norm: with `b_O` they sum to"
+        " `hook_attn_out_pre_norm`, not to `hook_attn_out` (ln1_post is not linear)",
+        "blocks.{i}.hook_attn_out_pre_norm": "`o_proj`'s output, the attention's raw write, before the post-attention"
+        " norm `ln1_post`",
+        "blocks.{i}.ln1_post.hook_scale": "the post-attention RMSNorm's scale of the attention output (not of the"
+        " residual stream); float32",
+        "blocks.{i}.ln1_post.hook_normalized": "the attention output divided by that scale, before the gain"
+        " `1 + weight`",
+        "blocks.{i}.hook_attn_out": "`ln1_post(o_proj output)`: what the attention adds to the residual stream (after"
+        " the post-norm, as TransformerLens)",
+        "blocks.{i}.hook_mlp_in": "what the MLP half reads, `resid_mid`, before `ln2` (a copy when hooked)",
+        "blocks.{i}.ln2.hook_scale": "the pre-feedforward RMSNorm's scale of `resid_mid`; float32",
+        "blocks.{i}.ln2.hook_normalized": "`resid_mid / scale` cast to the model dtype, before the gain `1 + weight`",
+        "blocks.{i}.mlp.hook_in": "`ln2(resid_mid)`, after the pre-feedforward norm and its gain `1 + weight`: what"
+        " `gate_proj` and `up_proj` read; circuit-tracer's name, the point a transcoder reads; a default cache leaves"
+        " it out (cache it by name)",
+        "blocks.{i}.mlp.hook_pre": "the gate's pre-activation `gate_proj(ln2 output)`",
+        "blocks.{i}.mlp.hook_pre_linear": "the up projection `up_proj(ln2 output)`",
+        "blocks.{i}.mlp.hook_post": "the neurons, `gelu_tanh(pre) * pre_linear` = `down_proj`'s input",
+        "blocks.{i}.hook_mlp_out_pre_norm": "`down_proj`'s output, the MLP's raw write, before the post-feedforward"
+        " norm `ln2_post`",
+        "blocks.{i}.ln2_post.hook_scale": "the post-feedforward RMSNorm's scale of the MLP output (not of the residual"
+        " stream); float32",
+        "blocks.{i}.ln2_post.hook_normalized": "the MLP output divided by that scale, before the gain `1 + weight`",
+        "blocks.{i}.hook_mlp_out": "`ln2_post(down_proj output)`: what the MLP adds to the residual stream (after the"
+        " post-norm, as TransformerLens)",
+        "ln_final.hook_normalized": "the final residual stream divided by its scale, before the gain `1 + weight`",
+    }
 
     def normalizer(self, dtype: torch.dtype) -> Tensor:
         """sqrt(d_model) as transformers' Gemma2TextScaledWordEmbedding: a float32 scalar cast to `dtype`."""

@@ -50,6 +50,23 @@ class WeightView:
         return f"WeightView(model.{self._name}: {', '.join(self._weights)})"
 
 
+class StackedOverBlocks:
+    """A read-only attribute of the model: `blocks[i].<sublayer>.<the attribute's own name>` stacked over the blocks
+    (`WeightStacks._stack_blocks`), as TransformerLens' `model.W_Q`; `doc` gives its shape."""
+
+    def __init__(self, sublayer: str, doc: str):
+        self.sublayer, self.__doc__ = sublayer, doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, model, owner: type | None = None):
+        return self if model is None else model._stack_blocks(self.sublayer, self.name)
+
+    def __set__(self, model, value) -> None:
+        raise AttributeError(f"model.{self.name} is built from the blocks' weights on each access: set those instead")
+
+
 class WeightStacks:
     """TransformerLens' weight attributes of a model (a mixin: the weights are the model's)."""
 
@@ -147,34 +164,18 @@ class WeightStacks:
             )
         return torch.stack(parts)
 
-    W_Q = property(lambda self: self._stack_blocks("attn", "W_Q"), doc="[n_layers head_index d_model d_head]")
-    W_K = property(
-        lambda self: self._stack_blocks("attn", "W_K"),
-        doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)",
-    )
-    W_V = property(
-        lambda self: self._stack_blocks("attn", "W_V"),
-        doc="[n_layers head_index d_model d_head] (k/v heads repeated per query head)",
-    )
-    W_O = property(lambda self: self._stack_blocks("attn", "W_O"), doc="[n_layers head_index d_head d_model]")
-    b_Q = property(
-        lambda self: self._stack_blocks("attn", "b_Q"), doc="[n_layers head_index d_head] (zeros without biases)"
-    )
-    b_K = property(
-        lambda self: self._stack_blocks("attn", "b_K"), doc="[n_layers head_index d_head] (zeros without biases)"
-    )
-    b_V = property(
-        lambda self: self._stack_blocks("attn", "b_V"), doc="[n_layers head_index d_head] (zeros without biases)"
-    )
-    b_O = property(lambda self: self._stack_blocks("attn", "b_O"), doc="[n_layers d_model] (zeros without biases)")
-    W_in = property(lambda self: self._stack_blocks("mlp", "W_in"), doc="[n_layers d_model d_mlp] (dense MLPs)")
-    W_out = property(lambda self: self._stack_blocks("mlp", "W_out"), doc="[n_layers d_mlp d_model] (dense MLPs)")
-    b_in = property(
-        lambda self: self._stack_blocks("mlp", "b_in"), doc="[n_layers d_mlp] (dense MLPs; zeros without biases)"
-    )
-    b_out = property(
-        lambda self: self._stack_blocks("mlp", "b_out"), doc="[n_layers d_model] (dense MLPs; zeros without biases)"
-    )
+    W_Q = StackedOverBlocks("attn", "[n_layers head_index d_model d_head]")
+    W_K = StackedOverBlocks("attn", "[n_layers head_index d_model d_head] (k/v heads repeated per query head)")
+    W_V = StackedOverBlocks("attn", "[n_layers head_index d_model d_head] (k/v heads repeated per query head)")
+    W_O = StackedOverBlocks("attn", "[n_layers head_index d_head d_model]")
+    b_Q = StackedOverBlocks("attn", "[n_layers head_index d_head] (zeros without biases)")
+    b_K = StackedOverBlocks("attn", "[n_layers head_index d_head] (zeros without biases)")
+    b_V = StackedOverBlocks("attn", "[n_layers head_index d_head] (zeros without biases)")
+    b_O = StackedOverBlocks("attn", "[n_layers d_model] (zeros without biases)")
+    W_in = StackedOverBlocks("mlp", "[n_layers d_model d_mlp] (dense MLPs)")
+    W_out = StackedOverBlocks("mlp", "[n_layers d_mlp d_model] (dense MLPs)")
+    b_in = StackedOverBlocks("mlp", "[n_layers d_mlp] (dense MLPs; zeros without biases)")
+    b_out = StackedOverBlocks("mlp", "[n_layers d_model] (dense MLPs; zeros without biases)")
     OV = property(
         ov_circuit, doc="Every head's OV circuit W_V @ W_O: FactoredMatrix [n_layers head_index d_model d_model]"
     )

@@ -561,6 +561,8 @@ def test_per_head_writes_are_refused_and_circuits_take_each_layers_attention_who
         ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}, "rope_type 'linear'"),
         ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
         ({"head_dim": 7}, "head_dim 7 is odd"),
+        # transformers' default RoPE turns only this share of each head; hooked's turns whole heads
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
     ],
 )
 def test_contradictory_config_is_refused_naming_the_field(tmp_path, dirs, change, message):

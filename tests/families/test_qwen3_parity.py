@@ -315,6 +315,7 @@ def test_tied_checkpoint_lacks_lm_head_and_untied_needs_it(tmp_path, dense_dirs,
         ({"use_sliding_window": True}, "sliding-window"),
         ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "rope_type 'dynamic'"),
         ({"hidden_act": "gelu"}, "activation"),
+        ({"head_dim": 7}, "head_dim 7 is odd"),  # half-split RoPE turns pairs of dimensions
     ],
 )
 def test_unsupported_config_is_refused(tmp_path, dense_dirs, change, message):

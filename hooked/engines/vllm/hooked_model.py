@@ -321,6 +321,21 @@ class VllmModel:
         loss = HookedTransformer.loss(logits, tokens, key_valid, per_token=per_token)
         return (loss if return_type == "loss" else (logits, loss)), tokens, key_valid, caches
 
+    @contextlib.contextmanager
+    def _variants(self, hooks: Mapping[str, Sequence]) -> Iterator[dict[str, str | None]]:
+        """Each name's hooks installed on the engine as one variant for the block (None for a name without hooks: the
+        model as it is), every variant dropped after it, also when it raises."""
+        self._open()
+        ids = {}
+        try:
+            for name, pairs in hooks.items():
+                ids[name] = self._engine.add_variant(pairs) if pairs else None
+            yield ids
+        finally:
+            for variant in ids.values():
+                if variant is not None:
+                    self._engine.drop_variant(variant)
+
     def _run(self, prompts, fwd_hooks, cache_names=(), prompt_logits=None, max_new_tokens=1, **options):
         """The prompts as requests under one variant made of `fwd_hooks` (and the cache of `cache_names`)."""
         self._open()
@@ -428,11 +443,7 @@ class VllmModel:
             )
         active = self._active_hooks()
         planned = {name: self._checked(active + _pairs(pairs)) for name, pairs in variants.items()}
-        self._open()
-        ids = {}
-        try:
-            for name, pairs in planned.items():
-                ids[name] = self._engine.add_variant(pairs) if pairs else None
+        with self._variants(planned) as ids:
             requests = [(name, prompt) for name in planned for prompt in prompts]
             results = self._engine.generate(
                 [prompt for _, prompt in requests],
@@ -443,10 +454,6 @@ class VllmModel:
                 stop_token_ids=eos_ids,
                 prompt_indices=list(range(len(prompts))) * len(planned),
             )
-        finally:
-            for variant in ids.values():
-                if variant is not None:
-                    self._engine.drop_variant(variant)
         outputs = {}
         batch = tokens.shape[0]
         for block, name in enumerate(planned):
@@ -471,7 +478,7 @@ class VllmModel:
         variant's values are the metric on its prompts' logits against the base run's, as on hooked's own engine."""
         from hooked.interventions.metrics import check_prompts
         from hooked.interventions.results import SweepResult
-        from hooked.interventions.sweeps import MetricReads, plan_variants, sweep_provenance
+        from hooked.interventions.sweeps import MetricReads, metric_name, plan_variants, sweep_provenance
 
         if unsupported.pop("data_parallel", None):
             raise ValueError("data_parallel: the engine spreads requests over its own workers; drop data_parallel=")
@@ -493,11 +500,7 @@ class VllmModel:
         which = "last" if reads.position == -1 else "all"
         columns = None if reads.columns is None else reads.columns.tolist()
 
-        self._open()
-        ids = {}
-        try:
-            for variant in planned:
-                ids[variant.name] = self._engine.add_variant(variant.hooks) if variant.hooks else None
+        with self._variants({variant.name: variant.hooks for variant in planned}) as ids:
             runs = [None, *(ids[v.name] for v in planned)]  # the base run first
             results = self._engine.generate(
                 [prompt for _ in runs for prompt in prompts],
@@ -508,10 +511,6 @@ class VllmModel:
                 columns=columns,
                 prompt_indices=list(range(len(prompts))) * len(runs),
             )
-        finally:
-            for variant in ids.values():
-                if variant is not None:
-                    self._engine.drop_variant(variant)
         batch = len(prompts)
 
         def logits_of(block: int) -> Tensor:
@@ -535,7 +534,7 @@ class VllmModel:
             variants=[v.name for v in planned],
             values=values,
             base=base_value.cpu(),
-            metric=getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__)),
+            metric=metric_name(metric),
             provenance=sweep_provenance(described, planned, metric, task, tokens),
         )
 
