@@ -181,7 +181,11 @@ class QKAttribution:
                         zip([t.label for t in self.query_terms], self.query_totals(key).tolist(), strict=True)
                     ),
                     "key_totals": dict(
-                        zip([t.label for t in self.key_terms[self.keys.index(key)]], self.key_totals(key).tolist(), strict=True)
+                        zip(
+                            [t.label for t in self.key_terms[self.keys.index(key)]],
+                            self.key_totals(key).tolist(),
+                            strict=True,
+                        )
                     ),
                 }
             )
@@ -319,7 +323,9 @@ class QKRun:
             if name == "hook_embed":
                 terms.append(QKTerm(self.token_label(position), "token", position))
             else:  # GPT-2's learned position embedding: no graph node, a constant of the position
-                terms.append(QKTerm(f"{name.removeprefix('hook_').replace('_', ' ')} @{position}", "embedding", position))
+                terms.append(
+                    QKTerm(f"{name.removeprefix('hook_').replace('_', ' ')} @{position}", "embedding", position)
+                )
             vectors.append(cache[name][0, position])
         for m in range(layer):
             terms.append(QKTerm(f"attn L{m} @{position}", "attention", position))
@@ -392,9 +398,10 @@ class QKRun:
                     if key > query
                     else f"outside the head's sliding window of {maps.mask.window} positions"
                 )
+                seen = [p for p in range(self.n_pos) if visible[p]]
                 raise ValueError(
                     f"key position {key} is masked from query position {query} in block {layer}: it is {why}, so the"
-                    f" head gives it no score to explain; the keys it sees are {[p for p in range(self.n_pos) if visible[p]]}"
+                    f" head gives it no score to explain; the keys it sees are {seen}"
                 )
             keys = [key]
         query_terms, query_vectors = maps.side_terms("q", query)
@@ -445,7 +452,9 @@ class QKRun:
         capped = forms if maps.softcap is None else maps.softcap * torch.tanh(forms / maps.softcap)
         # float32's at least: RMSNorms compute in float32 whatever the model's dtype (hooked.layers.RMSNorm)
         eps = max(torch.finfo(self.model.dtype).eps, torch.finfo(torch.float32).eps)
-        bound = query_vectors.double().norm(dim=-1).sum() * torch.stack([v.double().norm(dim=-1).sum() for v in key_vectors])
+        bound = query_vectors.double().norm(dim=-1).sum() * torch.stack(
+            [v.double().norm(dim=-1).sum() for v in key_vectors]
+        )
         tolerance = 64 * eps * (maps.scaling * bound + scores.double().abs().cpu())
         if ((capped - scores.double().cpu()).abs() > tolerance.cpu()).any():
             worst = int((capped - scores.double().cpu()).abs().argmax())
