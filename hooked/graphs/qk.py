@@ -18,15 +18,18 @@ the head's pre-softmax form
     form(q, k) = scaling * q(q) . k(k) = sum over (query term i, key term j) of scaling * q_i . k_j
 
 splits exactly into pairs: q_i is the linear part of the map applied to piece i at the query position (the affine
-constant is one more term, "query bias"), k_j likewise at the key position. The score the model computes is the form
-(`hook_attn_scores`), or, under Gemma 2's attention softcap, `cap * tanh(form / cap)`: the form is what is
-attributed, and the result says so (`attributed`). docs/graphs.md ("QK attribution") has the per-family table.
+constant is one more term, "query bias"), k_j likewise at the key position. The score the model computes
+(`hook_attn_scores`) is the form, or, under Gemma 2's attention softcap, `cap * tanh(form / cap)`: the form is what
+is attributed, and the result says so (`attributed`). The score is taken from the run's own rotated queries and keys
+(so the attention keeps its fused kernel and memory stays linear in the prompt), and the terms must add up to it.
+docs/graphs.md ("QK attribution") has the per-family table.
 
 Cost: one forward up to the head's block (nothing backward), then per key position a [terms, d_head] product.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +66,39 @@ class QKTerm:
     address: str | None = None
 
 
+class Terms(Sequence[QKTerm]):
+    """One side's terms at one position: the few per-position terms, then the features of each lower layer, made
+    into `QKTerm`s only when read (a long prompt has tens of thousands of them, and a table reads a few)."""
+
+    def __init__(self, fixed: list[tuple], features: list[tuple[int, list[int]]], position: int, part: str):
+        self.fixed, self.features, self.position, self.part = fixed, features, position, part  # fixed: (label, kind)
+        self.bounds = [len(fixed)]
+        for _, ids in features:
+            self.bounds.append(self.bounds[-1] + len(ids))
+
+    def __len__(self) -> int:
+        return self.bounds[-1] + 1  # and the bias, last
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"term {i} of {n}")
+        i %= n
+        if i < len(self.fixed):
+            label, kind = self.fixed[i]
+            return QKTerm(label(self.position), kind, self.position)
+        if i == n - 1:
+            return self.bias
+        block = next(b for b in range(len(self.features)) if i < self.bounds[b + 1])
+        source, ids = self.features[block]
+        f, p = ids[i - self.bounds[block]], self.position
+        return QKTerm(f"L{source} F{f} @{p}", "feature", p, f"L{source}.{self.part}.F{f}@{p}")
+
+    bias: QKTerm = QKTerm("bias", "bias", None)
+
+
 @dataclass
 class QKAttribution:
     """One head's pre-softmax score at query position `query` and each attributed key position, split into
@@ -80,14 +116,14 @@ class QKAttribution:
     query: int
     keys: list[int]  # the key positions attributed, ascending
     masked: list[int]  # positions the head cannot see from `query` (after it, or outside its sliding window)
-    scores: Tensor  # [n_keys] float32: the model's pre-softmax score (hook_attn_scores: scaled, capped if capped)
+    scores: Tensor  # [n_keys] float32: the model's pre-softmax score (scaled, capped under a softcap)
     forms: Tensor  # [n_keys] float32: the sum of every pair, scaling * q . k (the score, or its pre-cap form)
     attributed: str  # what the pairs add up to: "score", or the pre-cap form under a softcap (module docstring)
     softcap: float | None
     scaling: float  # the score's scale (d_head ** -0.5, or the family's query_pre_attn_scalar ** -0.5)
-    query_terms: list[QKTerm]
+    query_terms: Sequence[QKTerm]
     query_vectors: Tensor  # [n_query_terms, d_head]: each term's part of the rotated query
-    key_terms: list[list[QKTerm]]  # per key position
+    key_terms: list[Sequence[QKTerm]]  # per key position
     key_vectors: list[Tensor]  # per key position [n_key_terms, d_head]: each term's part of the rotated key
     top: int = 20
     prompt: str = ""
@@ -102,7 +138,7 @@ class QKAttribution:
         return self.keys.index(key)
 
     def score(self, key: int) -> float:
-        """The model's score at `key` (what `hook_attn_scores` holds)."""
+        """The model's score at `key` (what `hook_attn_scores` holds there)."""
         return float(self.scores[self._index(key)])
 
     def pairs(self, key: int) -> Tensor:
@@ -247,6 +283,40 @@ def qk_attribution(
     return run.attribute(layer, head, query, key, top=top)
 
 
+@dataclass
+class FeatureBlock:
+    """One lower layer's active features at the positions asked for, sorted by position: entry j is feature
+    `basis` row `inverse[j]` (its writes below the head's layer, summed) times activation `values[j]`, at position
+    slot `index[j]`. The map is applied to the few distinct rows, not to every entry."""
+
+    index: Tensor  # [n] into the positions asked for
+    values: Tensor  # [n]
+    basis: Tensor  # [k, d_model]
+    inverse: Tensor  # [n] into basis
+
+
+@dataclass
+class Pieces:
+    """The residual stream at P positions as a sum of terms: per position `terms` (the fixed ones, then each
+    FeatureBlock's entries there, in block order), `fixed` [P, n_fixed, d_model] the per-position vectors,
+    `features` the feature blocks, `positions` [P]."""
+
+    terms: list[Terms]
+    fixed: Tensor
+    features: list[FeatureBlock]
+    positions: Tensor
+
+    def select(self, i: int) -> Pieces:
+        """The pieces of the i-th position alone (its own `Terms`, so each side names its bias)."""
+        t = self.terms[i]
+        blocks = []
+        for block in self.features:
+            keep = block.index == i
+            blocks.append(FeatureBlock(block.index[keep] * 0, block.values[keep], block.basis, block.inverse[keep]))
+        terms = Terms(t.fixed, t.features, t.position, t.part)
+        return Pieces([terms], self.fixed[i : i + 1], blocks, self.positions[i : i + 1])
+
+
 # ----------------------------------------------------------------------------- one forward, every layer's pieces
 class QKRun:
     """One clean forward of `prompt`, kept: the residual pieces at every position below each of `layers` and each
@@ -276,8 +346,11 @@ class QKRun:
         top_layer = self.layers[-1]
         names = {*model.embedding_hook_names, *(f"blocks.{m}.hook_attn_out" for m in range(top_layer))}
         names |= {*self.tc.hook_in[:top_layer], *self.tc.hook_out[:top_layer]}
+        self.model = model
         for layer in self.layers:
-            names |= {f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_attn_scores"}
+            # the head's own rotated queries and keys ([pos, heads, d_head]: linear in the prompt), not its
+            # [heads, pos, pos] scores, whose hook would also move the attention off its fused kernel
+            names |= {self.qk_point(layer, "q"), self.qk_point(layer, "k")}
             names |= {f"blocks.{layer}.{norm}.hook_scale" for norm in ("ln1", "attn.q_norm", "attn.k_norm")}
             if pattern:
                 names.add(f"blocks.{layer}.attn.hook_pattern")
@@ -287,7 +360,8 @@ class QKRun:
             for layer in self.layers
         ]
         was_training = model.training
-        model.eval()
+        if was_training:  # eval() and train() walk every module: only where there is something to change
+            model.eval()
         try:
             with torch.no_grad():
                 _, self.cache = model.run_with_cache(
@@ -296,7 +370,22 @@ class QKRun:
         finally:
             for handle in handles:
                 handle.remove()
-            model.train(was_training)
+            if was_training:
+                model.train()
+
+    def qk_point(self, layer: int, side: str) -> str:
+        """Where block `layer`'s attention holds its final queries or keys: after the rotary turn, or, without
+        rotary embeddings (GPT-2), the projection's output."""
+        rotated = f"blocks.{layer}.attn.hook_rot_{side}"
+        return rotated if rotated in self.model.hook_dict else f"blocks.{layer}.attn.hook_{side}"
+
+    def model_scores(self, maps: HeadMaps, query: int, keys: list[int]) -> Tensor:
+        """[n_keys]: the head's pre-softmax scores from the run's own queries and keys, as the attention forms
+        them: scaled, then capped under a softcap."""
+        q = self.cache[self.qk_point(maps.layer, "q")][0, query, maps.head]
+        k = self.cache[self.qk_point(maps.layer, "k")][0, keys, maps.kv_head]
+        scores = (k @ q) * maps.scaling
+        return scores if maps.softcap is None else torch.tanh(scores / maps.softcap) * maps.softcap
 
     def _keep_inputs(self, layer: int):
         def keep(module, args, kwargs):
@@ -315,64 +404,85 @@ class QKRun:
         text = token if tokenizer is None else repr(tokenizer.decode([token]))
         return f"token {text} @{position}"
 
+    @functools.cached_property
+    def _mlp_parts(self) -> tuple[list[tuple[Tensor, Tensor, Tensor]], list[Tensor], list[Tensor | None]]:
+        """Per layer below the highest kept: the active features (positions, features, activations), the error
+        (MLP output minus the reconstruction) and the skip path, at every position [n_pos, d_out]. Computed once,
+        every position at a time."""
+        tc, cache, top_layer = self.tc, self.cache, self.layers[-1]
+        active, errors, skips = [], [], []
+        with torch.no_grad():
+            for m in range(top_layer):
+                x = cache[tc.hook_in[m]][0]
+                acts = tc.activate(m, tc.pre_activations(m, x))
+                positions, features = acts.nonzero(as_tuple=True)
+                active.append((positions, features, acts[positions, features]))
+            for m in range(top_layer):
+                x = cache[tc.hook_in[m]][0]
+                recon = tc.decoder_bias(m).expand(self.n_pos, -1).clone()
+                for source in range(m + 1) if tc.clt is not None else [m]:
+                    positions, features, values = active[source]
+                    unique, inverse = features.unique(return_inverse=True)
+                    rows = tc.decoder_rows(source, unique, m)[inverse]  # [entries, d_out]
+                    recon.index_add_(0, positions, values[:, None] * rows)
+                skip = tc.skip(m, x)
+                if skip is not None:
+                    recon = recon + skip
+                skips.append(skip)
+                errors.append(cache[tc.hook_out[m]][0] - recon)
+        return active, errors, skips
+
     @torch.no_grad()
-    def pieces(self, layer: int, position: int) -> tuple[list[QKTerm], Tensor]:
-        """The terms whose sum is `resid_pre` of block `layer` at `position`, and their vectors [n, d_model]."""
-        cache, terms, vectors = self.cache, [], []
+    def pieces(self, layer: int, positions: Sequence[int]) -> Pieces:
+        """The terms whose sum is `resid_pre` of block `layer` at each of `positions` (`Pieces`). A feature is one
+        term with every write it makes below `layer` (a CLT feature's to each layer in [its own, layer)); per lower
+        layer the attention output, the decoder bias, the skip path and the error are terms, as are the
+        embeddings."""
+        cache, tc = self.cache, self.tc
+        where = torch.tensor(list(positions), dtype=torch.long, device=self.tokens.device)
+        names, vectors = [], []  # the per-position terms: a label maker and [P, d_model] each
+
         for name in self.model.embedding_hook_names:
             if name == "hook_embed":
-                terms.append(QKTerm(self.token_label(position), "token", position))
+                names.append((self.token_label, "token"))
             else:  # GPT-2's learned position embedding: no graph node, a constant of the position
-                terms.append(
-                    QKTerm(f"{name.removeprefix('hook_').replace('_', ' ')} @{position}", "embedding", position)
-                )
-            vectors.append(cache[name][0, position])
+                words = name.removeprefix("hook_").replace("_", " ")
+                names.append((lambda p, words=words: f"{words} @{p}", "embedding"))
+            vectors.append(cache[name][0, where])
+        active, errors, skips = self._mlp_parts if layer else ([], [], [])
         for m in range(layer):
-            terms.append(QKTerm(f"attn L{m} @{position}", "attention", position))
-            vectors.append(cache[f"blocks.{m}.hook_attn_out"][0, position])
-        for term, vector in self._transcoder_pieces(layer, position):
-            terms.append(term)
-            vectors.append(vector)
-        return terms, torch.stack(vectors)
+            names.append((lambda p, m=m: f"attn L{m} @{p}", "attention"))
+            vectors.append(cache[f"blocks.{m}.hook_attn_out"][0, where])
+            if skips[m] is not None:
+                names.append((lambda p, m=m: f"skip L{m} @{p}", "skip"))
+                vectors.append(skips[m][where])
+            names.append((lambda p, m=m: f"transcoder bias L{m} @{p}", "transcoder bias"))
+            vectors.append(tc.decoder_bias(m).expand(len(positions), -1))
+            names.append((lambda p, m=m: f"error L{m} @{p}", "error"))
+            vectors.append(errors[m][where])
 
-    def _transcoder_pieces(self, layer: int, position: int) -> list[tuple[QKTerm, Tensor]]:
-        """The MLP outputs of blocks below `layer` at `position`, as the graph's nodes: each active feature's
-        writes to those layers (a CLT feature's writes to every layer in [its own, layer)), and per layer the
-        decoder bias, the skip path and the error."""
-        tc, cache = self.tc, self.cache
-        out: list[tuple[QKTerm, Tensor]] = []
-        for m in range(layer):
-            x = cache[tc.hook_in[m]][0, position]
-            recon = tc.decoder_bias(m).clone()
-            for source in range(m + 1) if tc.clt is not None else [m]:
-                acts = self._activations(source, position)
-                features = acts.nonzero().flatten()
-                writes = acts[features, None] * tc.decoder_rows(source, features, m)  # [k, d_out]
-                recon = recon + writes.sum(0)
-            skip = tc.skip(m, x)
-            if skip is not None:
-                recon = recon + skip
-                out.append((QKTerm(f"skip L{m} @{position}", "skip", position), skip))
-            out.append((QKTerm(f"transcoder bias L{m} @{position}", "transcoder bias", position), tc.decoder_bias(m)))
-            error = cache[tc.hook_out[m]][0, position] - recon
-            out.append((QKTerm(f"error L{m} @{position}", "error", position), error))
-        for source in range(layer):  # each feature once, with every write it makes below `layer`
-            acts = self._activations(source, position)
-            features = acts.nonzero().flatten()
-            if not features.numel():
-                continue
+        slot = torch.full((self.n_pos,), -1, dtype=torch.long, device=where.device)
+        slot[where] = torch.arange(len(positions), device=where.device)
+        features = []
+        ids: list[list[tuple[int, list[int]]]] = [[] for _ in positions]
+        for source in range(layer):
+            entry_positions, feature_ids, values = active[source]
+            index = slot[entry_positions]
+            keep = index >= 0
+            index, feature_ids, values = index[keep], feature_ids[keep], values[keep]
+            order = torch.argsort(index, stable=True)  # by position, then feature
+            index, feature_ids, values = index[order], feature_ids[order], values[order]
+            unique, inverse = feature_ids.unique(return_inverse=True)
             targets = range(source, layer) if tc.clt is not None else [source]
-            rows = sum(tc.decoder_rows(source, features, m) for m in targets)
-            for f, vector in zip(features.tolist(), acts[features, None] * rows, strict=True):
-                label = f"L{source} F{f} @{position}"
-                address = f"L{source}.{self.part}.F{f}@{position}"
-                out.append((QKTerm(label, "feature", position, address), vector))
-        return out
-
-    def _activations(self, layer: int, position: int) -> Tensor:
-        """[d_sae]: layer `layer`'s feature activations at `position` on the prompt."""
-        x = self.cache[self.tc.hook_in[layer]][0, position]
-        return self.tc.activate(layer, self.tc.pre_activations(layer, x[None]))[0]
+            basis = sum(tc.decoder_rows(source, unique, m) for m in targets)  # [k, d_model]
+            features.append(FeatureBlock(index, values, basis, inverse))
+            counts = torch.bincount(index, minlength=len(positions)).tolist()
+            flat, start = feature_ids.tolist(), 0
+            for i, count in enumerate(counts):
+                ids[i].append((source, flat[start : start + count]))
+                start += count
+        terms = [Terms(names, i, p, self.part) for i, p in zip(ids, positions, strict=True)]
+        return Pieces(terms, torch.stack(vectors, dim=1), features, where)
 
     # ------------------------------------------------------------------------- one head's affine maps
     def head(self, layer: int, head: int) -> HeadMaps:
@@ -404,18 +514,20 @@ class QKRun:
                     f" head gives it no score to explain; the keys it sees are {seen}"
                 )
             keys = [key]
-        query_terms, query_vectors = maps.side_terms("q", query)
-        key_terms, key_vectors = [], []
-        for k in keys:
-            terms, vectors = maps.side_terms("k", k)
-            key_terms.append(terms)
-            key_vectors.append(vectors)
-        scores = self.cache[f"blocks.{layer}.attn.hook_attn_scores"][0, head, query, keys]
-        q_total, forms = query_vectors.double().sum(0), []
-        for vectors in key_vectors:
-            forms.append(maps.scaling * float(q_total @ vectors.double().sum(0)))
-        forms = torch.tensor(forms, dtype=torch.float64)
-        self._check_total(maps, scores, forms, query_vectors, key_vectors, layer, head)
+        positions = sorted({*keys, query})  # the residual pieces once for both sides
+        pieces = self.pieces(layer, positions)
+        (query_terms,), (query_vectors,) = maps.side_terms("q", pieces.select(positions.index(query)))
+        key_pieces = pieces if positions == keys else pieces.select(positions.index(keys[0]))
+        key_terms, key_vectors = maps.side_terms("k", key_pieces)
+        scores = self.model_scores(maps, query, keys)
+        # per key, the sum of its rows and of their norms, in one pass over every key's rows
+        flat = torch.cat(key_vectors).double()
+        segment = torch.repeat_interleave(torch.tensor([v.shape[0] for v in key_vectors], device=flat.device))
+        key_sums = flat.new_zeros(len(keys), flat.shape[1]).index_add_(0, segment, flat)
+        key_norms = flat.new_zeros(len(keys)).index_add_(0, segment, flat.norm(dim=-1))
+        forms = (maps.scaling * key_sums @ query_vectors.double().sum(0)).cpu()
+        bound = maps.scaling * query_vectors.double().norm(dim=-1).sum() * key_norms
+        self._check_total(maps, scores, forms, bound.cpu(), layer, head)
         softcap = maps.softcap
         attributed = "score" if softcap is None else f"form: the score is {softcap:g} * tanh(form / {softcap:g})"
         return QKAttribution(
@@ -446,16 +558,13 @@ class QKRun:
             )
         return position % self.n_pos
 
-    def _check_total(self, maps, scores, forms, query_vectors, key_vectors, layer, head) -> None:
+    def _check_total(self, maps, scores, forms, bound, layer, head) -> None:
         """The terms must add up to the model's own score: a family whose attention is not the affine map above
         would fail here, instead of returning pairs that explain another number."""
         capped = forms if maps.softcap is None else maps.softcap * torch.tanh(forms / maps.softcap)
         # float32's at least: RMSNorms compute in float32 whatever the model's dtype (hooked.layers.RMSNorm)
         eps = max(torch.finfo(self.model.dtype).eps, torch.finfo(torch.float32).eps)
-        bound = query_vectors.double().norm(dim=-1).sum() * torch.stack(
-            [v.double().norm(dim=-1).sum() for v in key_vectors]
-        )
-        tolerance = 64 * eps * (maps.scaling * bound + scores.double().abs().cpu())
+        tolerance = 64 * eps * (bound + scores.double().abs().cpu())  # bound: sum of |q_i| |k_j|, times the scale
         if ((capped - scores.double().cpu()).abs() > tolerance.cpu()).any():
             worst = int((capped - scores.double().cpu()).abs().argmax())
             raise RuntimeError(
@@ -494,45 +603,79 @@ class HeadMaps:
         """[n_pos] bool: the key positions the head sees from `query`."""
         return self.mask.causal(torch.device("cpu"))[0, 0, query]
 
-    def side_terms(self, side: str, position: int) -> tuple[list[QKTerm], Tensor]:
-        """The terms of the rotated query (`side` "q") or key ("k") at `position`: the residual pieces' images under
-        the linear part, then the affine constant, as [n_terms, d_head] in float64 (the sums are compared to the
-        model's score)."""
-        terms, pieces = self.run.pieces(self.layer, position)
-        linear = self.linear(side, position, pieces.double())
-        constant = self.constant(side, position)
+    def side_terms(self, side: str, pieces: Pieces) -> tuple[list[Terms], list[Tensor]]:
+        """The terms of the rotated query (`side` "q") or key ("k") at each of the pieces' positions (`QKRun.pieces`):
+        their images under the linear part, then the affine constant ("query bias" / "key bias"), as
+        [n_terms, d_head] per position (float32; float64 for a float64 model)."""
+        where, n_positions = pieces.positions, len(pieces.terms)
+        weight = self.input_weight(side)
+        scale = self.input_scale(where)  # [P, 1]
+        fixed = (pieces.fixed.to(self.dtype) @ weight) / scale[:, None]  # [P, n_fixed, d_head]
+        fixed = self._after_projection(side, where[:, None].expand(fixed.shape[:2]), fixed)
+        # every row with its position's slot, then one stable sort: each position's rows contiguous, in term order
+        rows, slots = (
+            [fixed.flatten(0, 1)],
+            [torch.arange(n_positions, device=where.device).repeat_interleave(fixed.shape[1])],
+        )
+        for block in pieces.features:
+            block_rows = (block.basis.to(self.dtype) @ weight)[block.inverse] * block.values.to(self.dtype)[:, None]
+            rows.append(self._after_projection(side, where[block.index], block_rows / scale[block.index]))
+            slots.append(block.index)
+        rows.append(self.constant(side, where))
+        slots.append(torch.arange(n_positions, device=where.device))
+        slot = torch.cat(slots)
+        order = torch.argsort(slot, stable=True)
+        vectors = torch.cat(rows)[order].split(torch.bincount(slot, minlength=n_positions).tolist())
         name = "query bias" if side == "q" else "key bias"
-        return [*terms, QKTerm(name, "bias", None)], torch.cat([linear, constant[None]])
+        for terms in pieces.terms:
+            terms.bias = QKTerm(name, "bias", None)
+        return pieces.terms, list(vectors)
 
-    def linear(self, side: str, position: int, x: Tensor) -> Tensor:
-        """[n, d_head]: the linear part of the map at `position` applied to x [n, d_model]."""
-        cache, layer = self.run.cache, self.layer
-        if self.norm is not None:
-            scale = cache[f"blocks.{layer}.ln1.hook_scale"][0, position].double()
-            x = self.norm.normalize_with_scale(x, scale) * self.norm.gain.double()
-        x = x @ self.weights[side].double()
-        return self._after_projection(side, position, x)
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float64 if self.run.model.dtype == torch.float64 else torch.float32
 
-    def constant(self, side: str, position: int) -> Tensor:
-        """[d_head]: the map's value at a zero residual stream (the input norm's bias, then the projection's)."""
-        bias = self.biases[side].double()
+    def input_weight(self, side: str) -> Tensor:
+        """[d_model, d_head]: the input norm at scale 1 (its centring and gain, as a matrix: the norm's own
+        `normalize_with_scale` applied to the identity) times the head's projection; a row's image is its
+        product with this, divided by its position's frozen scale."""
+        weight = self.weights[side].to(self.dtype)
+        if self.norm is None:
+            return weight
+        identity = torch.eye(weight.shape[0], dtype=self.dtype, device=weight.device)
+        one = torch.ones((), dtype=self.dtype, device=weight.device)
+        return (self.norm.normalize_with_scale(identity, one) * self.norm.gain.to(self.dtype)) @ weight
+
+    def input_scale(self, positions: Tensor) -> Tensor:
+        """[n, 1]: the input norm's frozen scale at each of `positions` (ones without an input norm)."""
+        if self.norm is None:
+            return torch.ones(positions.shape[0], 1, dtype=self.dtype, device=positions.device)
+        return self.run.cache[f"blocks.{self.layer}.ln1.hook_scale"][0, positions].to(self.dtype)
+
+    def constant(self, side: str, positions: Tensor) -> Tensor:
+        """[n, d_head]: the map's value at a zero residual stream at each of `positions` (the input norm's bias,
+        then the projection's, through the q/k norm and the turn)."""
+        bias = self.biases[side].to(self.dtype)
         norm_bias = getattr(self.norm, "bias", None)
         if norm_bias is not None:
-            bias = bias + norm_bias.double() @ self.weights[side].double()
-        return self._after_projection(side, position, bias[None])[0]
+            bias = bias + norm_bias.to(self.dtype) @ self.weights[side].to(self.dtype)
+        return self._after_projection(side, positions, bias.expand(positions.shape[0], -1))
 
-    def _after_projection(self, side: str, position: int, x: Tensor) -> Tensor:
-        """The per-head q/k norm (frozen scale) and the rotary turn of `position`, on x [n, d_head]."""
+    def _after_projection(self, side: str, positions: Tensor, x: Tensor) -> Tensor:
+        """The q/k norm (its scale frozen; an RMSNorm in every family that has one) and the rotary turn of each row's
+        position, on x [..., d_head] with `positions` [...]."""
         norm = self.qk_norms[side]
         if norm is not None:
-            scale = self.run.cache[f"blocks.{self.layer}.attn.{side}_norm.hook_scale"][0, position].double()
-            if scale.numel() > 1:  # one scale per head; OLMo 2's norm has one for all heads at a position
-                scale = scale[self.head_of[side]]
-            gain = norm.gain.double()
+            scale = self.run.cache[f"blocks.{self.layer}.attn.{side}_norm.hook_scale"][0, positions].to(self.dtype)
+            if scale.ndim == positions.ndim + 2:  # [..., heads, 1]: one scale per head (OLMo 2: one for all, [..., 1])
+                scale = scale[..., self.head_of[side], :]
+            gain = norm.gain.to(self.dtype)
             gain = gain.view(-1, x.shape[-1])[self.head_of[side]] if gain.numel() > x.shape[-1] else gain
-            x = norm.normalize_with_scale(x, scale) * gain
+            x = x / scale * gain
         if self.rotary is not None:
-            cos, sin = (t[0, position].double() for t in self.rotary)  # [rotary_dim]: GPT-NeoX turns a leading part
+            cos, sin = (
+                t[0, positions].to(self.dtype) for t in self.rotary
+            )  # [n, rotary_dim]: GPT-NeoX turns a leading part
             turned = x[..., : cos.shape[-1]]
             x = torch.cat([turned * cos + rotate_half(turned) * sin, x[..., cos.shape[-1] :]], dim=-1)
         return x
