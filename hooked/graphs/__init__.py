@@ -9,6 +9,7 @@ prompt's logits, as direct linear effects under the local replacement model. doc
 
 from hooked.graphs.attribute import CustomTarget, attribute, attribute_batch
 from hooked.graphs.graph import Graph, GraphNode, LogitTarget
+from hooked.graphs.heads import HeadExplanation, HeadExplanations, explain_heads
 from hooked.graphs.intervene import InterventionResult, intervene
 from hooked.graphs.prune import GraphScores, PrunedGraph
 from hooked.graphs.qk import QKAttribution, QKTerm, qk_attribution
@@ -18,6 +19,8 @@ __all__ = [
     "Graph",
     "GraphNode",
     "GraphScores",
+    "HeadExplanation",
+    "HeadExplanations",
     "InterventionResult",
     "LogitTarget",
     "PrunedGraph",
@@ -25,6 +28,7 @@ __all__ = [
     "QKTerm",
     "attribute",
     "attribute_batch",
+    "explain_heads",
     "intervene",
     "qk_attribution",
 ]

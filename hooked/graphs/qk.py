@@ -316,6 +316,22 @@ class Pieces:
         terms = Terms(t.fixed, t.features, t.position, t.part)
         return Pieces([terms], self.fixed[i : i + 1], blocks, self.positions[i : i + 1])
 
+    def vector(self, i: int, label: str) -> Tensor | None:
+        """[d_model]: the residual piece named `label` at the i-th position (None: no such term there)."""
+        terms = self.terms[i]
+        if label.startswith("L") and " F" in label:  # a feature: find it among its layer's block without naming all
+            source, feature = (int(x) for x in label.split(" @")[0].removeprefix("L").split(" F"))
+            for block, (layer, ids) in zip(self.features, terms.features, strict=True):
+                if layer == source and feature in ids:
+                    entries = (block.index == i).nonzero().flatten()
+                    k = entries[ids.index(feature)]
+                    return block.values[k] * block.basis[block.inverse[k]]
+            return None
+        for j, (name, _) in enumerate(terms.fixed):
+            if name(terms.position) == label:
+                return self.fixed[i, j]
+        return None
+
 
 # ----------------------------------------------------------------------------- one forward, every layer's pieces
 class QKRun:
@@ -639,7 +655,11 @@ class HeadMaps:
         """[d_model, d_head]: the input norm at scale 1 (its centring and gain, as a matrix: the norm's own
         `normalize_with_scale` applied to the identity) times the head's projection; a row's image is its
         product with this, divided by its position's frozen scale."""
-        weight = self.weights[side].to(self.dtype)
+        return self.input_weight_for(self.weights[side])
+
+    def input_weight_for(self, projection: Tensor) -> Tensor:
+        """[d_model, d_out]: the input norm at scale 1 times `projection` [d_model, d_out] (`input_weight`)."""
+        weight = projection.to(self.dtype)
         if self.norm is None:
             return weight
         identity = torch.eye(weight.shape[0], dtype=self.dtype, device=weight.device)

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from hooked import graphs
 from hooked.graphs import qk as qk_module
+from hooked.graphs.heads import _attention
 from hooked.testing import ARCHITECTURES
 from tests.graphs.test_attribute import explicit_layers, tiny, transcoders_of
 
@@ -310,3 +311,31 @@ def test_a_map_that_drops_the_keys_rotary_turn_fails_the_completeness_check(mode
     monkeypatch.setattr(qk_module.HeadMaps, "_after_projection", without_key_rotary)
     with pytest.raises(RuntimeError, match="not the model's score"):
         graphs.qk_attribution(model, TOKENS, transcoders_of(model, "set"), LAYER, 0, QUERY)
+
+
+# ----------------------------------------------------------------------------- explain_heads
+def test_explain_heads_picks_heads_on_cross_position_edges_and_attributes_their_scores(models):
+    model = models["llama"]
+    transcoders = transcoders_of(model, "skip set")
+    graph = graphs.attribute(model, TOKENS, transcoders)
+    heads = graphs.explain_heads(model, graph, transcoders, top=3, pairs=4)
+    assert len(heads) == 3
+    assert [h.score for h in heads] == sorted((h.score for h in heads), reverse=True)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(TOKENS[None], names_filter=lambda n: n.endswith("hook_pattern"))
+    for h in heads:
+        assert h.key < h.query  # an edge between positions
+        assert all(share > 0 for _, _, share in h.edges)
+        # the QK side is qk_attribution's own answer for that head and pair of positions
+        alone = graphs.qk_attribution(model, TOKENS, transcoders, h.layer, h.head, h.query, key=h.key, top=4)
+        torch.testing.assert_close(h.qk.pairs(h.key), alone.pairs(h.key))
+        assert h.qk.scores == pytest.approx(alone.scores)
+        # the attention weight it used is the model's pattern (hooked/graphs/heads.py `_attention`)
+        run = qk_module.QKRun(model, TOKENS, transcoders, [h.layer])
+        weight = _attention(run, run.head(h.layer, h.head), h.query, h.key)
+        pattern = float(cache[f"blocks.{h.layer}.attn.hook_pattern"][0, h.head, h.query, h.key])
+        assert weight == pytest.approx(pattern, rel=1e-5)
+    assert len(heads.rows()) == 3 * 4
+    assert set(heads.to_dict()["heads"][0]) == {"layer", "head", "score", "edges", "qk"}
+    with pytest.raises(ValueError, match="top must be a positive integer"):
+        graphs.explain_heads(model, graph, transcoders, top=0)
