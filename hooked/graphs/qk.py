@@ -43,7 +43,6 @@ from hooked.graphs.graph import feature_part
 from hooked.graphs.transcoders import Transcoders
 from hooked.interventions.row_blocks import registered_hooks
 from hooked.layers import AttentionMask
-from hooked.rotary import rotate_half
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -367,7 +366,8 @@ class QKRun:
             # the head's own rotated queries and keys ([pos, heads, d_head]: linear in the prompt), not its
             # [heads, pos, pos] scores, whose hook would also move the attention off its fused kernel
             names |= {self.qk_point(layer, "q"), self.qk_point(layer, "k")}
-            names |= {f"blocks.{layer}.{norm}.hook_scale" for norm in ("ln1", "attn.q_norm", "attn.k_norm")}
+            path, norm = model.blocks[layer].attn.query_key_path(), input_norm(model.blocks[layer])
+            names |= {n.hook_scale.name for n in (norm, path.query_norm, path.key_norm) if n is not None}
             if pattern:
                 names.add(f"blocks.{layer}.attn.hook_pattern")
         self.inputs: dict[int, tuple] = {}
@@ -390,10 +390,9 @@ class QKRun:
                 model.train()
 
     def qk_point(self, layer: int, side: str) -> str:
-        """Where block `layer`'s attention holds its final queries or keys: after the rotary turn, or, without
-        rotary embeddings (GPT-2), the projection's output."""
-        rotated = f"blocks.{layer}.attn.hook_rot_{side}"
-        return rotated if rotated in self.model.hook_dict else f"blocks.{layer}.attn.hook_{side}"
+        """Where block `layer`'s attention holds its final queries or keys (its `query_key_path()` declares it)."""
+        path = self.model.blocks[layer].attn.query_key_path()
+        return f"blocks.{layer}.attn.{path.q_point if side == 'q' else path.k_point}"
 
     def model_scores(self, maps: HeadMaps, query: int, keys: list[int]) -> Tensor:
         """[n_keys]: the head's pre-softmax scores from the run's own queries and keys, as the attention forms
@@ -407,8 +406,8 @@ class QKRun:
         def keep(module, args, kwargs):
             values = [*args, *kwargs.values()]
             mask = next(v for v in values if isinstance(v, AttentionMask))
-            rotary = args[1:3] if hasattr(module, "hook_rot_q") else None  # (cos, sin): attn(x, cos, sin, mask, ...)
-            self.inputs[layer] = (mask, rotary)
+            where = module.query_key_path().rotary_arguments  # the (cos, sin) tables' places among the arguments
+            self.inputs[layer] = (mask, None if where is None else tuple(args[i] for i in where))
 
         return keep
 
@@ -590,6 +589,12 @@ class QKRun:
             )
 
 
+def input_norm(block):
+    """The norm a block's attention reads the residual stream through: `ln1`, unless the block declares `ln1` a norm
+    of the attention's output (`output_norms`: OLMo 2's attention reads the stream unnormalised)."""
+    return None if "ln1" in getattr(type(block), "output_norms", ()) else block.ln1
+
+
 class HeadMaps:
     """The affine maps from a block's residual stream to one head's rotated query and key at each position, its
     norm scales frozen at their values in the run (module docstring's formula)."""
@@ -605,14 +610,14 @@ class HeadMaps:
         self.kv_head = head // (n_heads // getattr(attn, "n_kv_heads", n_heads))
         # The norm the attention reads the residual stream through: ln1, unless the block declares ln1 a norm of the
         # attention's output (OLMo 2 reads the residual stream unnormalised).
-        output_norms = getattr(type(block), "output_norms", ())
-        self.norm = None if "ln1" in output_norms else block.ln1
-        self.mask, self.rotary = run.inputs[layer]
+        self.norm = input_norm(block)
+        self.mask, self.tables = run.inputs[layer]
+        self.path = attn.query_key_path()
         self.scaling = float(attn.scaling)
         self.softcap = getattr(attn, "softcap", None)
         self.weights = {"q": attn.W_Q[head], "k": attn.W_K[head]}  # [d_model d_head]; W_K by query head (grouped)
         self.biases = {"q": attn.b_Q[head], "k": attn.b_K[head]}
-        self.qk_norms = {"q": getattr(attn, "q_norm", None), "k": getattr(attn, "k_norm", None)}
+        self.qk_norms = {"q": self.path.query_norm, "k": self.path.key_norm}
         self.head_of = {"q": head, "k": self.kv_head}
 
     def visible(self, query: int) -> Tensor:
@@ -670,7 +675,7 @@ class HeadMaps:
         """[n, 1]: the input norm's frozen scale at each of `positions` (ones without an input norm)."""
         if self.norm is None:
             return torch.ones(positions.shape[0], 1, dtype=self.dtype, device=positions.device)
-        return self.run.cache[f"blocks.{self.layer}.ln1.hook_scale"][0, positions].to(self.dtype)
+        return self.run.cache[self.norm.hook_scale.name][0, positions].to(self.dtype)
 
     def constant(self, side: str, positions: Tensor) -> Tensor:
         """[n, d_head]: the map's value at a zero residual stream at each of `positions` (the input norm's bias,
@@ -686,16 +691,13 @@ class HeadMaps:
         position, on x [..., d_head] with `positions` [...]."""
         norm = self.qk_norms[side]
         if norm is not None:
-            scale = self.run.cache[f"blocks.{self.layer}.attn.{side}_norm.hook_scale"][0, positions].to(self.dtype)
+            scale = self.run.cache[norm.hook_scale.name][0, positions].to(self.dtype)
             if scale.ndim == positions.ndim + 2:  # [..., heads, 1]: one scale per head (OLMo 2: one for all, [..., 1])
                 scale = scale[..., self.head_of[side], :]
             gain = norm.gain.to(self.dtype)
             gain = gain.view(-1, x.shape[-1])[self.head_of[side]] if gain.numel() > x.shape[-1] else gain
             x = x / scale * gain
-        if self.rotary is not None:
-            cos, sin = (
-                t[0, positions].to(self.dtype) for t in self.rotary
-            )  # [n, rotary_dim]: GPT-NeoX turns a leading part
-            turned = x[..., : cos.shape[-1]]
-            x = torch.cat([turned * cos + rotate_half(turned) * sin, x[..., cos.shape[-1] :]], dim=-1)
+        if self.tables is not None:  # cos, sin [..., rotary_dim] of each row's position (GPT-NeoX: a leading part)
+            cos, sin = (table[0, positions].to(self.dtype) for table in self.tables)
+            x = self.path.rotate(x, cos, sin)
         return x

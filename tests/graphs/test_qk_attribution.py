@@ -301,11 +301,11 @@ def test_a_map_that_drops_the_keys_rotary_turn_fails_the_completeness_check(mode
 
     def without_key_rotary(self, side, position, x):
         if side == "k":
-            rotary, self.rotary = self.rotary, None
+            tables, self.tables = self.tables, None
             try:
                 return original(self, side, position, x)
             finally:
-                self.rotary = rotary
+                self.tables = tables
         return original(self, side, position, x)
 
     monkeypatch.setattr(qk_module.HeadMaps, "_after_projection", without_key_rotary)
