@@ -17,6 +17,8 @@ import pytest
 import torch
 from torch import Tensor
 
+import hooked
+import hooked.sae
 from hooked import graphs
 from hooked.graphs import qk as qk_module
 from hooked.graphs.heads import _attention
@@ -339,3 +341,26 @@ def test_explain_heads_picks_heads_on_cross_position_edges_and_attributes_their_
     assert set(heads.to_dict()["heads"][0]) == {"layer", "head", "score", "edges", "qk"}
     with pytest.raises(ValueError, match="top must be a positive integer"):
         graphs.explain_heads(model, graph, transcoders, top=0)
+
+
+def test_terms_are_named_and_addressed_as_the_graphs_nodes():
+    """On the bundled IOI model (a tokenizer: token labels carry the text), every feature, error and token node the
+    graph has below the head's layer is a key-side term at its position, with the graph's label and address."""
+    model = hooked.load("hooked/ioi-gpt2")
+    transcoders = hooked.sae.load("hooked/ioi-gpt2/saes/transcoders", model=model)
+    prompt = "When Mary and John went to the store, John gave a drink to"
+    graph = graphs.attribute(model, prompt, transcoders)
+    layer = 2
+    result = graphs.qk_attribution(model, prompt, transcoders, layer, 0, -1)
+    terms = {key: {t.label: t for t in result.key_terms[i]} for i, key in enumerate(result.keys)}
+    checked = 0
+    for i in range(graph.logit_offset):
+        node = graph.node(i)
+        if node.kind != "token" and node.layer >= layer:
+            continue
+        term = terms[node.position][graph.node_label(i, model.tokenizer)]
+        assert term.kind == node.kind
+        if node.kind == "feature":
+            assert term.address == graph.feature_address(i)
+        checked += 1
+    assert checked > graph.n_pos * (layer + 1)  # tokens, errors and many features
