@@ -22,9 +22,14 @@ constant is one more term, "query bias"), k_j likewise at the key position. The 
 (`hook_attn_scores`) is the form, or, under Gemma 2's attention softcap, `cap * tanh(form / cap)`: the form is what
 is attributed, and the result says so (`attributed`). The score is taken from the run's own rotated queries and keys
 (so the attention keeps its fused kernel and memory stays linear in the prompt), and the terms must add up to it.
-docs/graphs.md ("QK attribution") has the per-family table.
+docs/graphs.md ("QK attribution") has the per-family table. What a family does to its queries and keys is read from
+its declarations: the attention's `query_key_path()` (q/k norms, rotary tables and turn, where the final q and k are
+hooked; hooked.layers.QueryKeyPath), the block's `output_norms` (OLMo 2: no norm before attention), the input norm's
+own `normalize_with_scale` and `gain`.
 
-Cost: one forward up to the head's block (nothing backward), then per key position a [terms, d_head] product.
+Cost: one forward up to the head's block (nothing backward), the transcoders' encoders on the prompt, then per side
+one [terms, d_head] product (a feature's image is its activation times its decoder rows' image, mapped once per
+distinct feature).
 """
 
 from __future__ import annotations
@@ -278,8 +283,24 @@ def qk_attribution(
         a = graphs.qk_attribution(model, "When Mary and John went", transcoders, layer=1, head=0, query=-1)
         a.table()
     """
-    run = QKRun(model, prompt, transcoders, layers=[layer], attention_mask=attention_mask, caller="qk_attribution")
+    n_layers = model.cfg.n_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
+        raise ValueError(f"layer must be a block index in 0..{n_layers - 1}, not {layer!r}")
+    check_head(model, layer, head)
+    check_top(top)
+    run = QKRun(model, prompt, transcoders, [layer], attention_mask, "qk_attribution", [("query", query), ("key", key)])
     return run.attribute(layer, head, query, key, top=top)
+
+
+def check_head(model: HookedTransformer, layer: int, head: int) -> None:
+    n_heads = model.blocks[layer].attn.n_heads
+    if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < n_heads:
+        raise ValueError(f"head must be a query head index in 0..{n_heads - 1}, not {head!r}")
+
+
+def check_top(top: int) -> None:
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ValueError(f"top must be a positive integer (pairs listed per key), not {top!r}")
 
 
 @dataclass
@@ -346,7 +367,7 @@ class QKRun:
         layers: Sequence[int],
         attention_mask: Tensor | None = None,
         caller: str = "qk_attribution",
-        pattern: bool = False,
+        positions: Sequence[tuple[str, int | None]] = (),
     ):
         registered_hooks(model, f"hooked.graphs.{caller}", part_of_model=False)
         n_layers = model.cfg.n_layers
@@ -356,20 +377,20 @@ class QKRun:
         self.model, self.tc = model, Transcoders(transcoders, model)
         self.tokens = prompt_tokens(model, prompt, attention_mask)
         self.n_pos = int(self.tokens.shape[0])
+        for name, position in positions:  # positions the caller will ask for, checked before the forward
+            if position is not None:
+                self._position(position, name)
         self.layers = sorted(set(layers))
         self.part = feature_part(self.tc.templates[1])
         top_layer = self.layers[-1]
         names = {*model.embedding_hook_names, *(f"blocks.{m}.hook_attn_out" for m in range(top_layer))}
         names |= {*self.tc.hook_in[:top_layer], *self.tc.hook_out[:top_layer]}
-        self.model = model
         for layer in self.layers:
             # the head's own rotated queries and keys ([pos, heads, d_head]: linear in the prompt), not its
             # [heads, pos, pos] scores, whose hook would also move the attention off its fused kernel
             names |= {self.qk_point(layer, "q"), self.qk_point(layer, "k")}
             path, norm = model.blocks[layer].attn.query_key_path(), input_norm(model.blocks[layer])
             names |= {n.hook_scale.name for n in (norm, path.query_norm, path.key_norm) if n is not None}
-            if pattern:
-                names.add(f"blocks.{layer}.attn.hook_pattern")
         self.inputs: dict[int, tuple] = {}
         handles = [
             model.blocks[layer].attn.register_forward_pre_hook(self._keep_inputs(layer), with_kwargs=True)
@@ -507,8 +528,7 @@ class QKRun:
     def attribute(self, layer: int, head: int, query: int, key: int | None, top: int = 20) -> QKAttribution:
         if layer not in self.layers:
             raise ValueError(f"this run kept layers {self.layers}, not {layer}")
-        if not isinstance(top, int) or isinstance(top, bool) or top < 1:
-            raise ValueError(f"top must be a positive integer (pairs listed per key), not {top!r}")
+        check_top(top)
         maps = self.head(layer, head)
         query = self._position(query, "query")
         visible = maps.visible(query)
@@ -604,8 +624,7 @@ class HeadMaps:
         block = model.blocks[layer]
         attn = block.attn
         n_heads = attn.n_heads
-        if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < n_heads:
-            raise ValueError(f"head must be a query head index in 0..{n_heads - 1}, not {head!r}")
+        check_head(run.model, layer, head)
         self.run, self.layer, self.head, self.attn = run, layer, head, attn
         self.kv_head = head // (n_heads // getattr(attn, "n_kv_heads", n_heads))
         # The norm the attention reads the residual stream through: ln1, unless the block declares ln1 a norm of the
