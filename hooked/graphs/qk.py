@@ -671,8 +671,9 @@ class HeadMaps:
             terms.bias = QKTerm(name, "bias", None)
         return pieces.terms, list(vectors)
 
-    @property
+    @functools.cached_property
     def dtype(self) -> torch.dtype:
+        """float64 for a float64 model, else float32 (model.dtype walks the parameters: asked once)."""
         return torch.float64 if self.run.model.dtype == torch.float64 else torch.float32
 
     def input_weight(self, side: str) -> Tensor:
