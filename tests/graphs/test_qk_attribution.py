@@ -21,7 +21,7 @@ import hooked
 import hooked.sae
 from hooked import graphs
 from hooked.graphs import qk as qk_module
-from hooked.graphs.heads import _attention
+from hooked.graphs.heads import _attention, _ov_write
 from hooked.testing import ARCHITECTURES
 from tests.graphs.test_attribute import explicit_layers, tiny, transcoders_of
 
@@ -364,3 +364,24 @@ def test_terms_are_named_and_addressed_as_the_graphs_nodes():
             assert term.address == graph.feature_address(i)
         checked += 1
     assert checked > graph.n_pos * (layer + 1)  # tokens, errors and many features
+
+
+def test_explain_heads_ov_write_is_the_heads_value_path_on_the_weights(models):
+    """`_ov_write` (the size of what a head writes when it reads a piece) against GPT-2's raw weights: the piece
+    through ln1 at the key position's scale (computed by hand from the stream), c_attn's value columns, c_proj's
+    rows of the head."""
+    model = models["gpt2"]
+    transcoders = transcoders_of(model, "set")
+    cfg, key, head = model.cfg, 3, 2
+    run = qk_module.QKRun(model, TOKENS, transcoders, [LAYER])
+    pieces = reference_pieces(model, transcoders, key)
+    piece = pieces[f"error L0 @{key}"]
+    resid = sum(pieces.values())
+    scale = ((resid - resid.mean()).pow(2).mean() + cfg.layer_norm_eps).sqrt()
+    block = model.blocks[LAYER]
+    columns = slice(2 * cfg.d_model + head * cfg.d_head, 2 * cfg.d_model + (head + 1) * cfg.d_head)
+    with torch.no_grad():
+        normed = (piece - piece.mean()) / scale * block.ln1.weight
+        value = normed @ block.attn.c_attn.weight[:, columns]
+        write = value @ block.attn.c_proj.weight[head * cfg.d_head : (head + 1) * cfg.d_head]
+    assert _ov_write(run, run.head(LAYER, head), key, piece) == pytest.approx(float(write.norm()), rel=1e-6)
