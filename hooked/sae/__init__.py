@@ -17,6 +17,7 @@ import importlib
 
 from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
+from hooked.sae.fits import check_fits
 from hooked.sae.splice import (
     add_sae,
     reset_saes,
@@ -26,6 +27,7 @@ from hooked.sae.splice import (
     saes,
     spliced,
 )
+from hooked.sae.transcoders import TranscoderSet
 
 # name -> the module that defines it ("module:name" where it is defined under another name), imported when first
 # asked for
@@ -96,7 +98,9 @@ __all__ = [
     "CrossLayerTranscoder",
     "Dictionary",
     "DictionaryConfig",
+    "TranscoderSet",
     "add_sae",
+    "check_fits",
     "reset_saes",
     "run_with_cache_with_saes",
     "run_with_hooks_with_saes",
