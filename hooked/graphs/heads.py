@@ -27,11 +27,13 @@ from torch import Tensor
 from hooked.components import mlp_reads_attention
 from hooked.graphs.graph import Graph
 from hooked.graphs.qk import HeadMaps, QKAttribution, QKRun
+from hooked.tables import ResultTable
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
     from hooked.sae.clt import CrossLayerTranscoder
     from hooked.sae.dictionary import Dictionary
+    from hooked.sae.transcoders import TranscoderSet
 
 
 @dataclass
@@ -55,8 +57,11 @@ class HeadExplanation:
 
 
 @dataclass
-class HeadExplanations:
-    """`explain_heads`' answer: the top heads, strongest first. `rows()` / `table()`: each head's top QK pairs."""
+class HeadExplanations(ResultTable):
+    """`explain_heads`' answer: the top heads, strongest first. `rows()` / `table()` / `to_csv()`: each head's top
+    QK pairs (hooked/tables.py)."""
+
+    table_index = ("head", "rank")  # ResultTable: table()'s index
 
     heads: list[HeadExplanation]
 
@@ -72,14 +77,6 @@ class HeadExplanations:
             for row in h.qk.rows():
                 rows.append({"head": f"L{h.layer}.H{h.head}", "head_rank": rank, "head_score": h.score, **row})
         return rows
-
-    def table(self):
-        """A pandas DataFrame, one row per (head, QK pair); a list of dict rows without pandas."""
-        try:
-            import pandas as pd
-        except ImportError:
-            return self.rows()
-        return pd.DataFrame(self.rows()).set_index(["head", "rank"])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,7 +100,7 @@ class HeadExplanations:
 def explain_heads(
     model: HookedTransformer,
     graph: Graph,
-    transcoders: Sequence[Dictionary] | CrossLayerTranscoder,
+    transcoders: Sequence[Dictionary] | TranscoderSet | CrossLayerTranscoder,
     *,
     top: int = 3,
     edges: int = 20,

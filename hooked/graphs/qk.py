@@ -43,16 +43,19 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor
 
-from hooked.graphs.attribute import prompt_tokens
 from hooked.graphs.graph import feature_part
-from hooked.graphs.transcoders import Transcoders
+from hooked.graphs.prompts import prompt_tokens
+from hooked.graphs.transcoders import fitted
+from hooked.hooks import evaluating
 from hooked.interventions.row_blocks import registered_hooks
 from hooked.layers import AttentionMask
+from hooked.tables import ResultTable
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
     from hooked.sae.clt import CrossLayerTranscoder
     from hooked.sae.dictionary import Dictionary
+    from hooked.sae.transcoders import TranscoderSet
 
 TermKind = Literal["feature", "error", "token", "embedding", "attention", "skip", "transcoder bias", "bias"]
 
@@ -104,10 +107,11 @@ class Terms(Sequence[QKTerm]):
 
 
 @dataclass
-class QKAttribution:
+class QKAttribution(ResultTable):
     """One head's pre-softmax score at query position `query` and each attributed key position, split into
     (query term, key term) pairs (module docstring). `pairs(key)` is the full [query terms, key terms] matrix;
-    `rows()` / `table()` list each key's `top` pairs by |contribution|; `to_dict()` everything in plain types.
+    `rows()` / `table()` / `to_csv()` list each key's `top` pairs by |contribution| (hooked/tables.py); `to_dict()`
+    everything in plain types.
 
         a = graphs.qk_attribution(model, prompt, transcoders, layer=1, head=3, query=-1)
         a.table()                        # top pairs per key: query term, key term, contribution
@@ -132,6 +136,8 @@ class QKAttribution:
     top: int = 20
     prompt: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    table_index = ("key", "rank")  # ResultTable: table()'s index
 
     def _index(self, key: int) -> int:
         if key not in self.keys:
@@ -195,14 +201,6 @@ class QKAttribution:
                 )
         return rows
 
-    def table(self):
-        """A pandas DataFrame indexed by (key, rank); a list of dict rows without pandas."""
-        try:
-            import pandas as pd
-        except ImportError:
-            return self.rows()
-        return pd.DataFrame(self.rows()).set_index(["key", "rank"])
-
     def to_dict(self) -> dict:
         """Plain types: the head, positions, scores, what is attributed, and per key its top pairs and each term's
         total on either side (`query_totals`, `key_totals`)."""
@@ -265,7 +263,7 @@ class QKAttribution:
 def qk_attribution(
     model: HookedTransformer,
     prompt: str | Tensor | Sequence[int],
-    transcoders: Sequence[Dictionary] | CrossLayerTranscoder,
+    transcoders: Sequence[Dictionary] | TranscoderSet | CrossLayerTranscoder,
     layer: int,
     head: int,
     query: int,
@@ -374,17 +372,18 @@ class QKRun:
         for layer in layers:
             if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
                 raise ValueError(f"layer must be a block index in 0..{n_layers - 1}, not {layer!r}")
-        self.model, self.tc = model, Transcoders(transcoders, model)
+        self.model, self.tc = model, fitted(transcoders, model)
+        self.reads, self.writes = self.tc.hook_names(), self.tc.hook_names_out()
         self.tokens = prompt_tokens(model, prompt, attention_mask)
         self.n_pos = int(self.tokens.shape[0])
         for name, position in positions:  # positions the caller will ask for, checked before the forward
             if position is not None:
                 self._position(position, name)
         self.layers = sorted(set(layers))
-        self.part = feature_part(self.tc.templates[1])
+        self.part = feature_part(self.tc.feature_output_hook)
         top_layer = self.layers[-1]
         names = {*model.embedding_hook_names, *(f"blocks.{m}.hook_attn_out" for m in range(top_layer))}
-        names |= {*self.tc.hook_in[:top_layer], *self.tc.hook_out[:top_layer]}
+        names |= {*self.reads[:top_layer], *self.writes[:top_layer]}
         for layer in self.layers:
             # the head's own rotated queries and keys ([pos, heads, d_head]: linear in the prompt), not its
             # [heads, pos, pos] scores, whose hook would also move the attention off its fused kernel
@@ -396,19 +395,14 @@ class QKRun:
             model.blocks[layer].attn.register_forward_pre_hook(self._keep_inputs(layer), with_kwargs=True)
             for layer in self.layers
         ]
-        was_training = model.training
-        if was_training:  # eval() and train() walk every module: only where there is something to change
-            model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), evaluating(model):
                 _, self.cache = model.run_with_cache(
                     self.tokens[None], names_filter=lambda name: name in names, stop_at_layer=top_layer + 1
                 )
         finally:
             for handle in handles:
                 handle.remove()
-            if was_training:
-                model.train()
 
     def qk_point(self, layer: int, side: str) -> str:
         """Where block `layer`'s attention holds its final queries or keys (its `query_key_path()` declares it)."""
@@ -449,23 +443,23 @@ class QKRun:
         active, errors, skips = [], [], []
         with torch.no_grad():
             for m in range(top_layer):
-                x = cache[tc.hook_in[m]][0]
+                x = cache[self.reads[m]][0]
                 acts = tc.activate(m, tc.pre_activations(m, x))
                 positions, features = acts.nonzero(as_tuple=True)
                 active.append((positions, features, acts[positions, features]))
             for m in range(top_layer):
-                x = cache[tc.hook_in[m]][0]
+                x = cache[self.reads[m]][0]
                 recon = tc.decoder_bias(m).expand(self.n_pos, -1).clone()
-                for source in range(m + 1) if tc.clt is not None else [m]:
+                for source in tc.source_layers(m):
                     positions, features, values = active[source]
                     unique, inverse = features.unique(return_inverse=True)
                     rows = tc.decoder_rows(source, unique, m)[inverse]  # [entries, d_out]
                     recon.index_add_(0, positions, values[:, None] * rows)
-                skip = tc.skip(m, x)
+                skip = tc.skip(m, x) if tc.has_skip else None
                 if skip is not None:
                     recon = recon + skip
                 skips.append(skip)
-                errors.append(cache[tc.hook_out[m]][0] - recon)
+                errors.append(cache[self.writes[m]][0] - recon)
         return active, errors, skips
 
     @torch.no_grad()
@@ -509,7 +503,7 @@ class QKRun:
             order = torch.argsort(index, stable=True)  # by position, then feature
             index, feature_ids, values = index[order], feature_ids[order], values[order]
             unique, inverse = feature_ids.unique(return_inverse=True)
-            targets = range(source, layer) if tc.clt is not None else [source]
+            targets = [m for m in range(source, layer) if source in tc.source_layers(m)]
             basis = sum(tc.decoder_rows(source, unique, m) for m in targets)  # [k, d_model]
             features.append(FeatureBlock(index, values, basis, inverse))
             counts = torch.bincount(index, minlength=len(positions)).tolist()
