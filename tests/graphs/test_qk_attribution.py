@@ -200,6 +200,7 @@ def test_every_term_is_the_float64_reference_and_the_pairs_add_up_to_the_models_
         assert predicted == pytest.approx(score, rel=1e-5, abs=1e-5)  # the reference is the model's score
         assert float(pairs.sum()) == pytest.approx(float(form), rel=1e-5, abs=1e-5)  # the pairs add up to it
         assert float(result.forms[result.keys.index(key)]) == pytest.approx(float(form), rel=1e-5, abs=1e-5)
+        assert result.score(key) == pytest.approx(score, rel=1e-5, abs=1e-5)  # the score it reports: the hook's
     assert result.attributed == (
         "score" if softcap is None else f"form: the score is {softcap:g} * tanh(form / {softcap:g})"
     )
