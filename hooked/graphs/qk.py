@@ -368,6 +368,11 @@ class QKRun:
         positions: Sequence[tuple[str, int | None]] = (),
     ):
         registered_hooks(model, f"hooked.graphs.{caller}", part_of_model=False)
+        if model.tensor_parallel:
+            raise ValueError(
+                f"hooked.graphs.{caller} reads whole heads' weights and norm scales, and under tensor parallelism"
+                " each rank holds some heads: load the model without tp= for it"
+            )
         n_layers = model.cfg.n_layers
         for layer in layers:
             if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
