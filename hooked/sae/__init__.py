@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 
+from hooked.sae.architectures import ARCHITECTURES, Architecture, register_architecture
 from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.sae.fits import check_fits
@@ -38,6 +39,7 @@ _LAZY = {
     "from_saelens": "hooked.sae.formats",
     "attribute": "hooked.sae.attribution",
     "train": "hooked.sae.training",
+    "TrainingConfig": "hooked.sae.training",
     "evaluate": "hooked.sae.evaluation",
     # SAELens' model class: every hooked model splices dictionaries, so it is hooked's HookedTransformer
     "HookedSAETransformer": "hooked.models.base:HookedTransformer",
@@ -45,9 +47,8 @@ _LAZY = {
 }
 
 _DICTIONARY = (
-    "hooked.sae.Dictionary, one class for every architecture and for transcoders"
-    " (DictionaryConfig(architecture='standard' | 'gated' | 'topk' | 'jumprelu', hook_name_out= for a transcoder));"
-    " from files: hooked.sae.load(path)"
+    "hooked.sae.Dictionary, one class for every architecture and for transcoders (DictionaryConfig(architecture="
+    " one of hooked.sae.ARCHITECTURES, hook_name_out= for a transcoder)); from files: hooked.sae.load(path)"
 )
 # SAELens 6.54's names (sae_lens/__init__.py) that hooked.sae spells otherwise: what to write instead
 _SAELENS = {
@@ -94,6 +95,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "ARCHITECTURES",
+    "Architecture",
     "CLTConfig",
     "CrossLayerTranscoder",
     "Dictionary",
@@ -101,6 +104,7 @@ __all__ = [
     "TranscoderSet",
     "add_sae",
     "check_fits",
+    "register_architecture",
     "reset_saes",
     "run_with_cache_with_saes",
     "run_with_hooks_with_saes",

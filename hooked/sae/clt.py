@@ -37,9 +37,10 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hooked.hooks import HookedRootModule, HookPoint
+from hooked.sae import architectures
+from hooked.sae.architectures import JUMPRELU
 from hooked.sae.dictionary import POINT_NAMES, add_sae_points
 
-CLT_ARCHITECTURES = ("standard", "jumprelu")  # relu, and circuit-tracer's JumpReLU
 # circuit-tracer's files are read and written in hooked/sae/formats/circuit_tracer_clt.py (hooked.sae.load, save).
 
 
@@ -53,7 +54,7 @@ class CLTConfig:
     n_layers: int
     d_in: int
     d_sae: int  # features per layer
-    architecture: str = "jumprelu"
+    architecture: str = JUMPRELU.name
     d_out: int | None = None
     hook_name: str = "blocks.{layer}.mlp.hook_in"
     hook_name_out: str = "blocks.{layer}.hook_mlp_out"
@@ -63,9 +64,9 @@ class CLTConfig:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.architecture not in CLT_ARCHITECTURES:
+        if not architectures.get(self.architecture).cross_layer:
             raise ValueError(
-                f"a cross-layer transcoder's architecture is one of {', '.join(CLT_ARCHITECTURES)} (relu, or"
+                f"a cross-layer transcoder's architecture is one of {', '.join(architectures.cross_layer())} (relu, or"
                 f" circuit-tracer's JumpReLU), not {self.architecture!r}"
             )
         if self.n_layers < 1:
@@ -112,7 +113,8 @@ class CLTLayer(nn.Module):
         self.layer = layer
         self.W_enc = nn.Parameter(torch.zeros(d_in, d_sae, **kw))
         self.b_enc = nn.Parameter(torch.zeros(d_sae, **kw))
-        self.threshold = nn.Parameter(torch.zeros(d_sae, **kw)) if cfg.architecture == "jumprelu" else None
+        thresholded = "threshold" in architectures.get(cfg.architecture).parameters  # circuit-tracer's JumpReLU
+        self.threshold = nn.Parameter(torch.zeros(d_sae, **kw)) if thresholded else None
         # None until first used in a CLT read lazily from disk (`decoder_source` reads it: CrossLayerTranscoder.decoder)
         self.W_dec = nn.Parameter(torch.zeros(d_sae, cfg.n_layers - layer, d_out, **kw))
         self.b_dec = nn.Parameter(torch.zeros(d_out, **kw))

@@ -29,17 +29,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from hooked.sae import architectures
 from hooked.sae.clt import CrossLayerTranscoder, recorded_scan
 from hooked.sae.dictionary import Dictionary
-
-# A feature's pre-activation must be linear in the input (its encoder row is the direction a target reads), and its
-# output linear in the activation (its decoder row is what it writes): these architectures are.
-LINEAR_ARCHITECTURES = ("standard", "jumprelu", "topk")
-
-
-def _linear(dictionary: Dictionary) -> bool:
-    """Whether `dictionary`'s architecture reads a feature along a row of W_enc and writes it along a row of W_dec."""
-    return dictionary.cfg.architecture in LINEAR_ARCHITECTURES
 
 
 class TranscoderSet(Sequence[Dictionary]):
@@ -153,8 +145,8 @@ class TranscoderSet(Sequence[Dictionary]):
         pre-activation along a row of W_enc and its output along a row of W_dec, which these settings break."""
         for layer, d in enumerate(self.transcoders):
             cfg, problems = d.cfg, []
-            if not _linear(d):
-                problems.append(f"architecture {cfg.architecture!r} (one of {', '.join(LINEAR_ARCHITECTURES)})")
+            if not cfg.declaration.linear:  # its declaration: pre-activation a column of W_enc, output a row of W_dec
+                problems.append(f"architecture {cfg.architecture!r} (one of {', '.join(architectures.linear())})")
             if cfg.normalize_activations != "none":
                 problems.append(f"normalize_activations={cfg.normalize_activations!r} (none)")
             if cfg.rescale_acts_by_decoder_norm:

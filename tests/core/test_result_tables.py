@@ -91,7 +91,11 @@ FEATURES_DICT = {
 
 
 def evaluation() -> EvaluationTable:
-    row = dict(zip(COLUMNS, ["sae", "blocks.0.hook_resid_post", None, 8, 2.5, 0.25, 3.0, 3.5, 5.0, 0.75, 1, 0, 12]))
+    row = dict(
+        zip(
+            COLUMNS, ["sae", "blocks.0.hook_resid_post", None, 8, 2.5, 0.25, 3.0, 3.5, 5.0, 0.75, 1, 0, 12], strict=True
+        )
+    )
     return EvaluationTable([row])
 
 

@@ -240,6 +240,7 @@ WING_RULES = [
 # What the dictionary, its splice and the package that holds them may import: the low floor and each other.
 SAE_CORE = {
     "hooked.sae",
+    "hooked.sae.architectures",
     "hooked.sae.dictionary",
     "hooked.sae.clt",
     "hooked.sae.splice",
