@@ -28,6 +28,8 @@ to" -> " Mary"; the corrupt twin has the other name give, so its answer flips):
 8. the attribution graph of one prompt (`hooked.graphs`, docs/graphs.md) through the bundled transcoders: drawn
    pruned (graph.png), the features on the strongest paths from the indirect object's token to the answer's logit
    named, then ablated together on the real model, against as many random active features (graph-ablations.*);
+   and why chapter 2's top heads attend where they do (`graphs.qk_attribution`): in the shipped model they attend
+   to the repeated subject, not the indirect object, picked out by earlier heads' outputs and layer-0 features;
 9. everything saved, with what produced it, in a run directory.
 """
 
@@ -45,6 +47,7 @@ import hooked
 from hooked import ablate, metrics, patch, tasks
 
 DEFAULT_MODEL = "hooked/ioi-gpt2"
+QK_HEADS = 3  # chapter 2's top heads whose attention chapter 8 explains
 FEATURES_SAE = "saes/blocks.2.hook_resid_post"  # chapter 7's dictionary, under the bundled model's name
 FEATURES_SETS = "saes/transcoders"
 TOP_FEATURES = 10
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> Path:
     features = _features_chapter(model, task, metric, clean, corrupt_tokens, clean_score, args, out)
 
     # 8. One prompt's attribution graph, and the features on its paths from the indirect object to the answer.
-    graph = _graph_chapter(model, task, args, out)
+    graph = _graph_chapter(model, task, args, out, movers=[name for name, _ in ranked[:QK_HEADS]])
 
     # 9. Save.
     (out / "story.json").write_text(
@@ -385,7 +388,7 @@ def _transcoder_features(model, task, metric, clean, corrupt, bundled, args) -> 
     return {"set": name, "top": [{"feature": f, "score": scores[f]} for f in top], "top_resampled": sweep.change["top"]}
 
 
-def _graph_chapter(model, task, args, out: Path) -> dict | None:
+def _graph_chapter(model, task, args, out: Path, movers: list[str] = ()) -> dict | None:
     """Chapter 8: the attribution graph of the first prompt through the bundled transcoders, pruned and drawn; the
     features on the strongest paths from the indirect object's token to the answer's logit node, zeroed together
     on the real model (one sweep, with random active features and each alone) and by `graphs.intervene`."""
@@ -428,6 +431,7 @@ def _graph_chapter(model, task, args, out: Path) -> dict | None:
         + " -> ".join(graph.node_label(i, model.tokenizer) for i in best)
         + f" ({float(strength[source]):.3f})"
     )
+    qk = _qk_section(model, graph.input_tokens, transcoders, movers, other_id, io_position)
     if not on_path:
         print("   no feature lies on a kept path from that token to the answer; nothing to ablate")
         return None
@@ -503,7 +507,76 @@ def _graph_chapter(model, task, args, out: Path) -> dict | None:
         "random_features": draws,
         "random_zeroed": randoms,
         "random_answer_logit": answer_drops,
+        "qk": qk,
     }
+
+
+def _qk_section(model, tokens, transcoders, movers, other_id: int, io_position: int) -> list[dict]:
+    """Chapter 8, continued: why chapter 2's top heads attend where they do on the graph's prompt
+    (`graphs.qk_attribution`, norms frozen): the key they attend to, their scores at the indirect object and at both
+    mentions of the subject, and the key-side totals by kind that set the attended mention apart from the other."""
+    from hooked.graphs.qk import QKRun
+
+    if not movers:
+        return []
+    subject = (tokens == other_id).nonzero().flatten().tolist()
+    heads = [(int(layer), int(head)) for layer, head in (name.removeprefix("L").split("H") for name in movers)]
+    run = QKRun(model, tokens, transcoders, sorted({layer for layer, _ in heads}))
+    query, label = run.n_pos - 1, lambda p: f"{model.tokenizer.decode([int(tokens[p])])!r} @{p}"
+    print(
+        "   why chapter 2's top heads attend where they do (graphs.qk_attribution: each score split into pairs of"
+        f" nodes at the\n   query and the key, norms frozen; docs/graphs.md), from the last token {label(query)}:"
+    )
+    report = []
+    for layer, head in heads:
+        maps = run.head(layer, head)
+        pattern = torch.softmax(run.model_scores(maps, query, list(range(run.n_pos))).float(), dim=0)
+        key = int(pattern.argmax())
+        qk = run.attribute(layer, head, query, None, top=3)
+        named = {"IO": [io_position], "S": subject}
+        where = ", ".join(f"{who} {label(p)} {qk.score(p):+.1f}" for who, ps in named.items() for p in ps)
+        print(f"   L{layer}H{head} attends to {label(key)} (weight {float(pattern[key]):.2f}); its scores: {where}")
+        row = {"head": f"L{layer}H{head}", "key": key, "weight": float(pattern[key]), "scores": qk.to_dict()["keys"]}
+        twins = [p for p in subject if p != key] if key in subject else []
+        if twins:  # the same token elsewhere: what tells the attended mention apart is not the token
+            twin = twins[0]
+            kinds = {"attention outputs": "attention", "features": "feature", "token": "token"}
+            sums = {name: (_kind_total(qk, key, kind), _kind_total(qk, twin, kind)) for name, kind in kinds.items()}
+            parts = ", ".join(f"{name} {here:+.1f} vs {there:+.1f}" for name, (here, there) in sums.items())
+            terms, totals = qk.key_terms[qk.keys.index(key)], qk.key_totals(key)
+            features = [(t.label, float(v)) for t, v in zip(terms, totals, strict=True) if t.kind == "feature"]
+            best = sorted(features, key=lambda item: -item[1])[:3]
+            print(f"     key side at {label(key)} vs the same token at {label(twin)}: {parts}")
+            raising = ", ".join(f"{name} {value:+.2f}" for name, value in best)
+            print(f"     the features at the attended key that raise its score most: {raising}")
+            row.update({"twin": twin, "key_totals_by_kind": sums, "features_raising": best})
+        report.append(row)
+    on_subject = [row for row in report if "twin" in row]
+    if report and len(on_subject) == len(report):
+        token_small = all(abs(row["key_totals_by_kind"]["token"][0]) < 1 for row in on_subject)
+        set_apart = all(
+            row["key_totals_by_kind"][kind][0] > row["key_totals_by_kind"][kind][1]
+            for row in on_subject
+            for kind in ("attention outputs", "features")
+        )
+        print(
+            "   None of them attends to the indirect object: they attend to the repeated subject and act through their"
+            " values\n   (chapter 6's edges into them are v edges; chapter 2: resampling them lowers the logit"
+            " difference most)."
+        )
+        if token_small and set_apart:
+            print(
+                "   The QK side shows how they find that mention: its token adds almost nothing (the same token at the"
+                " first mention\n   scores far lower); what earlier heads wrote there and layer-0 features there set"
+                " it apart."
+            )
+    return report
+
+
+def _kind_total(qk, key: int, kind: str) -> float:
+    """The key-side terms of one kind at `key`, their total contribution to the score."""
+    terms, totals = qk.key_terms[qk.keys.index(key)], qk.key_totals(key)
+    return sum(float(v) for t, v in zip(terms, totals, strict=True) if t.kind == kind)
 
 
 if __name__ == "__main__":

@@ -149,3 +149,12 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate x [batch pos head d_head] by cos/sin [batch pos d_head]: x * cos + rotate_half(x) * sin."""
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     return (x * cos) + (rotate_half(x) * sin)
+
+
+def turn_leading(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The half-split rotary turn of the first cos.shape[-1] dimensions of x [..., d_head], the rest passed through,
+    with cos/sin [..., rotary_dim] broadcasting against x's leading axes (one turn per row; `apply_rotary` is the
+    model's own, over [batch pos head d_head])."""
+    rotary_dim = cos.shape[-1]
+    turned = x[..., :rotary_dim]
+    return torch.cat([turned * cos + rotate_half(turned) * sin, x[..., rotary_dim:]], dim=-1)

@@ -166,14 +166,7 @@ class Graph:
     @property
     def feature_part(self) -> str:
         """The `features` kind's part for `feature_output_hook` ("mlp_out" for "blocks.{layer}.hook_mlp_out")."""
-        point = self.feature_output_hook.removeprefix("blocks.{layer}.")
-        parts = {hook: part.lstrip(".") for part, hook in FEATURE_POINTS.items()}
-        if point not in parts:
-            raise ValueError(
-                f"feature_output_hook {self.feature_output_hook!r} is not a point the features kind addresses: "
-                f"expected blocks.{{layer}}. followed by one of {sorted(parts)}"
-            )
-        return parts[point]
+        return feature_part(self.feature_output_hook)
 
     # ------------------------------------------------------------------------- influence, pruning, scores
     def node_influence(self) -> Tensor:
@@ -244,3 +237,16 @@ class Graph:
         from hooked.graphs.plot import plot_graph
 
         return plot_graph(self.prune(node_threshold, edge_threshold), path, tokenizer, title)
+
+
+def feature_part(feature_output_hook: str) -> str:
+    """The `features` kind's part of a transcoder's output point ("mlp_out" for "blocks.{layer}.hook_mlp_out"): what
+    a feature's address (`Graph.feature_address`) names it by."""
+    point = feature_output_hook.removeprefix("blocks.{layer}.")
+    parts = {hook: part.lstrip(".") for part, hook in FEATURE_POINTS.items()}
+    if point not in parts:
+        raise ValueError(
+            f"feature_output_hook {feature_output_hook!r} is not a point the features kind addresses: "
+            f"expected blocks.{{layer}}. followed by one of {sorted(parts)}"
+        )
+    return parts[point]

@@ -32,7 +32,7 @@ from hooked.layers.attention import (
     triton_compiles_on,
     writable,
 )
-from hooked.layers.declarations import Projection, Split
+from hooked.layers.declarations import Projection, QueryKeyPath, Split
 from hooked.layers.linear import Conv1D, add_bias
 from hooked.layers.mlp import GatedMLP, all_experts_removed, gelu_new, mlp_input
 from hooked.layers.norms import HookedNorm, LayerNorm, RMSNorm
@@ -46,6 +46,7 @@ __all__ = [
     "HookedNorm",
     "LayerNorm",
     "Projection",
+    "QueryKeyPath",
     "RMSNorm",
     "Split",
     "add_bias",

@@ -1,13 +1,16 @@
 """What a layer declares about itself for generic code, as data: how tensor parallelism cuts a parameter
 (`Split`, in a module's `tp_plan()`), and which weights read or write the residual stream (`Projection`, in
-`residual_readers()` / `residual_writers()`, read by weight processing and the residual decomposition).
+`residual_readers()` / `residual_writers()`, read by weight processing and the residual decomposition), and what
+turns a head's projected queries and keys into what its scores read (`QueryKeyPath`, in `query_key_path()`, read by
+hooked.graphs.qk).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from torch import Tensor
+from torch import Tensor, nn
 
 
 @dataclass(frozen=True)
@@ -41,3 +44,23 @@ class Projection:
     weight: Tensor
     axis: int
     bias: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class QueryKeyPath:
+    """What an attention does to its projected queries and keys before the scores, as each attention module declares
+    it in `query_key_path()`, for analyses that rebuild one head's score from its parts (hooked.graphs.qk).
+
+    `query_norm` / `key_norm`: the RMSNorms q and k go through (their `hook_scale` is the scale; a weight of
+    n_heads * d_head spans every head, OLMo 2's), None without. `q_point` / `k_point`: the attention's hook points
+    holding the final queries and keys (after any rotary turn). `rotary_arguments`: the positions of the cos and sin
+    tables among the attention's forward arguments, and `rotate(x, cos, sin)` the turn they give x [..., d_head]
+    (cos, sin [..., rotary_dim]); both None without rotary embeddings.
+    """
+
+    query_norm: nn.Module | None
+    key_norm: nn.Module | None
+    q_point: str
+    k_point: str
+    rotary_arguments: tuple[int, int] | None = None
+    rotate: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None

@@ -31,6 +31,7 @@ from hooked.layers import (
     Conv1D,
     LayerNorm,
     Projection,
+    QueryKeyPath,
     Split,
     attend,
     attention_input,
@@ -242,6 +243,10 @@ class GPT2Attention(nn.Module):
     # (Conv1D [in, out]).
     def residual_readers(self) -> tuple[Projection, ...]:
         return (Projection(self.c_attn.weight, 0, self.c_attn.bias),)
+
+    def query_key_path(self) -> QueryKeyPath:
+        """No q/k norm and no rotary embeddings (positions are learned): the scores read hook_q and hook_k."""
+        return QueryKeyPath(None, None, "hook_q", "hook_k")
 
     def residual_writers(self) -> tuple[Projection, ...]:
         return (Projection(self.c_proj.weight, 1, self.c_proj.bias),)

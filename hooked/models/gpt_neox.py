@@ -34,6 +34,7 @@ from hooked.layers import (
     AttentionMask,
     LayerNorm,
     Projection,
+    QueryKeyPath,
     Split,
     attend,
     attention_input,
@@ -44,7 +45,7 @@ from hooked.layers import (
 )
 from hooked.models.base import DecoderBlock, HookedTransformer
 from hooked.models.config import ModelConfig, alias
-from hooked.rotary import RotaryEmbedding, apply_rotary
+from hooked.rotary import RotaryEmbedding, apply_rotary, turn_leading
 
 
 # ============================================================================= config
@@ -366,6 +367,10 @@ class GPTNeoXAttention(nn.Module):
     # For weight processing (hooked.processing): nn.Linear weights are [out, in].
     def residual_readers(self) -> tuple[Projection, ...]:
         return (Projection(self.query_key_value.weight, 1, self.query_key_value.bias),)
+
+    def query_key_path(self) -> QueryKeyPath:
+        """No q/k norm; RoPE over the leading rotary_dim dimensions with forward's (cos, sin)."""
+        return QueryKeyPath(None, None, "hook_rot_q", "hook_rot_k", rotary_arguments=(1, 2), rotate=turn_leading)
 
     def residual_writers(self) -> tuple[Projection, ...]:
         return (Projection(self.dense.weight, 0, self.dense.bias),)

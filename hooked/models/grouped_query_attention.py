@@ -23,9 +23,17 @@ from torch import Tensor, nn
 from hooked.factored import ov_circuit, qk_circuit
 from hooked.hooks import HookPoint
 from hooked.kv_cache import LayerKV
-from hooked.layers import AttentionMask, Projection, RMSNorm, Split, attend, heads_output
+from hooked.layers import (
+    AttentionMask,
+    Projection,
+    QueryKeyPath,
+    RMSNorm,
+    Split,
+    attend,
+    heads_output,
+)
 from hooked.models.config import ModelConfig
-from hooked.rotary import apply_rotary
+from hooked.rotary import apply_rotary, turn_leading
 
 
 class GroupedQueryAttention(nn.Module):
@@ -146,6 +154,11 @@ class GroupedQueryAttention(nn.Module):
         """`q_norm(q)` and `k_norm(k)` through their hooks, q's first (a subclass whose norms span the heads
         overrides it to all-reduce both norms' statistics at once under tensor parallelism)."""
         return self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
+
+    def query_key_path(self) -> QueryKeyPath:
+        """q_norm / k_norm when the family has them, then RoPE over whole heads with forward's (cos, sin)."""
+        norms = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
+        return QueryKeyPath(*norms, "hook_rot_q", "hook_rot_k", rotary_arguments=(1, 2), rotate=turn_leading)
 
     def _project_per_head(self, inputs: Tensor, linear: nn.Linear, heads: int) -> Tensor:
         """Head h's slice of `linear` applied to head h's own input [batch pos heads d_model]."""

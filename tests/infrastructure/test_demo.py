@@ -4,13 +4,14 @@ import csv
 import json
 import re
 
+import pytest
 import torch
 
 import hooked
 import hooked.sae
 from hooked import ablate, metrics, tasks
 from hooked.circuits import Circuit
-from hooked.demo import _features_chapter, _graph_chapter, main
+from hooked.demo import _features_chapter, _graph_chapter, _qk_section, main
 from tests.sae.dictionaries import explicit_acts
 
 
@@ -204,3 +205,28 @@ def test_the_demo_leaves_the_callers_grad_mode_alone(tmp_path):
     assert torch.is_grad_enabled()
     main(["--out", str(tmp_path / "demo"), "--n", "2"])
     assert torch.is_grad_enabled()
+
+
+def test_the_graph_chapter_explains_where_the_top_heads_attend_with_the_models_own_scores(capsys):
+    """Chapter 8's QK section against the model's own pattern and scores (hook_pattern, hook_attn_scores): the key
+    each head attends to, its scores there, and the key-side totals adding up to the score."""
+    model = hooked.load("hooked/ioi-gpt2")
+    task = tasks.ioi(n=16, seed=1, template="store")
+    transcoders = hooked.sae.load("hooked/ioi-gpt2/saes/transcoders", model=model)
+    tokens = torch.tensor(
+        [model.tokenizer.bos_token_id, *model.tokenizer.encode(task.clean[0], add_special_tokens=False)]
+    )
+    answer, other = model.to_single_token(task.correct[0]), model.to_single_token(task.incorrect[0])
+    io_position = int((tokens == answer).nonzero()[0])
+    with torch.no_grad():
+        rows = _qk_section(model, tokens, transcoders, ["L2H2", "L2H1"], other, io_position)
+        _, cache = model.run_with_cache(tokens[None], names_filter=lambda n: n.startswith("blocks.2.attn.hook_"))
+    printed = capsys.readouterr().out
+    for row, head in zip(rows, (2, 1), strict=True):
+        pattern = cache["blocks.2.attn.hook_pattern"][0, head, -1]
+        scores = cache["blocks.2.attn.hook_attn_scores"][0, head, -1]
+        assert row["key"] == int(pattern.argmax()) and row["weight"] == pytest.approx(float(pattern.max()), abs=1e-5)
+        for entry in row["scores"]:
+            assert entry["score"] == pytest.approx(float(scores[entry["key"]]), abs=1e-4)
+            assert sum(entry["key_totals"].values()) == pytest.approx(entry["score"], abs=1e-3)
+        assert f"L2H{head} attends to" in printed
