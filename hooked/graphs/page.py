@@ -234,10 +234,15 @@ class GraphPage:
         path.write_text(self.html, encoding="utf-8")
         return path
 
-    def serve(self, port: int = 0, announce: Callable[[str], None] = print) -> None:
-        """Serve the page at http://127.0.0.1:PORT/ (port 0: a free one) until Ctrl-C; `announce` gets the URL."""
+    def serve(self, port: int = 0, announce: Callable[[str], None] | None = None) -> None:
+        """Serve the page at http://127.0.0.1:PORT/ (port 0: a free one) until Ctrl-C; the URL is printed (or given
+        to `announce`)."""
         server = page_server(self.html, port)
-        announce(f"serving the graph page at http://127.0.0.1:{server.server_port}/ (Ctrl-C stops)")
+        message = f"serving the graph page at http://127.0.0.1:{server.server_port}/ (Ctrl-C stops)"
+        if announce is None:
+            print(message, flush=True)  # flushed: a pipe reading the URL must not wait for the server to end
+        else:
+            announce(message)
         try:
             server.serve_forever()
         except KeyboardInterrupt:
