@@ -176,7 +176,11 @@
     state.node = pruned.node;
     state.edge = pruned.edge;
     cy.batch(() => {
-      cy.nodes().forEach((element) => element.toggleClass("hidden", !visible(element.data("k"))));
+      // only the elements that change: restyling all of them costs more than the drawing
+      cy.nodes().forEach((element) => {
+        const hide = !visible(element.data("k"));
+        if (element.hasClass("hidden") !== hide) element.toggleClass("hidden", hide);
+      });
       const wanted = drawnEdges();
       const keep = new Set(wanted);
       for (const [e, element] of edgeElements) {
@@ -243,9 +247,10 @@
   }
 
   function showPath(path, pathEdges = [], strength = 0) {
+    const hadPath = state.path.length > 0;
     state.path = path;
     cy.batch(() => {
-      cy.elements().removeClass("path faded");
+      if (hadPath) cy.elements().removeClass("path faded");
       if (!path.length) return;
       cy.elements().addClass("faded");
       for (const k of path) cy.getElementById("n" + nodes[k].i).removeClass("faded").addClass("path");
