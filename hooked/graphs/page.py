@@ -55,9 +55,9 @@ ROW_HEIGHT = 160.0  # between layers
 
 
 class QKPair(NamedTuple):
-    """One query-key pair of an attention head's node: what the query and key positions are, and how much the pair
-    contributes (hooked.graphs.qk_attribution's pairs; a plain (query, key, contribution) tuple or a dict with these
-    keys is read as one)."""
+    """One query-key pair of an attention head's node: what the query and key sides are, and how much the pair
+    contributes. A plain (query, key, contribution) tuple or a dict with these keys is read as one; a side with a
+    `label` (a term of hooked.graphs.qk_attribution's `top_pairs`) shows its label."""
 
     query: str
     key: str
@@ -404,5 +404,12 @@ def _qk_pairs(qk: QKSource | None, graph: Graph, i: int) -> list[dict[str, Any]]
                     "with those keys"
                 )
             pair = QKPair(*pair)
-        read.append({"query": str(pair.query), "key": str(pair.key), "contribution": float(pair.contribution)})
+        read.append({"query": _term(pair.query), "key": _term(pair.key), "contribution": float(pair.contribution)})
     return read
+
+
+def _term(side: Any) -> str:
+    """A pair's query or key as the panel shows it: its `label` where it has one (a term of
+    hooked.graphs.qk_attribution's pairs, named like the graph's nodes), else its text."""
+    label = getattr(side, "label", side)
+    return label if isinstance(label, str) else str(label)

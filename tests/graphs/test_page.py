@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import shutil
 import urllib.request
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
@@ -240,7 +241,8 @@ def test_a_pinned_node_stays_when_the_thresholds_drop_it(browser, ioi, tmp_path)
 def test_the_qk_panel_lists_a_nodes_pairs(browser, tmp_path):
     graph = random_graph(seed=3, n_layers=3, n_pos=5, n_active=45, n_features=35)
     with_pairs = graph.prune().nodes[0]
-    pairs = [QKPair("'Mary' @3", "'John' @10", 0.75), ("'to' @14", "'Mary' @3", -0.125)]
+    term = namedtuple("Term", "label kind position")  # a side with a label, as qk_attribution's terms have
+    pairs = [QKPair("'Mary' @3", "'John' @10", 0.75), (term("'to' @14", "token", 14), "'Mary' @3", -0.125)]
     tab = open_page(browser, graph.show(qk={with_pairs: pairs}), tmp_path / "graph.html")
     tab.evaluate("i => window.hookedGraph.select(i)", with_pairs)
     rows = tab.locator("#qk tr").all()
