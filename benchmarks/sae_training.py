@@ -75,7 +75,7 @@ LR = 5e-4
 # --quality: the issue's setting (TopK, 256 features, k 8, ~200k tokens), at the bundled dictionaries' batch and lr
 QUALITY = {"d_sae": 256, "k": 8, "rows": 3136, "batch_tokens": 512, "lr": 3e-3}
 EVAL_SEED = 2029  # tasks.ioi seed of the held-out sentences (scripts/train_saes.py's)
-# hooked with its training changes taken back, by patching hooked.sae.training (--variant)
+# hooked with its training changes taken back, by patching hooked.sae.training's modules (--variant)
 VARIANTS = ("default", "no-clip", "mean-b_dec", "before")
 
 
@@ -138,12 +138,12 @@ def held_out_quality(model, dictionary) -> dict:
 
 def patch_variant(variant: str) -> None:
     """Take back hooked's gradient clip and / or its geometric-median b_dec, to measure what each bought."""
-    from hooked.sae import training
+    from hooked.sae.training import loop, trainers
 
     if variant in ("no-clip", "before"):
-        training.MAX_GRAD_NORM = float("inf")  # clip_grad_norm_ scales by min(1, inf / norm): no clip
+        loop.MAX_GRAD_NORM = float("inf")  # clip_grad_norm_ scales by min(1, inf / norm): no clip
     if variant in ("mean-b_dec", "before"):
-        training.geometric_median = lambda points: points.mean(0)
+        trainers.geometric_median = lambda points: points.mean(0)
 
 
 def measure(fn) -> tuple[float, float, int]:

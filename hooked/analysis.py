@@ -28,6 +28,7 @@ from torch import Tensor
 
 from hooked.interventions.metrics import Metric
 from hooked.interventions.positions import last_real, per_prompt, positions_mask
+from hooked.tables import ResultTable
 
 if TYPE_CHECKING:
     from hooked.cache import ActivationCache
@@ -36,8 +37,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, eq=False)
-class PositionAttention:
+class PositionAttention(ResultTable):
     """Attention from one named position (`query`, END by default) to others (`names`), per prompt and head.
+    `table()` is indexed by (layer, head), one column per name, the mean over prompts; `to_csv(path)` writes the
+    same rows (hooked/tables.py).
 
     `values[b, l, h, i]` is `pattern[b, h, query_b, names[i]_b]` of `blocks.{l}.attn.hook_pattern`, where
     `query_b` and `names[i]_b` are prompt b's own columns (its padding skipped).
@@ -47,6 +50,8 @@ class PositionAttention:
     names: tuple[str, ...]  # the attended-to positions, in the order of the last axis
     query: str = "END"  # the attending position
     provenance: dict = field(default_factory=dict)  # model, task, prompts
+
+    table_index = ("layer", "head")
 
     @property
     def mean(self) -> Float[Tensor, "layer head_index name"]:
@@ -67,14 +72,6 @@ class PositionAttention:
             for layer, heads in enumerate(mean)
             for head, values in enumerate(heads)
         ]
-
-    def table(self):
-        """A pandas DataFrame indexed by (layer, head), one column per name; a list of dict rows without pandas."""
-        try:
-            import pandas as pd
-        except ImportError:
-            return self.rows()
-        return pd.DataFrame(self.rows()).set_index(["layer", "head"])
 
     def heatmap(self, path=None, title: str | None = None):
         """One layer x head grid per name, on one colour scale (`hooked.plot.attention_to_positions`)."""

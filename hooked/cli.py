@@ -76,10 +76,10 @@ def list_hooks(model_name: str, batch: int, pos: int) -> list[tuple[str, tuple[i
     return list(model.hook_shapes(batch=batch, pos=pos).items())
 
 
-def top_next_tokens(model_name: str, prompt: str, top: int, dtype: str, device: str, prepend_bos: bool | None):
-    import hooked
-
-    model = hooked.load(model_name, dtype=_DTYPES[dtype], device=device)
+def top_next_tokens(args: argparse.Namespace):
+    """(token text, id, probability) of the --top most probable next tokens after the prompt."""
+    model = load_model(args)
+    prompt, top, prepend_bos = args.prompt, args.top, args.prepend_bos
     with torch.inference_mode():
         logits = model(prompt, prepend_bos=prepend_bos)
     probs = logits[0, -1].float().softmax(-1)
@@ -202,7 +202,7 @@ def _sweep_model(args: argparse.Namespace):
     if args.engine == "hooked":
         if args.tensor_parallel_size != 1:
             raise _UsageError("--tensor-parallel-size belongs to --engine vllm (hooked's own TP runs under torchrun)")
-        return hooked.load(args.model, dtype=_DTYPES[args.dtype], device=args.device)
+        return load_model(args)
     if args.device != "cpu":
         raise _UsageError("--device belongs to --engine hooked; vLLM places the model on its own device")
     if args.max_rows is not None:
@@ -397,11 +397,10 @@ def check_circuit_args(args: argparse.Namespace) -> None:
 
 def run_circuit(args: argparse.Namespace):
     """Everything `hooked circuit` computes, before anything is written: (task, circuit, report)."""
-    import hooked
     from hooked import circuits, tasks
     from hooked.circuits.report import CURVE_SIZES, curve_sizes, measure_circuit
 
-    model = hooked.load(args.model, dtype=_DTYPES[args.dtype], device=args.device)
+    model = load_model(args)
     if model.tokenizer is None:
         raise _UsageError(
             f"{args.model} has no tokenizer (tokenizer.json, or vocab.json and merges.txt); a task's prompts need one"
@@ -529,7 +528,7 @@ def run_graph(args: argparse.Namespace):
     import hooked.sae
     from hooked import graphs
 
-    model = hooked.load(args.model, dtype=_DTYPES[args.dtype], device=args.device)
+    model = load_model(args)
     transcoders = hooked.sae.load(args.transcoders, model=model)
     graph = graphs.attribute(
         model,
@@ -623,21 +622,45 @@ def demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- the options commands share
+def model_options(load: bool = True) -> argparse.ArgumentParser:
+    """The options every command that reads a model takes (argparse `parents=`): MODEL, and with `load` (the model's
+    weights are loaded, not only its config) --dtype and --device, which `load_model` reads."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("model", help="hub id, checkpoint directory or bundled name (hooked/ioi-gpt2)")
+    if load:
+        parent.add_argument(
+            "--dtype", choices=list(_DTYPES), default="float32", help="the weights' dtype (default float32)"
+        )
+        parent.add_argument(
+            "--device", default="cpu", help="where the model runs: cpu, cuda, cuda:1, ... (default cpu)"
+        )
+    return parent
+
+
+def add_out(parser: argparse.ArgumentParser, holds: str) -> None:
+    """--out DIR, the folder a command writes `holds` into (required: a command never writes where it was not told)."""
+    parser.add_argument("--out", required=True, metavar="DIR", help=f"folder for {holds}")
+
+
+def load_model(args: argparse.Namespace):
+    """The model of MODEL --dtype --device (`model_options`), on hooked's own engine."""
+    import hooked
+
+    return hooked.load(args.model, dtype=_DTYPES[args.dtype], device=args.device)
+
+
 # ----------------------------------------------------------------------------- main
 def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hooked", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    hooks = commands.add_parser("hooks", help="every hook name with its shape")
-    hooks.add_argument("model", help="hub id or checkpoint directory")
+    hooks = commands.add_parser("hooks", help="every hook name with its shape", parents=[model_options(load=False)])
     hooks.add_argument("--pos", type=int, default=8, help="input length (default 8)")
     hooks.add_argument("--batch", type=int, default=1)
 
-    run = commands.add_parser("run", help="top next tokens for a prompt")
-    run.add_argument("model", help="hub id or checkpoint directory")
+    run = commands.add_parser("run", help="top next tokens for a prompt", parents=[model_options()])
     run.add_argument("prompt")
     run.add_argument("--top", type=int, default=10)
-    run.add_argument("--dtype", choices=list(_DTYPES), default="float32")
-    run.add_argument("--device", default="cpu")
     run.add_argument("--no-bos", dest="prepend_bos", action="store_false", default=None, help="do not prepend BOS")
 
     sweep = commands.add_parser(
@@ -645,8 +668,8 @@ def make_parser() -> argparse.ArgumentParser:
         help="ablate every component of a kind on a task; table and heatmap",
         description=_SWEEP_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[model_options()],
     )
-    sweep.add_argument("model", help="hub id or checkpoint directory")
     sweep.add_argument(
         "--task",
         choices=_TASKS,
@@ -667,7 +690,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="zero; mean (average over the task's clean prompts); resample (from the paired corrupt"
         " prompts). Default zero",
     )
-    sweep.add_argument("--out", required=True, metavar="DIR", help="folder for the CSV, JSON and PNG")
+    add_out(sweep, "the CSV, JSON and PNG")
     sweep.add_argument("--n", type=int, default=16, help="number of prompts (default 16)")
     sweep.add_argument("--seed", type=int, default=0, help="the task's seed (default 0)")
     sweep.add_argument(
@@ -683,8 +706,6 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="ioi only: the names to draw from (default: the paper's, single GPT-2 tokens)",
     )
-    sweep.add_argument("--dtype", choices=list(_DTYPES), default="float32")
-    sweep.add_argument("--device", default="cpu")
     sweep.add_argument("--max-rows", type=int, default=None, help="rows per batched forward (default: a memory budget)")
     sweep.add_argument(
         "--engine",
@@ -711,8 +732,8 @@ def make_parser() -> argparse.ArgumentParser:
         help="find a task's circuit (EAP, EAP-IG or ACDC); edges, faithfulness, picture",
         description=_CIRCUIT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[model_options()],
     )
-    circuit.add_argument("model", help="hub id or checkpoint directory")
     circuit.add_argument(
         "--task",
         choices=("ioi",),
@@ -737,7 +758,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="acdc: remove an edge when removing it moves the metric (mean over prompts) by less than T",
     )
     circuit.add_argument("--steps", type=int, default=None, help="eap-ig: interpolation steps (default 5)")
-    circuit.add_argument("--out", required=True, metavar="DIR", help="folder for the JSON, CSVs and PNGs")
+    add_out(circuit, "the JSON, CSVs and PNGs")
     circuit.add_argument("--n", type=int, default=32, help="number of prompts (default 32)")
     circuit.add_argument("--seed", type=int, default=0, help="the task's seed (default 0)")
     circuit.add_argument(
@@ -766,19 +787,17 @@ def make_parser() -> argparse.ArgumentParser:
     circuit.add_argument(
         "--names", nargs="+", metavar="NAME", help="the names to draw from (default: the paper's, single GPT-2 tokens)"
     )
-    circuit.add_argument("--dtype", choices=list(_DTYPES), default="float32")
-    circuit.add_argument("--device", default="cpu")
 
     graph = commands.add_parser(
         "graph",
         help="one prompt's attribution graph through transcoders; circuit-tracer file, viewer JSON, picture",
         description=_GRAPH_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[model_options()],
     )
-    graph.add_argument("model", help="hub id, checkpoint directory or bundled name")
     graph.add_argument("--transcoders", required=True, metavar="DIR", help="what hooked.sae.load reads (see above)")
     graph.add_argument("--prompt", required=True, help="the text whose next token the graph explains")
-    graph.add_argument("--out", required=True, metavar="DIR", help="folder for graph.pt, graph.json and graph.png")
+    add_out(graph, "graph.pt, graph.json and graph.png")
     graph.add_argument(
         "--max-feature-nodes",
         type=int,
@@ -821,8 +840,6 @@ def make_parser() -> argparse.ArgumentParser:
     graph.add_argument(
         "--serve", action="store_true", help="serve that page on 127.0.0.1 and print its URL; Ctrl-C ends it"
     )
-    graph.add_argument("--dtype", choices=list(_DTYPES), default="float32")
-    graph.add_argument("--device", default="cpu")
 
     demo = commands.add_parser("demo", help="the `make demo` walk-through (hooked.demo)")
     demo.add_argument("--model", default=None, help="hub id or checkpoint directory (default: a random local GPT-2)")
@@ -839,9 +856,7 @@ def _print_hooks(args: argparse.Namespace) -> int:
 
 
 def _print_run(args: argparse.Namespace) -> int:
-    for text, token_id, prob in top_next_tokens(
-        args.model, args.prompt, args.top, args.dtype, args.device, args.prepend_bos
-    ):
+    for text, token_id, prob in top_next_tokens(args):
         print(f"{prob:8.4f}  {token_id:>7}  {text!r}")
     return 0
 

@@ -70,6 +70,22 @@ def needs_gradients(model, caller: str) -> None:
         raise RuntimeError(f"{caller} needs gradients; call it outside torch.inference_mode()")
 
 
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` in eval mode (no dropout) inside the block, and back in the mode it was in after it, also when the
+    block raises: what every analysis that runs its own forwards does (attribution, EAP, graphs).
+
+        with evaluating(model):
+            logits = model(tokens)
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
 class AssertionValueError(ValueError, AssertionError):
     """Bad input where TransformerLens 3.9 fails an `assert` (a token not in the prompt, `remove_batch_dim` on a
     batch of several): a ValueError as all bad input in hooked, and an AssertionError, so that code written for

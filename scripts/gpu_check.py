@@ -22,6 +22,9 @@ the cache emptied, and the step goes on.
        against vLLM's own Qwen3 without hooks (target: within 1.15x), hooked's own engine (generate_variants) and
        nnsight's `VLLM` where importable. Runs under GPU_CHECK_VLLM_PYTHON (an environment with vllm and hooked,
        docs/vllm.md) or this Python; without vllm it reports "skipped: vllm not installed" and the rest runs.
+    7. Dictionaries and attribution graphs (issue 40), random weights: GPT-2-small with a d_sae 24,576 SAE spliced
+       at one layer and at every layer (time and peak memory against the plain forward); transcoder attribution
+       graphs at GPT-2-small and Gemma-2-2B shapes (128 tokens); a Gemma-2-2B-shaped graph of 4,096 tokens.
 
 Output (--out, default runs/gpu-check/): gpu-check.json (environment + every result), gpu-check.log
 (everything printed), results.jsonl (one line per result, written as it happens).
@@ -31,7 +34,7 @@ with the aot_eager backend); what needs CUDA (the flash SDPA backend, TFLOP/s fr
 reports "skipped: no CUDA". Its times mean nothing; it exists so the script cannot rot
 (tests/infrastructure/test_gpu_check.py).
 
-Usage: python scripts/gpu_check.py [--dry-run [--with-vllm]] [--out DIR] [--steps 1 2 3 4 5 6]
+Usage: python scripts/gpu_check.py [--dry-run [--with-vllm]] [--out DIR] [--steps 1 2 3 4 5 6 7]
 """
 
 from __future__ import annotations
@@ -57,11 +60,20 @@ H200_BF16_DENSE_TFLOPS = 989.0  # NVIDIA H200 SXM datasheet, bf16 dense (1,979 i
 # Hard limits per step in seconds (steps 1-5: 450 s in all, under the issue's 8 minutes; the soft deadline
 # inside a step is 85% of it). Step 6 (vLLM) adds up to 300 s where vllm is installed (two engine starts on an
 # 8B checkpoint, written first); without vllm it ends at once. Run it alone with `--steps 6` when time is short.
+# Step 7 (dictionaries and graphs) adds up to 300 s; `--steps 7` runs it alone.
 # The CUDA-build install (step 0) has its own limit and runs only when needed.
-STEP_LIMITS = {1: 90, 2: 100, 3: 140, 4: 70, 5: 50, 6: 300}
-DRY_RUN_LIMITS = {1: 60, 2: 30, 3: 60, 4: 60, 5: 30, 6: 240}
+STEP_LIMITS = {1: 90, 2: 100, 3: 140, 4: 70, 5: 50, 6: 300, 7: 300}
+DRY_RUN_LIMITS = {1: 60, 2: 30, 3: 60, 4: 60, 5: 30, 6: 240, 7: 60}
 INSTALL_LIMIT = 300
-STEP_NAMES = {1: "correctness", 2: "kernel-bench", 3: "end-to-end", 4: "compile", 5: "eap", 6: "vllm"}
+STEP_NAMES = {
+    1: "correctness",
+    2: "kernel-bench",
+    3: "end-to-end",
+    4: "compile",
+    5: "eap",
+    6: "vllm",
+    7: "dictionaries",
+}
 # The CUDA build to install (step 0): the local version tag and its index. torch==2.13.0 alone would be
 # "already satisfied" by 2.13.0+cpu (PEP 440 ignores the local label), hence the explicit +cu128.
 CUDA_TAG = os.environ.get("GPU_CHECK_CUDA_TAG", "cu128")
@@ -150,9 +162,14 @@ def random_model(architecture: str, device: str, dtype, seed: int = 0, **sizes):
     """
     import torch
 
-    from hooked.models import GPT2, GPT2Config, Qwen3, Qwen3Config, Qwen3Moe, Qwen3MoeConfig
+    from hooked.models import GPT2, Gemma2, Gemma2Config, GPT2Config, Qwen3, Qwen3Config, Qwen3Moe, Qwen3MoeConfig
 
-    classes = {"gpt2": (GPT2, GPT2Config), "qwen3": (Qwen3, Qwen3Config), "qwen3_moe": (Qwen3Moe, Qwen3MoeConfig)}
+    classes = {
+        "gpt2": (GPT2, GPT2Config),
+        "qwen3": (Qwen3, Qwen3Config),
+        "qwen3_moe": (Qwen3Moe, Qwen3MoeConfig),
+        "gemma2": (Gemma2, Gemma2Config),
+    }
     model_class, config_class = classes[architecture]
     if "mlp_only_layers" in sizes:
         sizes["mlp_only_layers"] = tuple(sizes["mlp_only_layers"])
@@ -692,6 +709,191 @@ def step_eap(args, record: Recorder) -> None:
     record.guarded(f"{name} EAP", run)
 
 
+# ============================================================================= step 7: dictionaries and graphs
+# (a) a spliced SAE at real width; (b) transcoder attribution graphs at GPT-2-small and Gemma-2-2B shapes; (c) a graph
+# of 4,096 tokens at Gemma-2-2B's shape (docs/graphs.md, "Memory", estimates it on paper). Random weights, models
+# built from their configs, no hub. Transcoders are TopK (`k` active features per position and layer: a fixed L0, as
+# Gemma Scope's are near 70), reading blocks.l.mlp.hook_in and writing blocks.l.hook_mlp_out.
+GEMMA2_2B = dict(
+    n_layers=26,
+    d_model=2304,
+    n_heads=8,
+    n_kv_heads=4,
+    d_head=256,
+    d_mlp=9216,
+    d_vocab=256000,
+    query_pre_attn_scalar=256,
+)
+DICTIONARY_SHAPES = {  # name: (architecture, model sizes, d_sae, L0)
+    "gpt2-small": ("gpt2", REAL_MODELS["gpt2-small"][1], 24576, 64),
+    "gemma-2-2b": ("gemma2", GEMMA2_2B, 16384, 64),
+}
+DICTIONARY_SHAPES_TINY = {
+    "gpt2-tiny": ("gpt2", TINY_MODELS["gpt2-tiny"][1], 96, 4),
+    "gemma2-tiny": (
+        "gemma2",
+        dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, d_vocab=64, query_pre_attn_scalar=8),
+        64,
+        4,
+    ),
+}
+# (c): 4,096 tokens at Gemma-2-2B's shape, every one of its 26 layers; few feature rows (each backward pass runs
+# batch_size copies of the whole prompt), each row's 1,000 largest edges kept (a sparse adjacency)
+LONG = dict(pos=4096, max_feature_nodes=256, batch_size=8, edges_per_row=1000)
+LONG_TINY = dict(pos=48, max_feature_nodes=16, batch_size=4, edges_per_row=20)
+
+
+def random_dictionary(d_in: int, d_sae: int, hook_name: str, device: str, dtype, seed: int, **config):
+    """A hooked.sae Dictionary with N(0, 1/d_in) encoder and N(0, 1/d_sae) decoder weights, built on `device`."""
+    import torch
+
+    from hooked.sae import Dictionary, DictionaryConfig
+
+    dtype_name = str(dtype).removeprefix("torch.")
+    cfg = DictionaryConfig(d_in=d_in, d_sae=d_sae, hook_name=hook_name, dtype=dtype_name, device=device, **config)
+    dictionary = Dictionary(cfg)
+    generator = torch.Generator(device).manual_seed(seed)
+    with torch.no_grad():
+        dictionary.W_enc.normal_(0.0, d_in**-0.5, generator=generator)
+        dictionary.W_dec.normal_(0.0, d_sae**-0.5, generator=generator)
+        dictionary.b_enc.fill_(0.01)
+        if getattr(dictionary, "threshold", None) is not None:
+            dictionary.threshold.zero_()  # every positive pre-activation fires: a dense encode costs the same anyway
+    return dictionary.requires_grad_(False)
+
+
+def transcoder_set(model, d_sae: int, k: int, device: str, dtype) -> list:
+    d = model.cfg.d_model
+    return [
+        random_dictionary(
+            d,
+            d_sae,
+            f"blocks.{layer}.mlp.hook_in",
+            device,
+            dtype,
+            seed=layer,
+            hook_name_out=f"blocks.{layer}.hook_mlp_out",
+            architecture="topk",
+            k=k,
+        )
+        for layer in range(model.cfg.n_layers)
+    ]
+
+
+def measured(device: str, fn):
+    """(fn's result, seconds, peak GiB allocated above what was allocated before; None on the CPU)."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    result = fn()
+    _sync(device)
+    seconds = time.perf_counter() - start
+    peak = (torch.cuda.max_memory_allocated() - before) / 2**30 if device == "cuda" else None
+    return result, seconds, peak
+
+
+def step_dictionaries(args, record: Recorder) -> None:
+    import torch
+
+    from hooked import graphs
+
+    device = device_of(args)
+    time_ms = timer(device)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    shapes = DICTIONARY_SHAPES_TINY if args.dry_run else DICTIONARY_SHAPES
+    generator = torch.Generator().manual_seed(0)
+
+    # (a) SAEs of d_sae features on every layer's residual stream (jumprelu, as Gemma Scope's), spliced
+    name, (arch, sizes, d_sae, _) = next(iter(shapes.items()))
+    batch, pos = (8, 1024) if device == "cuda" else (2, 16)
+
+    def spliced():
+        model = random_model(arch, device, dtype, **sizes)
+        tokens = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=generator).to(device)
+        saes = [
+            random_dictionary(
+                model.cfg.d_model,
+                d_sae,
+                f"blocks.{layer}.hook_resid_post",
+                device,
+                dtype,
+                seed=layer,
+                architecture="jumprelu",
+            )
+            for layer in range(model.cfg.n_layers)
+        ]
+        middle = [saes[model.cfg.n_layers // 2]]
+        runs = {
+            "plain": lambda: model(tokens),
+            "one SAE": lambda: model.run_with_saes(tokens, saes=middle),
+            f"{len(saes)} SAEs": lambda: model.run_with_saes(tokens, saes=saes),
+            f"{len(saes)} SAEs, error term": lambda: model.run_with_saes(tokens, saes=saes, use_error_term=True),
+        }
+        figures = {}
+        with torch.inference_mode():
+            for what, run in runs.items():
+                _, _, peak = measured(device, run)
+                figures[what] = (time_ms(run), peak)
+            # with the error term the spliced model computes what the model computes alone (bf16: its rounding)
+            plain, with_error = runs["plain"](), runs[f"{len(saes)} SAEs, error term"]()
+            diff = (with_error.float() - plain.float()).abs().max().item() / plain.float().abs().max().item()
+        tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
+        record(
+            f"{name} {len(saes)} SAEs with the error term equal the plain forward",
+            "ok" if diff <= tolerance else "error",
+            relative=diff,
+            tolerance=tolerance,
+        )
+        plain_ms, plain_peak = figures["plain"]
+        for what, (ms, peak) in figures.items():
+            extra = {} if peak is None else dict(peak_gib=peak, extra_gib=peak - plain_peak)
+            record(f"{name} forward {batch}x{pos}, {what}, d_sae {d_sae}", "ok", ms=ms, vs_plain=ms / plain_ms, **extra)
+        if device != "cuda":
+            record("spliced SAE peak memory", "skipped", reason="no CUDA")
+
+    record.guarded(f"{name} spliced SAEs", spliced)
+
+    # (b) a transcoder attribution graph at each shape; (c) one of 4,096 tokens at the last shape (LONG)
+    prompt_pos = 128 if device == "cuda" else 12
+    long = LONG_TINY if args.dry_run else LONG
+    for name, (arch, sizes, d_sae, k) in shapes.items():
+        cases = [(prompt_pos, dict(max_feature_nodes=2048 if device == "cuda" else 32))]
+        if name == list(shapes)[-1]:
+            cases.append((long["pos"], {key: v for key, v in long.items() if key != "pos"}))
+        holder = {}
+
+        def build(arch=arch, sizes=sizes, d_sae=d_sae, k=k, holder=holder):
+            holder["model"] = random_model(arch, device, dtype, **sizes)
+            holder["transcoders"] = transcoder_set(holder["model"], d_sae, k, device, dtype)
+
+        record.guarded(f"{name} with transcoders, build", build)
+        for pos, settings in cases if holder else []:
+
+            def graph(name=name, d_sae=d_sae, k=k, pos=pos, settings=settings, holder=holder):
+                model, transcoders = holder["model"], holder["transcoders"]
+                tokens = torch.randint(1, model.cfg.d_vocab, (pos,), generator=generator)
+                g, seconds, peak = measured(device, lambda: graphs.attribute(model, tokens, transcoders, **settings))
+                figures = dict(
+                    seconds=seconds,
+                    n_layers=model.cfg.n_layers,
+                    d_sae=d_sae,
+                    l0=k,
+                    n_active=int(g.active_features.shape[0]),
+                    n_nodes=g.n_nodes,
+                    **settings,
+                )
+                if peak is not None:
+                    figures["peak_gib"] = peak
+                record(f"{name} transcoder graph, {pos} tokens", "ok", **figures)
+
+            record.guarded(f"{name} transcoder graph, {pos} tokens", graph)
+        holder.clear()
+
+
 # ============================================================================= step 6: hooked on vLLM
 # The recipe (issue 38) on a Qwen3-8B-shaped random checkpoint: every MLP zeroed, every head of one layer zeroed,
 # greedy new tokens, one request per (variant, prompt). vLLM lives in an environment of its own (docs/vllm.md):
@@ -934,6 +1136,7 @@ STEPS = {
     4: step_compile,
     5: step_eap,
     6: step_vllm,
+    7: step_dictionaries,
 }
 
 

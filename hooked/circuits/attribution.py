@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -36,9 +35,10 @@ from hooked.circuits.engine import Ablation, Where, _stage_loop, columns_at, row
 from hooked.circuits.experiment import Experiment
 from hooked.circuits.graph import Edge, Graph
 from hooked.circuits.graph import graph as build_graph
-from hooked.hooks import needs_gradients
+from hooked.hooks import evaluating, needs_gradients
 from hooked.interventions.positions import Positions, as_positions, positions_record
 from hooked.interventions.sweeps import sweep_provenance
+from hooked.tables import ResultTable
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -72,9 +72,12 @@ class EdgeValues(Tensor):
 
 
 @dataclass
-class EdgeScores:
+class EdgeScores(ResultTable):
     """One score per edge of a graph: `scores["L1H0->L2H2.v"]`, `scores.values` ([n_edges]), `top(20)`, `table()`,
-    `to_csv(path)`."""
+    `to_csv(path)` (one row per edge, largest |score| first: hooked/tables.py)."""
+
+    table_index = "edge"
+    columns = ("edge", "source", "receiver", "score", "rank")
 
     graph: Graph
     matrix: Tensor  # [n_sources, n_receivers] float32 (float64 for a float64 model); 0 where there is no edge
@@ -105,6 +108,7 @@ class EdgeScores:
         return [(str(self.graph.edges[i]), float(values[i])) for i in order.tolist()]
 
     def rows(self) -> list[dict]:
+        """One dict per edge (edge, source, receiver, score, rank), the largest |score| first."""
         values = self.values.tolist()
         ranked = self.ranking()
         rank = {edge: i + 1 for i, edge in enumerate(ranked)}
@@ -115,23 +119,6 @@ class EdgeScores:
             ),
             key=lambda row: row["rank"],
         )
-
-    def table(self):
-        """A pandas DataFrame (the `tables` extra): one row per edge, largest |score| first."""
-        import pandas as pd
-
-        return pd.DataFrame(self.rows()).set_index("edge")
-
-    def to_csv(self, path: str | Path) -> Path:
-        import csv
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=["edge", "source", "receiver", "score", "rank"])
-            writer.writeheader()
-            writer.writerows(self.rows())
-        return path
 
     def to_dict(self) -> dict:
         return {
@@ -236,15 +223,11 @@ def receiver_gradients(
     points = list(dict.fromkeys(receiver.hook_name for receiver in g.receivers))
     precision = torch.promote_types(model.dtype, torch.float32)
     totals: dict[str, Tensor] = {}
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         for first in range(0, len(alphas), steps_per_forward):
             for point, grad in _gradients_at(experiment, alphas[first : first + steps_per_forward], points).items():
                 grad = grad.to(precision).sum(0)  # [B ...]: the sum over this chunk's alphas
                 totals[point] = grad if point not in totals else totals[point] + grad
-    finally:
-        model.train(was_training)
     return {point: total / len(alphas) for point, total in totals.items()}
 
 

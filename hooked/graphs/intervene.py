@@ -42,12 +42,13 @@ import torch
 from torch import Tensor
 
 from hooked.graphs.attribute import prompt_tokens
-from hooked.graphs.transcoders import Transcoders
+from hooked.graphs.transcoders import Transcoders, fitted
 from hooked.interventions import ablate
 from hooked.interventions.addresses import parse_address
 from hooked.interventions.row_blocks import registered_hooks
 from hooked.sae.clt import CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary
+from hooked.sae.transcoders import TranscoderSet
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -81,7 +82,7 @@ class InterventionResult:
 def intervene(
     model: HookedTransformer,
     prompt: str | Tensor | Sequence[int],
-    transcoders: Sequence[Dictionary] | CrossLayerTranscoder,
+    transcoders: Sequence[Dictionary] | TranscoderSet | CrossLayerTranscoder,
     interventions: Mapping[Feature, float],
     *,
     freeze: Freeze = "none",
@@ -102,17 +103,17 @@ def intervene(
             f" to the value it is set to (0 ablates), e.g. {{(1, 3, 5): 0.0}}; got {interventions!r}"
         )
     registered_hooks(model, "hooked.graphs.intervene", part_of_model=False)
-    tc = Transcoders(transcoders, model)
+    tc = fitted(transcoders, model)
     tokens = prompt_tokens(model, prompt, attention_mask)
-    points = [f"{name}.hook_sae_acts_post" for name in tc.hook_out]
-    errors = [f"{name}.hook_sae_error" for name in tc.hook_out]
+    points = [f"{name}.hook_sae_acts_post" for name in tc.hook_names_out()]
+    errors = [f"{name}.hook_sae_error" for name in tc.hook_names_out()]
     frozen = []
     if freeze != "none":
         frozen += [n for n in model.hook_dict if n.endswith("attn.hook_pattern")]
     if freeze == "all":
         frozen += [n for n in model.hook_dict if n.endswith("hook_scale")]
 
-    with model.saes(list(tc.modules), use_error_term=True):
+    with model.saes(tc, use_error_term=True):
         edits = _normalise(model, tc, points, tokens.shape[0], interventions)
         clean_logits, cache = model.run_with_cache(tokens[None], names_filter=[*points, *errors, *frozen])
         after: list[Tensor | None] = [None] * tc.n_layers

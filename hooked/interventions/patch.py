@@ -51,7 +51,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from hooked.cache import ActivationCache, act_name
-from hooked.hooks import HookFn, HookPoint, needs_gradients
+from hooked.hooks import HookFn, HookPoint, evaluating, needs_gradients
 from hooked.interventions import ablate
 from hooked.interventions.ablate import Reference, Resample, Selector, is_tokens
 from hooked.interventions.addresses import head_names
@@ -319,17 +319,16 @@ def _corrupt_gradients(
 ) -> tuple[Tensor, dict[str, Tensor | None]]:
     """The corrupt run: the metric per prompt (float32, on the CPU), and the gradient of its sum at every
     patched point, in forward order (None where the metric does not read the point)."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.enable_grad(), model.hooks(fwd_hooks=[(name, points) for name in points.by_point]):
-            logits = model(tokens, attention_mask=_explicit_mask(tokens, key_valid))
-            values = _evaluate(metric, logits, key_valid)
-            names = list(points.activations)
-            # autograd.grad, not .backward(): the parameters' .grad stay as the caller left them
-            grads = torch.autograd.grad(values.sum(), [points.activations[name] for name in names], allow_unused=True)
-    finally:
-        model.train(was_training)
+    with (
+        evaluating(model),
+        torch.enable_grad(),
+        model.hooks(fwd_hooks=[(name, points) for name in points.by_point]),
+    ):
+        logits = model(tokens, attention_mask=_explicit_mask(tokens, key_valid))
+        values = _evaluate(metric, logits, key_valid)
+        names = list(points.activations)
+        # autograd.grad, not .backward(): the parameters' .grad stay as the caller left them
+        grads = torch.autograd.grad(values.sum(), [points.activations[name] for name in names], allow_unused=True)
     return values.detach().float().cpu(), dict(zip(names, grads, strict=True))
 
 

@@ -1,17 +1,16 @@
 """`SweepResult`: per-variant, per-prompt metric values, with the base run and what produced them.
 
-    result.table()             # pandas DataFrame if pandas is installed, else a list of dict rows
+    result.table()             # pandas DataFrame (result.rows() the same rows as dicts, without pandas)
     result.scores["L9H9"]      # mean over prompts
     result.to_csv("heads.csv"); result.to_json("heads.json"); result.save("runs/heads")
     result.heatmap("heads.png")  # layer x head (or layer x position) grid, from the variant names
 
 pandas and matplotlib are optional (`pip install hooked[plot]`) and imported only by the methods
-that need them.
+that need them. `table()` and `to_csv()` are every result's (hooked/tables.py).
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ import torch
 from torch import Tensor
 
 from hooked.interventions import kinds
+from hooked.tables import ResultTable
 
 # Variant names of a layer x position grid: "L9@3", "L9.resid_pre@3" (patch.resid_sweep's, "L9@S2" aside).
 _POSITION_GRID = (re.compile(r"^L(?P<row>-?\d+)(?:\.[A-Za-z_]+)?@(?P<col>-?\d+)$"), "layer", "position")
@@ -63,8 +63,11 @@ def variant_names(names, what: str = "variant", reserved: tuple[str, ...] = (BAS
 
 
 @dataclass
-class SweepResult:
-    """One metric value per variant and prompt, the base run's values, and the run's provenance."""
+class SweepResult(ResultTable):
+    """One metric value per variant and prompt, the base run's values, and the run's provenance. `table()` and
+    `to_csv(path)` hold `rows()` (hooked/tables.py); `to_dict()` / `to_json(path)` the values and provenance."""
+
+    table_index = "variant"
 
     variants: list[str]
     values: Tensor  # [variant prompt] float32
@@ -107,7 +110,8 @@ class SweepResult:
         return {name: score - self.base_score for name, score in self.scores.items()}
 
     def rows(self) -> list[dict]:
-        """One dict per variant (the base run first): variant, mean, change, and p0, p1, ... per prompt."""
+        """One dict per variant (the base run first): variant, mean, change, and p0, p1, ... per prompt: the rows of
+        `table()` and `to_csv(path)`."""
 
         def row(name: str, values: Tensor) -> dict:
             mean = float(values.mean())
@@ -122,30 +126,12 @@ class SweepResult:
             row(name, values) for name, values in zip(self.variants, self.values, strict=True)
         ]
 
-    def table(self):
-        """A pandas DataFrame (one row per variant, the base run first), or a list of dict rows without pandas."""
-        try:
-            import pandas as pd
-        except ImportError:
-            return self.rows()
-        return pd.DataFrame(self.rows()).set_index("variant")
-
     def top(self, k: int = 10, by: str = "change") -> list[tuple[str, float]]:
         """The k variants that moved the metric most (largest |change|)."""
         ranked = sorted(self.change.items(), key=lambda item: -abs(item[1]))
         return ranked[:k]
 
     # ----------------------------------------------------------------- export
-    def to_csv(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        rows = self.rows()
-        with path.open("w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        return path
-
     def to_dict(self) -> dict:
         return {
             "metric": self.metric,

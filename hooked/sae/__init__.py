@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import importlib
 
+from hooked.sae.architectures import ARCHITECTURES, Architecture, register_architecture
 from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
+from hooked.sae.fits import check_fits
 from hooked.sae.splice import (
     add_sae,
     reset_saes,
@@ -26,6 +28,7 @@ from hooked.sae.splice import (
     saes,
     spliced,
 )
+from hooked.sae.transcoders import TranscoderSet
 
 # name -> the module that defines it ("module:name" where it is defined under another name), imported when first
 # asked for
@@ -36,6 +39,7 @@ _LAZY = {
     "from_saelens": "hooked.sae.formats",
     "attribute": "hooked.sae.attribution",
     "train": "hooked.sae.training",
+    "TrainingConfig": "hooked.sae.training",
     "evaluate": "hooked.sae.evaluation",
     # SAELens' model class: every hooked model splices dictionaries, so it is hooked's HookedTransformer
     "HookedSAETransformer": "hooked.models.base:HookedTransformer",
@@ -43,9 +47,8 @@ _LAZY = {
 }
 
 _DICTIONARY = (
-    "hooked.sae.Dictionary, one class for every architecture and for transcoders"
-    " (DictionaryConfig(architecture='standard' | 'gated' | 'topk' | 'jumprelu', hook_name_out= for a transcoder));"
-    " from files: hooked.sae.load(path)"
+    "hooked.sae.Dictionary, one class for every architecture and for transcoders (DictionaryConfig(architecture="
+    " one of hooked.sae.ARCHITECTURES, hook_name_out= for a transcoder)); from files: hooked.sae.load(path)"
 )
 # SAELens 6.54's names (sae_lens/__init__.py) that hooked.sae spells otherwise: what to write instead
 _SAELENS = {
@@ -92,11 +95,16 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "ARCHITECTURES",
+    "Architecture",
     "CLTConfig",
     "CrossLayerTranscoder",
     "Dictionary",
     "DictionaryConfig",
+    "TranscoderSet",
     "add_sae",
+    "check_fits",
+    "register_architecture",
     "reset_saes",
     "run_with_cache_with_saes",
     "run_with_hooks_with_saes",

@@ -30,14 +30,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from hooked.hooks import needs_gradients
+from hooked.hooks import evaluating, needs_gradients
 from hooked.interventions import kinds
 from hooked.interventions.metrics import check_prompts
 from hooked.interventions.row_blocks import registered_hooks
@@ -45,6 +44,7 @@ from hooked.interventions.sweeps import metric_values, sweep_provenance
 from hooked.layers import position_ids_for
 from hooked.sae.dictionary import Dictionary
 from hooked.sae.splice import saes as splice
+from hooked.tables import ResultTable
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -54,8 +54,9 @@ _PARTS = {hook: part for part, hook in kinds.FEATURE_POINTS.items()}
 
 
 @dataclass
-class FeatureScores:
-    """A score per feature: `scores["L3.resid_post.F12"]`, `top(20)`, `table()`, `to_csv(path)`.
+class FeatureScores(ResultTable):
+    """A score per feature: `scores["L3.resid_post.F12"]`, `top(20)`, `table()`, `to_csv(path)` (one row per
+    feature, largest |score| first: hooked/tables.py).
 
     `scores` [n_features] is the estimate averaged over prompts, `per_prompt` [batch, n_features] each prompt's;
     `per_position` [n_features, positions] (with `attribute(..., per_position=True)`) averages over the prompts
@@ -70,6 +71,9 @@ class FeatureScores:
     corrupt: Float[Tensor, " batch"]  # and on the corrupt ones
     per_position: Tensor | None = None
     provenance: dict = field(default_factory=dict)
+
+    table_index = "feature"
+    columns = ("feature", "point", "index", "score", "rank")
 
     def __post_init__(self):
         self._index = {name: i for i, name in enumerate(self.features)}
@@ -98,23 +102,6 @@ class FeatureScores:
             point, index = name.rsplit(".F", 1)
             rows.append({"feature": name, "point": point, "index": int(index), "score": self[name], "rank": rank})
         return rows
-
-    def table(self):
-        """A pandas DataFrame (the `tables` extra): one row per feature, largest |score| first."""
-        import pandas as pd
-
-        return pd.DataFrame(self.rows()).set_index("feature")
-
-    def to_csv(self, path: str | Path) -> Path:
-        import csv
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=["feature", "point", "index", "score", "rank"])
-            writer.writeheader()
-            writer.writerows(self.rows())
-        return path
 
     def to_dict(self) -> dict:
         return {
@@ -173,9 +160,7 @@ def attribute(
     _check_paired(tokens, key_valid, corrupt_tokens, corrupt_valid)
     mask = torch.ones_like(tokens, dtype=torch.bool) if key_valid is None else key_valid  # always passed explicitly
 
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         with torch.no_grad(), splice(model, dictionaries, use_error_term=use_error_term):
             names = [d.hook_sae_acts_post.name for d in dictionaries]
             corrupt_logits, cache = model.run_with_cache(corrupt_tokens, attention_mask=mask, names_filter=names)
@@ -184,8 +169,6 @@ def attribute(
         clean_values, clean_acts, gradients = _clean_gradients(
             model, dictionaries, tokens, mask, key_valid, metric, use_error_term
         )
-    finally:
-        model.train(was_training)
 
     # the estimate sums many small products: float32 at least, and the model's float64 kept (scores in it)
     precision = torch.promote_types(model.dtype, torch.float32)

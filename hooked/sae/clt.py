@@ -37,9 +37,10 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from hooked.hooks import HookedRootModule, HookPoint
+from hooked.sae import architectures
+from hooked.sae.architectures import JUMPRELU
 from hooked.sae.dictionary import POINT_NAMES, add_sae_points
 
-CLT_ARCHITECTURES = ("standard", "jumprelu")  # relu, and circuit-tracer's JumpReLU
 # circuit-tracer's files are read and written in hooked/sae/formats/circuit_tracer_clt.py (hooked.sae.load, save).
 
 
@@ -53,7 +54,7 @@ class CLTConfig:
     n_layers: int
     d_in: int
     d_sae: int  # features per layer
-    architecture: str = "jumprelu"
+    architecture: str = JUMPRELU.name
     d_out: int | None = None
     hook_name: str = "blocks.{layer}.mlp.hook_in"
     hook_name_out: str = "blocks.{layer}.hook_mlp_out"
@@ -63,9 +64,9 @@ class CLTConfig:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.architecture not in CLT_ARCHITECTURES:
+        if not architectures.get(self.architecture).cross_layer:
             raise ValueError(
-                f"a cross-layer transcoder's architecture is one of {', '.join(CLT_ARCHITECTURES)} (relu, or"
+                f"a cross-layer transcoder's architecture is one of {', '.join(architectures.cross_layer())} (relu, or"
                 f" circuit-tracer's JumpReLU), not {self.architecture!r}"
             )
         if self.n_layers < 1:
@@ -91,6 +92,16 @@ class CLTConfig:
         return dataclasses.asdict(self)
 
 
+def recorded_scan(transcoders: nn.Module) -> str | None:
+    """circuit-tracer's `scan`, what names a CLT or a transcoder set (by its first transcoder) for a graph's viewer:
+    the one their files record (circuit-tracer's config.yaml, kept in `cfg.metadata`), else the path they were loaded
+    from (`hooked.sae.load` keeps it as `loaded_from`); None for transcoders made in memory."""
+    recorded = transcoders.cfg.metadata.get("scan")
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    return getattr(transcoders, "loaded_from", None)
+
+
 class CLTLayer(nn.Module):
     """Layer `layer` of a CLT: its features' encoder and their decoders to layers layer..n_layers-1, the bias
     of output `layer`, an optional skip, and the hook points named under its output point when spliced."""
@@ -102,7 +113,8 @@ class CLTLayer(nn.Module):
         self.layer = layer
         self.W_enc = nn.Parameter(torch.zeros(d_in, d_sae, **kw))
         self.b_enc = nn.Parameter(torch.zeros(d_sae, **kw))
-        self.threshold = nn.Parameter(torch.zeros(d_sae, **kw)) if cfg.architecture == "jumprelu" else None
+        thresholded = "threshold" in architectures.get(cfg.architecture).parameters  # circuit-tracer's JumpReLU
+        self.threshold = nn.Parameter(torch.zeros(d_sae, **kw)) if thresholded else None
         # None until first used in a CLT read lazily from disk (`decoder_source` reads it: CrossLayerTranscoder.decoder)
         self.W_dec = nn.Parameter(torch.zeros(d_sae, cfg.n_layers - layer, d_out, **kw))
         self.b_dec = nn.Parameter(torch.zeros(d_out, **kw))
@@ -177,6 +189,50 @@ class CrossLayerTranscoder(HookedRootModule):
     def has_skip(self) -> bool:
         return self.layers[0].W_skip is not None
 
+    @property
+    def n_layers(self) -> int:
+        return self.cfg.n_layers
+
+    @property
+    def d_in(self) -> int:
+        return self.cfg.d_in
+
+    @property
+    def d_sae(self) -> int:
+        """Features per layer."""
+        return self.cfg.d_sae
+
+    @property
+    def d_out(self) -> int:
+        return self.cfg.d_out
+
+    def hook_names(self) -> list[str]:
+        """The point each layer reads, layer 0 first (as a TranscoderSet's)."""
+        return self.cfg.hook_names()
+
+    def hook_names_out(self) -> list[str]:
+        """The point each layer's output replaces, layer 0 first."""
+        return self.cfg.hook_names_out()
+
+    @property
+    def feature_input_hook(self) -> str:
+        """Where layer l reads, with `{layer}` for l: 'blocks.{layer}.mlp.hook_in' (circuit-tracer's name)."""
+        return self.cfg.hook_name
+
+    @property
+    def feature_output_hook(self) -> str:
+        """Where layer l writes, with `{layer}` for l: 'blocks.{layer}.hook_mlp_out'."""
+        return self.cfg.hook_name_out
+
+    @property
+    def scan(self) -> str | None:
+        """What names these transcoders for a graph's viewer (circuit-tracer's `scan`): `recorded_scan`."""
+        return recorded_scan(self)
+
+    def check_linear(self) -> None:
+        """As a TranscoderSet's (hooked/sae/transcoders.py): a CLT's features always are vectors (relu and JumpReLU
+        read along a column of W_enc and write along rows of W_dec), so nothing to refuse."""
+
     def sae_points(self, layer: int) -> list[HookPoint]:
         """Layer `layer`'s hook points, in SAELens' order (input, acts_pre, acts_post, recons, error, output)."""
         return self.layers[layer].sae_points()
@@ -208,6 +264,27 @@ class CrossLayerTranscoder(HookedRootModule):
         """relu, or circuit-tracer's JumpReLU `pre * (pre > threshold)`."""
         threshold = self.layers[layer].threshold
         return F.relu(pre) if threshold is None else pre * (pre > threshold)
+
+    def source_layers(self, layer: int) -> range:
+        """The layers whose features write to output `layer`: every layer up to it."""
+        return range(layer + 1)
+
+    def encoder_vectors(self, layer: int, features: Tensor) -> Float[Tensor, "k d_in"]:
+        """The input direction each of `features` (indices, of layer `layer`) reads: its column of W_enc."""
+        return self.layers[layer].W_enc[:, features].T
+
+    def decoder_rows(self, layer: int, features: Tensor, out_layer: int) -> Float[Tensor, "k d_out"]:
+        """What each of `features` (indices, of layer `layer`) writes to output `out_layer` >= layer, per unit of
+        activation."""
+        if not layer <= out_layer < self.cfg.n_layers:
+            raise ValueError(
+                f"layer {layer}'s features write to layers {layer}..{self.cfg.n_layers - 1}, not {out_layer}"
+            )
+        return self.decoder(layer)[features, out_layer - layer]
+
+    def decoder_bias(self, layer: int) -> Float[Tensor, " d_out"]:
+        """b_dec of output `layer`."""
+        return self.layers[layer].b_dec
 
     def encode_layer(self, layer: int, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
         """The features layer `layer` reads from its input `x`."""

@@ -10,9 +10,8 @@ The arithmetic, in SAELens 6.54's terms (`saes/sae.py`, `saes/*_sae.py`), for an
     recons = norm_out(acts W_dec + b_dec)                  hook_sae_recons
     output = recons + x W_skip^T                           (a skip transcoder; SAELens' splice leaves it out)
 
-with `activation` one of `standard` (relu), `jumprelu` (relu(pre) where pre > threshold), `topk` (the k largest,
-then relu) and `gated` (SAELens' gated SAE: pre is the magnitude path, x' (W_enc exp(r_mag)) + b_mag, kept where
-the gate x' W_enc + b_gate is positive). `normalize_activations`: `constant_norm_rescale` scales x to norm
+with the pre-activation and `activation` of the architecture's declaration (hooked/sae/architectures.py: standard,
+gated, topk, jumprelu, and any registered there). `normalize_activations`: `constant_norm_rescale` scales x to norm
 sqrt(d_in) and `layer_norm` standardises it, both undone on the output; SAELens' `expected_average_only_in` is a
 constant folded into the weights by the reader. `rescale_acts_by_decoder_norm` (TopK) ranks features by
 pre * ||W_dec row|| and decodes acts / ||W_dec row||.
@@ -26,13 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
 from hooked.hooks import HookedRootModule, HookPoint
+from hooked.sae import architectures
+from hooked.sae.architectures import STANDARD, Architecture
 
-ARCHITECTURES = ("standard", "gated", "topk", "jumprelu")
 RUN_TIME_NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm")
 POINT_NAMES = (
     "hook_sae_input",
@@ -94,7 +93,7 @@ class DictionaryConfig:
     d_in: int
     d_sae: int
     hook_name: str
-    architecture: str = "standard"
+    architecture: str = STANDARD.name
     hook_name_out: str | None = None
     d_out: int | None = None
     apply_b_dec_to_input: bool = False
@@ -108,10 +107,12 @@ class DictionaryConfig:
     metadata: dict[str, Any] = field(default_factory=dict)  # what the file recorded besides (Metadata, above)
 
     def __post_init__(self):
-        if self.architecture not in ARCHITECTURES:
+        declaration = architectures.get(self.architecture)
+        if declaration.activation is None:
             raise ValueError(
-                f"architecture {self.architecture!r} is not one hooked.sae knows; it knows {', '.join(ARCHITECTURES)}"
-                " (a transcoder is one of them with hook_name_out set; SAELens' batchtopk saves as jumprelu)"
+                f"architecture {self.architecture!r} is only trained; its dictionary is a {declaration.runs_as} one"
+                f" (a dictionary runs {', '.join(architectures.runnable())}; a transcoder is one of them with"
+                " hook_name_out set)"
             )
         if self.normalize_activations not in RUN_TIME_NORMALIZATIONS:
             raise ValueError(
@@ -119,10 +120,13 @@ class DictionaryConfig:
                 f" {', '.join(RUN_TIME_NORMALIZATIONS)} (a reader folds SAELens' expected_average_only_in into the"
                 " weights)"
             )
-        if self.architecture == "topk" and (self.k is None or not 0 < self.k <= self.d_sae):
-            raise ValueError(f"a topk dictionary needs k in 1..d_sae ({self.d_sae}), not {self.k}")
-        if self.architecture != "topk" and self.k is not None:
-            raise ValueError(f"k={self.k} is given but the architecture is {self.architecture!r}, not 'topk'")
+        if declaration.k is not None and (self.k is None or not 0 < self.k <= self.d_sae):
+            raise ValueError(f"a {self.architecture} dictionary needs k in 1..d_sae ({self.d_sae}), not {self.k}")
+        if declaration.k is None and self.k is not None:
+            raise ValueError(
+                f"k={self.k} is given but the architecture is {self.architecture!r}, which takes none (k is"
+                f" {' and '.join(map(repr, architectures.with_k()))}'s)"
+            )
         if self.reshape_activations not in ("none", "hook_z"):
             raise ValueError(f"reshape_activations is 'none' or 'hook_z', not {self.reshape_activations!r}")
         if self.d_out is None:
@@ -138,6 +142,11 @@ class DictionaryConfig:
     @property
     def is_transcoder(self) -> bool:
         return self.hook_name_out is not None
+
+    @property
+    def declaration(self) -> Architecture:
+        """The declaration of `architecture` (hooked/sae/architectures.py): what every reader asks about it."""
+        return architectures.get(self.architecture)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -161,14 +170,10 @@ class Dictionary(HookedRootModule):
         self.W_enc = nn.Parameter(torch.zeros(d_in, d_sae, **kw))
         self.W_dec = nn.Parameter(torch.zeros(d_sae, d_out, **kw))
         self.b_dec = nn.Parameter(torch.zeros(d_out, **kw))
-        if cfg.architecture == "gated":
-            self.b_gate = nn.Parameter(torch.zeros(d_sae, **kw))
-            self.b_mag = nn.Parameter(torch.zeros(d_sae, **kw))
-            self.r_mag = nn.Parameter(torch.zeros(d_sae, **kw))
-        else:
-            self.b_enc = nn.Parameter(torch.zeros(d_sae, **kw))
-        if cfg.architecture == "jumprelu":
-            self.threshold = nn.Parameter(torch.zeros(d_sae, **kw))
+        self.declaration = cfg.declaration
+        sizes = {"d_in": d_in, "d_sae": d_sae, "d_out": d_out}
+        for name, axes in self.declaration.parameters.items():  # b_enc, a threshold, a gated SAE's three, ...
+            setattr(self, name, nn.Parameter(torch.zeros([sizes[axis] for axis in axes], **kw)))
         self.W_skip = nn.Parameter(torch.zeros(d_out, d_in, **kw)) if skip else None
         self.use_error_term = False  # SAELens' SAE attribute: run_with_saes(use_error_term=None) reads it
         self.allow_other_model = False  # True: splice although cfg.metadata.model_name names another model
@@ -231,35 +236,25 @@ class Dictionary(HookedRootModule):
             return y * state[1] + state[0]
         return y
 
-    def pre_activations(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
-        """The encoder's pre-activation of normalised input `x` (the gated SAE's: its magnitude path)."""
+    def centred(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_in"]:
+        """The encoder's input: normalised input `x` less b_dec where `apply_b_dec_to_input` (never a transcoder)."""
         if self.cfg.apply_b_dec_to_input and not self.cfg.is_transcoder:
-            x = x - self.b_dec
-        if self.cfg.architecture == "gated":
-            return x @ (self.W_enc * self.r_mag.exp()) + self.b_mag
-        return (x @ self.W_enc).add_(self.b_enc)  # in place: one pass over [... d_sae] fewer, the same values
+            return x - self.b_dec
+        return x
+
+    def pre_activations(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
+        """The encoder's pre-activation of normalised input `x` (the declaration's; a gated SAE's magnitude path)."""
+        return self.declaration.pre_activations(self, self.centred(x))
 
     def activate(
         self, pre: Float[Tensor, "... d_sae"], x: Tensor | None = None, overwrite: bool = False
     ) -> Float[Tensor, "... d_sae"]:
-        """The features from their pre-activations (`x`, the normalised input, only for the gated SAE's gate).
+        """The features from their pre-activations, by the declaration's activation (`x`, the normalised input, for
+        an activation that reads it: the gated SAE's gate).
 
-        `overwrite=True`: `pre` is the caller's temporary, which no one else holds, so the ReLU of a standard SAE
-        may write into it (at d_sae wide, a fresh tensor costs as much as a tenth of the encoder's product)."""
-        arch = self.cfg.architecture
-        if arch == "standard":
-            return pre.relu_() if overwrite else F.relu(pre)
-        if arch == "jumprelu":
-            return F.relu(pre) * (pre > self.threshold)
-        if arch == "gated":
-            if self.cfg.apply_b_dec_to_input and not self.cfg.is_transcoder:
-                x = x - self.b_dec
-            gate = (x @ self.W_enc + self.b_gate) > 0
-            return gate.to(pre.dtype) * F.relu(pre)
-        # topk: rank (optionally by contribution to the output), keep k, relu
-        ranked = pre * self.W_dec.norm(dim=-1) if self.cfg.rescale_acts_by_decoder_norm else pre
-        values, indices = ranked.topk(self.cfg.k, dim=-1)
-        return torch.zeros_like(pre).scatter_(-1, indices, F.relu(values))  # into the zeros: no copy of them
+        `overwrite=True`: `pre` is the caller's temporary, which no one else holds, so the activation may write into
+        it (a relu does: at d_sae wide, a fresh tensor costs as much as a tenth of the encoder's product)."""
+        return self.declaration.activation(self, pre, x, overwrite)
 
     def decode_linear(self, acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_out"]:
         """acts W_dec + b_dec (TopK under rescale_acts_by_decoder_norm: acts / ||W_dec row|| first)."""
@@ -353,26 +348,26 @@ class Dictionary(HookedRootModule):
     @torch.no_grad()
     def fold_W_dec_norm(self) -> Tensor:
         """Give every decoder row norm 1 without changing the output (SAELens 6.54's `fold_W_dec_norm`, the same
-        arithmetic): each row of W_dec divided by its norm (at least 1e-8), the feature's encoder column, b_enc, a
-        JumpReLU threshold and a gated SAE's b_gate and b_mag multiplied by it, so each feature's activation is
+        arithmetic): each row of W_dec divided by its norm (at least 1e-8), the feature's encoder column and the
+        parameters its declaration scales with the feature (`scaled_with_feature`: b_enc, a JumpReLU threshold, a
+        gated SAE's b_gate and b_mag) multiplied by it, so each feature's activation is
         multiplied by its decoder norm and comparable across features (a TopK dictionary that ranks by contribution,
         `rescale_acts_by_decoder_norm=True`, reports pre-activation times norm already: its features stay as they
         were). Returns the norms [d_sae].
 
-        A TopK dictionary that ranks by pre-activation (`rescale_acts_by_decoder_norm=False`) is refused, as in
-        SAELens: scaling the pre-activations would change which k features win."""
-        if self.cfg.architecture == "topk" and not self.cfg.rescale_acts_by_decoder_norm:
+        A dictionary whose features compete (`ranked`: TopK) and rank by pre-activation
+        (`rescale_acts_by_decoder_norm=False`) is refused, as in SAELens: scaling the pre-activations would change
+        which k features win."""
+        if self.declaration.ranked and not self.cfg.rescale_acts_by_decoder_norm:
             raise ValueError(
-                "fold_W_dec_norm would change which k features a TopK dictionary keeps (it ranks pre-activations,"
-                " which the norms would scale); it is safe only with rescale_acts_by_decoder_norm=True"
+                f"fold_W_dec_norm would change which features a {self.cfg.architecture} dictionary keeps (it ranks"
+                " pre-activations, which the norms would scale); it is safe only with rescale_acts_by_decoder_norm=True"
             )
         norms = self.W_dec.norm(dim=-1).clamp(min=1e-8)
         self.W_dec.div_(norms[:, None])
         self.W_enc.mul_(norms)
-        for name in ("b_enc", "threshold", "b_gate", "b_mag"):  # the gated SAE's r_mag scales W_enc's copy already
-            parameter = getattr(self, name, None)
-            if parameter is not None:
-                parameter.mul_(norms)
+        for name in self.declaration.scaled_with_feature:
+            getattr(self, name).mul_(norms)
         return norms
 
     def __repr__(self) -> str:

@@ -1,7 +1,7 @@
 """`hooked.sae.evaluate`: the figures every dictionary user asks for, one row per dictionary.
 
     table = hooked.sae.evaluate(model, [sae, transcoder], tokens)
-    table.to_pandas()          # or the rows themselves: table[0]["loss_recovered"]
+    table.table()              # a DataFrame; or the rows themselves: table[0]["loss_recovered"]
 
 Over the real (non-padding) positions of `tokens`, each dictionary spliced alone (`model.run_with_saes`, no error
 term) into an otherwise clean forward:
@@ -29,13 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from hooked.sae.dictionary import Dictionary
+from hooked.tables import ResultTable
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
@@ -57,32 +57,19 @@ COLUMNS = (
 )
 
 
-class EvaluationTable(list):
-    """A list of dict rows, one per dictionary (keys: `COLUMNS`), with the table forms SweepResult offers."""
+class EvaluationTable(list, ResultTable):
+    """A list of dict rows, one per dictionary (keys: `COLUMNS`), with every result's table forms: `table()` (a
+    DataFrame, numbered rows), `to_csv(path)`, `to_dict()` (hooked/tables.py)."""
+
+    table_index = None
+    columns = COLUMNS
+
+    def rows(self) -> list[dict]:
+        return list(self)
 
     def to_pandas(self):
-        """A pandas DataFrame, one row per dictionary (pandas is imported here; `pip install pandas`)."""
-        import pandas as pd
-
-        return pd.DataFrame(list(self), columns=list(COLUMNS))
-
-    def table(self):
-        """A pandas DataFrame, or the list of dict rows without pandas (as `SweepResult.table`)."""
-        try:
-            return self.to_pandas()
-        except ImportError:
-            return list(self)
-
-    def to_csv(self, path: str | Path) -> Path:
-        import csv
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=list(COLUMNS))
-            writer.writeheader()
-            writer.writerows(self)
-        return path
+        """`table()`, under the name it had first."""
+        return self.table()
 
 
 def evaluate(

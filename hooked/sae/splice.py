@@ -13,8 +13,9 @@ both. A hook registered at the written point inside the block runs after the spl
 output, as `hook_sae_output` holds it); one registered before the block runs before it (the dictionary reads its
 edit). The splice's hooks are part of the model while registered (`part_of_model`, hooked/hooks.py): a reference
 computed with hooks suspended (a mean, a resample source) runs through them, and `hooked.sweep` runs every variant
-with them. Everything is checked before anything is attached: the hook names, the widths (`d_in`, `d_out`), dtype and
-device, the weight processing the dictionary was trained on, and that no two dictionaries write one point.
+with them. Everything is checked before anything is attached: that the dictionary fits the model (hooked/sae/fits.py:
+the hook names, the widths `d_in` and `d_out`, dtype and device, the weight processing and the model it was trained
+on), and that no two dictionaries write one point.
 
 Where SAELens differs (`analysis/hooked_sae_transformer.py`, 6.54): it leaves a skip transcoder's `W_skip` out of
 the spliced output (its own `SkipTranscoder.forward` includes it), silently skips an SAE whose hook the model
@@ -25,7 +26,6 @@ output, and the other two are refused with the fix named.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -36,11 +36,10 @@ from torch import Tensor
 from hooked.hooks import HookPoint, _HookContext
 from hooked.sae.clt import CLTForward, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary
+from hooked.sae.fits import Spliceable, check_fits
 
 if TYPE_CHECKING:
     from hooked.models.base import HookedTransformer
-
-Spliceable = Dictionary | CrossLayerTranscoder  # what saes= takes
 
 
 @dataclass(frozen=True)
@@ -63,20 +62,7 @@ class _Splice:
     def __init__(self, model: HookedTransformer, dictionary: Dictionary, use_error_term: bool | None):
         self.model, self.dictionary = model, dictionary
         self.use_error_term = dictionary.use_error_term if use_error_term is None else use_error_term
-        self.read = _point(model, dictionary.hook_name, dictionary, "hook_name")
-        self.write = _point(model, dictionary.hook_name_out, dictionary, "hook_name_out")
-        names = model.hook_names
-        if names.index(self.read) > names.index(self.write):
-            raise ValueError(
-                f"{dictionary!r} reads {self.read}, which the forward reaches after {self.write}, the point it writes;"
-                " a transcoder reads a point before the one it replaces"
-            )
-        heads = dictionary.cfg.reshape_activations == "hook_z"
-        _check_width(model, dictionary, self.read, dictionary.cfg.d_in, "d_in", "reads", heads)
-        _check_width(model, dictionary, self.write, dictionary.cfg.d_out, "d_out", "writes", heads)
-        _check_dtype_device(model, dictionary)
-        _check_processing(model, dictionary, [self.read, self.write])
-        _check_model_name(model, dictionary)
+        (self.read,), (self.write,) = check_fits(model, dictionary)
         _check_not_spliced(dictionary, _named(dictionary))
         self.stash: dict[int, Tensor] = {}
 
@@ -127,26 +113,7 @@ class _CrossLayerSplice:
     def __init__(self, model: HookedTransformer, clt: CrossLayerTranscoder, use_error_term: bool | None):
         self.model, self.dictionary = model, clt
         self.use_error_term = clt.use_error_term if use_error_term is None else use_error_term
-        if clt.cfg.n_layers != model.cfg.n_layers:
-            raise ValueError(
-                f"{clt!r} spans {clt.cfg.n_layers} layers but this model has {model.cfg.n_layers}; a cross-layer"
-                " transcoder writes every layer of the model it was trained on: load the one made for this model"
-            )
-        self.reads = [_point(model, name, clt, "hook_name") for name in clt.cfg.hook_names()]
-        self.writes = [_point(model, name, clt, "hook_name_out") for name in clt.cfg.hook_names_out()]
-        order = {name: index for index, name in enumerate(model.hook_names)}
-        for layer, (read, write) in enumerate(zip(self.reads, self.writes, strict=True)):
-            if order[read] >= order[write]:
-                raise ValueError(
-                    f"{clt!r}: layer {layer} reads {read}, which the forward does not reach before {write}, the point"
-                    " it writes; a transcoder reads a point before the one it replaces"
-                )
-        for read, write in zip(self.reads, self.writes, strict=True):
-            _check_width(model, clt, read, clt.cfg.d_in, "d_in", "reads")
-            _check_width(model, clt, write, clt.cfg.d_out, "d_out", "writes")
-        _check_dtype_device(model, clt)
-        _check_processing(model, clt, self.reads + self.writes)
-        _check_model_name(model, clt)
+        self.reads, self.writes = check_fits(model, clt)
         for layer in range(clt.cfg.n_layers):
             _check_not_spliced(clt, _named_layer(clt, layer), home=f"layers.{layer}.")
         self.state = CLTForward()
@@ -231,101 +198,10 @@ _POINTS = (
 )
 
 
-def _point(model: HookedTransformer, name: str, dictionary: Spliceable, field: str) -> str:
-    """`name` as a hook point of `model`, or a KeyError naming the nearest real ones (SAELens skips it silently)."""
-    try:
-        return model._check_name(name)
-    except KeyError as error:
-        raise KeyError(
-            f"{dictionary!r}: its {field} {name!r} is not a hook point of this model ({error.args[0]}); give the"
-            f" point by hooked's name, e.g. hooked.sae.load(path, {field}='blocks.3.hook_resid_post')"
-        ) from None
-
-
-def _check_width(
-    model, dictionary: Spliceable, name: str, width: int, field: str, verb: str, heads: bool = False
-) -> None:
-    """Refuse a `width` (cfg.d_in or d_out) other than point `name`'s (`heads`: a dictionary on hook_z, which
-    reads the heads flattened)."""
-    # The point's shape past [batch pos], as model.hook_shapes gives it, for this point alone: hook_shapes sizes every
-    # point of the model (280 at GPT-2 small: half a millisecond per splice, paid by each run_with_saes).
-    sizes = {"batch": 1, "pos": 1, "query_pos": 1, "key_pos": 1, "1": 1, **model.axis_sizes(name)}
-    shape = tuple(sizes[axis] for axis in model.hook_dict[name].axes)[2:]
-    if heads and len(shape) == 2:
-        have = shape[0] * shape[1]
-    elif len(shape) == 1:
-        have = shape[0]
-    else:
-        raise ValueError(
-            f"{dictionary!r} {verb} {name}, whose activation is [batch pos {' '.join(map(str, shape))}]; a dictionary"
-            " reads a vector per position (a dictionary on attn.hook_z sets reshape_activations='hook_z')"
-        )
-    if have != width:
-        raise ValueError(
-            f"{dictionary!r}: cfg.{field} is {width}, but {name} of this model is {have} wide; the dictionary was made"
-            " for another model or another point (check cfg.hook_name and the model)"
-        )
-
-
-def _check_dtype_device(model: HookedTransformer, dictionary: Spliceable) -> None:
-    if dictionary.dtype != model.dtype or dictionary.device != model.device:
-        raise ValueError(
-            f"{dictionary!r} is {dictionary.dtype} on {dictionary.device}, the model {model.dtype} on"
-            f" {model.device}; convert it first: sae.to(model.dtype).to(model.device)"
-        )
-
-
 def _check_not_spliced(dictionary: Spliceable, named: list[tuple[HookPoint, str]], home: str = "") -> None:
     spliced_at = next((point.name for point, local in named if point.name and point.name != home + local), None)
     if spliced_at is not None:
         raise ValueError(f"{dictionary!r} is already spliced ({spliced_at}); one place at once")
-
-
-def _check_processing(model: HookedTransformer, dictionary: Spliceable, points: list[str]) -> None:
-    """Refuse a dictionary trained on differently processed weights (fold_ln, centring) than the model has, where the
-    difference changes the activations at a point it reads or writes (hooked.processing.CHANGED_POINTS): fold_ln
-    leaves the residual stream as it was, so a residual SAE trained with it splices into a model without it."""
-    trained = dictionary.cfg.processing
-    if trained is None:
-        return
-    has = {flag: bool(value) for flag, value in getattr(model, "processing", {}).items()}
-    differ = sorted(flag for flag in set(trained) | set(has) if bool(trained.get(flag)) != has.get(flag, False))
-    changed = {flag: [p for p in dict.fromkeys(points) if model.processing_changes(flag, p)] for flag in differ}
-    differ = [flag for flag in differ if changed[flag]]
-    if differ:
-        want = ", ".join(f"{flag}={bool(trained.get(flag))}" for flag in differ)
-        where = "; ".join(f"{flag} changes {', '.join(changed[flag])}" for flag in differ)
-        raise ValueError(
-            f"{dictionary!r} was trained on a model with {want}, and this model differs: {where}, so the activations"
-            f" there are not the ones the dictionary was trained on. Load the model so (hooked.load(name, {want})) or"
-            " reload it unprocessed"
-        )
-
-
-def _check_model_name(model: HookedTransformer, dictionary: Spliceable) -> None:
-    """Refuse a dictionary whose metadata names another model than this one: with the same widths it splices and
-    runs, reading activations it was not trained on (ioi-gpt2's transcoders on ioi-qwen3moe explain none of the
-    variance). A model loaded from a local directory is named by the folder, which need not be the model's name:
-    there a disagreement is a warning. `dictionary.allow_other_model = True` splices it anyway."""
-    recorded = dictionary.cfg.metadata.get("model_name")
-    if getattr(dictionary, "allow_other_model", False) or not isinstance(recorded, str):
-        return
-    agreement = model.name_agreement(recorded)  # the model knows its own name (hooked.weights.sources)
-    if agreement in ("same", "unknown"):
-        return
-    name = model.name_or_path
-    message = (
-        f"{dictionary!r} was trained on {recorded!r} (cfg.metadata.model_name), and this model is {name!r}: with the"
-        " same widths it would splice and run, reading activations it was not trained on. Splice the dictionary made"
-        " for this model; to splice this one anyway (to measure how it transfers), set"
-        " dictionary.allow_other_model = True"
-    )
-    if agreement == "other directory":
-        warnings.warn(
-            message + " (this model was loaded from a directory, whose name may not be the model's)", stacklevel=4
-        )
-        return
-    raise ValueError(message)
 
 
 # ----------------------------------------------------------------------------- the public API

@@ -31,8 +31,6 @@ from tests.sae.dictionaries import explicit_acts, random_dictionary
 
 DTYPE = torch.float64  # the reference runs in float64; the graph's adjacency is float32 (circuit-tracer's)
 TOKENS = torch.tensor([3, 17, 42, 8, 25, 11, 60])
-# the module (hooked.graphs.attribute, the attribute of hooked.graphs, is the function)
-attribute_module = importlib.import_module("hooked.graphs.attribute")
 
 
 # ----------------------------------------------------------------------------- models and transcoders
@@ -453,29 +451,44 @@ def test_edges_per_row_keeps_each_rows_largest_entries_of_the_reference():
 
 
 # ----------------------------------------------------------------------------- each convention matters
-def mutant(monkeypatch, replacements: list[tuple[str, str]]):
-    """hooked.graphs.attribute with one convention broken: its module's source with `replacements` made, run as a
-    module of its own."""
-    source = inspect.getsource(attribute_module)
-    for old, new in replacements:
-        assert source.count(old) == 1, f"{old!r} is no longer in hooked/graphs/attribute.py once: update the mutant"
-        source = source.replace(old, new)
-    module = types.ModuleType("hooked.graphs._attribute_mutant")
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    exec(compile(source, module.__name__, "exec"), module.__dict__)
+# the modules of hooked.graphs.attribute's steps, each after those it imports from
+STEPS = ["targets", "settings", "prompts", "nodes", "replacement", "schedule", "assembly", "attribute"]
+
+
+def mutant(monkeypatch, replacements: list[tuple[str, str, str]]):
+    """hooked.graphs.attribute with one convention broken: each step's module (STEPS) run again from its source with
+    the `replacements` (module, old, new) made, in sys.modules under its own name while the test runs, so the steps
+    after it import the broken one."""
+    for step, _, _ in replacements:
+        assert step in STEPS, f"{step!r} is not one of the attribution steps {STEPS}"
+    for step in STEPS:
+        name = f"hooked.graphs.{step}"
+        source = inspect.getsource(importlib.import_module(name))
+        for where, old, new in replacements:
+            if where == step:
+                assert source.count(old) == 1, (
+                    f"{old!r} is no longer in hooked/graphs/{step}.py once: update the mutant"
+                )
+                source = source.replace(old, new)
+        module = types.ModuleType(name)
+        monkeypatch.setitem(sys.modules, name, module)
+        exec(compile(source, name, "exec"), module.__dict__)
     return module.attribute
 
 
 FROZEN = 'endswith(("attn.hook_q", "attn.hook_k", "hook_scale"))'
 MUTANTS = {
-    "patterns not frozen": [(FROZEN, 'endswith(("hook_scale",))')],
-    "norm scales not frozen": [(FROZEN, 'endswith(("attn.hook_q", "attn.hook_k"))')],
-    "error nodes dropped": [("error[ZERO_POSITIONS] = 0", "error[:] = 0")],
-    "skip path ignored": [("skip = tc.skip(layer, x)\n", "skip = None\n")],
-    "position 0 not zeroed": [("ZERO_POSITIONS = slice(0, 1)", "ZERO_POSITIONS = slice(0, 0)")],
-    "logit direction not centred": [("return w_u[ids] - w_u.mean(0)", "return w_u[ids]")],
+    "patterns not frozen": [("replacement", FROZEN, 'endswith(("hook_scale",))')],
+    "norm scales not frozen": [("replacement", FROZEN, 'endswith(("attn.hook_q", "attn.hook_k"))')],
+    "error nodes dropped": [("nodes", "error[ZERO_POSITIONS] = 0", "error[:] = 0")],
+    "skip path ignored": [
+        ("replacement", "skip = tc.skip(layer, x) if tc.has_skip else x[..., :1] * 0", "skip = x[..., :1] * 0")
+    ],
+    "position 0 not zeroed": [("nodes", "ZERO_POSITIONS = slice(0, 1)", "ZERO_POSITIONS = slice(0, 0)")],
+    "logit direction not centred": [("targets", "return w_u[ids] - w_u.mean(0)", "return w_u[ids]")],
     "feature targets scaled by their activation": [
         (
+            "schedule",
             "nodes.encoder_vectors(chunk)",
             "nodes.encoder_vectors(chunk) * nodes.values[chunk][:, None]",
         )

@@ -298,7 +298,7 @@ def test_a_failure_part_way_leaves_nothing_attached(model, monkeypatch):
     def fail(*args, **kwargs):
         raise RuntimeError("part way")
 
-    monkeypatch.setattr(attribute_module, "_attribute_rows", fail)
+    monkeypatch.setattr(attribute_module, "attribute_rows", fail)
     tc = transcoders(model)
     tc_flags = [p.requires_grad for d in tc for p in d.parameters()]
     refused(model, RuntimeError, "part way", lambda: graphs.attribute(model, TOKENS, tc))

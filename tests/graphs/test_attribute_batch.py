@@ -103,7 +103,7 @@ def test_contracting_a_few_positions_at_a_time_changes_nothing(monkeypatch):
     model = tiny("llama")
     clt = random_clt(model, skip=True)
     whole = graphs.attribute(model, torch.tensor(PROMPTS[0]), clt, max_n_logits=3)
-    module = importlib.import_module("hooked.graphs.attribute")
+    module = importlib.import_module("hooked.graphs.nodes")
     monkeypatch.setattr(module, "BLOCK_ELEMENTS", 1)
     blocked = graphs.attribute(model, torch.tensor(PROMPTS[0]), clt, max_n_logits=3)
     assert_same(blocked, whole)

@@ -20,8 +20,9 @@ are annotations and do not count, imports inside functions do):
 5. no low-floor module (the hook core and the layers models are built from) imports anything but another
    low-floor module or a kernel;
 6. no intervention imports a circuit: circuits are built on the interventions, not the reverse;
-8. the sparse dictionary and its splice (`hooked.sae.dictionary`, `hooked.sae.clt`, `hooked.sae.splice`, and
-   `hooked.sae`'s `__init__`, which any import of them runs) import only the low floor and each other, so a
+8. the sparse dictionary and its splice (`hooked.sae.dictionary`, `hooked.sae.clt`, `hooked.sae.splice`, the fit
+   checks `hooked.sae.fits`, the transcoder set `hooked.sae.transcoders`, and `hooked.sae`'s `__init__`, which
+   any import of them runs) import only the low floor and each other, so a
    model may import the splice lazily (`model.run_with_saes`); the rest of hooked.sae (attribution, formats,
    training) may import the interventions; nothing below imports hooked.sae (no intervention, no model file
    but the lazy import of `hooked.sae.splice`).
@@ -31,6 +32,10 @@ And a family's model file reads on its own plus the shared parts (`family_import
 7. no family's model file imports another family's model file, or the registry `hooked.models` (which imports
    every family): what two families share lives in a module named for it (hooked/models/rotary_decoder.py,
    grouped_query_attention.py, moe.py, sandwich_decoder.py), which is not a family module.
+
+9. no attribution-graph module (hooked/graphs/) imports a `_`-prefixed name from hooked.sae
+   (`private_import_violations`): what the graphs use of the dictionaries is public there (the fit checks,
+   hooked/sae/fits.py; the transcoders' per-layer interface, hooked/sae/transcoders.py).
 
 Each rule is also run on a snippet that breaks it, so the checker is seen to catch what it claims to.
 """
@@ -181,8 +186,8 @@ def test_the_checker_catches_each_kind_of_violation(rules, snippet, expected):
 
 
 # ----------------------------------------------------------------------------- which wing imports which
-# The low floor: hook points, rows, names and the layers every model is built from (hooked/layers/ and each
-# module in it). They import each other and the kernels, nothing higher.
+# The low floor: hook points, rows, names, the result-table base and the layers every model is built from
+# (hooked/layers/ and each module in it). They import each other and the kernels, nothing higher.
 LOW_FLOOR = {
     "hooked.hooks",
     "hooked.rows",
@@ -193,6 +198,7 @@ LOW_FLOOR = {
     "hooked.factored",
     "hooked.tokenizer",
     "hooked.version",
+    "hooked.tables",  # the result-table base every analysis wing imports
 }
 
 
@@ -232,7 +238,17 @@ WING_RULES = [
     ),
 ]
 # What the dictionary, its splice and the package that holds them may import: the low floor and each other.
-SAE_CORE = {"hooked.sae", "hooked.sae.dictionary", "hooked.sae.clt", "hooked.sae.splice"}
+SAE_CORE = {
+    "hooked.sae",
+    "hooked.sae.architectures",
+    "hooked.sae.dictionary",
+    "hooked.sae.clt",
+    "hooked.sae.splice",
+    "hooked.sae.fits",
+    "hooked.sae.transcoders",
+}
+# (importing module's prefix, the imported modules' prefix whose `_`-prefixed names it may not import)
+PRIVATE_RULES = [("hooked.graphs", "hooked.sae")]
 
 
 def module_name(path: Path) -> str:
@@ -291,6 +307,46 @@ def import_violations(source: str, importer: str) -> list[str]:
     return found
 
 
+def private_import_violations(source: str, importer: str) -> list[str]:
+    """`from hooked.sae.x import _name` in a module PRIVATE_RULES keeps out of hooked.sae's private names (also
+    inside functions and `if TYPE_CHECKING:`: a leading underscore means only its own file uses it)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom) or node.level != 0 or not node.module:
+            continue
+        private = [alias.name for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+        for prefix, wing in PRIVATE_RULES:
+            if private and importer.startswith(prefix) and node.module.startswith(wing):
+                found.append(
+                    f"{importer}:{node.lineno} imports {', '.join(private)} from {node.module}, private to that"
+                    f" file; make what {prefix} needs public in {wing}"
+                )
+    return found
+
+
+def test_no_graph_module_imports_a_private_name_of_the_dictionaries():
+    found = [
+        problem
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for problem in private_import_violations(path.read_text(), module_name(path))
+    ]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "importer, snippet, caught",
+    [
+        ("hooked.graphs.transcoders", "from hooked.sae.splice import _point", True),
+        ("hooked.graphs", "def f():\n    from hooked.sae.fits import check_fits, _hidden", True),
+        ("hooked.graphs.nodes", "from hooked.sae.fits import check_fits", False),
+        ("hooked.graphs.nodes", "from hooked.graphs.graph import _private_here", False),  # within the wing
+        ("hooked.sae.attribution", "from hooked.sae.splice import _named", False),  # within the wing
+    ],
+)
+def test_the_private_import_checker_catches_what_it_claims(importer, snippet, caught):
+    assert bool(private_import_violations(snippet, importer)) == caught
+
+
 def test_wings_import_in_one_direction():
     found = [
         problem
@@ -328,6 +384,9 @@ def test_wings_import_in_one_direction():
         ("hooked.sae", "from hooked.sae.attribution import attribute", "stand on the low floor alone"),
         ("hooked.models.base", "def f():\n    from hooked.sae.attribution import attribute", "a model file imports"),
         ("hooked.sae.training", "from hooked.graphs.attribute import attribute", "below the graphs imports"),
+        ("hooked.sae.transcoders", "from hooked.graphs.nodes import Nodes", "below the graphs imports"),
+        ("hooked.sae.fits", "from hooked.interventions import kinds", "stand on the low floor alone"),
+        ("hooked.graphs.schedule", "def f():\n    import hooked.engines.vllm", "below the engines imports"),
         ("hooked.interventions.sweeps", "def f():\n    import hooked.graphs", "below the graphs imports"),
         ("hooked.circuits.engine", "from hooked.graphs import Graph", "below the graphs imports"),
         ("hooked.interventions.sweeps", "from hooked.engines.vllm import hooked_model", "below the engines imports"),

@@ -457,6 +457,60 @@ def test_demo_calls_the_demo_entry_point(monkeypatch):
     assert calls == [["--model", "gpt2", "--out", "runs/x"], []]
 
 
+# ----------------------------------------------------------------------------- the shared options
+MODEL_HELP = "hub id, checkpoint directory or bundled name (hooked/ioi-gpt2)"
+DTYPE_HELP = "the weights' dtype (default float32)"
+DEVICE_HELP = "where the model runs: cpu, cuda, cuda:1, ... (default cpu)"
+# Each command that reads a model, with the options it shares (help text after the option) and what its --out holds.
+SHARED_OPTIONS = {
+    "hooks": ({"model": MODEL_HELP}, None),
+    "run": (
+        {"model": MODEL_HELP, "--dtype {float32,bfloat16,float16}": DTYPE_HELP, "--device DEVICE": DEVICE_HELP},
+        None,
+    ),
+    "sweep": (
+        {"model": MODEL_HELP, "--dtype {float32,bfloat16,float16}": DTYPE_HELP, "--device DEVICE": DEVICE_HELP},
+        "the CSV, JSON and PNG",
+    ),
+    "circuit": (
+        {"model": MODEL_HELP, "--dtype {float32,bfloat16,float16}": DTYPE_HELP, "--device DEVICE": DEVICE_HELP},
+        "the JSON, CSVs and PNGs",
+    ),
+    "graph": (
+        {"model": MODEL_HELP, "--dtype {float32,bfloat16,float16}": DTYPE_HELP, "--device DEVICE": DEVICE_HELP},
+        "graph.pt, graph.json and graph.png",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", sorted(SHARED_OPTIONS))
+def test_every_command_lists_the_shared_options_with_one_help_text(command, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "400")  # argparse wraps at the terminal's width: one line per option
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    options, holds = SHARED_OPTIONS[command]
+    for option, help_text in options.items():
+        # argparse puts the help after the option, or on the next line where the option is long
+        (at,) = [i for i, line in enumerate(lines) if line == option or line.startswith(option + " ")]
+        assert help_text in (lines[at], lines[at + 1]) or lines[at].endswith(" " + help_text), lines[at : at + 2]
+    listed = [line for line in lines if line.startswith("--out")]
+    if holds is None:
+        assert listed == []
+    else:
+        assert len(listed) == 1 and listed[0].startswith("--out DIR ") and listed[0].endswith(f"folder for {holds}")
+
+
+def test_the_shared_options_parse_as_before():
+    from hooked.cli import make_parser
+
+    args = make_parser().parse_args(["sweep", "gpt2", "--components", "heads", "--out", "x"])
+    assert (args.model, args.dtype, args.device, args.out) == ("gpt2", "float32", "cpu", "x")
+    args = make_parser().parse_args(["run", "--device", "cuda:1", "m", "hi", "--dtype", "bfloat16"])
+    assert (args.model, args.prompt, args.dtype, args.device) == ("m", "hi", "bfloat16", "cuda:1")
+
+
 # ----------------------------------------------------------------------------- closed pipes
 @pytest.mark.parametrize(
     "reader, n_layer, unbuffered", [("head -1", 300, False), ("true", 2, False), ("true", 2, True)]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
-STEPS = {1: "correctness", 2: "kernel-bench", 3: "end-to-end", 4: "compile", 5: "eap", 6: "vllm"}
+STEPS = {1: "correctness", 2: "kernel-bench", 3: "end-to-end", 4: "compile", 5: "eap", 6: "vllm", 7: "dictionaries"}
 SKIPPED_WHOLE = {6}  # vLLM: not in this environment (or not started by a dry run): skipped, and says why
 
 
@@ -45,3 +45,9 @@ def test_dry_run_runs_every_step_and_writes_the_report(tmp_path):
     parity = [r for r in report["results"] if r["what"].startswith("parity")]
     assert len(parity) == 6 and all(r["max_abs_diff"] <= r["tolerance"] for r in parity)
     assert (out / "gpu-check.log").read_text().count("step: ok") == len(STEPS)
+    # step 7: the spliced SAEs with their error term equal the plain forward, and every graph was built
+    dictionaries = {r["what"]: r for r in report["results"] if r["step"] == 7}
+    (error_term,) = [r for what, r in dictionaries.items() if "error term equal" in what]
+    assert error_term["relative"] <= error_term["tolerance"], error_term
+    built = [r for what, r in dictionaries.items() if "transcoder graph" in what]
+    assert len(built) == 3 and all(r["n_active"] > 0 and r["n_nodes"] > 0 for r in built), built

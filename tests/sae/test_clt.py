@@ -235,8 +235,8 @@ def test_an_error_inside_the_block_leaves_nothing_attached():
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda: random_clt(n_layers=2), r"spans 2 layers but this model has 3"),
-        (lambda: random_clt(n_layers=4), r"spans 4 layers but this model has 3"),
+        (lambda: random_clt(n_layers=2), r"cross-layer transcoder has 2 layers and the model 3"),
+        (lambda: random_clt(n_layers=4), r"cross-layer transcoder has 4 layers and the model 3"),
         (
             lambda: CrossLayerTranscoder(CLTConfig(n_layers=N_LAYERS, d_in=D_MODEL + 1, d_sae=D_SAE)),
             r"cfg.d_in is 33, but blocks.0.mlp.hook_in of this model is 32 wide",

@@ -14,7 +14,7 @@ import hooked.sae
 from hooked.interventions import tasks
 from hooked.sae import training
 from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
-from hooked.sae.clt_training import CLTTrainer
+from hooked.sae.training import CLTTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/sae/conftest.py
 

@@ -4,6 +4,7 @@ several dictionaries from one pass equal each trained alone; checkpoints load in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 
@@ -15,7 +16,7 @@ import hooked
 import hooked.sae
 import hooked.testing
 from hooked.interventions import tasks
-from hooked.sae import training
+from hooked.sae import architectures, training
 from hooked.sae.dictionary import DictionaryConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/sae/conftest.py
@@ -69,12 +70,12 @@ def make_trainer(architecture: str, d_in: int = 16, d_sae: int = 64, k: int | No
         l1_coefficient=0.7, l0_coefficient=0.3, aux_coefficient=0.5, lr=1e-3, dead_feature_window=10,
         resample_dead=False, seed=0,
     )  # fmt: skip
-    trainer_class = training.TRAINERS[architecture]
+    declaration = architectures.get(architecture)  # its trainer, and the architecture its dictionary runs
     cfg = DictionaryConfig(
-        d_in=d_in, d_sae=d_sae, hook_name="h", architecture=trainer_class.dictionary_architecture,
-        apply_b_dec_to_input=True, k=k if architecture == "topk" else None,
+        d_in=d_in, d_sae=d_sae, hook_name="h", architecture=declaration.runs.name,
+        apply_b_dec_to_input=True, k=k if declaration.runs.k is not None else None,
     )  # fmt: skip
-    return trainer_class(spec, cfg, torch.Generator().manual_seed(0))
+    return declaration.trainer_class()(spec, cfg, torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize("architecture", ["standard", "topk", "batchtopk", "jumprelu"])
@@ -542,7 +543,11 @@ def test_dead_features_are_tracked_and_resampled_every_window(model, texts, monk
         (dict(hook_name=RESID, k=2, d_sae=8, checkpoint_every=10), ValueError, "checkpoint_dir"),
         (dict(dictionaries=[dict(hook_name=RESID, k=2, d_sae=8, batch_tokens=3)]), TypeError, "unknown setting"),
         (dict(dictionaries=[dict(hook_name=RESID, d_sae=8)]), ValueError, r"dictionaries\[0\]: a topk"),
-        (dict(hook_name=MLP_IN, hook_name_out=MLP_OUT, k=2, d_sae=8, checkpoint_dir="x"), ValueError, "TopK"),
+        (
+            dict(hook_name=MLP_IN, hook_name_out=MLP_OUT, k=2, d_sae=8, checkpoint_dir="x"),
+            ValueError,
+            "no topk transcoder",
+        ),
         (dict(hook_name="blocks.1.attn.hook_pattern", k=2, d_sae=8), ValueError, "one vector per position"),
     ],
 )
@@ -584,6 +589,23 @@ def test_texts_need_a_tokenizer():
     model = hooked.testing.random_model("gpt2")
     with pytest.raises(ValueError, match="tokenizer"):
         hooked.sae.train(model, ["a text"], hook_name="blocks.0.hook_resid_post", k=2, d_sae=8, progress=False)
+
+
+def test_a_config_trains_as_its_keywords_and_a_keyword_beside_it_is_refused(model, texts):
+    options = dict(hook_name=RESID, k=4, d_sae=16, n_tokens=1024, batch_tokens=256, context_size=32, progress=False)
+    by_keywords = hooked.sae.train(model, texts, **options)
+    config = hooked.sae.TrainingConfig(**options)
+    by_config = hooked.sae.train(model, texts, config)
+    for name, value in by_keywords.state_dict().items():  # exact: the same settings run the same steps
+        torch.testing.assert_close(by_config.state_dict()[name], value, atol=0, rtol=0)
+    assert not torch.equal(by_config.W_enc, by_config.W_dec.T)  # it did train (the encoder starts as W_dec.T)
+    with pytest.raises(TypeError, match=r"given config= and the keyword\(s\) k=, seed= too; set them in the config"):
+        hooked.sae.train(model, texts, config, k=8, seed=1)
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['d_sea'\]; its settings are hook_name, "):
+        hooked.sae.train(model, texts, hook_name=RESID, k=4, d_sea=16)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.k = 8  # a config is varied by dataclasses.replace, which leaves the first as it was
+    assert dataclasses.replace(config, k=8).k == 8 and config.k == 4
 
 
 def test_training_under_no_grad_trains_as_with_gradients_and_inference_mode_is_refused(model, texts):

@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 
 from hooked.processing import unprocessed
+from hooked.sae import architectures
+from hooked.sae.architectures import JUMPRELU, STANDARD
 from hooked.sae.clt import CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.sae.formats import gemma_scope
@@ -43,6 +45,8 @@ CONFIG = "config.yaml"
 FILES = (CONFIG, "layer_*.safetensors", "W_enc_*.safetensors", "W_dec_*.safetensors")
 LOOKS_FOR = "config.yaml (circuit-tracer)"
 _THRESHOLD = "activation_function.threshold"
+# a declared parameter's key in a layer file, where it is not the parameter's own name
+KEYS = {"threshold": _THRESHOLD}
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
@@ -100,10 +104,14 @@ def _read_set(directory: Path, *, device: str, dtype: str | None, model) -> list
         if not isinstance(config.get(field), str):
             raise ValueError(f"{where} has no {field} (e.g. {field}: mlp.hook_in); circuit-tracer needs it too")
     activation, k = config.get("activation"), config.get("k")
-    if activation not in (None, "relu", "topk", "jumprelu"):
-        raise ValueError(f"{where}: activation {activation!r} is not relu, topk or (from the weights) jumprelu")
-    if activation == "topk" and not isinstance(k, int):
-        raise ValueError(f"{where}: activation is topk, so it needs an int k (k: 64), not {k!r}")
+    known = architectures.circuit_tracer_names()
+    if activation is not None and activation not in known:
+        raise ValueError(
+            f"{where}: activation {activation!r} is not one of {', '.join(known)} (or absent: relu or JumpReLU, as"
+            " the weights say)"
+        )
+    if activation is not None and known[activation].k is not None and not isinstance(k, int):
+        raise ValueError(f"{where}: activation is {activation}, so it needs an int k (k: 64), not {k!r}")
     paths = _layer_paths(directory, config)
     metadata = {key: value for key, value in config.items() if key != "transcoders"} | {"source": "circuit-tracer"}
     transcoders = []
@@ -162,32 +170,26 @@ def _read_layer(
                 raise ValueError(f"{path} has no {key}: it holds {sorted(keys)}, not a circuit-tracer transcoder")
         if k is None and "k" in keys:  # SingleLayerTranscoder.to_safetensors keeps a TopK's k in the file
             k = int(source.read("k").item())
-        if activation is None:
-            architecture = "jumprelu" if _THRESHOLD in keys else "standard"
+        if activation is None:  # circuit-tracer's rule: a JumpReLU where the weights hold a threshold, else relu
+            declaration = JUMPRELU if _THRESHOLD in keys else STANDARD
         else:
-            architecture = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu"}[activation]
+            declaration = architectures.circuit_tracer_names()[activation]
         d_transcoder, d_model = source.shape("W_enc")
         skip = "W_skip" in keys
         cfg = DictionaryConfig(
             d_in=d_model,
             d_sae=d_transcoder,
             hook_name=hook_in,
-            architecture=architecture,
+            architecture=declaration.name,
             hook_name_out=hook_out,
             d_out=source.shape("b_dec")[0],
-            k=k if architecture == "topk" else None,
+            k=k if declaration.k is not None else None,
             dtype=dtype or "float32",  # circuit-tracer's load_transcoder_set default
             device=device,
             processing=unprocessed(),
         )
-        layout = {
-            "W_enc": Stored("W_enc", transposed=True),
-            "W_dec": Stored("W_dec"),
-            "b_enc": Stored("b_enc"),
-            "b_dec": Stored("b_dec"),
-        }
-        if architecture == "jumprelu":
-            layout["threshold"] = Stored(_THRESHOLD)
+        layout = {"W_enc": Stored("W_enc", transposed=True), "W_dec": Stored("W_dec"), "b_dec": Stored("b_dec")}
+        layout |= {name: Stored(KEYS.get(name, name)) for name in declaration.parameters}
         if skip:
             layout["W_skip"] = Stored("W_skip")
         check(cfg, source, layout, skip, f"the shape of {path.name}'s W_enc", extra={"k"} & keys, model=model)
@@ -232,8 +234,8 @@ def _write_set(transcoders: Sequence[Dictionary], directory: Path) -> Path:
             norms = W_dec.norm(dim=-1).clamp(min=1e-8)
             W_enc, W_dec, b_enc = W_enc * norms, W_dec / norms[:, None], b_enc * norms
         tensors = {"W_enc": W_enc.T, "W_dec": W_dec, "b_enc": b_enc, "b_dec": transcoder.b_dec}
-        if transcoder.cfg.architecture == "jumprelu":
-            tensors[_THRESHOLD] = transcoder.threshold
+        for name in transcoder.declaration.parameters:
+            tensors.setdefault(KEYS.get(name, name), getattr(transcoder, name))
         if transcoder.W_skip is not None:
             tensors["W_skip"] = transcoder.W_skip
         write_safetensors(tensors, directory / f"layer_{layer}.safetensors")
@@ -241,9 +243,10 @@ def _write_set(transcoders: Sequence[Dictionary], directory: Path) -> Path:
     kept = {key: value for key, value in first.metadata.items() if key in ("scan", "model_name") and _plain(value)}
     config = {"model_kind": "transcoder_set", "feature_input_hook": hook_in, "feature_output_hook": hook_out}
     config |= {"scan": directory.name} | kept
-    if first.architecture != "jumprelu":  # circuit-tracer reads a JumpReLU's threshold from the weights
-        config["activation"] = {"standard": "relu", "topk": "topk"}[first.architecture]
-    if first.architecture == "topk":
+    declaration = first.declaration
+    if "threshold" not in declaration.parameters:  # circuit-tracer reads a JumpReLU's threshold from the weights
+        config["activation"] = declaration.circuit_tracer
+    if declaration.k is not None:
         config["k"] = first.k
         warnings.warn(
             "a TopK transcoder set: circuit-tracer 0.5.0 reads activation/k from config.yaml when it loads a set by its"
@@ -258,11 +261,12 @@ def _write_set(transcoders: Sequence[Dictionary], directory: Path) -> Path:
 def _check_writable(transcoder: Dictionary, layer: int, first: DictionaryConfig) -> None:
     """Refuse a dictionary circuit-tracer's SingleLayerTranscoder cannot hold, naming each reason."""
     cfg = transcoder.cfg
+    known = ", ".join(architectures.circuit_tracer_names())
     problems = [
         what
         for what, bad in (
             ("it is an SAE, not a transcoder", not cfg.is_transcoder),
-            (f"architecture {cfg.architecture} (circuit-tracer has relu, jumprelu, topk)", cfg.architecture == "gated"),
+            (f"architecture {cfg.architecture} (circuit-tracer has {known})", cfg.declaration.circuit_tracer is None),
             (f"run-time normalisation {cfg.normalize_activations}", cfg.normalize_activations != "none"),
             ("a hook_z input", cfg.reshape_activations != "none"),
             (f"d_in {cfg.d_in} != d_out {cfg.d_out}", cfg.d_in != cfg.d_out),

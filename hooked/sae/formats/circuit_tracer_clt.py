@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from hooked.sae import architectures
+from hooked.sae.architectures import JUMPRELU, STANDARD
 from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.sae.formats.files import write_safetensors
@@ -130,7 +132,7 @@ def load_circuit_tracer_clt(
         d_in=d_in,
         d_sae=d_sae,
         d_out=d_out,
-        architecture="jumprelu" if "threshold" in shapes else "standard",
+        architecture=(JUMPRELU if "threshold" in shapes else STANDARD).name,  # circuit-tracer's rule, by the weights
         hook_name=read,
         hook_name_out=write,
         dtype=str(dtype).removeprefix("torch."),
@@ -305,7 +307,8 @@ def _set_files(transcoders: list[Dictionary]) -> tuple[dict[str, dict[str, Tenso
     write = re.sub(r"^blocks\.\d+\.", "blocks.{layer}.", first.hook_name_out or "")
     for layer, transcoder in enumerate(transcoders):
         problem = _not_in_a_set(transcoder.cfg, first, read.format(layer=layer), write.format(layer=layer))
-        if problem is None and transcoder.cfg.architecture == "jumprelu" and bool((transcoder.threshold < 0).any()):
+        threshold = getattr(transcoder, "threshold", None)
+        if problem is None and threshold is not None and bool((threshold < 0).any()):
             problem = "has a negative threshold, where circuit-tracer's JumpReLU, pre * (pre > threshold), differs"
         if problem is not None:
             raise ValueError(f"transcoder {layer} of the set, {transcoder!r}, {problem}")
@@ -318,7 +321,7 @@ def _set_files(transcoders: list[Dictionary]) -> tuple[dict[str, dict[str, Tenso
     for layer, transcoder in enumerate(transcoders):
         tensors = {"W_enc": transcoder.W_enc.T, "W_dec": transcoder.W_dec, "b_enc": transcoder.b_enc}
         tensors["b_dec"] = transcoder.b_dec
-        if transcoder.cfg.architecture == "jumprelu":
+        if "threshold" in transcoder.declaration.parameters:
             tensors["activation_function.threshold"] = transcoder.threshold
         if transcoder.W_skip is not None:
             tensors["W_skip"] = transcoder.W_skip
@@ -331,8 +334,11 @@ def _not_in_a_set(c: DictionaryConfig, first: DictionaryConfig, read: str, write
     layer reading `read` and writing `write`), or None."""
     if not c.is_transcoder:
         return "is an SAE; a transcoder set holds transcoders (hook_name_out set)"
-    if c.architecture not in ("standard", "jumprelu"):
-        return f"is {c.architecture}; circuit-tracer 0.5.0's transcoders are relu or JumpReLU"
+    if not c.declaration.cross_layer:  # what circuit-tracer tells apart by the weights alone, as for its CLTs
+        return (
+            f"is {c.architecture}; circuit-tracer 0.5.0's transcoders are relu or JumpReLU"
+            f" ({', '.join(architectures.cross_layer())})"
+        )
     if c.normalize_activations != "none" or c.rescale_acts_by_decoder_norm or c.reshape_activations != "none":
         return "normalises or reshapes its input, which circuit-tracer's transcoders do not"
     if c.d_in != c.d_out or (c.d_sae, c.d_in) != (first.d_sae, first.d_in):

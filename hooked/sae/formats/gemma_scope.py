@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 
 from hooked.processing import unprocessed
+from hooked.sae.architectures import JUMPRELU
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.sae.formats.files import Npz, Safetensors
 from hooked.sae.formats.layout import Stored, build, check
@@ -122,7 +123,7 @@ def read(
             d_in=d_in,
             d_sae=d_sae,
             hook_name=hook_in,
-            architecture="jumprelu",
+            architecture=JUMPRELU.name,
             hook_name_out=hook_out,
             d_out=d_out if hook_out else None,
             apply_b_dec_to_input=False,

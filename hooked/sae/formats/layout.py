@@ -20,18 +20,8 @@ from hooked.sae.formats.files import TensorSource
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-# each parameter's axes, in the config's words
-AXES = {
-    "W_enc": ("d_in", "d_sae"),
-    "W_dec": ("d_sae", "d_out"),
-    "b_dec": ("d_out",),
-    "b_enc": ("d_sae",),
-    "threshold": ("d_sae",),
-    "b_gate": ("d_sae",),
-    "b_mag": ("d_sae",),
-    "r_mag": ("d_sae",),
-    "W_skip": ("d_out", "d_in"),
-}
+# the axes, in the config's words, of the parameters every dictionary has (the rest: its architecture's declaration)
+AXES = {"W_enc": ("d_in", "d_sae"), "W_dec": ("d_sae", "d_out"), "b_dec": ("d_out",), "W_skip": ("d_out", "d_in")}
 
 
 @dataclass(frozen=True)
@@ -42,12 +32,10 @@ class Stored:
     transposed: bool = False
 
 
-def parameter_names(cfg: DictionaryConfig, skip: bool) -> list[str]:
-    """The parameters a dictionary of this config has (`Dictionary.__init__`'s)."""
-    names = ["W_enc", "W_dec", "b_dec"]
-    names += ["b_gate", "b_mag", "r_mag"] if cfg.architecture == "gated" else ["b_enc"]
-    names += ["threshold"] if cfg.architecture == "jumprelu" else []
-    return names + (["W_skip"] if skip else [])
+def parameter_axes(cfg: DictionaryConfig, skip: bool) -> dict[str, tuple[str, ...]]:
+    """The parameters a dictionary of this config has (`Dictionary.__init__`'s), each with its axes."""
+    axes = {name: AXES[name] for name in ("W_enc", "W_dec", "b_dec")} | dict(cfg.declaration.parameters)
+    return axes | ({"W_skip": AXES["W_skip"]} if skip else {})
 
 
 def dtype_name(dtype: torch.dtype | str, field: str = "dtype") -> str:
@@ -75,7 +63,7 @@ def check(
         check_widths(model, cfg, config_file)
     keys = set(source.keys())
     kind = f"{cfg.architecture} {'transcoder' if cfg.is_transcoder else 'SAE'}{' with a skip' if skip else ''}"
-    for name in parameter_names(cfg, skip):
+    for name, axes in parameter_axes(cfg, skip).items():
         stored = layout.get(name)
         if stored is None:
             continue
@@ -86,7 +74,6 @@ def check(
             )
         shape = source.shape(stored.key)
         have = shape[::-1] if stored.transposed else shape
-        axes = AXES[name]
         want = tuple(getattr(cfg, axis) for axis in axes)
         if have != want:
             wrong = [(axis, h, w) for axis, h, w in zip(axes, have, want, strict=False) if h != w] or [

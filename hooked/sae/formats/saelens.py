@@ -6,11 +6,12 @@ written from one.
 
 What the config means, and what the reader does with it:
 
-- `architecture`: standard, gated, topk, jumprelu; transcoder, skip_transcoder, jumprelu_transcoder,
-  jumprelu_skip_transcoder (a `Dictionary` with `hook_name_out`, and `W_skip`); the training checkpoints of
-  batchtopk and matryoshka_batchtopk, which SAELens saves for inference as jumprelu (threshold = the running
-  `topk_threshold`, decoder norms folded into the encoder when `rescale_acts_by_decoder_norm`:
-  `BatchTopKTrainingSAE.process_state_dict_for_saving_inference`); the same is done here on reading.
+- `architecture`: each declared architecture's SAELens names (`saelens` of hooked/sae/architectures.py): standard,
+  gated, topk, jumprelu; transcoder, skip_transcoder, jumprelu_transcoder, jumprelu_skip_transcoder (a `Dictionary`
+  with `hook_name_out`, and `W_skip`); the training checkpoints of batchtopk and matryoshka_batchtopk, which SAELens
+  saves for inference as jumprelu (threshold = the running `topk_threshold`, decoder norms folded into the encoder
+  when `rescale_acts_by_decoder_norm`: `BatchTopKTrainingSAE.process_state_dict_for_saving_inference`); the same is
+  done here on reading.
 - `normalize_activations`: `constant_norm_rescale` and `layer_norm` run at run time (the dictionary does it);
   `expected_average_only_in` is a constant factor the training multiplied the input by. SAELens' trainer folds
   it into the weights before the final save (`SAETrainer.fit`, `fold_activation_norm_scaling_factor`, after which
@@ -45,6 +46,8 @@ from typing import Any
 import torch
 
 from hooked.processing import FLAGS
+from hooked.sae import architectures
+from hooked.sae.architectures import STANDARD, TOPK
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.sae.formats import sparsify
 from hooked.sae.formats.files import InMemory, Safetensors, TensorSource, write_safetensors
@@ -64,20 +67,6 @@ LAYER_DIR = re.compile(r"^layer_(\d+)$")  # a set's per-layer directories
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 FORMAT_VERSION = "6.54.12"  # the SAELens version whose format `write` produces (SAELens reads the version)
 
-# SAELens architecture -> (hooked architecture, transcoder, skip)
-ARCHITECTURES = {
-    "standard": ("standard", False, False),
-    "gated": ("gated", False, False),
-    "topk": ("topk", False, False),
-    "jumprelu": ("jumprelu", False, False),
-    "batchtopk": ("jumprelu", False, False),
-    "matryoshka_batchtopk": ("jumprelu", False, False),
-    "transcoder": ("standard", True, False),
-    "skip_transcoder": ("standard", True, True),
-    "jumprelu_transcoder": ("jumprelu", True, False),
-    "jumprelu_skip_transcoder": ("jumprelu", True, True),
-}
-_BATCH_TOPK = ("batchtopk", "matryoshka_batchtopk")
 _NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm", "covariance_whitening")
 
 
@@ -195,14 +184,17 @@ def from_config(
     """A SAELens config (a cfg.json's contents) and its tensors -> the dictionary; everything checked first.
     `call`: how the caller's own call begins, for the fix an error names."""
     raw = upgrade(raw)
-    architecture = raw.get("architecture", "standard")
-    if architecture not in ARCHITECTURES:
+    architecture = raw.get("architecture", STANDARD.saelens.sae)
+    known = architectures.saelens_names()
+    if architecture not in known:
         raise ValueError(
             f"{config_file}: architecture {architecture!r} is not one hooked.sae reads; it reads"
-            f" {', '.join(ARCHITECTURES)} (SAELens' abstopk, temporal and matching_pursuit have no hooked"
+            f" {', '.join(known)} (SAELens' abstopk, temporal and matching_pursuit have no hooked"
             " equivalent)"
         )
-    kind, transcoder, skip = ARCHITECTURES[architecture]
+    declaration, transcoder, skip = known[architecture]
+    runs = declaration.runs  # a training checkpoint's (batchtopk) is the dictionary it saves for inference
+    checkpoint = declaration.saelens.running_threshold  # its one threshold's key
     metadata = dict(raw.get("metadata") or {})
     hook_in, hook_out = _hook_names(
         metadata, transcoder, architecture, config_file, hook_name, hook_name_out, model, call
@@ -211,21 +203,21 @@ def from_config(
         if not isinstance(raw.get(field), int) or raw[field] <= 0:
             raise ValueError(f"{config_file}: {field} is {raw.get(field)!r}; it must be a positive int")
     normalize = raw.get("normalize_activations") or "none"
-    factor = _normalization(normalize, architecture, norm_scaling_factor, statistics, config_file)
-    rescale = bool(raw.get("rescale_acts_by_decoder_norm", architecture in _BATCH_TOPK))
-    k = raw.get("k", 100) if kind == "topk" else None  # TopKSAEConfig's default
-    if kind == "topk" and (not isinstance(k, int) or isinstance(k, bool)):
-        raise ValueError(f"{config_file}: k is {k!r}; a topk SAE keeps an int number of features")
+    factor = _normalization(normalize, architecture, transcoder, norm_scaling_factor, statistics, config_file)
+    rescale = bool(raw.get("rescale_acts_by_decoder_norm", declaration.saelens.rescale_by_default))
+    k = raw.get("k", runs.saelens.default_k) if runs.k is not None else None
+    if runs.k is not None and (not isinstance(k, int) or isinstance(k, bool)):
+        raise ValueError(f"{config_file}: k is {k!r}; a {runs.name} SAE keeps an int number of features")
     cfg = DictionaryConfig(
         d_in=raw["d_in"],
         d_sae=raw["d_sae"],
         hook_name=hook_in,
-        architecture=kind,
+        architecture=runs.name,
         hook_name_out=hook_out,
         d_out=raw.get("d_out", raw["d_in"]) if transcoder else None,
         apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)) and not transcoder,
         normalize_activations=normalize if normalize in ("constant_norm_rescale", "layer_norm") else "none",
-        rescale_acts_by_decoder_norm=rescale and kind == "topk",
+        rescale_acts_by_decoder_norm=rescale and runs.ranked,
         k=k,
         reshape_activations=raw.get("reshape_activations") or "none",
         dtype=dtype or dtype_name(raw.get("dtype", "float32"), f"{config_file}'s dtype"),
@@ -234,27 +226,27 @@ def from_config(
         metadata=metadata,
     )
     keys = set(source.keys())
-    layout = {name: Stored(name) for name in ("W_enc", "W_dec", "b_dec")}
-    layout |= (
-        {name: Stored(name) for name in ("b_gate", "b_mag", "r_mag")} if kind == "gated" else {"b_enc": Stored("b_enc")}
-    )
+    layout = {name: Stored(name) for name in ("W_enc", "W_dec", "b_dec", *runs.parameters)}
     extra = {"scaling_factor", "finetuning_scaling_factor"} & keys
-    if architecture in _BATCH_TOPK:  # its threshold is filled from the running topk_threshold below
-        if "topk_threshold" not in keys:
-            raise ValueError(f"{source.path} has no topk_threshold, which a {architecture} checkpoint keeps")
-        extra.add("topk_threshold")
-    elif kind == "jumprelu":
-        layout["threshold"] = Stored("log_threshold" if "log_threshold" in keys else "threshold")
+    if checkpoint is not None:  # its threshold is filled from the running one below
+        if checkpoint not in keys:
+            raise ValueError(f"{source.path} has no {checkpoint}, which a {architecture} checkpoint keeps")
+        extra.add(checkpoint)
+        del layout["threshold"]
+    elif "threshold" in layout and "log_threshold" in keys:  # older JumpReLU checkpoints (JumpReLUTrainingSAE)
+        layout["threshold"] = Stored("log_threshold")
     if skip:
         layout["W_skip"] = Stored("W_skip")
     check(cfg, source, layout, skip, config_file, extra, model=model)
     dictionary = build(cfg, source, layout, skip)
-    _fold(dictionary, source, architecture, layout, extra, factor, rescale, statistics)
+    _fold(dictionary, source, checkpoint, layout, extra, factor, rescale, statistics)
     return dictionary
 
 
 @torch.no_grad()
-def _fold(dictionary: Dictionary, source: TensorSource, architecture: str, layout, extra, factor, rescale, statistics):
+def _fold(
+    dictionary: Dictionary, source: TensorSource, checkpoint: str | None, layout, extra, factor, rescale, statistics
+):
     """What SAELens does to the weights after loading or at the end of training, done to the read dictionary."""
     if layout.get("threshold") == Stored("log_threshold"):  # older JumpReLU checkpoints (JumpReLUTrainingSAE)
         dictionary.threshold.exp_()
@@ -262,8 +254,8 @@ def _fold(dictionary: Dictionary, source: TensorSource, architecture: str, layou
         dictionary.W_dec.mul_(source.read(key, dictionary.dtype, dictionary.device)[:, None])
     if factor is not None:
         dictionary.fold_scaling_factor(factor)
-    if architecture in _BATCH_TOPK:  # BatchTopKTrainingSAE: fold the factor, then save for inference
-        threshold = source.read("topk_threshold", torch.float64).item()
+    if checkpoint is not None:  # BatchTopKTrainingSAE: fold the factor, then save for inference
+        threshold = source.read(checkpoint, torch.float64).item()
         if factor is not None and rescale:  # the threshold is in units of pre * ||W_dec row||
             threshold /= factor
         if rescale:
@@ -274,7 +266,7 @@ def _fold(dictionary: Dictionary, source: TensorSource, architecture: str, layou
 
 
 def _normalization(
-    normalize: str, architecture: str, given: float | None, statistics, config_file: str
+    normalize: str, architecture: str, transcoder: bool, given: float | None, statistics, config_file: str
 ) -> float | None:
     """Refuse a normalisation hooked cannot run or fold; the input scale to fold (expected_average_only_in)."""
     if normalize not in _NORMALIZATIONS:
@@ -287,7 +279,7 @@ def _normalization(
             " (SAELens folds the whitening into the weights at the end of training; a checkpoint keeps it there)."
             " Copy the checkpoint's whitening file next to the config, or load the final save"
         )
-    if ARCHITECTURES[architecture][1] and normalize in ("constant_norm_rescale", "layer_norm", "covariance_whitening"):
+    if transcoder and normalize in ("constant_norm_rescale", "layer_norm", "covariance_whitening"):
         raise ValueError(
             f"{config_file}: a {architecture} with normalize_activations={normalize!r}: SAELens normalises a"
             " transcoder's input but not its output (Transcoder.decode), which hooked.sae does not reproduce;"
@@ -325,9 +317,9 @@ def upgrade(raw: dict[str, Any]) -> dict[str, Any]:
     old = {renames.get(key, key): value for key, value in raw.items()}
     new = dict(old)
     new.setdefault("apply_b_dec_to_input", True)
-    new.setdefault("architecture", "standard")
+    new.setdefault("architecture", STANDARD.saelens.sae)
     if old.get("activation_fn") == "topk" and (old.get("activation_fn_kwargs") or {}).get("k") is not None:
-        new["architecture"], new["k"] = "topk", old["activation_fn_kwargs"]["k"]
+        new["architecture"], new["k"] = TOPK.saelens.sae, old["activation_fn_kwargs"]["k"]
     if isinstance(new.get("normalize_activations"), bool):
         new["normalize_activations"] = "expected_average_only_in" if new["normalize_activations"] else "none"
     new.setdefault("reshape_activations", "hook_z" if str(new.get("hook_name", "")).endswith("hook_z") else "none")
@@ -439,11 +431,7 @@ def _fold_whitening(dictionary: Dictionary, mean, matrix, inverse) -> None:
     dictionary.W_enc.copy_(matrix @ dictionary.W_enc.to(dtype))
     if not dictionary.cfg.apply_b_dec_to_input:
         shift = (mean @ dictionary.W_enc.to(dtype)).to(dictionary.dtype)
-        if dictionary.cfg.architecture == "gated":
-            dictionary.b_gate.sub_(shift)
-            dictionary.b_mag.sub_(shift * dictionary.r_mag.exp())
-        else:
-            dictionary.b_enc.sub_(shift)
+        dictionary.declaration.shift(dictionary, shift)
     dictionary.W_dec.copy_(dictionary.W_dec.to(dtype) @ inverse)
     dictionary.b_dec.copy_(dictionary.b_dec.to(dtype) @ inverse + mean)
 
@@ -499,22 +487,25 @@ def _write_directory(dictionary: Dictionary, directory: Path) -> Path:
     """Save `dictionary` as SAELens 6.54's `SAE.save_model` does, so `SAE.load_from_disk(directory)` reads it."""
     cfg = dictionary.cfg
     skip = dictionary.W_skip is not None
+    names = cfg.declaration.saelens or architectures.SAELensNames()
     if cfg.is_transcoder:
-        names = {"standard": "transcoder", "jumprelu": "jumprelu_transcoder"}
-        if cfg.architecture not in names:
-            raise ValueError(f"{dictionary!r}: SAELens 6.54 has no {cfg.architecture} transcoder to save it as")
+        architecture = names.skip_transcoder if skip else names.transcoder
+        if architecture is None:
+            with_skip = " with a skip connection" if skip else ""
+            raise ValueError(
+                f"{dictionary!r}: SAELens 6.54 has no {cfg.architecture} transcoder{with_skip} to save it as"
+            )
         if cfg.normalize_activations != "none":
             raise ValueError(
                 f"{dictionary!r} normalises its input at run time; SAELens' transcoders would not undo it on the"
                 " output (Transcoder.decode), so it cannot be saved for SAELens"
             )
-        architecture = (
-            names[cfg.architecture].replace("transcoder", "skip_transcoder") if skip else names[cfg.architecture]
-        )
     elif skip:
         raise ValueError(f"{dictionary!r} has a skip connection; SAELens 6.54 has SAEs only without one")
     else:
-        architecture = cfg.architecture
+        architecture = names.sae
+        if architecture is None:
+            raise ValueError(f"{dictionary!r}: SAELens 6.54 has no {cfg.architecture} SAE to save it as")
     metadata = {key: value for key, value in cfg.metadata.items() if key not in ("hook_name", "hook_name_out")}
     metadata["hook_name"] = to_transformer_lens(cfg.hook_name)
     if cfg.is_transcoder:
@@ -534,7 +525,7 @@ def _write_directory(dictionary: Dictionary, directory: Path) -> Path:
         "reshape_activations": cfg.reshape_activations,
         "metadata": metadata,
     }
-    if cfg.architecture == "topk":
+    if cfg.declaration.k is not None:
         config |= {"k": cfg.k, "rescale_acts_by_decoder_norm": cfg.rescale_acts_by_decoder_norm}
     if cfg.is_transcoder:
         config["d_out"] = cfg.d_out

@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 
 from hooked.processing import unprocessed
+from hooked.sae.architectures import TOPK
 from hooked.sae.dictionary import Dictionary, DictionaryConfig
 from hooked.sae.formats.files import Safetensors
 from hooked.sae.formats.layout import Stored, build, check, dtype_name
@@ -87,7 +88,7 @@ def read(
             d_in=raw["d_in"],
             d_sae=d_sae,
             hook_name=hook_in,
-            architecture="topk",
+            architecture=TOPK.name,
             hook_name_out=hook_out,
             d_out=raw["d_in"] if transcoder else None,
             apply_b_dec_to_input=not transcoder,

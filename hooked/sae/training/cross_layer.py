@@ -1,5 +1,5 @@
 """How a cross-layer transcoder learns (`hooked.sae.train(model, data, cross_layer=True, ...)`): the trainer the
-loop of hooked/sae/training.py drives, with `DictionaryTrainer`'s surface, fed every layer's input and output
+loop of hooked/sae/training/loop.py drives, with `DictionaryTrainer`'s surface, fed every layer's input and output
 point from the same stream.
 
 For the CLT of hooked/sae/clt.py (layer l reads x_l, its features write every layer m >= l through W_dec_l[:, m - l]),
@@ -26,11 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hooked.sae.clt import CLTConfig, CrossLayerTranscoder
-from hooked.sae.training import (
+from hooked.sae.training.config import DictionarySpec
+from hooked.sae.training.trainers import (
     DECODER_INIT_NORM,
     JUMPRELU_BANDWIDTH,
     JUMPRELU_INIT_THRESHOLD,
-    DictionarySpec,
     DictionaryTrainer,
     JumpReLU,
     StepFunction,
@@ -122,7 +122,7 @@ class CLTTrainer(DictionaryTrainer):
         if clt.has_skip:
             outs = [out + x @ module.W_skip for out, x, module in zip(outs, xs, clt.layers, strict=True)]
         mse = sum((out - y).pow(2).sum(-1).mean() for out, y in zip(outs, ys, strict=True))
-        parts = {"mse": mse, ("l1" if cfg.architecture == "standard" else "l0"): penalty}
+        parts = {"mse": mse, ("l1" if clt.layers[0].threshold is None else "l0"): penalty}
         recons, targets = torch.stack(outs).detach(), torch.stack(ys)
         with torch.no_grad():
             active = torch.stack(acts_by_layer) > 0  # [n_layers tokens d_sae]
