@@ -18,6 +18,7 @@ import torch
 import hooked
 import hooked.sae
 from hooked import graphs
+from hooked.graphs import prune
 from hooked.graphs.page import GraphPage, QKPair, _edge_cuts, _f32, page_data, serve_in_background
 from hooked.graphs.paths import path_strengths, strongest_path
 from hooked.graphs.prune import find_threshold
@@ -188,6 +189,33 @@ def test_the_sliders_filter_as_graph_prune_does(browser, ioi, tmp_path, which):
             edge_slider.fill(edge_threshold)
             check()
     assert len(seen) >= 4  # the thresholds did change what is kept
+    tab.close()
+
+
+@pytest.mark.browser
+def test_thresholds_a_hair_above_a_float32_cut_compare_as_torch_does(browser, tmp_path):
+    """torch compares a Python float threshold with its float32 cumulative shares in float32: a threshold just
+    above a share (in float64) rounds down onto it. The page's pruning must round the same way."""
+    graph = random_graph(seed=3, n_layers=3, n_pos=5, n_active=45, n_features=35)
+    tab = open_page(browser, graph.show(), tmp_path / "graph.html")
+    grid = page_data(graph)["grid"]["node_thresholds"]
+    node_step = grid.index(0.8)
+    influences = prune.influence(prune.normalize(graph.adjacency), prune.logit_weights(graph))
+    scores = prune.edge_scores(
+        graph.adjacency, prune.influential_nodes(graph, influences, 0.8), prune.logit_weights(graph)
+    )
+    ordered = scores.flatten().sort(descending=True).values
+    shares = (ordered.cumsum(0) / ordered.sum())[: int((ordered > 0).sum())]
+    hairs = [math.nextafter(c, 2.0) for c in shares.tolist() if 0.5 <= c <= 0.99][::3]
+    assert len(hairs) >= 10 and all(_f32(t) < t for t in hairs)  # each rounds down onto its share
+    for t in hairs:
+        pruned = graph.prune(0.8, t)
+        counted = tab.evaluate(
+            "([g, t]) => { const p = window.hookedGraph.prune(g, t); return [p.node.reduce((a, b) => a + b, 0), "
+            "p.edge.reduce((a, b) => a + b, 0)]; }",
+            [node_step, t],
+        )
+        assert counted == [len(pruned.nodes), len(pruned.edges())], t
     tab.close()
 
 
