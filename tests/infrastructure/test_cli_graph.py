@@ -4,6 +4,15 @@ passed through, and bad input refused in one line with nothing written."""
 from __future__ import annotations
 
 import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +23,7 @@ from hooked import graphs
 from hooked.cli import main
 from hooked.graphs import Graph
 
+ROOT = Path(__file__).resolve().parents[2]
 MODEL, SET = "hooked/ioi-gpt2", "hooked/ioi-gpt2/saes/transcoders"
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 
@@ -76,4 +86,63 @@ def test_graph_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, capsys
     assert main(["graph", MODEL, *[part for pair in args.items() for part in pair]]) == 2
     error = capsys.readouterr().err
     assert error.startswith("hooked graph: error: ") and message in error and error.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def _page_data(path: Path) -> dict:
+    """The data a graph page (hooked/graphs/page.py) carries, read back from its HTML."""
+    text = path.read_text(encoding="utf-8")
+    start = text.index('<script type="application/json" id="graph-data">') + len(
+        '<script type="application/json" id="graph-data">'
+    )
+    return json.loads(text[start : text.index("</script>", start)])
+
+
+def test_graph_html_writes_the_page_to_explore(tmp_path, capsys):
+    out, html = tmp_path / "graph", tmp_path / "pages" / "ioi.html"
+    options = ["--max-feature-nodes", "30", "--node-threshold", "0.7", "--edge-threshold", "0.9", "--html", str(html)]
+    assert main(["graph", MODEL, "--transcoders", SET, "--prompt", PROMPT, "--out", str(out), *options]) == 0
+    assert f"  {html}\n" in capsys.readouterr().out  # listed with what was written
+    data = _page_data(html)
+    model = hooked.load(MODEL)
+    expected = graphs.attribute(model, PROMPT, hooked.sae.load(SET, model=model), max_feature_nodes=30)
+    assert data["grid"]["node_thresholds"][data["start"]["node_threshold"]] == 0.7
+    assert data["start"]["edge_threshold"] == 0.9
+    assert set(expected.prune(0.7, 0.9).nodes) <= {node["i"] for node in data["nodes"]}
+    assert data["tokens"] == [model.tokenizer.decode([t]) for t in expected.input_tokens.tolist()]
+
+
+def test_graph_serve_prints_the_url_serves_the_page_and_ends_on_ctrl_c(tmp_path):
+    out = tmp_path / "graph"
+    command = [sys.executable, "-m", "hooked.cli", "graph", MODEL, "--transcoders", SET, "--prompt", PROMPT]
+    command += ["--out", str(out), "--max-feature-nodes", "20", "--serve"]
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}  # stdout a buffered pipe
+    env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    try:
+        printed, found = [], None
+        while found is None:  # until the URL (the graph is computed first); a URL never printed fails, not hangs
+            try:
+                printed.append(lines.get(timeout=120))
+            except queue.Empty:
+                pytest.fail("no URL printed within 120 s; printed so far:\n" + "".join(printed))
+            found = re.search(r"serving the graph page at (http://127\.0\.0\.1:\d+/)", printed[-1])
+        page = urllib.request.urlopen(found.group(1), timeout=30).read().decode("utf-8")
+        assert "window.hookedGraphReady" in page and '<script type="application/json" id="graph-data">' in page
+        process.send_signal(signal.SIGINT)  # Ctrl-C
+        assert process.wait(timeout=30) == 0, process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert (out / "graph.json").exists()  # the files were written before serving
+
+
+def test_graph_html_refuses_a_folder_and_writes_nothing(tmp_path, capsys):
+    args = ["--transcoders", SET, "--prompt", PROMPT, "--out", str(tmp_path / "out"), "--html", str(tmp_path)]
+    assert main(["graph", MODEL, *args]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("hooked graph: error: --html ") and "is a directory" in error and error.count("\n") == 1
     assert not (tmp_path / "out").exists()

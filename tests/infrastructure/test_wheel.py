@@ -36,6 +36,10 @@ def test_an_installed_wheel_loads_the_bundled_models(tmp_path):
             assert f"hooked/bundled/{model}/{file}" in names, (model, file)
     shipped = [p.relative_to(ROOT).as_posix() for p in (ROOT / "hooked" / "bundled").glob("*/saes/**/*") if p.is_file()]
     assert len(shipped) >= 2 * 4 * 2 + 2 and set(shipped) <= names, sorted(set(shipped) - names)
+    # the graph page's template, script, styles and the Cytoscape.js build it inlines, with its licence
+    static = [p.relative_to(ROOT).as_posix() for p in (ROOT / "hooked" / "graphs" / "static").iterdir()]
+    assert "hooked/graphs/static/cytoscape.min.js" in static and "hooked/graphs/static/cytoscape.LICENSE" in static
+    assert set(static) <= names, sorted(set(static) - names)
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
@@ -56,6 +60,9 @@ def test_an_installed_wheel_loads_the_bundled_models(tmp_path):
         "sae = hooked.sae.load('hooked/ioi-gpt2/saes/blocks.2.hook_resid_post')\n"
         "out['sae_dir'] = str(hooked.sae.bundled_saes()['hooked/ioi-gpt2/saes/blocks.2.hook_resid_post'])\n"
         "out['transcoders'] = len(hooked.sae.load('hooked/ioi-qwen3moe/saes/transcoders'))\n"
+        "from hooked.graphs import page\n"
+        "out['page_static'] = str(page.STATIC)\n"
+        "out['page_files'] = sorted(p.name for p in page.STATIC.iterdir())\n"
         "print(json.dumps(out))\n"
     )
     env = {"PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
@@ -64,5 +71,7 @@ def test_an_installed_wheel_loads_the_bundled_models(tmp_path):
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert Path(out["file"]).is_relative_to(target), out["file"]  # the installed copy, not the checkout
     assert Path(out["sae_dir"]).is_relative_to(target) and out["transcoders"] == 4, out
+    assert Path(out["page_static"]).is_relative_to(target), out  # the page inlines the installed copy's files
+    assert out["page_files"] == sorted(p.rsplit("/", 1)[1] for p in static), out
     for model in BUNDLED:
         assert out[f"hooked/{model}"] > 1.0, out  # a trained model: the right name is clearly preferred
