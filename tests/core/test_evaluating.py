@@ -35,6 +35,15 @@ def test_evaluating_restores_either_mode_also_when_the_block_raises():
         assert model.training is mode and model[1].training is mode
 
 
+def test_evaluating_gives_each_module_its_own_mode_back():
+    """A model in eval mode with one submodule left training (a dropout a user switched on) gets exactly that back."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5), torch.nn.Dropout(0.5)).eval()
+    model[1].train()
+    with evaluating(model):
+        assert not any(module.training for module in model.modules())
+    assert [module.training for module in model.modules()] == [False, False, True, False]
+
+
 @pytest.fixture(scope="module")
 def model():
     return random_model("gpt2", seed=3, n_layers=2, d_model=32)
