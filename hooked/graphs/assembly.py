@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from hooked.graphs.graph import Graph, LogitTarget, default_scan
+from hooked.graphs.files import LogitTarget, default_scan
+from hooked.graphs.graph import Graph
 from hooked.graphs.nodes import Nodes
 from hooked.graphs.schedule import Rows
 from hooked.graphs.transcoders import Transcoders

@@ -22,11 +22,20 @@ import pickle
 import types
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from hooked.graphs.graph import Graph, LogitTarget, default_scan
+if TYPE_CHECKING:
+    from hooked.graphs.graph import Graph
+
+
+class LogitTarget(NamedTuple):
+    """A logit node: the token's text and its vocabulary id (circuit-tracer 0.5.0 `attribution/targets.py`)."""
+
+    token_str: str
+    vocab_idx: int
+
 
 CONFIG_NAME = "circuit_tracer.utils.tl_nnsight_mapping.UnifiedConfig"
 LOGIT_TARGET_NAME = "circuit_tracer.attribution.targets.LogitTarget"
@@ -75,6 +84,12 @@ class _CircuitTracerPickler(pickle._Pickler):
 
 
 _PICKLE_MODULE = types.SimpleNamespace(__name__="hooked.graphs.files", Pickler=_CircuitTracerPickler)
+
+
+def default_scan(model_info: dict[str, Any]) -> str:
+    """The `scan` of a graph whose transcoders name none and were not loaded from a path (made in memory): the
+    model's name, else "unknown". circuit-tracer's `create_graph_files` refuses a graph without a scan."""
+    return model_info.get("model_name") or "unknown"
 
 
 def circuit_tracer_config(graph: Graph) -> UnifiedConfig:
@@ -126,8 +141,9 @@ def save_circuit_tracer(graph: Graph, path: str | Path) -> None:
     torch.save(record, path, pickle_module=_PICKLE_MODULE)
 
 
-def load_circuit_tracer(path: str | Path, feature_input_hook: str, feature_output_hook: str) -> Graph:
-    """Read a circuit-tracer 0.5.0 graph file into hooked's `Graph` (see `Graph.load_circuit_tracer`)."""
+def read_circuit_tracer(path: str | Path, feature_input_hook: str, feature_output_hook: str) -> dict[str, Any]:
+    """Read a circuit-tracer 0.5.0 graph file as the fields of hooked's `Graph`, which `Graph.load_circuit_tracer`
+    makes of them (this module reads and writes files; graph.py owns the Graph and imports it, not the reverse)."""
     stand_ins = [(UnifiedConfig, CONFIG_NAME), (LogitTarget, LOGIT_TARGET_NAME)]
     with torch.serialization.safe_globals(stand_ins):
         record = torch.load(path, map_location="cpu", weights_only=True)
@@ -138,7 +154,7 @@ def load_circuit_tracer(path: str | Path, feature_input_hook: str, feature_outpu
     targets = record["logit_targets"]
     if isinstance(targets, torch.Tensor):  # files from before LogitTarget (circuit-tracer's from_pt reads them too)
         targets = [LogitTarget("", int(i)) for i in targets.tolist()]
-    return Graph(
+    return dict(
         input_tokens=record["input_tokens"],
         input_string=record["input_string"],
         active_features=record["active_features"],

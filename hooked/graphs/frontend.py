@@ -28,10 +28,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hooked.graphs.graph import Graph, default_scan
-from hooked.graphs.prune import PrunedGraph
+from hooked.graphs.files import default_scan
+
+if TYPE_CHECKING:
+    from hooked.graphs.graph import Graph
+    from hooked.graphs.prune import PrunedGraph
 
 
 def cantor_pairing(x: int, y: int) -> int:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from hooked.graphs import prune
+from hooked.graphs.files import LogitTarget
 from hooked.graphs.prune import GraphScores, PrunedGraph
 from hooked.interventions.kinds import FEATURE_POINTS
 
@@ -26,13 +27,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from hooked.graphs.page import GraphPage, QKSource
-
-
-class LogitTarget(NamedTuple):
-    """A logit node: the token's text and its vocabulary id (circuit-tracer 0.5.0 `attribution/targets.py`)."""
-
-    token_str: str
-    vocab_idx: int
 
 
 class GraphNode(NamedTuple):
@@ -43,12 +37,6 @@ class GraphNode(NamedTuple):
     layer: int | None
     position: int
     index: int | None
-
-
-def default_scan(model_info: dict[str, Any]) -> str:
-    """The `scan` of a graph whose transcoders name none and were not loaded from a path (made in memory): the
-    model's name, else "unknown". circuit-tracer's `create_graph_files` refuses a graph without a scan."""
-    return model_info.get("model_name") or "unknown"
 
 
 @dataclass
@@ -207,7 +195,7 @@ class Graph:
         files do not say where the transcoders read and write: the hooks default to circuit-tracer's usual pair."""
         from hooked.graphs import files
 
-        return files.load_circuit_tracer(path, feature_input_hook, feature_output_hook)
+        return cls(**files.read_circuit_tracer(path, feature_input_hook, feature_output_hook))
 
     def to_frontend(
         self,

@@ -23,14 +23,7 @@ WINGS = ("hooked.sae", "hooked.graphs")
 # is gone (delete its line then). `Graph`'s methods (save_circuit_tracer, load_circuit_tracer, to_frontend) call
 # the modules that write its files, and those build or read `Graph`: the fix moves the writers behind a function the
 # result class does not import back (issue 40's result-class work on hooked/graphs).
-KNOWN = {
-    (
-        "hooked.graphs.files",
-        "hooked.graphs.graph",
-        "hooked.graphs.files",
-    ): "Graph.save_circuit_tracer, load_circuit_tracer <-> files.py",
-    ("hooked.graphs.frontend", "hooked.graphs.graph", "hooked.graphs.frontend"): "Graph.to_frontend <-> frontend.py",
-}
+KNOWN: dict[tuple[str, ...], str] = {}  # circles kept for a reason, each named; none today
 
 
 def in_wings(module: str) -> bool:
