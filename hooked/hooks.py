@@ -452,6 +452,21 @@ class HookedRootModule(nn.Module):
         """TransformerLens' name for `setup_hooks`: call at the end of a HookedRootModule's `__init__`."""
         self.setup_hooks()
 
+    def insert_hook_points(self, after: str, points: dict[str, HookPoint]) -> None:
+        """Put `points` (named, not modules of this model: a spliced dictionary's) into the hook registry right
+        after the point `after`, in the order given, so forward order still lists them where they run."""
+        clash = sorted(set(points) & set(self.hook_dict))
+        if clash:
+            raise ValueError(f"hook points {clash} are already in the model; remove them first")
+        entries = list(self.hook_dict.items())
+        at = list(self.hook_dict).index(after) + 1
+        self.hook_dict = dict(entries[:at] + list(points.items()) + entries[at:])
+
+    def remove_hook_points(self, names: Iterable[str]) -> None:
+        """Take the named points out of the hook registry (those `insert_hook_points` put in); absent names pass."""
+        for name in names:
+            self.hook_dict.pop(name, None)
+
     def run_with_cache(
         self, *model_args, names_filter: NameFilter | None = None, **model_kwargs
     ) -> tuple[object, dict[str, Tensor]]:

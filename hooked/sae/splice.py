@@ -173,16 +173,14 @@ def _attach(model: HookedTransformer, named: list[tuple[HookPoint, str]], write:
         if local in ("hook_sae_error", "hook_sae_output"):
             point.axes = written.axes
         added[point.name] = point
-    entries = list(model.hook_dict.items())
-    at = [name for name, _ in entries].index(write) + 1
-    model.hook_dict = dict(entries[:at] + list(added.items()) + entries[at:])
+    model.insert_hook_points(write, added)
 
 
 def _detach(model: HookedTransformer, named: list[tuple[HookPoint, str]], home: str = "") -> None:
     """Take a dictionary's points out of the model's hook_dict, named again as in the dictionary (`home`: the
     prefix of their names there)."""
+    model.remove_hook_points([point.name for point, _ in named])
     for point, local in named:
-        model.hook_dict.pop(point.name, None)
         point.name, point.stage = home + local, None
         if local in ("hook_sae_error", "hook_sae_output"):
             point.axes = ()

@@ -370,3 +370,23 @@ def test_module_backward_hooks_on_a_hook_point_are_refused(gpt2):
     ):
         with pytest.raises(TypeError, match="never run"):
             register(lambda *args: None)
+
+
+def test_inserted_hook_points_sit_after_their_point_and_come_out_again():
+    """The registry edit a spliced dictionary makes (hooked.sae.splice): its points right after the one named, in
+    forward order, refused where a name is taken, and removed by name."""
+    from hooked.hooks import HookPoint
+    from hooked.testing import random_model
+
+    model = random_model("gpt2", seed=0, n_layers=2, d_model=16)
+    before = list(model.hook_dict)
+    after = "blocks.0.hook_resid_post"
+    added = {f"{after}.a": HookPoint(), f"{after}.b": HookPoint()}
+    model.insert_hook_points(after, added)
+    at = before.index(after) + 1
+    assert list(model.hook_dict) == [*before[:at], *added, *before[at:]]
+    with pytest.raises(ValueError, match="already in the model"):
+        model.insert_hook_points("blocks.1.hook_resid_post", {f"{after}.a": HookPoint()})
+    assert list(model.hook_dict) == [*before[:at], *added, *before[at:]]  # the refused call changed nothing
+    model.remove_hook_points(added)
+    assert list(model.hook_dict) == before
