@@ -25,19 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.graphs.browser import READY, launch  # noqa: E402
 from tests.graphs.random_graphs import random_graph  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-BROWSER_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SIZES = {  # name: random_graph's arguments
     "1,000 nodes": dict(n_layers=12, n_pos=20, n_active=780, n_features=730, n_logits=10, d_sae=4000, density=0.2),
     "3,030 nodes": dict(n_layers=12, n_pos=40, n_active=2550, n_features=2500, n_logits=10, d_sae=8000, density=0.1),
@@ -61,13 +51,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="graph-page-bench."))
     rows = []
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch_persistent_context(
-            str(folder / "profile"),
-            executable_path=CHROMIUM,
-            args=BROWSER_ARGS,
-            headless=True,
-            viewport={"width": 1280, "height": 800},
-        )
+        browser = launch(playwright, folder / "profile")
         tab = browser.new_page()
         for name, shape in SIZES.items():
             graph = random_graph(seed=0, **shape)
@@ -79,7 +63,7 @@ def main() -> None:
             ready, painted, moves = [], [], []
             for _ in range(args.repeats):
                 tab.goto(path.as_uri())
-                tab.wait_for_function("window.hookedGraphReady === true", timeout=120_000)
+                tab.wait_for_function(READY, timeout=120_000)
                 ready.append(tab.evaluate("window.hookedGraphTimes.ready"))
                 painted.append(tab.evaluate(PAINTED))
                 moves.append(tab.evaluate(SLIDER_STEP))

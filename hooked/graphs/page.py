@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from hooked.graphs import prune
+from hooked.graphs.prune import cumulative_shares
 
 if TYPE_CHECKING:
     from hooked.graphs.graph import Graph
@@ -287,9 +288,8 @@ def _f32(value: float) -> float:
 def _edge_cuts(scores: Tensor) -> tuple[Tensor, float]:
     """Per score, the cut c with `score >= find_threshold(scores, t)` exactly when c < float32(t) (inf for a zero
     score), and the highest t at which find_threshold's cut stays above zero (the cumulative share at the last
-    positive score). Same sort, cumsum and division as prune.find_threshold, so the same float32 values."""
-    sorted_scores, order = torch.sort(scores, descending=True)
-    cumulative = torch.cumsum(sorted_scores, dim=0) / torch.sum(sorted_scores)
+    positive score). prune.cumulative_shares, as find_threshold's: the same float32 values."""
+    sorted_scores, order, cumulative = cumulative_shares(scores)
     # find_threshold's index is #{cumulative < t}; rank r is kept when its tie group's first rank f has f <= index,
     # that is when cumulative[f - 1] < t (rank 0 always)
     before = torch.cat([cumulative.new_full((1,), -math.inf), cumulative[:-1]])

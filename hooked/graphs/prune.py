@@ -123,12 +123,19 @@ def influence(normalized: Tensor, weights: Tensor) -> Tensor:
     )
 
 
+def cumulative_shares(scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(scores sorted descending, their order, each rank's share of the total with every larger one): the one
+    arithmetic `find_threshold` and the graph page's edge cuts (hooked/graphs/page.py) both read, so their float32
+    values agree to the bit."""
+    sorted_scores, order = torch.sort(scores, descending=True)
+    return sorted_scores, order, torch.cumsum(sorted_scores, dim=0) / torch.sum(sorted_scores)
+
+
 def find_threshold(scores: Tensor, threshold: float, n_total: int | None = None) -> Tensor:
     """The smallest score among the largest ones holding `threshold` of the total (circuit-tracer's
     `find_threshold`). `n_total`: the number of scores when `scores` holds only the stored entries of a sparse
     matrix, the rest being zeros (a threshold that reaches into them is 0)."""
-    sorted_scores = torch.sort(scores, descending=True).values
-    cumulative = torch.cumsum(sorted_scores, dim=0) / torch.sum(sorted_scores)
+    sorted_scores, _, cumulative = cumulative_shares(scores)
     index = int(torch.searchsorted(cumulative, threshold).item())
     if n_total is not None and index >= len(cumulative) and n_total > len(cumulative):
         return sorted_scores.new_zeros(())
@@ -179,9 +186,9 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
     if adjacency.is_sparse:
         edge_mask = _with_values(adjacency, edge_mask)
 
-    sorted_scores, order = torch.sort(influences, descending=True)
+    _, order, shares = cumulative_shares(influences)
     cumulative_scores = torch.zeros_like(influences)
-    cumulative_scores[order] = torch.cumsum(sorted_scores, dim=0) / torch.sum(sorted_scores)
+    cumulative_scores[order] = shares
     return PrunedGraph(graph, node_mask, edge_mask, cumulative_scores, influences, node_threshold, edge_threshold)
 
 

@@ -19,7 +19,7 @@ def window_in_pattern(pattern: torch.Tensor) -> int | None:
     w with weight on key j from query i exactly when 0 <= i - j < w (checked on every row)."""
     query, key = torch.arange(POSITIONS)[:, None], torch.arange(POSITIONS)[None, :]
     seen = (pattern > 0).all(0).all(0)  # [query key]: weight on it in every batch row and head
-    if torch.equal(seen, key <= query):
+    if torch.equal(seen, key <= query):  # boolean masks: which keys have weight, not values compared
         return None
     width = int(seen[-1].sum())
     assert torch.equal(seen, (key <= query) & (query - key < width)), "not a causal sliding window"

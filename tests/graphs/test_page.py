@@ -22,21 +22,10 @@ from hooked.graphs import prune
 from hooked.graphs.page import GraphPage, QKPair, _edge_cuts, _f32, page_data, serve_in_background
 from hooked.graphs.paths import path_strengths, strongest_path
 from hooked.graphs.prune import find_threshold
+from tests.graphs.browser import CHROMIUM, READY, launch
 from tests.graphs.random_graphs import random_graph
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
-BROWSER_ARGS = [  # no network, no first-run work: the page is one local file
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-READY = "window.hookedGraphReady === true"
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 
 
@@ -55,13 +44,7 @@ def browser(tmp_path_factory):
             "(the browser tests never download a browser: no `playwright install`)"
         )
     with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")),
-            executable_path=str(CHROMIUM),
-            args=BROWSER_ARGS,
-            headless=True,
-            viewport={"width": 1280, "height": 800},
-        )
+        context = launch(playwright, tmp_path_factory.mktemp("chromium-profile"))
         yield context
         context.close()
 
@@ -344,6 +327,7 @@ def test_edge_cuts_keep_what_find_threshold_keeps_ties_and_float32_edges_include
     thresholds = [t for t in [*torch.linspace(0, 1, 101).tolist(), *cumulative.tolist(), *just_below] if t <= top]
     assert len(thresholds) > 500
     for t in thresholds:
+        # exact: both sides read prune.cumulative_shares (one sort, cumsum and division) and compare float32 values
         assert torch.equal(cuts < _f32(t), scores >= find_threshold(scores, t)), t
     above = float(torch.nextafter(torch.tensor(top), torch.tensor(2.0)))  # the next float32
     assert find_threshold(scores, above) == 0  # above `top` pruning stops cutting

@@ -329,6 +329,8 @@ def test_one_variant_generated_alone_equals_generate_with_its_hooks():
     mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
     hooks = ablate.hooks(model, "L0H1")
     (output,) = hooked.generate_variants(model, tokens, {"L0H1": hooks}, 6, attention_mask=mask).values()
+    # token ids: one variant's rows are generate's rows (the same batch, the same forward, the same kernels in the
+    # same order), so the same argmax at every step
     assert torch.equal(output, model.generate(tokens, 6, attention_mask=mask, fwd_hooks=hooks))
 
 
