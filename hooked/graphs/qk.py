@@ -281,13 +281,17 @@ def qk_attribution(
         a = graphs.qk_attribution(model, "When Mary and John went", transcoders, layer=1, head=0, query=-1)
         a.table()
     """
-    n_layers = model.cfg.n_layers
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
-        raise ValueError(f"layer must be a block index in 0..{n_layers - 1}, not {layer!r}")
+    check_layer(model, layer)
     check_head(model, layer, head)
     check_top(top)
     run = QKRun(model, prompt, transcoders, [layer], attention_mask, "qk_attribution", [("query", query), ("key", key)])
     return run.attribute(layer, head, query, key, top=top)
+
+
+def check_layer(model: HookedTransformer, layer: int) -> None:
+    n_layers = model.cfg.n_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
+        raise ValueError(f"layer must be a block index in 0..{n_layers - 1}, not {layer!r}")
 
 
 def check_head(model: HookedTransformer, layer: int, head: int) -> None:
@@ -373,10 +377,8 @@ class QKRun:
                 f"hooked.graphs.{caller} reads whole heads' weights and norm scales, and under tensor parallelism"
                 " each rank holds some heads: load the model without tp= for it"
             )
-        n_layers = model.cfg.n_layers
         for layer in layers:
-            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
-                raise ValueError(f"layer must be a block index in 0..{n_layers - 1}, not {layer!r}")
+            check_layer(model, layer)
         self.model, self.tc = model, fitted(transcoders, model)
         self.reads, self.writes = self.tc.hook_names(), self.tc.hook_names_out()
         self.tokens = prompt_tokens(model, prompt, attention_mask)

@@ -154,15 +154,11 @@ def build_trainer(
     declaration = architectures.get(spec.architecture)
     runs = declaration.runs  # a training-only architecture's (batchtopk) dictionary is another's (jumprelu)
     metadata = {
-        "model_name": str(getattr(model, "name_or_path", "") or type(model).__name__),
+        **_provenance(model, rows),
         "hook_name": spec.hook_name,
         **({"hook_name_out": spec.hook_name_out} if spec.hook_name_out is not None else {}),
-        "context_size": rows.context_size,
-        "prepend_bos": rows.prepend_bos,
-        "dataset_path": rows.description,
         "training_architecture": spec.architecture,
         **({"training_k": spec.k} if spec.k is not None and runs.k is None else {}),  # k the dictionary has not
-        "trained_by": f"hooked {__version__} (hooked.sae.train)",
     }
     cfg = DictionaryConfig(
         d_in=d_in,
@@ -182,17 +178,22 @@ def build_trainer(
     return declaration.trainer_class()(spec, cfg, torch.Generator().manual_seed(spec.seed))
 
 
-def _build_clt_trainer(
-    spec: DictionarySpec, model: HookedTransformer, rows: TokenRows, device: torch.device, dtype: torch.dtype
-):
-    n_layers = model.cfg.n_layers
-    metadata = {
+def _provenance(model: HookedTransformer, rows: TokenRows) -> dict:
+    """What every trained dictionary's metadata records of where it came from: the model, the token rows, hooked."""
+    return {
         "model_name": str(getattr(model, "name_or_path", "") or type(model).__name__),
         "context_size": rows.context_size,
         "prepend_bos": rows.prepend_bos,
         "dataset_path": rows.description,
         "trained_by": f"hooked {__version__} (hooked.sae.train)",
     }
+
+
+def _build_clt_trainer(
+    spec: DictionarySpec, model: HookedTransformer, rows: TokenRows, device: torch.device, dtype: torch.dtype
+):
+    n_layers = model.cfg.n_layers
+    metadata = _provenance(model, rows)
     cfg = CLTConfig(
         n_layers=n_layers,
         d_in=width(model, spec.hook_name.format(layer=0))[0],
