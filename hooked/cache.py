@@ -38,6 +38,10 @@ values of their nonzero entries; `.to_dense()` gives the tensor back), converted
 never holds their dense copies at once: a dictionary's features (hooked.sae, `sparse_features=True`), of which a
 few in thousands are active. A nonzero entry costs 8 bytes per axis plus its value (28 bytes for a float32
 [batch pos d_sae]), a dense one its value alone, so it pays below one active entry in seven.
+
+`run_with_cache(..., stop_after=names)` ends the forward as soon as every point `names` selects has run (and been
+cached): what a caller needs from the middle of a block is then not followed by the rest of the model. The output is
+None when it stopped (`stop_at_layer` is the same for whole blocks, and returns the residual stream).
 """
 
 from __future__ import annotations
@@ -68,11 +72,18 @@ def run_with_cache(
     incl_bwd: bool = False,
     pos_slice: PosSlice = None,
     sparse: NameFilter | None = None,
+    stop_after: NameFilter | None = None,
     **model_kwargs,
 ) -> tuple[Tensor | tuple[Tensor, Tensor] | None, ActivationCache]:  # the forward's output (by return_type)
     # Resolved by model.hooks() (a bad name there raises on every rank of a tensor-parallel group).
     names = model.default_cache_names() if names_filter is None else names_filter
     sparse_names = set() if sparse is None else set(model.resolve_hook_names(sparse))
+    pending = set() if stop_after is None else set(model.resolve_hook_names(stop_after))
+    if pending and incl_bwd:
+        raise ValueError(
+            "stop_after ends the forward before its output, so there is nothing to backpropagate"
+            " (incl_bwd=True); drop one of them"
+        )
     by_reference = _by_reference(model)
     store: dict[str, Tensor] = {}
     rows = {}  # the forward's position ids and mask, kept so a cache knows its padding
@@ -106,8 +117,17 @@ def run_with_cache(
     def save_grad(grad: Tensor, point: HookPoint) -> None:
         store[point.name + "_grad"] = keep(grad, point, copy=True)  # autograd may accumulate into a gradient buffer
 
-    with model.hooks(fwd_hooks=[(names, save)], bwd_hooks=[(names, save_grad)] if incl_bwd else []):
-        output = model(*model_args, **model_kwargs)
+    def stop(tensor: Tensor, point: HookPoint) -> None:
+        pending.discard(point.name)
+        if not pending:
+            raise _Stopped
+
+    stops = [(sorted(pending), stop)] if pending else []  # after `save`: a point is cached before it stops the forward
+    with model.hooks(fwd_hooks=[(names, save), *stops], bwd_hooks=[(names, save_grad)] if incl_bwd else []):
+        try:
+            output = model(*model_args, **model_kwargs)
+        except _Stopped:
+            output = None
         if by_reference:  # the caller's tensors (a start_at_layer input, a stop_at_layer output) are theirs to edit
             _copy_shared(store, [output, *model_args, *model_kwargs.values()])
         if incl_bwd:
@@ -128,6 +148,10 @@ def run_with_cache(
         store, model, has_batch_dim=not remove_batch_dim, position_ids=position_ids, attention_mask=attention_mask
     )
     return output, cache
+
+
+class _Stopped(Exception):
+    """Raised by `run_with_cache`'s own hook once every `stop_after` point has run; caught there."""
 
 
 def _by_reference(model: HookedTransformer) -> bool:

@@ -635,7 +635,8 @@ class HookedTransformer(BuildingMethods, TokenMethods, WeightStacks, HookedRootM
 
         Keyword options as TransformerLens: names_filter (name, list or filter function), device,
         remove_batch_dim, incl_bwd (needs return_type="loss"), pos_slice; and `sparse` (names kept as sparse
-        tensors: hooked/cache.py). Everything else goes to the forward.
+        tensors) and `stop_after` (names after which the forward ends: hooked/cache.py). Everything else goes to the
+        forward.
         """
         return run_with_cache(self, *model_args, **kwargs)
 
