@@ -318,6 +318,28 @@ class FeatureBlock:
 
 
 @dataclass
+class Active:
+    """One layer's active features on the whole prompt: entry j is feature `features[j]` at `positions[j]` with
+    activation `values[j]` (by position, then feature), the `inverse[j]`-th of the `distinct` features active
+    anywhere; `dense` [n_pos, distinct] their activations. Decoder rows of the distinct features are read once per
+    output layer (`decoder_rows`)."""
+
+    positions: Tensor
+    features: Tensor
+    values: Tensor
+    distinct: Tensor
+    inverse: Tensor
+    dense: Tensor
+    rows: dict[int, Tensor]
+
+    def decoder_rows(self, tc, layer: int, out_layer: int) -> Tensor:
+        """[distinct, d_out]: what each distinct active feature writes to output `out_layer`."""
+        if out_layer not in self.rows:
+            self.rows[out_layer] = tc.decoder_rows(layer, self.distinct, out_layer)
+        return self.rows[out_layer]
+
+
+@dataclass
 class Pieces:
     """The residual stream at P positions as a sum of terms: per position `terms` (the fixed ones, then each
     FeatureBlock's entries there, in block order), `fixed` [P, n_fixed, d_model] the per-position vectors,
@@ -327,16 +349,6 @@ class Pieces:
     fixed: Tensor
     features: list[FeatureBlock]
     positions: Tensor
-
-    def select(self, i: int) -> Pieces:
-        """The pieces of the i-th position alone (its own `Terms`, so each side names its bias)."""
-        t = self.terms[i]
-        blocks = []
-        for block in self.features:
-            keep = block.index == i
-            blocks.append(FeatureBlock(block.index[keep] * 0, block.values[keep], block.basis, block.inverse[keep]))
-        terms = Terms(t.fixed, t.features, t.position, t.part)
-        return Pieces([terms], self.fixed[i : i + 1], blocks, self.positions[i : i + 1])
 
     def vector(self, i: int, label: str) -> Tensor | None:
         """[d_model]: the residual piece named `label` at the i-th position (None: no such term there)."""
@@ -394,9 +406,10 @@ class QKRun:
         for layer in self.layers:
             # the head's own rotated queries and keys ([pos, heads, d_head]: linear in the prompt), not its
             # [heads, pos, pos] scores, whose hook would also move the attention off its fused kernel
-            names |= {self.qk_point(layer, "q"), self.qk_point(layer, "k")}
             path, norm = model.blocks[layer].attn.query_key_path(), input_norm(model.blocks[layer])
-            names |= {n.hook_scale.name for n in (norm, path.query_norm, path.key_norm) if n is not None}
+            top = {self.qk_point(layer, "q"), self.qk_point(layer, "k")}
+            top |= {n.hook_scale.name for n in (norm, path.query_norm, path.key_norm) if n is not None}
+            names |= top
         self.inputs: dict[int, tuple] = {}
         handles = [
             model.blocks[layer].attn.register_forward_pre_hook(self._keep_inputs(layer), with_kwargs=True)
@@ -404,8 +417,8 @@ class QKRun:
         ]
         try:
             with torch.no_grad(), evaluating(model):
-                _, self.cache = model.run_with_cache(
-                    self.tokens[None], names_filter=lambda name: name in names, stop_at_layer=top_layer + 1
+                _, self.cache = model.run_with_cache(  # up to the top layer's queries and keys: no further
+                    self.tokens[None], names_filter=sorted(names), stop_after=sorted(top), stop_at_layer=top_layer + 1
                 )
         finally:
             for handle in handles:
@@ -442,31 +455,33 @@ class QKRun:
         return f"token {text} @{position}"
 
     @functools.cached_property
-    def _mlp_parts(self) -> tuple[list[tuple[Tensor, Tensor, Tensor]], list[Tensor], list[Tensor | None]]:
-        """Per layer below the highest kept: the active features (positions, features, activations), the error
-        (MLP output minus the reconstruction) and the skip path, at every position [n_pos, d_out]. Computed once,
-        every position at a time."""
+    def _mlp_parts(self) -> tuple[list[Active], list[Tensor], list[Tensor | None]]:
+        """Per layer below the highest kept: its active features (`Active`), the error (MLP output minus the
+        reconstruction) and the skip path, at every position [n_pos, d_out]. Computed once, every position at a
+        time. The reconstruction decodes the features active anywhere in the prompt as one product,
+        [n_pos, distinct] @ [distinct, d_out] (the encoder already costs [n_pos, d_in] @ [d_in, d_sae]); the error is
+        what is left of the MLP's output, as the graph's error node (hooked/graphs/nodes.py)."""
         tc, cache, top_layer = self.tc, self.cache, self.layers[-1]
         active, errors, skips = [], [], []
         with torch.no_grad():
             for m in range(top_layer):
-                x = cache[self.reads[m]][0]
-                acts = tc.activate(m, tc.pre_activations(m, x))
-                positions, features = acts.nonzero(as_tuple=True)
-                active.append((positions, features, acts[positions, features]))
+                acts = tc.activate(m, tc.pre_activations(m, cache[self.reads[m]][0]))
+                entries = acts.to_sparse()  # coalesced: its entries by position, then feature
+                (positions, features), values = entries.indices(), entries.values()
+                distinct, inverse = features.unique(return_inverse=True)
+                active.append(
+                    Active(positions, features, values, distinct, inverse, acts.index_select(1, distinct), {})
+                )
             for m in range(top_layer):
-                x = cache[self.reads[m]][0]
-                recon = tc.decoder_bias(m).expand(self.n_pos, -1).clone()
+                error = cache[self.writes[m]][0] - tc.decoder_bias(m)
                 for source in tc.source_layers(m):
-                    positions, features, values = active[source]
-                    unique, inverse = features.unique(return_inverse=True)
-                    rows = tc.decoder_rows(source, unique, m)[inverse]  # [entries, d_out]
-                    recon.index_add_(0, positions, values[:, None] * rows)
-                skip = tc.skip(m, x) if tc.has_skip else None
+                    rows = active[source].decoder_rows(tc, source, m)  # [distinct, d_out]
+                    error.addmm_(active[source].dense, rows, alpha=-1)
+                skip = tc.skip(m, cache[self.reads[m]][0]) if tc.has_skip else None
                 if skip is not None:
-                    recon = recon + skip
+                    error.sub_(skip)
                 skips.append(skip)
-                errors.append(cache[self.writes[m]][0] - recon)
+                errors.append(error)
         return active, errors, skips
 
     @torch.no_grad()
@@ -475,8 +490,15 @@ class QKRun:
         term with every write it makes below `layer` (a CLT feature's to each layer in [its own, layer)); per lower
         layer the attention output, the decoder bias, the skip path and the error are terms, as are the
         embeddings."""
+        if list(positions) != sorted(set(positions)):
+            raise ValueError(f"pieces takes distinct positions in ascending order, not {list(positions)}")
         cache, tc = self.cache, self.tc
         where = torch.tensor(list(positions), dtype=torch.long, device=self.tokens.device)
+        every = len(positions) == self.n_pos  # every position (every key): nothing to select
+
+        def at(vectors: Tensor) -> Tensor:  # [n_pos, d] -> [P, d]
+            return vectors if every else vectors.index_select(0, where)
+
         names, vectors = [], []  # the per-position terms: a label maker and [P, d_model] each
 
         for name in self.model.embedding_hook_names:
@@ -485,33 +507,35 @@ class QKRun:
             else:  # GPT-2's learned position embedding: no graph node, a constant of the position
                 words = name.removeprefix("hook_").replace("_", " ")
                 names.append((lambda p, words=words: f"{words} @{p}", "embedding"))
-            vectors.append(cache[name][0, where])
+            vectors.append(at(cache[name][0]))
         active, errors, skips = self._mlp_parts if layer else ([], [], [])
         for m in range(layer):
             names.append((lambda p, m=m: f"attn L{m} @{p}", "attention"))
-            vectors.append(cache[f"blocks.{m}.hook_attn_out"][0, where])
+            vectors.append(at(cache[f"blocks.{m}.hook_attn_out"][0]))
             if skips[m] is not None:
                 names.append((lambda p, m=m: f"skip L{m} @{p}", "skip"))
-                vectors.append(skips[m][where])
+                vectors.append(at(skips[m]))
             names.append((lambda p, m=m: f"transcoder bias L{m} @{p}", "transcoder bias"))
             vectors.append(tc.decoder_bias(m).expand(len(positions), -1))
             names.append((lambda p, m=m: f"error L{m} @{p}", "error"))
-            vectors.append(errors[m][where])
+            vectors.append(at(errors[m]))
 
-        slot = torch.full((self.n_pos,), -1, dtype=torch.long, device=where.device)
-        slot[where] = torch.arange(len(positions), device=where.device)
+        if not every:
+            slot = torch.full((self.n_pos,), -1, dtype=torch.long, device=where.device)
+            slot[where] = torch.arange(len(positions), device=where.device)
         features = []
         ids: list[list[tuple[int, list[int]]]] = [[] for _ in positions]
         for source in range(layer):
-            entry_positions, feature_ids, values = active[source]
-            index = slot[entry_positions]
-            keep = index >= 0
-            index, feature_ids, values = index[keep], feature_ids[keep], values[keep]
-            order = torch.argsort(index, stable=True)  # by position, then feature
-            index, feature_ids, values = index[order], feature_ids[order], values[order]
-            unique, inverse = feature_ids.unique(return_inverse=True)
+            entries = active[source]
+            # positions ascending: the entries (by position, then feature) stay so, each position's contiguous
+            index, feature_ids, values, inverse = entries.positions, entries.features, entries.values, entries.inverse
+            if not every:
+                index = slot[index]
+                keep = index >= 0
+                index, feature_ids, values, inverse = index[keep], feature_ids[keep], values[keep], inverse[keep]
             targets = [m for m in range(source, layer) if source in tc.source_layers(m)]
-            basis = sum(tc.decoder_rows(source, unique, m) for m in targets)  # [k, d_model]
+            rows = [entries.decoder_rows(tc, source, m) for m in targets]  # [distinct, d_model] each
+            basis = rows[0] if len(rows) == 1 else torch.stack(rows).sum(0)
             features.append(FeatureBlock(index, values, basis, inverse))
             counts = torch.bincount(index, minlength=len(positions)).tolist()
             flat, start = feature_ids.tolist(), 0
@@ -532,7 +556,7 @@ class QKRun:
         check_top(top)
         maps = self.head(layer, head)
         query = self._position(query, "query")
-        visible = maps.visible(query)
+        visible = maps.visible(query).tolist()
         masked = [p for p in range(self.n_pos) if not visible[p]]
         if key is None:
             keys = [p for p in range(self.n_pos) if visible[p]]
@@ -552,16 +576,23 @@ class QKRun:
             keys = [key]
         positions = sorted({*keys, query})  # the residual pieces once for both sides
         pieces = self.pieces(layer, positions)
-        (query_terms,), (query_vectors,) = maps.side_terms("q", pieces.select(positions.index(query)))
-        key_pieces = pieces if positions == keys else pieces.select(positions.index(keys[0]))
-        key_terms, key_vectors = maps.side_terms("k", key_pieces)
+        i = positions.index(query)
+        query_vectors, key_rows, counts = maps.images(pieces, i, None if positions == keys else positions.index(key))
+        t = pieces.terms[i]
+        query_terms = Terms(t.fixed, t.features, t.position, t.part)  # its own: the two sides name their biases
+        query_terms.bias = QKTerm("query bias", "bias", None)
+        key_terms = pieces.terms if positions == keys else [pieces.terms[positions.index(key)]]
+        for terms in key_terms:
+            terms.bias = QKTerm("key bias", "bias", None)
         scores = self.model_scores(maps, query, keys)
-        # per key, the sum of its rows and of their norms, in one pass over every key's rows
-        flat = torch.cat(key_vectors).double()
-        segment = torch.repeat_interleave(torch.tensor([v.shape[0] for v in key_vectors], device=flat.device))
-        key_sums = flat.new_zeros(len(keys), flat.shape[1]).index_add_(0, segment, flat)
-        key_norms = flat.new_zeros(len(keys)).index_add_(0, segment, flat.norm(dim=-1))
-        forms = (maps.scaling * key_sums @ query_vectors.double().sum(0)).cpu()
+        # per key, the sum of its rows' products with the query's sum, and of their norms. Each product is a
+        # d_head-long dot product in the rows' dtype (its rounding a few eps of |row| |query sum|, inside the check's
+        # 64 eps of the bound); the sums over rows, where the terms cancel, in float64.
+        segment = torch.repeat_interleave(torch.tensor(counts, device=key_rows.device))
+        query_sum = query_vectors.double().sum(0)
+        products = torch.mv(key_rows, query_sum.to(key_rows.dtype)).double()
+        forms = (maps.scaling * products.new_zeros(len(keys)).index_add_(0, segment, products)).cpu()
+        key_norms = products.new_zeros(len(keys)).index_add_(0, segment, key_rows.norm(dim=-1).double())
         bound = maps.scaling * query_vectors.double().norm(dim=-1).sum() * key_norms
         self._check_total(maps, scores, forms, bound.cpu(), layer, head)
         softcap = maps.softcap
@@ -581,7 +612,7 @@ class QKRun:
             query_terms=query_terms,
             query_vectors=query_vectors.float().cpu(),
             key_terms=key_terms,
-            key_vectors=[v.float().cpu() for v in key_vectors],
+            key_vectors=list(key_rows.float().cpu().split(counts)),
             top=top,
             metadata={"tokens": self.tokens.tolist()},
         )
@@ -644,33 +675,60 @@ class HeadMaps:
         """[n_pos] bool: the key positions the head sees from `query`."""
         return self.mask.causal(torch.device("cpu"))[0, 0, query]
 
-    def side_terms(self, side: str, pieces: Pieces) -> tuple[list[Terms], list[Tensor]]:
-        """The terms of the rotated query (`side` "q") or key ("k") at each of the pieces' positions (`QKRun.pieces`):
-        their images under the linear part, then the affine constant ("query bias" / "key bias"), as
-        [n_terms, d_head] per position (float32; float64 for a float64 model)."""
+    def images(self, pieces: Pieces, query: int, key: int | None) -> tuple[Tensor, Tensor, list[int]]:
+        """Each term's part of the rotated query at the pieces' `query`-th position and of the rotated key at the
+        `key`-th (None: at every one of them): the terms' images under the maps' linear part, then the affine
+        constant (`QKRun.pieces` orders the terms). Returns the query's rows [n_query_terms, d_head], the keys' rows
+        [rows, d_head] position by position, and each key position's row count (float32; float64 for a float64
+        model).
+
+        Both projections are applied together, once to each distinct vector (each fixed piece, each feature's
+        decoder rows, the constant): every row is then one of them times a coefficient (a feature's activation,
+        over its position's frozen input scale), through its position's q/k norm and turn. The order is settled on
+        integers, so each [rows, d_head] tensor is gathered once."""
         where, n_positions = pieces.positions, len(pieces.terms)
-        weight = self.input_weight(side)
-        scale = self.input_scale(where)  # [P, 1]
-        fixed = (pieces.fixed.to(self.dtype) @ weight) / scale[:, None]  # [P, n_fixed, d_head]
-        fixed = self._after_projection(side, where[:, None].expand(fixed.shape[:2]), fixed)
-        # every row with its position's slot, then one stable sort: each position's rows contiguous, in term order
-        rows, slots = (
-            [fixed.flatten(0, 1)],
-            [torch.arange(n_positions, device=where.device).repeat_interleave(fixed.shape[1])],
-        )
+        device, dtype = where.device, self.dtype
+        d_head = self.weights["q"].shape[-1]
+        weight = self.input_weight_for(torch.cat([self.weights["q"], self.weights["k"]], dim=1))  # [d_model 2*d_head]
+        inverse_scale = 1 / self.input_scale(where)[:, 0]  # [P]
+        n_fixed = pieces.fixed.shape[1]
+        vectors = [pieces.fixed.flatten(0, 1)]  # [P * n_fixed, d_model], then each block's distinct rows
+        source = [torch.arange(n_positions * n_fixed, device=device)]
+        slots = [torch.arange(n_positions, device=device).repeat_interleave(n_fixed)]
+        coefficients = [inverse_scale.repeat_interleave(n_fixed)]
+        offset = n_positions * n_fixed
         for block in pieces.features:
-            block_rows = (block.basis.to(self.dtype) @ weight)[block.inverse] * block.values.to(self.dtype)[:, None]
-            rows.append(self._after_projection(side, where[block.index], block_rows / scale[block.index]))
+            vectors.append(block.basis)
+            source.append(block.inverse + offset)
             slots.append(block.index)
-        rows.append(self.constant(side, where))
-        slots.append(torch.arange(n_positions, device=where.device))
+            coefficients.append(block.values.to(dtype) * inverse_scale[block.index])
+            offset += block.basis.shape[0]
+        # [offset + 1, 2 * d_head]: each vector's image, written in place (no [*, d_model] concatenation), then the
+        # constant, unscaled, last at every position
+        table = weight.new_empty(offset + 1, weight.shape[1])
+        start = 0
+        for part in vectors:
+            torch.mm(part.to(dtype), weight, out=table[start : start + part.shape[0]])
+            start += part.shape[0]
+        table[offset] = torch.cat([self.constant("q"), self.constant("k")])
+        source.append(torch.full((n_positions,), offset, device=device))
+        slots.append(torch.arange(n_positions, device=device))
+        coefficients.append(torch.ones(n_positions, dtype=dtype, device=device))
         slot = torch.cat(slots)
-        order = torch.argsort(slot, stable=True)
-        vectors = torch.cat(rows)[order].split(torch.bincount(slot, minlength=n_positions).tolist())
-        name = "query bias" if side == "q" else "key bias"
-        for terms in pieces.terms:
-            terms.bias = QKTerm(name, "bias", None)
-        return pieces.terms, list(vectors)
+        order = torch.argsort(slot, stable=True)  # each position's rows contiguous, in term order
+        slot, source, coefficient = slot[order], torch.cat(source)[order], torch.cat(coefficients)[order]
+        counts = torch.bincount(slot, minlength=n_positions).tolist()
+        starts = [0]
+        for count in counts:
+            starts.append(starts[-1] + count)
+
+        def side(name: str, columns: slice, i: int | None) -> Tensor:
+            rows = slice(None) if i is None else slice(starts[i], starts[i + 1])
+            image = table[:, columns].index_select(0, source[rows]).mul_(coefficient[rows, None])
+            return self._after_projection(name, where[slot[rows]], image)
+
+        key_counts = counts if key is None else [counts[key]]
+        return side("q", slice(0, d_head), query), side("k", slice(d_head, None), key), key_counts
 
     @functools.cached_property
     def dtype(self) -> torch.dtype:
@@ -698,27 +756,39 @@ class HeadMaps:
             return torch.ones(positions.shape[0], 1, dtype=self.dtype, device=positions.device)
         return self.run.cache[self.norm.hook_scale.name][0, positions].to(self.dtype)
 
-    def constant(self, side: str, positions: Tensor) -> Tensor:
-        """[n, d_head]: the map's value at a zero residual stream at each of `positions` (the input norm's bias,
-        then the projection's, through the q/k norm and the turn)."""
+    def constant(self, side: str) -> Tensor:
+        """[d_head]: the projection's value at a zero residual stream (the input norm's bias, then the projection's),
+        before the q/k norm and the turn."""
         bias = self.biases[side].to(self.dtype)
         norm_bias = getattr(self.norm, "bias", None)
         if norm_bias is not None:
             bias = bias + norm_bias.to(self.dtype) @ self.weights[side].to(self.dtype)
-        return self._after_projection(side, positions, bias.expand(positions.shape[0], -1))
+        return bias
 
     def _after_projection(self, side: str, positions: Tensor, x: Tensor) -> Tensor:
         """The q/k norm (its scale frozen; an RMSNorm in every family that has one) and the rotary turn of each row's
-        position, on x [..., d_head] with `positions` [...]."""
+        position, on x [n, d_head] with `positions` [n]. x is the caller's own: the norm is applied in place."""
         norm = self.qk_norms[side]
         if norm is not None:
-            scale = self.run.cache[norm.hook_scale.name][0, positions].to(self.dtype)
+            scale = rows(self.run.cache[norm.hook_scale.name][0], positions).to(self.dtype)
             if scale.ndim == positions.ndim + 2:  # [..., heads, 1]: one scale per head (OLMo 2: one for all, [..., 1])
                 scale = scale[..., self.head_of[side], :]
             gain = norm.gain.to(self.dtype)
             gain = gain.view(-1, x.shape[-1])[self.head_of[side]] if gain.numel() > x.shape[-1] else gain
-            x = x / scale * gain
+            x = x.div_(scale).mul_(gain)
         if self.tables is not None:  # cos, sin [..., rotary_dim] of each row's position (GPT-NeoX: a leading part)
-            cos, sin = (table[0, positions].to(self.dtype) for table in self.tables)
+            cos, sin = rows(self.turns, positions).to(self.dtype).chunk(2, dim=-1)
             x = self.path.rotate(x, cos, sin)
         return x
+
+    @functools.cached_property
+    def turns(self) -> Tensor:
+        """[n_pos, 2 * rotary_dim]: each position's cos and sin side by side, gathered per row in one pass."""
+        cos, sin = self.tables
+        return torch.cat([cos[0], sin[0]], dim=-1)
+
+
+def rows(table: Tensor, positions: Tensor) -> Tensor:
+    """table[positions] for a table [n_pos, ...] and positions of any shape, through `index_select` (on CPU several
+    times faster than advanced indexing for the tens of thousands of rows a long prompt's terms have)."""
+    return table.index_select(0, positions.flatten()).view(*positions.shape, *table.shape[1:])
