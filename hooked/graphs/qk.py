@@ -73,11 +73,29 @@ class QKTerm:
     address: str | None = None
 
 
+class Span(Sequence[int]):
+    """The feature ids `flat[start:stop]` of one position and layer, read into a list only when first asked (a long
+    prompt has tens of thousands, and a table reads a few positions' worth)."""
+
+    __slots__ = ("flat", "start", "stop", "_ids")
+
+    def __init__(self, flat: Tensor, start: int, stop: int):
+        self.flat, self.start, self.stop, self._ids = flat, start, stop, None
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i):
+        if self._ids is None:
+            self._ids = self.flat[self.start : self.stop].tolist()
+        return self._ids[i]
+
+
 class Terms(Sequence[QKTerm]):
     """One side's terms at one position: the few per-position terms, then the features of each lower layer, made
     into `QKTerm`s only when read (a long prompt has tens of thousands of them, and a table reads a few)."""
 
-    def __init__(self, fixed: list[tuple], features: list[tuple[int, list[int]]], position: int, part: str):
+    def __init__(self, fixed: list[tuple], features: list[tuple[int, Sequence[int]]], position: int, part: str):
         self.fixed, self.features, self.position, self.part = fixed, features, position, part  # fixed: (label, kind)
         self.bounds = [len(fixed)]
         for _, ids in features:
@@ -524,7 +542,7 @@ class QKRun:
             slot = torch.full((self.n_pos,), -1, dtype=torch.long, device=where.device)
             slot[where] = torch.arange(len(positions), device=where.device)
         features = []
-        ids: list[list[tuple[int, list[int]]]] = [[] for _ in positions]
+        ids: list[list[tuple[int, Span]]] = [[] for _ in positions]
         for source in range(layer):
             entries = active[source]
             # positions ascending: the entries (by position, then feature) stay so, each position's contiguous
@@ -537,10 +555,9 @@ class QKRun:
             rows = [entries.decoder_rows(tc, source, m) for m in targets]  # [distinct, d_model] each
             basis = rows[0] if len(rows) == 1 else torch.stack(rows).sum(0)
             features.append(FeatureBlock(index, values, basis, inverse))
-            counts = torch.bincount(index, minlength=len(positions)).tolist()
-            flat, start = feature_ids.tolist(), 0
-            for i, count in enumerate(counts):
-                ids[i].append((source, flat[start : start + count]))
+            start = 0
+            for i, count in enumerate(torch.bincount(index, minlength=len(positions)).tolist()):
+                ids[i].append((source, Span(feature_ids, start, start + count)))
                 start += count
         terms = [Terms(names, i, p, self.part) for i, p in zip(ids, positions, strict=True)]
         return Pieces(terms, torch.stack(vectors, dim=1), features, where)
