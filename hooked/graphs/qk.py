@@ -451,7 +451,9 @@ class QKRun:
         """[n_keys]: the head's pre-softmax scores from the run's own queries and keys, as the attention forms
         them: scaled, then capped under a softcap."""
         q = self.cache[self.qk_point(maps.layer, "q")][0, query, maps.head]
-        k = self.cache[self.qk_point(maps.layer, "k")][0, keys, maps.kv_head]
+        contiguous = keys == list(range(keys[0], keys[0] + len(keys)))  # every visible key: a range, read as a view
+        k = self.cache[self.qk_point(maps.layer, "k")][0, slice(keys[0], keys[0] + len(keys)) if contiguous else keys]
+        k = k[:, maps.kv_head]
         scores = (k @ q) * maps.scaling
         return scores if maps.softcap is None else torch.tanh(scores / maps.softcap) * maps.softcap
 
@@ -648,9 +650,10 @@ class QKRun:
         capped = forms if maps.softcap is None else maps.softcap * torch.tanh(forms / maps.softcap)
         # float32's at least: RMSNorms compute in float32 whatever the model's dtype (hooked.layers.RMSNorm)
         eps = max(torch.finfo(self.model.dtype).eps, torch.finfo(torch.float32).eps)
-        tolerance = 64 * eps * (bound + scores.double().abs().cpu())  # bound: sum of |q_i| |k_j|, times the scale
-        if ((capped - scores.double().cpu()).abs() > tolerance.cpu()).any():
-            worst = int((capped - scores.double().cpu()).abs().argmax())
+        scores = scores.double().cpu()
+        tolerance = 64 * eps * (bound + scores.abs())  # bound: sum of |q_i| |k_j|, times the scale
+        if ((capped - scores).abs() > tolerance).any():
+            worst = int((capped - scores).abs().argmax())
             raise RuntimeError(
                 f"the QK terms of L{layer}.H{head} add up to {float(capped[worst]):.6g}, not the model's score"
                 f" {float(scores[worst]):.6g}: this model's attention is not the frozen-norm affine map qk_attribution"
@@ -712,13 +715,13 @@ class HeadMaps:
         vectors = [pieces.fixed.flatten(0, 1)]  # [P * n_fixed, d_model], then each block's distinct rows
         source = [torch.arange(n_positions * n_fixed, device=device)]
         slots = [torch.arange(n_positions, device=device).repeat_interleave(n_fixed)]
-        coefficients = [inverse_scale.repeat_interleave(n_fixed)]
+        coefficients = [torch.ones(n_positions * n_fixed, dtype=dtype, device=device)]
         offset = n_positions * n_fixed
         for block in pieces.features:
             vectors.append(block.basis)
             source.append(block.inverse + offset)
             slots.append(block.index)
-            coefficients.append(block.values.to(dtype) * inverse_scale[block.index])
+            coefficients.append(block.values)
             offset += block.basis.shape[0]
         # [offset + 1, 2 * d_head]: each vector's image, written in place (no [*, d_model] concatenation), then the
         # constant, unscaled, last at every position
@@ -730,10 +733,13 @@ class HeadMaps:
         table[offset] = torch.cat([self.constant("q"), self.constant("k")])
         source.append(torch.full((n_positions,), offset, device=device))
         slots.append(torch.arange(n_positions, device=device))
-        coefficients.append(torch.ones(n_positions, dtype=dtype, device=device))
         slot = torch.cat(slots)
+        # every term's coefficient: its activation (1 for a fixed piece) over its position's input scale; the
+        # constants' (last) 1
+        coefficient = torch.cat(coefficients).to(dtype).mul_(inverse_scale[slot[:-n_positions]])
+        coefficient = torch.cat([coefficient, torch.ones(n_positions, dtype=dtype, device=device)])
         order = torch.argsort(slot, stable=True)  # each position's rows contiguous, in term order
-        slot, source, coefficient = slot[order], torch.cat(source)[order], torch.cat(coefficients)[order]
+        slot, source, coefficient = slot[order], torch.cat(source)[order], coefficient[order]
         counts = torch.bincount(slot, minlength=n_positions).tolist()
         starts = [0]
         for count in counts:
