@@ -339,7 +339,7 @@ class FeatureBlock:
 class Active:
     """One layer's active features on the whole prompt: entry j is feature `features[j]` at `positions[j]` with
     activation `values[j]` (by position, then feature), the `inverse[j]`-th of the `distinct` features active
-    anywhere; `dense` [n_pos, distinct] their activations. Decoder rows of the distinct features are read once per
+    anywhere; `columns` [n_pos, distinct] their activations. Decoder rows of the distinct features are read once per
     output layer (`decoder_rows`)."""
 
     positions: Tensor
@@ -347,7 +347,7 @@ class Active:
     values: Tensor
     distinct: Tensor
     inverse: Tensor
-    dense: Tensor
+    columns: Tensor
     rows: dict[int, Tensor]
 
     def decoder_rows(self, tc, layer: int, out_layer: int) -> Tensor:
@@ -496,7 +496,7 @@ class QKRun:
                 error = cache[self.writes[m]][0] - tc.decoder_bias(m)
                 for source in tc.source_layers(m):
                     rows = active[source].decoder_rows(tc, source, m)  # [distinct, d_out]
-                    error.addmm_(active[source].dense, rows, alpha=-1)
+                    error.addmm_(active[source].columns, rows, alpha=-1)
                 skip = tc.skip(m, cache[self.reads[m]][0]) if tc.has_skip else None
                 if skip is not None:
                     error.sub_(skip)
