@@ -758,14 +758,10 @@ class HeadMaps:
         """float64 for a float64 model, else float32 (model.dtype walks the parameters: asked once)."""
         return torch.float64 if self.run.model.dtype == torch.float64 else torch.float32
 
-    def input_weight(self, side: str) -> Tensor:
-        """[d_model, d_head]: the input norm at scale 1 (its centring and gain, as a matrix: the norm's own
-        `normalize_with_scale` applied to the identity) times the head's projection; a row's image is its
-        product with this, divided by its position's frozen scale."""
-        return self.input_weight_for(self.weights[side])
-
     def input_weight_for(self, projection: Tensor) -> Tensor:
-        """[d_model, d_out]: the input norm at scale 1 times `projection` [d_model, d_out] (`input_weight`)."""
+        """[d_model, d_out]: the input norm at scale 1 (its centring and gain, as a matrix: the norm's own
+        `normalize_with_scale` applied to the identity) times `projection` [d_model, d_out]; a row's image is its
+        product with this, divided by its position's frozen scale."""
         weight = projection.to(self.dtype)
         if self.norm is None:
             return weight
@@ -793,14 +789,14 @@ class HeadMaps:
         position, on x [n, d_head] with `positions` [n]. x is the caller's own: the norm is applied in place."""
         norm = self.qk_norms[side]
         if norm is not None:
-            scale = rows(self.run.cache[norm.hook_scale.name][0], positions).to(self.dtype)
+            scale = take_rows(self.run.cache[norm.hook_scale.name][0], positions).to(self.dtype)
             if scale.ndim == positions.ndim + 2:  # [..., heads, 1]: one scale per head (OLMo 2: one for all, [..., 1])
                 scale = scale[..., self.head_of[side], :]
             gain = norm.gain.to(self.dtype)
             gain = gain.view(-1, x.shape[-1])[self.head_of[side]] if gain.numel() > x.shape[-1] else gain
             x = x.div_(scale).mul_(gain)
         if self.tables is not None:  # cos, sin [..., rotary_dim] of each row's position (GPT-NeoX: a leading part)
-            cos, sin = rows(self.turns, positions).to(self.dtype).chunk(2, dim=-1)
+            cos, sin = take_rows(self.turns, positions).to(self.dtype).chunk(2, dim=-1)
             x = self.path.rotate(x, cos, sin)
         return x
 
@@ -811,7 +807,7 @@ class HeadMaps:
         return torch.cat([cos[0], sin[0]], dim=-1)
 
 
-def rows(table: Tensor, positions: Tensor) -> Tensor:
+def take_rows(table: Tensor, positions: Tensor) -> Tensor:
     """table[positions] for a table [n_pos, ...] and positions of any shape, through `index_select` (on CPU several
     times faster than advanced indexing for the tens of thousands of rows a long prompt's terms have)."""
     return table.index_select(0, positions.flatten()).view(*positions.shape, *table.shape[1:])

@@ -151,6 +151,7 @@ def test_names_filter_forms(gpt2, tokens):
 
 def test_stop_after_ends_the_forward_once_every_named_point_has_run(gpt2, tokens):
     names = ["hook_embed", "blocks.0.attn.hook_q", "blocks.0.attn.hook_k"]
+    logits = gpt2(tokens)
     later = []  # points the forward reaches only after block 0's q and k
     watch = [
         (name, lambda t, hook: later.append(hook.name)) for name in ("blocks.0.attn.hook_z", "blocks.1.hook_resid_pre")
@@ -163,7 +164,8 @@ def test_stop_after_ends_the_forward_once_every_named_point_has_run(gpt2, tokens
     for name in names:  # exact: the stop changes nothing before it, the same kernels ran in the same order
         assert torch.equal(stopped[name], full[name])
     assert not gpt2.hooks_attached()  # the stop's hook went with the call
-    assert torch.equal(gpt2(tokens), gpt2(tokens))  # and the model runs whole again
+    # and the model runs whole again: exact, the same forward (the same kernels in the same order) as before the stop
+    assert torch.equal(gpt2(tokens), logits)
     # a named point the forward never reaches (stop_at_layer ends it first): it runs to its end
     output, cache = gpt2.run_with_cache(tokens, names_filter=names, stop_after="blocks.1.attn.hook_k", stop_at_layer=1)
     assert output is not None and list(cache) == names
