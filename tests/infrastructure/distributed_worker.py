@@ -34,7 +34,7 @@ import hooked
 from hooked import ablate, metrics
 
 TIMEOUT_S = 60  # collectives of the main and failures modes
-STALL_TIMEOUT_S = 4  # the stalled mode's timeout; rank 1 sleeps STALL_TIMEOUT_S + 8
+STALL_TIMEOUT_S = 10  # the stalled mode's timeout; rank 1 sleeps STALL_TIMEOUT_S + 8
 
 
 def prompt_tokens(cfg) -> torch.Tensor:
@@ -328,8 +328,21 @@ def failures_mode(checkpoints: dict[str, Path], rank: int) -> dict:
     return cpu(result)
 
 
-def stalled_mode(checkpoints: dict[str, Path], rank: int) -> dict:
+def both_started(out: Path, rank: int, processes: int = 2, limit_s: float = 300) -> None:
+    """Wait, through files in `out`, until every rank has got here. The stalled mode's short timeout also bounds the
+    process group's start, so a rank still importing on a loaded machine would fail the start, not the collective
+    the test is about; after this the ranks start the group within moments of each other."""
+    (out / f"started{rank}").touch()
+    deadline = time.monotonic() + limit_s
+    while not all((out / f"started{r}").exists() for r in range(processes)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: not every rank started within {limit_s} s")
+        time.sleep(0.05)
+
+
+def stalled_mode(checkpoints: dict[str, Path], rank: int, out: Path) -> dict:
     directory = next(iter(checkpoints.values()))
+    both_started(out, rank)
     model = hooked.load(directory, tp=2, timeout=STALL_TIMEOUT_S)
     tokens = prompt_tokens(model.cfg)
     if rank == 1:
@@ -342,7 +355,12 @@ def main(argv: list[str]) -> None:
     mode, out = argv[0], Path(argv[1])
     checkpoints = {item.split("=", 1)[0]: Path(item.split("=", 1)[1]) for item in argv[2:]}
     rank = int(os.environ["RANK"])
-    modes = {"main": main_mode, "hybrid": hybrid_mode, "failures": failures_mode, "stalled": stalled_mode}
+    modes = {
+        "main": main_mode,
+        "hybrid": hybrid_mode,
+        "failures": failures_mode,
+        "stalled": lambda checkpoints, rank: stalled_mode(checkpoints, rank, out),
+    }
     result = modes[mode](checkpoints, rank)
     torch.save(result, out / f"rank{rank}.pt")
     if mode == "stalled":
