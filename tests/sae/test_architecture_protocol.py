@@ -147,7 +147,7 @@ def test_a_declared_architecture_loads_splices_and_saves_bit_exact(shrinkage, mo
     assert json.loads((written / "cfg.json").read_text())["architecture"] == "shrinkage"
     again = hooked.sae.load(written, model=model)
     assert again.cfg.architecture == "shrinkage"
-    for name, stored in tensors.items():
+    for name, stored in tensors.items():  # written and read back as bytes: equal to the bit
         assert torch.equal(getattr(again, name).detach(), stored), name
 
     with torch.no_grad():  # fold_W_dec_norm scales what the declaration says scales with the feature
